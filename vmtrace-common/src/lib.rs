@@ -1,0 +1,277 @@
+//! Types shared by the kernel programs (`vmtrace-ebpf`) and userspace (`vmtrace`).
+//!
+//! Every type here is `#[repr(C)]` with explicit padding and no `bool`, so both
+//! sides agree on the layout byte for byte; each has a compile-time size check.
+//! The `user` feature adds `aya::Pod` impls for userspace.
+#![no_std]
+
+/// Latency histogram: bucket `i` counts samples with `ns <= 2^(HIST_MIN_SHIFT + i)`,
+/// the last bucket everything above `2^(HIST_MIN_SHIFT + HIST_BUCKETS - 2)` ns.
+pub const HIST_MIN_SHIFT: u32 = 10;
+/// 1 µs .. 1 s in powers of two, then +inf.
+pub const HIST_BUCKETS: usize = 22;
+
+/// Index of the histogram bucket for a latency in nanoseconds.
+#[inline(always)]
+#[must_use]
+pub fn hist_bucket(ns: u64) -> usize {
+    // Smallest b with ns <= 2^b, i.e. ceil(log2(ns)); written as a bounded
+    // loop-free expression so the verifier sees a constant range.
+    let b = if ns <= 1 { 0 } else { 64 - (ns - 1).leading_zeros() };
+    let i = b.saturating_sub(HIST_MIN_SHIFT) as usize;
+    if i >= HIST_BUCKETS - 1 {
+        HIST_BUCKETS - 1
+    } else {
+        i
+    }
+}
+
+/// x86 page-fault error code bits (arch/x86/include/asm/trap_pf.h).
+pub mod pf {
+    /// The page was present: a protection fault (write to a read-only PTE, …).
+    pub const PROT: u64 = 1 << 0;
+    /// The access was a write.
+    pub const WRITE: u64 = 1 << 1;
+    /// The access came from user mode.
+    pub const USER: u64 = 1 << 2;
+    /// The access was an instruction fetch.
+    pub const INSTR: u64 = 1 << 4;
+}
+
+/// Per-process fault aggregate, kept per CPU in the kernel (`FAULT_STATS`, keyed by tgid)
+/// and summed by userspace. Never streamed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultStats {
+    /// Faults entering the handler on a user address (user or kernel mode).
+    pub started: u64,
+    /// Of `started`: write accesses.
+    pub write: u64,
+    /// Of `started`: instruction fetches.
+    pub exec: u64,
+    /// Of `started`: writes to a present page (copy-on-write / write-protect faults).
+    pub cow: u64,
+    /// Of `started`: taken in kernel mode (e.g. `read()` filling an untouched buffer).
+    pub kernel_mode: u64,
+    /// Minor faults the kernel accounted, as seen by the end hook (1 in `minor_period`).
+    pub minor_seen: u64,
+    /// Major faults the kernel accounted (end hook with period 1: exact).
+    pub major: u64,
+    /// Minor faults seen at the end hook whose start was found (timed).
+    pub minor_timed: u64,
+    /// Major faults whose start was found (timed).
+    pub major_timed: u64,
+    /// Sum of timed minor latencies.
+    pub minor_time_ns: u64,
+    /// Sum of timed major latencies.
+    pub major_time_ns: u64,
+    /// Latency histogram of timed minor faults.
+    pub minor_hist: [u64; HIST_BUCKETS],
+    /// Latency histogram of timed major faults.
+    pub major_hist: [u64; HIST_BUCKETS],
+}
+const _: () = assert!(core::mem::size_of::<FaultStats>() == 8 * (11 + 2 * HIST_BUCKETS));
+
+impl FaultStats {
+    /// Adds another CPU's (or thread's) aggregate into this one.
+    pub fn add(&mut self, o: &FaultStats) {
+        self.started += o.started;
+        self.write += o.write;
+        self.exec += o.exec;
+        self.cow += o.cow;
+        self.kernel_mode += o.kernel_mode;
+        self.minor_seen += o.minor_seen;
+        self.major += o.major;
+        self.minor_timed += o.minor_timed;
+        self.major_timed += o.major_timed;
+        self.minor_time_ns += o.minor_time_ns;
+        self.major_time_ns += o.major_time_ns;
+        for i in 0..HIST_BUCKETS {
+            self.minor_hist[i] += o.minor_hist[i];
+            self.major_hist[i] += o.major_hist[i];
+        }
+    }
+}
+
+/// A fault that entered the handler and has not yet been accounted.
+/// One per CPU (`FAULT_SLOT`); parked in `FAULT_PARKED` (keyed by tid) when its
+/// thread sleeps mid-fault, since majors sleep on I/O and may resume elsewhere.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct InflightFault {
+    pub tid: u32,
+    pub _pad: u32,
+    /// Page number of the faulting address (address >> 12): the end hook matches on it.
+    pub page: u64,
+    pub start_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<InflightFault>() == 24);
+
+/// Why something was dropped; index into the per-CPU `DROPS` array.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DropKind {
+    /// The task-event ring buffer was full.
+    TaskEventRingFull = 0,
+    /// `FAULT_STATS` was full: a process's faults were not counted.
+    FaultStatsFull = 1,
+    /// `TRACED` was full: a new child could not be followed.
+    TracedFull = 2,
+    /// A fault ended with no recorded start (start hook missed it): counted, not timed.
+    FaultUntimed = 3,
+}
+pub const DROP_KINDS: u32 = 4;
+
+/// Event kinds in the stream. Ranges per family; a retired number is never reused.
+/// 1..=99 tasks, 100..=199 faults, 200..=299 mmap, 300..=399 tlb, 400..=499 oom.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    TaskFork = 1,
+    TaskExec = 2,
+    TaskExit = 3,
+}
+
+impl EventKind {
+    #[must_use]
+    pub fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            1 => Some(Self::TaskFork),
+            2 => Some(Self::TaskExec),
+            3 => Some(Self::TaskExit),
+            _ => None,
+        }
+    }
+}
+
+/// Fixed header first in every streamed event.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EventHeader {
+    /// An [`EventKind`].
+    pub kind: u32,
+    /// Size of the whole event in bytes, header included.
+    pub size: u32,
+    /// `bpf_ktime_get_ns()` when it happened (CLOCK_MONOTONIC).
+    pub ts_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<EventHeader>() == 16);
+
+pub const COMM_LEN: usize = 16;
+
+/// Process life-cycle event (fork, exec, exit). Fields a kind does not use are zero.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct TaskEvent {
+    pub hdr: EventHeader,
+    /// Thread id of the task (fork: the child).
+    pub pid: u32,
+    /// Thread-group id of the task (fork: the child's).
+    pub tgid: u32,
+    /// Fork: the parent's tgid. Otherwise 0.
+    pub ppid: u32,
+    /// Exit: `task->exit_code` as wait(2) encodes it.
+    pub exit_code: u32,
+    /// Exit: 1 when this was the last thread of its group.
+    pub group_dead: u32,
+    pub _pad: u32,
+    /// Exit with `group_dead`: the group's fault counters as the kernel keeps them
+    /// (`signal->{min,maj}_flt` + the last thread's), the getrusage ground truth.
+    pub kernel_min_flt: u64,
+    pub kernel_maj_flt: u64,
+    pub comm: [u8; COMM_LEN],
+}
+const _: () = assert!(core::mem::size_of::<TaskEvent>() == 16 + 24 + 16 + 16);
+
+/// Kernel struct field offsets read from BTF at load time, passed as a read-only
+/// global (`KOFFSETS`). `u32::MAX` marks a field this kernel lacks.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelOffsets {
+    pub task_pid: u32,
+    pub task_tgid: u32,
+    pub task_exit_code: u32,
+    pub task_signal: u32,
+    pub task_min_flt: u32,
+    pub task_maj_flt: u32,
+    pub signal_live: u32,
+    pub signal_min_flt: u32,
+    pub signal_maj_flt: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 40);
+
+impl KernelOffsets {
+    pub const MISSING: u32 = u32::MAX;
+    pub const UNKNOWN: Self = Self {
+        task_pid: Self::MISSING,
+        task_tgid: Self::MISSING,
+        task_exit_code: Self::MISSING,
+        task_signal: Self::MISSING,
+        task_min_flt: Self::MISSING,
+        task_maj_flt: Self::MISSING,
+        signal_live: Self::MISSING,
+        signal_min_flt: Self::MISSING,
+        signal_maj_flt: Self::MISSING,
+        _pad: 0,
+    };
+}
+
+/// Run-time settings, a read-only global (`CONFIG`) set by the loader.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// 1: trace every process (`-a`); 0: only tgids in `TRACED`.
+    pub trace_all: u32,
+    /// Period of the minor-fault end hook (1 = every minor fault timed).
+    pub minor_period: u32,
+}
+const _: () = assert!(core::mem::size_of::<Config>() == 8);
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all are repr(C), made only of integers, with no implicit padding
+    // (checked by the size asserts above).
+    unsafe impl aya::Pod for super::FaultStats {}
+    unsafe impl aya::Pod for super::InflightFault {}
+    unsafe impl aya::Pod for super::TaskEvent {}
+    unsafe impl aya::Pod for super::KernelOffsets {}
+    unsafe impl aya::Pod for super::Config {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_ceil_log2_from_1us() {
+        assert_eq!(hist_bucket(0), 0);
+        assert_eq!(hist_bucket(1024), 0);
+        assert_eq!(hist_bucket(1025), 1);
+        assert_eq!(hist_bucket(2048), 1);
+        assert_eq!(hist_bucket(65_000), 6); // <= 65536
+        assert_eq!(hist_bucket(1 << 30), 20);
+        assert_eq!(hist_bucket((1 << 30) + 1), HIST_BUCKETS - 1);
+        assert_eq!(hist_bucket(u64::MAX), HIST_BUCKETS - 1);
+    }
+
+    #[test]
+    fn event_kinds_round_trip() {
+        for k in [EventKind::TaskFork, EventKind::TaskExec, EventKind::TaskExit] {
+            assert_eq!(EventKind::from_u32(k as u32), Some(k));
+        }
+        assert_eq!(EventKind::from_u32(0), None);
+        assert_eq!(EventKind::from_u32(99), None);
+    }
+
+    #[test]
+    fn stats_add_sums_every_field() {
+        let mut a = FaultStats { started: 1, major: 2, ..Default::default() };
+        a.minor_hist[3] = 4;
+        let b = a;
+        a.add(&b);
+        assert_eq!(a.started, 2);
+        assert_eq!(a.major, 4);
+        assert_eq!(a.minor_hist[3], 8);
+    }
+}

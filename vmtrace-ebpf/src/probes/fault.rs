@@ -1,0 +1,197 @@
+//! Page faults: a start hook at exception entry, an end hook where the kernel
+//! accounts the fault (`mm_account_fault`, the same place getrusage counts).
+//!
+//! start: `exceptions:page_fault_user` / `page_fault_kernel` (tp_btf; classic
+//!        tracepoint fallback). Counts every fault on a user address and its
+//!        access type, and stamps the per-CPU in-flight slot.
+//! end:   perf_event programs on the software events PAGE_FAULTS_MAJ (period 1)
+//!        and PAGE_FAULTS_MIN (period `CONFIG.minor_period`): the kernel's own
+//!        minor/major classification, and the latency since the start stamp.
+//! park:  `sched_switch` moves the slot of a thread that sleeps mid-fault (majors
+//!        wait on I/O) to a hash keyed by tid, so the fault is timed wherever it resumes.
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::{btf_tracepoint, perf_event, tracepoint},
+    programs::{BtfTracePointContext, PerfEventContext, TracePointContext},
+};
+use vmtrace_common::{hist_bucket, pf, DropKind, InflightFault};
+
+use crate::maps::{count_drop, current_if_traced, fault_stats, FAULT_PARKED, FAULT_SLOT};
+
+/// Lowest kernel address on x86-64 (4- and 5-level paging): kernel-mode faults
+/// at or above it are not faults on user memory.
+const KERNEL_SPACE_START: u64 = 0xff00_0000_0000_0000;
+
+// TP_PROTO(unsigned long address, struct pt_regs *regs, unsigned long error_code)
+#[btf_tracepoint(function = "page_fault_user")]
+pub fn tp_btf_page_fault_user(ctx: BtfTracePointContext) -> i32 {
+    fault_start(ctx.arg::<u64>(0), ctx.arg::<u64>(2), false);
+    0
+}
+
+#[btf_tracepoint(function = "page_fault_kernel")]
+pub fn tp_btf_page_fault_kernel(ctx: BtfTracePointContext) -> i32 {
+    let address = ctx.arg::<u64>(0);
+    if address < KERNEL_SPACE_START {
+        fault_start(address, ctx.arg::<u64>(2), true);
+    }
+    0
+}
+
+// /sys/kernel/tracing/events/exceptions/page_fault_user/format (same for _kernel):
+//   field:unsigned long address;    offset:8;  size:8; signed:0;
+//   field:unsigned long ip;         offset:16; size:8; signed:0;
+//   field:unsigned long error_code; offset:24; size:8; signed:0;
+const TP_FAULT_ADDRESS: usize = 8;
+const TP_FAULT_ERROR_CODE: usize = 24;
+
+#[tracepoint(category = "exceptions", name = "page_fault_user")]
+pub fn tp_exceptions_page_fault_user(ctx: TracePointContext) -> u32 {
+    let _ = try_tp_page_fault(&ctx, false);
+    0
+}
+
+#[tracepoint(category = "exceptions", name = "page_fault_kernel")]
+pub fn tp_exceptions_page_fault_kernel(ctx: TracePointContext) -> u32 {
+    let _ = try_tp_page_fault(&ctx, true);
+    0
+}
+
+fn try_tp_page_fault(ctx: &TracePointContext, kernel_mode: bool) -> Result<(), i32> {
+    // SAFETY: offsets from the tracepoint format above.
+    let address: u64 = unsafe { ctx.read_at(TP_FAULT_ADDRESS)? };
+    let error_code: u64 = unsafe { ctx.read_at(TP_FAULT_ERROR_CODE)? };
+    if !kernel_mode || address < KERNEL_SPACE_START {
+        fault_start(address, error_code, kernel_mode);
+    }
+    Ok(())
+}
+
+#[inline(always)]
+fn fault_start(address: u64, error_code: u64, kernel_mode: bool) {
+    let Some((tgid, tid)) = current_if_traced() else {
+        return;
+    };
+    if let Some(s) = fault_stats(tgid) {
+        s.started += 1;
+        if error_code & pf::WRITE != 0 {
+            s.write += 1;
+            if error_code & pf::PROT != 0 {
+                s.cow += 1;
+            }
+        }
+        if error_code & pf::INSTR != 0 {
+            s.exec += 1;
+        }
+        if kernel_mode {
+            s.kernel_mode += 1;
+        }
+    }
+    if let Some(slot) = FAULT_SLOT.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot; preemption is off in the fault entry path.
+        unsafe {
+            (*slot).tid = tid;
+            (*slot).page = address >> 12;
+            (*slot).start_ns = bpf_ktime_get_ns();
+        }
+    }
+}
+
+#[perf_event]
+pub fn perf_event_page_faults_min(ctx: PerfEventContext) -> u32 {
+    fault_end(&ctx, false);
+    0
+}
+
+#[perf_event]
+pub fn perf_event_page_faults_maj(ctx: PerfEventContext) -> u32 {
+    fault_end(&ctx, true);
+    0
+}
+
+#[inline(always)]
+fn fault_end(ctx: &PerfEventContext, major: bool) {
+    let Some((tgid, tid)) = current_if_traced() else {
+        return;
+    };
+    // SAFETY: `addr` is the faulting address perf_sw_event() was given.
+    let page = unsafe { (*ctx.ctx).addr } >> 12;
+    // SAFETY: no preconditions; the binding is merely declared unsafe.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let start = take_start(tid, page);
+    let Some(s) = fault_stats(tgid) else {
+        return;
+    };
+    if major {
+        s.major += 1;
+    } else {
+        s.minor_seen += 1;
+    }
+    let Some(start_ns) = start else {
+        count_drop(DropKind::FaultUntimed);
+        return;
+    };
+    let ns = now.saturating_sub(start_ns);
+    let b = hist_bucket(ns);
+    if major {
+        s.major_timed += 1;
+        s.major_time_ns += ns;
+        if let Some(h) = s.major_hist.get_mut(b) {
+            *h += 1;
+        }
+    } else {
+        s.minor_timed += 1;
+        s.minor_time_ns += ns;
+        if let Some(h) = s.minor_hist.get_mut(b) {
+            *h += 1;
+        }
+    }
+}
+
+/// The start stamp of this thread's fault on `page`: from this CPU's slot, or
+/// parked when the thread slept mid-fault.
+#[inline(always)]
+fn take_start(tid: u32, page: u64) -> Option<u64> {
+    if let Some(slot) = FAULT_SLOT.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot.
+        let slot = unsafe { &mut *slot };
+        if slot.tid == tid && slot.page == page {
+            slot.tid = 0;
+            return Some(slot.start_ns);
+        }
+    }
+    // SAFETY: copied out before removal.
+    let parked = unsafe { FAULT_PARKED.get(&tid) }.copied()?;
+    let _ = FAULT_PARKED.remove(&tid);
+    (parked.page == page).then_some(parked.start_ns)
+}
+
+// TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
+// Runs as `prev`, so the current tid is the one leaving the CPU.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn tp_btf_sched_switch(_ctx: BtfTracePointContext) -> i32 {
+    park_inflight();
+    0
+}
+
+#[tracepoint(category = "sched", name = "sched_switch")]
+pub fn tp_sched_sched_switch(_ctx: TracePointContext) -> u32 {
+    park_inflight();
+    0
+}
+
+#[inline(always)]
+fn park_inflight() {
+    let Some(slot) = FAULT_SLOT.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: per-CPU slot, preemption off in __schedule.
+    let slot = unsafe { &mut *slot };
+    if slot.tid == 0 || slot.tid != bpf_get_current_pid_tgid() as u32 {
+        return;
+    }
+    let parked: InflightFault = *slot;
+    slot.tid = 0;
+    // LRU map: insertion cannot fail for lack of room.
+    let _ = FAULT_PARKED.insert(&parked.tid, &parked, 0);
+}

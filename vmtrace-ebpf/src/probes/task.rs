@@ -1,0 +1,193 @@
+//! Process life cycle: follow every descendant of a traced process (in the
+//! kernel, so a child's first fault is already seen) and tell userspace about
+//! forks, execs and exits.
+use aya_ebpf::{
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel},
+    macros::{btf_tracepoint, tracepoint},
+    programs::{BtfTracePointContext, TracePointContext},
+    EbpfContext,
+};
+use aya_log_ebpf::warn;
+use vmtrace_common::{DropKind, EventHeader, EventKind, KernelOffsets, TaskEvent, COMM_LEN};
+
+use crate::maps::{config, count_drop, koffsets, EVENTS, FAULT_PARKED, TRACED};
+
+/// Reads a `T` at `base + off`, or `None` when the offset is unknown on this kernel.
+#[inline(always)]
+fn read_field<T: Copy>(base: *const u8, off: u32) -> Option<T> {
+    if off == KernelOffsets::MISSING || base.is_null() {
+        return None;
+    }
+    // SAFETY: bpf_probe_read_kernel faults safely on a bad address.
+    unsafe { bpf_probe_read_kernel(base.add(off as usize).cast::<T>()) }.ok()
+}
+
+fn emit(ev: TaskEvent) {
+    match EVENTS.reserve::<TaskEvent>(0) {
+        Some(mut slot) => {
+            slot.write(ev);
+            slot.submit(0);
+        }
+        None => count_drop(DropKind::TaskEventRingFull),
+    }
+}
+
+fn task_event(kind: EventKind) -> TaskEvent {
+    TaskEvent {
+        hdr: EventHeader {
+            kind: kind as u32,
+            size: core::mem::size_of::<TaskEvent>() as u32,
+            // SAFETY: no preconditions.
+            ts_ns: unsafe { bpf_ktime_get_ns() },
+        },
+        pid: 0,
+        tgid: 0,
+        ppid: 0,
+        exit_code: 0,
+        group_dead: 0,
+        _pad: 0,
+        kernel_min_flt: 0,
+        kernel_maj_flt: 0,
+        comm: bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]),
+    }
+}
+
+#[inline(always)]
+fn parent_traced(parent_tgid: u32) -> bool {
+    // SAFETY: presence test only.
+    config().trace_all != 0 || unsafe { TRACED.get(&parent_tgid) }.is_some()
+}
+
+/// Follows a new process (not a new thread: threads share their group's tgid).
+fn on_fork<C: EbpfContext>(ctx: &C, parent_tgid: u32, child_pid: u32, child_tgid: u32) {
+    if !parent_traced(parent_tgid) || child_pid != child_tgid {
+        return;
+    }
+    if config().trace_all == 0 && TRACED.insert(&child_tgid, &1, 0).is_err() {
+        count_drop(DropKind::TracedFull);
+        warn!(ctx, "TRACED full: child {} of {} is not followed", child_tgid, parent_tgid);
+        return;
+    }
+    let mut ev = task_event(EventKind::TaskFork);
+    ev.pid = child_pid;
+    ev.tgid = child_tgid;
+    ev.ppid = parent_tgid;
+    emit(ev);
+}
+
+// TP_PROTO(struct task_struct *parent, struct task_struct *child); runs as the parent.
+#[btf_tracepoint(function = "sched_process_fork")]
+pub fn tp_btf_sched_process_fork(ctx: BtfTracePointContext) -> i32 {
+    let child: *const u8 = ctx.arg(1);
+    let off = koffsets();
+    if let (Some(pid), Some(tgid)) = (read_field::<u32>(child, off.task_pid), read_field::<u32>(child, off.task_tgid)) {
+        on_fork(&ctx, (bpf_get_current_pid_tgid() >> 32) as u32, pid, tgid);
+    }
+    0
+}
+
+// /sys/kernel/tracing/events/sched/sched_process_fork/format:
+//   field:__data_loc char[] parent_comm; offset:8;  size:4; signed:0;
+//   field:pid_t parent_pid;              offset:12; size:4; signed:1;
+//   field:__data_loc char[] child_comm;  offset:16; size:4; signed:0;
+//   field:pid_t child_pid;               offset:20; size:4; signed:1;
+// Without BTF the child's tgid is unknown: whether it is a thread is decided by
+// CLONE_THREAD, which the format lacks. The child is recorded as its own group;
+// for a thread that entry is harmless and is removed when the thread exits.
+#[tracepoint(category = "sched", name = "sched_process_fork")]
+pub fn tp_sched_sched_process_fork(ctx: TracePointContext) -> u32 {
+    // SAFETY: offset from the format above.
+    if let Ok(child_pid) = unsafe { ctx.read_at::<i32>(20) } {
+        let parent_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        on_fork(&ctx, parent_tgid, child_pid as u32, child_pid as u32);
+    }
+    0
+}
+
+// TP_PROTO(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm); runs as p,
+// after the new comm is set.
+#[btf_tracepoint(function = "sched_process_exec")]
+pub fn tp_btf_sched_process_exec(_ctx: BtfTracePointContext) -> i32 {
+    on_exec();
+    0
+}
+
+#[tracepoint(category = "sched", name = "sched_process_exec")]
+pub fn tp_sched_sched_process_exec(_ctx: TracePointContext) -> u32 {
+    on_exec();
+    0
+}
+
+fn on_exec() {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !parent_traced(tgid) {
+        return;
+    }
+    let mut ev = task_event(EventKind::TaskExec);
+    ev.pid = pid_tgid as u32;
+    ev.tgid = tgid;
+    emit(ev);
+}
+
+// TP_PROTO(struct task_struct *p[, bool group_dead]); runs as p, after
+// `exit_code` is set and the mm is released. group_dead is derived from
+// `signal->live` (already decremented) so older kernels without the argument work.
+#[btf_tracepoint(function = "sched_process_exit")]
+pub fn tp_btf_sched_process_exit(ctx: BtfTracePointContext) -> i32 {
+    let task: *const u8 = ctx.arg(0);
+    on_exit(task);
+    0
+}
+
+// Classic fallback: the format has no task pointer, but the hook runs as the
+// exiting task, so the current task is the one.
+#[tracepoint(category = "sched", name = "sched_process_exit")]
+pub fn tp_sched_sched_process_exit(_ctx: TracePointContext) -> u32 {
+    // SAFETY: no preconditions; the pointer is only read through bpf_probe_read_kernel.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    on_exit(task);
+    0
+}
+
+fn on_exit(task: *const u8) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let pid = pid_tgid as u32;
+    let _ = FAULT_PARKED.remove(&pid);
+    if config().trace_all == 0 && pid != tgid {
+        // A thread's own entry exists only when the fallback fork hook made one.
+        let _ = TRACED.remove(&pid);
+    }
+    if !parent_traced(tgid) {
+        return;
+    }
+    let off = koffsets();
+    let signal: Option<u64> = read_field(task, off.task_signal);
+    let signal = signal.map_or(core::ptr::null(), |p| p as *const u8);
+    let live: Option<i32> = read_field(signal, off.signal_live);
+    // Without the task pointer, only the leader's exit is reported as the group's.
+    let group_dead = match live {
+        Some(l) => l == 0,
+        None => pid == tgid,
+    };
+    if !group_dead {
+        return;
+    }
+    if config().trace_all == 0 {
+        // The tgid may be reused by an unrelated process from now on.
+        let _ = TRACED.remove(&tgid);
+    }
+    let mut ev = task_event(EventKind::TaskExit);
+    ev.pid = pid;
+    ev.tgid = tgid;
+    ev.group_dead = 1;
+    ev.exit_code = read_field::<i32>(task, off.task_exit_code).unwrap_or(-1) as u32;
+    let tmin: u64 = read_field(task, off.task_min_flt).unwrap_or(0);
+    let tmaj: u64 = read_field(task, off.task_maj_flt).unwrap_or(0);
+    let smin: u64 = read_field(signal, off.signal_min_flt).unwrap_or(0);
+    let smaj: u64 = read_field(signal, off.signal_maj_flt).unwrap_or(0);
+    ev.kernel_min_flt = tmin + smin;
+    ev.kernel_maj_flt = tmaj + smaj;
+    emit(ev);
+}

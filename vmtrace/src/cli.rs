@@ -1,0 +1,170 @@
+//! Command line (clap derive). Validators live beside it and are tested.
+use std::{path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "vmtrace",
+    version,
+    about = "Where does my memory time go? Page faults, per process, from the kernel."
+)]
+pub struct Cli {
+    /// More output: -v shows progress and kernel-side diagnostics, -vv debug detail.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Trace a command (and every process it forks), a running pid, or the system.
+    Record(RecordArgs),
+    /// Rebuild the human outputs of a recorded directory.
+    Report {
+        /// A directory written by `vmtrace record`.
+        dir: PathBuf,
+    },
+    /// List each prerequisite: ok, or missing with the fix.
+    Check,
+    /// Run the built-in workload under trace and write a report.
+    Demo {
+        #[arg(long, default_value = "vmtrace-demo")]
+        out: PathBuf,
+    },
+    /// Built-in workloads (used by the demo, the tests and the benchmarks).
+    #[command(hide = true, subcommand)]
+    Workload(WorkloadCmd),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum EventFamily {
+    Faults,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["pid", "all", "command"])))]
+pub struct RecordArgs {
+    /// Output directory.
+    #[arg(short, long, default_value = "vmtrace-out")]
+    pub out: PathBuf,
+    /// Stop after this many seconds (decimals allowed).
+    #[arg(short, long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Event families to trace (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "faults")]
+    pub events: Vec<EventFamily>,
+    /// Time 1 in N minor faults (every major fault is timed; counts are always exact).
+    #[arg(long, default_value_t = 16, value_parser = parse_period)]
+    pub latency_sample: u32,
+    /// Use classic tracepoints even where tp_btf is available.
+    #[arg(long)]
+    pub force_tracepoints: bool,
+    /// Trace a running process (and its later children) until it exits.
+    #[arg(short, long)]
+    pub pid: Option<u32>,
+    /// Trace the whole system.
+    #[arg(short, long)]
+    pub all: bool,
+    /// The command to run under trace, after `--`.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WorkloadCmd {
+    /// First touch of anonymous memory.
+    Touch {
+        #[arg(long, default_value_t = 256)]
+        mib: usize,
+        /// Ask for transparent huge pages (default: MADV_NOHUGEPAGE).
+        #[arg(long)]
+        huge: bool,
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+    },
+    /// Read a mapped file, one byte per page.
+    FileRead {
+        path: PathBuf,
+        #[arg(long)]
+        random: bool,
+        #[arg(long, default_value_t = 1)]
+        stride: usize,
+        /// Evict the file from the page cache first.
+        #[arg(long)]
+        cold: bool,
+    },
+    /// Create a file of MIB MiB.
+    MakeFile {
+        path: PathBuf,
+        #[arg(long, default_value_t = 64)]
+        mib: usize,
+    },
+    /// Fork children that touch memory and exit 10, 11, …; exit with --exit.
+    Fork {
+        #[arg(long, default_value_t = 2)]
+        children: usize,
+        #[arg(long, default_value_t = 16)]
+        mib: usize,
+        #[arg(long, default_value_t = 0)]
+        exit: i32,
+    },
+}
+
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s.trim_end_matches('s').parse().map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    if !(secs.is_finite() && secs > 0.0) {
+        return Err(format!("duration must be positive, got `{s}`"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+pub fn parse_period(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(n) if (1..=1_000_000).contains(&n) => Ok(n),
+        _ => Err(format!("`{s}`: give a whole number from 1 (time every fault) to 1000000")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
+        assert!(parse_duration("0").is_err());
+        assert!(parse_duration("-1").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn periods() {
+        assert_eq!(parse_period("1"), Ok(1));
+        assert!(parse_period("0").is_err());
+        assert!(parse_period("x").is_err());
+    }
+
+    #[test]
+    fn record_needs_exactly_one_target() {
+        assert!(Cli::try_parse_from(["vmtrace", "record"]).is_err());
+        assert!(Cli::try_parse_from(["vmtrace", "record", "-a", "-p", "1"]).is_err());
+        let c = Cli::try_parse_from(["vmtrace", "record", "--", "ls", "-l"]).unwrap();
+        let Command::Record(r) = c.command else { panic!() };
+        assert_eq!(r.command, ["ls", "-l"]);
+        assert_eq!(r.latency_sample, 16);
+    }
+
+    #[test]
+    fn unknown_event_family_is_rejected() {
+        assert!(Cli::try_parse_from(["vmtrace", "record", "--events", "bogus", "-a"]).is_err());
+    }
+}

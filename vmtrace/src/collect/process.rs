@@ -1,0 +1,140 @@
+//! The process table: who was traced, with what name, parent and exit status.
+//! Built from the kernel's task events while processes live, so short-lived
+//! ones keep their identity after they are gone.
+use std::{collections::BTreeMap, fs};
+
+use vmtrace_common::{EventKind, TaskEvent};
+
+use crate::{report::summary::KernelAccounting, target::shell_status};
+
+#[derive(Clone, Debug, Default)]
+pub struct ProcInfo {
+    pub ppid: Option<u32>,
+    pub comm: String,
+    pub cmdline: Option<String>,
+    pub exit_code: Option<i32>,
+    pub kernel: Option<KernelAccounting>,
+}
+
+#[derive(Default)]
+pub struct ProcessTable {
+    pub procs: BTreeMap<u32, ProcInfo>,
+}
+
+pub fn comm_str(c: &[u8]) -> String {
+    let end = c.iter().position(|&b| b == 0).unwrap_or(c.len());
+    String::from_utf8_lossy(&c[..end]).into_owned()
+}
+
+fn read_cmdline(pid: u32) -> Option<String> {
+    let raw = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let parts: Vec<_> = raw.split(|&b| b == 0).filter(|p| !p.is_empty()).map(String::from_utf8_lossy).collect();
+    (!parts.is_empty()).then(|| parts.join(" "))
+}
+
+/// (comm, ppid) from /proc/PID/stat; comm may hold spaces and parentheses.
+fn read_stat(pid: u32) -> Option<(String, u32)> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let open = s.find('(')?;
+    let close = s.rfind(')')?;
+    let comm = s[open + 1..close].to_string();
+    let ppid = s[close + 2..].split_whitespace().nth(1)?.parse().ok()?;
+    Some((comm, ppid))
+}
+
+impl ProcessTable {
+    /// Applies one task event from the kernel.
+    pub fn apply(&mut self, ev: &TaskEvent) {
+        let Some(kind) = EventKind::from_u32(ev.hdr.kind) else {
+            return;
+        };
+        match kind {
+            EventKind::TaskFork => {
+                let p = self.procs.entry(ev.tgid).or_default();
+                p.ppid = Some(ev.ppid);
+                p.comm = comm_str(&ev.comm);
+            }
+            EventKind::TaskExec => {
+                let p = self.procs.entry(ev.tgid).or_default();
+                p.comm = comm_str(&ev.comm);
+                // Read now, while it lives: after exit /proc has nothing.
+                p.cmdline = read_cmdline(ev.tgid).or_else(|| p.cmdline.take());
+            }
+            EventKind::TaskExit => {
+                let p = self.procs.entry(ev.tgid).or_default();
+                if p.comm.is_empty() {
+                    p.comm = comm_str(&ev.comm);
+                }
+                if ev.exit_code != u32::MAX {
+                    p.exit_code = Some(shell_status(ev.exit_code as i32));
+                }
+                if ev.kernel_min_flt + ev.kernel_maj_flt > 0 {
+                    p.kernel = Some(KernelAccounting { minor: ev.kernel_min_flt, major: ev.kernel_maj_flt });
+                }
+            }
+        }
+    }
+
+    /// Makes sure `pid` has an entry, filling what /proc still tells.
+    pub fn ensure(&mut self, pid: u32) -> &mut ProcInfo {
+        let p = self.procs.entry(pid).or_default();
+        if p.comm.is_empty() || p.ppid.is_none() {
+            if let Some((comm, ppid)) = read_stat(pid) {
+                if p.comm.is_empty() {
+                    p.comm = comm;
+                }
+                p.ppid.get_or_insert(ppid);
+            }
+        }
+        if p.cmdline.is_none() {
+            p.cmdline = read_cmdline(pid);
+        }
+        if p.comm.is_empty() {
+            p.comm = "?".into();
+        }
+        p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmtrace_common::EventHeader;
+
+    fn ev(kind: EventKind, tgid: u32) -> TaskEvent {
+        let mut comm = [0u8; 16];
+        comm[..4].copy_from_slice(b"work");
+        TaskEvent {
+            hdr: EventHeader { kind: kind as u32, size: 0, ts_ns: 0 },
+            pid: tgid,
+            tgid,
+            ppid: 1,
+            exit_code: 0,
+            group_dead: 1,
+            _pad: 0,
+            kernel_min_flt: 0,
+            kernel_maj_flt: 0,
+            comm,
+        }
+    }
+
+    #[test]
+    fn fork_then_exit_keeps_identity_and_status() {
+        let mut t = ProcessTable::default();
+        t.apply(&ev(EventKind::TaskFork, 4242));
+        let mut e = ev(EventKind::TaskExit, 4242);
+        e.exit_code = 9; // killed by SIGKILL
+        e.kernel_min_flt = 10;
+        t.apply(&e);
+        let p = &t.procs[&4242];
+        assert_eq!((p.ppid, p.comm.as_str(), p.exit_code), (Some(1), "work", Some(137)));
+        assert_eq!(p.kernel, Some(KernelAccounting { minor: 10, major: 0 }));
+    }
+
+    #[test]
+    fn stat_parsing_handles_odd_comm() {
+        let (comm, ppid) = read_stat(std::process::id()).unwrap();
+        assert!(!comm.is_empty());
+        assert!(ppid > 0);
+    }
+}

@@ -1,0 +1,76 @@
+//! Kernel struct field offsets from the running kernel's BTF, handed to the
+//! eBPF programs as the read-only global `KOFFSETS` (no CO-RE in aya-ebpf 0.2).
+use btf_rs::{Btf, Type};
+use vmtrace_common::KernelOffsets;
+
+pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+#[derive(Debug, thiserror::Error)]
+pub enum BtfError {
+    #[error(
+        "cannot read kernel BTF at {VMLINUX_BTF}: {0}\nhint: vmtrace needs a kernel built with CONFIG_DEBUG_INFO_BTF=y"
+    )]
+    Read(String),
+    #[error("kernel BTF has no struct {0}")]
+    NoStruct(String),
+}
+
+/// Byte offset of `field` in `struct name`, looking through anonymous members.
+pub fn field_offset(btf: &Btf, name: &str, field: &str) -> Result<Option<u32>, BtfError> {
+    let types = btf.resolve_types_by_name(name).map_err(|_| BtfError::NoStruct(name.into()))?;
+    let st = types
+        .into_iter()
+        .find_map(|t| match t {
+            Type::Struct(s) if !s.members.is_empty() => Some(s),
+            _ => None,
+        })
+        .ok_or_else(|| BtfError::NoStruct(name.into()))?;
+    Ok(find_member(btf, &st.members, field, 0, 0))
+}
+
+fn find_member(btf: &Btf, members: &[btf_rs::Member], field: &str, base_bits: u32, depth: u32) -> Option<u32> {
+    for m in members {
+        let name = btf.resolve_name(m).unwrap_or_default();
+        let bits = base_bits + m.bit_offset();
+        if name == field {
+            return Some(bits / 8);
+        }
+        if name.is_empty() && depth < 4 {
+            // Anonymous struct/union: its members sit at this member's offset.
+            let inner = btf.resolve_chained_type(m).ok()?;
+            if let Type::Struct(s) | Type::Union(s) = inner {
+                if let Some(off) = find_member(btf, &s.members, field, bits, depth + 1) {
+                    return Some(off);
+                }
+            }
+        }
+    }
+    None
+}
+
+pub fn load_vmlinux() -> Result<Btf, BtfError> {
+    Btf::from_file(VMLINUX_BTF).map_err(|e| BtfError::Read(e.to_string()))
+}
+
+/// Offsets of every field the task probes read; a field this kernel lacks is `MISSING`.
+pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
+    let o =
+        |s: &str, f: &str| -> Result<u32, BtfError> { Ok(field_offset(btf, s, f)?.unwrap_or(KernelOffsets::MISSING)) };
+    Ok(KernelOffsets {
+        task_pid: o("task_struct", "pid")?,
+        task_tgid: o("task_struct", "tgid")?,
+        task_exit_code: o("task_struct", "exit_code")?,
+        task_signal: o("task_struct", "signal")?,
+        task_min_flt: o("task_struct", "min_flt")?,
+        task_maj_flt: o("task_struct", "maj_flt")?,
+        signal_live: o("signal_struct", "live")?,
+        signal_min_flt: o("signal_struct", "min_flt")?,
+        signal_maj_flt: o("signal_struct", "maj_flt")?,
+        _pad: 0,
+    })
+}
+
+/// Whether BTF names `btf_trace_<tp>`, the typedef every tp_btf target has.
+pub fn has_btf_tracepoint(btf: &Btf, tp: &str) -> bool {
+    btf.resolve_ids_by_name(&format!("btf_trace_{tp}")).is_ok_and(|ids| !ids.is_empty())
+}

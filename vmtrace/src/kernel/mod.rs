@@ -1,0 +1,3 @@
+//! What the running kernel offers: BTF offsets, tracefs, capabilities.
+pub mod btf;
+pub mod preflight;

@@ -1,0 +1,20 @@
+//! vmtrace: page faults and the virtual-memory work behind them, per process,
+//! measured in the kernel with eBPF.
+//!
+//! The fault path, kernel to report:
+//! `vmtrace-ebpf/src/probes/fault.rs` (start/end hooks, in-kernel aggregate)
+//! → [`loader`] (attach, with per-kernel fallbacks)
+//! → [`collect`] (process table from task events, aggregates read at the end)
+//! → [`report`] (`summary.json`, `summary.txt`).
+pub mod cli;
+pub mod collect;
+pub mod demo;
+pub mod kernel;
+pub mod loader;
+pub mod record;
+pub mod report;
+pub mod target;
+pub mod workload;
+
+/// The kernel programs, built by `build.rs` from `vmtrace-ebpf`.
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/vmtrace"));

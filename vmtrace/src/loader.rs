@@ -1,0 +1,263 @@
+//! Loads the embedded eBPF object, fills its read-only globals and attaches
+//! each hook by the best program type this kernel allows.
+//!
+//! Kernel compatibility, one row per hook (see `HOOKS`):
+//!
+//! | hook | preferred | fallback | why |
+//! |---|---|---|---|
+//! | fault start | tp_btf `page_fault_user`/`_kernel` | classic tracepoint | tp_btf is ~30 ns/fault cheaper (docs/performance.md); needs BTF (5.5+) |
+//! | fault end | perf_event on sw PAGE_FAULTS_MIN/MAJ | — | raised in `mm_account_fault` (5.9+: kernel/events since 2.6.31) where getrusage counts |
+//! | park in-flight | tp_btf `sched_switch` | classic tracepoint | same |
+//! | fork/exec/exit | tp_btf `sched_process_*` | classic tracepoint | tp_btf sees the task pointer: child tgid, exit code, kernel fault counters; the classic format lacks them |
+//!
+//! x86 only for now: `exceptions:page_fault_*` exist on x86 (arch/x86/mm/fault.c).
+use std::os::fd::AsFd as _;
+
+use aya::{
+    maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
+    programs::{
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+        BtfTracePoint, PerfEvent, TracePoint,
+    },
+    Btf, Ebpf, EbpfLoader,
+};
+use vmtrace_common::{Config, FaultStats};
+
+use crate::kernel::btf as kbtf;
+
+/// A hook and how to attach it: tp_btf first, then the classic tracepoint.
+pub struct Hook {
+    pub what: &'static str,
+    pub btf_prog: &'static str,
+    pub tp_prog: &'static str,
+    pub category: &'static str,
+    pub name: &'static str,
+}
+
+pub const HOOKS: &[Hook] = &[
+    Hook {
+        what: "fault start (user mode)",
+        btf_prog: "tp_btf_page_fault_user",
+        tp_prog: "tp_exceptions_page_fault_user",
+        category: "exceptions",
+        name: "page_fault_user",
+    },
+    Hook {
+        what: "fault start (kernel mode)",
+        btf_prog: "tp_btf_page_fault_kernel",
+        tp_prog: "tp_exceptions_page_fault_kernel",
+        category: "exceptions",
+        name: "page_fault_kernel",
+    },
+    Hook {
+        what: "park in-flight faults",
+        btf_prog: "tp_btf_sched_switch",
+        tp_prog: "tp_sched_sched_switch",
+        category: "sched",
+        name: "sched_switch",
+    },
+    Hook {
+        what: "follow forks",
+        btf_prog: "tp_btf_sched_process_fork",
+        tp_prog: "tp_sched_sched_process_fork",
+        category: "sched",
+        name: "sched_process_fork",
+    },
+    Hook {
+        what: "exec",
+        btf_prog: "tp_btf_sched_process_exec",
+        tp_prog: "tp_sched_sched_process_exec",
+        category: "sched",
+        name: "sched_process_exec",
+    },
+    Hook {
+        what: "exit",
+        btf_prog: "tp_btf_sched_process_exit",
+        tp_prog: "tp_sched_sched_process_exit",
+        category: "sched",
+        name: "sched_process_exit",
+    },
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Btf(#[from] kbtf::BtfError),
+    #[error("loading the eBPF object failed: {0}")]
+    Object(#[from] aya::EbpfError),
+    #[error("{what}: neither tp_btf ({btf_err}) nor the tracepoint {category}:{name} ({tp_err}) could be attached")]
+    Attach { what: &'static str, category: &'static str, name: &'static str, btf_err: String, tp_err: String },
+    #[error("perf event {event}: {err}\nhint: needs CONFIG_PERF_EVENTS and CAP_PERFMON (or root)")]
+    Perf { event: &'static str, err: String },
+    #[error("map {0} missing or of the wrong type in the eBPF object")]
+    Map(&'static str),
+    #[error("cannot list online CPUs: {0}")]
+    Cpus(String),
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Attached {
+    pub what: &'static str,
+    /// "tp_btf", "tracepoint" or "perf_event".
+    pub program_type: &'static str,
+    pub target: String,
+    /// Why the preferred type was not used.
+    pub fallback_reason: Option<String>,
+}
+
+pub struct LoadOptions {
+    pub trace_all: bool,
+    pub minor_period: u32,
+    /// Force classic tracepoints (tests the fallback path on kernels that have tp_btf).
+    pub force_tracepoints: bool,
+}
+
+/// Loaded, attached programs and the maps userspace reads.
+pub struct Probes {
+    pub ebpf: Ebpf,
+    pub attached: Vec<Attached>,
+    pub traced: HashMap<MapData, u32, u32>,
+    pub fault_stats: PerCpuHashMap<MapData, u32, FaultStats>,
+    pub drops: PerCpuArray<MapData, u64>,
+    pub events: RingBuf<MapData>,
+    pub logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+}
+
+impl Probes {
+    pub fn load(opts: &LoadOptions) -> Result<Self, LoadError> {
+        let kbtf = kbtf::load_vmlinux()?;
+        let offsets = kbtf::kernel_offsets(&kbtf)?;
+        let btf = Btf::from_sys_fs().map_err(|e| kbtf::BtfError::Read(e.to_string()))?;
+        let config = Config { trace_all: u32::from(opts.trace_all), minor_period: opts.minor_period.max(1) };
+        let mut ebpf = EbpfLoader::new()
+            .btf(Some(&btf))
+            .override_global("CONFIG", &config, true)
+            .override_global("KOFFSETS", &offsets, true)
+            .load(crate::EBPF_OBJECT)?;
+        let logger = aya_log::EbpfLogger::init(&mut ebpf).ok();
+        let mut attached = Vec::new();
+        for hook in HOOKS {
+            attached.push(attach_hook(&mut ebpf, &btf, &kbtf, hook, opts.force_tracepoints)?);
+        }
+        attached.extend(attach_fault_end(&mut ebpf, config.minor_period)?);
+        let traced = take_map(&mut ebpf, "TRACED")?;
+        let fault_stats = take_map(&mut ebpf, "FAULT_STATS")?;
+        let drops = take_map(&mut ebpf, "DROPS")?;
+        let events = take_map(&mut ebpf, "EVENTS")?;
+        Ok(Self { ebpf, attached, traced, fault_stats, drops, events, logger })
+    }
+
+    /// Adds a process to the traced set; its children follow in the kernel.
+    pub fn trace_pid(&mut self, tgid: u32) -> Result<(), aya::maps::MapError> {
+        self.traced.insert(tgid, 1, 0)
+    }
+
+    /// Forwards kernel-side log records (shown with `-v`).
+    pub fn flush_logs(&mut self) {
+        if let Some(l) = self.logger.as_mut() {
+            l.flush();
+        }
+    }
+
+    /// Summed drop counters, indexed by `DropKind`.
+    pub fn drops(&self) -> Vec<u64> {
+        self.drops.iter().map(|v| v.map_or(0, |per_cpu| per_cpu.iter().sum())).collect()
+    }
+
+    pub fn ring_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.events.as_fd()
+    }
+}
+
+fn take_map<T: TryFrom<aya::maps::Map>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, LoadError> {
+    ebpf.take_map(name).and_then(|m| T::try_from(m).ok()).ok_or(LoadError::Map(name))
+}
+
+fn attach_hook(
+    ebpf: &mut Ebpf,
+    btf: &Btf,
+    kbtf: &btf_rs::Btf,
+    hook: &Hook,
+    force_tp: bool,
+) -> Result<Attached, LoadError> {
+    let btf_err = if force_tp {
+        "disabled by --force-tracepoints".to_string()
+    } else if !kbtf::has_btf_tracepoint(kbtf, hook.name) {
+        format!("no btf_trace_{} in kernel BTF", hook.name)
+    } else {
+        match try_btf(ebpf, btf, hook) {
+            Ok(()) => {
+                return Ok(Attached {
+                    what: hook.what,
+                    program_type: "tp_btf",
+                    target: hook.name.into(),
+                    fallback_reason: None,
+                });
+            }
+            Err(e) => e,
+        }
+    };
+    log::debug!("{}: tp_btf unavailable ({btf_err}); trying the classic tracepoint", hook.what);
+    match try_tp(ebpf, hook) {
+        Ok(()) => Ok(Attached {
+            what: hook.what,
+            program_type: "tracepoint",
+            target: format!("{}:{}", hook.category, hook.name),
+            fallback_reason: Some(btf_err),
+        }),
+        Err(tp_err) => {
+            Err(LoadError::Attach { what: hook.what, category: hook.category, name: hook.name, btf_err, tp_err })
+        }
+    }
+}
+
+fn try_btf(ebpf: &mut Ebpf, btf: &Btf, hook: &Hook) -> Result<(), String> {
+    let prog: &mut BtfTracePoint =
+        ebpf.program_mut(hook.btf_prog).ok_or("program missing")?.try_into().map_err(|e| format!("{e}"))?;
+    prog.load(hook.name, btf).map_err(|e| format!("{e}"))?;
+    prog.attach().map_err(|e| format!("{e}"))?;
+    Ok(())
+}
+
+fn try_tp(ebpf: &mut Ebpf, hook: &Hook) -> Result<(), String> {
+    let prog: &mut TracePoint =
+        ebpf.program_mut(hook.tp_prog).ok_or("program missing")?.try_into().map_err(|e| format!("{e}"))?;
+    prog.load().map_err(|e| format!("{e}"))?;
+    prog.attach(hook.category, hook.name).map_err(|e| format!("{e}"))?;
+    Ok(())
+}
+
+/// The end hooks: one perf event per CPU and kind, system-wide (filtered by tgid
+/// in the program), so children are covered from their first instruction.
+fn attach_fault_end(ebpf: &mut Ebpf, minor_period: u32) -> Result<Vec<Attached>, LoadError> {
+    let cpus = aya::util::online_cpus().map_err(|(_, e)| LoadError::Cpus(e.to_string()))?;
+    let mut out = Vec::new();
+    for (prog_name, event, label, period) in [
+        ("perf_event_page_faults_maj", SoftwareEvent::PageFaultsMaj, "PAGE_FAULTS_MAJ", 1),
+        ("perf_event_page_faults_min", SoftwareEvent::PageFaultsMin, "PAGE_FAULTS_MIN", u64::from(minor_period)),
+    ] {
+        let perf = |err: String| LoadError::Perf { event: label, err };
+        let prog: &mut PerfEvent = ebpf
+            .program_mut(prog_name)
+            .ok_or_else(|| perf("program missing".into()))?
+            .try_into()
+            .map_err(|e| perf(format!("{e}")))?;
+        prog.load().map_err(|e| perf(format!("{e}")))?;
+        for &cpu in &cpus {
+            prog.attach(
+                PerfEventConfig::Software(event),
+                PerfEventScope::AllProcessesOneCpu { cpu },
+                SamplePolicy::Period(period),
+                false,
+            )
+            .map_err(|e| perf(format!("cpu {cpu}: {e}")))?;
+        }
+        out.push(Attached {
+            what: if period == 1 { "fault end (every fault)" } else { "fault end (sampled)" },
+            program_type: "perf_event",
+            target: format!("sw {label} period {period} on {} CPUs", cpus.len()),
+            fallback_reason: None,
+        });
+    }
+    Ok(out)
+}

@@ -1,0 +1,72 @@
+use std::process::ExitCode;
+
+use clap::Parser as _;
+use vmtrace::{
+    cli::{Cli, Command, WorkloadCmd},
+    demo,
+    kernel::preflight,
+    record, report,
+    target::Target,
+    workload,
+};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let level = match cli.verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).format_timestamp(None).init();
+    match run(cli) {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("vmtrace: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<i32> {
+    match cli.command {
+        Command::Record(a) => {
+            let target = match (a.pid, a.all) {
+                (Some(pid), _) => Target::Pid(pid),
+                (None, true) => Target::System,
+                _ => Target::Command(a.command),
+            };
+            let outcome = record::record(&record::RecordOptions {
+                target,
+                out: a.out,
+                duration: a.duration,
+                minor_period: a.latency_sample,
+                force_tracepoints: a.force_tracepoints,
+                print_summary: true,
+            })?;
+            Ok(outcome.exit_status)
+        }
+        Command::Report { dir } => {
+            let s = report::rebuild(&dir).map_err(anyhow::Error::msg)?;
+            print!("{}", report::text::render(&s));
+            Ok(0)
+        }
+        Command::Check => {
+            let checks = preflight::run_all();
+            print!("{}", preflight::render(&checks));
+            Ok(i32::from(checks.iter().any(|c| c.status == preflight::Status::Missing)))
+        }
+        Command::Demo { out } => Ok(demo::run(&out)?),
+        Command::Workload(w) => {
+            let r = match w {
+                WorkloadCmd::Touch { mib, huge, threads } => workload::first_touch(mib, huge, threads),
+                WorkloadCmd::FileRead { path, random, stride, cold } => {
+                    workload::file_read(&path, random, stride, cold)
+                }
+                WorkloadCmd::MakeFile { path, mib } => workload::make_file(&path, mib),
+                WorkloadCmd::Fork { children, mib, exit } => workload::fork_children(children, mib, exit),
+            };
+            r.map_err(anyhow::Error::msg)?;
+            Ok(0)
+        }
+    }
+}

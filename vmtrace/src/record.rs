@@ -1,0 +1,176 @@
+//! `vmtrace record`: preflight, load, start or attach to the target, collect
+//! until it ends, write every output. The CLI, the demo and the tests all call this.
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use crate::{
+    collect::{install_stop_handlers, stop_signal, Session},
+    kernel::preflight,
+    loader::{LoadError, LoadOptions, Probes},
+    report::{self, summary::TargetInfo, Summary},
+    target::{check_pid, pid_alive, resolve_program, wait_exit, GatedChild, Target, TargetError},
+};
+
+#[derive(Clone, Debug)]
+pub struct RecordOptions {
+    pub target: Target,
+    pub out: PathBuf,
+    pub duration: Option<Duration>,
+    /// Time 1 in N minor faults (majors: every one).
+    pub minor_period: u32,
+    pub force_tracepoints: bool,
+    /// Print summary.txt at the end.
+    pub print_summary: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("{0}")]
+    Preflight(String),
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error("cannot write to output directory {path}: {err}\nhint: choose a writable directory with --out DIR")]
+    OutDir { path: PathBuf, err: std::io::Error },
+    #[error("cannot add pid {0} to the traced set: {1}")]
+    Trace(u32, aya::maps::MapError),
+}
+
+pub struct RecordOutcome {
+    pub summary: Summary,
+    /// What `vmtrace record` exits with: the traced command's status, or
+    /// 128+signal when vmtrace itself was stopped by one.
+    pub exit_status: i32,
+}
+
+/// Creates `dir` and proves it writable before anything runs.
+pub fn prepare_out_dir(dir: &Path) -> Result<(), RecordError> {
+    let err = |err| RecordError::OutDir { path: dir.to_path_buf(), err };
+    fs::create_dir_all(dir).map_err(err)?;
+    let probe = dir.join(".vmtrace-write-test");
+    fs::write(&probe, b"").map_err(err)?;
+    let _ = fs::remove_file(probe);
+    Ok(())
+}
+
+/// Checks everything recording needs, mounting tracefs when missing.
+pub fn preflight() -> Result<(), RecordError> {
+    let mut checks = vec![preflight::privileges(), preflight::btf_check(), preflight::tracefs_check()];
+    // Tracepoints are only meaningful once tracefs is there.
+    if checks.iter().all(|c| c.status != preflight::Status::Missing) {
+        for (c, n) in preflight::TRACEPOINTS {
+            checks.push(preflight::tracepoint_check(c, n));
+        }
+    }
+    preflight::require(&checks).map_err(RecordError::Preflight)
+}
+
+pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
+    // Cheap user errors first: they need no privileges to report.
+    match &opts.target {
+        Target::Command(argv) => {
+            resolve_program(argv.first().ok_or(TargetError::Empty)?)?;
+        }
+        Target::Pid(pid) => check_pid(*pid)?,
+        Target::System => {}
+    }
+    prepare_out_dir(&opts.out)?;
+    preflight()?;
+    let probes = Probes::load(&LoadOptions {
+        trace_all: matches!(opts.target, Target::System),
+        minor_period: opts.minor_period,
+        force_tracepoints: opts.force_tracepoints,
+    })?;
+    let mut session = Session::new(probes);
+    install_stop_handlers();
+    let (mut info, child) = start_target(&mut session, &opts.target)?;
+    session.started = Instant::now();
+    log::info!("tracing {}", info.kind);
+    let signalled = wait_for_end(&mut session, opts, child.as_ref(), &mut info);
+    // Exit events of the last processes may still be in flight.
+    session.poll(Duration::from_millis(10));
+
+    let summary = session.finish(info, opts.minor_period.max(1));
+    report::write_all(&opts.out, &summary).map_err(|err| RecordError::OutDir { path: opts.out.clone(), err })?;
+    if opts.print_summary {
+        print!("{}", report::text::render(&summary));
+        println!("\nwritten: {}/summary.json, summary.txt", opts.out.display());
+    }
+    let exit_status = match (summary.target.exit_status, signalled) {
+        (Some(st), _) => st,
+        (None, Some(sig)) => 128 + sig,
+        (None, None) => 0,
+    };
+    Ok(RecordOutcome { summary, exit_status })
+}
+
+/// Puts the target in the traced set; a command is started only once it is.
+fn start_target(session: &mut Session, target: &Target) -> Result<(TargetInfo, Option<GatedChild>), RecordError> {
+    Ok(match target {
+        Target::Command(argv) => {
+            let mut c = GatedChild::spawn(argv)?;
+            session.probes.trace_pid(c.pid).map_err(|e| RecordError::Trace(c.pid, e))?;
+            session.table.procs.entry(c.pid).or_default().ppid = Some(std::process::id());
+            c.release()?;
+            let info =
+                TargetInfo { kind: "command".into(), command: Some(argv.clone()), pid: Some(c.pid), exit_status: None };
+            (info, Some(c))
+        }
+        Target::Pid(pid) => {
+            session.probes.trace_pid(*pid).map_err(|e| RecordError::Trace(*pid, e))?;
+            session.table.ensure(*pid);
+            (TargetInfo { kind: "pid".into(), command: None, pid: Some(*pid), exit_status: None }, None)
+        }
+        Target::System => (TargetInfo { kind: "system".into(), command: None, pid: None, exit_status: None }, None),
+    })
+}
+
+/// Collects until the target ends, a stop signal arrives or the duration is up.
+/// Returns the signal that stopped vmtrace, if one did.
+fn wait_for_end(
+    session: &mut Session,
+    opts: &RecordOptions,
+    child: Option<&GatedChild>,
+    info: &mut TargetInfo,
+) -> Option<i32> {
+    let deadline = opts.duration.map(|d| session.started + d);
+    loop {
+        session.poll(Duration::from_millis(100));
+        if let Some(c) = child {
+            if let Some(st) = wait_exit(c.pid, false) {
+                info.exit_status = Some(st);
+                return None;
+            }
+        } else if let Target::Pid(pid) = opts.target {
+            let exited = session.table.procs.get(&pid).and_then(|p| p.exit_code);
+            if exited.is_some() || !pid_alive(pid) {
+                info.exit_status = exited;
+                return None;
+            }
+        }
+        if let Some(sig) = stop_signal() {
+            if let Some(c) = child {
+                // The command gets what vmtrace got, as under a shell; give it a
+                // moment to exit so its status is reported.
+                // SAFETY: signalling our own child.
+                unsafe { libc::kill(c.pid as i32, sig) };
+                let until = Instant::now() + Duration::from_secs(2);
+                while Instant::now() < until {
+                    if let Some(st) = wait_exit(c.pid, false) {
+                        info.exit_status = Some(st);
+                        break;
+                    }
+                    session.poll(Duration::from_millis(20));
+                }
+            }
+            return Some(sig);
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return None;
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! `summary.txt`: the summary for people, also printed at exit.
+use std::fmt::Write as _;
+
+use super::summary::{Faults, Hist, Summary};
+
+pub fn fmt_ns(ns: u64) -> String {
+    let ns = ns as f64;
+    if ns >= 1e9 {
+        format!("{:.2} s", ns / 1e9)
+    } else if ns >= 1e6 {
+        format!("{:.1} ms", ns / 1e6)
+    } else if ns >= 1e3 {
+        format!("{:.1} µs", ns / 1e3)
+    } else {
+        format!("{ns:.0} ns")
+    }
+}
+
+/// Upper bound of a latency bucket, as "≤2.0 µs" ("-" when empty, ">1.07 s" for +inf).
+fn fmt_bound(h: &Hist, q: f64) -> String {
+    if h.count() == 0 {
+        "-".into()
+    } else {
+        match h.quantile_bound(q) {
+            Some(b) => format!("≤{}", fmt_ns(b)),
+            None => format!(">{}", fmt_ns(Hist::bucket_bound(h.0.len() - 2).unwrap_or(0))),
+        }
+    }
+}
+
+fn exit_text(code: Option<i32>) -> String {
+    match code {
+        None => "running".into(),
+        Some(c) if c > 128 => format!("{c} (signal {})", c - 128),
+        Some(c) => c.to_string(),
+    }
+}
+
+fn row(out: &mut String, pid: &str, comm: &str, f: &Faults, exit: &str) {
+    let _ = writeln!(
+        out,
+        "{pid:>7}  {comm:<16} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10} {:>9} {:>9}  {exit}",
+        f.total,
+        f.minor,
+        f.major,
+        f.write,
+        f.cow,
+        fmt_ns(f.time_ns),
+        fmt_bound(&f.latency_hist_ns, 0.5),
+        fmt_bound(&f.latency_hist_ns, 0.99),
+    );
+}
+
+fn histogram(out: &mut String, title: &str, h: &Hist) {
+    let n = h.count();
+    if n == 0 {
+        return;
+    }
+    let _ = writeln!(out, "\n{title} ({n} timed)");
+    let max = h.0.iter().copied().max().unwrap_or(1).max(1);
+    let first = h.0.iter().position(|&c| c > 0).unwrap_or(0);
+    let last = h.0.iter().rposition(|&c| c > 0).unwrap_or(0);
+    for i in first..=last {
+        let label = Hist::bucket_bound(i).map_or_else(|| "> 1.07 s".to_string(), |b| format!("≤ {}", fmt_ns(b)));
+        let bar = "#".repeat(((h.0[i] * 40).div_ceil(max)) as usize);
+        let _ = writeln!(out, "  {label:>10} {:>10}  {bar}", h.0[i]);
+    }
+}
+
+const MAX_ROWS: usize = 30;
+
+pub fn render(s: &Summary) -> String {
+    let mut out = String::new();
+    header(&mut out, s);
+    process_table(&mut out, s);
+    histogram(&mut out, "Minor-fault latency", &s.totals.minor_latency_hist_ns);
+    histogram(&mut out, "Major-fault latency", &s.totals.major_latency_hist_ns);
+    out
+}
+
+fn header(out: &mut String, s: &Summary) {
+    let target = match s.target.kind.as_str() {
+        "command" => format!("command `{}`", s.target.command.as_deref().unwrap_or_default().join(" ")),
+        "pid" => format!("pid {}", s.target.pid.unwrap_or(0)),
+        _ => "the whole system".into(),
+    };
+    let _ = writeln!(out, "vmtrace {} — {target}, {:.2} s, kernel {}", s.vmtrace_version, s.duration_s, s.kernel);
+    if let Some(st) = s.target.exit_status {
+        let _ = writeln!(out, "exit status: {}", exit_text(Some(st)));
+    }
+    let fallbacks: Vec<_> = s.probes.iter().filter(|p| p.fallback_reason.is_some()).map(|p| p.what.as_str()).collect();
+    let _ = writeln!(
+        out,
+        "probes: {}",
+        if fallbacks.is_empty() {
+            "preferred program types".to_string()
+        } else {
+            format!("fallback tracepoints for {}", fallbacks.join(", "))
+        }
+    );
+    if s.sampling.minor_latency_period > 1 {
+        let _ = writeln!(
+            out,
+            "latency: minor faults timed 1 in {} (fault time scaled up); majors timed every one",
+            s.sampling.minor_latency_period
+        );
+    }
+    if s.lost_events == 0 {
+        let _ = writeln!(out, "lost events: 0");
+    } else {
+        let _ = writeln!(
+            out,
+            "LOST EVENTS: {} (task events {}, stats map full {}, traced map full {})",
+            s.lost_events, s.drops.task_events, s.drops.fault_stats_full, s.drops.traced_full
+        );
+    }
+    if s.drops.untimed_faults > 0 {
+        let _ = writeln!(out, "untimed faults: {} (counted, but their start was not seen)", s.drops.untimed_faults);
+    }
+}
+
+fn process_table(out: &mut String, s: &Summary) {
+    let _ = writeln!(out, "\nPage faults by process");
+    let _ = writeln!(
+        out,
+        "{:>7}  {:<16} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10} {:>9} {:>9}  EXIT",
+        "PID", "COMM", "FAULTS", "MINOR", "MAJOR", "WRITE", "COW", "TIME", "p50", "p99"
+    );
+    let mut procs: Vec<_> = s.processes.iter().collect();
+    procs.sort_by(|a, b| b.faults.time_ns.cmp(&a.faults.time_ns).then(a.pid.cmp(&b.pid)));
+    for p in procs.iter().take(MAX_ROWS) {
+        row(out, &p.pid.to_string(), &p.comm, &p.faults, &exit_text(p.exit_code));
+    }
+    if procs.len() > MAX_ROWS {
+        let _ = writeln!(out, "{:>7}  ({} more processes in summary.json)", "…", procs.len() - MAX_ROWS);
+    }
+    if procs.len() > 1 {
+        row(out, "all", &format!("{} processes", procs.len()), &s.totals, "");
+    }
+}

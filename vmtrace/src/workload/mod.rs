@@ -1,0 +1,199 @@
+//! Built-in workloads (`vmtrace workload …`, hidden): the demo runs them and the
+//! tests use them as ground truth, since each reports the kernel's own
+//! `getrusage` counts for itself as one JSON line on stdout.
+use std::{fs::OpenOptions, io::Write as _, os::fd::AsRawFd as _, path::Path, time::Instant};
+
+use serde::{Deserialize, Serialize};
+
+pub const PAGE: usize = 4096;
+
+/// What a workload process reports about itself.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Report {
+    pub role: String,
+    pub pid: u32,
+    /// `getrusage(RUSAGE_SELF)` at the end: every fault of this process.
+    pub minflt: u64,
+    pub majflt: u64,
+    pub pages: u64,
+    /// Time of the measured loop only (start-up excluded), for benchmarks.
+    pub loop_ns: u64,
+}
+
+fn rusage() -> (u64, u64) {
+    rusage_of(libc::RUSAGE_SELF)
+}
+
+fn rusage_of(who: i32) -> (u64, u64) {
+    // SAFETY: zeroed rusage is a valid out-parameter.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer.
+    unsafe { libc::getrusage(who, &raw mut ru) };
+    (ru.ru_minflt as u64, ru.ru_majflt as u64)
+}
+
+fn emit(role: &str, pages: u64, loop_ns: u64) {
+    let (minflt, majflt) = rusage();
+    let r = Report { role: role.into(), pid: std::process::id(), minflt, majflt, pages, loop_ns };
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{}", serde_json::to_string(&r).unwrap_or_default());
+    let _ = out.flush();
+}
+
+/// Anonymous private mapping of `bytes`, with THP advice.
+fn map_anon(bytes: usize, huge: bool) -> Result<*mut u8, String> {
+    // SAFETY: anonymous mapping, no fd.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(format!("mmap {bytes} bytes: {}", std::io::Error::last_os_error()));
+    }
+    let advice = if huge { libc::MADV_HUGEPAGE } else { libc::MADV_NOHUGEPAGE };
+    // SAFETY: advising our own fresh mapping.
+    unsafe { libc::madvise(p, bytes, advice) };
+    Ok(p.cast())
+}
+
+/// Writes one byte per page: one first-touch fault per 4 KiB page.
+fn touch(p: *mut u8, bytes: usize) {
+    for off in (0..bytes).step_by(PAGE) {
+        // SAFETY: inside the mapping.
+        unsafe { p.add(off).write_volatile(1) };
+    }
+}
+
+/// First touch of `mib` MiB of anonymous memory, by `threads` threads.
+pub fn first_touch(mib: usize, huge: bool, threads: usize) -> Result<(), String> {
+    let bytes = mib << 20;
+    let p = map_anon(bytes, huge)? as usize;
+    let t0 = Instant::now();
+    let threads = threads.max(1);
+    let chunk = (bytes / threads) & !(PAGE - 1);
+    std::thread::scope(|s| {
+        for i in 0..threads {
+            let len = if i + 1 == threads { bytes - chunk * i } else { chunk };
+            s.spawn(move || touch((p + chunk * i) as *mut u8, len));
+        }
+    });
+    emit("first-touch", (bytes / PAGE) as u64, t0.elapsed().as_nanos() as u64);
+    Ok(())
+}
+
+/// Drops `path` from the page cache so the next access faults it in from disk.
+pub fn evict(path: &Path) -> Result<(), String> {
+    let f = OpenOptions::new().read(true).open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    // SAFETY: valid fd.
+    unsafe {
+        libc::fdatasync(f.as_raw_fd());
+        libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+    }
+    Ok(())
+}
+
+/// Maps `path` and reads one byte of every `stride`-th page, in a shuffled
+/// order with MADV_RANDOM (no readahead) or sequentially.
+pub fn file_read(path: &Path, random: bool, stride: usize, cold: bool) -> Result<(), String> {
+    if cold {
+        evict(path)?;
+    }
+    let f = OpenOptions::new().read(true).open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let len = f.metadata().map_err(|e| e.to_string())?.len() as usize;
+    if len == 0 {
+        return Err(format!("{} is empty", path.display()));
+    }
+    // SAFETY: read-only shared mapping of a regular file.
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0) };
+    if p == libc::MAP_FAILED {
+        return Err(format!("mmap {}: {}", path.display(), std::io::Error::last_os_error()));
+    }
+    // SAFETY: advising our own mapping.
+    unsafe { libc::madvise(p, len, if random { libc::MADV_RANDOM } else { libc::MADV_SEQUENTIAL }) };
+    let mut pages: Vec<usize> = (0..len / PAGE).step_by(stride.max(1)).collect();
+    if random {
+        // Fisher-Yates with a fixed LCG: the same order every run.
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for i in (1..pages.len()).rev() {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            pages.swap(i, (x >> 33) as usize % (i + 1));
+        }
+    }
+    let t0 = Instant::now();
+    let mut sum = 0u64;
+    for &pg in &pages {
+        // SAFETY: inside the mapping.
+        sum += u64::from(unsafe { p.cast::<u8>().add(pg * PAGE).read_volatile() });
+    }
+    std::hint::black_box(sum);
+    emit("file-read", pages.len() as u64, t0.elapsed().as_nanos() as u64);
+    Ok(())
+}
+
+/// Writes a file of `mib` MiB of non-zero data (so no page is a hole).
+pub fn make_file(path: &Path, mib: usize) -> Result<(), String> {
+    let mut f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let block = vec![0xA5u8; 1 << 20];
+    for _ in 0..mib {
+        f.write_all(&block).map_err(|e| e.to_string())?;
+    }
+    f.sync_all().map_err(|e| e.to_string())
+}
+
+/// Forks `children` processes that each touch `mib` MiB and exit with code
+/// 10+i; the parent waits and exits with `exit_code`.
+pub fn fork_children(children: usize, mib: usize, exit_code: i32) -> Result<(), String> {
+    let mut pids = Vec::new();
+    for i in 0..children {
+        let _ = std::io::stdout().flush();
+        // SAFETY: the child only touches memory, writes a line and exits.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(format!("fork: {}", std::io::Error::last_os_error()));
+        }
+        if pid == 0 {
+            let bytes = mib << 20;
+            let code = match map_anon(bytes, false) {
+                Ok(p) => {
+                    let t0 = Instant::now();
+                    touch(p, bytes);
+                    emit("child", (bytes / PAGE) as u64, t0.elapsed().as_nanos() as u64);
+                    10 + i as i32
+                }
+                Err(_) => 1,
+            };
+            // SAFETY: leave without running the parent's destructors twice.
+            unsafe { libc::_exit(code) };
+        }
+        pids.push(pid);
+    }
+    for pid in pids {
+        let mut st = 0;
+        // SAFETY: waiting for our own children.
+        unsafe { libc::waitpid(pid, &raw mut st, 0) };
+    }
+    emit("parent", 0, 0);
+    std::process::exit(exit_code);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_touch_faults_match_rusage_delta() {
+        // This thread only: other tests run beside it.
+        let (before, _) = rusage_of(libc::RUSAGE_THREAD);
+        let p = map_anon(8 << 20, false).unwrap();
+        touch(p, 8 << 20);
+        let (after, _) = rusage_of(libc::RUSAGE_THREAD);
+        // 2048 pages; allow a little for the test harness's own faults.
+        assert!((2048..2048 + 200).contains(&(after - before)), "delta {}", after - before);
+    }
+}

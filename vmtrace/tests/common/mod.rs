@@ -1,0 +1,147 @@
+//! Helpers for the privileged tests: run the real binary against workloads the
+//! tests start, and read the kernel's own accounting the workloads report.
+#![allow(dead_code)]
+
+use std::{
+    os::unix::process::CommandExt as _,
+    path::{Path, PathBuf},
+    process::{Command, Output},
+};
+
+use serde_json::Value;
+use vmtrace::workload::Report;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_vmtrace");
+
+/// True when privileged tests should run. A skip needs the explicit opt-out
+/// variable and says so; otherwise a non-root run fails loudly.
+pub fn privileged(test: &str) -> bool {
+    if std::env::var("VMTRACE_SKIP_PRIVILEGED").as_deref() == Ok("1") {
+        eprintln!("SKIPPED {test}: VMTRACE_SKIP_PRIVILEGED=1 (this test loads BPF programs)");
+        return false;
+    }
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "{test} loads BPF programs and needs root; set VMTRACE_SKIP_PRIVILEGED=1 to skip it explicitly"
+    );
+    true
+}
+
+pub struct Run {
+    pub out: tempfile::TempDir,
+    pub output: Output,
+    pub summary: Value,
+    /// JSON lines the built-in workloads printed about themselves.
+    pub reports: Vec<Report>,
+}
+
+impl Run {
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.output.stderr).into_owned()
+    }
+
+    pub fn code(&self) -> Option<i32> {
+        self.output.status.code()
+    }
+
+    pub fn process(&self, pid: u32) -> &Value {
+        self.summary["processes"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["pid"] == pid))
+            .unwrap_or_else(|| panic!("pid {pid} not in summary: {:#}", self.summary))
+    }
+
+    pub fn report(&self, role: &str) -> &Report {
+        self.reports.iter().find(|r| r.role == role).unwrap_or_else(|| panic!("no {role} report in {:?}", self.reports))
+    }
+}
+
+pub fn vmtrace() -> Command {
+    let mut c = Command::new(BIN);
+    c.env("RUST_BACKTRACE", "1");
+    c
+}
+
+/// `vmtrace record ARGS -- CMD…` into a fresh directory.
+pub fn record(args: &[&str], cmd: &[&str]) -> Run {
+    let out = tempfile::tempdir().expect("tempdir");
+    let output = vmtrace()
+        .arg("record")
+        .arg("--out")
+        .arg(out.path())
+        .args(args)
+        .arg("--")
+        .args(cmd)
+        .output()
+        .expect("run vmtrace");
+    finish(out, output)
+}
+
+pub fn finish(out: tempfile::TempDir, output: Output) -> Run {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let reports = vmtrace::demo::parse_reports(&stdout);
+    let path = out.path().join("summary.json");
+    let summary = std::fs::read_to_string(&path).map_or(Value::Null, |s| serde_json::from_str(&s).expect("summary.json parses"));
+    assert!(
+        !String::from_utf8_lossy(&output.stderr).contains("panicked"),
+        "vmtrace panicked:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Run { out, output, summary, reports }
+}
+
+/// `vmtrace workload …` as a command line.
+pub fn workload(args: &[&str]) -> Vec<String> {
+    let mut v = vec![BIN.to_string(), "workload".into()];
+    v.extend(args.iter().map(ToString::to_string));
+    v
+}
+
+pub fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+pub fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+/// |a - b| within `pct` percent of b.
+pub fn assert_close(what: &str, got: u64, want: u64, pct: f64) {
+    let diff = got.abs_diff(want) as f64;
+    assert!(diff <= want as f64 * pct / 100.0, "{what}: vmtrace says {got}, the kernel says {want} (more than {pct}% apart)");
+}
+
+/// A directory on a real disk (not tmpfs), so page-cache eviction means disk I/O.
+pub fn disk_dir() -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("vmtrace-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("create test dir");
+    d
+}
+
+/// Runs `cmd` as user nobody (for the unprivileged-user test).
+pub fn as_nobody(c: &mut Command) -> &mut Command {
+    c.uid(65_534).gid(65_534)
+}
+
+/// Log2-bucket upper bound holding quantile q of a summary histogram.
+pub fn hist_quantile(h: &Value, q: f64) -> u64 {
+    let m = h.as_object().expect("histogram");
+    let mut buckets: Vec<(u64, u64)> = m
+        .iter()
+        .map(|(k, v)| (k.strip_prefix("le_").and_then(|n| n.parse().ok()).unwrap_or(u64::MAX), u(v)))
+        .collect();
+    buckets.sort_unstable();
+    let n: u64 = buckets.iter().map(|b| b.1).sum();
+    assert!(n > 0, "empty histogram");
+    let rank = ((q * n as f64).ceil() as u64).max(1);
+    let mut seen = 0;
+    for (bound, c) in buckets {
+        seen += c;
+        if seen >= rank {
+            return bound;
+        }
+    }
+    u64::MAX
+}

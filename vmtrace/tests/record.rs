@@ -1,0 +1,116 @@
+//! `vmtrace record` against the kernel's own accounting (privileged: loads BPF).
+mod common;
+
+use common::*;
+
+#[test]
+fn first_touch_total_equals_getrusage() {
+    if !privileged("first_touch_total_equals_getrusage") {
+        return;
+    }
+    let run = record(&["--latency-sample", "1"], &strs(&workload(&["touch", "--mib", "64"])));
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let r = run.report("first-touch");
+    let p = run.process(r.pid);
+    let f = &p["faults"];
+    assert_close("total faults", u(&f["total"]), r.minflt + r.majflt, 1.0);
+    assert_close("minor faults", u(&f["minor"]), r.minflt, 1.0);
+    assert_eq!(u(&f["major"]), r.majflt, "major faults");
+    assert!(u(&f["write"]) >= r.pages, "every touched page is a write fault");
+    // Every fault timed when sampling is 1.
+    assert_close("timed faults", u(&f["timed"]), u(&f["total"]), 1.0);
+    assert!(u(&f["time_ns"]) > 0);
+    // The kernel's counters at exit agree too (they include exec's few GUP faults).
+    assert_close("kernel accounting at exit", u(&p["kernel_accounting"]["minor"]), r.minflt, 1.0);
+    assert_eq!(run.summary["lost_events"], 0);
+    assert_eq!(run.summary["target"]["kind"], "command");
+    assert_eq!(p["exit_code"], 0);
+}
+
+#[test]
+fn sampled_latency_still_counts_every_fault() {
+    if !privileged("sampled_latency_still_counts_every_fault") {
+        return;
+    }
+    let run = record(&["--latency-sample", "16"], &strs(&workload(&["touch", "--mib", "64"])));
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let r = run.report("first-touch");
+    let f = &run.process(r.pid)["faults"];
+    assert_close("total faults", u(&f["total"]), r.minflt + r.majflt, 1.0);
+    let timed = u(&f["timed"]);
+    assert!(timed > 0 && timed < u(&f["total"]) / 8, "about 1 in 16 timed, got {timed}");
+    assert_eq!(run.summary["sampling"]["minor_latency_period"], 16);
+    assert_eq!(run.summary["sampling"]["time_estimated"], true);
+}
+
+#[test]
+fn threads_count_under_their_process() {
+    if !privileged("threads_count_under_their_process") {
+        return;
+    }
+    let run = record(&[], &strs(&workload(&["touch", "--mib", "64", "--threads", "2"])));
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let r = run.report("first-touch");
+    assert_close("faults of both threads", u(&run.process(r.pid)["faults"]["total"]), r.minflt + r.majflt, 1.0);
+    assert_eq!(run.summary["processes"].as_array().unwrap().len(), 1, "threads are not processes");
+}
+
+#[test]
+fn forked_children_are_followed_with_their_exit_codes() {
+    if !privileged("forked_children_are_followed_with_their_exit_codes") {
+        return;
+    }
+    let run = record(&[], &strs(&workload(&["fork", "--children", "2", "--mib", "32", "--exit", "3"])));
+    assert_eq!(run.code(), Some(3), "the command's exit status passes through: {}", run.stderr());
+    let parent = run.report("parent");
+    let children: Vec<_> = run.reports.iter().filter(|r| r.role == "child").collect();
+    assert_eq!(children.len(), 2);
+    let mut codes = Vec::new();
+    for c in children {
+        let p = run.process(c.pid);
+        assert_eq!(p["ppid"], parent.pid, "child's parent");
+        assert_close(&format!("child {} faults", c.pid), u(&p["faults"]["total"]), c.minflt + c.majflt, 1.0);
+        codes.push(p["exit_code"].as_i64().unwrap());
+    }
+    codes.sort_unstable();
+    assert_eq!(codes, [10, 11]);
+    assert_eq!(run.process(parent.pid)["exit_code"], 3);
+}
+
+#[test]
+fn cold_file_majors_are_an_order_of_magnitude_slower_than_minors() {
+    if !privileged("cold_file_majors_are_an_order_of_magnitude_slower_than_minors") {
+        return;
+    }
+    let dir = disk_dir();
+    let file = dir.join("cold.bin");
+    let made = vmtrace().args(["workload", "make-file"]).arg(&file).args(["--mib", "64"]).status().unwrap();
+    assert!(made.success());
+    let f = file.to_str().unwrap();
+    let cold = record(&["--latency-sample", "1"], &strs(&workload(&["file-read", f, "--random", "--stride", "4", "--cold"])));
+    assert_eq!(cold.code(), Some(0), "{}", cold.stderr());
+    let r = cold.report("file-read");
+    let faults = &cold.process(r.pid)["faults"];
+    assert_eq!(u(&faults["major"]), r.majflt, "major faults equal getrusage's");
+    assert!(r.majflt * 10 >= r.pages * 9, "cold random reads are mostly majors ({} of {})", r.majflt, r.pages);
+    let warm = record(&["--latency-sample", "1"], &strs(&workload(&["touch", "--mib", "32"])));
+    let w = warm.report("first-touch");
+    let minor_p50 = hist_quantile(&warm.process(w.pid)["faults"]["minor_latency_hist_ns"], 0.5);
+    let major_p50 = hist_quantile(&faults["major_latency_hist_ns"], 0.5);
+    assert!(major_p50 >= 10 * minor_p50, "major p50 ≤{major_p50} ns vs minor p50 ≤{minor_p50} ns");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn classic_tracepoint_fallback_counts_the_same() {
+    if !privileged("classic_tracepoint_fallback_counts_the_same") {
+        return;
+    }
+    let run = record(&["--force-tracepoints"], &strs(&workload(&["fork", "--children", "1", "--mib", "32"])));
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let probes = run.summary["probes"].as_array().unwrap();
+    assert!(probes.iter().any(|p| p["program_type"] == "tracepoint"), "fallback used: {probes:?}");
+    let c = run.report("child");
+    assert_close("child faults via tracepoints", u(&run.process(c.pid)["faults"]["total"]), c.minflt + c.majflt, 1.0);
+    assert_eq!(run.process(c.pid)["exit_code"], 10);
+}

@@ -1,0 +1,134 @@
+//! `-p PID`, `-a`, stop on signals, and bad input (privileged: loads BPF).
+mod common;
+
+use std::{
+    process::{Command, Stdio},
+    thread::sleep,
+    time::Duration,
+};
+
+use common::*;
+
+#[test]
+fn attach_to_running_pid_sees_its_exec_and_exit() {
+    if !privileged("attach_to_running_pid_sees_its_exec_and_exit") {
+        return;
+    }
+    // A shell that waits, then becomes the workload (same pid, new program).
+    let script = format!("sleep 1; exec {BIN} workload touch --mib 128");
+    let child = Command::new("sh").args(["-c", &script]).stdout(Stdio::piped()).spawn().unwrap();
+    let pid = child.id();
+    let out = tempfile::tempdir().unwrap();
+    let vm = vmtrace().args(["record", "--out"]).arg(out.path()).args(["-p", &pid.to_string()]).output().unwrap();
+    let child_out = child.wait_with_output().unwrap();
+    let mut run = finish(out, vm);
+    run.reports = vmtrace::demo::parse_reports(&String::from_utf8_lossy(&child_out.stdout));
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let r = run.report("first-touch");
+    assert_eq!(r.pid, pid);
+    // getrusage also holds the shell's faults from before vmtrace attached.
+    assert_close("faults after attach", u(&run.process(pid)["faults"]["total"]), r.minflt, 1.0);
+    assert_eq!(run.summary["target"]["kind"], "pid");
+    assert_eq!(run.process(pid)["exit_code"], 0);
+}
+
+#[test]
+fn system_wide_sees_an_unrelated_process() {
+    if !privileged("system_wide_sees_an_unrelated_process") {
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let vm = vmtrace().args(["record", "-a", "--duration", "3", "--out"]).arg(out.path()).stdout(Stdio::null()).spawn().unwrap();
+    sleep(Duration::from_millis(1000));
+    let w = Command::new(BIN).args(["workload", "touch", "--mib", "64"]).output().unwrap();
+    let vm = vm.wait_with_output().unwrap();
+    let run = finish(out, vm);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let r = &vmtrace::demo::parse_reports(&String::from_utf8_lossy(&w.stdout))[0];
+    assert_eq!(run.summary["target"]["kind"], "system");
+    assert_close("faults of a process started after -a", u(&run.process(r.pid)["faults"]["total"]), r.minflt, 1.0);
+}
+
+#[test]
+fn sigint_stops_and_still_writes_every_output() {
+    if !privileged("sigint_stops_and_still_writes_every_output") {
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let vm = vmtrace()
+        .args(["record", "--out"])
+        .arg(out.path())
+        .args(["--", "sleep", "30"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    sleep(Duration::from_millis(1500));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(vm.id() as i32, libc::SIGINT) };
+    let vm = vm.wait_with_output().unwrap();
+    let run = finish(out, vm);
+    // sleep got the SIGINT too, as under a shell, and died of it.
+    assert_eq!(run.code(), Some(130), "{}", run.stderr());
+    assert!(run.out.path().join("summary.txt").exists());
+    assert_eq!(run.summary["target"]["exit_status"], 130);
+    let pid = run.summary["target"]["pid"].as_u64().unwrap() as u32;
+    assert!(u(&run.process(pid)["faults"]["total"]) > 0, "sleep's start-up faults were seen");
+}
+
+#[test]
+fn duration_stops_a_pid_trace() {
+    if !privileged("duration_stops_a_pid_trace") {
+        return;
+    }
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let vm = vmtrace()
+        .args(["record", "--duration", "1", "--out"])
+        .arg(out.path())
+        .args(["-p", &sleeper.id().to_string()])
+        .output()
+        .unwrap();
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    let run = finish(out, vm);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.process(sleeper.id())["exit_code"], serde_json::Value::Null, "still running when the trace ended");
+}
+
+fn expect_error(run: &Run, needle: &str) {
+    assert_ne!(run.code(), Some(0), "should fail: {}", run.stderr());
+    assert!(run.stderr().contains(needle), "stderr should name the problem ({needle}):\n{}", run.stderr());
+}
+
+#[test]
+fn bad_input_gets_a_clear_error() {
+    // These fail before anything is loaded: no privileges needed.
+    let run = record(&[], &["no-such-command-vmtrace"]);
+    expect_error(&run, "command not found: no-such-command-vmtrace");
+
+    let out = tempfile::tempdir().unwrap();
+    let vm = vmtrace().args(["record", "-p", "999999999", "--out"]).arg(out.path()).output().unwrap();
+    expect_error(&finish(out, vm), "no such process: 999999999");
+
+    let out = tempfile::tempdir().unwrap();
+    let vm = vmtrace().args(["record", "--out", "/proc/vmtrace-cannot-write", "--", "true"]).output().unwrap();
+    expect_error(&finish(out, vm), "cannot write to output directory");
+
+    let out = tempfile::tempdir().unwrap();
+    let vm = vmtrace().args(["report"]).arg(out.path()).output().unwrap();
+    expect_error(&finish(out, vm), "summary.json");
+}
+
+#[test]
+fn unprivileged_user_is_told_what_to_do() {
+    if !privileged("unprivileged_user_is_told_what_to_do") {
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(out.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let vm = as_nobody(&mut vmtrace()).args(["record", "--out"]).arg(out.path()).args(["--", "true"]).output().unwrap();
+    let run = finish(out, vm);
+    expect_error(&run, "privileges");
+    assert!(run.stderr().contains("run as root"), "{}", run.stderr());
+}

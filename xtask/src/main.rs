@@ -1,0 +1,192 @@
+//! `cargo xtask`: bootstrap the toolchain pieces the eBPF build needs, then
+//! build, test, run the demo or benchmark. Every step says what it does and
+//! is idempotent, so a fresh machine needs nothing by hand.
+mod bench;
+
+use std::{
+    env,
+    ffi::OsString,
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install missing toolchain pieces (nightly rust-src, bpf-linker).
+    Bootstrap,
+    /// Bootstrap, then build target/release/vmtrace with its eBPF embedded.
+    Build,
+    /// Bootstrap, build, then run lints and every test (privileged ones need root).
+    Test {
+        /// Extra arguments for `cargo test` (e.g. a test name filter).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Bootstrap, build, and run `vmtrace demo`.
+    Demo {
+        #[arg(long, default_value = "vmtrace-demo")]
+        out: PathBuf,
+    },
+    /// Benchmarks: vmtrace vs untraced vs bpftrace; rewrites docs/performance.md.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root();
+    env::set_current_dir(&root)?;
+    match cli.cmd {
+        Cmd::Bootstrap => bootstrap(),
+        Cmd::Build => {
+            bootstrap()?;
+            build()
+        }
+        Cmd::Test { args } => {
+            bootstrap()?;
+            build()?;
+            test(&args)
+        }
+        Cmd::Demo { out } => {
+            bootstrap()?;
+            build()?;
+            run(Command::new(root.join("target/release/vmtrace")).arg("demo").arg("--out").arg(out))
+        }
+        Cmd::Bench(args) => {
+            bootstrap()?;
+            build()?;
+            bench::run(&root, &args)
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+fn say(msg: &str) {
+    eprintln!("xtask: {msg}");
+}
+
+/// `cargo`'s bin directory first on PATH: where `cargo install` puts bpf-linker.
+fn path_with_cargo_bin() -> OsString {
+    let cargo_bin = env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .map(|h| h.join("bin"));
+    let mut paths: Vec<PathBuf> = cargo_bin.into_iter().collect();
+    paths.extend(env::split_paths(&env::var_os("PATH").unwrap_or_default()));
+    env::join_paths(paths).unwrap_or_default()
+}
+
+fn cmd(program: &str) -> Command {
+    let mut c = Command::new(program);
+    c.env("PATH", path_with_cargo_bin());
+    c
+}
+
+fn run(c: &mut Command) -> Result<()> {
+    let status = c.status().with_context(|| format!("cannot start {c:?}"))?;
+    if !status.success() {
+        bail!("{c:?} failed: {status}");
+    }
+    Ok(())
+}
+
+fn output(c: &mut Command) -> Result<String> {
+    let out = c.output().with_context(|| format!("cannot start {c:?}"))?;
+    if !out.status.success() {
+        bail!("{c:?} failed: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn bootstrap() -> Result<()> {
+    // The nightly toolchain builds the eBPF crate (-Z build-std=core).
+    if output(cmd("rustup").args(["run", "nightly", "rustc", "--version"])).is_err() {
+        say("installing the nightly toolchain (rustup toolchain install nightly)");
+        run(cmd("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal"]))
+            .context("the eBPF programs need a nightly Rust toolchain")?;
+    }
+    let installed = output(cmd("rustup").args(["component", "list", "--toolchain", "nightly", "--installed"]))?;
+    if !installed.lines().any(|l| l.starts_with("rust-src")) {
+        say("installing rust-src for nightly (rustup component add rust-src --toolchain nightly)");
+        run(cmd("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+    }
+    if output(cmd("bpf-linker").arg("--version")).is_err() {
+        install_bpf_linker()?;
+    }
+    Ok(())
+}
+
+/// bpf-linker must link the very LLVM that nightly rustc emits bitcode for:
+/// build it against the libLLVM shipped in nightly's sysroot.
+fn install_bpf_linker() -> Result<()> {
+    let sysroot = output(cmd("rustc").args(["+nightly", "--print", "sysroot"]))?.trim().to_string();
+    let lib = Path::new(&sysroot).join("lib");
+    let llvm = fs::read_dir(&lib)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libLLVM.so.") && n.contains("-rust-"))
+        })
+        .with_context(|| format!("no libLLVM.so.*-rust-* in {}", lib.display()))?;
+    let name = llvm.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    // libLLVM.so.22.1-rust-1.97.0-nightly → 22
+    let major = name.trim_start_matches("libLLVM.so.").split('.').next().unwrap_or_default().to_string();
+    let prefix = workspace_root().join("target/xtask/llvm-prefix");
+    fs::create_dir_all(prefix.join("lib"))?;
+    let link = prefix.join("lib/libLLVM.so");
+    let _ = fs::remove_file(&link);
+    std::os::unix::fs::symlink(&llvm, &link)?;
+    say(&format!("building bpf-linker against nightly's LLVM {major} ({}); this takes a few minutes", llvm.display()));
+    run(cmd("cargo")
+        .args(["install", "bpf-linker", "--locked", "--no-default-features", "--features", &format!("llvm-{major}")])
+        .env("LLVM_PREFIX", &prefix)
+        .env("RUSTFLAGS", format!("-C link-arg=-Wl,-rpath,{}", lib.display()))
+        .env_remove("CARGO_TARGET_DIR"))
+    .context("installing bpf-linker failed")?;
+    Ok(())
+}
+
+fn build() -> Result<()> {
+    say("building target/release/vmtrace (eBPF programs embedded)");
+    run(cmd("cargo").args(["build", "--release", "-p", "vmtrace"]))
+}
+
+const USER_CRATES: [&str; 6] = ["-p", "vmtrace", "-p", "vmtrace-common", "-p", "xtask"];
+
+fn test(extra: &[String]) -> Result<()> {
+    say("checking format and lints");
+    run(cmd("cargo").args(["fmt", "--all", "--check"]))?;
+    run(cmd("cargo").args(["clippy", "--release", "--all-targets"]).args(USER_CRATES).args(["--", "-D", "warnings"]))?;
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc_geteuid() } == 0;
+    match (root, env::var("VMTRACE_SKIP_PRIVILEGED").ok().as_deref()) {
+        (_, Some("1")) => {
+            say("VMTRACE_SKIP_PRIVILEGED=1: privileged tests (loading BPF) will report themselves skipped");
+        }
+        (false, _) => bail!(
+            "the privileged tests load BPF programs and need root.\n\
+             run as root (sudo -E cargo xtask test), or set VMTRACE_SKIP_PRIVILEGED=1 to skip them explicitly"
+        ),
+        (true, _) => {}
+    }
+    say("running tests");
+    run(cmd("cargo").args(["test", "--release"]).args(USER_CRATES).arg("--").args(extra))
+}
+
+extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
