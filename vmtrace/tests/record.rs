@@ -87,7 +87,8 @@ fn cold_file_majors_are_an_order_of_magnitude_slower_than_minors() {
     let made = vmtrace().args(["workload", "make-file"]).arg(&file).args(["--mib", "64"]).status().unwrap();
     assert!(made.success());
     let f = file.to_str().unwrap();
-    let cold = record(&["--latency-sample", "1"], &strs(&workload(&["file-read", f, "--random", "--stride", "4", "--cold"])));
+    let cold =
+        record(&["--latency-sample", "1"], &strs(&workload(&["file-read", f, "--random", "--stride", "4", "--cold"])));
     assert_eq!(cold.code(), Some(0), "{}", cold.stderr());
     let r = cold.report("file-read");
     let faults = &cold.process(r.pid)["faults"];

@@ -38,8 +38,13 @@ fn system_wide_sees_an_unrelated_process() {
         return;
     }
     let out = tempfile::tempdir().unwrap();
-    let vm = vmtrace().args(["record", "-a", "--duration", "3", "--out"]).arg(out.path()).stdout(Stdio::null()).spawn().unwrap();
-    sleep(Duration::from_millis(1000));
+    let vm = vmtrace()
+        .args(["record", "-a", "--duration", "3", "--out"])
+        .arg(out.path())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    sleep(Duration::from_secs(1));
     let w = Command::new(BIN).args(["workload", "touch", "--mib", "64"]).output().unwrap();
     let vm = vm.wait_with_output().unwrap();
     let run = finish(out, vm);

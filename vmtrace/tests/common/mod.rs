@@ -83,7 +83,8 @@ pub fn finish(out: tempfile::TempDir, output: Output) -> Run {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let reports = vmtrace::demo::parse_reports(&stdout);
     let path = out.path().join("summary.json");
-    let summary = std::fs::read_to_string(&path).map_or(Value::Null, |s| serde_json::from_str(&s).expect("summary.json parses"));
+    let summary =
+        std::fs::read_to_string(&path).map_or(Value::Null, |s| serde_json::from_str(&s).expect("summary.json parses"));
     assert!(
         !String::from_utf8_lossy(&output.stderr).contains("panicked"),
         "vmtrace panicked:\n{}",
@@ -110,7 +111,10 @@ pub fn u(v: &Value) -> u64 {
 /// |a - b| within `pct` percent of b.
 pub fn assert_close(what: &str, got: u64, want: u64, pct: f64) {
     let diff = got.abs_diff(want) as f64;
-    assert!(diff <= want as f64 * pct / 100.0, "{what}: vmtrace says {got}, the kernel says {want} (more than {pct}% apart)");
+    assert!(
+        diff <= want as f64 * pct / 100.0,
+        "{what}: vmtrace says {got}, the kernel says {want} (more than {pct}% apart)"
+    );
 }
 
 /// A directory on a real disk (not tmpfs), so page-cache eviction means disk I/O.
@@ -128,10 +132,8 @@ pub fn as_nobody(c: &mut Command) -> &mut Command {
 /// Log2-bucket upper bound holding quantile q of a summary histogram.
 pub fn hist_quantile(h: &Value, q: f64) -> u64 {
     let m = h.as_object().expect("histogram");
-    let mut buckets: Vec<(u64, u64)> = m
-        .iter()
-        .map(|(k, v)| (k.strip_prefix("le_").and_then(|n| n.parse().ok()).unwrap_or(u64::MAX), u(v)))
-        .collect();
+    let mut buckets: Vec<(u64, u64)> =
+        m.iter().map(|(k, v)| (k.strip_prefix("le_").and_then(|n| n.parse().ok()).unwrap_or(u64::MAX), u(v))).collect();
     buckets.sort_unstable();
     let n: u64 = buckets.iter().map(|b| b.1).sum();
     assert!(n > 0, "empty histogram");
