@@ -7,6 +7,9 @@ use serde::{Deserialize, Serialize};
 
 pub const PAGE: usize = 4096;
 
+/// When set, workloads append their report lines to this file instead of stdout.
+pub const REPORT_ENV: &str = "VMTRACE_REPORT";
+
 /// What a workload process reports about itself.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Report {
@@ -35,8 +38,16 @@ fn rusage_of(who: i32) -> (u64, u64) {
 fn emit(role: &str, pages: u64, loop_ns: u64) {
     let (minflt, majflt) = rusage();
     let r = Report { role: role.into(), pid: std::process::id(), minflt, majflt, pages, loop_ns };
+    let line = format!("{}\n", serde_json::to_string(&r).unwrap_or_default());
+    // One append per line: forked children share the file without interleaving.
+    if let Some(path) = std::env::var_os(REPORT_ENV) {
+        if let Ok(mut f) = OpenOptions::new().create(true).append(true).open(path) {
+            let _ = f.write_all(line.as_bytes());
+            return;
+        }
+    }
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{}", serde_json::to_string(&r).unwrap_or_default());
+    let _ = out.write_all(line.as_bytes());
     let _ = out.flush();
 }
 
