@@ -2,7 +2,7 @@
 use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid,
     macros::map,
-    maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use vmtrace_common::{Config, DropKind, FaultStats, InflightFault, KernelOffsets, DROP_KINDS};
 
@@ -27,14 +27,13 @@ pub fn koffsets() -> KernelOffsets {
     unsafe { core::ptr::read_volatile(&raw const KOFFSETS) }
 }
 
-/// Thread-group ids being traced (value unused). Filled by userspace with the
-/// target and by the fork hook with every descendant.
+/// Per-process fault aggregates, keyed by tgid. It is also the traced set: a
+/// tgid is traced iff it has an entry (userspace adds the target, the fork hook
+/// every descendant), so the hot path does one lookup, not two. Userspace reads
+/// and deletes a process's entry when it exits. With `-a`, entries are created
+/// on a process's first fault.
 #[map]
-pub static TRACED: HashMap<u32, u32> = HashMap::with_max_entries(65_536, 0);
-
-/// Per-process fault aggregates, keyed by tgid.
-#[map]
-pub static FAULT_STATS: PerCpuHashMap<u32, FaultStats> = PerCpuHashMap::with_max_entries(16_384, 0);
+pub static FAULT_STATS: PerCpuHashMap<u32, FaultStats> = PerCpuHashMap::with_max_entries(32_768, 0);
 
 /// All-zero value to insert from: a `FaultStats` is too big for the 512-byte BPF stack.
 #[map]
@@ -65,37 +64,37 @@ pub fn count_drop(kind: DropKind) {
     }
 }
 
-/// (tgid, tid) of the current task when it is traced.
+/// Adds a zeroed aggregate for `tgid` (BPF_NOEXIST: an existing one is kept).
 #[inline(always)]
-pub fn current_if_traced() -> Option<(u32, u32)> {
+pub fn add_traced(tgid: u32) -> bool {
+    let Some(zero) = ZERO_STATS.get(0) else { return false };
+    FAULT_STATS.insert(&tgid, zero, 1).is_ok() || FAULT_STATS.get_ptr(&tgid).is_some()
+}
+
+#[inline(always)]
+pub fn is_traced(tgid: u32) -> bool {
+    config().trace_all != 0 || FAULT_STATS.get_ptr(&tgid).is_some()
+}
+
+/// The current task's (tgid, tid) and this CPU's aggregate of its process,
+/// when it is traced.
+#[inline(always)]
+pub fn current_stats() -> Option<(u32, u32, &'static mut FaultStats)> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
-    if config().trace_all != 0 {
-        // The idle task (pid 0) and kernel threads never take user faults we want.
-        return if tgid == 0 { None } else { Some((tgid, tid)) };
-    }
-    // SAFETY: the value is only tested for presence.
-    if unsafe { TRACED.get(&tgid) }.is_some() {
-        Some((tgid, tid))
-    } else {
-        None
-    }
-}
-
-/// This CPU's aggregate for `tgid`, created on first use.
-#[inline(always)]
-pub fn fault_stats(tgid: u32) -> Option<&'static mut FaultStats> {
     if let Some(p) = FAULT_STATS.get_ptr_mut(&tgid) {
-        // SAFETY: per-CPU value of a live entry.
-        return Some(unsafe { &mut *p });
+        // SAFETY: this CPU's value of a live entry; no other writer on this CPU.
+        return Some((tgid, tid, unsafe { &mut *p }));
     }
-    let zero = ZERO_STATS.get(0)?;
-    // BPF_NOEXIST: another CPU may have created it meanwhile; that is fine.
-    if FAULT_STATS.insert(&tgid, zero, 1).is_err() && FAULT_STATS.get_ptr_mut(&tgid).is_none() {
+    // With -a every process is traced from its first fault (pid 0: idle/kernel).
+    if config().trace_all == 0 || tgid == 0 {
+        return None;
+    }
+    if !add_traced(tgid) {
         count_drop(DropKind::FaultStatsFull);
         return None;
     }
     // SAFETY: as above.
-    FAULT_STATS.get_ptr_mut(&tgid).map(|p| unsafe { &mut *p })
+    FAULT_STATS.get_ptr_mut(&tgid).map(|p| (tgid, tid, unsafe { &mut *p }))
 }

@@ -14,7 +14,7 @@
 use std::os::fd::AsFd as _;
 
 use aya::{
-    maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, RingBuf},
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         BtfTracePoint, PerfEvent, TracePoint,
@@ -107,6 +107,7 @@ pub struct Attached {
 
 pub struct LoadOptions {
     pub trace_all: bool,
+    /// Time 1 in N minor faults; 0 = do not time minor faults.
     pub minor_period: u32,
     /// Force classic tracepoints (tests the fallback path on kernels that have tp_btf).
     pub force_tracepoints: bool,
@@ -116,7 +117,6 @@ pub struct LoadOptions {
 pub struct Probes {
     pub ebpf: Ebpf,
     pub attached: Vec<Attached>,
-    pub traced: HashMap<MapData, u32, u32>,
     pub fault_stats: PerCpuHashMap<MapData, u32, FaultStats>,
     pub drops: PerCpuArray<MapData, u64>,
     pub events: RingBuf<MapData>,
@@ -128,7 +128,7 @@ impl Probes {
         let kbtf = kbtf::load_vmlinux()?;
         let offsets = kbtf::kernel_offsets(&kbtf)?;
         let btf = Btf::from_sys_fs().map_err(|e| kbtf::BtfError::Read(e.to_string()))?;
-        let config = Config { trace_all: u32::from(opts.trace_all), minor_period: opts.minor_period.max(1) };
+        let config = Config { trace_all: u32::from(opts.trace_all), minor_period: opts.minor_period };
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
             .override_global("CONFIG", &config, true)
@@ -140,16 +140,39 @@ impl Probes {
             attached.push(attach_hook(&mut ebpf, &btf, &kbtf, hook, opts.force_tracepoints)?);
         }
         attached.extend(attach_fault_end(&mut ebpf, config.minor_period)?);
-        let traced = take_map(&mut ebpf, "TRACED")?;
         let fault_stats = take_map(&mut ebpf, "FAULT_STATS")?;
         let drops = take_map(&mut ebpf, "DROPS")?;
         let events = take_map(&mut ebpf, "EVENTS")?;
-        Ok(Self { ebpf, attached, traced, fault_stats, drops, events, logger })
+        Ok(Self { ebpf, attached, fault_stats, drops, events, logger })
     }
 
-    /// Adds a process to the traced set; its children follow in the kernel.
+    /// Adds a process to the traced set (a zeroed `FAULT_STATS` entry); its
+    /// children follow in the kernel.
     pub fn trace_pid(&mut self, tgid: u32) -> Result<(), aya::maps::MapError> {
-        self.traced.insert(tgid, 1, 0)
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| {
+            aya::maps::MapError::SyscallError(aya::sys::SyscallError { call: "nr_cpus", io_error: e })
+        })?;
+        let zero = PerCpuValues::try_from(vec![FaultStats::default(); cpus])?;
+        self.fault_stats.insert(tgid, zero, 0)
+    }
+
+    /// Reads and deletes an exited process's aggregate, summed over CPUs.
+    pub fn take_stats(&mut self, tgid: u32) -> Option<FaultStats> {
+        let per_cpu = self.fault_stats.get(&tgid, 0).ok()?;
+        let _ = self.fault_stats.remove(&tgid);
+        Some(sum_cpus(per_cpu.iter()))
+    }
+
+    /// Every aggregate still in the kernel map, summed over CPUs.
+    pub fn all_stats(&self) -> Vec<(u32, FaultStats)> {
+        let mut out = Vec::new();
+        for item in self.fault_stats.iter() {
+            match item {
+                Ok((tgid, per_cpu)) => out.push((tgid, sum_cpus(per_cpu.iter()))),
+                Err(e) => log::warn!("reading FAULT_STATS: {e}"),
+            }
+        }
+        out
     }
 
     /// Forwards kernel-side log records (shown with `-v`).
@@ -167,6 +190,14 @@ impl Probes {
     pub fn ring_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.events.as_fd()
     }
+}
+
+fn sum_cpus<'a>(values: impl Iterator<Item = &'a FaultStats>) -> FaultStats {
+    let mut sum = FaultStats::default();
+    for v in values {
+        sum.add(v);
+    }
+    sum
 }
 
 fn take_map<T: TryFrom<aya::maps::Map>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, LoadError> {
@@ -232,10 +263,18 @@ fn try_tp(ebpf: &mut Ebpf, hook: &Hook) -> Result<(), String> {
 fn attach_fault_end(ebpf: &mut Ebpf, minor_period: u32) -> Result<Vec<Attached>, LoadError> {
     let cpus = aya::util::online_cpus().map_err(|(_, e)| LoadError::Cpus(e.to_string()))?;
     let mut out = Vec::new();
-    for (prog_name, event, label, period) in [
-        ("perf_event_page_faults_maj", SoftwareEvent::PageFaultsMaj, "PAGE_FAULTS_MAJ", 1),
-        ("perf_event_page_faults_min", SoftwareEvent::PageFaultsMin, "PAGE_FAULTS_MIN", u64::from(minor_period)),
-    ] {
+    let mut hooks = vec![("perf_event_page_faults_maj", SoftwareEvent::PageFaultsMaj, "PAGE_FAULTS_MAJ", 1)];
+    // Period 0: minor faults are counted at the start hook only, never timed.
+    // The software-event path costs on every minor fault even when sampling.
+    if minor_period > 0 {
+        hooks.push((
+            "perf_event_page_faults_min",
+            SoftwareEvent::PageFaultsMin,
+            "PAGE_FAULTS_MIN",
+            u64::from(minor_period),
+        ));
+    }
+    for (prog_name, event, label, period) in hooks {
         let perf = |err: String| LoadError::Perf { event: label, err };
         let prog: &mut PerfEvent = ebpf
             .program_mut(prog_name)

@@ -19,7 +19,7 @@ pub struct RecordOptions {
     pub target: Target,
     pub out: PathBuf,
     pub duration: Option<Duration>,
-    /// Time 1 in N minor faults (majors: every one).
+    /// Time 1 in N minor faults (0: none; majors: every one).
     pub minor_period: u32,
     pub force_tracepoints: bool,
     /// Print summary.txt at the end.
@@ -94,7 +94,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     // Exit events of the last processes may still be in flight.
     session.poll(Duration::from_millis(10));
 
-    let summary = session.finish(info, opts.minor_period.max(1));
+    let summary = session.finish(info, opts.minor_period);
     report::write_all(&opts.out, &summary).map_err(|err| RecordError::OutDir { path: opts.out.clone(), err })?;
     if opts.print_summary {
         print!("{}", report::text::render(&summary));

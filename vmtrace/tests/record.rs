@@ -41,6 +41,16 @@ fn sampled_latency_still_counts_every_fault() {
     assert!(timed > 0 && timed < u(&f["total"]) / 8, "about 1 in 16 timed, got {timed}");
     assert_eq!(run.summary["sampling"]["minor_latency_period"], 16);
     assert_eq!(run.summary["sampling"]["time_estimated"], true);
+
+    // Count-only for minors: nothing timed, every fault still counted.
+    let run = record(&["--latency-sample", "0"], &strs(&workload(&["touch", "--mib", "64"])));
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let r = run.report("first-touch");
+    let f = &run.process(r.pid)["faults"];
+    assert_close("total faults, minors untimed", u(&f["total"]), r.minflt + r.majflt, 1.0);
+    assert_eq!(u(&f["minor_time_ns"]), 0);
+    assert_eq!(u(&f["timed"]), u(&f["major"]));
+    assert!(String::from_utf8_lossy(&run.output.stdout).contains("minor faults not timed"));
 }
 
 #[test]
@@ -114,4 +124,12 @@ fn classic_tracepoint_fallback_counts_the_same() {
     let c = run.report("child");
     assert_close("child faults via tracepoints", u(&run.process(c.pid)["faults"]["total"]), c.minflt + c.majflt, 1.0);
     assert_eq!(run.process(c.pid)["exit_code"], 10);
+
+    // The classic fork tracepoint cannot tell threads from processes: threads
+    // must still not show up as processes of their own.
+    let run = record(&["--force-tracepoints"], &strs(&workload(&["touch", "--mib", "32", "--threads", "3"])));
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let r = run.report("first-touch");
+    assert_eq!(run.summary["processes"].as_array().unwrap().len(), 1, "{:#}", run.summary["processes"]);
+    assert_close("faults of all threads", u(&run.process(r.pid)["faults"]["total"]), r.minflt, 1.0);
 }

@@ -78,6 +78,12 @@ fn variants(vmtrace: &Path, out: &Path) -> Vec<Variant> {
             samples: vec![],
         },
         Variant {
+            name: "vmtrace --latency-sample 0",
+            what: "every fault counted, majors timed, minors not timed",
+            wrap: rec(&["--latency-sample", "0"]),
+            samples: vec![],
+        },
+        Variant {
             name: "vmtrace --force-tracepoints",
             what: "default, with classic tracepoints instead of tp_btf",
             wrap: rec(&["--force-tracepoints"]),

@@ -16,7 +16,7 @@ use aya_ebpf::{
 };
 use vmtrace_common::{hist_bucket, pf, DropKind, InflightFault};
 
-use crate::maps::{count_drop, current_if_traced, fault_stats, FAULT_PARKED, FAULT_SLOT};
+use crate::maps::{count_drop, current_stats, FAULT_PARKED, FAULT_SLOT};
 
 /// Lowest kernel address on x86-64 (4- and 5-level paging): kernel-mode faults
 /// at or above it are not faults on user memory.
@@ -69,23 +69,21 @@ fn try_tp_page_fault(ctx: &TracePointContext, kernel_mode: bool) -> Result<(), i
 
 #[inline(always)]
 fn fault_start(address: u64, error_code: u64, kernel_mode: bool) {
-    let Some((tgid, tid)) = current_if_traced() else {
+    let Some((_, tid, s)) = current_stats() else {
         return;
     };
-    if let Some(s) = fault_stats(tgid) {
-        s.started += 1;
-        if error_code & pf::WRITE != 0 {
-            s.write += 1;
-            if error_code & pf::PROT != 0 {
-                s.cow += 1;
-            }
+    s.started += 1;
+    if error_code & pf::WRITE != 0 {
+        s.write += 1;
+        if error_code & pf::PROT != 0 {
+            s.cow += 1;
         }
-        if error_code & pf::INSTR != 0 {
-            s.exec += 1;
-        }
-        if kernel_mode {
-            s.kernel_mode += 1;
-        }
+    }
+    if error_code & pf::INSTR != 0 {
+        s.exec += 1;
+    }
+    if kernel_mode {
+        s.kernel_mode += 1;
     }
     if let Some(slot) = FAULT_SLOT.get_ptr_mut(0) {
         // SAFETY: per-CPU slot; preemption is off in the fault entry path.
@@ -111,7 +109,7 @@ pub fn perf_event_page_faults_maj(ctx: PerfEventContext) -> u32 {
 
 #[inline(always)]
 fn fault_end(ctx: &PerfEventContext, major: bool) {
-    let Some((tgid, tid)) = current_if_traced() else {
+    let Some((_, tid, s)) = current_stats() else {
         return;
     };
     // SAFETY: `addr` is the faulting address perf_sw_event() was given.
@@ -119,9 +117,6 @@ fn fault_end(ctx: &PerfEventContext, major: bool) {
     // SAFETY: no preconditions; the binding is merely declared unsafe.
     let now = unsafe { bpf_ktime_get_ns() };
     let start = take_start(tid, page);
-    let Some(s) = fault_stats(tgid) else {
-        return;
-    };
     if major {
         s.major += 1;
     } else {

@@ -12,7 +12,7 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use vmtrace_common::{DropKind, EventHeader, EventKind, KernelOffsets, TaskEvent, COMM_LEN};
 
-use crate::maps::{config, count_drop, koffsets, EVENTS, FAULT_PARKED, TRACED};
+use crate::maps::{add_traced, config, count_drop, is_traced, koffsets, EVENTS, FAULT_PARKED, FAULT_STATS};
 
 /// Reads a `T` at `base + off`, or `None` when the offset is unknown on this kernel.
 #[inline(always)]
@@ -54,20 +54,14 @@ fn task_event(kind: EventKind) -> TaskEvent {
     }
 }
 
-#[inline(always)]
-fn parent_traced(parent_tgid: u32) -> bool {
-    // SAFETY: presence test only.
-    config().trace_all != 0 || unsafe { TRACED.get(&parent_tgid) }.is_some()
-}
-
 /// Follows a new process (not a new thread: threads share their group's tgid).
 fn on_fork<C: EbpfContext>(ctx: &C, parent_tgid: u32, child_pid: u32, child_tgid: u32) {
-    if !parent_traced(parent_tgid) || child_pid != child_tgid {
+    if !is_traced(parent_tgid) || child_pid != child_tgid {
         return;
     }
-    if config().trace_all == 0 && TRACED.insert(&child_tgid, &1, 0).is_err() {
+    if config().trace_all == 0 && !add_traced(child_tgid) {
         count_drop(DropKind::TracedFull);
-        warn!(ctx, "TRACED full: child {} of {} is not followed", child_tgid, parent_tgid);
+        warn!(ctx, "FAULT_STATS full: child {} of {} is not followed", child_tgid, parent_tgid);
         return;
     }
     let mut ev = task_event(EventKind::TaskFork);
@@ -123,7 +117,7 @@ pub fn tp_sched_sched_process_exec(_ctx: TracePointContext) -> u32 {
 fn on_exec() {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    if !parent_traced(tgid) {
+    if !is_traced(tgid) {
         return;
     }
     let mut ev = task_event(EventKind::TaskExec);
@@ -157,11 +151,16 @@ fn on_exit(task: *const u8) {
     let tgid = (pid_tgid >> 32) as u32;
     let pid = pid_tgid as u32;
     let _ = FAULT_PARKED.remove(&pid);
-    if config().trace_all == 0 && pid != tgid {
-        // A thread's own entry exists only when the fallback fork hook made one.
-        let _ = TRACED.remove(&pid);
+    if pid != tgid && FAULT_STATS.remove(&pid).is_ok() {
+        // Only the fallback fork hook gives a thread an entry of its own (it
+        // cannot tell threads from processes): tell userspace it was a thread.
+        let mut ev = task_event(EventKind::TaskExit);
+        ev.pid = pid;
+        ev.tgid = tgid;
+        emit(ev);
+        return;
     }
-    if !parent_traced(tgid) {
+    if !is_traced(tgid) {
         return;
     }
     let off = koffsets();
@@ -175,10 +174,6 @@ fn on_exit(task: *const u8) {
     };
     if !group_dead {
         return;
-    }
-    if config().trace_all == 0 {
-        // The tgid may be reused by an unrelated process from now on.
-        let _ = TRACED.remove(&tgid);
     }
     let mut ev = task_event(EventKind::TaskExit);
     ev.pid = pid;

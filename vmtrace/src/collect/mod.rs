@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use vmtrace_common::{DropKind, FaultStats, TaskEvent};
+use vmtrace_common::{DropKind, EventKind, FaultStats, TaskEvent};
 
 use crate::{
     loader::Probes,
@@ -60,6 +60,7 @@ impl Session {
     }
 
     pub fn drain(&mut self) {
+        let mut exited = Vec::new();
         while let Some(item) = self.probes.events.next() {
             let bytes: &[u8] = &item;
             if bytes.len() < std::mem::size_of::<TaskEvent>() {
@@ -68,7 +69,17 @@ impl Session {
             }
             // SAFETY: length checked; TaskEvent is plain integers (any bit pattern is valid).
             let ev: TaskEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+            if ev.hdr.kind == EventKind::TaskExit as u32 && ev.group_dead != 0 {
+                exited.push(ev.tgid);
+            }
             self.table.apply(&ev);
+        }
+        // Take an exited process's aggregate out of the kernel map: it is final,
+        // and the map stays bounded however many processes come and go.
+        for tgid in exited {
+            if let Some(s) = self.probes.take_stats(tgid) {
+                self.table.procs.entry(tgid).or_default().stats.get_or_insert_with(FaultStats::default).add(&s);
+            }
         }
         self.probes.flush_logs();
     }
@@ -77,18 +88,11 @@ impl Session {
     pub fn finish(mut self, target: TargetInfo, minor_period: u32) -> Summary {
         self.drain();
         let duration_s = self.started.elapsed().as_secs_f64();
-        let mut stats: Vec<(u32, FaultStats)> = Vec::new();
-        for item in self.probes.fault_stats.iter() {
-            match item {
-                Ok((tgid, per_cpu)) => {
-                    let mut sum = FaultStats::default();
-                    for v in per_cpu.iter() {
-                        sum.add(v);
-                    }
-                    stats.push((tgid, sum));
-                }
-                Err(e) => log::warn!("reading FAULT_STATS: {e}"),
-            }
+        // Exited processes' aggregates were taken at their exit; the rest are still in the map.
+        let mut stats: std::collections::BTreeMap<u32, FaultStats> =
+            self.table.procs.iter().filter_map(|(pid, p)| p.stats.map(|s| (*pid, s))).collect();
+        for (tgid, s) in self.probes.all_stats() {
+            stats.entry(tgid).or_default().add(&s);
         }
         let drops = self.probes.drops();
         let d = |k: DropKind| drops.get(k as usize).copied().unwrap_or(0);
@@ -99,7 +103,7 @@ impl Session {
             untimed_faults: d(DropKind::FaultUntimed),
         };
         let system = target.kind == "system";
-        let mut pids: Vec<u32> = stats.iter().map(|(p, _)| *p).collect();
+        let mut pids: Vec<u32> = stats.keys().copied().collect();
         if !system {
             // Every process of the target appears, even one that never faulted.
             pids.extend(self.table.procs.keys().copied());
@@ -109,13 +113,12 @@ impl Session {
         }
         pids.sort_unstable();
         pids.dedup();
+        // The fallback fork hook cannot tell threads from processes; drop live threads.
+        pids.retain(|&pid| !process::is_thread(pid));
         let mut totals = Faults::default();
         let mut processes = Vec::new();
         for pid in pids {
-            let faults = stats.iter().find(|(p, _)| *p == pid).map_or_else(
-                || Faults::from_stats(&FaultStats::default(), minor_period),
-                |(_, s)| Faults::from_stats(s, minor_period),
-            );
+            let faults = Faults::from_stats(&stats.get(&pid).copied().unwrap_or_default(), minor_period);
             totals.add(&faults);
             let info = self.table.ensure(pid).clone();
             let exit_code = if Some(pid) == target.pid && target.kind == "command" {
@@ -133,7 +136,7 @@ impl Session {
                 kernel_accounting: info.kernel,
             });
         }
-        let time_estimated = minor_period > 1 || drops.untimed_faults > 0;
+        let time_estimated = minor_period != 1 || drops.untimed_faults > 0;
         Summary {
             version: SUMMARY_VERSION,
             target,

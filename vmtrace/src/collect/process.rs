@@ -3,7 +3,7 @@
 //! ones keep their identity after they are gone.
 use std::{collections::BTreeMap, fs};
 
-use vmtrace_common::{EventKind, TaskEvent};
+use vmtrace_common::{EventKind, FaultStats, TaskEvent};
 
 use crate::{report::summary::KernelAccounting, target::shell_status};
 
@@ -14,6 +14,8 @@ pub struct ProcInfo {
     pub cmdline: Option<String>,
     pub exit_code: Option<i32>,
     pub kernel: Option<KernelAccounting>,
+    /// Fault aggregate taken from the kernel when the process exited.
+    pub stats: Option<FaultStats>,
 }
 
 #[derive(Default)]
@@ -42,6 +44,14 @@ fn read_stat(pid: u32) -> Option<(String, u32)> {
     Some((comm, ppid))
 }
 
+/// True when `pid` is a live thread that is not its group's leader.
+pub fn is_thread(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Tgid:")).and_then(|v| v.trim().parse::<u32>().ok()))
+        .is_some_and(|tgid| tgid != pid)
+}
+
 impl ProcessTable {
     /// Applies one task event from the kernel.
     pub fn apply(&mut self, ev: &TaskEvent) {
@@ -59,6 +69,12 @@ impl ProcessTable {
                 p.comm = comm_str(&ev.comm);
                 // Read now, while it lives: after exit /proc has nothing.
                 p.cmdline = read_cmdline(ev.tgid).or_else(|| p.cmdline.take());
+            }
+            EventKind::TaskExit if ev.group_dead == 0 => {
+                // A thread the fallback fork hook took for a process.
+                if ev.pid != ev.tgid {
+                    self.procs.remove(&ev.pid);
+                }
             }
             EventKind::TaskExit => {
                 let p = self.procs.entry(ev.tgid).or_default();
@@ -129,6 +145,17 @@ mod tests {
         let p = &t.procs[&4242];
         assert_eq!((p.ppid, p.comm.as_str(), p.exit_code), (Some(1), "work", Some(137)));
         assert_eq!(p.kernel, Some(KernelAccounting { minor: 10, major: 0 }));
+    }
+
+    #[test]
+    fn thread_mistaken_for_a_process_is_dropped_at_its_exit() {
+        let mut t = ProcessTable::default();
+        t.apply(&ev(EventKind::TaskFork, 4243));
+        let mut e = ev(EventKind::TaskExit, 4242);
+        e.pid = 4243;
+        e.group_dead = 0;
+        t.apply(&e);
+        assert!(t.procs.is_empty());
     }
 
     #[test]

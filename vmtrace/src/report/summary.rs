@@ -40,9 +40,10 @@ pub struct TargetInfo {
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Sampling {
-    /// 1 in N minor faults is timed; majors are always timed.
+    /// 1 in N minor faults is timed; 0 = minor faults are not timed (their
+    /// time is then missing from `time_ns`). Majors are always timed.
     pub minor_latency_period: u32,
-    /// True when `time_ns` is scaled up from the timed sample.
+    /// True when `time_ns` is scaled up from a sample, or lacks minor time.
     pub time_estimated: bool,
 }
 
@@ -206,7 +207,9 @@ impl Faults {
         let major = s.major;
         let total = s.started.max(major);
         let minor = total - major;
-        let minor_time_ns = if minor_period <= 1 {
+        let minor_time_ns = if minor_period == 0 {
+            0
+        } else if minor_period == 1 {
             scale(s.minor_time_ns, s.minor_timed, s.minor_seen)
         } else {
             scale(s.minor_time_ns, s.minor_timed, minor)
@@ -300,6 +303,16 @@ mod tests {
         let f = Faults::from_stats(&s, 10);
         assert_eq!(f.minor, 990);
         assert_eq!(f.minor_time_ns, 990 * 1000);
+    }
+
+    #[test]
+    fn minor_time_is_zero_when_not_measured() {
+        let mut s = stats();
+        s.minor_timed = 0;
+        s.minor_time_ns = 0;
+        s.minor_seen = 0;
+        let f = Faults::from_stats(&s, 0);
+        assert_eq!((f.minor, f.minor_time_ns, f.time_ns), (990, 0, 600_000));
     }
 
     #[test]

@@ -98,7 +98,9 @@ fn header(out: &mut String, s: &Summary) {
             format!("fallback tracepoints for {}", fallbacks.join(", "))
         }
     );
-    if s.sampling.minor_latency_period > 1 {
+    if s.sampling.minor_latency_period == 0 {
+        let _ = writeln!(out, "latency: minor faults not timed (--latency-sample 0): TIME is major faults only");
+    } else if s.sampling.minor_latency_period > 1 {
         let _ = writeln!(
             out,
             "latency: minor faults timed 1 in {} (fault time scaled up); majors timed every one",
