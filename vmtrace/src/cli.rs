@@ -40,7 +40,11 @@ pub enum Command {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum EventFamily {
+    /// Page faults: counts, kinds, latency (eBPF).
     Faults,
+    /// Hardware TLB-miss counters where a PMU exists, and the kernel's software
+    /// fault counters as an accounting check.
+    Perf,
 }
 
 #[derive(Debug, Args)]
@@ -53,7 +57,7 @@ pub struct RecordArgs {
     #[arg(short, long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
     /// Event families to trace (comma-separated).
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "faults")]
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "faults,perf")]
     pub events: Vec<EventFamily>,
     /// Time 1 in N minor faults; 0 = do not time them (cheapest). Every major
     /// fault is timed and every fault counted whatever N is.

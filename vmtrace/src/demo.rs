@@ -29,6 +29,7 @@ pub fn run(out: &Path) -> Result<i32, RecordError> {
         duration: None,
         minor_period: 16,
         force_tracepoints: false,
+        perf: true,
         print_summary: true,
     });
     std::env::remove_var(REPORT_ENV);

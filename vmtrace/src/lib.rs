@@ -11,6 +11,8 @@ pub mod collect;
 pub mod demo;
 pub mod kernel;
 pub mod loader;
+pub mod perf;
+pub mod procmaps;
 pub mod record;
 pub mod report;
 pub mod target;

@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 use vmtrace::{
-    cli::{Cli, Command, WorkloadCmd},
+    cli::{Cli, Command, EventFamily, WorkloadCmd},
     demo,
     kernel::preflight,
     record, report,
@@ -30,6 +30,10 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Record(a) => {
+            anyhow::ensure!(
+                a.events.contains(&EventFamily::Faults),
+                "--events must include `faults`: every other family builds on the fault probes"
+            );
             let target = match (a.pid, a.all) {
                 (Some(pid), _) => Target::Pid(pid),
                 (None, true) => Target::System,
@@ -41,6 +45,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 duration: a.duration,
                 minor_period: a.latency_sample,
                 force_tracepoints: a.force_tracepoints,
+                perf: a.events.contains(&EventFamily::Perf),
                 print_summary: true,
             })?;
             Ok(outcome.exit_status)

@@ -10,6 +10,7 @@ use crate::{
     collect::{install_stop_handlers, stop_signal, Session},
     kernel::preflight,
     loader::{LoadError, LoadOptions, Probes},
+    perf::{sampling::DataSampler, Counters, PerfSummary, Scope},
     report::{self, summary::TargetInfo, Summary},
     target::{check_pid, pid_alive, resolve_program, wait_exit, GatedChild, Target, TargetError},
 };
@@ -22,6 +23,8 @@ pub struct RecordOptions {
     /// Time 1 in N minor faults (0: none; majors: every one).
     pub minor_period: u32,
     pub force_tracepoints: bool,
+    /// Open perf counters (hardware TLB misses, kernel fault counters).
+    pub perf: bool,
     /// Print summary.txt at the end.
     pub print_summary: bool,
 }
@@ -36,6 +39,8 @@ pub enum RecordError {
     Load(#[from] LoadError),
     #[error("cannot write to output directory {path}: {err}\nhint: choose a writable directory with --out DIR")]
     OutDir { path: PathBuf, err: std::io::Error },
+    #[error(transparent)]
+    Counters(#[from] crate::perf::CountersError),
     #[error("cannot add pid {0} to the traced set: {1}")]
     Trace(u32, aya::maps::MapError),
 }
@@ -87,14 +92,15 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     })?;
     let mut session = Session::new(probes);
     install_stop_handlers();
-    let (mut info, child) = start_target(&mut session, &opts.target)?;
+    let (mut info, child, mut perf) = start_target(&mut session, &opts.target, opts.perf)?;
     session.started = Instant::now();
     log::info!("tracing {}", info.kind);
-    let signalled = wait_for_end(&mut session, opts, child.as_ref(), &mut info);
+    let signalled = wait_for_end(&mut session, opts, child.as_ref(), &mut info, perf.as_mut());
     // Exit events of the last processes may still be in flight.
     session.poll(Duration::from_millis(10));
 
-    let summary = session.finish(info, opts.minor_period);
+    let mut summary = session.finish(info, opts.minor_period);
+    summary.perf = perf.map(PerfProbe::finish);
     report::write_all(&opts.out, &summary).map_err(|err| RecordError::OutDir { path: opts.out.clone(), err })?;
     if opts.print_summary {
         print!("{}", report::text::render(&summary));
@@ -108,24 +114,68 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     Ok(RecordOutcome { summary, exit_status })
 }
 
-/// Puts the target in the traced set; a command is started only once it is.
-fn start_target(session: &mut Session, target: &Target) -> Result<(TargetInfo, Option<GatedChild>), RecordError> {
+/// Perf counters, and data-address sampling where the PMU allows it.
+pub struct PerfProbe {
+    counters: Counters,
+    sampler: Option<DataSampler>,
+}
+
+impl PerfProbe {
+    fn open(scope: &Scope) -> Result<Self, RecordError> {
+        let counters = Counters::open(scope.clone())?;
+        let sampler = if counters.hardware_supported() {
+            DataSampler::open_tlb(scope).map_err(|e| log::info!("no TLB-miss address sampling: {e}")).ok()
+        } else {
+            None
+        };
+        Ok(Self { counters, sampler })
+    }
+
+    fn poll(&mut self) {
+        if let Some(s) = &mut self.sampler {
+            s.drain();
+        }
+    }
+
+    fn finish(mut self) -> PerfSummary {
+        let mut s = self.counters.read();
+        if let Some(sampler) = self.sampler {
+            s.tlb_miss_samples_lost = sampler.lost;
+            let (regions, outside) = sampler.finish();
+            s.tlb_miss_regions = regions;
+            s.tlb_miss_samples_unattributed = outside;
+        }
+        s
+    }
+}
+
+type Started = (TargetInfo, Option<GatedChild>, Option<PerfProbe>);
+
+/// Puts the target in the traced set and opens its counters; a command is
+/// started only once both are in place.
+fn start_target(session: &mut Session, target: &Target, perf: bool) -> Result<Started, RecordError> {
+    let perf_for = |scope: Scope| if perf { PerfProbe::open(&scope).map(Some) } else { Ok(None) };
     Ok(match target {
         Target::Command(argv) => {
             let mut c = GatedChild::spawn(argv)?;
             session.probes.trace_pid(c.pid).map_err(|e| RecordError::Trace(c.pid, e))?;
             session.table.procs.entry(c.pid).or_default().ppid = Some(std::process::id());
+            let counters = perf_for(Scope::Tasks(vec![c.pid]))?;
             c.release()?;
             let info =
                 TargetInfo { kind: "command".into(), command: Some(argv.clone()), pid: Some(c.pid), exit_status: None };
-            (info, Some(c))
+            (info, Some(c), counters)
         }
         Target::Pid(pid) => {
             session.probes.trace_pid(*pid).map_err(|e| RecordError::Trace(*pid, e))?;
             session.table.ensure(*pid);
-            (TargetInfo { kind: "pid".into(), command: None, pid: Some(*pid), exit_status: None }, None)
+            let counters = perf_for(Scope::process(*pid))?;
+            (TargetInfo { kind: "pid".into(), command: None, pid: Some(*pid), exit_status: None }, None, counters)
         }
-        Target::System => (TargetInfo { kind: "system".into(), command: None, pid: None, exit_status: None }, None),
+        Target::System => {
+            let counters = perf_for(Scope::system())?;
+            (TargetInfo { kind: "system".into(), command: None, pid: None, exit_status: None }, None, counters)
+        }
     })
 }
 
@@ -136,10 +186,14 @@ fn wait_for_end(
     opts: &RecordOptions,
     child: Option<&GatedChild>,
     info: &mut TargetInfo,
+    mut perf: Option<&mut PerfProbe>,
 ) -> Option<i32> {
     let deadline = opts.duration.map(|d| session.started + d);
     loop {
         session.poll(Duration::from_millis(100));
+        if let Some(p) = perf.as_deref_mut() {
+            p.poll();
+        }
         if let Some(c) = child {
             if let Some(st) = wait_exit(c.pid, false) {
                 info.exit_status = Some(st);

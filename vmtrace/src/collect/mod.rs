@@ -159,6 +159,7 @@ impl Session {
                 .collect(),
             kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().into(),
             vmtrace_version: env!("CARGO_PKG_VERSION").into(),
+            perf: None,
         }
     }
 }

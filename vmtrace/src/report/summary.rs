@@ -23,6 +23,9 @@ pub struct Summary {
     pub probes: Vec<ProbeInfo>,
     pub kernel: String,
     pub vmtrace_version: String,
+    /// Hardware TLB counters and the kernel's software fault counters (`--events perf`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub perf: Option<crate::perf::PerfSummary>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

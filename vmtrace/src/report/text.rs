@@ -73,6 +73,7 @@ pub fn render(s: &Summary) -> String {
     let mut out = String::new();
     header(&mut out, s);
     process_table(&mut out, s);
+    perf_section(&mut out, s);
     histogram(&mut out, "Minor-fault latency", &s.totals.minor_latency_hist_ns);
     histogram(&mut out, "Major-fault latency", &s.totals.major_latency_hist_ns);
     out
@@ -138,5 +139,56 @@ fn process_table(out: &mut String, s: &Summary) {
     }
     if procs.len() > 1 {
         row(out, "all", &format!("{} processes", procs.len()), &s.totals, "");
+    }
+}
+
+/// Gap between vmtrace's count and the kernel's, in percent of the kernel's.
+pub fn gap_pct(ours: u64, kernel: u64) -> f64 {
+    (ours as f64 - kernel as f64) * 100.0 / kernel.max(1) as f64
+}
+
+fn perf_section(out: &mut String, s: &Summary) {
+    let Some(p) = &s.perf else { return };
+    let _ = writeln!(out, "\nKernel counters ({})", p.scope);
+    let kernel = p.kernel_minor_faults + p.kernel_major_faults;
+    let gap = gap_pct(s.totals.total, kernel);
+    let _ = writeln!(
+        out,
+        "  page faults: kernel {kernel} ({} minor, {} major); vmtrace {} ({gap:+.2}%){}",
+        p.kernel_minor_faults,
+        p.kernel_major_faults,
+        s.totals.total,
+        if gap.abs() > 1.0 { "  <-- GAP > 1%: see lost_events / drops" } else { "" }
+    );
+    let _ = writeln!(out, "  context switches: {}", p.context_switches);
+    if p.supported {
+        let opt = |v: Option<u64>| v.map_or_else(|| "n/a".to_string(), |v| v.to_string());
+        let _ = writeln!(
+            out,
+            "  dTLB load misses {}, store misses {}, iTLB misses {}",
+            opt(p.dtlb_load_misses),
+            opt(p.dtlb_store_misses),
+            opt(p.itlb_misses)
+        );
+        if let Some(mpki) = p.dtlb_misses_per_kilo_instructions {
+            let _ = writeln!(out, "  dTLB misses per 1k instructions: {mpki:.2}");
+        }
+        if let Some(w) = p.page_walk_cycles_pct {
+            let _ = writeln!(out, "  cycles in page walks: {w:.1}%");
+        }
+        for r in p.tlb_miss_regions.iter().take(5) {
+            let _ = writeln!(
+                out,
+                "  TLB-miss samples {:>8}  pid {} {}-{} {:?} {}",
+                r.samples,
+                r.pid,
+                r.start,
+                r.end,
+                r.kind,
+                r.path.as_deref().unwrap_or("")
+            );
+        }
+    } else {
+        let _ = writeln!(out, "  TLB-miss counters: unsupported — {}", p.reason);
     }
 }

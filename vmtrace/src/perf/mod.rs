@@ -1,0 +1,237 @@
+//! Hardware TLB-miss counters where a PMU exists, and the kernel's own
+//! software fault counters always, for the same target as the trace: the
+//! cross-check of vmtrace's counts against the kernel's accounting.
+pub mod sampling;
+
+use perf_event::{
+    events::{Cache, CacheId, CacheOp, CacheResult, Event, Hardware, Raw, Software},
+    Builder, Counter,
+};
+use serde::{Deserialize, Serialize};
+
+/// Which tasks the counters watch.
+#[derive(Clone, Debug)]
+pub enum Scope {
+    /// These threads, and every task they create later (perf `inherit`).
+    Tasks(Vec<u32>),
+    /// Everything on these CPUs.
+    Cpus(Vec<u32>),
+}
+
+impl Scope {
+    /// Every thread of `pid` as it is now; later threads and children inherit.
+    pub fn process(pid: u32) -> Self {
+        let tids = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map_or_else(|_| vec![pid], |d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect());
+        Self::Tasks(tids)
+    }
+
+    pub fn system() -> Self {
+        Self::Cpus(aya::util::online_cpus().unwrap_or_else(|_| vec![0]))
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Self::Tasks(t) if t.len() == 1 => "the target and its descendants".into(),
+            Self::Tasks(t) => format!("the target's {} threads and their descendants", t.len()),
+            Self::Cpus(c) => format!("all {} CPUs (system-wide)", c.len()),
+        }
+    }
+}
+
+/// One event, opened once per task or CPU of the scope.
+struct Multi {
+    counters: Vec<Counter>,
+}
+
+impl Multi {
+    fn open<E: Event + Clone>(scope: &Scope, event: &E) -> std::io::Result<Self> {
+        let mut counters = Vec::new();
+        let base = |b: &mut Builder| {
+            // Faults taken in kernel mode on user memory count too, as in getrusage.
+            b.include_kernel().enabled(true);
+        };
+        match scope {
+            Scope::Tasks(tids) => {
+                for &tid in tids {
+                    let mut b = Builder::new(event.clone());
+                    base(&mut b);
+                    match b.observe_pid(tid as i32).any_cpu().inherit(true).build() {
+                        Ok(c) => counters.push(c),
+                        // A thread that exited meanwhile is not an error.
+                        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            Scope::Cpus(cpus) => {
+                for &cpu in cpus {
+                    let mut b = Builder::new(event.clone());
+                    base(&mut b);
+                    counters.push(b.any_pid().one_cpu(cpu as usize).build()?);
+                }
+            }
+        }
+        Ok(Self { counters })
+    }
+
+    fn read(&mut self) -> u64 {
+        self.counters.iter_mut().filter_map(|c| c.read().ok()).sum()
+    }
+}
+
+/// The `perf` section of summary.json.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct PerfSummary {
+    /// Whether hardware TLB counters could be read.
+    pub supported: bool,
+    /// Why not, with a hint; empty when supported.
+    pub reason: String,
+    pub dtlb_load_misses: Option<u64>,
+    pub dtlb_store_misses: Option<u64>,
+    pub itlb_misses: Option<u64>,
+    pub instructions: Option<u64>,
+    pub cycles: Option<u64>,
+    /// dTLB load+store misses per 1,000 instructions.
+    pub dtlb_misses_per_kilo_instructions: Option<f64>,
+    /// Share of cycles with a page walk in progress (model-specific raw events).
+    pub page_walk_cycles_pct: Option<f64>,
+    /// The kernel's software counters for the same target.
+    pub kernel_page_faults: u64,
+    pub kernel_minor_faults: u64,
+    pub kernel_major_faults: u64,
+    pub context_switches: u64,
+    /// What the counters watched.
+    pub scope: String,
+    /// dTLB-miss samples attributed to memory regions, where a PMU samples data addresses.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tlb_miss_regions: Vec<sampling::RegionSamples>,
+    /// TLB-miss samples the kernel dropped, and those outside every known region.
+    #[serde(default)]
+    pub tlb_miss_samples_lost: u64,
+    #[serde(default)]
+    pub tlb_miss_samples_unattributed: u64,
+}
+
+/// Why a hardware event could not be opened, as a person needs to hear it.
+pub fn explain(err: &std::io::Error) -> String {
+    let hint = match err.raw_os_error() {
+        Some(libc::ENOENT) => "no hardware PMU visible — a VM without PMU passthrough?",
+        Some(libc::EOPNOTSUPP | libc::EINVAL) => "this PMU does not offer the event",
+        Some(libc::ENODEV) => "the CPU has no such event",
+        Some(libc::EACCES | libc::EPERM) => "not permitted: needs CAP_PERFMON, or kernel.perf_event_paranoid <= 1",
+        Some(libc::EBUSY) => "the PMU is in use by someone else (e.g. a hypervisor or another profiler)",
+        _ => "unexpected error",
+    };
+    format!("{hint} (perf_event_open: {err})")
+}
+
+const DTLB_LOAD_MISS: Cache = Cache { which: CacheId::DTLB, operation: CacheOp::READ, result: CacheResult::MISS };
+const DTLB_STORE_MISS: Cache = Cache { which: CacheId::DTLB, operation: CacheOp::WRITE, result: CacheResult::MISS };
+const ITLB_MISS: Cache = Cache { which: CacheId::ITLB, operation: CacheOp::READ, result: CacheResult::MISS };
+
+/// Intel (Skylake and later) DTLB_LOAD_MISSES.WALK_ACTIVE: event 0x08,
+/// umask 0x10, cmask 1 — cycles with a load page walk in progress.
+const INTEL_DTLB_LOAD_WALK_ACTIVE: u64 = 0x08 | (0x10 << 8) | (1 << 24);
+
+fn is_intel() -> bool {
+    std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|s| s.contains("GenuineIntel"))
+}
+
+pub struct Counters {
+    scope: Scope,
+    page_faults: Multi,
+    minor: Multi,
+    major: Multi,
+    switches: Multi,
+    hw: Result<Hw, String>,
+}
+
+struct Hw {
+    dtlb_load: Multi,
+    dtlb_store: Option<Multi>,
+    itlb: Option<Multi>,
+    instructions: Option<Multi>,
+    cycles: Option<Multi>,
+    walk_active: Option<Multi>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("software perf counter {event}: {err}\nhint: needs CONFIG_PERF_EVENTS and root/CAP_PERFMON")]
+pub struct CountersError {
+    event: &'static str,
+    err: std::io::Error,
+}
+
+impl Counters {
+    /// Opens every counter for `scope`. Software counters must work; hardware
+    /// ones are optional and their absence is recorded with the reason.
+    pub fn open(scope: Scope) -> Result<Self, CountersError> {
+        let sw = |event: &'static str, e: Software| Multi::open(&scope, &e).map_err(|err| CountersError { event, err });
+        let page_faults = sw("page-faults", Software::PAGE_FAULTS)?;
+        let minor = sw("minor-faults", Software::PAGE_FAULTS_MIN)?;
+        let major = sw("major-faults", Software::PAGE_FAULTS_MAJ)?;
+        let switches = sw("context-switches", Software::CONTEXT_SWITCHES)?;
+        let hw = match Multi::open(&scope, &DTLB_LOAD_MISS) {
+            Ok(dtlb_load) => Ok(Hw {
+                dtlb_load,
+                dtlb_store: Multi::open(&scope, &DTLB_STORE_MISS).ok(),
+                itlb: Multi::open(&scope, &ITLB_MISS).ok(),
+                instructions: Multi::open(&scope, &Hardware::INSTRUCTIONS).ok(),
+                cycles: Multi::open(&scope, &Hardware::CPU_CYCLES).ok(),
+                walk_active: is_intel()
+                    .then(|| Multi::open(&scope, &Raw::new(INTEL_DTLB_LOAD_WALK_ACTIVE)).ok())
+                    .flatten(),
+            }),
+            Err(e) => Err(format!("dTLB-load-misses: {}", explain(&e))),
+        };
+        Ok(Self { scope, page_faults, minor, major, switches, hw })
+    }
+
+    pub fn hardware_supported(&self) -> bool {
+        self.hw.is_ok()
+    }
+
+    pub fn read(&mut self) -> PerfSummary {
+        let mut s = PerfSummary {
+            kernel_page_faults: self.page_faults.read(),
+            kernel_minor_faults: self.minor.read(),
+            kernel_major_faults: self.major.read(),
+            context_switches: self.switches.read(),
+            scope: self.scope.describe(),
+            ..PerfSummary::default()
+        };
+        match &mut self.hw {
+            Ok(hw) => {
+                s.supported = true;
+                s.dtlb_load_misses = Some(hw.dtlb_load.read());
+                s.dtlb_store_misses = hw.dtlb_store.as_mut().map(Multi::read);
+                s.itlb_misses = hw.itlb.as_mut().map(Multi::read);
+                s.instructions = hw.instructions.as_mut().map(Multi::read);
+                s.cycles = hw.cycles.as_mut().map(Multi::read);
+                if let Some(ins) = s.instructions.filter(|&i| i > 0) {
+                    let misses = s.dtlb_load_misses.unwrap_or(0) + s.dtlb_store_misses.unwrap_or(0);
+                    s.dtlb_misses_per_kilo_instructions = Some(misses as f64 * 1000.0 / ins as f64);
+                }
+                if let (Some(w), Some(c)) = (hw.walk_active.as_mut().map(Multi::read), s.cycles.filter(|&c| c > 0)) {
+                    s.page_walk_cycles_pct = Some(w as f64 * 100.0 / c as f64);
+                }
+            }
+            Err(reason) => reason.clone_into(&mut s.reason),
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explains_missing_pmu() {
+        let e = std::io::Error::from_raw_os_error(libc::ENOENT);
+        assert!(explain(&e).contains("no hardware PMU visible"));
+        let e = std::io::Error::from_raw_os_error(libc::EACCES);
+        assert!(explain(&e).contains("CAP_PERFMON"));
+    }
+}

@@ -1,0 +1,126 @@
+//! `/proc/PID/maps`: a process's memory regions (VMAs), classified the way
+//! users ask about them (heap, stack, file, anon, …), and address lookup.
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RegionKind {
+    Anon,
+    Heap,
+    Stack,
+    File,
+    Shmem,
+    Hugetlb,
+    Vdso,
+    Other,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Region {
+    pub start: u64,
+    pub end: u64,
+    pub perms: String,
+    pub offset: u64,
+    pub kind: RegionKind,
+    pub path: Option<String>,
+}
+
+impl Region {
+    pub fn contains(&self, addr: u64) -> bool {
+        (self.start..self.end).contains(&addr)
+    }
+}
+
+fn classify(inode: u64, name: &str) -> RegionKind {
+    match name {
+        "[heap]" => RegionKind::Heap,
+        "[stack]" => RegionKind::Stack,
+        "[vdso]" | "[vvar]" | "[vsyscall]" | "[vvar_vclock]" => RegionKind::Vdso,
+        "" => RegionKind::Anon,
+        n if n.starts_with("[anon:") => RegionKind::Anon,
+        n if n.starts_with("[stack:") => RegionKind::Stack,
+        n if n.starts_with("/anon_hugepage") => RegionKind::Hugetlb,
+        n if n.starts_with("/dev/zero") || n.starts_with("/SYSV") || n.starts_with("/memfd:") => RegionKind::Shmem,
+        n if n.starts_with("/dev/shm/") => RegionKind::Shmem,
+        n if n.starts_with('/') && inode != 0 => RegionKind::File,
+        _ => RegionKind::Other,
+    }
+}
+
+/// Parses the text of `/proc/PID/maps`. Lines that do not parse are skipped.
+pub fn parse(text: &str) -> Vec<Region> {
+    text.lines().filter_map(parse_line).collect()
+}
+
+fn parse_line(line: &str) -> Option<Region> {
+    // start-end perms offset dev inode [path]; the path may contain spaces.
+    let mut it = line.splitn(6, ' ');
+    let range = it.next()?;
+    let perms = it.next()?.to_string();
+    let offset = u64::from_str_radix(it.next()?, 16).ok()?;
+    let _dev = it.next()?;
+    let inode: u64 = it.next()?.parse().ok()?;
+    let name = it.next().unwrap_or("").trim_start();
+    let name = name.strip_suffix(" (deleted)").unwrap_or(name);
+    let (s, e) = range.split_once('-')?;
+    let (start, end) = (u64::from_str_radix(s, 16).ok()?, u64::from_str_radix(e, 16).ok()?);
+    let kind = classify(inode, name);
+    let path = (!name.is_empty()).then(|| name.to_string());
+    Some(Region { start, end, perms, offset, kind, path })
+}
+
+pub fn read(pid: u32) -> std::io::Result<Vec<Region>> {
+    std::fs::read_to_string(format!("/proc/{pid}/maps")).map(|t| parse(&t))
+}
+
+/// The region holding `addr` (regions sorted by start, as the kernel lists them).
+pub fn find(regions: &[Region], addr: u64) -> Option<&Region> {
+    let i = regions.partition_point(|r| r.start <= addr);
+    i.checked_sub(1).map(|i| &regions[i]).filter(|r| r.contains(addr))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAPS: &str = "\
+55d0c0a00000-55d0c0a21000 r--p 00000000 fe:01 1048 /usr/bin/python3.11
+55d0c1e2e000-55d0c1f72000 rw-p 00000000 00:00 0                          [heap]
+7f1b2c000000-7f1b34000000 rw-p 00000000 00:00 0 
+7f1b3c200000-7f1b3c400000 r--s 00000000 fe:01 2222 /data/model weights.safetensors
+7f1b3d000000-7f1b3d100000 rw-s 00000000 00:05 7 /dev/zero (deleted)
+7ffc8a9d0000-7ffc8a9f1000 rw-p 00000000 00:00 0                          [stack]
+7ffc8a9f8000-7ffc8a9fa000 r-xp 00000000 00:00 0                          [vdso]
+";
+
+    #[test]
+    fn parses_and_classifies() {
+        let r = parse(MAPS);
+        assert_eq!(r.len(), 7);
+        assert_eq!(r[0].kind, RegionKind::File);
+        assert_eq!(r[1].kind, RegionKind::Heap);
+        assert_eq!((r[2].kind, r[2].path.as_deref()), (RegionKind::Anon, None));
+        assert_eq!(r[3].path.as_deref(), Some("/data/model weights.safetensors"));
+        assert_eq!(r[4].kind, RegionKind::Shmem);
+        assert_eq!(r[5].kind, RegionKind::Stack);
+        assert_eq!(r[6].kind, RegionKind::Vdso);
+        assert_eq!(r[3].perms, "r--s");
+    }
+
+    #[test]
+    fn finds_the_region_of_an_address() {
+        let r = parse(MAPS);
+        assert_eq!(find(&r, 0x7f1b_2c00_0000).map(|r| r.kind), Some(RegionKind::Anon));
+        assert_eq!(find(&r, 0x7f1b_33ff_ffff).map(|r| r.kind), Some(RegionKind::Anon));
+        assert_eq!(find(&r, 0x7f1b_3400_0000), None, "end is exclusive");
+        assert_eq!(find(&r, 0x1000), None);
+    }
+
+    #[test]
+    fn reads_own_maps() {
+        let r = read(std::process::id()).unwrap();
+        let here = find(&r, find as fn(&[Region], u64) -> Option<&Region> as usize as u64).unwrap();
+        assert_eq!(here.kind, RegionKind::File);
+        assert!(here.perms.contains('x'));
+    }
+}

@@ -1,0 +1,96 @@
+//! Perf counters: the kernel's software fault counters against getrusage, the
+//! hardware path (supported or cleanly unsupported), and the data-address
+//! sampling path driven by software events (privileged).
+mod common;
+
+use common::*;
+use perf_event::events::Software;
+use vmtrace::{
+    kernel::preflight::{perf_event_available, HW_CACHE_DTLB_LOAD_MISS, PERF_TYPE_HW_CACHE},
+    perf::{sampling::DataSampler, Scope},
+    procmaps::RegionKind,
+    target::{wait_exit, GatedChild},
+};
+
+#[test]
+fn software_counters_agree_with_getrusage_and_vmtrace() {
+    if !privileged("software_counters_agree_with_getrusage_and_vmtrace") {
+        return;
+    }
+    let run = record(&[], &strs(&workload(&["fork", "--children", "2", "--mib", "32"])));
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let p = &run.summary["perf"];
+    // Children are inherited: the counters cover the parent and both children.
+    let truth: u64 =
+        run.reports.iter().filter(|r| r.role != "parent").map(|r| r.minflt).sum::<u64>() + run.report("parent").minflt;
+    assert_close("kernel minor-fault counter vs getrusage", u(&p["kernel_minor_faults"]), truth, 1.0);
+    assert_eq!(u(&p["kernel_major_faults"]), run.reports.iter().map(|r| r.majflt).sum::<u64>());
+    assert_close(
+        "vmtrace total vs kernel counters",
+        u(&run.summary["totals"]["total"]),
+        u(&p["kernel_minor_faults"]),
+        1.0,
+    );
+    let txt = std::fs::read_to_string(run.out.path().join("summary.txt")).unwrap();
+    assert!(txt.contains("Kernel counters"), "{txt}");
+    assert!(!txt.contains("GAP > 1%"), "{txt}");
+}
+
+#[test]
+fn hardware_counters_are_read_or_cleanly_unsupported() {
+    if !privileged("hardware_counters_are_read_or_cleanly_unsupported") {
+        return;
+    }
+    let run = record(&[], &strs(&workload(&["touch", "--mib", "16"])));
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let p = &run.summary["perf"];
+    if perf_event_available(PERF_TYPE_HW_CACHE, HW_CACHE_DTLB_LOAD_MISS).is_ok() {
+        assert_eq!(p["supported"], true, "{p:#}");
+        assert!(p["dtlb_load_misses"].is_u64(), "{p:#}");
+    } else {
+        // This machine: no PMU. Clean report, nothing else lost.
+        assert_eq!(p["supported"], false);
+        assert!(p["reason"].as_str().unwrap().contains("no hardware PMU visible"), "{p:#}");
+        assert!(p["dtlb_load_misses"].is_null() && p["itlb_misses"].is_null());
+        assert!(u(&p["kernel_minor_faults"]) > 4000, "software counters still work");
+        let txt = std::fs::read_to_string(run.out.path().join("summary.txt")).unwrap();
+        assert!(txt.contains("TLB-miss counters: unsupported"), "{txt}");
+    }
+}
+
+#[test]
+fn perf_family_can_be_left_out() {
+    if !privileged("perf_family_can_be_left_out") {
+        return;
+    }
+    let run = record(&["--events", "faults"], &["true"]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert!(run.summary.get("perf").is_none(), "absent when not traced");
+    let run = record(&["--events", "perf"], &["true"]);
+    assert_ne!(run.code(), Some(0));
+    assert!(run.stderr().contains("must include `faults`"), "{}", run.stderr());
+}
+
+/// The sampling path that carries dTLB-miss addresses on a PMU, driven here by
+/// software page-fault events, which carry the fault address.
+#[test]
+fn data_address_samples_land_in_the_faulting_region() {
+    if !privileged("data_address_samples_land_in_the_faulting_region") {
+        return;
+    }
+    let mut child = GatedChild::spawn(&workload(&["touch", "--mib", "32"])).unwrap();
+    let mut sampler = DataSampler::open(&Scope::Tasks(vec![child.pid]), &Software::PAGE_FAULTS, 1, false).unwrap();
+    child.release().unwrap();
+    while wait_exit(child.pid, false).is_none() {
+        sampler.drain();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let lost = sampler.lost;
+    let (regions, outside) = sampler.finish();
+    let pages = 32 * 256;
+    let top = &regions[0];
+    assert_eq!(top.kind, RegionKind::Anon, "{regions:#?}");
+    assert!(top.samples >= pages * 99 / 100, "{} samples in the touched region, {pages} pages", top.samples);
+    assert_eq!(lost, 0);
+    assert!(outside < 50, "{outside} samples outside every region");
+}
