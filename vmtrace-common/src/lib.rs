@@ -69,8 +69,12 @@ pub struct FaultStats {
     pub minor_hist: [u64; HIST_BUCKETS],
     /// Latency histogram of timed major faults.
     pub major_hist: [u64; HIST_BUCKETS],
+    /// Reclaim stalls: direct (global) and memcg reclaim this process ran itself.
+    pub reclaim: u64,
+    /// Time spent in those stalls.
+    pub reclaim_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<FaultStats>() == 8 * (11 + 2 * HIST_BUCKETS));
+const _: () = assert!(core::mem::size_of::<FaultStats>() == 8 * (13 + 2 * HIST_BUCKETS));
 
 impl FaultStats {
     /// Adds another CPU's (or thread's) aggregate into this one.
@@ -90,6 +94,8 @@ impl FaultStats {
             self.minor_hist[i] += o.minor_hist[i];
             self.major_hist[i] += o.major_hist[i];
         }
+        self.reclaim += o.reclaim;
+        self.reclaim_ns += o.reclaim_ns;
     }
 }
 
@@ -119,8 +125,10 @@ pub enum DropKind {
     TracedFull = 2,
     /// A fault ended with no recorded start (start hook missed it): counted, not timed.
     FaultUntimed = 3,
+    /// The ring buffer was full when an OOM kill was reported.
+    OomRingFull = 4,
 }
-pub const DROP_KINDS: u32 = 4;
+pub const DROP_KINDS: u32 = 5;
 
 /// Event kinds in the stream. Ranges per family; a retired number is never reused.
 /// 1..=99 tasks, 100..=199 faults, 200..=299 mmap, 300..=399 tlb, 400..=499 oom.
@@ -130,6 +138,7 @@ pub enum EventKind {
     TaskFork = 1,
     TaskExec = 2,
     TaskExit = 3,
+    OomMarkVictim = 400,
 }
 
 impl EventKind {
@@ -139,6 +148,7 @@ impl EventKind {
             1 => Some(Self::TaskFork),
             2 => Some(Self::TaskExec),
             3 => Some(Self::TaskExit),
+            400 => Some(Self::OomMarkVictim),
             _ => None,
         }
     }
@@ -183,6 +193,32 @@ pub struct TaskEvent {
 }
 const _: () = assert!(core::mem::size_of::<TaskEvent>() == 16 + 24 + 16 + 16);
 
+/// An OOM kill, from `oom:mark_victim`, which runs in the task that invoked
+/// the OOM killer: the trigger. Sizes are in kB, as the tracepoint reports them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct OomEvent {
+    pub hdr: EventHeader,
+    pub victim_pid: u32,
+    pub trigger_tgid: u32,
+    pub trigger_tid: u32,
+    pub uid: u32,
+    pub oom_score_adj: i32,
+    pub _pad: u32,
+    pub total_vm_kb: u64,
+    pub anon_rss_kb: u64,
+    pub file_rss_kb: u64,
+    pub shmem_rss_kb: u64,
+    pub pgtables_kb: u64,
+    pub victim_comm: [u8; COMM_LEN],
+    pub trigger_comm: [u8; COMM_LEN],
+    /// kernfs id (= inode number of the cgroup directory) of the victim's and the
+    /// trigger's memory cgroup, read in the kernel at the kill; 0 when unknown.
+    pub victim_memcg_id: u64,
+    pub trigger_memcg_id: u64,
+}
+const _: () = assert!(core::mem::size_of::<OomEvent>() == 16 + 24 + 40 + 32 + 16);
+
 /// Kernel struct field offsets read from BTF at load time, passed as a read-only
 /// global (`KOFFSETS`). `u32::MAX` marks a field this kernel lacks.
 #[repr(C)]
@@ -197,9 +233,18 @@ pub struct KernelOffsets {
     pub signal_live: u32,
     pub signal_min_flt: u32,
     pub signal_maj_flt: u32,
-    pub _pad: u32,
+    /// `task_struct.cgroups` (struct css_set *).
+    pub task_cgroups: u32,
+    /// `css_set.subsys[memory_cgrp_id]`: offset of the memory controller's css pointer.
+    pub css_set_memory: u32,
+    /// `cgroup_subsys_state.cgroup`.
+    pub css_cgroup: u32,
+    /// `cgroup.kn`.
+    pub cgroup_kn: u32,
+    /// `kernfs_node.id`.
+    pub kernfs_id: u32,
 }
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 40);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 56);
 
 impl KernelOffsets {
     pub const MISSING: u32 = u32::MAX;
@@ -213,7 +258,11 @@ impl KernelOffsets {
         signal_live: Self::MISSING,
         signal_min_flt: Self::MISSING,
         signal_maj_flt: Self::MISSING,
-        _pad: 0,
+        task_cgroups: Self::MISSING,
+        css_set_memory: Self::MISSING,
+        css_cgroup: Self::MISSING,
+        cgroup_kn: Self::MISSING,
+        kernfs_id: Self::MISSING,
     };
 }
 
@@ -234,7 +283,9 @@ mod pod {
     // (checked by the size asserts above).
     unsafe impl aya::Pod for super::FaultStats {}
     unsafe impl aya::Pod for super::InflightFault {}
+    unsafe impl aya::Pod for super::EventHeader {}
     unsafe impl aya::Pod for super::TaskEvent {}
+    unsafe impl aya::Pod for super::OomEvent {}
     unsafe impl aya::Pod for super::KernelOffsets {}
     unsafe impl aya::Pod for super::Config {}
 }
@@ -257,7 +308,7 @@ mod tests {
 
     #[test]
     fn event_kinds_round_trip() {
-        for k in [EventKind::TaskFork, EventKind::TaskExec, EventKind::TaskExit] {
+        for k in [EventKind::TaskFork, EventKind::TaskExec, EventKind::TaskExit, EventKind::OomMarkVictim] {
             assert_eq!(EventKind::from_u32(k as u32), Some(k));
         }
         assert_eq!(EventKind::from_u32(0), None);

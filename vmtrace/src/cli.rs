@@ -45,6 +45,9 @@ pub enum EventFamily {
     /// Hardware TLB-miss counters where a PMU exists, and the kernel's software
     /// fault counters as an accounting check.
     Perf,
+    /// OOM kills system-wide (victim, trigger, cgroup, what it held) and the
+    /// reclaim stalls before them.
+    Oom,
 }
 
 #[derive(Debug, Args)]
@@ -57,7 +60,7 @@ pub struct RecordArgs {
     #[arg(short, long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
     /// Event families to trace (comma-separated).
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "faults,perf")]
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "faults,perf,oom")]
     pub events: Vec<EventFamily>,
     /// Time 1 in N minor faults; 0 = do not time them (cheapest). Every major
     /// fault is timed and every fault counted whatever N is.
@@ -88,6 +91,9 @@ pub enum WorkloadCmd {
         huge: bool,
         #[arg(long, default_value_t = 1)]
         threads: usize,
+        /// Sleep this many ms after each MiB (a slowly growing hog).
+        #[arg(long, default_value_t = 0)]
+        pace_ms: u64,
     },
     /// Read a mapped file, one byte per page.
     FileRead {

@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use crate::{
+    cli::EventFamily,
     record::{record, RecordError, RecordOptions},
     report::text::fmt_ns,
     target::Target,
@@ -29,7 +30,7 @@ pub fn run(out: &Path) -> Result<i32, RecordError> {
         duration: None,
         minor_period: 16,
         force_tracepoints: false,
-        perf: true,
+        events: vec![EventFamily::Faults, EventFamily::Perf, EventFamily::Oom],
         print_summary: true,
     });
     std::env::remove_var(REPORT_ENV);

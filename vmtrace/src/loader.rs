@@ -25,10 +25,12 @@ use vmtrace_common::{Config, FaultStats};
 
 use crate::kernel::btf as kbtf;
 
-/// A hook and how to attach it: tp_btf first, then the classic tracepoint.
+/// A hook and how to attach it: tp_btf first (when it has one), then the
+/// classic tracepoint.
 pub struct Hook {
     pub what: &'static str,
-    pub btf_prog: &'static str,
+    /// Empty for an optional tp_btf-only helper (`tp_btf_mark_victim`).
+    pub btf_prog: Option<&'static str>,
     pub tp_prog: &'static str,
     pub category: &'static str,
     pub name: &'static str,
@@ -37,45 +39,85 @@ pub struct Hook {
 pub const HOOKS: &[Hook] = &[
     Hook {
         what: "fault start (user mode)",
-        btf_prog: "tp_btf_page_fault_user",
+        btf_prog: Some("tp_btf_page_fault_user"),
         tp_prog: "tp_exceptions_page_fault_user",
         category: "exceptions",
         name: "page_fault_user",
     },
     Hook {
         what: "fault start (kernel mode)",
-        btf_prog: "tp_btf_page_fault_kernel",
+        btf_prog: Some("tp_btf_page_fault_kernel"),
         tp_prog: "tp_exceptions_page_fault_kernel",
         category: "exceptions",
         name: "page_fault_kernel",
     },
     Hook {
         what: "park in-flight faults",
-        btf_prog: "tp_btf_sched_switch",
+        btf_prog: Some("tp_btf_sched_switch"),
         tp_prog: "tp_sched_sched_switch",
         category: "sched",
         name: "sched_switch",
     },
     Hook {
         what: "follow forks",
-        btf_prog: "tp_btf_sched_process_fork",
+        btf_prog: Some("tp_btf_sched_process_fork"),
         tp_prog: "tp_sched_sched_process_fork",
         category: "sched",
         name: "sched_process_fork",
     },
     Hook {
         what: "exec",
-        btf_prog: "tp_btf_sched_process_exec",
+        btf_prog: Some("tp_btf_sched_process_exec"),
         tp_prog: "tp_sched_sched_process_exec",
         category: "sched",
         name: "sched_process_exec",
     },
     Hook {
         what: "exit",
-        btf_prog: "tp_btf_sched_process_exit",
+        btf_prog: Some("tp_btf_sched_process_exit"),
         tp_prog: "tp_sched_sched_process_exit",
         category: "sched",
         name: "sched_process_exit",
+    },
+];
+
+/// OOM kills and reclaim stalls: rare events, classic tracepoints only.
+pub const OOM_HOOKS: &[Hook] = &[
+    Hook {
+        what: "OOM victim's cgroup",
+        btf_prog: Some("tp_btf_mark_victim"),
+        tp_prog: "",
+        category: "oom",
+        name: "mark_victim",
+    },
+    Hook { what: "OOM kills", btf_prog: None, tp_prog: "tp_oom_mark_victim", category: "oom", name: "mark_victim" },
+    Hook {
+        what: "direct reclaim start",
+        btf_prog: None,
+        tp_prog: "tp_vmscan_mm_vmscan_direct_reclaim_begin",
+        category: "vmscan",
+        name: "mm_vmscan_direct_reclaim_begin",
+    },
+    Hook {
+        what: "direct reclaim end",
+        btf_prog: None,
+        tp_prog: "tp_vmscan_mm_vmscan_direct_reclaim_end",
+        category: "vmscan",
+        name: "mm_vmscan_direct_reclaim_end",
+    },
+    Hook {
+        what: "memcg reclaim start",
+        btf_prog: None,
+        tp_prog: "tp_vmscan_mm_vmscan_memcg_reclaim_begin",
+        category: "vmscan",
+        name: "mm_vmscan_memcg_reclaim_begin",
+    },
+    Hook {
+        what: "memcg reclaim end",
+        btf_prog: None,
+        tp_prog: "tp_vmscan_mm_vmscan_memcg_reclaim_end",
+        category: "vmscan",
+        name: "mm_vmscan_memcg_reclaim_end",
     },
 ];
 
@@ -111,6 +153,8 @@ pub struct LoadOptions {
     pub minor_period: u32,
     /// Force classic tracepoints (tests the fallback path on kernels that have tp_btf).
     pub force_tracepoints: bool,
+    /// Attach the OOM and reclaim hooks.
+    pub oom: bool,
 }
 
 /// Loaded, attached programs and the maps userspace reads.
@@ -136,7 +180,8 @@ impl Probes {
             .load(crate::EBPF_OBJECT)?;
         let logger = aya_log::EbpfLogger::init(&mut ebpf).ok();
         let mut attached = Vec::new();
-        for hook in HOOKS {
+        let oom_hooks = if opts.oom { OOM_HOOKS } else { &[] };
+        for hook in HOOKS.iter().chain(oom_hooks) {
             attached.push(attach_hook(&mut ebpf, &btf, &kbtf, hook, opts.force_tracepoints)?);
         }
         attached.extend(attach_fault_end(&mut ebpf, config.minor_period)?);
@@ -154,6 +199,11 @@ impl Probes {
         })?;
         let zero = PerCpuValues::try_from(vec![FaultStats::default(); cpus])?;
         self.fault_stats.insert(tgid, zero, 0)
+    }
+
+    /// Whether `tgid` is in the traced set.
+    pub fn is_traced(&self, tgid: u32) -> bool {
+        self.fault_stats.get(&tgid, 0).is_ok()
     }
 
     /// Reads and deletes an exited process's aggregate, summed over CPUs.
@@ -211,40 +261,58 @@ fn attach_hook(
     hook: &Hook,
     force_tp: bool,
 ) -> Result<Attached, LoadError> {
-    let btf_err = if force_tp {
-        "disabled by --force-tracepoints".to_string()
-    } else if !kbtf::has_btf_tracepoint(kbtf, hook.name) {
-        format!("no btf_trace_{} in kernel BTF", hook.name)
-    } else {
-        match try_btf(ebpf, btf, hook) {
+    // Why the tp_btf program was not used; None when the classic tracepoint is
+    // the hook's only path (rare events), which is then no fallback.
+    let btf_err = match hook.btf_prog {
+        None => None,
+        Some(_) if force_tp => Some("disabled by --force-tracepoints".to_string()),
+        Some(_) if !kbtf::has_btf_tracepoint(kbtf, hook.name) => {
+            Some(format!("no btf_trace_{} in kernel BTF", hook.name))
+        }
+        Some(prog) => match try_btf(ebpf, btf, prog, hook) {
             Ok(()) => {
                 return Ok(Attached {
                     what: hook.what,
                     program_type: "tp_btf",
                     target: hook.name.into(),
                     fallback_reason: None,
-                });
+                })
             }
-            Err(e) => e,
-        }
+            Err(e) => Some(e),
+        },
     };
-    log::debug!("{}: tp_btf unavailable ({btf_err}); trying the classic tracepoint", hook.what);
+    if let Some(e) = &btf_err {
+        log::debug!("{}: tp_btf unavailable ({e}); trying the classic tracepoint", hook.what);
+    }
+    if hook.tp_prog.is_empty() {
+        // An optional helper hook with no classic twin: recording goes on without it.
+        return Ok(Attached {
+            what: hook.what,
+            program_type: "none",
+            target: hook.name.into(),
+            fallback_reason: Some(format!("{}; userspace reads /proc instead", btf_err.unwrap_or_default())),
+        });
+    }
     match try_tp(ebpf, hook) {
         Ok(()) => Ok(Attached {
             what: hook.what,
             program_type: "tracepoint",
             target: format!("{}:{}", hook.category, hook.name),
-            fallback_reason: Some(btf_err),
+            fallback_reason: btf_err,
         }),
-        Err(tp_err) => {
-            Err(LoadError::Attach { what: hook.what, category: hook.category, name: hook.name, btf_err, tp_err })
-        }
+        Err(tp_err) => Err(LoadError::Attach {
+            what: hook.what,
+            category: hook.category,
+            name: hook.name,
+            btf_err: btf_err.unwrap_or_else(|| "no tp_btf program for this hook".into()),
+            tp_err,
+        }),
     }
 }
 
-fn try_btf(ebpf: &mut Ebpf, btf: &Btf, hook: &Hook) -> Result<(), String> {
+fn try_btf(ebpf: &mut Ebpf, btf: &Btf, btf_prog: &str, hook: &Hook) -> Result<(), String> {
     let prog: &mut BtfTracePoint =
-        ebpf.program_mut(hook.btf_prog).ok_or("program missing")?.try_into().map_err(|e| format!("{e}"))?;
+        ebpf.program_mut(btf_prog).ok_or("program missing")?.try_into().map_err(|e| format!("{e}"))?;
     prog.load(hook.name, btf).map_err(|e| format!("{e}"))?;
     prog.attach().map_err(|e| format!("{e}"))?;
     Ok(())

@@ -45,7 +45,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 duration: a.duration,
                 minor_period: a.latency_sample,
                 force_tracepoints: a.force_tracepoints,
-                perf: a.events.contains(&EventFamily::Perf),
+                events: a.events,
                 print_summary: true,
             })?;
             Ok(outcome.exit_status)
@@ -63,7 +63,9 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Demo { out } => Ok(demo::run(&out)?),
         Command::Workload(w) => {
             let r = match w {
-                WorkloadCmd::Touch { mib, huge, threads } => workload::first_touch(mib, huge, threads),
+                WorkloadCmd::Touch { mib, huge, threads, pace_ms } => {
+                    workload::first_touch(mib, huge, threads, pace_ms)
+                }
                 WorkloadCmd::FileRead { path, random, stride, cold } => {
                     workload::file_read(&path, random, stride, cold)
                 }

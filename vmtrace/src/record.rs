@@ -7,6 +7,7 @@ use std::{
 };
 
 use crate::{
+    cli::EventFamily,
     collect::{install_stop_handlers, stop_signal, Session},
     kernel::preflight,
     loader::{LoadError, LoadOptions, Probes},
@@ -23,10 +24,16 @@ pub struct RecordOptions {
     /// Time 1 in N minor faults (0: none; majors: every one).
     pub minor_period: u32,
     pub force_tracepoints: bool,
-    /// Open perf counters (hardware TLB misses, kernel fault counters).
-    pub perf: bool,
+    /// Event families beyond faults (perf counters, OOM kills).
+    pub events: Vec<EventFamily>,
     /// Print summary.txt at the end.
     pub print_summary: bool,
+}
+
+impl RecordOptions {
+    pub fn has(&self, family: EventFamily) -> bool {
+        self.events.contains(&family)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -89,11 +96,12 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
         trace_all: matches!(opts.target, Target::System),
         minor_period: opts.minor_period,
         force_tracepoints: opts.force_tracepoints,
+        oom: opts.has(EventFamily::Oom),
     })?;
-    let mut session = Session::new(probes);
+    let mut session = Session::new(probes, opts.has(EventFamily::Oom));
     install_stop_handlers();
-    let (mut info, child, mut perf) = start_target(&mut session, &opts.target, opts.perf)?;
-    session.started = Instant::now();
+    let (mut info, child, mut perf) = start_target(&mut session, &opts.target, opts.has(EventFamily::Perf))?;
+    session.start_clock();
     log::info!("tracing {}", info.kind);
     let signalled = wait_for_end(&mut session, opts, child.as_ref(), &mut info, perf.as_mut());
     // Exit events of the last processes may still be in flight.

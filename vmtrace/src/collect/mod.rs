@@ -9,13 +9,22 @@ use std::{
     time::{Duration, Instant},
 };
 
-use vmtrace_common::{DropKind, EventKind, FaultStats, TaskEvent};
+use std::collections::{HashMap, VecDeque};
 
+use vmtrace_common::{DropKind, EventHeader, EventKind, FaultStats, OomEvent, TaskEvent};
+
+use crate::oom::{self, OomRecord};
 use crate::{
     loader::Probes,
-    report::summary::{Drops, Faults, ProbeInfo, Process, Sampling, Summary, TargetInfo, SUMMARY_VERSION},
+    report::summary::{Drops, Faults, ProbeInfo, Process, Reclaim, Sampling, Summary, TargetInfo, SUMMARY_VERSION},
 };
 use process::ProcessTable;
+
+/// Copies a `T` out of a ring-buffer record after checking its length.
+fn read_event<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
+    // SAFETY: length checked; T is Pod (plain integers, any bit pattern valid).
+    (bytes.len() >= std::mem::size_of::<T>()).then(|| unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) })
+}
 
 /// Last SIGINT/SIGTERM received (0 = none).
 static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
@@ -39,16 +48,90 @@ pub fn stop_signal() -> Option<i32> {
     }
 }
 
+/// How far back the flight recorder keeps each process's fault count.
+const HISTORY: Duration = Duration::from_secs(5);
+const HISTORY_STEP: Duration = Duration::from_millis(100);
+
 pub struct Session {
     pub probes: Probes,
     pub table: ProcessTable,
     pub malformed_events: u64,
     pub started: Instant,
+    /// CLOCK_MONOTONIC at `started`, the clock of kernel event timestamps.
+    started_mono_ns: u64,
+    /// Whether OOM kills are traced (and cgroups of new processes recorded).
+    pub oom_enabled: bool,
+    pub ooms: Vec<OomRecord>,
+    /// Flight recorder: (seconds since start, faults so far) per process, last few seconds.
+    history: HashMap<u32, VecDeque<(f64, u64)>>,
+    last_history: Instant,
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 impl Session {
-    pub fn new(probes: Probes) -> Self {
-        Self { probes, table: ProcessTable::default(), malformed_events: 0, started: Instant::now() }
+    pub fn new(probes: Probes, oom_enabled: bool) -> Self {
+        Self {
+            probes,
+            table: ProcessTable::default(),
+            malformed_events: 0,
+            started: Instant::now(),
+            started_mono_ns: monotonic_ns(),
+            oom_enabled,
+            ooms: Vec::new(),
+            history: HashMap::new(),
+            last_history: Instant::now(),
+        }
+    }
+
+    /// Marks the start of the trace proper.
+    pub fn start_clock(&mut self) {
+        self.started = Instant::now();
+        self.started_mono_ns = monotonic_ns();
+    }
+
+    /// Seconds since the start for a kernel timestamp.
+    fn since_start(&self, ts_ns: u64) -> f64 {
+        ts_ns.saturating_sub(self.started_mono_ns) as f64 / 1e9
+    }
+
+    /// Every few hundred ms, the fault count of each live traced process.
+    fn record_history(&mut self) {
+        if !self.oom_enabled || self.last_history.elapsed() < HISTORY_STEP {
+            return;
+        }
+        self.last_history = Instant::now();
+        let now = self.started.elapsed().as_secs_f64();
+        for (tgid, s) in self.probes.all_stats() {
+            let h = self.history.entry(tgid).or_default();
+            h.push_back((now, s.started));
+            while h.front().is_some_and(|&(t, _)| now - t > HISTORY.as_secs_f64()) {
+                h.pop_front();
+            }
+        }
+    }
+
+    /// Fault rate of `pid` over the flight recorder's window.
+    fn recent_rate(&self, pid: u32) -> Option<f64> {
+        let h = self.history.get(&pid)?;
+        let (&(t0, n0), &(t1, n1)) = (h.front()?, h.back()?);
+        (t1 > t0).then(|| n1.saturating_sub(n0) as f64 / (t1 - t0))
+    }
+
+    fn on_oom(&mut self, ev: &OomEvent) {
+        let victim = ev.victim_pid;
+        // Read now: the victim is on its way out.
+        let cgroup =
+            oom::memory_cgroup_of(victim).or_else(|| self.table.procs.get(&victim).and_then(|p| p.cgroup.clone()));
+        let in_target = self.table.procs.contains_key(&victim) || self.probes.is_traced(victim);
+        let mut rec = oom::describe(ev, cgroup, in_target, self.since_start(ev.hdr.ts_ns));
+        rec.fault_rate_per_s = self.recent_rate(victim);
+        self.ooms.push(rec);
     }
 
     /// Waits up to `timeout` for kernel events, then applies all that arrived.
@@ -57,22 +140,48 @@ impl Session {
         // SAFETY: one valid pollfd; EINTR (a stop signal) simply returns early.
         unsafe { libc::poll(&raw mut pfd, 1, timeout.as_millis() as i32) };
         self.drain();
+        self.record_history();
     }
 
     pub fn drain(&mut self) {
         let mut exited = Vec::new();
+        let mut ooms = Vec::new();
+        let mut born = Vec::new();
         while let Some(item) = self.probes.events.next() {
             let bytes: &[u8] = &item;
-            if bytes.len() < std::mem::size_of::<TaskEvent>() {
+            let Some(hdr) = read_event::<EventHeader>(bytes) else {
                 self.malformed_events += 1;
                 continue;
+            };
+            match EventKind::from_u32(hdr.kind) {
+                Some(EventKind::TaskFork | EventKind::TaskExec | EventKind::TaskExit) => {
+                    let Some(ev) = read_event::<TaskEvent>(bytes) else {
+                        self.malformed_events += 1;
+                        continue;
+                    };
+                    if ev.hdr.kind == EventKind::TaskExit as u32 && ev.group_dead != 0 {
+                        exited.push(ev.tgid);
+                    } else if ev.hdr.kind != EventKind::TaskExit as u32 {
+                        born.push(ev.tgid);
+                    }
+                    self.table.apply(&ev);
+                }
+                Some(EventKind::OomMarkVictim) => match read_event::<OomEvent>(bytes) {
+                    Some(ev) => ooms.push(ev),
+                    None => self.malformed_events += 1,
+                },
+                None => self.malformed_events += 1,
             }
-            // SAFETY: length checked; TaskEvent is plain integers (any bit pattern is valid).
-            let ev: TaskEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-            if ev.hdr.kind == EventKind::TaskExit as u32 && ev.group_dead != 0 {
-                exited.push(ev.tgid);
+        }
+        for ev in &ooms {
+            self.on_oom(ev);
+        }
+        if self.oom_enabled {
+            for tgid in born {
+                if let Some(cg) = oom::memory_cgroup_of(tgid) {
+                    self.table.procs.entry(tgid).or_default().cgroup = Some(cg);
+                }
             }
-            self.table.apply(&ev);
         }
         // Take an exited process's aggregate out of the kernel map: it is final,
         // and the map stays bounded however many processes come and go.
@@ -97,7 +206,7 @@ impl Session {
         let drops = self.probes.drops();
         let d = |k: DropKind| drops.get(k as usize).copied().unwrap_or(0);
         let drops = Drops {
-            task_events: d(DropKind::TaskEventRingFull) + self.malformed_events,
+            task_events: d(DropKind::TaskEventRingFull) + d(DropKind::OomRingFull) + self.malformed_events,
             fault_stats_full: d(DropKind::FaultStatsFull),
             traced_full: d(DropKind::TracedFull),
             untimed_faults: d(DropKind::FaultUntimed),
@@ -126,7 +235,9 @@ impl Session {
             } else {
                 info.exit_code
             };
+            let st = stats.get(&pid).copied().unwrap_or_default();
             processes.push(Process {
+                reclaim: Reclaim { stalls: st.reclaim, time_ns: st.reclaim_ns },
                 pid,
                 ppid: info.ppid,
                 comm: info.comm,
@@ -137,6 +248,13 @@ impl Session {
             });
         }
         let time_estimated = minor_period != 1 || drops.untimed_faults > 0;
+        for r in &mut self.ooms {
+            if let Some(s) = stats.get(&r.victim_pid) {
+                r.victim_faults = Some(s.started);
+                r.victim_reclaim_stalls = Some(s.reclaim);
+                r.victim_reclaim_ns = Some(s.reclaim_ns);
+            }
+        }
         Summary {
             version: SUMMARY_VERSION,
             target,
@@ -160,6 +278,7 @@ impl Session {
             kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().into(),
             vmtrace_version: env!("CARGO_PKG_VERSION").into(),
             perf: None,
+            oom: self.oom_enabled.then(|| std::mem::take(&mut self.ooms)),
         }
     }
 }

@@ -16,6 +16,8 @@ pub struct ProcInfo {
     pub kernel: Option<KernelAccounting>,
     /// Fault aggregate taken from the kernel when the process exited.
     pub stats: Option<FaultStats>,
+    /// Its memory cgroup, read while it lived (for OOM reports).
+    pub cgroup: Option<(crate::oom::CgroupVersion, String)>,
 }
 
 #[derive(Default)]
@@ -76,6 +78,7 @@ impl ProcessTable {
                     self.procs.remove(&ev.pid);
                 }
             }
+            EventKind::OomMarkVictim => {}
             EventKind::TaskExit => {
                 let p = self.procs.entry(ev.tgid).or_default();
                 if p.comm.is_empty() {

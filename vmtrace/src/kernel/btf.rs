@@ -66,7 +66,27 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         signal_live: o("signal_struct", "live")?,
         signal_min_flt: o("signal_struct", "min_flt")?,
         signal_maj_flt: o("signal_struct", "maj_flt")?,
-        _pad: 0,
+        task_cgroups: o("task_struct", "cgroups")?,
+        css_set_memory: match (
+            field_offset(btf, "css_set", "subsys")?,
+            enum_value(btf, "cgroup_subsys_id", "memory_cgrp_id"),
+        ) {
+            (Some(off), Some(idx)) => off + idx * 8,
+            _ => KernelOffsets::MISSING,
+        },
+        css_cgroup: o("cgroup_subsys_state", "cgroup")?,
+        cgroup_kn: o("cgroup", "kn")?,
+        kernfs_id: o("kernfs_node", "id")?,
+    })
+}
+
+/// Value of enumerator `name` in `enum ty` (e.g. a cgroup subsystem's index).
+pub fn enum_value(btf: &Btf, ty: &str, name: &str) -> Option<u32> {
+    btf.resolve_types_by_name(ty).ok()?.into_iter().find_map(|t| match t {
+        Type::Enum(e) => {
+            e.members.iter().find(|m| btf.resolve_name(*m).is_ok_and(|n| n == name)).map(btf_rs::EnumMember::val)
+        }
+        _ => None,
     })
 }
 

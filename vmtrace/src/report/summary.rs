@@ -26,6 +26,9 @@ pub struct Summary {
     /// Hardware TLB counters and the kernel's software fault counters (`--events perf`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub perf: Option<crate::perf::PerfSummary>,
+    /// Every OOM kill during the trace, system-wide (`--events oom`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom: Option<Vec<crate::oom::OomRecord>>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -77,10 +80,19 @@ pub struct Process {
     /// As a shell reports it: the exit code, or 128+signal. Null while running.
     pub exit_code: Option<i32>,
     pub faults: Faults,
+    /// Reclaim stalls (direct and memcg) this process ran itself.
+    #[serde(default)]
+    pub reclaim: Reclaim,
     /// The kernel's own counters for the whole process at its exit
     /// (what getrusage reports), when the kernel exposed them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel_accounting: Option<KernelAccounting>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Reclaim {
+    pub stalls: u64,
+    pub time_ns: u64,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]

@@ -74,6 +74,7 @@ pub fn render(s: &Summary) -> String {
     header(&mut out, s);
     process_table(&mut out, s);
     perf_section(&mut out, s);
+    oom_section(&mut out, s);
     histogram(&mut out, "Minor-fault latency", &s.totals.minor_latency_hist_ns);
     histogram(&mut out, "Major-fault latency", &s.totals.major_latency_hist_ns);
     out
@@ -190,5 +191,28 @@ fn perf_section(out: &mut String, s: &Summary) {
         }
     } else {
         let _ = writeln!(out, "  TLB-miss counters: unsupported — {}", p.reason);
+    }
+}
+
+fn oom_section(out: &mut String, s: &Summary) {
+    let Some(ooms) = &s.oom else { return };
+    let stalls: Vec<_> = s.processes.iter().filter(|p| p.reclaim.stalls > 0).collect();
+    if ooms.is_empty() && stalls.is_empty() {
+        let _ = writeln!(out, "\nOOM kills: none");
+        return;
+    }
+    let _ = writeln!(out, "\nOOM kills: {}", ooms.len());
+    for r in ooms {
+        let _ = writeln!(out, "  {}", crate::oom::render(r));
+    }
+    for p in stalls {
+        let _ = writeln!(
+            out,
+            "  reclaim: pid {} {} stalled {} times, {} in reclaim",
+            p.pid,
+            p.comm,
+            p.reclaim.stalls,
+            fmt_ns(p.reclaim.time_ns)
+        );
     }
 }

@@ -81,11 +81,20 @@ fn touch(p: *mut u8, bytes: usize) {
     }
 }
 
-/// First touch of `mib` MiB of anonymous memory, by `threads` threads.
-pub fn first_touch(mib: usize, huge: bool, threads: usize) -> Result<(), String> {
+/// First touch of `mib` MiB of anonymous memory, by `threads` threads;
+/// `pace_ms` > 0 sleeps that long after each MiB (a slowly growing hog).
+pub fn first_touch(mib: usize, huge: bool, threads: usize, pace_ms: u64) -> Result<(), String> {
     let bytes = mib << 20;
     let p = map_anon(bytes, huge)? as usize;
     let t0 = Instant::now();
+    if pace_ms > 0 {
+        for m in 0..mib {
+            touch((p + (m << 20)) as *mut u8, 1 << 20);
+            std::thread::sleep(std::time::Duration::from_millis(pace_ms));
+        }
+        emit("first-touch", (bytes / PAGE) as u64, t0.elapsed().as_nanos() as u64);
+        return Ok(());
+    }
     let threads = threads.max(1);
     let chunk = (bytes / threads) & !(PAGE - 1);
     std::thread::scope(|s| {

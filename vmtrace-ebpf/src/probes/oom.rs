@@ -1,0 +1,173 @@
+//! OOM kills and the memory pressure before them: `oom:mark_victim` (every
+//! kill, system-wide, whoever the victim) and the reclaim stalls of traced
+//! processes. Both are rare, so classic tracepoints (stable formats, no BTF
+//! needed) are the only path.
+use aya_ebpf::{
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_probe_read_kernel_str_bytes,
+    },
+    macros::{btf_tracepoint, map, tracepoint},
+    maps::HashMap,
+    programs::{BtfTracePointContext, TracePointContext},
+    EbpfContext,
+};
+use vmtrace_common::{DropKind, EventHeader, EventKind, OomEvent, COMM_LEN};
+
+use crate::maps::{count_drop, current_stats, is_traced, koffsets, EVENTS};
+
+/// kernfs id of `task`'s memory cgroup: task->cgroups->subsys[memory]->cgroup->kn->id.
+fn memcg_id(task: *const u8) -> u64 {
+    let o = koffsets();
+    let read_ptr = |base: *const u8, off: u32| -> Option<*const u8> {
+        if base.is_null() || off == vmtrace_common::KernelOffsets::MISSING {
+            return None;
+        }
+        // SAFETY: bpf_probe_read_kernel faults safely on a bad address.
+        unsafe { bpf_probe_read_kernel(base.add(off as usize).cast::<u64>()) }.ok().map(|p| p as *const u8)
+    };
+    let id = || -> Option<u64> {
+        let kn = read_ptr(
+            read_ptr(read_ptr(read_ptr(task, o.task_cgroups)?, o.css_set_memory)?, o.css_cgroup)?,
+            o.cgroup_kn,
+        )?;
+        read_ptr(kn, o.kernfs_id).map(|p| p as u64)
+    };
+    id().unwrap_or(0)
+}
+
+/// Victim pid → its memory cgroup, left by the tp_btf hook (which sees the victim
+/// task) for the classic hook (which has the fields) on the same tracepoint call.
+#[map]
+static VICTIM_MEMCG: HashMap<u32, u64> = HashMap::with_max_entries(256, 0);
+
+// TP_PROTO(struct task_struct *task, uid_t uid). Attached before the classic
+// hook, so it runs first on the same tracepoint.
+#[btf_tracepoint(function = "mark_victim")]
+pub fn tp_btf_mark_victim(ctx: BtfTracePointContext) -> i32 {
+    let task: *const u8 = ctx.arg(0);
+    let o = koffsets();
+    if o.task_pid != vmtrace_common::KernelOffsets::MISSING && !task.is_null() {
+        // SAFETY: bpf_probe_read_kernel faults safely.
+        if let Ok(pid) = unsafe { bpf_probe_read_kernel(task.add(o.task_pid as usize).cast::<i32>()) } {
+            let _ = VICTIM_MEMCG.insert(&(pid as u32), &memcg_id(task), 0);
+        }
+    }
+    0
+}
+
+// /sys/kernel/tracing/events/oom/mark_victim/format:
+//   field:int pid;                     offset:8;  size:4; signed:1;
+//   field:__data_loc char[] comm;      offset:12; size:4; signed:0;
+//   field:unsigned long total_vm;      offset:16; size:8; signed:0;
+//   field:unsigned long anon_rss;      offset:24; size:8; signed:0;
+//   field:unsigned long file_rss;      offset:32; size:8; signed:0;
+//   field:unsigned long shmem_rss;     offset:40; size:8; signed:0;
+//   field:uid_t uid;                   offset:48; size:4; signed:0;
+//   field:unsigned long pgtables;      offset:56; size:8; signed:0;
+//   field:short oom_score_adj;         offset:64; size:2; signed:1;
+// print fmt: "... total-vm=%lukB anon-rss=%lukB ..." (values already in kB)
+#[tracepoint(category = "oom", name = "mark_victim")]
+pub fn tp_oom_mark_victim(ctx: TracePointContext) -> u32 {
+    let _ = try_tp_oom_mark_victim(&ctx);
+    0
+}
+
+fn try_tp_oom_mark_victim(ctx: &TracePointContext) -> Result<(), i32> {
+    let Some(mut slot) = EVENTS.reserve::<OomEvent>(0) else {
+        count_drop(DropKind::OomRingFull);
+        return Ok(());
+    };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    // SAFETY: offsets from the format above.
+    let ev = unsafe {
+        OomEvent {
+            hdr: EventHeader {
+                kind: EventKind::OomMarkVictim as u32,
+                size: core::mem::size_of::<OomEvent>() as u32,
+                ts_ns: bpf_ktime_get_ns(),
+            },
+            victim_pid: ctx.read_at::<i32>(8).unwrap_or(0) as u32,
+            trigger_tgid: (pid_tgid >> 32) as u32,
+            trigger_tid: pid_tgid as u32,
+            uid: ctx.read_at::<u32>(48).unwrap_or(0),
+            oom_score_adj: i32::from(ctx.read_at::<i16>(64).unwrap_or(0)),
+            _pad: 0,
+            total_vm_kb: ctx.read_at::<u64>(16).unwrap_or(0),
+            anon_rss_kb: ctx.read_at::<u64>(24).unwrap_or(0),
+            file_rss_kb: ctx.read_at::<u64>(32).unwrap_or(0),
+            shmem_rss_kb: ctx.read_at::<u64>(40).unwrap_or(0),
+            pgtables_kb: ctx.read_at::<u64>(56).unwrap_or(0),
+            victim_comm: [0; COMM_LEN],
+            trigger_comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
+            victim_memcg_id: 0,
+            trigger_memcg_id: memcg_id(bpf_get_current_task() as *const u8),
+        }
+    };
+    let out = slot.write(ev);
+    // SAFETY: copied out before removal.
+    if let Some(id) = unsafe { VICTIM_MEMCG.get(&out.victim_pid) }.copied() {
+        out.victim_memcg_id = id;
+        let _ = VICTIM_MEMCG.remove(&out.victim_pid);
+    }
+    // __data_loc: low 16 bits the offset of the string in the record, high 16 its length.
+    // SAFETY: offset from the format; the helper bounds the copy.
+    if let Ok(loc) = unsafe { ctx.read_at::<u32>(12) } {
+        let src = unsafe { (ctx.as_ptr() as *const u8).add((loc & 0xffff) as usize) };
+        let _ = unsafe { bpf_probe_read_kernel_str_bytes(src, &mut out.victim_comm) };
+    }
+    slot.submit(0);
+    Ok(())
+}
+
+/// Reclaim start per thread: reclaim sleeps and may migrate, so a per-CPU slot
+/// would lose it. Only traced threads enter.
+#[map]
+static RECLAIM_START: HashMap<u32, u64> = HashMap::with_max_entries(16_384, 0);
+
+fn reclaim_begin() {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if is_traced((pid_tgid >> 32) as u32) {
+        // SAFETY: no preconditions.
+        let now = unsafe { bpf_ktime_get_ns() };
+        let _ = RECLAIM_START.insert(&(pid_tgid as u32), &now, 0);
+    }
+}
+
+fn reclaim_end() {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: the value is copied out before removal.
+    let Some(start) = (unsafe { RECLAIM_START.get(&tid) }).copied() else { return };
+    let _ = RECLAIM_START.remove(&tid);
+    if let Some((_, _, s)) = current_stats() {
+        s.reclaim += 1;
+        // SAFETY: no preconditions.
+        s.reclaim_ns += unsafe { bpf_ktime_get_ns() }.saturating_sub(start);
+    }
+}
+
+// Formats: direct_reclaim_begin / memcg_reclaim_begin {int order; unsigned long gfp_flags},
+// *_end {unsigned long nr_reclaimed}: only the timing is used.
+#[tracepoint(category = "vmscan", name = "mm_vmscan_direct_reclaim_begin")]
+pub fn tp_vmscan_mm_vmscan_direct_reclaim_begin(_ctx: TracePointContext) -> u32 {
+    reclaim_begin();
+    0
+}
+
+#[tracepoint(category = "vmscan", name = "mm_vmscan_direct_reclaim_end")]
+pub fn tp_vmscan_mm_vmscan_direct_reclaim_end(_ctx: TracePointContext) -> u32 {
+    reclaim_end();
+    0
+}
+
+#[tracepoint(category = "vmscan", name = "mm_vmscan_memcg_reclaim_begin")]
+pub fn tp_vmscan_mm_vmscan_memcg_reclaim_begin(_ctx: TracePointContext) -> u32 {
+    reclaim_begin();
+    0
+}
+
+#[tracepoint(category = "vmscan", name = "mm_vmscan_memcg_reclaim_end")]
+pub fn tp_vmscan_mm_vmscan_memcg_reclaim_end(_ctx: TracePointContext) -> u32 {
+    reclaim_end();
+    0
+}

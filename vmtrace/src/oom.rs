@@ -1,0 +1,380 @@
+//! OOM kills: who died, who triggered it, in which memory cgroup, under which
+//! constraint, and what the victim held.
+//!
+//! Without kprobes the OOM constraint is not visible directly; it is derived
+//! from the victim's memory cgroup: the nearest cgroup (leaf upwards) with a
+//! finite limit, whose OOM counter is non-zero and whose peak usage reached
+//! the limit, was the one out of memory (memcg); with none, the OOM was global.
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+use serde::{Deserialize, Serialize};
+use vmtrace_common::OomEvent;
+
+use crate::{collect::process::comm_str, procmaps};
+
+/// The memory-cgroup hierarchy a path belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CgroupVersion {
+    V1,
+    V2,
+}
+
+pub const V1_MEMORY_ROOT: &str = "/sys/fs/cgroup/memory";
+
+/// Where the v2 hierarchy with the memory controller is mounted, if any.
+pub fn v2_memory_root() -> Option<PathBuf> {
+    let mounts = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mounts.lines().filter(|l| l.contains(" - cgroup2 ")).filter_map(|l| l.split(' ').nth(4).map(PathBuf::from)).find(
+        |root| {
+            fs::read_to_string(root.join("cgroup.controllers"))
+                .is_ok_and(|c| c.split_whitespace().any(|w| w == "memory"))
+        },
+    )
+}
+
+/// The memory cgroup of `pid` (path relative to its hierarchy's root).
+pub fn memory_cgroup_of(pid: u32) -> Option<(CgroupVersion, String)> {
+    parse_proc_cgroup(&fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?, v2_memory_root().is_some())
+}
+
+/// Picks the memory cgroup from `/proc/PID/cgroup`: the v1 `memory` line, else
+/// the v2 line when v2 carries the memory controller.
+pub fn parse_proc_cgroup(text: &str, v2_has_memory: bool) -> Option<(CgroupVersion, String)> {
+    for line in text.lines() {
+        let mut it = line.splitn(3, ':');
+        let (_, ctrls, path) = (it.next()?, it.next()?, it.next()?);
+        if ctrls.split(',').any(|c| c == "memory") {
+            return Some((CgroupVersion::V1, path.to_string()));
+        }
+    }
+    if v2_has_memory {
+        return text.lines().find_map(|l| l.strip_prefix("0::")).map(|p| (CgroupVersion::V2, p.to_string()));
+    }
+    None
+}
+
+/// The path (relative to `root`) of the cgroup directory whose inode number is
+/// `id` — the kernfs id the kernel hook read. Cgroup trees are small.
+pub fn cgroup_path_by_id(root: &Path, id: u64) -> Option<String> {
+    use std::os::unix::fs::MetadataExt as _;
+    if id == 0 {
+        return None;
+    }
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        if fs::metadata(&dir).is_ok_and(|m| m.ino() == id) {
+            let rel = dir.strip_prefix(root).ok()?.to_string_lossy().into_owned();
+            return Some(format!("/{rel}"));
+        }
+        if let Ok(rd) = fs::read_dir(&dir) {
+            stack.extend(
+                rd.filter_map(Result::ok).filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()),
+            );
+        }
+    }
+    None
+}
+
+/// The memory hierarchy in use: v1's memory controller, else v2 with memory.
+pub fn memory_hierarchy() -> Option<(CgroupVersion, PathBuf)> {
+    if Path::new(V1_MEMORY_ROOT).join("memory.limit_in_bytes").exists() {
+        return Some((CgroupVersion::V1, PathBuf::from(V1_MEMORY_ROOT)));
+    }
+    v2_memory_root().map(|r| (CgroupVersion::V2, r))
+}
+
+/// Limit, peak usage and OOM count of one memory cgroup directory.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupMemory {
+    pub limit_bytes: Option<u64>,
+    pub peak_bytes: Option<u64>,
+    /// v2 `memory.events` "oom" (limit hit and an allocation about to fail);
+    /// v1 `memory.oom_control` "oom_kill".
+    pub oom_events: u64,
+    pub oom_kills: u64,
+}
+
+fn read_u64(p: &Path) -> Option<u64> {
+    fs::read_to_string(p).ok()?.trim().parse().ok()
+}
+
+fn keyed(p: &Path, key: &str) -> Option<u64> {
+    fs::read_to_string(p).ok()?.lines().find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+}
+
+pub fn read_cgroup_memory(dir: &Path, v: CgroupVersion) -> CgroupMemory {
+    match v {
+        CgroupVersion::V1 => {
+            // An unlimited v1 cgroup reports a huge page-aligned number.
+            let limit = read_u64(&dir.join("memory.limit_in_bytes")).filter(|&l| l < (1 << 62));
+            let oom_kills = keyed(&dir.join("memory.oom_control"), "oom_kill ").unwrap_or(0);
+            CgroupMemory {
+                limit_bytes: limit,
+                peak_bytes: read_u64(&dir.join("memory.max_usage_in_bytes")),
+                oom_events: oom_kills,
+                oom_kills,
+            }
+        }
+        CgroupVersion::V2 => CgroupMemory {
+            limit_bytes: read_u64(&dir.join("memory.max")),
+            peak_bytes: read_u64(&dir.join("memory.peak")).or_else(|| read_u64(&dir.join("memory.current"))),
+            oom_events: keyed(&dir.join("memory.events"), "oom ").unwrap_or(0),
+            oom_kills: keyed(&dir.join("memory.events"), "oom_kill ").unwrap_or(0),
+        },
+    }
+}
+
+/// The cgroup, leaf first, that ran out of memory, with its counters.
+pub fn find_oom_cgroup(root: &Path, path: &str, v: CgroupVersion) -> Option<(String, CgroupMemory)> {
+    let mut p = path.trim_end_matches('/').to_string();
+    loop {
+        let m = read_cgroup_memory(&root.join(p.trim_start_matches('/')), v);
+        if let Some(limit) = m.limit_bytes {
+            // Within 1% or a page of the limit counts as reaching it.
+            let reached = m.peak_bytes.is_some_and(|peak| peak + limit / 100 + 4096 >= limit);
+            if m.oom_events > 0 && reached {
+                return Some((if p.is_empty() { "/".into() } else { p }, m));
+            }
+        }
+        match p.rfind('/') {
+            Some(i) if !p.is_empty() => p.truncate(i),
+            _ => return None,
+        }
+    }
+}
+
+/// One region the victim held, from `/proc/PID/smaps` read at the kill.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct HeldRegion {
+    pub start: String,
+    pub end: String,
+    pub kind: procmaps::RegionKind,
+    pub path: Option<String>,
+    pub rss_kb: u64,
+}
+
+/// The victim's largest regions by resident size, if its smaps is still readable.
+pub fn top_regions(pid: u32, n: usize) -> Option<Vec<HeldRegion>> {
+    let text = fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
+    let mut out = Vec::new();
+    let mut current: Option<procmaps::Region> = None;
+    for line in text.lines() {
+        if let Some(r) = procmaps::parse(line).pop() {
+            current = Some(r);
+        } else if let (Some(rss), Some(r)) = (line.strip_prefix("Rss:"), current.as_ref()) {
+            let kb: u64 = rss.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
+            out.push(HeldRegion {
+                start: format!("{:#x}", r.start),
+                end: format!("{:#x}", r.end),
+                kind: r.kind,
+                path: r.path.clone(),
+                rss_kb: kb,
+            });
+        }
+    }
+    out.sort_by_key(|r| std::cmp::Reverse(r.rss_kb));
+    out.truncate(n);
+    (!out.is_empty()).then_some(out)
+}
+
+/// One OOM kill in summary.json (`oom[]`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct OomRecord {
+    pub victim_pid: u32,
+    pub victim_comm: String,
+    pub trigger_pid: u32,
+    pub trigger_comm: String,
+    /// "memcg", "global" or "other".
+    pub constraint: String,
+    /// The memory cgroup that ran out (memcg), else the victim's own.
+    pub cgroup: Option<String>,
+    pub cgroup_limit_bytes: Option<u64>,
+    pub cgroup_peak_bytes: Option<u64>,
+    pub total_vm_kb: u64,
+    pub anon_rss_kb: u64,
+    pub file_rss_kb: u64,
+    pub shmem_rss_kb: u64,
+    pub pgtables_kb: u64,
+    pub oom_score_adj: i32,
+    pub uid: u32,
+    pub in_target: bool,
+    /// Seconds since the trace started.
+    pub time_s: f64,
+    /// The victim's largest regions at the kill (null when it was already reaped).
+    pub top_regions: Option<Vec<HeldRegion>>,
+    /// The victim's fault rate over the seconds before the kill (traced victims).
+    pub fault_rate_per_s: Option<f64>,
+    /// Its faults and reclaim stalls over the whole trace (traced victims).
+    pub victim_faults: Option<u64>,
+    pub victim_reclaim_stalls: Option<u64>,
+    pub victim_reclaim_ns: Option<u64>,
+}
+
+/// Everything that can be learned about a kill when its event arrives: read
+/// at once, since the victim is on its way out.
+pub fn describe(
+    ev: &OomEvent,
+    victim_cgroup: Option<(CgroupVersion, String)>,
+    in_target: bool,
+    time_s: f64,
+) -> OomRecord {
+    let top = top_regions(ev.victim_pid, 5);
+    // The kernel's view at the kill first; /proc (racing the victim's exit) after.
+    let victim_cgroup = memory_hierarchy()
+        .and_then(|(v, root)| cgroup_path_by_id(&root, ev.victim_memcg_id).map(|p| (v, p)))
+        .or(victim_cgroup);
+    let (constraint, cgroup, limit, peak) = match &victim_cgroup {
+        Some((v, path)) => {
+            let root = match v {
+                CgroupVersion::V1 => PathBuf::from(V1_MEMORY_ROOT),
+                CgroupVersion::V2 => v2_memory_root().unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup")),
+            };
+            match find_oom_cgroup(&root, path, *v) {
+                Some((cg, m)) => ("memcg", Some(cg), m.limit_bytes, m.peak_bytes),
+                None => ("global", Some(path.clone()), None, None),
+            }
+        }
+        None => ("global", None, None, None),
+    };
+    OomRecord {
+        victim_pid: ev.victim_pid,
+        victim_comm: comm_str(&ev.victim_comm),
+        trigger_pid: ev.trigger_tgid,
+        trigger_comm: comm_str(&ev.trigger_comm),
+        constraint: constraint.into(),
+        cgroup,
+        cgroup_limit_bytes: limit,
+        cgroup_peak_bytes: peak,
+        total_vm_kb: ev.total_vm_kb,
+        anon_rss_kb: ev.anon_rss_kb,
+        file_rss_kb: ev.file_rss_kb,
+        shmem_rss_kb: ev.shmem_rss_kb,
+        pgtables_kb: ev.pgtables_kb,
+        oom_score_adj: ev.oom_score_adj,
+        uid: ev.uid,
+        in_target,
+        time_s,
+        top_regions: top,
+        fault_rate_per_s: None,
+        victim_faults: None,
+        victim_reclaim_stalls: None,
+        victim_reclaim_ns: None,
+    }
+}
+
+fn mib(kb: u64) -> String {
+    format!("{:.1} MiB", kb as f64 / 1024.0)
+}
+
+/// One paragraph per kill for summary.txt.
+pub fn render(r: &OomRecord) -> String {
+    use std::fmt::Write as _;
+    let mut s = format!(
+        "OOM at {:.2} s: killed {} (pid {}{}), anon {}, file {}, shmem {}, page tables {}, oom_score_adj {}",
+        r.time_s,
+        r.victim_comm,
+        r.victim_pid,
+        if r.in_target { "" } else { ", not traced" },
+        mib(r.anon_rss_kb),
+        mib(r.file_rss_kb),
+        mib(r.shmem_rss_kb),
+        mib(r.pgtables_kb),
+        r.oom_score_adj
+    );
+    let _ = match (r.constraint.as_str(), &r.cgroup) {
+        ("memcg", Some(cg)) => write!(
+            s,
+            "; memory cgroup {cg} ran out (limit {}, peak {})",
+            r.cgroup_limit_bytes.map_or("?".into(), |b| mib(b / 1024)),
+            r.cgroup_peak_bytes.map_or("?".into(), |b| mib(b / 1024))
+        ),
+        (c, Some(cg)) => write!(s, "; {c} OOM, victim in cgroup {cg}"),
+        (c, None) => write!(s, "; {c} OOM"),
+    };
+    let _ = write!(s, "; triggered by {} (pid {})", r.trigger_comm, r.trigger_pid);
+    if let Some(rate) = r.fault_rate_per_s {
+        let _ = write!(s, "; it was faulting {rate:.0}/s just before");
+    }
+    if let (Some(n), Some(ns)) = (r.victim_reclaim_stalls, r.victim_reclaim_ns) {
+        if n > 0 {
+            let _ = write!(s, "; {n} reclaim stalls, {}", crate::report::text::fmt_ns(ns));
+        }
+    }
+    match &r.top_regions {
+        Some(top) => {
+            let list: Vec<String> = top
+                .iter()
+                .take(3)
+                .map(|h| format!("{} {:?} {}", h.path.as_deref().unwrap_or("[anon]"), h.kind, mib(h.rss_kb)))
+                .collect();
+            let _ = write!(s, "; it held: {}", list.join(", "));
+        }
+        None => s.push_str("; its regions were already reaped"),
+    }
+    s.push('.');
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picks_memory_cgroup_v1_then_v2() {
+        let v1 = "9:name=systemd:/\n4:memory:/process_api/abc\n0::/\n";
+        assert_eq!(parse_proc_cgroup(v1, false), Some((CgroupVersion::V1, "/process_api/abc".into())));
+        let v2 = "0::/user.slice/train\n";
+        assert_eq!(parse_proc_cgroup(v2, true), Some((CgroupVersion::V2, "/user.slice/train".into())));
+        assert_eq!(parse_proc_cgroup(v2, false), None);
+    }
+
+    #[test]
+    fn finds_the_cgroup_that_reached_its_limit() {
+        let root = tempfile::tempdir().unwrap();
+        let leaf = root.path().join("a/b");
+        fs::create_dir_all(&leaf).unwrap();
+        // Leaf unlimited; its parent limited at 64 MiB, peaked there, and OOMed.
+        fs::write(leaf.join("memory.max"), "max\n").unwrap();
+        fs::write(leaf.join("memory.events"), "oom 0\noom_kill 1\n").unwrap();
+        let a = root.path().join("a");
+        fs::write(a.join("memory.max"), "67108864\n").unwrap();
+        fs::write(a.join("memory.peak"), "67108864\n").unwrap();
+        fs::write(a.join("memory.events"), "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\n").unwrap();
+        let (cg, m) = find_oom_cgroup(root.path(), "/a/b", CgroupVersion::V2).unwrap();
+        assert_eq!(cg, "/a");
+        assert_eq!((m.limit_bytes, m.oom_events, m.oom_kills), (Some(64 << 20), 1, 1));
+        // A limit never reached is not the culprit.
+        fs::write(a.join("memory.peak"), "1048576\n").unwrap();
+        assert_eq!(find_oom_cgroup(root.path(), "/a/b", CgroupVersion::V2), None);
+    }
+
+    #[test]
+    fn cgroup_found_by_inode() {
+        use std::os::unix::fs::MetadataExt as _;
+        let root = tempfile::tempdir().unwrap();
+        fs::create_dir_all(root.path().join("x/y")).unwrap();
+        let ino = fs::metadata(root.path().join("x/y")).unwrap().ino();
+        assert_eq!(cgroup_path_by_id(root.path(), ino).as_deref(), Some("/x/y"));
+        assert_eq!(cgroup_path_by_id(root.path(), 0), None);
+    }
+
+    #[test]
+    fn v1_unlimited_is_no_limit() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
+        fs::write(d.path().join("memory.oom_control"), "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n").unwrap();
+        let m = read_cgroup_memory(d.path(), CgroupVersion::V1);
+        assert_eq!((m.limit_bytes, m.oom_kills), (None, 3));
+    }
+
+    #[test]
+    fn own_smaps_lists_resident_regions() {
+        let v = vec![7u8; 8 << 20];
+        std::hint::black_box(&v);
+        let top = top_regions(std::process::id(), 3).unwrap();
+        assert!(top[0].rss_kb >= 8 * 1024, "{top:?}");
+    }
+}
