@@ -106,12 +106,48 @@ impl FaultStats {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct InflightFault {
     pub tid: u32,
-    pub _pad: u32,
+    /// Faults left on this CPU until the next stack sample (per-CPU slot only).
+    pub stack_countdown: u32,
     /// Page number of the faulting address (address >> 12): the end hook matches on it.
     pub page: u64,
     pub start_ns: u64,
+    /// Stack ids of this fault in `STACKS` (negative: none taken).
+    pub user_stack: i32,
+    pub kernel_stack: i32,
+    /// Non-zero while this CPU walks a user stack (per-CPU slot only): faults
+    /// the walk takes are nofault reads, not the program's faults.
+    pub walking: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<InflightFault>() == 24);
+const _: () = assert!(core::mem::size_of::<InflightFault>() == 40);
+
+/// Key of the in-kernel stack aggregate (`FAULT_STACKS`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct StackKey {
+    pub tgid: u32,
+    /// Id in `STACKS`, or negative when not collected / failed.
+    pub user_stack: i32,
+    pub kernel_stack: i32,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<StackKey>() == 16);
+
+/// Faults seen with one stack pair.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackCounts {
+    pub faults: u64,
+    pub major: u64,
+    /// Latency measured for `timed` of them (minor latency may be sampled).
+    pub time_ns: u64,
+    pub timed: u64,
+}
+const _: () = assert!(core::mem::size_of::<StackCounts>() == 32);
+
+/// Which stacks to collect (`Config::stack_mode` bits).
+pub const STACK_USER: u32 = 1;
+pub const STACK_KERNEL: u32 = 2;
 
 /// Why something was dropped; index into the per-CPU `DROPS` array.
 #[repr(u32)]
@@ -127,8 +163,12 @@ pub enum DropKind {
     FaultUntimed = 3,
     /// The ring buffer was full when an OOM kill was reported.
     OomRingFull = 4,
+    /// A stack could not be stored (`STACKS` full or a collision): counted without it.
+    StackLost = 5,
+    /// `FAULT_STACKS` was full: a sampled stack was not counted.
+    StackCountsFull = 6,
 }
-pub const DROP_KINDS: u32 = 5;
+pub const DROP_KINDS: u32 = 7;
 
 /// Event kinds in the stream. Ranges per family; a retired number is never reused.
 /// 1..=99 tasks, 100..=199 faults, 200..=299 mmap, 300..=399 tlb, 400..=499 oom.
@@ -243,8 +283,12 @@ pub struct KernelOffsets {
     pub cgroup_kn: u32,
     /// `kernfs_node.id`.
     pub kernfs_id: u32,
+    /// `task_struct.pagefault_disabled`: set during nofault user reads, whose
+    /// faults the kernel never handles or accounts.
+    pub task_pagefault_disabled: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 56);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 64);
 
 impl KernelOffsets {
     pub const MISSING: u32 = u32::MAX;
@@ -263,6 +307,8 @@ impl KernelOffsets {
         css_cgroup: Self::MISSING,
         cgroup_kn: Self::MISSING,
         kernfs_id: Self::MISSING,
+        task_pagefault_disabled: Self::MISSING,
+        _pad: 0,
     };
 }
 
@@ -274,8 +320,12 @@ pub struct Config {
     pub trace_all: u32,
     /// Period of the minor-fault end hook (1 = every minor fault timed).
     pub minor_period: u32,
+    /// `STACK_USER | STACK_KERNEL` bits; 0 = no stacks.
+    pub stack_mode: u32,
+    /// Take a stack on 1 in N faults (per CPU).
+    pub stack_period: u32,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 8);
+const _: () = assert!(core::mem::size_of::<Config>() == 16);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -283,6 +333,8 @@ mod pod {
     // (checked by the size asserts above).
     unsafe impl aya::Pod for super::FaultStats {}
     unsafe impl aya::Pod for super::InflightFault {}
+    unsafe impl aya::Pod for super::StackKey {}
+    unsafe impl aya::Pod for super::StackCounts {}
     unsafe impl aya::Pod for super::EventHeader {}
     unsafe impl aya::Pod for super::TaskEvent {}
     unsafe impl aya::Pod for super::OomEvent {}

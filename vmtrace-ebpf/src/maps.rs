@@ -2,13 +2,13 @@
 use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid,
     macros::map,
-    maps::{LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
 };
-use vmtrace_common::{Config, DropKind, FaultStats, InflightFault, KernelOffsets, DROP_KINDS};
+use vmtrace_common::{Config, DropKind, FaultStats, InflightFault, KernelOffsets, StackCounts, StackKey, DROP_KINDS};
 
 /// Set by the loader before load; never written here.
 #[unsafe(no_mangle)]
-static CONFIG: Config = Config { trace_all: 0, minor_period: 1 };
+static CONFIG: Config = Config { trace_all: 0, minor_period: 1, stack_mode: 0, stack_period: 1 };
 
 /// Kernel struct offsets from BTF, set by the loader.
 #[unsafe(no_mangle)]
@@ -47,6 +47,14 @@ pub static FAULT_SLOT: PerCpuArray<InflightFault> = PerCpuArray::with_max_entrie
 /// whose fault never completed (SIGSEGV) ages out instead of filling the map.
 #[map]
 pub static FAULT_PARKED: LruHashMap<u32, InflightFault> = LruHashMap::with_max_entries(16_384, 0);
+
+/// Call stacks (user and kernel) of sampled faults, by id.
+#[map]
+pub static STACKS: StackTrace = StackTrace::with_max_entries(16_384, 0);
+
+/// Fault counts per (process, user stack, kernel stack).
+#[map]
+pub static FAULT_STACKS: PerCpuHashMap<StackKey, StackCounts> = PerCpuHashMap::with_max_entries(65_536, 0);
 
 /// Per-CPU drop counters, indexed by `DropKind`.
 #[map]

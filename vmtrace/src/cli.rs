@@ -66,6 +66,13 @@ pub struct RecordArgs {
     /// fault is timed and every fault counted whatever N is.
     #[arg(long, default_value_t = 16, value_parser = parse_period)]
     pub latency_sample: u32,
+    /// Call stacks to collect for faults.
+    #[arg(long, value_enum, default_value = "user")]
+    pub stacks: crate::stacks::StackMode,
+    /// Take a stack on 1 in N faults, at random (flamegraph counts are scaled by
+    /// N). A user-stack walk costs about a microsecond: 1 = every fault.
+    #[arg(long, default_value_t = 16, value_parser = parse_stack_period)]
+    pub stack_sample: u32,
     /// Use classic tracepoints even where tp_btf is available.
     #[arg(long)]
     pub force_tracepoints: bool,
@@ -129,6 +136,13 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err(format!("duration must be positive, got `{s}`"));
     }
     Ok(Duration::from_secs_f64(secs))
+}
+
+pub fn parse_stack_period(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(n) if (1..=1_000_000).contains(&n) => Ok(n),
+        _ => Err(format!("`{s}`: give a whole number from 1 (every fault) to 1000000")),
+    }
 }
 
 pub fn parse_period(s: &str) -> Result<u32, String> {

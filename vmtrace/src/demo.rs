@@ -31,6 +31,8 @@ pub fn run(out: &Path) -> Result<i32, RecordError> {
         minor_period: 16,
         force_tracepoints: false,
         events: vec![EventFamily::Faults, EventFamily::Perf, EventFamily::Oom],
+        stacks: crate::stacks::StackMode::User,
+        stack_period: 16,
         print_summary: true,
     });
     std::env::remove_var(REPORT_ENV);

@@ -16,6 +16,7 @@ pub mod perf;
 pub mod procmaps;
 pub mod record;
 pub mod report;
+pub mod stacks;
 pub mod target;
 pub mod workload;
 

@@ -14,16 +14,16 @@
 use std::os::fd::AsFd as _;
 
 use aya::{
-    maps::{MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, RingBuf},
+    maps::{MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, RingBuf, StackTraceMap},
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         BtfTracePoint, PerfEvent, TracePoint,
     },
     Btf, Ebpf, EbpfLoader,
 };
-use vmtrace_common::{Config, FaultStats};
+use vmtrace_common::{Config, FaultStats, StackCounts, StackKey};
 
-use crate::kernel::btf as kbtf;
+use crate::{kernel::btf as kbtf, stacks::StackMode};
 
 /// A hook and how to attach it: tp_btf first (when it has one), then the
 /// classic tracepoint.
@@ -155,6 +155,9 @@ pub struct LoadOptions {
     pub force_tracepoints: bool,
     /// Attach the OOM and reclaim hooks.
     pub oom: bool,
+    pub stacks: StackMode,
+    /// Take a stack on 1 in N faults.
+    pub stack_period: u32,
 }
 
 /// Loaded, attached programs and the maps userspace reads.
@@ -164,6 +167,8 @@ pub struct Probes {
     pub fault_stats: PerCpuHashMap<MapData, u32, FaultStats>,
     pub drops: PerCpuArray<MapData, u64>,
     pub events: RingBuf<MapData>,
+    pub fault_stacks: PerCpuHashMap<MapData, StackKey, StackCounts>,
+    pub stack_traces: StackTraceMap<MapData>,
     pub logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
 }
 
@@ -172,7 +177,12 @@ impl Probes {
         let kbtf = kbtf::load_vmlinux()?;
         let offsets = kbtf::kernel_offsets(&kbtf)?;
         let btf = Btf::from_sys_fs().map_err(|e| kbtf::BtfError::Read(e.to_string()))?;
-        let config = Config { trace_all: u32::from(opts.trace_all), minor_period: opts.minor_period };
+        let config = Config {
+            trace_all: u32::from(opts.trace_all),
+            minor_period: opts.minor_period,
+            stack_mode: opts.stacks.bits(),
+            stack_period: opts.stack_period.max(1),
+        };
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
             .override_global("CONFIG", &config, true)
@@ -188,7 +198,9 @@ impl Probes {
         let fault_stats = take_map(&mut ebpf, "FAULT_STATS")?;
         let drops = take_map(&mut ebpf, "DROPS")?;
         let events = take_map(&mut ebpf, "EVENTS")?;
-        Ok(Self { ebpf, attached, fault_stats, drops, events, logger })
+        let fault_stacks = take_map(&mut ebpf, "FAULT_STACKS")?;
+        let stack_traces = take_map(&mut ebpf, "STACKS")?;
+        Ok(Self { ebpf, attached, fault_stats, drops, events, fault_stacks, stack_traces, logger })
     }
 
     /// Adds a process to the traced set (a zeroed `FAULT_STATS` entry); its
@@ -211,6 +223,17 @@ impl Probes {
         let per_cpu = self.fault_stats.get(&tgid, 0).ok()?;
         let _ = self.fault_stats.remove(&tgid);
         Some(sum_cpus(per_cpu.iter()))
+    }
+
+    /// Every stack aggregate, summed over CPUs.
+    pub fn all_stack_counts(&self) -> Vec<(StackKey, StackCounts)> {
+        self.fault_stacks.iter().filter_map(Result::ok).map(|(k, v)| (k, crate::stacks::sum_counts(v.iter()))).collect()
+    }
+
+    /// Instruction pointers of stack `id`, innermost first.
+    pub fn stack_ips(&self, id: i32) -> Option<Vec<u64>> {
+        let id = u32::try_from(id).ok()?;
+        self.stack_traces.get(&id, 0).ok().map(|t| t.frames().iter().map(|f| f.ip).collect())
     }
 
     /// Every aggregate still in the kernel map, summed over CPUs.

@@ -46,6 +46,8 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 minor_period: a.latency_sample,
                 force_tracepoints: a.force_tracepoints,
                 events: a.events,
+                stacks: a.stacks,
+                stack_period: a.stack_sample,
                 print_summary: true,
             })?;
             Ok(outcome.exit_status)

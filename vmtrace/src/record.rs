@@ -13,6 +13,7 @@ use crate::{
     loader::{LoadError, LoadOptions, Probes},
     perf::{sampling::DataSampler, Counters, PerfSummary, Scope},
     report::{self, summary::TargetInfo, Summary},
+    stacks::StackMode,
     target::{check_pid, pid_alive, resolve_program, wait_exit, GatedChild, Target, TargetError},
 };
 
@@ -26,6 +27,9 @@ pub struct RecordOptions {
     pub force_tracepoints: bool,
     /// Event families beyond faults (perf counters, OOM kills).
     pub events: Vec<EventFamily>,
+    pub stacks: StackMode,
+    /// Take a stack on 1 in N faults.
+    pub stack_period: u32,
     /// Print summary.txt at the end.
     pub print_summary: bool,
 }
@@ -97,8 +101,13 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
         minor_period: opts.minor_period,
         force_tracepoints: opts.force_tracepoints,
         oom: opts.has(EventFamily::Oom),
+        stacks: opts.stacks,
+        stack_period: opts.stack_period,
     })?;
     let mut session = Session::new(probes, opts.has(EventFamily::Oom));
+    if opts.stacks != StackMode::None {
+        session.stacks = Some((opts.stacks, opts.stack_period.max(1)));
+    }
     install_stop_handlers();
     let (mut info, child, mut perf) = start_target(&mut session, &opts.target, opts.has(EventFamily::Perf))?;
     session.start_clock();
@@ -107,9 +116,13 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     // Exit events of the last processes may still be in flight.
     session.poll(Duration::from_millis(10));
 
-    let mut summary = session.finish(info, opts.minor_period);
+    let (mut summary, stacks) = session.finish(info, opts.minor_period);
     summary.perf = perf.map(PerfProbe::finish);
-    report::write_all(&opts.out, &summary).map_err(|err| RecordError::OutDir { path: opts.out.clone(), err })?;
+    let out_err = |err| RecordError::OutDir { path: opts.out.clone(), err };
+    if let Some(st) = summary.stacks.as_mut() {
+        st.files = report::write_flamegraphs(&opts.out, &stacks, st, &summary.sampling).map_err(out_err)?;
+    }
+    report::write_all(&opts.out, &summary).map_err(out_err)?;
     if opts.print_summary {
         print!("{}", report::text::render(&summary));
         println!("\nwritten: {}/summary.json, summary.txt", opts.out.display());

@@ -67,7 +67,7 @@ fn variants(vmtrace: &Path, out: &Path) -> Vec<Variant> {
         Variant { name: "untraced", what: "the workload alone", wrap: Box::new(<[String]>::to_vec), samples: vec![] },
         Variant {
             name: "vmtrace",
-            what: "`vmtrace record` default: every fault counted, minor latency 1 in 16, majors all",
+            what: "`vmtrace record` default: every fault counted, minor latency 1 in 16, majors all, user stacks 1 in 16, perf counters, OOM hooks",
             wrap: rec(&[]),
             samples: vec![],
         },
@@ -78,9 +78,21 @@ fn variants(vmtrace: &Path, out: &Path) -> Vec<Variant> {
             samples: vec![],
         },
         Variant {
+            name: "vmtrace --stacks none",
+            what: "default without call stacks",
+            wrap: rec(&["--stacks", "none"]),
+            samples: vec![],
+        },
+        Variant {
+            name: "vmtrace --stack-sample 1",
+            what: "a user stack on every fault",
+            wrap: rec(&["--stack-sample", "1"]),
+            samples: vec![],
+        },
+        Variant {
             name: "vmtrace --latency-sample 0",
-            what: "every fault counted, majors timed, minors not timed",
-            wrap: rec(&["--latency-sample", "0"]),
+            what: "every fault counted, majors timed, minors not timed, no stacks",
+            wrap: rec(&["--latency-sample", "0", "--stacks", "none"]),
             samples: vec![],
         },
         Variant {

@@ -10,13 +10,18 @@
 //! park:  `sched_switch` moves the slot of a thread that sleeps mid-fault (majors
 //!        wait on I/O) to a hash keyed by tid, so the fault is timed wherever it resumes.
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    bindings::BPF_F_USER_STACK,
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_probe_read_kernel,
+    },
     macros::{btf_tracepoint, perf_event, tracepoint},
-    programs::{BtfTracePointContext, PerfEventContext, TracePointContext},
+    programs::{tracing::StackIdContext, BtfTracePointContext, PerfEventContext, TracePointContext},
 };
-use vmtrace_common::{hist_bucket, pf, DropKind, InflightFault};
+use vmtrace_common::{
+    hist_bucket, pf, DropKind, InflightFault, KernelOffsets, StackCounts, StackKey, STACK_KERNEL, STACK_USER,
+};
 
-use crate::maps::{count_drop, current_stats, FAULT_PARKED, FAULT_SLOT};
+use crate::maps::{config, count_drop, current_stats, koffsets, FAULT_PARKED, FAULT_SLOT, FAULT_STACKS, STACKS};
 
 /// Lowest kernel address on x86-64 (4- and 5-level paging): kernel-mode faults
 /// at or above it are not faults on user memory.
@@ -25,7 +30,7 @@ const KERNEL_SPACE_START: u64 = 0xff00_0000_0000_0000;
 // TP_PROTO(unsigned long address, struct pt_regs *regs, unsigned long error_code)
 #[btf_tracepoint(function = "page_fault_user")]
 pub fn tp_btf_page_fault_user(ctx: BtfTracePointContext) -> i32 {
-    fault_start(ctx.arg::<u64>(0), ctx.arg::<u64>(2), false);
+    fault_start(&ctx, ctx.arg::<u64>(0), ctx.arg::<u64>(2), false);
     0
 }
 
@@ -33,7 +38,7 @@ pub fn tp_btf_page_fault_user(ctx: BtfTracePointContext) -> i32 {
 pub fn tp_btf_page_fault_kernel(ctx: BtfTracePointContext) -> i32 {
     let address = ctx.arg::<u64>(0);
     if address < KERNEL_SPACE_START {
-        fault_start(address, ctx.arg::<u64>(2), true);
+        fault_start(&ctx, address, ctx.arg::<u64>(2), true);
     }
     0
 }
@@ -62,14 +67,33 @@ fn try_tp_page_fault(ctx: &TracePointContext, kernel_mode: bool) -> Result<(), i
     let address: u64 = unsafe { ctx.read_at(TP_FAULT_ADDRESS)? };
     let error_code: u64 = unsafe { ctx.read_at(TP_FAULT_ERROR_CODE)? };
     if !kernel_mode || address < KERNEL_SPACE_START {
-        fault_start(address, error_code, kernel_mode);
+        fault_start(ctx, address, error_code, kernel_mode);
     }
     Ok(())
 }
 
+/// A kernel-mode fault under `pagefault_disable()` (a nofault read: our own
+/// stack walk, a probe) is fixed up without being handled or accounted.
 #[inline(always)]
-fn fault_start(address: u64, error_code: u64, kernel_mode: bool) {
-    let Some((_, tid, s)) = current_stats() else {
+fn nofault_read() -> bool {
+    if FAULT_SLOT.get(0).is_some_and(|s| s.walking != 0) {
+        return true;
+    }
+    let off = koffsets().task_pagefault_disabled;
+    if off == KernelOffsets::MISSING {
+        return false;
+    }
+    // SAFETY: reads the current task through bpf_probe_read_kernel.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    unsafe { bpf_probe_read_kernel(task.add(off as usize).cast::<i32>()) }.is_ok_and(|d| d != 0)
+}
+
+#[inline(always)]
+fn fault_start<C: StackIdContext>(ctx: &C, address: u64, error_code: u64, kernel_mode: bool) {
+    if kernel_mode && nofault_read() {
+        return;
+    }
+    let Some((tgid, tid, s)) = current_stats() else {
         return;
     };
     s.started += 1;
@@ -87,12 +111,66 @@ fn fault_start(address: u64, error_code: u64, kernel_mode: bool) {
     }
     if let Some(slot) = FAULT_SLOT.get_ptr_mut(0) {
         // SAFETY: per-CPU slot; preemption is off in the fault entry path.
-        unsafe {
-            (*slot).tid = tid;
-            (*slot).page = address >> 12;
-            (*slot).start_ns = bpf_ktime_get_ns();
-        }
+        let slot = unsafe { &mut *slot };
+        slot.tid = tid;
+        slot.page = address >> 12;
+        (slot.user_stack, slot.kernel_stack) = sample_stack(ctx, tgid, slot);
+        // SAFETY: no preconditions. Stamped last: the stack walk is not fault time.
+        slot.start_ns = unsafe { bpf_ktime_get_ns() };
     }
+}
+
+/// On 1 in `stack_period` faults of this CPU, the fault's stack ids, counted
+/// in `FAULT_STACKS`; (-1, -1) otherwise.
+#[inline(always)]
+fn sample_stack<C: StackIdContext>(ctx: &C, tgid: u32, slot: &mut InflightFault) -> (i32, i32) {
+    let cfg = config();
+    if cfg.stack_mode == 0 {
+        return (-1, -1);
+    }
+    if slot.stack_countdown > 1 {
+        slot.stack_countdown -= 1;
+        return (-1, -1);
+    }
+    // Next sample in 1..=2N-1 faults, N on average: a fixed stride would alias
+    // with loops (an unrolled loop would always be caught at the same point).
+    slot.stack_countdown = if cfg.stack_period > 1 {
+        // SAFETY: no preconditions.
+        1 + unsafe { bpf_get_prandom_u32() } % (2 * cfg.stack_period - 1)
+    } else {
+        1
+    };
+    let take = |flags: u64| -> i32 {
+        match ctx.get_stackid(&STACKS, flags) {
+            Ok(id) => id as i32,
+            Err(_) => {
+                count_drop(DropKind::StackLost);
+                -2
+            }
+        }
+    };
+    // Faults the walk takes re-enter the fault hooks on this CPU: flag them.
+    slot.walking = 1;
+    let user = if cfg.stack_mode & STACK_USER != 0 { take(u64::from(BPF_F_USER_STACK)) } else { -1 };
+    slot.walking = 0;
+    let kernel = if cfg.stack_mode & STACK_KERNEL != 0 { take(0) } else { -1 };
+    let key = StackKey { tgid, user_stack: user, kernel_stack: kernel, _pad: 0 };
+    match stack_counts(&key) {
+        Some(c) => c.faults += 1,
+        None => count_drop(DropKind::StackCountsFull),
+    }
+    (user, kernel)
+}
+
+#[inline(always)]
+fn stack_counts(key: &StackKey) -> Option<&'static mut StackCounts> {
+    if let Some(p) = FAULT_STACKS.get_ptr_mut(key) {
+        // SAFETY: this CPU's value of a live entry.
+        return Some(unsafe { &mut *p });
+    }
+    let _ = FAULT_STACKS.insert(key, &StackCounts::default(), 1);
+    // SAFETY: as above.
+    FAULT_STACKS.get_ptr_mut(key).map(|p| unsafe { &mut *p })
 }
 
 #[perf_event]
@@ -109,24 +187,23 @@ pub fn perf_event_page_faults_maj(ctx: PerfEventContext) -> u32 {
 
 #[inline(always)]
 fn fault_end(ctx: &PerfEventContext, major: bool) {
-    let Some((_, tid, s)) = current_stats() else {
+    let Some((tgid, tid, s)) = current_stats() else {
         return;
     };
     // SAFETY: `addr` is the faulting address perf_sw_event() was given.
     let page = unsafe { (*ctx.ctx).addr } >> 12;
     // SAFETY: no preconditions; the binding is merely declared unsafe.
     let now = unsafe { bpf_ktime_get_ns() };
-    let start = take_start(tid, page);
     if major {
         s.major += 1;
     } else {
         s.minor_seen += 1;
     }
-    let Some(start_ns) = start else {
+    let Some(start) = take_start(tid, page) else {
         count_drop(DropKind::FaultUntimed);
         return;
     };
-    let ns = now.saturating_sub(start_ns);
+    let ns = now.saturating_sub(start.start_ns);
     let b = hist_bucket(ns);
     if major {
         s.major_timed += 1;
@@ -141,24 +218,32 @@ fn fault_end(ctx: &PerfEventContext, major: bool) {
             *h += 1;
         }
     }
+    if start.user_stack != -1 || start.kernel_stack != -1 {
+        let key = StackKey { tgid, user_stack: start.user_stack, kernel_stack: start.kernel_stack, _pad: 0 };
+        if let Some(c) = stack_counts(&key) {
+            c.major += u64::from(major);
+            c.time_ns += ns;
+            c.timed += 1;
+        }
+    }
 }
 
-/// The start stamp of this thread's fault on `page`: from this CPU's slot, or
-/// parked when the thread slept mid-fault.
+/// This thread's in-flight fault on `page`: from this CPU's slot, or parked
+/// when the thread slept mid-fault.
 #[inline(always)]
-fn take_start(tid: u32, page: u64) -> Option<u64> {
+fn take_start(tid: u32, page: u64) -> Option<InflightFault> {
     if let Some(slot) = FAULT_SLOT.get_ptr_mut(0) {
         // SAFETY: per-CPU slot.
         let slot = unsafe { &mut *slot };
         if slot.tid == tid && slot.page == page {
             slot.tid = 0;
-            return Some(slot.start_ns);
+            return Some(*slot);
         }
     }
     // SAFETY: copied out before removal.
     let parked = unsafe { FAULT_PARKED.get(&tid) }.copied()?;
     let _ = FAULT_PARKED.remove(&tid);
-    (parked.page == page).then_some(parked.start_ns)
+    (parked.page == page).then_some(parked)
 }
 
 // TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)

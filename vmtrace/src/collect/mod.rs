@@ -13,12 +13,19 @@ use std::collections::{HashMap, VecDeque};
 
 use vmtrace_common::{DropKind, EventHeader, EventKind, FaultStats, OomEvent, TaskEvent};
 
-use crate::oom::{self, OomRecord};
 use crate::{
     loader::Probes,
     report::summary::{Drops, Faults, ProbeInfo, Process, Reclaim, Sampling, Summary, TargetInfo, SUMMARY_VERSION},
 };
+use crate::{
+    oom::{self, OomRecord},
+    stacks::{
+        symbolize::{Names, PerfMap},
+        Stack, StackMode, StacksSummary,
+    },
+};
 use process::ProcessTable;
+use vmtrace_common::{StackCounts, StackKey};
 
 /// Copies a `T` out of a ring-buffer record after checking its length.
 fn read_event<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
@@ -65,7 +72,18 @@ pub struct Session {
     /// Flight recorder: (seconds since start, faults so far) per process, last few seconds.
     history: HashMap<u32, VecDeque<(f64, u64)>>,
     last_history: Instant,
+    /// Stacks are collected: keep memory maps of live processes.
+    pub stacks: Option<(StackMode, u32)>,
+    last_maps_refresh: Instant,
 }
+
+/// One aggregated stack before symbolization: key, counts, user and kernel IPs.
+type RawStack = (StackKey, StackCounts, Vec<u64>, Vec<u64>);
+
+/// How often memory maps of live processes are re-read for symbolization.
+const MAPS_REFRESH: Duration = Duration::from_secs(1);
+/// Processes younger than this have their maps re-read on every poll.
+const YOUNG: Duration = Duration::from_secs(2);
 
 fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -86,7 +104,67 @@ impl Session {
             ooms: Vec::new(),
             history: HashMap::new(),
             last_history: Instant::now(),
+            stacks: None,
+            last_maps_refresh: Instant::now(),
         }
+    }
+
+    /// Re-reads the maps of live traced processes: libraries load after exec,
+    /// so young processes are re-read on every poll, older ones every second.
+    fn refresh_maps(&mut self) {
+        if self.stacks.is_none() {
+            return;
+        }
+        let all_due = self.last_maps_refresh.elapsed() >= MAPS_REFRESH;
+        if all_due {
+            self.last_maps_refresh = Instant::now();
+        }
+        let due: Vec<u32> = self
+            .table
+            .procs
+            .iter()
+            .filter(|(_, p)| p.exit_code.is_none() && (all_due || p.first_seen.elapsed() < YOUNG))
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in due {
+            self.table.snapshot_maps(pid);
+        }
+    }
+
+    /// Symbolizes the in-kernel stack aggregate.
+    fn build_stacks(&mut self) -> Vec<Stack> {
+        let raw = self.probes.all_stack_counts();
+        let mut names = Names::default();
+        let mut out = Vec::new();
+        let mut by_pid: HashMap<u32, Vec<RawStack>> = HashMap::new();
+        for (k, c) in raw {
+            let user = if k.user_stack >= 0 { self.probes.stack_ips(k.user_stack).unwrap_or_default() } else { vec![] };
+            let kernel =
+                if k.kernel_stack >= 0 { self.probes.stack_ips(k.kernel_stack).unwrap_or_default() } else { vec![] };
+            by_pid.entry(k.tgid).or_default().push((k, c, user, kernel));
+        }
+        for (pid, entries) in by_pid {
+            if self.table.procs.get(&pid).is_none_or(|p| p.maps.is_empty()) {
+                self.table.snapshot_maps(pid);
+            }
+            let info = self.table.ensure(pid).clone();
+            let jit = PerfMap::read(pid);
+            let all_user: Vec<u64> = entries.iter().flat_map(|e| e.2.iter().copied()).collect();
+            names.prepare_user(&all_user, &info.maps);
+            let all_kernel: Vec<u64> = entries.iter().flat_map(|e| e.3.iter().copied()).collect();
+            names.prepare_kernel(&all_kernel);
+            for (k, counts, user, kernel) in entries {
+                out.push(Stack {
+                    pid,
+                    comm: info.comm.clone(),
+                    user: user.iter().rev().map(|&a| names.user(a, &info.maps, jit.as_ref())).collect(),
+                    kernel: kernel.iter().rev().map(|&a| names.kernel(a)).collect(),
+                    counts,
+                    user_missing: k.user_stack == -2,
+                });
+            }
+        }
+        out
     }
 
     /// Marks the start of the trace proper.
@@ -141,6 +219,7 @@ impl Session {
         unsafe { libc::poll(&raw mut pfd, 1, timeout.as_millis() as i32) };
         self.drain();
         self.record_history();
+        self.refresh_maps();
     }
 
     pub fn drain(&mut self) {
@@ -176,6 +255,11 @@ impl Session {
         for ev in &ooms {
             self.on_oom(ev);
         }
+        if self.stacks.is_some() {
+            for &tgid in &born {
+                self.table.snapshot_maps(tgid);
+            }
+        }
         if self.oom_enabled {
             for tgid in born {
                 if let Some(cg) = oom::memory_cgroup_of(tgid) {
@@ -194,8 +278,9 @@ impl Session {
     }
 
     /// Reads the in-kernel aggregates and builds the summary.
-    pub fn finish(mut self, target: TargetInfo, minor_period: u32) -> Summary {
+    pub fn finish(mut self, target: TargetInfo, minor_period: u32) -> (Summary, Vec<Stack>) {
         self.drain();
+        let stacks = if self.stacks.is_some() { self.build_stacks() } else { Vec::new() };
         let duration_s = self.started.elapsed().as_secs_f64();
         // Exited processes' aggregates were taken at their exit; the rest are still in the map.
         let mut stats: std::collections::BTreeMap<u32, FaultStats> =
@@ -203,8 +288,8 @@ impl Session {
         for (tgid, s) in self.probes.all_stats() {
             stats.entry(tgid).or_default().add(&s);
         }
-        let drops = self.probes.drops();
-        let d = |k: DropKind| drops.get(k as usize).copied().unwrap_or(0);
+        let drops_raw = self.probes.drops();
+        let d = |k: DropKind| drops_raw.get(k as usize).copied().unwrap_or(0);
         let drops = Drops {
             task_events: d(DropKind::TaskEventRingFull) + d(DropKind::OomRingFull) + self.malformed_events,
             fault_stats_full: d(DropKind::FaultStatsFull),
@@ -255,7 +340,17 @@ impl Session {
                 r.victim_reclaim_ns = Some(s.reclaim_ns);
             }
         }
-        Summary {
+        let stacks_summary = self.stacks.map(|(mode, period)| StacksSummary {
+            mode: format!("{mode:?}").to_lowercase(),
+            sample_period: period,
+            sampled_faults: stacks.iter().map(|s| s.counts.faults).sum(),
+            distinct_stacks: stacks.len() as u64,
+            lost: drops_raw.get(DropKind::StackLost as usize).copied().unwrap_or(0)
+                + drops_raw.get(DropKind::StackCountsFull as usize).copied().unwrap_or(0),
+            shallow_user_stacks_pct: crate::stacks::shallow_pct(&stacks),
+            files: Vec::new(),
+        });
+        let summary = Summary {
             version: SUMMARY_VERSION,
             target,
             duration_s,
@@ -279,6 +374,8 @@ impl Session {
             vmtrace_version: env!("CARGO_PKG_VERSION").into(),
             perf: None,
             oom: self.oom_enabled.then(|| std::mem::take(&mut self.ooms)),
-        }
+            stacks: stacks_summary,
+        };
+        (summary, stacks)
     }
 }

@@ -7,7 +7,7 @@ use vmtrace_common::{EventKind, FaultStats, TaskEvent};
 
 use crate::{report::summary::KernelAccounting, target::shell_status};
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ProcInfo {
     pub ppid: Option<u32>,
     pub comm: String,
@@ -18,6 +18,28 @@ pub struct ProcInfo {
     pub stats: Option<FaultStats>,
     /// Its memory cgroup, read while it lived (for OOM reports).
     pub cgroup: Option<(crate::oom::CgroupVersion, String)>,
+    /// Its memory map, read while it lived (to symbolize its stacks after it exits).
+    pub maps: Vec<crate::procmaps::Region>,
+    pub maps_read: Option<std::time::Instant>,
+    /// When vmtrace first heard of it.
+    pub first_seen: std::time::Instant,
+}
+
+impl Default for ProcInfo {
+    fn default() -> Self {
+        Self {
+            ppid: None,
+            comm: String::new(),
+            cmdline: None,
+            exit_code: None,
+            kernel: None,
+            stats: None,
+            cgroup: None,
+            maps: Vec::new(),
+            maps_read: None,
+            first_seen: std::time::Instant::now(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -55,6 +77,26 @@ pub fn is_thread(pid: u32) -> bool {
 }
 
 impl ProcessTable {
+    /// Reads `pid`'s memory map now if it lives; a child without one of its own
+    /// yet starts from its parent's (fork copies the address space).
+    pub fn snapshot_maps(&mut self, pid: u32) {
+        match crate::procmaps::read(pid) {
+            Ok(m) if !m.is_empty() => {
+                let p = self.procs.entry(pid).or_default();
+                p.maps = m;
+                p.maps_read = Some(std::time::Instant::now());
+            }
+            _ => {
+                let parent = self.procs.get(&pid).and_then(|p| p.ppid);
+                let inherited = parent.and_then(|pp| self.procs.get(&pp)).map(|p| p.maps.clone());
+                let p = self.procs.entry(pid).or_default();
+                if p.maps.is_empty() {
+                    p.maps = inherited.unwrap_or_default();
+                }
+            }
+        }
+    }
+
     /// Applies one task event from the kernel.
     pub fn apply(&mut self, ev: &TaskEvent) {
         let Some(kind) = EventKind::from_u32(ev.hdr.kind) else {

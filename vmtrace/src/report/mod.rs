@@ -6,12 +6,52 @@ use std::{fs, io, path::Path};
 
 pub use summary::Summary;
 
+use crate::stacks::{
+    flamegraph::{self, Weight},
+    Stack, StacksSummary,
+};
+
 /// Writes every output of a recording into `dir`.
 pub fn write_all(dir: &Path, s: &Summary) -> io::Result<()> {
     let json = serde_json::to_string_pretty(s).map_err(io::Error::other)?;
     fs::write(dir.join("summary.json"), json + "\n")?;
     fs::write(dir.join("summary.txt"), text::render(s))?;
     Ok(())
+}
+
+/// Writes the folded stacks and flamegraphs of a recording; returns the file names.
+pub fn write_flamegraphs(
+    dir: &Path,
+    stacks: &[Stack],
+    st: &StacksSummary,
+    sampling: &summary::Sampling,
+) -> io::Result<Vec<String>> {
+    let n = u64::from(st.sample_period.max(1));
+    let scaled = if n > 1 { format!(", stacks sampled 1 in {n}, counts scaled ×{n}") } else { String::new() };
+    let minor = match sampling.minor_latency_period {
+        0 => ", minor faults untimed".to_string(),
+        1 => String::new(),
+        p => format!(", minor latency timed 1 in {p}"),
+    };
+    let mut files = Vec::new();
+    for (w, title, unit) in [
+        (Weight::Faults, "Page faults by call stack", "faults"),
+        (Weight::TimeNs, "Time in the fault handler by call stack", "ns"),
+        (Weight::Major, "Major faults by call stack", "faults"),
+    ] {
+        let f = flamegraph::folded(stacks, w, n);
+        let total = flamegraph::total(&f);
+        let total_text = if w == Weight::TimeNs { text::fmt_ns(total) } else { format!("{total} {unit}") };
+        let extra = if w == Weight::TimeNs {
+            format!("{minor}{}", if n > 1 { format!(", stacks sampled 1 in {n}") } else { String::new() })
+        } else {
+            scaled.clone()
+        };
+        flamegraph::write(dir, w.file_stem(), &f, &format!("{title} — {total_text} measured{extra}"), unit)?;
+        files.push(format!("{}.svg", w.file_stem()));
+        files.push(format!("{}.folded", w.file_stem()));
+    }
+    Ok(files)
 }
 
 /// Rebuilds the human outputs of a recorded directory from its `summary.json`.
@@ -21,5 +61,15 @@ pub fn rebuild(dir: &Path) -> Result<Summary, String> {
     let s: Summary =
         serde_json::from_str(&data).map_err(|e| format!("{} is not a vmtrace summary: {e}", path.display()))?;
     fs::write(dir.join("summary.txt"), text::render(&s)).map_err(|e| format!("cannot write {}: {e}", dir.display()))?;
+    // Flamegraphs from the folded stacks saved beside them.
+    for w in [Weight::Faults, Weight::TimeNs, Weight::Major] {
+        let folded_path = dir.join(format!("{}.folded", w.file_stem()));
+        if let Ok(f) = fs::read_to_string(&folded_path) {
+            let unit = if w == Weight::TimeNs { "ns" } else { "faults" };
+            let title = format!("{} — {} {unit} (rebuilt by vmtrace report)", w.file_stem(), flamegraph::total(&f));
+            flamegraph::write(dir, w.file_stem(), &f, &title, unit)
+                .map_err(|e| format!("cannot write flamegraph: {e}"))?;
+        }
+    }
     Ok(s)
 }

@@ -29,6 +29,9 @@ pub struct Summary {
     /// Every OOM kill during the trace, system-wide (`--events oom`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom: Option<Vec<crate::oom::OomRecord>>,
+    /// Call stacks of faults (`--stacks`), and the files drawn from them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stacks: Option<crate::stacks::StacksSummary>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -75,6 +75,7 @@ pub fn render(s: &Summary) -> String {
     process_table(&mut out, s);
     perf_section(&mut out, s);
     oom_section(&mut out, s);
+    stacks_section(&mut out, s);
     histogram(&mut out, "Minor-fault latency", &s.totals.minor_latency_hist_ns);
     histogram(&mut out, "Major-fault latency", &s.totals.major_latency_hist_ns);
     out
@@ -213,6 +214,31 @@ fn oom_section(out: &mut String, s: &Summary) {
             p.comm,
             p.reclaim.stalls,
             fmt_ns(p.reclaim.time_ns)
+        );
+    }
+}
+
+fn stacks_section(out: &mut String, s: &Summary) {
+    let Some(st) = &s.stacks else { return };
+    let sampling = if st.sample_period > 1 {
+        format!("1 in {} faults (counts scaled)", st.sample_period)
+    } else {
+        "every fault".into()
+    };
+    let _ = writeln!(
+        out,
+        "\nStacks: {} stacks of {sampling}, {} distinct; flamegraphs: faults.svg, fault-time.svg, major-faults.svg",
+        st.mode, st.distinct_stacks
+    );
+    if st.lost > 0 {
+        let _ = writeln!(out, "  stacks lost: {} (stack map full; those faults are still counted)", st.lost);
+    }
+    if st.shallow_user_stacks_pct > 50.0 {
+        let _ = writeln!(
+            out,
+            "  NOTE: {:.0}% of user stacks have at most two frames: the program was likely built without frame\n  \
+             pointers, so callers are missing (C/C++: -fno-omit-frame-pointer; Rust: -C force-frame-pointers=yes).",
+            st.shallow_user_stacks_pct
         );
     }
 }

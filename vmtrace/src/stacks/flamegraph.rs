@@ -1,0 +1,128 @@
+//! Folded stacks (`comm;outer;…;inner weight`, what flamegraph.pl and inferno
+//! read) and their SVGs.
+use std::{fmt::Write as _, io, path::Path};
+
+use super::Stack;
+
+/// What a flamegraph is weighted by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Weight {
+    Faults,
+    TimeNs,
+    Major,
+}
+
+impl Weight {
+    pub fn file_stem(self) -> &'static str {
+        match self {
+            Self::Faults => "faults",
+            Self::TimeNs => "fault-time",
+            Self::Major => "major-faults",
+        }
+    }
+}
+
+fn clean(frame: &str) -> String {
+    // ';' separates frames and a trailing space-number is the weight.
+    frame.replace(';', ":").replace('\n', " ")
+}
+
+/// Folded lines, one per stack with a non-zero weight, sorted. Counts are
+/// scaled by `scale` (the stack sampling period), times are not: they are the
+/// times measured.
+pub fn folded(stacks: &[Stack], weight: Weight, scale: u64) -> String {
+    let mut lines: Vec<String> = Vec::new();
+    for s in stacks {
+        let w = match weight {
+            Weight::Faults => s.counts.faults * scale,
+            Weight::TimeNs => s.counts.time_ns,
+            Weight::Major => s.counts.major * scale,
+        };
+        if w == 0 {
+            continue;
+        }
+        let mut line = clean(&s.comm);
+        if s.user_missing && s.user.is_empty() {
+            line.push_str(";[no user stack]");
+        }
+        for f in s.user.iter().chain(s.kernel.iter()) {
+            line.push(';');
+            line.push_str(&clean(f));
+        }
+        let _ = write!(line, " {w}");
+        lines.push(line);
+    }
+    lines.sort();
+    let mut out = lines.join("\n");
+    if !out.is_empty() {
+        out.push('\n');
+    }
+    out
+}
+
+/// Total weight of folded text.
+pub fn total(folded: &str) -> u64 {
+    folded.lines().filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok()).sum()
+}
+
+/// Writes `stem.folded` and `stem.svg` into `dir`.
+pub fn write(dir: &Path, stem: &str, folded: &str, title: &str, count_name: &str) -> io::Result<()> {
+    std::fs::write(dir.join(format!("{stem}.folded")), folded)?;
+    let mut opts = inferno::flamegraph::Options::default();
+    title.clone_into(&mut opts.title);
+    count_name.clone_into(&mut opts.count_name);
+    opts.deterministic = true;
+    let svg = dir.join(format!("{stem}.svg"));
+    if folded.is_empty() {
+        // inferno refuses empty input; an empty picture that says so is better than none.
+        let msg = format!(
+            "<?xml version=\"1.0\" standalone=\"no\"?>\n<svg version=\"1.1\" width=\"1200\" height=\"60\" \
+             xmlns=\"http://www.w3.org/2000/svg\"><text x=\"600\" y=\"30\" text-anchor=\"middle\">{} — no samples</text></svg>\n",
+            escape(title)
+        );
+        return std::fs::write(svg, msg);
+    }
+    let file = std::fs::File::create(svg)?;
+    inferno::flamegraph::from_lines(&mut opts, folded.lines(), io::BufWriter::new(file)).map_err(io::Error::other)
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmtrace_common::StackCounts;
+
+    fn stack(user: &[&str], faults: u64, time: u64) -> Stack {
+        Stack {
+            pid: 1,
+            comm: "train".into(),
+            user: user.iter().map(ToString::to_string).collect(),
+            kernel: vec![],
+            counts: StackCounts { faults, major: 1, time_ns: time, timed: 1 },
+            user_missing: false,
+        }
+    }
+
+    #[test]
+    fn folded_is_root_first_and_scaled() {
+        let s = [stack(&["main", "load;weights"], 3, 500), stack(&["main", "init"], 1, 0)];
+        let f = folded(&s, Weight::Faults, 4);
+        assert_eq!(f, "train;main;init 4\ntrain;main;load:weights 12\n");
+        assert_eq!(total(&f), 16);
+        assert_eq!(folded(&s, Weight::TimeNs, 4), "train;main;load:weights 500\n");
+    }
+
+    #[test]
+    fn svg_is_written_even_when_empty() {
+        let d = tempfile::tempdir().unwrap();
+        write(d.path(), "faults", "", "Page faults", "faults").unwrap();
+        let svg = std::fs::read_to_string(d.path().join("faults.svg")).unwrap();
+        assert!(svg.contains("no samples"));
+        write(d.path(), "faults", "train;main 5\n", "Page faults", "faults").unwrap();
+        let svg = std::fs::read_to_string(d.path().join("faults.svg")).unwrap();
+        assert!(svg.contains("main") && svg.starts_with("<?xml"));
+    }
+}

@@ -1,0 +1,142 @@
+//! Fault stacks, symbols and flamegraphs on a C program built with -g and
+//! frame pointers (privileged).
+mod common;
+
+use std::{path::PathBuf, process::Command};
+
+use common::*;
+
+const FAULTER_C: &str = r#"
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define SIZE (32UL << 20)
+
+__attribute__((noinline)) void fill_buffer_with_faults(volatile char *p, size_t n) {
+    for (size_t i = 0; i < n; i += 4096) p[i] = 1;
+}
+
+static void touch_fresh_mapping(void) {
+    char *p = mmap(NULL, SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) _exit(2);
+    madvise(p, SIZE, MADV_NOHUGEPAGE);
+    fill_buffer_with_faults(p, SIZE);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "child") == 0) {
+        /* The faults happen in a short-lived child that is gone before the trace ends. */
+        pid_t pid = fork();
+        if (pid == 0) { touch_fresh_mapping(); _exit(0); }
+        waitpid(pid, NULL, 0);
+        usleep(200000);
+        return 0;
+    }
+    touch_fresh_mapping();
+    return 0;
+}
+"#;
+
+/// Builds the C workload once per test binary.
+fn faulter() -> PathBuf {
+    let dir = disk_dir();
+    let src = dir.join("faulter.c");
+    let bin = dir.join("faulter");
+    std::fs::write(&src, FAULTER_C).unwrap();
+    let ok = Command::new("cc")
+        .args(["-g", "-O1", "-fno-omit-frame-pointer", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("a C compiler (cc) is needed for the stack tests");
+    assert!(ok.success(), "compiling the C workload failed");
+    bin
+}
+
+fn share_under(folded: &str, function: &str) -> f64 {
+    let weight = |l: &str| l.rsplit_once(' ').and_then(|(_, w)| w.parse::<u64>().ok()).unwrap_or(0);
+    let total: u64 = folded.lines().map(weight).sum();
+    let under: u64 = folded.lines().filter(|l| l.contains(function)).map(weight).sum();
+    under as f64 / total.max(1) as f64
+}
+
+#[test]
+fn faults_flamegraph_names_the_faulting_function() {
+    if !privileged("faults_flamegraph_names_the_faulting_function") {
+        return;
+    }
+    let bin = faulter();
+    let run = record(&["--stacks", "user", "--stack-sample", "1", "--latency-sample", "1"], &[bin.to_str().unwrap()]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let folded = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();
+    let share = share_under(&folded, "fill_buffer_with_faults");
+    assert!(share >= 0.85, "{:.1}% of fault samples under fill_buffer_with_faults:\n{folded}", share * 100.0);
+    assert!(
+        folded.contains("main;touch_fresh_mapping;fill_buffer_with_faults")
+            || folded.contains("main;fill_buffer_with_faults"),
+        "the caller chain is there:\n{folded}"
+    );
+    // Every fault carries a stack (sampling 1): the folded total is the summary's total.
+    assert_eq!(vmtrace::stacks::flamegraph::total(&folded), u(&run.summary["totals"]["total"]));
+    for svg in ["faults.svg", "fault-time.svg", "major-faults.svg"] {
+        let text = std::fs::read_to_string(run.out.path().join(svg)).unwrap();
+        // inferno's SVG carries a DOCTYPE.
+        let opts = roxmltree::ParsingOptions { allow_dtd: true, ..Default::default() };
+        roxmltree::Document::parse_with_options(&text, opts)
+            .unwrap_or_else(|e| panic!("{svg} is not well-formed XML: {e}"));
+        if svg != "major-faults.svg" {
+            assert!(text.contains("fill_buffer_with_faults"), "{svg} names the function");
+        }
+    }
+    let time = std::fs::read_to_string(run.out.path().join("fault-time.folded")).unwrap();
+    assert!(share_under(&time, "fill_buffer_with_faults") >= 0.85, "{time}");
+    assert_eq!(run.summary["stacks"]["sample_period"], 1);
+}
+
+#[test]
+fn sampled_stacks_are_scaled_to_the_total() {
+    if !privileged("sampled_stacks_are_scaled_to_the_total") {
+        return;
+    }
+    let bin = faulter();
+    let run = record(&["--stack-sample", "8"], &[bin.to_str().unwrap()]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let folded = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();
+    assert_close(
+        "scaled folded total",
+        vmtrace::stacks::flamegraph::total(&folded),
+        u(&run.summary["totals"]["total"]),
+        5.0,
+    );
+    let svg = std::fs::read_to_string(run.out.path().join("faults.svg")).unwrap();
+    assert!(svg.contains("sampled 1 in 8"), "the title says so");
+}
+
+#[test]
+fn short_lived_child_is_symbolized_after_it_exited() {
+    if !privileged("short_lived_child_is_symbolized_after_it_exited") {
+        return;
+    }
+    let bin = faulter();
+    let run = record(&[], &[bin.to_str().unwrap(), "child"]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let procs = run.summary["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 2, "parent and child");
+    let folded = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();
+    let share = share_under(&folded, "fill_buffer_with_faults");
+    assert!(share >= 0.85, "{:.1}% under the child's function:\n{folded}", share * 100.0);
+}
+
+#[test]
+fn no_stacks_means_no_flamegraphs() {
+    if !privileged("no_stacks_means_no_flamegraphs") {
+        return;
+    }
+    let run = record(&["--stacks", "none"], &["true"]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert!(run.summary.get("stacks").is_none());
+    assert!(!run.out.path().join("faults.svg").exists());
+}
