@@ -130,8 +130,14 @@ pub struct StackKey {
     pub user_stack: i32,
     pub kernel_stack: i32,
     pub _pad: u32,
+    /// `address >> LEAF_GRANULE_SHIFT` with `--leaf region`, else 0: userspace
+    /// turns it into the memory region as the flamegraph's leaf.
+    pub granule: u64,
 }
-const _: () = assert!(core::mem::size_of::<StackKey>() == 16);
+const _: () = assert!(core::mem::size_of::<StackKey>() == 24);
+
+/// Address granule of `StackKey::granule`: 64 KiB.
+pub const LEAF_GRANULE_SHIFT: u32 = 16;
 
 /// Faults seen with one stack pair.
 #[repr(C)]
@@ -167,8 +173,14 @@ pub enum DropKind {
     StackLost = 5,
     /// `FAULT_STACKS` was full: a sampled stack was not counted.
     StackCountsFull = 6,
+    /// `MM_STATS` was full: a process's mmap/TLB counts are missing.
+    MmStatsFull = 7,
+    /// The ring buffer was full when a mapping change was reported.
+    MmEventRingFull = 8,
+    /// `MM_INFLIGHT` was full: a syscall was counted but not bracketed.
+    MmInflightFull = 9,
 }
-pub const DROP_KINDS: u32 = 7;
+pub const DROP_KINDS: u32 = 10;
 
 /// Event kinds in the stream. Ranges per family; a retired number is never reused.
 /// 1..=99 tasks, 100..=199 faults, 200..=299 mmap, 300..=399 tlb, 400..=499 oom.
@@ -178,6 +190,7 @@ pub enum EventKind {
     TaskFork = 1,
     TaskExec = 2,
     TaskExit = 3,
+    MmMapChange = 200,
     OomMarkVictim = 400,
 }
 
@@ -188,6 +201,7 @@ impl EventKind {
             1 => Some(Self::TaskFork),
             2 => Some(Self::TaskExec),
             3 => Some(Self::TaskExit),
+            200 => Some(Self::MmMapChange),
             400 => Some(Self::OomMarkVictim),
             _ => None,
         }
@@ -232,6 +246,142 @@ pub struct TaskEvent {
     pub comm: [u8; COMM_LEN],
 }
 const _: () = assert!(core::mem::size_of::<TaskEvent>() == 16 + 24 + 16 + 16);
+
+/// `Config::mm`: mmap-family syscalls and TLB flushes are traced.
+pub const MM_ON: u32 = 1;
+/// `Config::mm`: no `csd:csd_queue_cpu` on this kernel: count one IPI per
+/// flush that sends IPIs (tlb_flush reason 4) instead of one per target CPU.
+pub const MM_IPI_FROM_FLUSH: u32 = 2;
+
+/// The memory-management syscalls vmtrace brackets (index into `MmStats::calls`).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MmCall {
+    Mmap = 0,
+    Munmap = 1,
+    Mremap = 2,
+    Madvise = 3,
+    Mprotect = 4,
+    Brk = 5,
+}
+pub const MM_CALLS: usize = 6;
+pub const MM_CALL_NAMES: [&str; MM_CALLS] = ["mmap", "munmap", "mremap", "madvise", "mprotect", "brk"];
+/// `madvise` advice values are counted in slots 0..31; larger ones (hwpoison…) in 31.
+pub const ADVICE_SLOTS: usize = 32;
+/// `tlb:tlb_flush` reasons (enum tlb_flush_reason): task switch, remote
+/// shootdown (received), local shootdown, local mm shootdown, remote send IPI.
+pub const TLB_REASONS: usize = 5;
+
+/// Per-process memory-management and TLB aggregate (`MM_STATS`, per CPU, keyed
+/// by tgid). Kept apart from `FaultStats` so the fault path stays small.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmStats {
+    /// Calls per `MmCall`.
+    pub calls: [u64; MM_CALLS],
+    /// Bytes asked to be unmapped.
+    pub munmap_bytes: u64,
+    /// `madvise` calls by advice.
+    pub advice: [u64; ADVICE_SLOTS],
+    /// `tlb_flush` events in this process's context, by reason. Reason 1 is a
+    /// shootdown this process *received* (it was running where the IPI landed).
+    pub tlb_reason: [u64; TLB_REASONS],
+    /// Pages in those flushes.
+    pub tlb_pages: u64,
+    /// TLB-flush IPIs this process sent to other CPUs (one per target CPU).
+    pub ipis_sent: u64,
+    /// Of `ipis_sent`: sent during each `MmCall`, last slot outside any.
+    pub ipis_by_call: [u64; MM_CALLS + 1],
+}
+const _: () =
+    assert!(core::mem::size_of::<MmStats>() == 8 * (MM_CALLS + 1 + ADVICE_SLOTS + TLB_REASONS + 2 + MM_CALLS + 1));
+
+impl Default for MmStats {
+    fn default() -> Self {
+        Self {
+            calls: [0; MM_CALLS],
+            munmap_bytes: 0,
+            advice: [0; ADVICE_SLOTS],
+            tlb_reason: [0; TLB_REASONS],
+            tlb_pages: 0,
+            ipis_sent: 0,
+            ipis_by_call: [0; MM_CALLS + 1],
+        }
+    }
+}
+
+impl MmStats {
+    pub fn add(&mut self, o: &MmStats) {
+        for i in 0..MM_CALLS {
+            self.calls[i] += o.calls[i];
+        }
+        for i in 0..=MM_CALLS {
+            self.ipis_by_call[i] += o.ipis_by_call[i];
+        }
+        for i in 0..ADVICE_SLOTS {
+            self.advice[i] += o.advice[i];
+        }
+        for i in 0..TLB_REASONS {
+            self.tlb_reason[i] += o.tlb_reason[i];
+        }
+        self.munmap_bytes += o.munmap_bytes;
+        self.tlb_pages += o.tlb_pages;
+        self.ipis_sent += o.ipis_sent;
+    }
+}
+
+/// A memory-management syscall in flight on a thread (`MM_INFLIGHT`, by tid).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MmInflight {
+    /// An `MmCall`.
+    pub call: u32,
+    pub user_stack: i32,
+    /// Arguments: addr, len, prot/advice/new_len, flags, fd, offset.
+    pub args: [u64; 6],
+}
+const _: () = assert!(core::mem::size_of::<MmInflight>() == 56);
+
+/// Key of call-site stacks of memory-management syscalls (`MM_STACKS`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MmStackKey {
+    pub tgid: u32,
+    /// An `MmCall`.
+    pub call: u32,
+    pub user_stack: i32,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<MmStackKey>() == 16);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MmStackCounts {
+    pub calls: u64,
+    /// TLB-flush IPIs sent while this call was in flight.
+    pub ipis: u64,
+}
+const _: () = assert!(core::mem::size_of::<MmStackCounts>() == 16);
+
+/// A mapping change of a traced process, so regions that come and go between
+/// two reads of `/proc/PID/maps` are still known.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MmEvent {
+    pub hdr: EventHeader,
+    pub tgid: u32,
+    /// An `MmCall` (mmap, munmap or mremap).
+    pub call: u32,
+    /// Resulting start (mmap/mremap return value), or the unmapped start.
+    pub addr: u64,
+    pub len: u64,
+    pub prot: u64,
+    pub flags: u64,
+    /// `fd` as passed (u64::MAX for -1).
+    pub fd: u64,
+    pub offset: u64,
+}
+const _: () = assert!(core::mem::size_of::<MmEvent>() == 16 + 8 + 48);
 
 /// An OOM kill, from `oom:mark_victim`, which runs in the task that invoked
 /// the OOM killer: the trigger. Sizes are in kB, as the tracepoint reports them.
@@ -324,8 +474,14 @@ pub struct Config {
     pub stack_mode: u32,
     /// Take a stack on 1 in N faults (per CPU).
     pub stack_period: u32,
+    /// 1: key stacks by address granule too (`--leaf region`).
+    pub leaf_region: u32,
+    /// `MM_*` bits: mmap-family/TLB tracing on, IPI counting fallback.
+    pub mm: u32,
+    /// Address of the kernel's `flush_tlb_func`: IPIs with this callback are TLB shootdowns.
+    pub flush_tlb_func: u64,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 16);
+const _: () = assert!(core::mem::size_of::<Config>() == 32);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -335,6 +491,10 @@ mod pod {
     unsafe impl aya::Pod for super::InflightFault {}
     unsafe impl aya::Pod for super::StackKey {}
     unsafe impl aya::Pod for super::StackCounts {}
+    unsafe impl aya::Pod for super::MmStats {}
+    unsafe impl aya::Pod for super::MmStackKey {}
+    unsafe impl aya::Pod for super::MmStackCounts {}
+    unsafe impl aya::Pod for super::MmEvent {}
     unsafe impl aya::Pod for super::EventHeader {}
     unsafe impl aya::Pod for super::TaskEvent {}
     unsafe impl aya::Pod for super::OomEvent {}
@@ -360,7 +520,13 @@ mod tests {
 
     #[test]
     fn event_kinds_round_trip() {
-        for k in [EventKind::TaskFork, EventKind::TaskExec, EventKind::TaskExit, EventKind::OomMarkVictim] {
+        for k in [
+            EventKind::TaskFork,
+            EventKind::TaskExec,
+            EventKind::TaskExit,
+            EventKind::MmMapChange,
+            EventKind::OomMarkVictim,
+        ] {
             assert_eq!(EventKind::from_u32(k as u32), Some(k));
         }
         assert_eq!(EventKind::from_u32(0), None);

@@ -2,13 +2,17 @@
 use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid,
     macros::map,
-    maps::{LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
+    maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
 };
-use vmtrace_common::{Config, DropKind, FaultStats, InflightFault, KernelOffsets, StackCounts, StackKey, DROP_KINDS};
+use vmtrace_common::{
+    Config, DropKind, FaultStats, InflightFault, KernelOffsets, MmInflight, MmStackCounts, MmStackKey, MmStats,
+    StackCounts, StackKey, DROP_KINDS,
+};
 
 /// Set by the loader before load; never written here.
 #[unsafe(no_mangle)]
-static CONFIG: Config = Config { trace_all: 0, minor_period: 1, stack_mode: 0, stack_period: 1 };
+static CONFIG: Config =
+    Config { trace_all: 0, minor_period: 1, stack_mode: 0, stack_period: 1, leaf_region: 0, mm: 0, flush_tlb_func: 0 };
 
 /// Kernel struct offsets from BTF, set by the loader.
 #[unsafe(no_mangle)]
@@ -55,6 +59,43 @@ pub static STACKS: StackTrace = StackTrace::with_max_entries(16_384, 0);
 /// Fault counts per (process, user stack, kernel stack).
 #[map]
 pub static FAULT_STACKS: PerCpuHashMap<StackKey, StackCounts> = PerCpuHashMap::with_max_entries(65_536, 0);
+
+/// Per-process mmap-family and TLB aggregate, keyed by tgid (processes in the
+/// traced set only). Userspace takes an exited process's entry, as for faults.
+#[map]
+pub static MM_STATS: PerCpuHashMap<u32, MmStats> = PerCpuHashMap::with_max_entries(16_384, 0);
+
+/// All-zero `MmStats` to insert from (too big for the BPF stack).
+#[map]
+pub static ZERO_MM: PerCpuArray<MmStats> = PerCpuArray::with_max_entries(1, 0);
+
+/// Memory-management syscalls in flight, by tid: TLB IPIs sent meanwhile are
+/// blamed on them and their call site. Hash: these syscalls sleep and migrate.
+#[map]
+pub static MM_INFLIGHT: HashMap<u32, MmInflight> = HashMap::with_max_entries(16_384, 0);
+
+/// Calls and IPIs per (process, syscall, user call site).
+#[map]
+pub static MM_STACKS: PerCpuHashMap<MmStackKey, MmStackCounts> = PerCpuHashMap::with_max_entries(16_384, 0);
+
+/// This CPU's aggregate for `tgid`, created on first use.
+#[inline(always)]
+pub fn mm_stats(tgid: u32) -> Option<&'static mut MmStats> {
+    if let Some(p) = MM_STATS.get_ptr_mut(&tgid) {
+        // SAFETY: this CPU's value of a live entry.
+        return Some(unsafe { &mut *p });
+    }
+    let zero = ZERO_MM.get(0)?;
+    let _ = MM_STATS.insert(&tgid, zero, 1);
+    match MM_STATS.get_ptr_mut(&tgid) {
+        // SAFETY: as above.
+        Some(p) => Some(unsafe { &mut *p }),
+        None => {
+            count_drop(DropKind::MmStatsFull);
+            None
+        }
+    }
+}
 
 /// Per-CPU drop counters, indexed by `DropKind`.
 #[map]

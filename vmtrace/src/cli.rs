@@ -39,9 +39,19 @@ pub enum Command {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Leaf {
+    None,
+    Region,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum EventFamily {
     /// Page faults: counts, kinds, latency (eBPF).
     Faults,
+    /// mmap, munmap (+bytes), mremap, madvise (by advice), mprotect, brk, with call sites.
+    Mmap,
+    /// TLB flushes by reason, shootdown IPIs by initiator and call, storms.
+    Tlb,
     /// Hardware TLB-miss counters where a PMU exists, and the kernel's software
     /// fault counters as an accounting check.
     Perf,
@@ -60,7 +70,7 @@ pub struct RecordArgs {
     #[arg(short, long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
     /// Event families to trace (comma-separated).
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "faults,perf,oom")]
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "faults,mmap,tlb,oom,perf")]
     pub events: Vec<EventFamily>,
     /// Time 1 in N minor faults; 0 = do not time them (cheapest). Every major
     /// fault is timed and every fault counted whatever N is.
@@ -73,6 +83,14 @@ pub struct RecordArgs {
     /// N). A user-stack walk costs about a microsecond: 1 = every fault.
     #[arg(long, default_value_t = 16, value_parser = parse_stack_period)]
     pub stack_sample: u32,
+    /// Extra leaf frame in flamegraphs: `region` adds the faulting memory
+    /// region (file, heap, anon, stack…), so one picture shows code → mapping.
+    #[arg(long, value_enum, default_value = "none")]
+    pub leaf: Leaf,
+    /// TLB-flush IPIs per second (over 100 ms windows) above which a process is
+    /// in a shootdown storm.
+    #[arg(long, default_value_t = 1000.0)]
+    pub storm_threshold: f64,
     /// Use classic tracepoints even where tp_btf is available.
     #[arg(long)]
     pub force_tracepoints: bool,
@@ -112,6 +130,17 @@ pub enum WorkloadCmd {
         /// Evict the file from the page cache first.
         #[arg(long)]
         cold: bool,
+    },
+    /// mmap/touch/munmap (or MADV_DONTNEED) churn on CPU 0; --threads 2 adds a
+    /// spinning thread on CPU 1 so every flush needs an IPI.
+    Churn {
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+        #[arg(long, default_value_t = 20_000)]
+        iterations: usize,
+        /// Churn with MADV_DONTNEED instead of munmap.
+        #[arg(long)]
+        madvise: bool,
     },
     /// Create a file of MIB MiB.
     MakeFile {

@@ -30,9 +30,11 @@ pub fn run(out: &Path) -> Result<i32, RecordError> {
         duration: None,
         minor_period: 16,
         force_tracepoints: false,
-        events: vec![EventFamily::Faults, EventFamily::Perf, EventFamily::Oom],
+        events: vec![EventFamily::Faults, EventFamily::Mmap, EventFamily::Tlb, EventFamily::Oom, EventFamily::Perf],
         stacks: crate::stacks::StackMode::User,
         stack_period: 16,
+        leaf_region: true,
+        storm_threshold: 1000.0,
         print_summary: true,
     });
     std::env::remove_var(REPORT_ENV);

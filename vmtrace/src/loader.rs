@@ -21,7 +21,7 @@ use aya::{
     },
     Btf, Ebpf, EbpfLoader,
 };
-use vmtrace_common::{Config, FaultStats, StackCounts, StackKey};
+use vmtrace_common::{Config, FaultStats, MmStackCounts, MmStackKey, MmStats, StackCounts, StackKey};
 
 use crate::{kernel::btf as kbtf, stacks::StackMode};
 
@@ -121,6 +121,50 @@ pub const OOM_HOOKS: &[Hook] = &[
     },
 ];
 
+macro_rules! syscall_hook_pair {
+    ($call:literal) => {
+        [
+            Hook {
+                what: concat!($call, " enter"),
+                btf_prog: None,
+                tp_prog: concat!("tp_syscalls_sys_enter_", $call),
+                category: "syscalls",
+                name: concat!("sys_enter_", $call),
+            },
+            Hook {
+                what: concat!($call, " exit"),
+                btf_prog: None,
+                tp_prog: concat!("tp_syscalls_sys_exit_", $call),
+                category: "syscalls",
+                name: concat!("sys_exit_", $call),
+            },
+        ]
+    };
+}
+
+/// mmap-family syscalls: per-syscall tracepoints, so nothing runs on other syscalls.
+pub const MMAP_HOOKS: [[Hook; 2]; 6] = [
+    syscall_hook_pair!("mmap"),
+    syscall_hook_pair!("munmap"),
+    syscall_hook_pair!("mremap"),
+    syscall_hook_pair!("madvise"),
+    syscall_hook_pair!("mprotect"),
+    syscall_hook_pair!("brk"),
+];
+
+/// TLB flushes, and shootdown requests per target CPU (`csd:csd_queue_cpu`,
+/// 6.6+; optional: without it one IPI is counted per flush that sends any).
+pub const TLB_HOOKS: &[Hook] = &[
+    Hook { what: "TLB flushes", btf_prog: None, tp_prog: "tp_tlb_tlb_flush", category: "tlb", name: "tlb_flush" },
+    Hook {
+        what: "shootdowns per target CPU",
+        btf_prog: None,
+        tp_prog: "tp_csd_csd_queue_cpu",
+        category: "csd",
+        name: "csd_queue_cpu",
+    },
+];
+
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error(transparent)]
@@ -153,11 +197,34 @@ pub struct LoadOptions {
     pub minor_period: u32,
     /// Force classic tracepoints (tests the fallback path on kernels that have tp_btf).
     pub force_tracepoints: bool,
-    /// Attach the OOM and reclaim hooks.
-    pub oom: bool,
+    /// Optional hook families to attach.
+    pub families: Families,
     pub stacks: StackMode,
     /// Take a stack on 1 in N faults.
     pub stack_period: u32,
+    /// Key stacks by address granule, for the region as leaf frame.
+    pub leaf_region: bool,
+}
+
+/// Optional families of hooks.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Families {
+    /// OOM kills and reclaim stalls.
+    pub oom: bool,
+    /// mmap-family syscalls.
+    pub mmap: bool,
+    /// TLB flushes and shootdown IPIs.
+    pub tlb: bool,
+}
+
+/// Address of a kernel symbol from /proc/kallsyms (root sees real addresses).
+pub fn kernel_symbol(name: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/kallsyms").ok()?;
+    text.lines().find_map(|l| {
+        let mut it = l.split_whitespace();
+        let (addr, _, sym) = (it.next()?, it.next()?, it.next()?);
+        (sym == name).then(|| u64::from_str_radix(addr, 16).ok()).flatten().filter(|&a| a != 0)
+    })
 }
 
 /// Loaded, attached programs and the maps userspace reads.
@@ -169,6 +236,8 @@ pub struct Probes {
     pub events: RingBuf<MapData>,
     pub fault_stacks: PerCpuHashMap<MapData, StackKey, StackCounts>,
     pub stack_traces: StackTraceMap<MapData>,
+    pub mm_stats: PerCpuHashMap<MapData, u32, MmStats>,
+    pub mm_stacks: PerCpuHashMap<MapData, MmStackKey, MmStackCounts>,
     pub logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
 }
 
@@ -182,6 +251,14 @@ impl Probes {
             minor_period: opts.minor_period,
             stack_mode: opts.stacks.bits(),
             stack_period: opts.stack_period.max(1),
+            leaf_region: u32::from(opts.leaf_region),
+            mm: if opts.families.mmap || opts.families.tlb {
+                let csd = crate::kernel::preflight::tracepoint_exists("csd", "csd_queue_cpu");
+                vmtrace_common::MM_ON | if csd { 0 } else { vmtrace_common::MM_IPI_FROM_FLUSH }
+            } else {
+                0
+            },
+            flush_tlb_func: if opts.families.tlb { kernel_symbol("flush_tlb_func").unwrap_or(0) } else { 0 },
         };
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
@@ -190,9 +267,26 @@ impl Probes {
             .load(crate::EBPF_OBJECT)?;
         let logger = aya_log::EbpfLogger::init(&mut ebpf).ok();
         let mut attached = Vec::new();
-        let oom_hooks = if opts.oom { OOM_HOOKS } else { &[] };
-        for hook in HOOKS.iter().chain(oom_hooks) {
+        let oom_hooks = if opts.families.oom { OOM_HOOKS } else { &[] };
+        let mmap_hooks: &[[Hook; 2]] = if opts.families.mmap { &MMAP_HOOKS } else { &[] };
+        for hook in HOOKS.iter().chain(oom_hooks).chain(mmap_hooks.iter().flatten()) {
             attached.push(attach_hook(&mut ebpf, &btf, &kbtf, hook, opts.force_tracepoints)?);
+        }
+        if opts.families.tlb {
+            for hook in TLB_HOOKS {
+                if hook.category == "csd" && !crate::kernel::preflight::tracepoint_exists(hook.category, hook.name) {
+                    attached.push(Attached {
+                        what: hook.what,
+                        program_type: "none",
+                        target: format!("{}:{}", hook.category, hook.name),
+                        fallback_reason: Some(
+                            "no csd:csd_queue_cpu on this kernel (before 6.6): one IPI is counted per flush that sends any".into(),
+                        ),
+                    });
+                    continue;
+                }
+                attached.push(attach_hook(&mut ebpf, &btf, &kbtf, hook, opts.force_tracepoints)?);
+            }
         }
         attached.extend(attach_fault_end(&mut ebpf, config.minor_period)?);
         let fault_stats = take_map(&mut ebpf, "FAULT_STATS")?;
@@ -200,7 +294,9 @@ impl Probes {
         let events = take_map(&mut ebpf, "EVENTS")?;
         let fault_stacks = take_map(&mut ebpf, "FAULT_STACKS")?;
         let stack_traces = take_map(&mut ebpf, "STACKS")?;
-        Ok(Self { ebpf, attached, fault_stats, drops, events, fault_stacks, stack_traces, logger })
+        let mm_stats = take_map(&mut ebpf, "MM_STATS")?;
+        let mm_stacks = take_map(&mut ebpf, "MM_STACKS")?;
+        Ok(Self { ebpf, attached, fault_stats, drops, events, fault_stacks, stack_traces, mm_stats, mm_stacks, logger })
     }
 
     /// Adds a process to the traced set (a zeroed `FAULT_STATS` entry); its
@@ -223,6 +319,34 @@ impl Probes {
         let per_cpu = self.fault_stats.get(&tgid, 0).ok()?;
         let _ = self.fault_stats.remove(&tgid);
         Some(sum_cpus(per_cpu.iter()))
+    }
+
+    /// Reads and deletes an exited process's mmap/TLB aggregate.
+    pub fn take_mm(&mut self, tgid: u32) -> Option<MmStats> {
+        let per_cpu = self.mm_stats.get(&tgid, 0).ok()?;
+        let _ = self.mm_stats.remove(&tgid);
+        Some(sum_mm(per_cpu.iter()))
+    }
+
+    /// Every mmap/TLB aggregate still in the kernel map.
+    pub fn all_mm(&self) -> Vec<(u32, MmStats)> {
+        self.mm_stats.iter().filter_map(Result::ok).map(|(k, v)| (k, sum_mm(v.iter()))).collect()
+    }
+
+    /// Call-site counts of mmap-family syscalls, summed over CPUs.
+    pub fn all_mm_stacks(&self) -> Vec<(MmStackKey, MmStackCounts)> {
+        self.mm_stacks
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| {
+                let sum = v.iter().fold(MmStackCounts::default(), |mut a, c| {
+                    a.calls += c.calls;
+                    a.ipis += c.ipis;
+                    a
+                });
+                (k, sum)
+            })
+            .collect()
     }
 
     /// Every stack aggregate, summed over CPUs.
@@ -263,6 +387,14 @@ impl Probes {
     pub fn ring_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.events.as_fd()
     }
+}
+
+fn sum_mm<'a>(values: impl Iterator<Item = &'a MmStats>) -> MmStats {
+    let mut sum = MmStats::default();
+    for v in values {
+        sum.add(v);
+    }
+    sum
 }
 
 fn sum_cpus<'a>(values: impl Iterator<Item = &'a FaultStats>) -> FaultStats {

@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 use vmtrace::{
-    cli::{Cli, Command, EventFamily, WorkloadCmd},
+    cli::{Cli, Command, EventFamily, Leaf, WorkloadCmd},
     demo,
     kernel::preflight,
     record, report,
@@ -48,6 +48,8 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 events: a.events,
                 stacks: a.stacks,
                 stack_period: a.stack_sample,
+                leaf_region: a.leaf == Leaf::Region,
+                storm_threshold: a.storm_threshold,
                 print_summary: true,
             })?;
             Ok(outcome.exit_status)
@@ -72,6 +74,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                     workload::file_read(&path, random, stride, cold)
                 }
                 WorkloadCmd::MakeFile { path, mib } => workload::make_file(&path, mib),
+                WorkloadCmd::Churn { threads, iterations, madvise } => workload::churn(threads, iterations, madvise),
                 WorkloadCmd::Fork { children, mib, exit } => workload::fork_children(children, mib, exit),
             };
             r.map_err(anyhow::Error::msg)?;

@@ -8,9 +8,9 @@ use std::{
 
 use crate::{
     cli::EventFamily,
-    collect::{install_stop_handlers, stop_signal, Session},
+    collect::{install_stop_handlers, stop_signal, storms::StormDetector, Finished, Session},
     kernel::preflight,
-    loader::{LoadError, LoadOptions, Probes},
+    loader::{Families, LoadError, LoadOptions, Probes},
     perf::{sampling::DataSampler, Counters, PerfSummary, Scope},
     report::{self, summary::TargetInfo, Summary},
     stacks::StackMode,
@@ -30,6 +30,10 @@ pub struct RecordOptions {
     pub stacks: StackMode,
     /// Take a stack on 1 in N faults.
     pub stack_period: u32,
+    /// Add the faulting memory region as the flamegraphs' leaf frame.
+    pub leaf_region: bool,
+    /// TLB-flush IPIs per second above which a process is in a shootdown storm.
+    pub storm_threshold: f64,
     /// Print summary.txt at the end.
     pub print_summary: bool,
 }
@@ -100,14 +104,22 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
         trace_all: matches!(opts.target, Target::System),
         minor_period: opts.minor_period,
         force_tracepoints: opts.force_tracepoints,
-        oom: opts.has(EventFamily::Oom),
+        families: Families {
+            oom: opts.has(EventFamily::Oom),
+            mmap: opts.has(EventFamily::Mmap),
+            tlb: opts.has(EventFamily::Tlb),
+        },
         stacks: opts.stacks,
         stack_period: opts.stack_period,
+        leaf_region: opts.leaf_region,
     })?;
     let mut session = Session::new(probes, opts.has(EventFamily::Oom));
     if opts.stacks != StackMode::None {
         session.stacks = Some((opts.stacks, opts.stack_period.max(1)));
     }
+    session.mmap_enabled = opts.has(EventFamily::Mmap);
+    session.tlb_enabled = opts.has(EventFamily::Tlb);
+    session.storms = StormDetector::new(opts.storm_threshold);
     install_stop_handlers();
     let (mut info, child, mut perf) = start_target(&mut session, &opts.target, opts.has(EventFamily::Perf))?;
     session.start_clock();
@@ -116,11 +128,14 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     // Exit events of the last processes may still be in flight.
     session.poll(Duration::from_millis(10));
 
-    let (mut summary, stacks) = session.finish(info, opts.minor_period);
+    let Finished { mut summary, stacks, mm_sites } = session.finish(info, opts.minor_period);
     summary.perf = perf.map(PerfProbe::finish);
     let out_err = |err| RecordError::OutDir { path: opts.out.clone(), err };
     if let Some(st) = summary.stacks.as_mut() {
         st.files = report::write_flamegraphs(&opts.out, &stacks, st, &summary.sampling).map_err(out_err)?;
+    }
+    if opts.has(EventFamily::Mmap) {
+        report::write_mm_flamegraphs(&opts.out, &mm_sites).map_err(out_err)?;
     }
     report::write_all(&opts.out, &summary).map_err(out_err)?;
     if opts.print_summary {

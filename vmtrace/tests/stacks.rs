@@ -131,6 +131,19 @@ fn short_lived_child_is_symbolized_after_it_exited() {
 }
 
 #[test]
+fn leaf_region_shows_the_faulting_mapping() {
+    if !privileged("leaf_region_shows_the_faulting_mapping") {
+        return;
+    }
+    let bin = faulter();
+    let run = record(&["--leaf", "region", "--stack-sample", "4"], &[bin.to_str().unwrap()]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let folded = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();
+    let share = share_under(&folded, "fill_buffer_with_faults;[anon ");
+    assert!(share >= 0.85, "{:.1}% land on the anonymous mapping as leaf:\n{folded}", share * 100.0);
+}
+
+#[test]
 fn no_stacks_means_no_flamegraphs() {
     if !privileged("no_stacks_means_no_flamegraphs") {
         return;

@@ -18,7 +18,8 @@ use aya_ebpf::{
     programs::{tracing::StackIdContext, BtfTracePointContext, PerfEventContext, TracePointContext},
 };
 use vmtrace_common::{
-    hist_bucket, pf, DropKind, InflightFault, KernelOffsets, StackCounts, StackKey, STACK_KERNEL, STACK_USER,
+    hist_bucket, pf, DropKind, InflightFault, KernelOffsets, StackCounts, StackKey, LEAF_GRANULE_SHIFT, STACK_KERNEL,
+    STACK_USER,
 };
 
 use crate::maps::{config, count_drop, current_stats, koffsets, FAULT_PARKED, FAULT_SLOT, FAULT_STACKS, STACKS};
@@ -114,7 +115,7 @@ fn fault_start<C: StackIdContext>(ctx: &C, address: u64, error_code: u64, kernel
         let slot = unsafe { &mut *slot };
         slot.tid = tid;
         slot.page = address >> 12;
-        (slot.user_stack, slot.kernel_stack) = sample_stack(ctx, tgid, slot);
+        (slot.user_stack, slot.kernel_stack) = sample_stack(ctx, tgid, address, slot);
         // SAFETY: no preconditions. Stamped last: the stack walk is not fault time.
         slot.start_ns = unsafe { bpf_ktime_get_ns() };
     }
@@ -123,7 +124,7 @@ fn fault_start<C: StackIdContext>(ctx: &C, address: u64, error_code: u64, kernel
 /// On 1 in `stack_period` faults of this CPU, the fault's stack ids, counted
 /// in `FAULT_STACKS`; (-1, -1) otherwise.
 #[inline(always)]
-fn sample_stack<C: StackIdContext>(ctx: &C, tgid: u32, slot: &mut InflightFault) -> (i32, i32) {
+fn sample_stack<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, slot: &mut InflightFault) -> (i32, i32) {
     let cfg = config();
     if cfg.stack_mode == 0 {
         return (-1, -1);
@@ -154,12 +155,21 @@ fn sample_stack<C: StackIdContext>(ctx: &C, tgid: u32, slot: &mut InflightFault)
     let user = if cfg.stack_mode & STACK_USER != 0 { take(u64::from(BPF_F_USER_STACK)) } else { -1 };
     slot.walking = 0;
     let kernel = if cfg.stack_mode & STACK_KERNEL != 0 { take(0) } else { -1 };
-    let key = StackKey { tgid, user_stack: user, kernel_stack: kernel, _pad: 0 };
+    let key = StackKey { tgid, user_stack: user, kernel_stack: kernel, _pad: 0, granule: granule(address) };
     match stack_counts(&key) {
         Some(c) => c.faults += 1,
         None => count_drop(DropKind::StackCountsFull),
     }
     (user, kernel)
+}
+
+#[inline(always)]
+fn granule(address: u64) -> u64 {
+    if config().leaf_region != 0 {
+        address >> LEAF_GRANULE_SHIFT
+    } else {
+        0
+    }
 }
 
 #[inline(always)]
@@ -219,7 +229,13 @@ fn fault_end(ctx: &PerfEventContext, major: bool) {
         }
     }
     if start.user_stack != -1 || start.kernel_stack != -1 {
-        let key = StackKey { tgid, user_stack: start.user_stack, kernel_stack: start.kernel_stack, _pad: 0 };
+        let key = StackKey {
+            tgid,
+            user_stack: start.user_stack,
+            kernel_stack: start.kernel_stack,
+            _pad: 0,
+            granule: granule(start.page << 12),
+        };
         if let Some(c) = stack_counts(&key) {
             c.major += u64::from(major);
             c.time_ns += ns;

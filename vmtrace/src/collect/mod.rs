@@ -2,6 +2,7 @@
 //! process table while the target runs, then read the in-kernel aggregates
 //! once and turn them into a `Summary`.
 pub mod process;
+pub mod storms;
 
 use std::{
     os::fd::AsRawFd as _,
@@ -9,22 +10,30 @@ use std::{
     time::{Duration, Instant},
 };
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use vmtrace_common::{DropKind, EventHeader, EventKind, FaultStats, OomEvent, TaskEvent};
+use vmtrace_common::{
+    DropKind, EventHeader, EventKind, FaultStats, MmCall, MmEvent, MmStackKey, MmStats, OomEvent, TaskEvent,
+    ADVICE_SLOTS, MM_CALL_NAMES,
+};
 
 use crate::{
     loader::Probes,
-    report::summary::{Drops, Faults, ProbeInfo, Process, Reclaim, Sampling, Summary, TargetInfo, SUMMARY_VERSION},
+    report::summary::{
+        Drops, Faults, MmapCounts, ProbeInfo, Process, Reclaim, Sampling, Storm, Summary, TargetInfo, TlbCounts,
+        SUMMARY_VERSION,
+    },
 };
 use crate::{
     oom::{self, OomRecord},
     stacks::{
+        self,
         symbolize::{Names, PerfMap},
         Stack, StackMode, StacksSummary,
     },
 };
 use process::ProcessTable;
+use storms::StormDetector;
 use vmtrace_common::{StackCounts, StackKey};
 
 /// Copies a `T` out of a ring-buffer record after checking its length.
@@ -75,6 +84,95 @@ pub struct Session {
     /// Stacks are collected: keep memory maps of live processes.
     pub stacks: Option<(StackMode, u32)>,
     last_maps_refresh: Instant,
+    /// mmap-family syscalls are traced.
+    pub mmap_enabled: bool,
+    /// TLB flushes are traced: storms are detected.
+    pub tlb_enabled: bool,
+    pub storms: StormDetector,
+    /// IPIs per call site at the last tick (for storm culprits).
+    last_sites: HashMap<MmStackKey, u64>,
+}
+
+/// What a finished session hands to the reports.
+pub struct Finished {
+    pub summary: Summary,
+    pub stacks: Vec<Stack>,
+    pub mm_sites: Vec<MmSite>,
+}
+
+const ADVICE_NAMES: [(usize, &str); 20] = [
+    (0, "normal"),
+    (1, "random"),
+    (2, "sequential"),
+    (3, "willneed"),
+    (4, "dontneed"),
+    (8, "free"),
+    (9, "remove"),
+    (10, "dontfork"),
+    (11, "dofork"),
+    (12, "mergeable"),
+    (13, "unmergeable"),
+    (14, "hugepage"),
+    (15, "nohugepage"),
+    (16, "dontdump"),
+    (17, "dodump"),
+    (18, "wipeonfork"),
+    (19, "keeponfork"),
+    (20, "cold"),
+    (21, "pageout"),
+    (22, "populate_read"),
+];
+
+fn advice_name(i: usize) -> String {
+    match ADVICE_NAMES.iter().find(|(n, _)| *n == i) {
+        Some((_, name)) => (*name).to_string(),
+        None if i == ADVICE_SLOTS - 1 => "other".into(),
+        None => format!("advice_{i}"),
+    }
+}
+
+fn mmap_counts(m: &MmStats) -> MmapCounts {
+    MmapCounts {
+        mmap: m.calls[MmCall::Mmap as usize],
+        munmap: m.calls[MmCall::Munmap as usize],
+        munmap_bytes: m.munmap_bytes,
+        mremap: m.calls[MmCall::Mremap as usize],
+        madvise: m.calls[MmCall::Madvise as usize],
+        mprotect: m.calls[MmCall::Mprotect as usize],
+        brk: m.calls[MmCall::Brk as usize],
+        madvise_by_advice: m
+            .advice
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(i, n)| (advice_name(i), *n))
+            .collect(),
+    }
+}
+
+fn tlb_counts(m: &MmStats) -> TlbCounts {
+    let mut by_call: BTreeMap<String, u64> = BTreeMap::new();
+    for (i, n) in m.ipis_by_call.iter().enumerate().filter(|(_, n)| **n > 0) {
+        by_call.insert(MM_CALL_NAMES.get(i).copied().unwrap_or("other").to_string(), *n);
+    }
+    TlbCounts {
+        task_switch: m.tlb_reason[0],
+        remote_shootdown: m.tlb_reason[1],
+        local_shootdown: m.tlb_reason[2],
+        local_mm_shootdown: m.tlb_reason[3],
+        remote_ipi_send: m.tlb_reason[4],
+        pages: m.tlb_pages,
+        ipis_sent: m.ipis_sent,
+        ipis_by_call: by_call,
+    }
+}
+
+/// mmap/TLB call-site stacks, symbolized, for `mmap.folded` and `shootdowns.folded`.
+pub struct MmSite {
+    pub comm: String,
+    pub frames: Vec<String>,
+    pub calls: u64,
+    pub ipis: u64,
 }
 
 /// One aggregated stack before symbolization: key, counts, user and kernel IPs.
@@ -106,6 +204,10 @@ impl Session {
             last_history: Instant::now(),
             stacks: None,
             last_maps_refresh: Instant::now(),
+            mmap_enabled: false,
+            tlb_enabled: false,
+            storms: StormDetector::new(f64::MAX),
+            last_sites: HashMap::new(),
         }
     }
 
@@ -161,6 +263,17 @@ impl Session {
                     kernel: kernel.iter().rev().map(|&a| names.kernel(a)).collect(),
                     counts,
                     user_missing: k.user_stack == -2,
+                    leaf: (k.granule != 0).then(|| {
+                        let a = k.granule << vmtrace_common::LEAF_GRANULE_SHIFT;
+                        let end = a + (1 << vmtrace_common::LEAF_GRANULE_SHIFT) - 1;
+                        // A region may start inside the granule: try its last byte too.
+                        let leaf = stacks::region_leaf(&info.maps, &info.mapped, a);
+                        if leaf == "[unmapped region]" {
+                            stacks::region_leaf(&info.maps, &info.mapped, end)
+                        } else {
+                            leaf
+                        }
+                    }),
                 });
             }
         }
@@ -180,16 +293,34 @@ impl Session {
 
     /// Every few hundred ms, the fault count of each live traced process.
     fn record_history(&mut self) {
-        if !self.oom_enabled || self.last_history.elapsed() < HISTORY_STEP {
+        if !(self.oom_enabled || self.tlb_enabled) || self.last_history.elapsed() < HISTORY_STEP {
             return;
         }
         self.last_history = Instant::now();
         let now = self.started.elapsed().as_secs_f64();
+        if self.tlb_enabled {
+            self.storm_tick(now);
+        }
+        if !self.oom_enabled {
+            return;
+        }
         for (tgid, s) in self.probes.all_stats() {
             let h = self.history.entry(tgid).or_default();
             h.push_back((now, s.started));
             while h.front().is_some_and(|&(t, _)| now - t > HISTORY.as_secs_f64()) {
                 h.pop_front();
+            }
+        }
+    }
+
+    /// Feeds the storm detector: IPIs sent per process, and per call site.
+    fn storm_tick(&mut self, now: f64) {
+        let totals: Vec<(u32, u64)> = self.probes.all_mm().into_iter().map(|(pid, m)| (pid, m.ipis_sent)).collect();
+        self.storms.tick(now, &totals);
+        for (k, c) in self.probes.all_mm_stacks() {
+            let before = self.last_sites.insert(k, c.ipis).unwrap_or(0);
+            if c.ipis > before && self.storms.in_storm(k.tgid) {
+                self.storms.add_site(k.tgid, (k.call, k.user_stack), c.ipis - before);
             }
         }
     }
@@ -245,6 +376,13 @@ impl Session {
                     }
                     self.table.apply(&ev);
                 }
+                Some(EventKind::MmMapChange) => match read_event::<MmEvent>(bytes) {
+                    Some(ev) if ev.call != MmCall::Munmap as u32 => {
+                        self.table.note_mapping(ev.tgid, process::region_from_event(&ev));
+                    }
+                    Some(_) => {}
+                    None => self.malformed_events += 1,
+                },
                 Some(EventKind::OomMarkVictim) => match read_event::<OomEvent>(bytes) {
                     Some(ev) => ooms.push(ev),
                     None => self.malformed_events += 1,
@@ -270,6 +408,9 @@ impl Session {
         // Take an exited process's aggregate out of the kernel map: it is final,
         // and the map stays bounded however many processes come and go.
         for tgid in exited {
+            if let Some(m) = self.probes.take_mm(tgid) {
+                self.table.procs.entry(tgid).or_default().mm.get_or_insert_with(MmStats::default).add(&m);
+            }
             if let Some(s) = self.probes.take_stats(tgid) {
                 self.table.procs.entry(tgid).or_default().stats.get_or_insert_with(FaultStats::default).add(&s);
             }
@@ -278,24 +419,83 @@ impl Session {
     }
 
     /// Reads the in-kernel aggregates and builds the summary.
-    pub fn finish(mut self, target: TargetInfo, minor_period: u32) -> (Summary, Vec<Stack>) {
-        self.drain();
-        let stacks = if self.stacks.is_some() { self.build_stacks() } else { Vec::new() };
-        let duration_s = self.started.elapsed().as_secs_f64();
-        // Exited processes' aggregates were taken at their exit; the rest are still in the map.
-        let mut stats: std::collections::BTreeMap<u32, FaultStats> =
-            self.table.procs.iter().filter_map(|(pid, p)| p.stats.map(|s| (*pid, s))).collect();
-        for (tgid, s) in self.probes.all_stats() {
-            stats.entry(tgid).or_default().add(&s);
+    /// mmap/TLB aggregates of every process: taken at exit, or still in the map.
+    fn mm_totals(&self) -> BTreeMap<u32, MmStats> {
+        let mut all: BTreeMap<u32, MmStats> =
+            self.table.procs.iter().filter_map(|(pid, p)| p.mm.map(|m| (*pid, m))).collect();
+        for (tgid, m) in self.probes.all_mm() {
+            all.entry(tgid).or_default().add(&m);
         }
-        let drops_raw = self.probes.drops();
-        let d = |k: DropKind| drops_raw.get(k as usize).copied().unwrap_or(0);
-        let drops = Drops {
-            task_events: d(DropKind::TaskEventRingFull) + d(DropKind::OomRingFull) + self.malformed_events,
-            fault_stats_full: d(DropKind::FaultStatsFull),
-            traced_full: d(DropKind::TracedFull),
-            untimed_faults: d(DropKind::FaultUntimed),
-        };
+        all
+    }
+
+    /// Call sites of mmap-family syscalls, symbolized, with calls and IPIs sent.
+    fn build_mm_sites(&mut self) -> Vec<MmSite> {
+        let raw = self.probes.all_mm_stacks();
+        let mut names = Names::default();
+        let mut out = Vec::new();
+        for (k, c) in raw {
+            let frames = self.site_frames(&mut names, k.tgid, k.call, k.user_stack);
+            let comm = self.table.ensure(k.tgid).comm.clone();
+            out.push(MmSite { comm, frames, calls: c.calls, ipis: c.ipis });
+        }
+        out
+    }
+
+    /// Frames of a call site, outermost first, the syscall as leaf.
+    fn site_frames(&mut self, names: &mut Names, tgid: u32, call: u32, user_stack: i32) -> Vec<String> {
+        if self.table.procs.get(&tgid).is_none_or(|p| p.maps.is_empty()) {
+            self.table.snapshot_maps(tgid);
+        }
+        let maps = self.table.ensure(tgid).maps.clone();
+        let ips = if user_stack >= 0 { self.probes.stack_ips(user_stack).unwrap_or_default() } else { vec![] };
+        names.prepare_user(&ips, &maps);
+        let mut frames: Vec<String> = ips.iter().rev().map(|&a| names.user(a, &maps, None)).collect();
+        if user_stack == -2 {
+            frames.push("[no user stack]".into());
+        }
+        frames.push(format!("[{}]", MM_CALL_NAMES.get(call as usize).copied().unwrap_or("?")));
+        frames
+    }
+
+    fn finish_storms(&mut self) -> Vec<Storm> {
+        let raw = std::mem::replace(&mut self.storms, StormDetector::new(f64::MAX)).finish();
+        let mut names = Names::default();
+        raw.into_iter()
+            .map(|s| {
+                let top = s.sites.iter().max_by_key(|(_, n)| **n).map(|(site, n)| (*site, *n));
+                let (top_stack, top_call, top_share) = match top {
+                    Some(((call, stack), n)) => (
+                        self.site_frames(&mut names, s.pid, call, stack),
+                        MM_CALL_NAMES.get(call as usize).copied().unwrap_or("?").to_string(),
+                        // Call-site and process totals are read a moment apart.
+                        (n as f64 / s.ipis.max(1) as f64).min(1.0),
+                    ),
+                    None => (Vec::new(), "other".into(), 0.0),
+                };
+                Storm {
+                    pid: s.pid,
+                    comm: self.table.ensure(s.pid).comm.clone(),
+                    start_s: s.start_s,
+                    end_s: s.end_s,
+                    peak_per_s: s.peak_per_s.round() as u64,
+                    shootdowns: s.ipis,
+                    top_stack,
+                    top_call,
+                    top_share,
+                }
+            })
+            .collect()
+    }
+
+    /// One entry per process of the trace, and their fault totals.
+    fn build_processes(
+        &mut self,
+        target: &TargetInfo,
+        stats: &BTreeMap<u32, FaultStats>,
+        mm: &BTreeMap<u32, MmStats>,
+        minor_period: u32,
+    ) -> (Vec<Process>, Faults) {
         let system = target.kind == "system";
         let mut pids: Vec<u32> = stats.keys().copied().collect();
         if !system {
@@ -321,7 +521,10 @@ impl Session {
                 info.exit_code
             };
             let st = stats.get(&pid).copied().unwrap_or_default();
+            let m = mm.get(&pid).copied().unwrap_or_default();
             processes.push(Process {
+                mmap: self.mmap_enabled.then(|| mmap_counts(&m)),
+                tlb: self.tlb_enabled.then(|| tlb_counts(&m)),
                 reclaim: Reclaim { stalls: st.reclaim, time_ns: st.reclaim_ns },
                 pid,
                 ppid: info.ppid,
@@ -332,6 +535,35 @@ impl Session {
                 kernel_accounting: info.kernel,
             });
         }
+        (processes, totals)
+    }
+
+    pub fn finish(mut self, target: TargetInfo, minor_period: u32) -> Finished {
+        self.drain();
+        if self.tlb_enabled {
+            self.storm_tick(self.started.elapsed().as_secs_f64());
+        }
+        let stacks = if self.stacks.is_some() { self.build_stacks() } else { Vec::new() };
+        let mm_sites = if self.mmap_enabled { self.build_mm_sites() } else { Vec::new() };
+        let storms = self.tlb_enabled.then(|| self.finish_storms());
+        let mm = self.mm_totals();
+        let duration_s = self.started.elapsed().as_secs_f64();
+        // Exited processes' aggregates were taken at their exit; the rest are still in the map.
+        let mut stats: std::collections::BTreeMap<u32, FaultStats> =
+            self.table.procs.iter().filter_map(|(pid, p)| p.stats.map(|s| (*pid, s))).collect();
+        for (tgid, s) in self.probes.all_stats() {
+            stats.entry(tgid).or_default().add(&s);
+        }
+        let drops_raw = self.probes.drops();
+        let d = |k: DropKind| drops_raw.get(k as usize).copied().unwrap_or(0);
+        let drops = Drops {
+            task_events: d(DropKind::TaskEventRingFull) + d(DropKind::OomRingFull) + self.malformed_events,
+            mm: d(DropKind::MmStatsFull) + d(DropKind::MmEventRingFull) + d(DropKind::MmInflightFull),
+            fault_stats_full: d(DropKind::FaultStatsFull),
+            traced_full: d(DropKind::TracedFull),
+            untimed_faults: d(DropKind::FaultUntimed),
+        };
+        let (processes, totals) = self.build_processes(&target, &stats, &mm, minor_period);
         let time_estimated = minor_period != 1 || drops.untimed_faults > 0;
         for r in &mut self.ooms {
             if let Some(s) = stats.get(&r.victim_pid) {
@@ -354,7 +586,7 @@ impl Session {
             version: SUMMARY_VERSION,
             target,
             duration_s,
-            lost_events: drops.task_events + drops.fault_stats_full + drops.traced_full,
+            lost_events: drops.task_events + drops.fault_stats_full + drops.traced_full + drops.mm,
             processes,
             totals,
             sampling: Sampling { minor_latency_period: minor_period, time_estimated },
@@ -375,7 +607,8 @@ impl Session {
             perf: None,
             oom: self.oom_enabled.then(|| std::mem::take(&mut self.ooms)),
             stacks: stacks_summary,
+            storms,
         };
-        (summary, stacks)
+        Finished { summary, stacks, mm_sites }
     }
 }

@@ -23,6 +23,11 @@ pub struct ProcInfo {
     pub maps_read: Option<std::time::Instant>,
     /// When vmtrace first heard of it.
     pub first_seen: std::time::Instant,
+    /// Regions it mapped, from mapping-change events (newest last, bounded):
+    /// they stay known after they are unmapped or the process is gone.
+    pub mapped: Vec<crate::procmaps::Region>,
+    /// mmap/TLB aggregate taken from the kernel when it exited.
+    pub mm: Option<vmtrace_common::MmStats>,
 }
 
 impl Default for ProcInfo {
@@ -38,6 +43,8 @@ impl Default for ProcInfo {
             maps: Vec::new(),
             maps_read: None,
             first_seen: std::time::Instant::now(),
+            mapped: Vec::new(),
+            mm: None,
         }
     }
 }
@@ -120,7 +127,7 @@ impl ProcessTable {
                     self.procs.remove(&ev.pid);
                 }
             }
-            EventKind::OomMarkVictim => {}
+            EventKind::OomMarkVictim | EventKind::MmMapChange => {}
             EventKind::TaskExit => {
                 let p = self.procs.entry(ev.tgid).or_default();
                 if p.comm.is_empty() {
@@ -154,6 +161,45 @@ impl ProcessTable {
             p.comm = "?".into();
         }
         p
+    }
+}
+
+/// How many mapped regions per process are remembered from events.
+const MAPPED_CAP: usize = 4096;
+
+/// A region as an mmap/mremap event describes it (the path of a file mapping
+/// is read from /proc/PID/fd while it is still open).
+pub fn region_from_event(ev: &vmtrace_common::MmEvent) -> crate::procmaps::Region {
+    use crate::procmaps::{Region, RegionKind};
+    let shared = ev.flags & libc::MAP_SHARED as u64 != 0;
+    let anon = ev.fd == u64::MAX || ev.flags & libc::MAP_ANONYMOUS as u64 != 0;
+    let (kind, path) = if anon {
+        (if shared { RegionKind::Shmem } else { RegionKind::Anon }, None)
+    } else {
+        let path = fs::read_link(format!("/proc/{}/fd/{}", ev.tgid, ev.fd))
+            .map_or_else(|_| format!("[fd {}]", ev.fd as i64), |p| p.display().to_string());
+        (RegionKind::File, Some(path))
+    };
+    let p = |bit: i32, c: char| if ev.prot & bit as u64 != 0 { c } else { '-' };
+    let perms = format!(
+        "{}{}{}{}",
+        p(libc::PROT_READ, 'r'),
+        p(libc::PROT_WRITE, 'w'),
+        p(libc::PROT_EXEC, 'x'),
+        if shared { 's' } else { 'p' }
+    );
+    Region { start: ev.addr, end: ev.addr + ev.len, perms, offset: ev.offset, kind, path }
+}
+
+impl ProcessTable {
+    /// Remembers a region a process mapped (mmap, mremap).
+    pub fn note_mapping(&mut self, tgid: u32, r: crate::procmaps::Region) {
+        let m = &mut self.procs.entry(tgid).or_default().mapped;
+        m.retain(|old| old.start != r.start);
+        if m.len() >= MAPPED_CAP {
+            m.remove(0);
+        }
+        m.push(r);
     }
 }
 

@@ -41,6 +41,16 @@ pub const TRACEPOINTS: &[(&str, &str)] = &[
     ("sched", "sched_process_exit"),
 ];
 
+/// Tracepoints of the optional families (mmap, tlb, oom): a missing one fails
+/// only when its family is asked for.
+pub const OPTIONAL_TRACEPOINTS: &[(&str, &str)] = &[
+    ("syscalls", "sys_enter_munmap"),
+    ("tlb", "tlb_flush"),
+    ("csd", "csd_queue_cpu"),
+    ("oom", "mark_victim"),
+    ("vmscan", "mm_vmscan_direct_reclaim_begin"),
+];
+
 /// Mounts tracefs at its usual place when it is not there (a fresh machine).
 pub fn ensure_tracefs() -> Result<(), String> {
     if Path::new(TRACEFS).join("events").is_dir() {
@@ -118,6 +128,10 @@ pub fn tracefs_check() -> Check {
     }
 }
 
+pub fn tracepoint_exists(category: &str, name: &str) -> bool {
+    Path::new(TRACEFS).join("events").join(category).join(name).is_dir()
+}
+
 pub fn tracepoint_check(category: &str, name: &str) -> Check {
     let path = Path::new(TRACEFS).join("events").join(category).join(name);
     let label = format!("tracepoint {category}:{name}");
@@ -188,6 +202,17 @@ pub fn run_all() -> Vec<Check> {
     let mut checks = vec![privileges(), kernel_version(), btf_check(), tracefs_check()];
     for (c, n) in TRACEPOINTS {
         checks.push(tracepoint_check(c, n));
+    }
+    for (c, n) in OPTIONAL_TRACEPOINTS {
+        let mut chk = tracepoint_check(c, n);
+        if chk.status == Status::Missing {
+            chk.status = Status::Degraded;
+            chk.fix = Some(match *c {
+                "csd" => "csd tracepoints arrived in 6.6: one IPI is counted per flush that sends any".into(),
+                _ => format!("the {c} family needs it; record without it via --events"),
+            });
+        }
+        checks.push(chk);
     }
     checks.push(sw_event_check("perf sw PAGE_FAULTS_MIN", PERF_COUNT_SW_PAGE_FAULTS_MIN));
     checks.push(sw_event_check("perf sw PAGE_FAULTS_MAJ", PERF_COUNT_SW_PAGE_FAULTS_MAJ));

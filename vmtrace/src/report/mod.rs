@@ -54,6 +54,24 @@ pub fn write_flamegraphs(
     Ok(files)
 }
 
+/// `mmap.{svg,folded}` (call sites of mmap-family syscalls by calls) and
+/// `shootdowns.{svg,folded}` (by TLB-flush IPIs sent while the call ran).
+pub fn write_mm_flamegraphs(dir: &Path, sites: &[crate::collect::MmSite]) -> io::Result<()> {
+    for (stem, title, unit) in [
+        ("mmap", "mmap-family calls by call site", "calls"),
+        ("shootdowns", "TLB shootdown IPIs sent, by initiating call site", "IPIs"),
+    ] {
+        let lines = sites.iter().map(|s| {
+            let w = if stem == "mmap" { s.calls } else { s.ipis };
+            (std::iter::once(s.comm.clone()).chain(s.frames.iter().cloned()).collect::<Vec<_>>(), w)
+        });
+        let f = flamegraph::folded_lines(lines);
+        let total = flamegraph::total(&f);
+        flamegraph::write(dir, stem, &f, &format!("{title} — {total} {unit}"), unit)?;
+    }
+    Ok(())
+}
+
 /// Rebuilds the human outputs of a recorded directory from its `summary.json`.
 pub fn rebuild(dir: &Path) -> Result<Summary, String> {
     let path = dir.join("summary.json");

@@ -29,6 +29,9 @@ pub struct Summary {
     /// Every OOM kill during the trace, system-wide (`--events oom`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom: Option<Vec<crate::oom::OomRecord>>,
+    /// Shootdown storms (`--events tlb`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storms: Option<Vec<Storm>>,
     /// Call stacks of faults (`--stacks`), and the files drawn from them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stacks: Option<crate::stacks::StacksSummary>,
@@ -63,6 +66,9 @@ pub struct Drops {
     pub traced_full: u64,
     /// Faults counted but not timed (their start was not seen).
     pub untimed_faults: u64,
+    /// mmap/TLB counts or mapping events lost (map or ring buffer full).
+    #[serde(default)]
+    pub mm: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -86,10 +92,62 @@ pub struct Process {
     /// Reclaim stalls (direct and memcg) this process ran itself.
     #[serde(default)]
     pub reclaim: Reclaim,
+    /// Memory-map syscalls (`--events mmap`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mmap: Option<MmapCounts>,
+    /// TLB flushes and shootdowns (`--events tlb`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tlb: Option<TlbCounts>,
     /// The kernel's own counters for the whole process at its exit
     /// (what getrusage reports), when the kernel exposed them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel_accounting: Option<KernelAccounting>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MmapCounts {
+    pub mmap: u64,
+    pub munmap: u64,
+    pub munmap_bytes: u64,
+    pub mremap: u64,
+    pub madvise: u64,
+    pub mprotect: u64,
+    pub brk: u64,
+    /// `madvise` calls by advice name (non-zero ones).
+    pub madvise_by_advice: std::collections::BTreeMap<String, u64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TlbCounts {
+    /// Shootdowns this process *received*: it was running where another CPU's
+    /// flush IPI landed (tlb_flush reason 1), not its own doing.
+    pub remote_shootdown: u64,
+    pub local_shootdown: u64,
+    pub local_mm_shootdown: u64,
+    /// Flush operations of this process that sent IPIs to other CPUs (reason 4).
+    pub remote_ipi_send: u64,
+    pub task_switch: u64,
+    pub pages: u64,
+    /// TLB-flush IPIs sent (one per target CPU), and during which syscall.
+    pub ipis_sent: u64,
+    pub ipis_by_call: std::collections::BTreeMap<String, u64>,
+}
+
+/// A shootdown storm: IPIs sent faster than `--storm-threshold` per second.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Storm {
+    pub pid: u32,
+    pub comm: String,
+    pub start_s: f64,
+    pub end_s: f64,
+    pub peak_per_s: u64,
+    /// TLB-flush IPIs sent during the storm.
+    pub shootdowns: u64,
+    /// The call site that sent most of them: frames outermost first, the syscall last.
+    pub top_stack: Vec<String>,
+    pub top_call: String,
+    /// Share of the storm's IPIs from that call site.
+    pub top_share: f64,
 }
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]

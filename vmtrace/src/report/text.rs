@@ -74,6 +74,7 @@ pub fn render(s: &Summary) -> String {
     header(&mut out, s);
     process_table(&mut out, s);
     perf_section(&mut out, s);
+    tlb_section(&mut out, s);
     oom_section(&mut out, s);
     stacks_section(&mut out, s);
     histogram(&mut out, "Minor-fault latency", &s.totals.minor_latency_hist_ns);
@@ -240,5 +241,64 @@ fn stacks_section(out: &mut String, s: &Summary) {
              pointers, so callers are missing (C/C++: -fno-omit-frame-pointer; Rust: -C force-frame-pointers=yes).",
             st.shallow_user_stacks_pct
         );
+    }
+}
+
+fn tlb_section(out: &mut String, s: &Summary) {
+    let any_mm = s.processes.iter().any(|p| p.mmap.is_some() || p.tlb.is_some());
+    if !any_mm {
+        return;
+    }
+    let _ = writeln!(out, "\nMemory-map calls and TLB");
+    let _ = writeln!(
+        out,
+        "{:>7}  {:<16} {:>8} {:>8} {:>10} {:>8} {:>9} {:>9} {:>10} {:>10}  SENT DURING",
+        "PID", "COMM", "MMAP", "MUNMAP", "UNMAPPED", "MADVISE", "MPROTECT", "IPIS SENT", "RECEIVED", "LOCAL"
+    );
+    let mut procs: Vec<_> = s.processes.iter().collect();
+    procs.sort_by_key(|p| std::cmp::Reverse(p.tlb.as_ref().map_or(0, |t| t.ipis_sent)));
+    for p in procs.iter().take(MAX_ROWS) {
+        let m = p.mmap.clone().unwrap_or_default();
+        let t = p.tlb.clone().unwrap_or_default();
+        if m.mmap + m.munmap + m.madvise + m.mprotect + t.ipis_sent + t.remote_shootdown + t.local_shootdown == 0 {
+            continue;
+        }
+        let during: Vec<String> = t.ipis_by_call.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let _ = writeln!(
+            out,
+            "{:>7}  {:<16} {:>8} {:>8} {:>10} {:>8} {:>9} {:>9} {:>10} {:>10}  {}",
+            p.pid,
+            p.comm,
+            m.mmap,
+            m.munmap,
+            format!("{} MiB", m.munmap_bytes >> 20),
+            m.madvise,
+            m.mprotect,
+            t.ipis_sent,
+            t.remote_shootdown,
+            t.local_shootdown + t.local_mm_shootdown,
+            during.join(", ")
+        );
+    }
+    let _ = writeln!(out, "  (RECEIVED: flushes other CPUs forced on this process's CPU, not its own doing)");
+    if let Some(storms) = &s.storms {
+        if storms.is_empty() {
+            let _ = writeln!(out, "Shootdown storms: none");
+        }
+        for st in storms {
+            let _ = writeln!(
+                out,
+                "STORM {:.2}-{:.2} s: pid {} {} sent {} TLB-flush IPIs, peak {}/s; {:.0}% from {} at {}",
+                st.start_s,
+                st.end_s,
+                st.pid,
+                st.comm,
+                st.shootdowns,
+                st.peak_per_s,
+                st.top_share * 100.0,
+                st.top_call,
+                st.top_stack.iter().rev().skip(1).take(4).cloned().collect::<Vec<_>>().join(" <- ")
+            );
+        }
     }
 }

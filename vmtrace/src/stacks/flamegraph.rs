@@ -31,7 +31,8 @@ fn clean(frame: &str) -> String {
 /// scaled by `scale` (the stack sampling period), times are not: they are the
 /// times measured.
 pub fn folded(stacks: &[Stack], weight: Weight, scale: u64) -> String {
-    let mut lines: Vec<String> = Vec::new();
+    // Identical frames (e.g. one stack over several granules of one region) merge.
+    let mut merged: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
     for s in stacks {
         let w = match weight {
             Weight::Faults => s.counts.faults * scale,
@@ -45,17 +46,31 @@ pub fn folded(stacks: &[Stack], weight: Weight, scale: u64) -> String {
         if s.user_missing && s.user.is_empty() {
             line.push_str(";[no user stack]");
         }
-        for f in s.user.iter().chain(s.kernel.iter()) {
+        for f in s.user.iter().chain(s.kernel.iter()).chain(s.leaf.iter()) {
             line.push(';');
             line.push_str(&clean(f));
         }
-        let _ = write!(line, " {w}");
-        lines.push(line);
+        *merged.entry(line).or_default() += w;
     }
-    lines.sort();
-    let mut out = lines.join("\n");
-    if !out.is_empty() {
-        out.push('\n');
+    let mut out = String::new();
+    for (line, w) in merged {
+        let _ = writeln!(out, "{line} {w}");
+    }
+    out
+}
+
+/// Folded text from (frames outermost first, weight) pairs; identical stacks merge.
+pub fn folded_lines(stacks: impl IntoIterator<Item = (Vec<String>, u64)>) -> String {
+    let mut merged: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+    for (frames, w) in stacks {
+        if w > 0 {
+            let line = frames.iter().map(|f| clean(f)).collect::<Vec<_>>().join(";");
+            *merged.entry(line).or_default() += w;
+        }
+    }
+    let mut out = String::new();
+    for (line, w) in merged {
+        let _ = writeln!(out, "{line} {w}");
     }
     out
 }
@@ -103,12 +118,17 @@ mod tests {
             kernel: vec![],
             counts: StackCounts { faults, major: 1, time_ns: time, timed: 1 },
             user_missing: false,
+            leaf: None,
         }
     }
 
     #[test]
     fn folded_is_root_first_and_scaled() {
-        let s = [stack(&["main", "load;weights"], 3, 500), stack(&["main", "init"], 1, 0)];
+        let s = [
+            stack(&["main", "load;weights"], 2, 500),
+            stack(&["main", "init"], 1, 0),
+            stack(&["main", "load;weights"], 1, 0),
+        ];
         let f = folded(&s, Weight::Faults, 4);
         assert_eq!(f, "train;main;init 4\ntrain;main;load:weights 12\n");
         assert_eq!(total(&f), 16);

@@ -38,6 +38,23 @@ pub struct Stack {
     pub counts: StackCounts,
     /// The user stack could not be read (no frame pointers past a frame, or none at all).
     pub user_missing: bool,
+    /// The faulting memory region, with `--leaf region`.
+    pub leaf: Option<String>,
+}
+
+/// The leaf frame naming the region that holds `addr`: in the last map read
+/// of the process, else among the regions its mapping events announced
+/// (newest first), which covers mappings gone by the end.
+pub fn region_leaf(maps: &[crate::procmaps::Region], mapped: &[crate::procmaps::Region], addr: u64) -> String {
+    let found = crate::procmaps::find(maps, addr).or_else(|| mapped.iter().rev().find(|r| r.contains(addr)));
+    match found {
+        Some(r) => match &r.path {
+            Some(p) if p.starts_with('/') => format!("[file {p}]"),
+            Some(p) => p.clone(),
+            None => format!("[{:?} {:#x}-{:#x}]", r.kind, r.start, r.end).to_lowercase(),
+        },
+        None => "[unmapped region]".into(),
+    }
 }
 
 /// The `stacks` section of summary.json.

@@ -202,6 +202,86 @@ pub fn fork_children(children: usize, mib: usize, exit_code: i32) -> Result<(), 
     std::process::exit(exit_code);
 }
 
+/// Pins the calling thread to one CPU.
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; pid 0 is this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &raw const set);
+    }
+}
+
+const CHURN_BYTES: usize = 64 << 10;
+
+/// Unmaps one region. A frame-pointer walk from inside the libc wrapper
+/// (which has no frame) skips the wrapper's direct caller: this function, so
+/// that `churn_munmap_loop` shows. Using the result keeps it from becoming a
+/// tail call, which would hide the loop too.
+#[inline(never)]
+fn unmap_one(p: *mut libc::c_void) -> i32 {
+    // SAFETY: `p` is a mapping of CHURN_BYTES made by the caller.
+    std::hint::black_box(unsafe { libc::munmap(p, CHURN_BYTES) })
+}
+
+#[inline(never)]
+fn dontneed_one(p: *mut libc::c_void) -> i32 {
+    // SAFETY: `p` is a mapping of CHURN_BYTES.
+    std::hint::black_box(unsafe { libc::madvise(p, CHURN_BYTES, libc::MADV_DONTNEED) })
+}
+
+/// mmap, touch, munmap, `n` times: each munmap flushes the TLB of every CPU
+/// where this process runs.
+#[inline(never)]
+pub fn churn_munmap_loop(n: usize) -> Result<(), String> {
+    for _ in 0..n {
+        let p = map_anon(CHURN_BYTES, false)?;
+        touch(p, CHURN_BYTES);
+        if unmap_one(p.cast()) != 0 {
+            return Err(format!("munmap: {}", std::io::Error::last_os_error()));
+        }
+    }
+    Ok(())
+}
+
+/// touch, MADV_DONTNEED, `n` times on one mapping: the same flushes, by madvise.
+#[inline(never)]
+pub fn churn_madvise_loop(n: usize) -> Result<(), String> {
+    let p = map_anon(CHURN_BYTES, false)?;
+    for _ in 0..n {
+        touch(p, CHURN_BYTES);
+        if dontneed_one(p.cast()) != 0 {
+            return Err(format!("madvise: {}", std::io::Error::last_os_error()));
+        }
+    }
+    Ok(())
+}
+
+/// Mapping churn on CPU 0; with `threads` = 2 a second thread spins on CPU 1,
+/// so the process's TLB entries live there too and every flush needs an IPI.
+pub fn churn(threads: usize, iterations: usize, madvise: bool) -> Result<(), String> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stop = AtomicBool::new(false);
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        if threads >= 2 {
+            s.spawn(|| {
+                pin_to_cpu(1);
+                let mut x = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    x = std::hint::black_box(x.wrapping_add(1));
+                }
+            });
+        }
+        pin_to_cpu(0);
+        let r = if madvise { churn_madvise_loop(iterations) } else { churn_munmap_loop(iterations) };
+        stop.store(true, Ordering::Relaxed);
+        r
+    })?;
+    emit("churn", iterations as u64, t0.elapsed().as_nanos() as u64);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

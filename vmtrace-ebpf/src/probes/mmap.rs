@@ -1,0 +1,185 @@
+//! Memory-management syscalls of traced processes: counts, advice, bytes
+//! unmapped, call-site stacks, and a bracket (enter → exit) per thread so TLB
+//! shootdowns sent meanwhile are blamed on the call (see `tlb.rs`). Mapping
+//! changes are streamed: regions that live between two reads of
+//! `/proc/PID/maps` are still known to userspace.
+use aya_ebpf::{
+    bindings::BPF_F_USER_STACK,
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::tracepoint,
+    programs::{tracing::StackIdContext, TracePointContext},
+};
+use vmtrace_common::{
+    DropKind, EventHeader, EventKind, MmCall, MmEvent, MmInflight, MmStackCounts, MmStackKey, ADVICE_SLOTS, STACK_USER,
+};
+
+use crate::maps::{config, count_drop, is_traced, mm_stats, EVENTS, MM_INFLIGHT, MM_STACKS, STACKS};
+
+// /sys/kernel/tracing/events/syscalls/sys_enter_*/format: after
+// `int __syscall_nr` at 8, the arguments are 8-byte fields from offset 16:
+//   mmap(addr, len, prot, flags, fd, off)      munmap(addr, len)
+//   mremap(addr, old_len, new_len, flags, new_addr)
+//   madvise(start, len_in, behavior)           mprotect(start, len, prot)
+//   brk(brk)
+// sys_exit_*: `long ret` at 16.
+const ARG0: usize = 16;
+const EXIT_RET: usize = 16;
+
+#[inline(always)]
+fn args<const N: usize>(ctx: &TracePointContext) -> [u64; 6] {
+    let mut a = [0u64; 6];
+    let mut i = 0;
+    while i < N {
+        // SAFETY: offsets from the formats above.
+        a[i] = unsafe { ctx.read_at::<u64>(ARG0 + 8 * i) }.unwrap_or(0);
+        i += 1;
+    }
+    a
+}
+
+pub fn stack_key(tgid: u32, call: u32, user_stack: i32) -> MmStackKey {
+    MmStackKey { tgid, call, user_stack, _pad: 0 }
+}
+
+pub fn mm_stack_counts(key: &MmStackKey) -> Option<&'static mut MmStackCounts> {
+    if let Some(p) = MM_STACKS.get_ptr_mut(key) {
+        // SAFETY: this CPU's value of a live entry.
+        return Some(unsafe { &mut *p });
+    }
+    let _ = MM_STACKS.insert(key, &MmStackCounts::default(), 1);
+    // SAFETY: as above.
+    MM_STACKS.get_ptr_mut(key).map(|p| unsafe { &mut *p })
+}
+
+fn enter(ctx: &TracePointContext, call: MmCall, a: [u64; 6]) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !is_traced(tgid) {
+        return;
+    }
+    if let Some(m) = mm_stats(tgid) {
+        if let Some(c) = m.calls.get_mut(call as usize) {
+            *c += 1;
+        }
+        match call {
+            MmCall::Munmap => m.munmap_bytes += a[1],
+            MmCall::Madvise => {
+                let slot = if a[2] < ADVICE_SLOTS as u64 { a[2] as usize } else { ADVICE_SLOTS - 1 };
+                if let Some(c) = m.advice.get_mut(slot) {
+                    *c += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    // Syscalls are far rarer than faults: every call site is taken. A walk that
+    // faults runs under pagefault_disable(), which the fault hook ignores.
+    let user_stack = if config().stack_mode & STACK_USER != 0 {
+        ctx.get_stackid(&STACKS, u64::from(BPF_F_USER_STACK)).map_or(-2, |id| id as i32)
+    } else {
+        -1
+    };
+    if let Some(c) = mm_stack_counts(&stack_key(tgid, call as u32, user_stack)) {
+        c.calls += 1;
+    }
+    let inflight = MmInflight { call: call as u32, user_stack, args: a };
+    if MM_INFLIGHT.insert(&(pid_tgid as u32), &inflight, 0).is_err() {
+        count_drop(DropKind::MmInflightFull);
+    }
+}
+
+fn exit(ctx: &TracePointContext) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
+    // SAFETY: copied out before removal.
+    let Some(f) = (unsafe { MM_INFLIGHT.get(&tid) }).copied() else { return };
+    let _ = MM_INFLIGHT.remove(&tid);
+    // SAFETY: offset from the format above.
+    let ret: i64 = unsafe { ctx.read_at(EXIT_RET) }.unwrap_or(-1);
+    let (addr, len) = match f.call {
+        c if c == MmCall::Mmap as u32 && !(-4095..0).contains(&ret) => (ret as u64, f.args[1]),
+        c if c == MmCall::Munmap as u32 && ret == 0 => (f.args[0], f.args[1]),
+        c if c == MmCall::Mremap as u32 && !(-4095..0).contains(&ret) => (ret as u64, f.args[2]),
+        _ => return,
+    };
+    let Some(mut slot) = EVENTS.reserve::<MmEvent>(0) else {
+        count_drop(DropKind::MmEventRingFull);
+        return;
+    };
+    let is_mmap = f.call == MmCall::Mmap as u32;
+    slot.write(MmEvent {
+        hdr: EventHeader {
+            kind: EventKind::MmMapChange as u32,
+            size: core::mem::size_of::<MmEvent>() as u32,
+            // SAFETY: no preconditions.
+            ts_ns: unsafe { bpf_ktime_get_ns() },
+        },
+        tgid: (pid_tgid >> 32) as u32,
+        call: f.call,
+        addr,
+        len,
+        prot: if is_mmap { f.args[2] } else { 0 },
+        flags: if is_mmap { f.args[3] } else { 0 },
+        fd: if is_mmap { f.args[4] } else { u64::MAX },
+        offset: if is_mmap { f.args[5] } else { 0 },
+    });
+    slot.submit(0);
+}
+
+macro_rules! syscall_hooks {
+    ($enter:ident, $exit:ident, $enter_tp:literal, $exit_tp:literal, $call:expr, $n:literal) => {
+        #[tracepoint(category = "syscalls", name = $enter_tp)]
+        pub fn $enter(ctx: TracePointContext) -> u32 {
+            enter(&ctx, $call, args::<$n>(&ctx));
+            0
+        }
+
+        #[tracepoint(category = "syscalls", name = $exit_tp)]
+        pub fn $exit(ctx: TracePointContext) -> u32 {
+            exit(&ctx);
+            0
+        }
+    };
+}
+
+syscall_hooks!(
+    tp_syscalls_sys_enter_mmap,
+    tp_syscalls_sys_exit_mmap,
+    "sys_enter_mmap",
+    "sys_exit_mmap",
+    MmCall::Mmap,
+    6
+);
+syscall_hooks!(
+    tp_syscalls_sys_enter_munmap,
+    tp_syscalls_sys_exit_munmap,
+    "sys_enter_munmap",
+    "sys_exit_munmap",
+    MmCall::Munmap,
+    2
+);
+syscall_hooks!(
+    tp_syscalls_sys_enter_mremap,
+    tp_syscalls_sys_exit_mremap,
+    "sys_enter_mremap",
+    "sys_exit_mremap",
+    MmCall::Mremap,
+    5
+);
+syscall_hooks!(
+    tp_syscalls_sys_enter_madvise,
+    tp_syscalls_sys_exit_madvise,
+    "sys_enter_madvise",
+    "sys_exit_madvise",
+    MmCall::Madvise,
+    3
+);
+syscall_hooks!(
+    tp_syscalls_sys_enter_mprotect,
+    tp_syscalls_sys_exit_mprotect,
+    "sys_enter_mprotect",
+    "sys_exit_mprotect",
+    MmCall::Mprotect,
+    3
+);
+syscall_hooks!(tp_syscalls_sys_enter_brk, tp_syscalls_sys_exit_brk, "sys_enter_brk", "sys_exit_brk", MmCall::Brk, 1);

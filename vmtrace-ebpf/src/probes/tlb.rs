@@ -1,0 +1,83 @@
+//! TLB flushes and the IPIs that carry remote ones (shootdowns), attributed to
+//! the process that *sent* them and to the syscall and call site in flight on
+//! the sending thread. A shootdown *received* (reason 1) is counted for the
+//! task it interrupted, never as that task's own doing.
+use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext};
+use vmtrace_common::{MM_CALLS, MM_IPI_FROM_FLUSH, TLB_REASONS};
+
+use super::mmap::{mm_stack_counts, stack_key};
+use crate::maps::{config, is_traced, mm_stats, MM_INFLIGHT};
+
+// /sys/kernel/tracing/events/tlb/tlb_flush/format:
+//   field:int reason;          offset:8;  size:4; signed:1;
+//   field:unsigned long pages; offset:16; size:8; signed:0;
+// reason: 0 TLB_FLUSH_ON_TASK_SWITCH, 1 TLB_REMOTE_SHOOTDOWN (received),
+// 2 TLB_LOCAL_SHOOTDOWN, 3 TLB_LOCAL_MM_SHOOTDOWN, 4 TLB_REMOTE_SEND_IPI.
+#[tracepoint(category = "tlb", name = "tlb_flush")]
+pub fn tp_tlb_tlb_flush(ctx: TracePointContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if !is_traced(tgid) {
+        return 0;
+    }
+    // SAFETY: offsets from the format above.
+    let reason: i32 = unsafe { ctx.read_at(8) }.unwrap_or(-1);
+    let pages: u64 = unsafe { ctx.read_at(16) }.unwrap_or(0);
+    if let Some(m) = mm_stats(tgid) {
+        if (0..TLB_REASONS as i32).contains(&reason) {
+            if let Some(c) = m.tlb_reason.get_mut(reason as usize) {
+                *c += 1;
+            }
+        }
+        m.tlb_pages += pages;
+    }
+    // Without csd_queue_cpu (before 6.6), a flush that sends IPIs stands for one.
+    if reason == 4 && config().mm & MM_IPI_FROM_FLUSH != 0 {
+        ipis_sent(1);
+    }
+    0
+}
+
+/// Counts `n` TLB-flush IPIs sent by the current thread.
+fn ipis_sent(n: u64) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if n == 0 || !is_traced(tgid) {
+        return;
+    }
+    // Only the two fields, each with a defined default: a copied-out
+    // Option<MmInflight> leaves registers the verifier rejects as uninitialized.
+    let (call, user_stack) = match MM_INFLIGHT.get_ptr(&(pid_tgid as u32)) {
+        // SAFETY: a live map value.
+        Some(f) => unsafe { ((*f).call, (*f).user_stack) },
+        None => (MM_CALLS as u32, -1),
+    };
+    if let Some(m) = mm_stats(tgid) {
+        m.ipis_sent += n;
+        if let Some(c) = m.ipis_by_call.get_mut((call as usize).min(MM_CALLS)) {
+            *c += n;
+        }
+    }
+    if (call as usize) < MM_CALLS {
+        if let Some(c) = mm_stack_counts(&stack_key(tgid, call, user_stack)) {
+            c.ipis += n;
+        }
+    }
+}
+
+// /sys/kernel/tracing/events/csd/csd_queue_cpu/format (6.6+): one per
+// target CPU of a cross-CPU function call, with the function; a shootdown is
+// one whose function is `flush_tlb_func` (the ipi:* tracepoints carry the
+// generic IPI handler instead, not the TLB function):
+//   field:unsigned int cpu; offset:8;  size:4; signed:0;
+//   field:void * callsite;  offset:16; size:8; signed:0;
+//   field:void * func;      offset:24; size:8; signed:0;
+//   field:void * csd;       offset:32; size:8; signed:0;
+#[tracepoint(category = "csd", name = "csd_queue_cpu")]
+pub fn tp_csd_csd_queue_cpu(ctx: TracePointContext) -> u32 {
+    // SAFETY: offset from the format above.
+    let func: u64 = unsafe { ctx.read_at(24) }.unwrap_or(0);
+    if func != 0 && func == config().flush_tlb_func {
+        ipis_sent(1);
+    }
+    0
+}
