@@ -433,12 +433,9 @@ pub struct KernelOffsets {
     pub cgroup_kn: u32,
     /// `kernfs_node.id`.
     pub kernfs_id: u32,
-    /// `task_struct.pagefault_disabled`: set during nofault user reads, whose
-    /// faults the kernel never handles or accounts.
-    pub task_pagefault_disabled: u32,
     pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 64);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 60);
 
 impl KernelOffsets {
     pub const MISSING: u32 = u32::MAX;
@@ -457,7 +454,6 @@ impl KernelOffsets {
         css_cgroup: Self::MISSING,
         cgroup_kn: Self::MISSING,
         kernfs_id: Self::MISSING,
-        task_pagefault_disabled: Self::MISSING,
         _pad: 0,
     };
 }

@@ -1,8 +1,10 @@
 //! Maps and read-only globals shared by all probe families.
 use aya_ebpf::{
+    bindings::BPF_F_USER_STACK,
     helpers::bpf_get_current_pid_tgid,
     macros::map,
     maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
+    programs::tracing::StackIdContext,
 };
 use vmtrace_common::{
     Config, DropKind, FaultStats, InflightFault, KernelOffsets, MmInflight, MmStackCounts, MmStackKey, MmStats,
@@ -60,6 +62,25 @@ pub static STACKS: StackTrace = StackTrace::with_max_entries(16_384, 0);
 #[map]
 pub static FAULT_STACKS: PerCpuHashMap<StackKey, StackCounts> = PerCpuHashMap::with_max_entries(65_536, 0);
 
+/// The current user stack's id in `STACKS` (-2 when it cannot be stored).
+/// The walk reads user memory through frame pointers and may fault; those
+/// nested faults re-enter the fault hooks, which skip them while this CPU's
+/// slot says it is walking (the kernel never accounts them).
+#[inline(always)]
+pub fn user_stack_id<C: StackIdContext>(ctx: &C) -> i32 {
+    let slot = FAULT_SLOT.get_ptr_mut(0);
+    if let Some(s) = slot {
+        // SAFETY: this CPU's slot; BPF programs on one CPU do not interleave.
+        unsafe { (*s).walking = 1 };
+    }
+    let id = ctx.get_stackid(&STACKS, u64::from(BPF_F_USER_STACK)).map_or(-2, |id| id as i32);
+    if let Some(s) = slot {
+        // SAFETY: as above.
+        unsafe { (*s).walking = 0 };
+    }
+    id
+}
+
 /// Per-process mmap-family and TLB aggregate, keyed by tgid (processes in the
 /// traced set only). Userspace takes an exited process's entry, as for faults.
 #[map]
@@ -94,6 +115,19 @@ pub fn mm_stats(tgid: u32) -> Option<&'static mut MmStats> {
             count_drop(DropKind::MmStatsFull);
             None
         }
+    }
+}
+
+/// Faults of all traced processes (index 0) and majors (1), per CPU: the
+/// fault-rate timeline, read every 100 ms without walking the per-process map.
+#[map]
+pub static TOTALS: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
+
+#[inline(always)]
+pub fn count_total(i: u32) {
+    if let Some(p) = TOTALS.get_ptr_mut(i) {
+        // SAFETY: per-CPU value.
+        unsafe { *p += 1 };
     }
 }
 

@@ -142,6 +142,29 @@ pub enum WorkloadCmd {
         #[arg(long)]
         madvise: bool,
     },
+    /// read(2) a file into a fresh buffer.
+    ReadFile {
+        path: PathBuf,
+        /// Evict the file from the page cache first.
+        #[arg(long)]
+        cold: bool,
+    },
+    /// Write a safetensors checkpoint of about MIB MiB.
+    MakeSafetensors {
+        path: PathBuf,
+        #[arg(long, default_value_t = 64)]
+        mib: usize,
+    },
+    /// fork workers over a parent's memory: copy-on-write by refcount writes or none.
+    Cow {
+        #[arg(long, default_value_t = 2)]
+        children: usize,
+        #[arg(long, default_value_t = 64)]
+        mib: usize,
+        /// Write one word per page (as CPython refcounts do); else only read.
+        #[arg(long)]
+        refcount: bool,
+    },
     /// Create a file of MIB MiB.
     MakeFile {
         path: PathBuf,

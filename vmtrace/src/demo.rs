@@ -1,62 +1,316 @@
-//! `vmtrace demo`: the built-in first-touch workload recorded for real, and
-//! vmtrace's count set beside the workload's own getrusage.
-use std::path::Path;
+//! `vmtrace demo`: the classic virtual-memory experiments, each run for real
+//! under `record` into its own folder, then one comparison table and one
+//! `report.html`. Workloads are built into the binary (`vmtrace workload …`).
+use std::{
+    fmt::Write as _,
+    path::{Path, PathBuf},
+};
+
+use serde::Serialize;
 
 use crate::{
     cli::EventFamily,
+    oom::ScratchCgroup,
     record::{record, RecordError, RecordOptions},
-    report::text::fmt_ns,
+    report::{html, summary::Summary, text::fmt_ns},
+    stacks::StackMode,
     target::Target,
     workload::{Report, REPORT_ENV},
 };
 
-const MIB: usize = 256;
+/// One row of the comparison table.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub group: String,
+    pub scenario: String,
+    pub what: String,
+    pub faults: u64,
+    pub major: u64,
+    pub cow: u64,
+    pub fault_time_ns: u64,
+    pub ipis_sent: u64,
+    pub storms: usize,
+    pub oom_kills: usize,
+    pub exit_status: Option<i32>,
+    /// The workloads' own getrusage total (minor + major), for comparison;
+    /// null when none reported (a workload killed before it could).
+    pub getrusage_faults: Option<u64>,
+    pub note: String,
+}
 
-pub fn run(out: &Path) -> Result<i32, RecordError> {
-    let exe =
-        std::env::current_exe().map_err(|e| RecordError::Preflight(format!("cannot find own executable: {e}")))?;
-    let dir = out.join("first-touch-4k");
-    crate::record::prepare_out_dir(&dir)?;
-    let report_file = dir.join("workload-report.jsonl");
-    let _ = std::fs::remove_file(&report_file);
-    let argv = vec![exe.display().to_string(), "workload".into(), "touch".into(), "--mib".into(), MIB.to_string()];
-    println!("vmtrace demo: first touch of {MIB} MiB with 4 KiB pages, recorded into {}\n", dir.display());
-    // The traced workload inherits this and writes its getrusage there.
-    // SAFETY (edition 2021: safe fn): single-threaded at this point.
-    std::env::set_var(REPORT_ENV, &report_file);
-    let outcome = record(&RecordOptions {
-        target: Target::Command(argv),
-        out: dir.clone(),
+struct Scenario {
+    group: &'static str,
+    name: &'static str,
+    what: &'static str,
+    argv: Vec<String>,
+}
+
+fn workload(exe: &Path, args: &[&str]) -> Vec<String> {
+    let mut v = vec![exe.display().to_string(), "workload".into()];
+    v.extend(args.iter().map(ToString::to_string));
+    v
+}
+
+fn scenarios(exe: &Path, ckpt: &str) -> Vec<Scenario> {
+    let w = |a: &[&str]| workload(exe, a);
+    vec![
+        Scenario {
+            group: "1. first touch",
+            name: "first-touch-4k",
+            what: "256 MiB, 4 KiB pages (MADV_NOHUGEPAGE)",
+            argv: w(&["touch", "--mib", "256"]),
+        },
+        Scenario {
+            group: "1. first touch",
+            name: "first-touch-thp",
+            what: "256 MiB, transparent huge pages (MADV_HUGEPAGE)",
+            argv: w(&["touch", "--mib", "256", "--huge"]),
+        },
+        Scenario {
+            group: "2. checkpoint load",
+            name: "ckpt-read-cold",
+            what: "read() into a buffer, cold page cache",
+            argv: w(&["read-file", ckpt, "--cold"]),
+        },
+        Scenario {
+            group: "2. checkpoint load",
+            name: "ckpt-mmap-cold",
+            what: "mmap, sequential, cold",
+            argv: w(&["file-read", ckpt, "--cold"]),
+        },
+        Scenario {
+            group: "2. checkpoint load",
+            name: "ckpt-mmap-warm",
+            what: "mmap, sequential, warm",
+            argv: w(&["file-read", ckpt]),
+        },
+        Scenario {
+            group: "2. checkpoint load",
+            name: "ckpt-mmap-random-cold",
+            what: "mmap + MADV_RANDOM, every 4th page in random order, cold",
+            argv: w(&["file-read", ckpt, "--random", "--stride", "4", "--cold"]),
+        },
+        Scenario {
+            group: "3. fork + copy-on-write",
+            name: "cow-refcount",
+            what: "2 workers walk 64 MiB writing a refcount per page (a list of objects)",
+            argv: w(&["cow", "--children", "2", "--mib", "64", "--refcount"]),
+        },
+        Scenario {
+            group: "3. fork + copy-on-write",
+            name: "cow-flat",
+            what: "2 workers read 64 MiB (one flat buffer)",
+            argv: w(&["cow", "--children", "2", "--mib", "64"]),
+        },
+        Scenario {
+            group: "4. munmap churn",
+            name: "churn-2-threads",
+            what: "mmap/touch/munmap ×20k on CPU 0, a second thread on CPU 1",
+            argv: w(&["churn", "--threads", "2"]),
+        },
+        Scenario {
+            group: "4. munmap churn",
+            name: "churn-1-thread",
+            what: "the same with one thread",
+            argv: w(&["churn", "--threads", "1"]),
+        },
+    ]
+}
+
+fn options(target: Target, out: PathBuf) -> RecordOptions {
+    RecordOptions {
+        target,
+        out,
         duration: None,
         minor_period: 16,
         force_tracepoints: false,
         events: vec![EventFamily::Faults, EventFamily::Mmap, EventFamily::Tlb, EventFamily::Oom, EventFamily::Perf],
-        stacks: crate::stacks::StackMode::User,
+        stacks: StackMode::User,
         stack_period: 16,
         leaf_region: true,
         storm_threshold: 1000.0,
-        print_summary: true,
-    });
+        print_summary: false,
+    }
+}
+
+/// Records one scenario; the workload's own getrusage lines land beside it.
+fn run_one(group: &str, name: &str, what: &str, argv: Vec<String>, out: &Path) -> Result<(Row, Summary), RecordError> {
+    let dir = out.join(name);
+    crate::record::prepare_out_dir(&dir)?;
+    let reports = dir.join("workload-report.jsonl");
+    let _ = std::fs::remove_file(&reports);
+    // SAFETY (edition 2021: a safe fn): no other thread of vmtrace reads the environment now.
+    std::env::set_var(REPORT_ENV, &reports);
+    let outcome = record(&options(Target::Command(argv), dir.clone()));
     std::env::remove_var(REPORT_ENV);
-    let outcome = outcome?;
-    let reports = parse_reports(&std::fs::read_to_string(&report_file).unwrap_or_default());
-    if let (Some(r), Some(p)) =
-        (reports.first(), outcome.summary.processes.iter().find(|p| Some(p.pid) == outcome.summary.target.pid))
-    {
-        let f = &p.faults;
-        let truth = r.minflt + r.majflt;
-        println!(
-            "\nground truth: the workload's own getrusage() counts {truth} faults ({} minor, {} major); \
-             vmtrace counted {} ({:+.2}%), {} in the fault handler: {:.0} ns per fault",
-            r.minflt,
-            r.majflt,
-            f.total,
-            (f.total as f64 - truth as f64) * 100.0 / truth.max(1) as f64,
-            fmt_ns(f.time_ns),
-            f.time_ns as f64 / f.total.max(1) as f64,
+    let s = outcome?.summary;
+    let lines = parse_reports(&std::fs::read_to_string(&reports).unwrap_or_default());
+    let truth = (!lines.is_empty()).then(|| lines.iter().map(|r| r.minflt + r.majflt).sum());
+    let row = Row {
+        group: group.into(),
+        scenario: name.into(),
+        what: what.into(),
+        faults: s.totals.total,
+        major: s.totals.major,
+        cow: s.totals.cow,
+        fault_time_ns: s.totals.time_ns,
+        ipis_sent: s.processes.iter().filter_map(|p| p.tlb.as_ref()).map(|t| t.ipis_sent).sum(),
+        storms: s.storms.as_ref().map_or(0, Vec::len),
+        oom_kills: s.oom.as_ref().map_or(0, Vec::len),
+        exit_status: s.target.exit_status,
+        getrusage_faults: truth,
+        note: String::new(),
+    };
+    println!(
+        "  {name:<24} {:>9} faults  {:>9} major  {:>10}  {what}",
+        row.faults,
+        row.major,
+        fmt_ns(row.fault_time_ns)
+    );
+    Ok((row, s))
+}
+
+pub fn run(out: &Path) -> Result<i32, RecordError> {
+    let exe =
+        std::env::current_exe().map_err(|e| RecordError::Preflight(format!("cannot find own executable: {e}")))?;
+    crate::record::prepare_out_dir(out)?;
+    println!("vmtrace demo: the classic virtual-memory experiments, each recorded into {}/<scenario>\n", out.display());
+    let ckpt = out.join("model.safetensors");
+    crate::workload::make_safetensors(&ckpt, 64).map_err(RecordError::Preflight)?;
+    let mut rows = Vec::new();
+    let mut sections = Vec::new();
+    for sc in scenarios(&exe, &ckpt.display().to_string()) {
+        let (row, s) = run_one(sc.group, sc.name, sc.what, sc.argv, out)?;
+        sections.push((sc.name.to_string(), sc.what.to_string(), s));
+        rows.push(row);
+    }
+    // 5. OOM in a 64 MiB memory cgroup, when one can be made.
+    let cg_name = format!("vmtrace-demo-{}", std::process::id());
+    match ScratchCgroup::new(&cg_name, 64 << 20) {
+        Ok(cg) => {
+            let hog = format!("{} workload touch --mib 256 --pace-ms 2", exe.display());
+            let what = "a hog grows in a 64 MiB memory cgroup";
+            let (mut row, s) = run_one("5. OOM kill", "oom-64mib-cgroup", what, cg.run_inside(&hog), out)?;
+            if let Some(o) = s.oom.as_ref().and_then(|v| v.first()) {
+                row.note = crate::oom::render(o);
+            }
+            sections.push(("oom-64mib-cgroup".into(), what.into(), s));
+            rows.push(row);
+        }
+        Err(e) => println!("  {:<24} skipped: {e}", "oom-64mib-cgroup"),
+    }
+    let table = comparison(&rows);
+    println!("\n{table}");
+    std::fs::write(out.join("demo.txt"), &table).map_err(|err| RecordError::OutDir { path: out.into(), err })?;
+    let json = serde_json::to_string_pretty(&rows).unwrap_or_default();
+    std::fs::write(out.join("demo.json"), json + "\n").map_err(|err| RecordError::OutDir { path: out.into(), err })?;
+    std::fs::write(out.join("report.html"), demo_html(&rows, &sections, out))
+        .map_err(|err| RecordError::OutDir { path: out.into(), err })?;
+    println!(
+        "\nwritten: {0}/report.html (open it in a browser), {0}/demo.txt, {0}/demo.json, one folder per scenario",
+        out.display()
+    );
+    Ok(0)
+}
+
+fn find<'a>(rows: &'a [Row], name: &str) -> Option<&'a Row> {
+    rows.iter().find(|r| r.scenario == name)
+}
+
+/// The table and what each pair shows.
+pub fn comparison(rows: &[Row]) -> String {
+    let mut t = format!(
+        "{:<24} {:>9} {:>8} {:>8} {:>11} {:>9} {:>6} {:>9}\n",
+        "SCENARIO", "FAULTS", "MAJOR", "COW", "FAULT TIME", "IPIS", "STORM", "GETRUSAGE"
+    );
+    let mut group = "";
+    for r in rows {
+        if r.group != group {
+            group = &r.group;
+            let _ = writeln!(t, "{group}");
+        }
+        let _ = writeln!(
+            t,
+            "  {:<22} {:>9} {:>8} {:>8} {:>11} {:>9} {:>6} {:>9}",
+            r.scenario,
+            r.faults,
+            r.major,
+            r.cow,
+            fmt_ns(r.fault_time_ns),
+            r.ipis_sent,
+            r.storms,
+            r.getrusage_faults.map_or("-".into(), |g| g.to_string())
         );
     }
-    Ok(outcome.exit_status)
+    let _ = writeln!(t, "\nWhat it shows:");
+    if let (Some(a), Some(b)) = (find(rows, "first-touch-4k"), find(rows, "first-touch-thp")) {
+        let _ = writeln!(
+            t,
+            "- huge pages: {} faults instead of {} for the same 256 MiB ({} vs {} in the fault handler)",
+            b.faults,
+            a.faults,
+            fmt_ns(b.fault_time_ns),
+            fmt_ns(a.fault_time_ns)
+        );
+    }
+    if let (Some(c), Some(w)) = (find(rows, "ckpt-mmap-random-cold"), find(rows, "ckpt-mmap-warm")) {
+        let _ = writeln!(
+            t,
+            "- a cold random mmap read waits on disk: {} major faults, {} in faults; warm: {} major",
+            c.major,
+            fmt_ns(c.fault_time_ns),
+            w.major
+        );
+    }
+    if let (Some(a), Some(b)) = (find(rows, "cow-refcount"), find(rows, "cow-flat")) {
+        let _ = writeln!(
+            t,
+            "- fork workers writing refcounts copy every page: {} COW faults, vs {} when they only read",
+            a.cow, b.cow
+        );
+    }
+    if let (Some(a), Some(b)) = (find(rows, "churn-2-threads"), find(rows, "churn-1-thread")) {
+        let _ = writeln!(
+            t,
+            "- munmap with a second thread on another CPU: {} shootdown IPIs and {} storm(s); alone: {} IPIs",
+            a.ipis_sent, a.storms, b.ipis_sent
+        );
+    }
+    if let Some(o) = find(rows, "oom-64mib-cgroup") {
+        let _ = writeln!(t, "- {}", if o.note.is_empty() { "no OOM kill was seen".into() } else { o.note.clone() });
+    }
+    t
+}
+
+fn demo_html(rows: &[Row], sections: &[(String, String, Summary)], out: &Path) -> String {
+    let mut b = String::from("<h2>Scenarios</h2><table><tr><th class='l'>scenario</th><th class='l'>what</th><th>faults</th><th>major</th><th>COW</th><th>fault time</th><th>shootdown IPIs</th><th>storms</th><th>getrusage</th></tr>");
+    for r in rows {
+        let _ = write!(
+            b,
+            "<tr><td><a href='#{0}'>{0}</a></td><td class='l'>{1}</td><td>{2}</td><td>{3}</td><td>{4}</td><td>{5}</td><td>{6}</td><td>{7}</td><td>{8}</td></tr>",
+            html::escape(&r.scenario),
+            html::escape(&r.what),
+            r.faults,
+            r.major,
+            r.cow,
+            fmt_ns(r.fault_time_ns),
+            r.ipis_sent,
+            r.storms,
+            r.getrusage_faults.map_or("-".into(), |g| g.to_string())
+        );
+    }
+    let _ =
+        write!(b, "</table><pre>{}</pre>", html::escape(comparison(rows).split("What it shows:").nth(1).unwrap_or("")));
+    for (name, what, s) in sections {
+        let _ = write!(
+            b,
+            "<h2 id='{0}'>{0}</h2><p>{1}</p>{2}",
+            html::escape(name),
+            html::escape(what),
+            html::recording_body(s, &out.join(name), &format!("{name}/"))
+        );
+    }
+    html::page("vmtrace demo: where does memory time go?", &b)
 }
 
 /// Parses the JSON lines the built-in workloads print.

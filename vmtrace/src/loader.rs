@@ -238,6 +238,7 @@ pub struct Probes {
     pub stack_traces: StackTraceMap<MapData>,
     pub mm_stats: PerCpuHashMap<MapData, u32, MmStats>,
     pub mm_stacks: PerCpuHashMap<MapData, MmStackKey, MmStackCounts>,
+    pub totals: PerCpuArray<MapData, u64>,
     pub logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
 }
 
@@ -296,7 +297,20 @@ impl Probes {
         let stack_traces = take_map(&mut ebpf, "STACKS")?;
         let mm_stats = take_map(&mut ebpf, "MM_STATS")?;
         let mm_stacks = take_map(&mut ebpf, "MM_STACKS")?;
-        Ok(Self { ebpf, attached, fault_stats, drops, events, fault_stacks, stack_traces, mm_stats, mm_stacks, logger })
+        let totals = take_map(&mut ebpf, "TOTALS")?;
+        Ok(Self {
+            ebpf,
+            attached,
+            fault_stats,
+            drops,
+            events,
+            fault_stacks,
+            stack_traces,
+            mm_stats,
+            mm_stacks,
+            totals,
+            logger,
+        })
     }
 
     /// Adds a process to the traced set (a zeroed `FAULT_STATS` entry); its
@@ -312,6 +326,11 @@ impl Probes {
     /// Whether `tgid` is in the traced set.
     pub fn is_traced(&self, tgid: u32) -> bool {
         self.fault_stats.get(&tgid, 0).is_ok()
+    }
+
+    /// One process's aggregate, summed over CPUs, left in the map.
+    pub fn stats_of(&self, tgid: u32) -> Option<FaultStats> {
+        self.fault_stats.get(&tgid, 0).ok().map(|v| sum_cpus(v.iter()))
     }
 
     /// Reads and deletes an exited process's aggregate, summed over CPUs.
@@ -377,6 +396,12 @@ impl Probes {
         if let Some(l) = self.logger.as_mut() {
             l.flush();
         }
+    }
+
+    /// (faults, majors) of all traced processes so far.
+    pub fn totals(&self) -> (u64, u64) {
+        let get = |i: u32| self.totals.get(&i, 0).map_or(0, |v| v.iter().sum());
+        (get(0), get(1))
     }
 
     /// Summed drop counters, indexed by `DropKind`.

@@ -74,6 +74,9 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                     workload::file_read(&path, random, stride, cold)
                 }
                 WorkloadCmd::MakeFile { path, mib } => workload::make_file(&path, mib),
+                WorkloadCmd::ReadFile { path, cold } => workload::read_file(&path, cold),
+                WorkloadCmd::MakeSafetensors { path, mib } => workload::make_safetensors(&path, mib),
+                WorkloadCmd::Cow { children, mib, refcount } => workload::cow(children, mib, refcount),
                 WorkloadCmd::Churn { threads, iterations, madvise } => workload::churn(threads, iterations, madvise),
                 WorkloadCmd::Fork { children, mib, exit } => workload::fork_children(children, mib, exit),
             };

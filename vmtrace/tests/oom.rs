@@ -1,52 +1,9 @@
 //! OOM kills in a memory cgroup the test makes under its own (privileged).
 mod common;
 
-use std::{
-    fs,
-    path::{Path, PathBuf},
-};
+use std::fs;
 
 use common::*;
-
-/// A child memory cgroup with a 64 MiB limit and no swap, removed on drop.
-struct MemCgroup {
-    dir: PathBuf,
-}
-
-impl MemCgroup {
-    fn new(name: &str) -> Self {
-        let own = fs::read_to_string("/proc/self/cgroup").unwrap();
-        let limit = (64u64 << 20).to_string();
-        if let Some(v1) = own.lines().find_map(|l| l.split_once(":memory:").map(|(_, p)| p.to_string())) {
-            let dir = Path::new(vmtrace::oom::V1_MEMORY_ROOT).join(v1.trim_start_matches('/')).join(name);
-            fs::create_dir_all(&dir).expect("create v1 memory cgroup");
-            fs::write(dir.join("memory.limit_in_bytes"), &limit).unwrap();
-            let _ = fs::write(dir.join("memory.memsw.limit_in_bytes"), &limit);
-            return Self { dir };
-        }
-        let root = vmtrace::oom::v2_memory_root().expect(
-            "no memory cgroup (v1 or v2) on this machine: the OOM test needs one to stay away from a global OOM",
-        );
-        // v2 forbids processes in inner cgroups, so the test cgroup hangs off the root.
-        let dir = root.join(name);
-        fs::create_dir_all(&dir).expect("create v2 memory cgroup");
-        fs::write(dir.join("memory.max"), &limit).unwrap();
-        let _ = fs::write(dir.join("memory.swap.max"), "0");
-        Self { dir }
-    }
-}
-
-impl Drop for MemCgroup {
-    fn drop(&mut self) {
-        for _ in 0..50 {
-            if fs::remove_dir(&self.dir).is_ok() {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        eprintln!("could not remove {}", self.dir.display());
-    }
-}
 
 #[test]
 fn memcg_oom_names_victim_trigger_cgroup_and_what_it_held() {
@@ -54,10 +11,10 @@ fn memcg_oom_names_victim_trigger_cgroup_and_what_it_held() {
         return;
     }
     let name = format!("vmtrace-oom-{}", std::process::id());
-    let cg = MemCgroup::new(&name);
-    let script =
-        format!("echo $$ > {}/cgroup.procs && exec {BIN} workload touch --mib 256 --pace-ms 5", cg.dir.display());
-    let run = record(&[], &["sh", "-c", &script]);
+    let cg = vmtrace::oom::ScratchCgroup::new(&name, 64 << 20)
+        .expect("a memory cgroup (v1 or v2) is needed to test OOM kills without risking a global OOM");
+    let argv = cg.run_inside(&format!("{BIN} workload touch --mib 256 --pace-ms 5"));
+    let run = record(&[], &strs(&argv));
     assert_eq!(run.code(), Some(137), "the hog's SIGKILL comes through: {}", run.stderr());
     let pid = run.summary["target"]["pid"].as_u64().unwrap();
     let ooms = run.summary["oom"].as_array().expect("oom section");

@@ -93,7 +93,7 @@ fn cold_file_majors_are_an_order_of_magnitude_slower_than_minors() {
         return;
     }
     let dir = disk_dir();
-    let file = dir.join("cold.bin");
+    let file = dir.path().join("cold.bin");
     let made = vmtrace().args(["workload", "make-file"]).arg(&file).args(["--mib", "64"]).status().unwrap();
     assert!(made.success());
     let f = file.to_str().unwrap();
@@ -109,7 +109,24 @@ fn cold_file_majors_are_an_order_of_magnitude_slower_than_minors() {
     let minor_p50 = hist_quantile(&warm.process(w.pid)["faults"]["minor_latency_hist_ns"], 0.5);
     let major_p50 = hist_quantile(&faults["major_latency_hist_ns"], 0.5);
     assert!(major_p50 >= 10 * minor_p50, "major p50 ≤{major_p50} ns vs minor p50 ≤{minor_p50} ns");
-    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn read_into_a_fresh_buffer_counts_its_kernel_mode_faults() {
+    if !privileged("read_into_a_fresh_buffer_counts_its_kernel_mode_faults") {
+        return;
+    }
+    let dir = disk_dir();
+    let file = dir.path().join("read.bin");
+    assert!(vmtrace().args(["workload", "make-file"]).arg(&file).args(["--mib", "32"]).status().unwrap().success());
+    let run = record(&[], &strs(&workload(&["read-file", file.to_str().unwrap(), "--cold"])));
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let r = run.report("read-file");
+    let f = &run.process(r.pid)["faults"];
+    // read() fills the buffer from the kernel, with page faults disabled: they
+    // are still handled and accounted, and counted here as kernel-mode faults.
+    assert_close("faults of a read() buffer", u(&f["total"]), r.minflt + r.majflt, 1.0);
+    assert!(u(&f["kernel_mode"]) >= r.pages * 9 / 10, "{f:#}");
 }
 
 #[test]

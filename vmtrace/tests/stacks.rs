@@ -40,11 +40,11 @@ int main(int argc, char **argv) {
 }
 "#;
 
-/// Builds the C workload once per test binary.
-fn faulter() -> PathBuf {
+/// Builds the C workload into a scratch directory (kept alive by the caller).
+fn faulter() -> (tempfile::TempDir, PathBuf) {
     let dir = disk_dir();
-    let src = dir.join("faulter.c");
-    let bin = dir.join("faulter");
+    let src = dir.path().join("faulter.c");
+    let bin = dir.path().join("faulter");
     std::fs::write(&src, FAULTER_C).unwrap();
     let ok = Command::new("cc")
         .args(["-g", "-O1", "-fno-omit-frame-pointer", "-o"])
@@ -53,7 +53,7 @@ fn faulter() -> PathBuf {
         .status()
         .expect("a C compiler (cc) is needed for the stack tests");
     assert!(ok.success(), "compiling the C workload failed");
-    bin
+    (dir, bin)
 }
 
 fn share_under(folded: &str, function: &str) -> f64 {
@@ -68,7 +68,7 @@ fn faults_flamegraph_names_the_faulting_function() {
     if !privileged("faults_flamegraph_names_the_faulting_function") {
         return;
     }
-    let bin = faulter();
+    let (_dir, bin) = faulter();
     let run = record(&["--stacks", "user", "--stack-sample", "1", "--latency-sample", "1"], &[bin.to_str().unwrap()]);
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let folded = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();
@@ -101,7 +101,7 @@ fn sampled_stacks_are_scaled_to_the_total() {
     if !privileged("sampled_stacks_are_scaled_to_the_total") {
         return;
     }
-    let bin = faulter();
+    let (_dir, bin) = faulter();
     let run = record(&["--stack-sample", "8"], &[bin.to_str().unwrap()]);
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let folded = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();
@@ -120,7 +120,7 @@ fn short_lived_child_is_symbolized_after_it_exited() {
     if !privileged("short_lived_child_is_symbolized_after_it_exited") {
         return;
     }
-    let bin = faulter();
+    let (_dir, bin) = faulter();
     let run = record(&[], &[bin.to_str().unwrap(), "child"]);
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let procs = run.summary["processes"].as_array().unwrap();
@@ -135,7 +135,7 @@ fn leaf_region_shows_the_faulting_mapping() {
     if !privileged("leaf_region_shows_the_faulting_mapping") {
         return;
     }
-    let bin = faulter();
+    let (_dir, bin) = faulter();
     let run = record(&["--leaf", "region", "--stack-sample", "4"], &[bin.to_str().unwrap()]);
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let folded = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();

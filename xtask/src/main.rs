@@ -182,8 +182,31 @@ fn test(extra: &[String]) -> Result<()> {
         ),
         (true, _) => {}
     }
+    ensure_chromium()?;
     say("running tests");
     run(cmd("cargo").args(["test", "--release"]).args(USER_CRATES).arg("--").args(extra))
+}
+
+/// The demo test renders report.html in headless Chromium (Debian's package).
+fn ensure_chromium() -> Result<()> {
+    let found = ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .any(|b| Command::new(b).arg("--version").output().is_ok_and(|o| o.status.success()));
+    if found {
+        return Ok(());
+    }
+    say("installing chromium for the report.html test (apt-get install chromium)");
+    let ok = Command::new("sh")
+        .args([
+            "-c",
+            "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-dejavu-core",
+        ])
+        .status()?
+        .success();
+    if !ok {
+        bail!("installing chromium failed; install it by hand (apt-get install chromium)");
+    }
+    Ok(())
 }
 
 extern "C" {

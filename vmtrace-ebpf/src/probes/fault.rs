@@ -11,18 +11,15 @@
 //!        wait on I/O) to a hash keyed by tid, so the fault is timed wherever it resumes.
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
-    helpers::{
-        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_probe_read_kernel,
-    },
+    helpers::{bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns},
     macros::{btf_tracepoint, perf_event, tracepoint},
     programs::{tracing::StackIdContext, BtfTracePointContext, PerfEventContext, TracePointContext},
 };
 use vmtrace_common::{
-    hist_bucket, pf, DropKind, InflightFault, KernelOffsets, StackCounts, StackKey, LEAF_GRANULE_SHIFT, STACK_KERNEL,
-    STACK_USER,
+    hist_bucket, pf, DropKind, InflightFault, StackCounts, StackKey, LEAF_GRANULE_SHIFT, STACK_KERNEL, STACK_USER,
 };
 
-use crate::maps::{config, count_drop, current_stats, koffsets, FAULT_PARKED, FAULT_SLOT, FAULT_STACKS, STACKS};
+use crate::maps::{config, count_drop, count_total, current_stats, FAULT_PARKED, FAULT_SLOT, FAULT_STACKS, STACKS};
 
 /// Lowest kernel address on x86-64 (4- and 5-level paging): kernel-mode faults
 /// at or above it are not faults on user memory.
@@ -73,20 +70,13 @@ fn try_tp_page_fault(ctx: &TracePointContext, kernel_mode: bool) -> Result<(), i
     Ok(())
 }
 
-/// A kernel-mode fault under `pagefault_disable()` (a nofault read: our own
-/// stack walk, a probe) is fixed up without being handled or accounted.
+/// A kernel-mode fault taken while this CPU walks a user stack for us: the
+/// walk's nofault read fails it, and the kernel never accounts it. (The
+/// task's `pagefault_disabled` cannot tell: `read()` copies to user memory
+/// with page faults disabled, and those faults are handled and accounted.)
 #[inline(always)]
 fn nofault_read() -> bool {
-    if FAULT_SLOT.get(0).is_some_and(|s| s.walking != 0) {
-        return true;
-    }
-    let off = koffsets().task_pagefault_disabled;
-    if off == KernelOffsets::MISSING {
-        return false;
-    }
-    // SAFETY: reads the current task through bpf_probe_read_kernel.
-    let task = unsafe { bpf_get_current_task() } as *const u8;
-    unsafe { bpf_probe_read_kernel(task.add(off as usize).cast::<i32>()) }.is_ok_and(|d| d != 0)
+    FAULT_SLOT.get(0).is_some_and(|s| s.walking != 0)
 }
 
 #[inline(always)]
@@ -98,6 +88,7 @@ fn fault_start<C: StackIdContext>(ctx: &C, address: u64, error_code: u64, kernel
         return;
     };
     s.started += 1;
+    count_total(0);
     if error_code & pf::WRITE != 0 {
         s.write += 1;
         if error_code & pf::PROT != 0 {
@@ -150,10 +141,15 @@ fn sample_stack<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, slot: &mut 
             }
         }
     };
-    // Faults the walk takes re-enter the fault hooks on this CPU: flag them.
-    slot.walking = 1;
-    let user = if cfg.stack_mode & STACK_USER != 0 { take(u64::from(BPF_F_USER_STACK)) } else { -1 };
-    slot.walking = 0;
+    let user = if cfg.stack_mode & STACK_USER != 0 {
+        // Faults the walk takes re-enter the fault hooks on this CPU: flag them.
+        slot.walking = 1;
+        let id = take(u64::from(BPF_F_USER_STACK));
+        slot.walking = 0;
+        id
+    } else {
+        -1
+    };
     let kernel = if cfg.stack_mode & STACK_KERNEL != 0 { take(0) } else { -1 };
     let key = StackKey { tgid, user_stack: user, kernel_stack: kernel, _pad: 0, granule: granule(address) };
     match stack_counts(&key) {
@@ -206,6 +202,7 @@ fn fault_end(ctx: &PerfEventContext, major: bool) {
     let now = unsafe { bpf_ktime_get_ns() };
     if major {
         s.major += 1;
+        count_total(1);
     } else {
         s.minor_seen += 1;
     }

@@ -4,16 +4,15 @@
 //! changes are streamed: regions that live between two reads of
 //! `/proc/PID/maps` are still known to userspace.
 use aya_ebpf::{
-    bindings::BPF_F_USER_STACK,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::tracepoint,
-    programs::{tracing::StackIdContext, TracePointContext},
+    programs::TracePointContext,
 };
 use vmtrace_common::{
     DropKind, EventHeader, EventKind, MmCall, MmEvent, MmInflight, MmStackCounts, MmStackKey, ADVICE_SLOTS, STACK_USER,
 };
 
-use crate::maps::{config, count_drop, is_traced, mm_stats, EVENTS, MM_INFLIGHT, MM_STACKS, STACKS};
+use crate::maps::{config, count_drop, is_traced, mm_stats, user_stack_id, EVENTS, MM_INFLIGHT, MM_STACKS};
 
 // /sys/kernel/tracing/events/syscalls/sys_enter_*/format: after
 // `int __syscall_nr` at 8, the arguments are 8-byte fields from offset 16:
@@ -72,13 +71,8 @@ fn enter(ctx: &TracePointContext, call: MmCall, a: [u64; 6]) {
             _ => {}
         }
     }
-    // Syscalls are far rarer than faults: every call site is taken. A walk that
-    // faults runs under pagefault_disable(), which the fault hook ignores.
-    let user_stack = if config().stack_mode & STACK_USER != 0 {
-        ctx.get_stackid(&STACKS, u64::from(BPF_F_USER_STACK)).map_or(-2, |id| id as i32)
-    } else {
-        -1
-    };
+    // Syscalls are far rarer than faults: every call site is taken.
+    let user_stack = if config().stack_mode & STACK_USER != 0 { user_stack_id(ctx) } else { -1 };
     if let Some(c) = mm_stack_counts(&stack_key(tgid, call as u32, user_stack)) {
         c.calls += 1;
     }

@@ -20,8 +20,8 @@ use vmtrace_common::{
 use crate::{
     loader::Probes,
     report::summary::{
-        Drops, Faults, MmapCounts, ProbeInfo, Process, Reclaim, Sampling, Storm, Summary, TargetInfo, TlbCounts,
-        SUMMARY_VERSION,
+        Drops, Faults, MmapCounts, ProbeInfo, Process, Reclaim, Sampling, Storm, Summary, TargetInfo, Timeline,
+        TlbCounts, SUMMARY_VERSION,
     },
 };
 use crate::{
@@ -66,7 +66,7 @@ pub fn stop_signal() -> Option<i32> {
 
 /// How far back the flight recorder keeps each process's fault count.
 const HISTORY: Duration = Duration::from_secs(5);
-const HISTORY_STEP: Duration = Duration::from_millis(100);
+const HISTORY_STEP: Duration = Duration::from_millis(250);
 
 pub struct Session {
     pub probes: Probes,
@@ -91,7 +91,14 @@ pub struct Session {
     pub storms: StormDetector,
     /// IPIs per call site at the last tick (for storm culprits).
     last_sites: HashMap<MmStackKey, u64>,
+    /// Fault-rate timeline: totals at the last tick, and the series.
+    last_totals: (u64, u64),
+    last_tick: Instant,
+    timeline: Timeline,
 }
+
+/// Timeline and storm window.
+const TICK: Duration = Duration::from_millis(100);
 
 /// What a finished session hands to the reports.
 pub struct Finished {
@@ -208,6 +215,23 @@ impl Session {
             tlb_enabled: false,
             storms: StormDetector::new(f64::MAX),
             last_sites: HashMap::new(),
+            last_totals: (0, 0),
+            last_tick: Instant::now(),
+            timeline: Timeline { interval_s: TICK.as_secs_f64(), ..Timeline::default() },
+        }
+    }
+
+    /// Every 100 ms: the fault-rate timeline and the storm window.
+    fn tick(&mut self) {
+        if self.last_tick.elapsed() < TICK {
+            return;
+        }
+        self.last_tick = Instant::now();
+        let (f, m) = self.probes.totals();
+        self.timeline.push(f.saturating_sub(self.last_totals.0), m.saturating_sub(self.last_totals.1));
+        self.last_totals = (f, m);
+        if self.tlb_enabled {
+            self.storm_tick(self.started.elapsed().as_secs_f64());
         }
     }
 
@@ -283,6 +307,8 @@ impl Session {
     /// Marks the start of the trace proper.
     pub fn start_clock(&mut self) {
         self.started = Instant::now();
+        self.last_tick = self.started;
+        self.last_totals = self.probes.totals();
         self.started_mono_ns = monotonic_ns();
     }
 
@@ -293,17 +319,11 @@ impl Session {
 
     /// Every few hundred ms, the fault count of each live traced process.
     fn record_history(&mut self) {
-        if !(self.oom_enabled || self.tlb_enabled) || self.last_history.elapsed() < HISTORY_STEP {
+        if !self.oom_enabled || self.last_history.elapsed() < HISTORY_STEP {
             return;
         }
         self.last_history = Instant::now();
         let now = self.started.elapsed().as_secs_f64();
-        if self.tlb_enabled {
-            self.storm_tick(now);
-        }
-        if !self.oom_enabled {
-            return;
-        }
         for (tgid, s) in self.probes.all_stats() {
             let h = self.history.entry(tgid).or_default();
             h.push_back((now, s.started));
@@ -325,11 +345,18 @@ impl Session {
         }
     }
 
-    /// Fault rate of `pid` over the flight recorder's window.
+    /// Fault rate of `pid` over the flight recorder's window, up to now: its
+    /// count is read once more at the kill, and a process younger than one
+    /// sample is measured from when it was first seen.
     fn recent_rate(&self, pid: u32) -> Option<f64> {
-        let h = self.history.get(&pid)?;
-        let (&(t0, n0), &(t1, n1)) = (h.front()?, h.back()?);
-        (t1 > t0).then(|| n1.saturating_sub(n0) as f64 / (t1 - t0))
+        let now = self.started.elapsed().as_secs_f64();
+        let current = self.probes.stats_of(pid)?.started;
+        let (t0, n0) = if let Some(&(t, n)) = self.history.get(&pid).and_then(|h| h.front()) {
+            (t, n)
+        } else {
+            (now - self.table.procs.get(&pid)?.first_seen.elapsed().as_secs_f64(), 0)
+        };
+        (now > t0).then(|| current.saturating_sub(n0) as f64 / (now - t0))
     }
 
     fn on_oom(&mut self, ev: &OomEvent) {
@@ -349,6 +376,7 @@ impl Session {
         // SAFETY: one valid pollfd; EINTR (a stop signal) simply returns early.
         unsafe { libc::poll(&raw mut pfd, 1, timeout.as_millis() as i32) };
         self.drain();
+        self.tick();
         self.record_history();
         self.refresh_maps();
     }
@@ -540,9 +568,9 @@ impl Session {
 
     pub fn finish(mut self, target: TargetInfo, minor_period: u32) -> Finished {
         self.drain();
-        if self.tlb_enabled {
-            self.storm_tick(self.started.elapsed().as_secs_f64());
-        }
+        // The last, partial interval.
+        self.last_tick -= TICK;
+        self.tick();
         let stacks = if self.stacks.is_some() { self.build_stacks() } else { Vec::new() };
         let mm_sites = if self.mmap_enabled { self.build_mm_sites() } else { Vec::new() };
         let storms = self.tlb_enabled.then(|| self.finish_storms());
@@ -608,6 +636,7 @@ impl Session {
             oom: self.oom_enabled.then(|| std::mem::take(&mut self.ooms)),
             stacks: stacks_summary,
             storms,
+            timeline: Some(std::mem::take(&mut self.timeline)),
         };
         Finished { summary, stacks, mm_sites }
     }

@@ -77,7 +77,6 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         css_cgroup: o("cgroup_subsys_state", "cgroup")?,
         cgroup_kn: o("cgroup", "kn")?,
         kernfs_id: o("kernfs_node", "id")?,
-        task_pagefault_disabled: o("task_struct", "pagefault_disabled")?,
         _pad: 0,
     })
 }

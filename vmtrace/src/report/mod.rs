@@ -1,4 +1,5 @@
 //! What a trace leaves behind: `summary.json` (for tools) and `summary.txt` (for people).
+pub mod html;
 pub mod summary;
 pub mod text;
 
@@ -16,6 +17,7 @@ pub fn write_all(dir: &Path, s: &Summary) -> io::Result<()> {
     let json = serde_json::to_string_pretty(s).map_err(io::Error::other)?;
     fs::write(dir.join("summary.json"), json + "\n")?;
     fs::write(dir.join("summary.txt"), text::render(s))?;
+    fs::write(dir.join("report.html"), html::render(s, dir))?;
     Ok(())
 }
 

@@ -29,6 +29,9 @@ pub struct Summary {
     /// Every OOM kill during the trace, system-wide (`--events oom`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom: Option<Vec<crate::oom::OomRecord>>,
+    /// Faults per interval over the trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<Timeline>,
     /// Shootdown storms (`--events tlb`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storms: Option<Vec<Storm>>,
@@ -131,6 +134,30 @@ pub struct TlbCounts {
     /// TLB-flush IPIs sent (one per target CPU), and during which syscall.
     pub ipis_sent: u64,
     pub ipis_by_call: std::collections::BTreeMap<String, u64>,
+}
+
+/// Faults of all traced processes per interval, from the start of the trace.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Timeline {
+    pub interval_s: f64,
+    pub faults: Vec<u64>,
+    pub major: Vec<u64>,
+}
+
+impl Timeline {
+    /// At most this many points: longer traces merge neighbours.
+    pub const MAX_POINTS: usize = 2000;
+
+    pub fn push(&mut self, faults: u64, major: u64) {
+        self.faults.push(faults);
+        self.major.push(major);
+        if self.faults.len() > Self::MAX_POINTS {
+            let merge = |v: &mut Vec<u64>| *v = v.chunks(2).map(|c| c.iter().sum()).collect();
+            merge(&mut self.faults);
+            merge(&mut self.major);
+            self.interval_s *= 2.0;
+        }
+    }
 }
 
 /// A shootdown storm: IPIs sent faster than `--storm-threshold` per second.

@@ -282,6 +282,125 @@ pub fn churn(threads: usize, iterations: usize, madvise: bool) -> Result<(), Str
     Ok(())
 }
 
+/// Reads `path` with read(2) into a fresh buffer: the buffer's first-touch
+/// faults are taken by the kernel while it copies (kernel-mode faults).
+pub fn read_file(path: &Path, cold: bool) -> Result<(), String> {
+    use std::io::Read as _;
+    if cold {
+        evict(path)?;
+    }
+    let mut f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let len = f.metadata().map_err(|e| e.to_string())?.len() as usize;
+    let buf = map_anon(len.max(PAGE), false)?;
+    // SAFETY: the mapping is `len` bytes, exclusively ours.
+    let slice = unsafe { std::slice::from_raw_parts_mut(buf, len) };
+    let t0 = Instant::now();
+    let mut done = 0;
+    while done < len {
+        let n = f.read(&mut slice[done..(done + (1 << 20)).min(len)]).map_err(|e| e.to_string())?;
+        if n == 0 {
+            break;
+        }
+        done += n;
+    }
+    emit("read-file", (len / PAGE) as u64, t0.elapsed().as_nanos() as u64);
+    Ok(())
+}
+
+/// Writes a small safetensors checkpoint of about `mib` MiB: an 8-byte
+/// little-endian header length, a JSON header with each tensor's dtype, shape
+/// and `data_offsets`, then the data.
+pub fn make_safetensors(path: &Path, mib: usize) -> Result<(), String> {
+    let tensors = 8usize;
+    let per = (mib << 20) / tensors;
+    let mut header = String::from("{");
+    for t in 0..tensors {
+        let name = if t == tensors - 1 { "lm_head.weight".to_string() } else { format!("layers.{t}.mlp.weight") };
+        let _ = std::fmt::Write::write_fmt(
+            &mut header,
+            format_args!(
+                "\"{name}\":{{\"dtype\":\"F32\",\"shape\":[{},256],\"data_offsets\":[{},{}]}},",
+                per / 1024,
+                t * per,
+                (t + 1) * per
+            ),
+        );
+    }
+    header.push_str("\"__metadata__\":{\"format\":\"pt\"}}");
+    // The data starts 8-byte aligned, as writers pad the header with spaces.
+    while (8 + header.len()) % 8 != 0 {
+        header.push(' ');
+    }
+    let mut f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    f.write_all(&(header.len() as u64).to_le_bytes()).map_err(|e| e.to_string())?;
+    f.write_all(header.as_bytes()).map_err(|e| e.to_string())?;
+    let block = vec![0x3Fu8; 1 << 20];
+    let mut left = per * tensors;
+    while left > 0 {
+        let n = left.min(block.len());
+        f.write_all(&block[..n]).map_err(|e| e.to_string())?;
+        left -= n;
+    }
+    f.sync_all().map_err(|e| e.to_string())
+}
+
+/// fork + copy-on-write: the parent fills `mib` MiB, then `children` workers
+/// walk it. `refcount` writes one word per page, as CPython's reference counts
+/// do when a worker iterates a list of objects; otherwise the workers only read
+/// it, as with one flat bytes object.
+pub fn cow(children: usize, mib: usize, refcount: bool) -> Result<(), String> {
+    let bytes = mib << 20;
+    let p = map_anon(bytes, false)?;
+    touch(p, bytes);
+    let mut pids = Vec::new();
+    for _ in 0..children {
+        let _ = std::io::stdout().flush();
+        // SAFETY: the child only walks memory, reports and exits.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(format!("fork: {}", std::io::Error::last_os_error()));
+        }
+        if pid == 0 {
+            let t0 = Instant::now();
+            walk_shared(p, bytes, refcount);
+            emit(
+                if refcount { "cow-refcount" } else { "cow-readonly" },
+                (bytes / PAGE) as u64,
+                t0.elapsed().as_nanos() as u64,
+            );
+            // SAFETY: leave without the parent's destructors.
+            unsafe { libc::_exit(0) };
+        }
+        pids.push(pid);
+    }
+    for pid in pids {
+        let mut st = 0;
+        // SAFETY: waiting for our own children.
+        unsafe { libc::waitpid(pid, &raw mut st, 0) };
+    }
+    emit("cow-parent", (bytes / PAGE) as u64, 0);
+    Ok(())
+}
+
+#[inline(never)]
+fn walk_shared(p: *mut u8, bytes: usize, refcount: bool) {
+    let mut sum = 0u64;
+    for off in (0..bytes).step_by(PAGE) {
+        // SAFETY: inside the mapping.
+        unsafe {
+            // Page-aligned (mmap), so 8-byte aligned.
+            #[allow(clippy::cast_ptr_alignment)]
+            let w = p.add(off).cast::<u64>();
+            if refcount {
+                w.write_volatile(w.read_volatile() + 1);
+            } else {
+                sum += w.read_volatile();
+            }
+        }
+    }
+    std::hint::black_box(sum);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,6 @@
 
 use std::{
     os::unix::process::CommandExt as _,
-    path::{Path, PathBuf},
     process::{Command, Output},
 };
 
@@ -117,11 +116,10 @@ pub fn assert_close(what: &str, got: u64, want: u64, pct: f64) {
     );
 }
 
-/// A directory on a real disk (not tmpfs), so page-cache eviction means disk I/O.
-pub fn disk_dir() -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("vmtrace-test-{}", std::process::id()));
-    std::fs::create_dir_all(&d).expect("create test dir");
-    d
+/// A directory on a real disk (not tmpfs), so page-cache eviction means disk
+/// I/O; removed when dropped.
+pub fn disk_dir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("vmtrace-test-").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("create test dir")
 }
 
 /// Runs `cmd` as user nobody (for the unprivileged-user test).

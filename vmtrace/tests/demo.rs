@@ -1,0 +1,96 @@
+//! The README's first command, end to end: `vmtrace demo`, its comparison
+//! table, and report.html rendered by a real browser (privileged).
+mod common;
+
+use std::process::Command;
+
+use common::*;
+
+fn find<'a>(rows: &'a [serde_json::Value], name: &str) -> &'a serde_json::Value {
+    rows.iter().find(|r| r["scenario"] == name).unwrap_or_else(|| panic!("no {name} in {rows:#?}"))
+}
+
+#[test]
+fn demo_runs_every_scenario_and_reports_what_it_shows() {
+    if !privileged("demo_runs_every_scenario_and_reports_what_it_shows") {
+        return;
+    }
+    let scratch = disk_dir();
+    let out = scratch.path().join("demo");
+    let t0 = std::time::Instant::now();
+    let run = vmtrace().arg("demo").arg("--out").arg(&out).output().unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "demo failed: {stderr}");
+    assert!(t0.elapsed().as_secs() < 120, "the demo must finish in under two minutes");
+    let rows: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(out.join("demo.json")).unwrap()).unwrap();
+    let (k4, thp) = (find(&rows, "first-touch-4k"), find(&rows, "first-touch-thp"));
+    assert!(u(&thp["faults"]) * 4 < u(&k4["faults"]), "huge pages take far fewer faults: {thp} vs {k4}");
+    for r in &rows {
+        if let Some(truth) = r["getrusage_faults"].as_u64() {
+            // 1%, but at least 16 faults: execve copies its arguments through
+            // get_user_pages, whose few faults raise no exception and no event.
+            let (got, diff) = (u(&r["faults"]), u(&r["faults"]).abs_diff(truth));
+            assert!(diff <= (truth / 100).max(16), "{}: vmtrace {got}, getrusage {truth}", r["scenario"]);
+        }
+    }
+    assert!(u(&find(&rows, "ckpt-mmap-random-cold")["major"]) > 1000, "cold random reads are majors");
+    assert!(u(&find(&rows, "cow-refcount")["cow"]) > 10 * u(&find(&rows, "cow-flat")["cow"]).max(1));
+    assert!(u(&find(&rows, "churn-2-threads")["storms"]) >= 1);
+    assert_eq!(find(&rows, "churn-1-thread")["storms"], 0);
+    let oom = find(&rows, "oom-64mib-cgroup");
+    assert_eq!(oom["exit_status"], 137, "{oom}");
+    assert_eq!(oom["oom_kills"], 1, "{oom}");
+    for r in &rows {
+        let dir = out.join(r["scenario"].as_str().unwrap());
+        for f in ["summary.json", "summary.txt", "report.html", "faults.svg", "faults.folded"] {
+            assert!(dir.join(f).exists(), "{} lacks {f}", dir.display());
+        }
+    }
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(!html.contains("http://") || !html.contains("src='http"), "no network loads");
+    assert!(
+        html.contains("data:image/svg+xml;base64,") && html.contains("<polyline"),
+        "flamegraphs and timeline inline"
+    );
+    render_in_chromium(&out.join("report.html"));
+}
+
+/// Opens the page in headless Chromium: no console errors, a non-blank screenshot.
+fn render_in_chromium(page: &std::path::Path) {
+    let browser = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|b| Command::new(b).arg("--version").output().is_ok_and(|o| o.status.success()))
+        .expect("headless Chromium is needed to check report.html (cargo xtask test installs the Debian package `chromium`)");
+    let shot = page.with_file_name("report.png");
+    let profile = tempfile::tempdir().unwrap();
+    let out = Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--window-size=1280,2400",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg(format!("file://{}", page.display()))
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    let console: Vec<&str> = log.lines().filter(|l| l.contains("CONSOLE") || l.contains("Uncaught")).collect();
+    assert!(console.is_empty(), "console messages from report.html:\n{}", console.join("\n"));
+    let png = std::fs::read(&shot).unwrap_or_else(|e| panic!("no screenshot ({e}):\n{log}"));
+    let decoder = png::Decoder::new(std::io::Cursor::new(png));
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    let px = &buf[..info.buffer_size()];
+    let distinct: std::collections::HashSet<&[u8]> = px.chunks(info.color_type.samples()).collect();
+    assert!(distinct.len() > 50, "the screenshot is blank ({} colours)", distinct.len());
+}
