@@ -151,6 +151,66 @@ pub struct StackCounts {
 }
 const _: () = assert!(core::mem::size_of::<StackCounts>() == 32);
 
+/// Address granule of the per-region aggregate: 64 KiB, 16 pages.
+pub const REGION_GRANULE_SHIFT: u32 = 16;
+
+/// Key of the per-region aggregate (`REGION_STATS`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GranuleKey {
+    pub tgid: u32,
+    pub _pad: u32,
+    /// `address >> REGION_GRANULE_SHIFT`.
+    pub granule: u64,
+}
+const _: () = assert!(core::mem::size_of::<GranuleKey>() == 16);
+
+/// Faults in one 64 KiB granule of one process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GranuleCounts {
+    pub faults: u64,
+    pub major: u64,
+    pub write: u64,
+    pub cow: u64,
+    /// Measured latency of `timed` of them (minor latency may be sampled).
+    pub time_ns: u64,
+    pub timed: u64,
+    /// Bit i: page i of the granule faulted at least once.
+    pub touched: u64,
+    pub exec: u64,
+    /// Coarse latency histogram of the timed faults: bucket i holds
+    /// latencies up to 1024 << 2i ns (1 µs, 4 µs, … 4 ms), the last the rest.
+    pub hist: [u32; GRANULE_HIST],
+}
+const _: () = assert!(core::mem::size_of::<GranuleCounts>() == 64 + 4 * GRANULE_HIST);
+
+pub const GRANULE_HIST: usize = 8;
+
+/// Bucket of the coarse per-granule histogram for a latency.
+#[inline(always)]
+#[must_use]
+pub fn granule_bucket(ns: u64) -> usize {
+    // The fine bucket (ceil log2 from 1 µs), two fine buckets per coarse one.
+    let fine = hist_bucket(ns);
+    let coarse = fine.div_ceil(2);
+    if coarse >= GRANULE_HIST {
+        GRANULE_HIST - 1
+    } else {
+        coarse
+    }
+}
+
+/// Key of page-cache additions per file (`FILE_CACHE`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FileKey {
+    pub dev: u32,
+    pub _pad: u32,
+    pub ino: u64,
+}
+const _: () = assert!(core::mem::size_of::<FileKey>() == 16);
+
 /// Which stacks to collect (`Config::stack_mode` bits).
 pub const STACK_USER: u32 = 1;
 pub const STACK_KERNEL: u32 = 2;
@@ -179,8 +239,10 @@ pub enum DropKind {
     MmEventRingFull = 8,
     /// `MM_INFLIGHT` was full: a syscall was counted but not bracketed.
     MmInflightFull = 9,
+    /// `REGION_STATS` was full: a fault was counted, but not per region.
+    RegionStatsFull = 10,
 }
-pub const DROP_KINDS: u32 = 10;
+pub const DROP_KINDS: u32 = 11;
 
 /// Event kinds in the stream. Ranges per family; a retired number is never reused.
 /// 1..=99 tasks, 100..=199 faults, 200..=299 mmap, 300..=399 tlb, 400..=499 oom.
@@ -476,8 +538,11 @@ pub struct Config {
     pub mm: u32,
     /// Address of the kernel's `flush_tlb_func`: IPIs with this callback are TLB shootdowns.
     pub flush_tlb_func: u64,
+    /// 1: count faults per 64 KiB granule for region attribution.
+    pub regions: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 32);
+const _: () = assert!(core::mem::size_of::<Config>() == 40);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -488,6 +553,9 @@ mod pod {
     unsafe impl aya::Pod for super::StackKey {}
     unsafe impl aya::Pod for super::StackCounts {}
     unsafe impl aya::Pod for super::MmStats {}
+    unsafe impl aya::Pod for super::GranuleKey {}
+    unsafe impl aya::Pod for super::GranuleCounts {}
+    unsafe impl aya::Pod for super::FileKey {}
     unsafe impl aya::Pod for super::MmStackKey {}
     unsafe impl aya::Pod for super::MmStackCounts {}
     unsafe impl aya::Pod for super::MmEvent {}
@@ -512,6 +580,18 @@ mod tests {
         assert_eq!(hist_bucket(1 << 30), 20);
         assert_eq!(hist_bucket((1 << 30) + 1), HIST_BUCKETS - 1);
         assert_eq!(hist_bucket(u64::MAX), HIST_BUCKETS - 1);
+    }
+
+    #[test]
+    fn coarse_buckets_step_by_four() {
+        assert_eq!(granule_bucket(1000), 0); // <= 1 µs
+        assert_eq!(granule_bucket(1025), 1); // <= 4 µs
+        assert_eq!(granule_bucket(4096), 1);
+        assert_eq!(granule_bucket(4097), 2); // <= 16 µs
+        assert_eq!(granule_bucket(65_536), 3); // <= 64 µs
+        assert_eq!(granule_bucket(4 << 20), 6); // <= 4 ms
+        assert_eq!(granule_bucket(5 << 20), 7);
+        assert_eq!(granule_bucket(u64::MAX), 7);
     }
 
     #[test]

@@ -7,14 +7,23 @@ use aya_ebpf::{
     programs::tracing::StackIdContext,
 };
 use vmtrace_common::{
-    Config, DropKind, FaultStats, InflightFault, KernelOffsets, MmInflight, MmStackCounts, MmStackKey, MmStats,
-    StackCounts, StackKey, DROP_KINDS,
+    Config, DropKind, FaultStats, FileKey, GranuleCounts, GranuleKey, InflightFault, KernelOffsets, MmInflight,
+    MmStackCounts, MmStackKey, MmStats, StackCounts, StackKey, DROP_KINDS, REGION_GRANULE_SHIFT,
 };
 
 /// Set by the loader before load; never written here.
 #[unsafe(no_mangle)]
-static CONFIG: Config =
-    Config { trace_all: 0, minor_period: 1, stack_mode: 0, stack_period: 1, leaf_region: 0, mm: 0, flush_tlb_func: 0 };
+static CONFIG: Config = Config {
+    trace_all: 0,
+    minor_period: 1,
+    stack_mode: 0,
+    stack_period: 1,
+    leaf_region: 0,
+    mm: 0,
+    flush_tlb_func: 0,
+    regions: 0,
+    _pad: 0,
+};
 
 /// Kernel struct offsets from BTF, set by the loader.
 #[unsafe(no_mangle)]
@@ -113,6 +122,33 @@ pub fn mm_stats(tgid: u32) -> Option<&'static mut MmStats> {
         Some(p) => Some(unsafe { &mut *p }),
         None => {
             count_drop(DropKind::MmStatsFull);
+            None
+        }
+    }
+}
+
+/// Faults per (process, 64 KiB granule): userspace maps granules to regions.
+#[map]
+pub static REGION_STATS: PerCpuHashMap<GranuleKey, GranuleCounts> = PerCpuHashMap::with_max_entries(262_144, 0);
+
+/// Pages added to the page cache per file by traced processes (readahead).
+#[map]
+pub static FILE_CACHE: PerCpuHashMap<FileKey, u64> = PerCpuHashMap::with_max_entries(16_384, 0);
+
+/// This CPU's counts for the granule of `address` in `tgid`, created on first use.
+#[inline(always)]
+pub fn granule_counts(tgid: u32, address: u64) -> Option<&'static mut GranuleCounts> {
+    let key = GranuleKey { tgid, _pad: 0, granule: address >> REGION_GRANULE_SHIFT };
+    if let Some(p) = REGION_STATS.get_ptr_mut(&key) {
+        // SAFETY: this CPU's value of a live entry.
+        return Some(unsafe { &mut *p });
+    }
+    let _ = REGION_STATS.insert(&key, &GranuleCounts::default(), 1);
+    match REGION_STATS.get_ptr_mut(&key) {
+        // SAFETY: as above.
+        Some(p) => Some(unsafe { &mut *p }),
+        None => {
+            count_drop(DropKind::RegionStatsFull);
             None
         }
     }

@@ -48,6 +48,9 @@ pub enum Leaf {
 pub enum EventFamily {
     /// Page faults: counts, kinds, latency (eBPF).
     Faults,
+    /// Faults per memory region (VMA) and per file, with readahead and the
+    /// tensors of safetensors checkpoints.
+    Regions,
     /// mmap, munmap (+bytes), mremap, madvise (by advice), mprotect, brk, with call sites.
     Mmap,
     /// TLB flushes by reason, shootdown IPIs by initiator and call, storms.
@@ -70,7 +73,7 @@ pub struct RecordArgs {
     #[arg(short, long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
     /// Event families to trace (comma-separated).
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "faults,mmap,tlb,oom,perf")]
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "faults,regions,mmap,tlb,oom,perf")]
     pub events: Vec<EventFamily>,
     /// Time 1 in N minor faults; 0 = do not time them (cheapest). Every major
     /// fault is timed and every fault counted whatever N is.
@@ -119,6 +122,9 @@ pub enum WorkloadCmd {
         /// Sleep this many ms after each MiB (a slowly growing hog).
         #[arg(long, default_value_t = 0)]
         pace_ms: u64,
+        /// munmap the memory when done (the region is gone before the trace ends).
+        #[arg(long)]
+        unmap: bool,
     },
     /// Read a mapped file, one byte per page.
     FileRead {

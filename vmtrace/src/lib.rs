@@ -15,6 +15,7 @@ pub mod oom;
 pub mod perf;
 pub mod procmaps;
 pub mod record;
+pub mod regions;
 pub mod report;
 pub mod stacks;
 pub mod target;

@@ -21,7 +21,9 @@ use aya::{
     },
     Btf, Ebpf, EbpfLoader,
 };
-use vmtrace_common::{Config, FaultStats, MmStackCounts, MmStackKey, MmStats, StackCounts, StackKey};
+use vmtrace_common::{
+    Config, FaultStats, FileKey, GranuleCounts, GranuleKey, MmStackCounts, MmStackKey, MmStats, StackCounts, StackKey,
+};
 
 use crate::{kernel::btf as kbtf, stacks::StackMode};
 
@@ -152,6 +154,15 @@ pub const MMAP_HOOKS: [[Hook; 2]; 6] = [
     syscall_hook_pair!("brk"),
 ];
 
+/// Page-cache additions per file (readahead), for the files view.
+pub const FILEMAP_HOOK: Hook = Hook {
+    what: "page-cache additions",
+    btf_prog: None,
+    tp_prog: "tp_filemap_mm_filemap_add_to_page_cache",
+    category: "filemap",
+    name: "mm_filemap_add_to_page_cache",
+};
+
 /// TLB flushes, and shootdown requests per target CPU (`csd:csd_queue_cpu`,
 /// 6.6+; optional: without it one IPI is counted per flush that sends any).
 pub const TLB_HOOKS: &[Hook] = &[
@@ -208,6 +219,7 @@ pub struct LoadOptions {
 
 /// Optional families of hooks.
 #[derive(Clone, Copy, Debug, Default)]
+#[allow(clippy::struct_excessive_bools, reason = "independent on/off switches, one per event family")]
 pub struct Families {
     /// OOM kills and reclaim stalls.
     pub oom: bool,
@@ -215,6 +227,18 @@ pub struct Families {
     pub mmap: bool,
     /// TLB flushes and shootdown IPIs.
     pub tlb: bool,
+    /// Faults per 64 KiB granule (region attribution) and page-cache additions.
+    pub regions: bool,
+}
+
+/// Kernel memory for the per-granule map: `REGION_STATS` is per CPU and
+/// preallocated, so its size follows the CPU count.
+const REGION_MAP_BUDGET: usize = 32 << 20;
+
+fn region_map_entries() -> u32 {
+    let cpus = aya::util::nr_cpus().unwrap_or(1).max(1);
+    let per = std::mem::size_of::<GranuleCounts>() + std::mem::size_of::<GranuleKey>();
+    (REGION_MAP_BUDGET / (per * cpus)).clamp(8192, 262_144) as u32
 }
 
 /// Address of a kernel symbol from /proc/kallsyms (root sees real addresses).
@@ -239,6 +263,8 @@ pub struct Probes {
     pub mm_stats: PerCpuHashMap<MapData, u32, MmStats>,
     pub mm_stacks: PerCpuHashMap<MapData, MmStackKey, MmStackCounts>,
     pub totals: PerCpuArray<MapData, u64>,
+    pub region_stats: PerCpuHashMap<MapData, GranuleKey, GranuleCounts>,
+    pub file_cache: PerCpuHashMap<MapData, FileKey, u64>,
     pub logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
 }
 
@@ -260,9 +286,12 @@ impl Probes {
                 0
             },
             flush_tlb_func: if opts.families.tlb { kernel_symbol("flush_tlb_func").unwrap_or(0) } else { 0 },
+            regions: u32::from(opts.families.regions),
+            _pad: 0,
         };
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
+            .map_max_entries("REGION_STATS", region_map_entries())
             .override_global("CONFIG", &config, true)
             .override_global("KOFFSETS", &offsets, true)
             .load(crate::EBPF_OBJECT)?;
@@ -272,6 +301,9 @@ impl Probes {
         let mmap_hooks: &[[Hook; 2]] = if opts.families.mmap { &MMAP_HOOKS } else { &[] };
         for hook in HOOKS.iter().chain(oom_hooks).chain(mmap_hooks.iter().flatten()) {
             attached.push(attach_hook(&mut ebpf, &btf, &kbtf, hook, opts.force_tracepoints)?);
+        }
+        if opts.families.regions {
+            attached.push(attach_hook(&mut ebpf, &btf, &kbtf, &FILEMAP_HOOK, opts.force_tracepoints)?);
         }
         if opts.families.tlb {
             for hook in TLB_HOOKS {
@@ -298,6 +330,8 @@ impl Probes {
         let mm_stats = take_map(&mut ebpf, "MM_STATS")?;
         let mm_stacks = take_map(&mut ebpf, "MM_STACKS")?;
         let totals = take_map(&mut ebpf, "TOTALS")?;
+        let region_stats = take_map(&mut ebpf, "REGION_STATS")?;
+        let file_cache = take_map(&mut ebpf, "FILE_CACHE")?;
         Ok(Self {
             ebpf,
             attached,
@@ -309,6 +343,8 @@ impl Probes {
             mm_stats,
             mm_stacks,
             totals,
+            region_stats,
+            file_cache,
             logger,
         })
     }
@@ -396,6 +432,36 @@ impl Probes {
         if let Some(l) = self.logger.as_mut() {
             l.flush();
         }
+    }
+
+    /// Every granule's counts, summed over CPUs.
+    pub fn all_granules(&self) -> Vec<(GranuleKey, GranuleCounts)> {
+        self.region_stats
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| {
+                let mut sum = GranuleCounts::default();
+                for c in v.iter() {
+                    sum.faults += c.faults;
+                    sum.major += c.major;
+                    sum.write += c.write;
+                    sum.cow += c.cow;
+                    sum.exec += c.exec;
+                    sum.time_ns += c.time_ns;
+                    sum.timed += c.timed;
+                    sum.touched |= c.touched;
+                    for (a, b) in sum.hist.iter_mut().zip(c.hist.iter()) {
+                        *a += b;
+                    }
+                }
+                (k, sum)
+            })
+            .collect()
+    }
+
+    /// Pages the traced processes added to the page cache for a file.
+    pub fn page_cache_added(&self, dev: u32, ino: u64) -> Option<u64> {
+        self.file_cache.get(&FileKey { dev, _pad: 0, ino }, 0).ok().map(|v| v.iter().sum())
     }
 
     /// (faults, majors) of all traced processes so far.

@@ -67,8 +67,8 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Demo { out } => Ok(demo::run(&out)?),
         Command::Workload(w) => {
             let r = match w {
-                WorkloadCmd::Touch { mib, huge, threads, pace_ms } => {
-                    workload::first_touch(mib, huge, threads, pace_ms)
+                WorkloadCmd::Touch { mib, huge, threads, pace_ms, unmap } => {
+                    workload::first_touch(mib, huge, threads, pace_ms, unmap)
                 }
                 WorkloadCmd::FileRead { path, random, stride, cold } => {
                     workload::file_read(&path, random, stride, cold)

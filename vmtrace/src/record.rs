@@ -100,25 +100,25 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     }
     prepare_out_dir(&opts.out)?;
     preflight()?;
+    let families = Families {
+        oom: opts.has(EventFamily::Oom),
+        mmap: opts.has(EventFamily::Mmap),
+        tlb: opts.has(EventFamily::Tlb),
+        regions: opts.has(EventFamily::Regions),
+    };
     let probes = Probes::load(&LoadOptions {
         trace_all: matches!(opts.target, Target::System),
         minor_period: opts.minor_period,
         force_tracepoints: opts.force_tracepoints,
-        families: Families {
-            oom: opts.has(EventFamily::Oom),
-            mmap: opts.has(EventFamily::Mmap),
-            tlb: opts.has(EventFamily::Tlb),
-        },
+        families,
         stacks: opts.stacks,
         stack_period: opts.stack_period,
         leaf_region: opts.leaf_region,
     })?;
-    let mut session = Session::new(probes, opts.has(EventFamily::Oom));
+    let mut session = Session::new(probes, families);
     if opts.stacks != StackMode::None {
         session.stacks = Some((opts.stacks, opts.stack_period.max(1)));
     }
-    session.mmap_enabled = opts.has(EventFamily::Mmap);
-    session.tlb_enabled = opts.has(EventFamily::Tlb);
     session.storms = StormDetector::new(opts.storm_threshold);
     install_stop_handlers();
     let (mut info, child, mut perf) = start_target(&mut session, &opts.target, opts.has(EventFamily::Perf))?;

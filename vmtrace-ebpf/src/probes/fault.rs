@@ -16,10 +16,13 @@ use aya_ebpf::{
     programs::{tracing::StackIdContext, BtfTracePointContext, PerfEventContext, TracePointContext},
 };
 use vmtrace_common::{
-    hist_bucket, pf, DropKind, InflightFault, StackCounts, StackKey, LEAF_GRANULE_SHIFT, STACK_KERNEL, STACK_USER,
+    granule_bucket, hist_bucket, pf, DropKind, InflightFault, StackCounts, StackKey, LEAF_GRANULE_SHIFT, STACK_KERNEL,
+    STACK_USER,
 };
 
-use crate::maps::{config, count_drop, count_total, current_stats, FAULT_PARKED, FAULT_SLOT, FAULT_STACKS, STACKS};
+use crate::maps::{
+    config, count_drop, count_total, current_stats, granule_counts, FAULT_PARKED, FAULT_SLOT, FAULT_STACKS, STACKS,
+};
 
 /// Lowest kernel address on x86-64 (4- and 5-level paging): kernel-mode faults
 /// at or above it are not faults on user memory.
@@ -100,6 +103,21 @@ fn fault_start<C: StackIdContext>(ctx: &C, address: u64, error_code: u64, kernel
     }
     if kernel_mode {
         s.kernel_mode += 1;
+    }
+    if config().regions != 0 {
+        if let Some(g) = granule_counts(tgid, address) {
+            g.faults += 1;
+            g.touched |= 1 << ((address >> 12) & 15);
+            if error_code & pf::INSTR != 0 {
+                g.exec += 1;
+            }
+            if error_code & pf::WRITE != 0 {
+                g.write += 1;
+                if error_code & pf::PROT != 0 {
+                    g.cow += 1;
+                }
+            }
+        }
     }
     if let Some(slot) = FAULT_SLOT.get_ptr_mut(0) {
         // SAFETY: per-CPU slot; preemption is off in the fault entry path.
@@ -223,6 +241,16 @@ fn fault_end(ctx: &PerfEventContext, major: bool) {
         s.minor_time_ns += ns;
         if let Some(h) = s.minor_hist.get_mut(b) {
             *h += 1;
+        }
+    }
+    if config().regions != 0 {
+        if let Some(g) = granule_counts(tgid, start.page << 12) {
+            g.major += u64::from(major);
+            g.time_ns += ns;
+            g.timed += 1;
+            if let Some(h) = g.hist.get_mut(granule_bucket(ns)) {
+                *h += 1;
+            }
         }
     }
     if start.user_stack != -1 || start.kernel_stack != -1 {

@@ -1,6 +1,7 @@
 //! One module per probe family. Each entry point is a thin wrapper named after
 //! its hook; the work happens in a fallible `try_…` beside it.
 pub mod fault;
+pub mod filemap;
 pub mod mmap;
 pub mod oom;
 pub mod task;

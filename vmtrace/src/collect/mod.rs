@@ -18,18 +18,20 @@ use vmtrace_common::{
 };
 
 use crate::{
-    loader::Probes,
-    report::summary::{
-        Drops, Faults, MmapCounts, ProbeInfo, Process, Reclaim, Sampling, Storm, Summary, TargetInfo, Timeline,
-        TlbCounts, SUMMARY_VERSION,
-    },
-};
-use crate::{
+    loader::Families,
     oom::{self, OomRecord},
+    regions::{self, Attributed, ProcessRegions},
     stacks::{
         self,
         symbolize::{Names, PerfMap},
         Stack, StackMode, StacksSummary,
+    },
+};
+use crate::{
+    loader::Probes,
+    report::summary::{
+        Drops, Faults, MmapCounts, ProbeInfo, Process, Reclaim, Sampling, Storm, Summary, TargetInfo, Timeline,
+        TlbCounts, SUMMARY_VERSION,
     },
 };
 use process::ProcessTable;
@@ -75,8 +77,8 @@ pub struct Session {
     pub started: Instant,
     /// CLOCK_MONOTONIC at `started`, the clock of kernel event timestamps.
     started_mono_ns: u64,
-    /// Whether OOM kills are traced (and cgroups of new processes recorded).
-    pub oom_enabled: bool,
+    /// Which optional families are traced.
+    pub families: Families,
     pub ooms: Vec<OomRecord>,
     /// Flight recorder: (seconds since start, faults so far) per process, last few seconds.
     history: HashMap<u32, VecDeque<(f64, u64)>>,
@@ -84,10 +86,7 @@ pub struct Session {
     /// Stacks are collected: keep memory maps of live processes.
     pub stacks: Option<(StackMode, u32)>,
     last_maps_refresh: Instant,
-    /// mmap-family syscalls are traced.
-    pub mmap_enabled: bool,
-    /// TLB flushes are traced: storms are detected.
-    pub tlb_enabled: bool,
+
     pub storms: StormDetector,
     /// IPIs per call site at the last tick (for storm culprits).
     last_sites: HashMap<MmStackKey, u64>,
@@ -198,21 +197,20 @@ fn monotonic_ns() -> u64 {
 }
 
 impl Session {
-    pub fn new(probes: Probes, oom_enabled: bool) -> Self {
+    pub fn new(probes: Probes, families: Families) -> Self {
         Self {
             probes,
             table: ProcessTable::default(),
             malformed_events: 0,
             started: Instant::now(),
             started_mono_ns: monotonic_ns(),
-            oom_enabled,
+            families,
             ooms: Vec::new(),
             history: HashMap::new(),
             last_history: Instant::now(),
             stacks: None,
             last_maps_refresh: Instant::now(),
-            mmap_enabled: false,
-            tlb_enabled: false,
+
             storms: StormDetector::new(f64::MAX),
             last_sites: HashMap::new(),
             last_totals: (0, 0),
@@ -230,7 +228,7 @@ impl Session {
         let (f, m) = self.probes.totals();
         self.timeline.push(f.saturating_sub(self.last_totals.0), m.saturating_sub(self.last_totals.1));
         self.last_totals = (f, m);
-        if self.tlb_enabled {
+        if self.families.tlb {
             self.storm_tick(self.started.elapsed().as_secs_f64());
         }
     }
@@ -319,7 +317,7 @@ impl Session {
 
     /// Every few hundred ms, the fault count of each live traced process.
     fn record_history(&mut self) {
-        if !self.oom_enabled || self.last_history.elapsed() < HISTORY_STEP {
+        if !self.families.oom || self.last_history.elapsed() < HISTORY_STEP {
             return;
         }
         self.last_history = Instant::now();
@@ -426,7 +424,7 @@ impl Session {
                 self.table.snapshot_maps(tgid);
             }
         }
-        if self.oom_enabled {
+        if self.families.oom {
             for tgid in born {
                 if let Some(cg) = oom::memory_cgroup_of(tgid) {
                     self.table.procs.entry(tgid).or_default().cgroup = Some(cg);
@@ -455,6 +453,29 @@ impl Session {
             all.entry(tgid).or_default().add(&m);
         }
         all
+    }
+
+    /// Faults per region of every process, then per file and tensor.
+    fn build_regions(&mut self) -> Attributed {
+        let granules = self.probes.all_granules();
+        // Processes whose maps were never read (e.g. with -a) are read now if alive.
+        let mut pids: Vec<u32> = granules.iter().map(|(k, _)| k.tgid).collect();
+        pids.dedup();
+        for pid in pids {
+            if self.table.procs.get(&pid).is_none_or(|p| p.maps.is_empty()) {
+                self.table.snapshot_maps(pid);
+            }
+        }
+        let table = &self.table;
+        let probes = &self.probes;
+        let mut a = regions::attribute(
+            &granules,
+            |pid| table.procs.get(&pid).map(|p| ProcessRegions { maps: &p.maps, mapped: &p.mapped }),
+            |path| regions::kernel_dev_ino(path).and_then(|(dev, ino)| probes.page_cache_added(dev, ino)),
+        );
+        a.regions.sort_by(|x, y| y.faults.time_ns.cmp(&x.faults.time_ns).then(y.faults.total.cmp(&x.faults.total)));
+        a.files.sort_by_key(|f| std::cmp::Reverse(f.faults.time_ns));
+        a
     }
 
     /// Call sites of mmap-family syscalls, symbolized, with calls and IPIs sent.
@@ -551,8 +572,8 @@ impl Session {
             let st = stats.get(&pid).copied().unwrap_or_default();
             let m = mm.get(&pid).copied().unwrap_or_default();
             processes.push(Process {
-                mmap: self.mmap_enabled.then(|| mmap_counts(&m)),
-                tlb: self.tlb_enabled.then(|| tlb_counts(&m)),
+                mmap: self.families.mmap.then(|| mmap_counts(&m)),
+                tlb: self.families.tlb.then(|| tlb_counts(&m)),
                 reclaim: Reclaim { stalls: st.reclaim, time_ns: st.reclaim_ns },
                 pid,
                 ppid: info.ppid,
@@ -572,8 +593,9 @@ impl Session {
         self.last_tick -= TICK;
         self.tick();
         let stacks = if self.stacks.is_some() { self.build_stacks() } else { Vec::new() };
-        let mm_sites = if self.mmap_enabled { self.build_mm_sites() } else { Vec::new() };
-        let storms = self.tlb_enabled.then(|| self.finish_storms());
+        let mm_sites = if self.families.mmap { self.build_mm_sites() } else { Vec::new() };
+        let storms = self.families.tlb.then(|| self.finish_storms());
+        let attributed = self.families.regions.then(|| self.build_regions());
         let mm = self.mm_totals();
         let duration_s = self.started.elapsed().as_secs_f64();
         // Exited processes' aggregates were taken at their exit; the rest are still in the map.
@@ -587,6 +609,7 @@ impl Session {
         let drops = Drops {
             task_events: d(DropKind::TaskEventRingFull) + d(DropKind::OomRingFull) + self.malformed_events,
             mm: d(DropKind::MmStatsFull) + d(DropKind::MmEventRingFull) + d(DropKind::MmInflightFull),
+            region_stats_full: d(DropKind::RegionStatsFull),
             fault_stats_full: d(DropKind::FaultStatsFull),
             traced_full: d(DropKind::TracedFull),
             untimed_faults: d(DropKind::FaultUntimed),
@@ -633,10 +656,12 @@ impl Session {
             kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().into(),
             vmtrace_version: env!("CARGO_PKG_VERSION").into(),
             perf: None,
-            oom: self.oom_enabled.then(|| std::mem::take(&mut self.ooms)),
+            oom: self.families.oom.then(|| std::mem::take(&mut self.ooms)),
             stacks: stacks_summary,
             storms,
             timeline: Some(std::mem::take(&mut self.timeline)),
+            regions: attributed.as_ref().map(|a| a.regions.clone()),
+            files: attributed.map(|a| a.files),
         };
         Finished { summary, stacks, mm_sites }
     }

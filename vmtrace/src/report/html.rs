@@ -171,6 +171,50 @@ pub fn recording_body(s: &Summary, dir: &Path, flame_prefix: &str) -> String {
             let _ = write!(b, "<p>major faults</p>{major}");
         }
     }
+    if let Some(regions) = s.regions.as_ref().filter(|r| !r.is_empty()) {
+        let _ = write!(
+            b,
+            "<h3>Top regions</h3><table><tr><th class='l'>pid</th><th class='l'>range</th><th class='l'>kind</th>\
+             <th>faults</th><th>major</th><th>COW</th><th>pages touched</th><th>fault time</th><th class='l'>path</th></tr>"
+        );
+        for r in regions.iter().take(15) {
+            let _ = write!(
+                b,
+                "<tr><td>{}</td><td class='l'>{}-{}</td><td class='l'>{:?}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class='l'>{}</td></tr>",
+                r.pid,
+                r.start,
+                r.end,
+                r.kind,
+                r.faults.total,
+                r.faults.major,
+                r.faults.cow,
+                r.pages_touched,
+                text::fmt_ns(r.faults.time_ns),
+                escape(r.path.as_deref().unwrap_or(""))
+            );
+        }
+        b.push_str("</table>");
+    }
+    for f in s.files.iter().flatten().filter(|f| !f.tensors.is_empty()) {
+        let _ = write!(
+            b,
+            "<h3>Tensors of {}</h3><table><tr><th class='l'>tensor</th><th>faults</th><th>major</th><th>fault time</th><th>pages touched</th><th>pages</th></tr>",
+            escape(&f.path)
+        );
+        for t in &f.tensors {
+            let _ = write!(
+                b,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                escape(&t.name),
+                t.faults,
+                t.major,
+                text::fmt_ns(t.time_ns),
+                t.pages_touched,
+                t.bytes.div_ceil(4096)
+            );
+        }
+        b.push_str("</table>");
+    }
     for (file, title) in [
         ("faults.svg", "Page faults by call stack"),
         ("fault-time.svg", "Time in the fault handler by call stack"),

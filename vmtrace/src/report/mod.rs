@@ -17,6 +17,9 @@ pub fn write_all(dir: &Path, s: &Summary) -> io::Result<()> {
     let json = serde_json::to_string_pretty(s).map_err(io::Error::other)?;
     fs::write(dir.join("summary.json"), json + "\n")?;
     fs::write(dir.join("summary.txt"), text::render(s))?;
+    if s.regions.is_some() {
+        fs::write(dir.join("regions.txt"), text::render_regions(s))?;
+    }
     fs::write(dir.join("report.html"), html::render(s, dir))?;
     Ok(())
 }
@@ -81,6 +84,10 @@ pub fn rebuild(dir: &Path) -> Result<Summary, String> {
     let s: Summary =
         serde_json::from_str(&data).map_err(|e| format!("{} is not a vmtrace summary: {e}", path.display()))?;
     fs::write(dir.join("summary.txt"), text::render(&s)).map_err(|e| format!("cannot write {}: {e}", dir.display()))?;
+    if s.regions.is_some() {
+        fs::write(dir.join("regions.txt"), text::render_regions(&s))
+            .map_err(|e| format!("cannot write regions.txt: {e}"))?;
+    }
     // Flamegraphs from the folded stacks saved beside them.
     for w in [Weight::Faults, Weight::TimeNs, Weight::Major] {
         let folded_path = dir.join(format!("{}.folded", w.file_stem()));

@@ -29,6 +29,12 @@ pub struct Summary {
     /// Every OOM kill during the trace, system-wide (`--events oom`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom: Option<Vec<crate::oom::OomRecord>>,
+    /// Faults per memory region of each process (`--events regions`), by fault time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regions: Option<Vec<crate::regions::RegionSummary>>,
+    /// Faults per file across processes, with readahead and tensors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<Vec<crate::regions::FileSummary>>,
     /// Faults per interval over the trace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<Timeline>,
@@ -69,6 +75,9 @@ pub struct Drops {
     pub traced_full: u64,
     /// Faults counted but not timed (their start was not seen).
     pub untimed_faults: u64,
+    /// Faults counted but not placed in a region (granule map full).
+    #[serde(default)]
+    pub region_stats_full: u64,
     /// mmap/TLB counts or mapping events lost (map or ring buffer full).
     #[serde(default)]
     pub mm: u64,

@@ -73,6 +73,8 @@ pub fn render(s: &Summary) -> String {
     let mut out = String::new();
     header(&mut out, s);
     process_table(&mut out, s);
+    regions_section(&mut out, s, 10);
+    files_section(&mut out, s);
     perf_section(&mut out, s);
     tlb_section(&mut out, s);
     oom_section(&mut out, s);
@@ -298,6 +300,130 @@ fn tlb_section(out: &mut String, s: &Summary) {
                 st.top_share * 100.0,
                 st.top_call,
                 st.top_stack.iter().rev().skip(1).take(4).cloned().collect::<Vec<_>>().join(" <- ")
+            );
+        }
+    }
+}
+
+fn bytes(n: u64) -> String {
+    if n >= 1 << 30 {
+        format!("{:.1} GiB", n as f64 / f64::from(1u32 << 30))
+    } else if n >= 1 << 20 {
+        format!("{:.1} MiB", n as f64 / f64::from(1u32 << 20))
+    } else {
+        format!("{} KiB", n >> 10)
+    }
+}
+
+fn region_size(r: &crate::regions::RegionSummary) -> u64 {
+    let p = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap_or(0);
+    p(&r.end).saturating_sub(p(&r.start))
+}
+
+/// The region table: all of them in regions.txt, the top ones in summary.txt.
+pub fn regions_table(out: &mut String, s: &Summary, limit: usize) {
+    let Some(regions) = &s.regions else { return };
+    let comm = |pid: u32| s.processes.iter().find(|p| p.pid == pid).map_or("?", |p| p.comm.as_str());
+    let _ = writeln!(
+        out,
+        "{:>7}  {:<14} {:<29} {:>9} {:<5} {:<7} {:>9} {:>8} {:>7} {:>7} {:>6} {:>9} {:>9} {:>9} {:>9}  PATH",
+        "PID",
+        "COMM",
+        "RANGE",
+        "SIZE",
+        "PERMS",
+        "KIND",
+        "FAULTS",
+        "MINOR",
+        "MAJOR",
+        "COW",
+        "HUGE",
+        "TOUCHED",
+        "TIME",
+        "p50",
+        "p99"
+    );
+    for r in regions.iter().take(limit) {
+        let f = &r.faults;
+        let _ = writeln!(
+            out,
+            "{:>7}  {:<14} {:<29} {:>9} {:<5} {:<7} {:>9} {:>8} {:>7} {:>7} {:>6} {:>9} {:>9} {:>9} {:>9}  {}",
+            r.pid,
+            comm(r.pid),
+            format!("{}-{}", r.start, r.end),
+            bytes(region_size(r)),
+            r.perms,
+            format!("{:?}", r.kind).to_lowercase(),
+            f.total,
+            f.minor,
+            f.major,
+            f.cow,
+            f.huge.map_or("-".into(), |h| h.to_string()),
+            r.pages_touched,
+            fmt_ns(f.time_ns),
+            fmt_bound(&f.latency_hist_ns, 0.5),
+            fmt_bound(&f.latency_hist_ns, 0.99),
+            r.path.as_deref().unwrap_or("")
+        );
+    }
+    if regions.len() > limit {
+        let _ = writeln!(out, "{:>7}  ({} more regions)", "…", regions.len() - limit);
+    }
+}
+
+fn regions_section(out: &mut String, s: &Summary, limit: usize) {
+    let Some(regions) = &s.regions else { return };
+    if regions.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nTop regions by fault time (all in regions.txt)");
+    regions_table(out, s, limit);
+}
+
+/// regions.txt: every region, by fault time.
+pub fn render_regions(s: &Summary) -> String {
+    let mut out = String::from(
+        "Faults per memory region, by time in the fault handler (p50/p99: bucket bounds; HUGE not measured yet)\n",
+    );
+    regions_table(&mut out, s, usize::MAX);
+    out
+}
+
+fn files_section(out: &mut String, s: &Summary) {
+    let Some(files) = &s.files else { return };
+    if files.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nFiles (all processes)");
+    let _ = writeln!(
+        out,
+        "  {:>9} {:>8} {:>9} {:>9} {:>10} {:>6}  PATH",
+        "FAULTS", "MAJOR", "TOUCHED", "READAHEAD", "TIME", "COLD"
+    );
+    for f in files.iter().take(20) {
+        let _ = writeln!(
+            out,
+            "  {:>9} {:>8} {:>9} {:>9} {:>10} {:>5.0}%  {}",
+            f.faults.total,
+            f.faults.major,
+            f.pages_touched,
+            f.readahead_pages,
+            fmt_ns(f.faults.time_ns),
+            f.cold_fraction * 100.0,
+            f.path
+        );
+        let mut tensors: Vec<_> = f.tensors.iter().filter(|t| t.faults > 0).collect();
+        tensors.sort_by_key(|t| std::cmp::Reverse(t.time_ns));
+        for t in tensors.iter().take(8) {
+            let _ = writeln!(
+                out,
+                "      tensor {:<32} {:>8} faults {:>7} major {:>10}  {} touched of {}",
+                t.name,
+                t.faults,
+                t.major,
+                fmt_ns(t.time_ns),
+                t.pages_touched,
+                t.bytes.div_ceil(4096)
             );
         }
     }

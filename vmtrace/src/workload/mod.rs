@@ -83,7 +83,7 @@ fn touch(p: *mut u8, bytes: usize) {
 
 /// First touch of `mib` MiB of anonymous memory, by `threads` threads;
 /// `pace_ms` > 0 sleeps that long after each MiB (a slowly growing hog).
-pub fn first_touch(mib: usize, huge: bool, threads: usize, pace_ms: u64) -> Result<(), String> {
+pub fn first_touch(mib: usize, huge: bool, threads: usize, pace_ms: u64, unmap: bool) -> Result<(), String> {
     let bytes = mib << 20;
     let p = map_anon(bytes, huge)? as usize;
     let t0 = Instant::now();
@@ -103,6 +103,10 @@ pub fn first_touch(mib: usize, huge: bool, threads: usize, pace_ms: u64) -> Resu
             s.spawn(move || touch((p + chunk * i) as *mut u8, len));
         }
     });
+    if unmap {
+        // SAFETY: our own mapping, no longer used.
+        unsafe { libc::munmap(p as *mut libc::c_void, bytes) };
+    }
     emit("first-touch", (bytes / PAGE) as u64, t0.elapsed().as_nanos() as u64);
     Ok(())
 }
@@ -412,6 +416,8 @@ mod tests {
         let p = map_anon(8 << 20, false).unwrap();
         touch(p, 8 << 20);
         let (after, _) = rusage_of(libc::RUSAGE_THREAD);
+        // SAFETY: our own mapping.
+        unsafe { libc::munmap(p.cast(), 8 << 20) };
         // 2048 pages; allow a little for the test harness's own faults.
         assert!((2048..2048 + 200).contains(&(after - before)), "delta {}", after - before);
     }

@@ -1,0 +1,33 @@
+//! Page-cache additions by traced processes, per file: the pages readahead
+//! brought in around the faults (and reads) that asked for them.
+use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext};
+use vmtrace_common::FileKey;
+
+use crate::maps::{config, is_traced, FILE_CACHE};
+
+// /sys/kernel/tracing/events/filemap/mm_filemap_add_to_page_cache/format:
+//   field:unsigned long pfn;   offset:8;  size:8; signed:0;
+//   field:unsigned long i_ino; offset:16; size:8; signed:0;
+//   field:unsigned long index; offset:24; size:8; signed:0;
+//   field:dev_t s_dev;         offset:32; size:4; signed:0;
+//   field:unsigned char order; offset:36; size:1; signed:0;
+#[tracepoint(category = "filemap", name = "mm_filemap_add_to_page_cache")]
+pub fn tp_filemap_mm_filemap_add_to_page_cache(ctx: TracePointContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if config().regions == 0 || !is_traced(tgid) {
+        return 0;
+    }
+    // SAFETY: offsets from the format above.
+    let (ino, dev, order) = unsafe {
+        (ctx.read_at::<u64>(16).unwrap_or(0), ctx.read_at::<u32>(32).unwrap_or(0), ctx.read_at::<u8>(36).unwrap_or(0))
+    };
+    let key = FileKey { dev, _pad: 0, ino };
+    let pages = 1u64 << (order & 15);
+    if let Some(p) = FILE_CACHE.get_ptr_mut(&key) {
+        // SAFETY: this CPU's value of a live entry.
+        unsafe { *p += pages };
+    } else {
+        let _ = FILE_CACHE.insert(&key, &pages, 1);
+    }
+    0
+}

@@ -1,0 +1,344 @@
+//! Which memory region took each fault: the kernel counts faults per 64 KiB
+//! granule of each process (with a bitmap of the pages touched); here each
+//! touched page is placed in the region (VMA) that held it — from the last
+//! read of `/proc/PID/maps`, else from the mapping events (regions gone by
+//! the end) — and counts follow the pages. Then per file across processes,
+//! and per tensor of a safetensors checkpoint.
+pub mod safetensors;
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+use vmtrace_common::{GranuleCounts, GranuleKey, GRANULE_HIST, REGION_GRANULE_SHIFT};
+
+use crate::{
+    procmaps::{self, Region, RegionKind},
+    report::summary::{Faults, Hist},
+};
+
+/// One region of one process in summary.json `regions[]`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RegionSummary {
+    pub pid: u32,
+    pub start: String,
+    pub end: String,
+    pub perms: String,
+    pub kind: RegionKind,
+    pub path: Option<String>,
+    pub offset: u64,
+    pub faults: Faults,
+    pub pages_touched: u64,
+}
+
+/// One tensor of a safetensors file.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TensorSummary {
+    pub name: String,
+    pub offset: u64,
+    pub bytes: u64,
+    pub faults: u64,
+    pub major: u64,
+    pub time_ns: u64,
+    pub pages_touched: u64,
+}
+
+/// One file across processes in summary.json `files[]`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct FileSummary {
+    pub path: String,
+    pub faults: Faults,
+    pub pages_touched: u64,
+    /// Pages the traced processes added to the page cache for this file.
+    pub page_cache_added: u64,
+    /// Of those, pages no major fault asked for: brought in by readahead.
+    pub readahead_pages: u64,
+    /// Share of its faults that waited for I/O (major).
+    pub cold_fraction: f64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensors: Vec<TensorSummary>,
+}
+
+/// Counts of a share of a granule, accumulated per region.
+#[derive(Clone, Debug, Default)]
+struct Acc {
+    faults: f64,
+    major: f64,
+    write: f64,
+    exec: f64,
+    cow: f64,
+    time_ns: f64,
+    timed: f64,
+    hist: [f64; GRANULE_HIST],
+    pages: u64,
+}
+
+impl Acc {
+    fn add_share(&mut self, g: &GranuleCounts, share: f64, pages: u64) {
+        self.faults += g.faults as f64 * share;
+        self.major += g.major as f64 * share;
+        self.write += g.write as f64 * share;
+        self.exec += g.exec as f64 * share;
+        self.cow += g.cow as f64 * share;
+        self.time_ns += g.time_ns as f64 * share;
+        self.timed += g.timed as f64 * share;
+        for (a, h) in self.hist.iter_mut().zip(g.hist.iter()) {
+            *a += f64::from(*h) * share;
+        }
+        self.pages += pages;
+    }
+
+    fn faults(&self) -> Faults {
+        let total = self.faults.round() as u64;
+        let major = (self.major.round() as u64).min(total);
+        // Minor latency may be sampled: scale the measured time to all faults.
+        let time_ns = if self.timed > 0.0 { self.time_ns * (self.faults / self.timed).max(1.0) } else { 0.0 };
+        let mut hist = Hist::default();
+        for (i, v) in self.hist.iter().enumerate() {
+            // Coarse bucket i = fine bucket 2i (upper bound 1024 << 2i ns); the last holds the rest.
+            let fine = if i + 1 == GRANULE_HIST { hist.0.len() - 1 } else { 2 * i };
+            hist.0[fine] += v.round() as u64;
+        }
+        Faults {
+            total,
+            minor: total - major,
+            major,
+            write: self.write.round() as u64,
+            exec: self.exec.round() as u64,
+            cow: self.cow.round() as u64,
+            huge: None,
+            time_ns: time_ns.round() as u64,
+            timed: self.timed.round() as u64,
+            latency_hist_ns: hist,
+            ..Faults::default()
+        }
+    }
+}
+
+/// The regions of one process to place its pages in.
+pub struct ProcessRegions<'a> {
+    pub maps: &'a [Region],
+    pub mapped: &'a [Region],
+}
+
+/// How far below its start, as last read, a stack may have grown (the default
+/// RLIMIT_STACK).
+const STACK_GROWTH: u64 = 8 << 20;
+
+impl ProcessRegions<'_> {
+    fn find(&self, addr: u64) -> Option<&Region> {
+        procmaps::find(self.maps, addr).or_else(|| self.mapped.iter().rev().find(|r| r.contains(addr))).or_else(|| {
+            self.maps.iter().find(|r| r.kind == RegionKind::Stack && addr < r.start && r.start - addr <= STACK_GROWTH)
+        })
+    }
+}
+
+/// Where each file page that faulted went, for the file and tensor views.
+struct FileHit {
+    path: String,
+    file_offset: u64,
+    share: f64,
+}
+
+pub struct Attributed {
+    pub regions: Vec<RegionSummary>,
+    pub files: Vec<FileSummary>,
+}
+
+/// Places every granule's faults in regions, then sums files and tensors.
+/// `page_cache` gives pages added per file path (readahead).
+pub fn attribute<'a>(
+    granules: &[(GranuleKey, GranuleCounts)],
+    regions_of: impl Fn(u32) -> Option<ProcessRegions<'a>>,
+    page_cache: impl Fn(&str) -> Option<u64>,
+) -> Attributed {
+    let unknown = |pid: u32, addr: u64| Region {
+        start: addr >> REGION_GRANULE_SHIFT << REGION_GRANULE_SHIFT,
+        end: (addr >> REGION_GRANULE_SHIFT << REGION_GRANULE_SHIFT) + (1 << REGION_GRANULE_SHIFT),
+        perms: "----".into(),
+        offset: 0,
+        kind: RegionKind::Other,
+        path: Some(format!("[unknown region of {pid}]")),
+    };
+    let mut acc: BTreeMap<(u32, u64, u64), (Region, Acc)> = BTreeMap::new();
+    let mut file_pages: Vec<(GranuleCounts, FileHit)> = Vec::new();
+    for (k, g) in granules {
+        let base = k.granule << REGION_GRANULE_SHIFT;
+        let regs = regions_of(k.tgid);
+        let pages: Vec<u64> = (0..16).filter(|i| g.touched & (1 << i) != 0).map(|i| base + i * 4096).collect();
+        let n = pages.len().max(1) as f64;
+        let mut per_region: HashMap<(u64, u64), (Region, u64)> = HashMap::new();
+        for &addr in &pages {
+            let r = regs.as_ref().and_then(|rs| rs.find(addr)).cloned().unwrap_or_else(|| unknown(k.tgid, addr));
+            if r.kind == RegionKind::File {
+                if let Some(path) = &r.path {
+                    file_pages.push((
+                        *g,
+                        FileHit { path: path.clone(), file_offset: r.offset + (addr - r.start), share: 1.0 / n },
+                    ));
+                }
+            }
+            per_region.entry((r.start, r.end)).or_insert_with(|| (r, 0)).1 += 1;
+        }
+        for ((start, end), (r, cnt)) in per_region {
+            let e = acc.entry((k.tgid, start, end)).or_insert_with(|| (r, Acc::default()));
+            e.1.add_share(g, cnt as f64 / n, cnt);
+        }
+    }
+    let mut files: BTreeMap<String, Acc> = BTreeMap::new();
+    let regions: Vec<RegionSummary> = acc
+        .into_iter()
+        .map(|((pid, _, _), (r, a))| {
+            if let (RegionKind::File, Some(p)) = (r.kind, &r.path) {
+                let f = files.entry(p.clone()).or_default();
+                f.faults += a.faults;
+                f.major += a.major;
+                f.write += a.write;
+                f.exec += a.exec;
+                f.cow += a.cow;
+                f.time_ns += a.time_ns;
+                f.timed += a.timed;
+                for (x, y) in f.hist.iter_mut().zip(a.hist.iter()) {
+                    *x += y;
+                }
+                f.pages += a.pages;
+            }
+            RegionSummary {
+                pid,
+                start: format!("{:#x}", r.start),
+                end: format!("{:#x}", r.end),
+                perms: r.perms.clone(),
+                kind: r.kind,
+                path: r.path.clone(),
+                offset: r.offset,
+                faults: a.faults(),
+                pages_touched: a.pages,
+            }
+        })
+        .collect();
+    let files = files
+        .into_iter()
+        .map(|(path, a)| {
+            let faults = a.faults();
+            let added = page_cache(&path).unwrap_or(0);
+            let tensors = tensor_view(&path, &file_pages);
+            FileSummary {
+                cold_fraction: if faults.total > 0 { faults.major as f64 / faults.total as f64 } else { 0.0 },
+                readahead_pages: added.saturating_sub(faults.major),
+                page_cache_added: added,
+                pages_touched: a.pages,
+                faults,
+                path,
+                tensors,
+            }
+        })
+        .collect();
+    Attributed { regions, files }
+}
+
+/// Per-tensor faults of a safetensors file, from the file pages that faulted.
+fn tensor_view(path: &str, hits: &[(GranuleCounts, FileHit)]) -> Vec<TensorSummary> {
+    if std::path::Path::new(path).extension().is_none_or(|e| e != "safetensors") {
+        return Vec::new();
+    }
+    let Some(tensors) = safetensors::tensors(std::path::Path::new(path)) else { return Vec::new() };
+    let mut acc = vec![Acc::default(); tensors.len()];
+    for (g, hit) in hits.iter().filter(|(_, h)| h.path == path) {
+        if let Some(i) = safetensors::find(&tensors, hit.file_offset) {
+            acc[i].add_share(g, hit.share, 1);
+        }
+    }
+    tensors
+        .iter()
+        .zip(acc)
+        .map(|(t, a)| {
+            let f = a.faults();
+            TensorSummary {
+                name: t.name.clone(),
+                offset: t.start,
+                bytes: t.end - t.start,
+                faults: f.total,
+                major: f.major,
+                time_ns: f.time_ns,
+                pages_touched: a.pages,
+            }
+        })
+        .collect()
+}
+
+/// The kernel's dev_t of a file (major << 20 | minor), as tracepoints report it.
+pub fn kernel_dev_ino(path: &str) -> Option<(u32, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = std::fs::metadata(path).ok()?;
+    let dev = m.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    Some(((major << 20) | minor, m.ino()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(start: u64, end: u64, kind: RegionKind, path: Option<&str>) -> Region {
+        Region { start, end, perms: "rw-p".into(), offset: 0, kind, path: path.map(Into::into) }
+    }
+
+    #[test]
+    fn pages_follow_their_regions_and_counts_split_by_pages() {
+        // One granule straddling two regions: 12 touched pages in the first, 4 in the second.
+        let maps = vec![
+            region(0x10000, 0x1c000, RegionKind::Anon, None),
+            region(0x1c000, 0x30000, RegionKind::Heap, Some("[heap]")),
+        ];
+        let g = GranuleCounts {
+            faults: 32,
+            major: 0,
+            write: 32,
+            timed: 16,
+            time_ns: 16_000,
+            touched: 0xffff,
+            hist: [16, 0, 0, 0, 0, 0, 0, 0],
+            ..Default::default()
+        };
+        let key = GranuleKey { tgid: 5, _pad: 0, granule: 1 };
+        let a = attribute(&[(key, g)], |_| Some(ProcessRegions { maps: &maps, mapped: &[] }), |_| None);
+        assert_eq!(a.regions.len(), 2);
+        let anon = a.regions.iter().find(|r| r.kind == RegionKind::Anon).unwrap();
+        let heap = a.regions.iter().find(|r| r.kind == RegionKind::Heap).unwrap();
+        assert_eq!((anon.pages_touched, anon.faults.total), (12, 24));
+        assert_eq!((heap.pages_touched, heap.faults.total), (4, 8));
+        // 16 timed of 32: time scaled to all faults.
+        assert_eq!(anon.faults.time_ns, 24_000);
+        assert_eq!(anon.faults.latency_hist_ns.0[0], 12);
+    }
+
+    #[test]
+    fn unmapped_regions_come_from_mapping_events_and_unknown_is_kept() {
+        let mapped = vec![region(0x40000, 0x50000, RegionKind::Anon, None)];
+        let g = GranuleCounts { faults: 16, touched: 0xffff, ..Default::default() };
+        let keys = [(GranuleKey { tgid: 1, _pad: 0, granule: 4 }, g), (GranuleKey { tgid: 1, _pad: 0, granule: 9 }, g)];
+        let a = attribute(&keys, |_| Some(ProcessRegions { maps: &[], mapped: &mapped }), |_| None);
+        assert_eq!(a.regions.len(), 2);
+        assert_eq!(a.regions[0].kind, RegionKind::Anon);
+        assert_eq!(a.regions[0].faults.total, 16);
+        assert_eq!(a.regions[1].kind, RegionKind::Other, "faults outside every known region are kept, not dropped");
+    }
+
+    #[test]
+    fn files_sum_across_processes_with_readahead() {
+        let mut r = region(0x10000, 0x20000, RegionKind::File, Some("/ckpt/x.bin"));
+        r.offset = 0x1000;
+        let maps = vec![r];
+        let g = GranuleCounts { faults: 16, major: 4, touched: 0xffff, ..Default::default() };
+        let keys = [(GranuleKey { tgid: 1, _pad: 0, granule: 1 }, g), (GranuleKey { tgid: 2, _pad: 0, granule: 1 }, g)];
+        let a = attribute(
+            &keys,
+            |_| Some(ProcessRegions { maps: &maps, mapped: &[] }),
+            |p| (p == "/ckpt/x.bin").then_some(40),
+        );
+        assert_eq!(a.files.len(), 1);
+        let f = &a.files[0];
+        assert_eq!((f.faults.total, f.faults.major, f.pages_touched), (32, 8, 32));
+        assert_eq!((f.page_cache_added, f.readahead_pages), (40, 32));
+        assert!((f.cold_fraction - 0.25).abs() < 1e-9);
+    }
+}

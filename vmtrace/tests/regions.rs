@@ -1,0 +1,179 @@
+//! Faults attributed to memory regions, files and tensors (privileged).
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+fn regions_of(run: &Run, pid: u32) -> Vec<&Value> {
+    run.summary["regions"].as_array().expect("regions").iter().filter(|r| r["pid"] == pid).collect()
+}
+
+fn size(r: &Value) -> u64 {
+    let p = |k: &str| u64::from_str_radix(r[k].as_str().unwrap().trim_start_matches("0x"), 16).unwrap();
+    p("end") - p("start")
+}
+
+fn file<'a>(run: &'a Run, path: &str) -> &'a Value {
+    run.summary["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == path)
+        .unwrap_or_else(|| panic!("{path} not in files"))
+}
+
+#[test]
+fn anonymous_region_counts_every_page() {
+    if !privileged("anonymous_region_counts_every_page") {
+        return;
+    }
+    let run = record(&[], &strs(&workload(&["touch", "--mib", "64"])));
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let pid = run.report("first-touch").pid;
+    let regions = regions_of(&run, pid);
+    let r =
+        regions.iter().find(|r| r["kind"] == "anon" && size(r) >= 64 << 20).unwrap_or_else(|| panic!("{regions:#?}"));
+    assert_close("faults of the 64 MiB region", u(&r["faults"]["total"]), 64 * 256, 1.0);
+    assert_close("pages touched", u(&r["pages_touched"]), 64 * 256, 1.0);
+    // Every fault of the process lands in some region.
+    let sum: u64 = regions.iter().map(|r| u(&r["faults"]["total"])).sum();
+    assert_close("regions add up to the process", sum, u(&run.process(pid)["faults"]["total"]), 1.0);
+    assert!(std::fs::read_to_string(run.out.path().join("regions.txt")).unwrap().contains("anon"));
+}
+
+#[test]
+fn cold_random_file_reads_are_majors_warm_ones_are_not_and_readahead_shows() {
+    if !privileged("cold_random_file_reads_are_majors_warm_ones_are_not_and_readahead_shows") {
+        return;
+    }
+    let dir = disk_dir();
+    let path = dir.path().join("data.bin");
+    assert!(vmtrace().args(["workload", "make-file"]).arg(&path).args(["--mib", "64"]).status().unwrap().success());
+    let p = path.to_str().unwrap();
+    let cold = record(&[], &strs(&workload(&["file-read", p, "--random", "--stride", "4", "--cold"])));
+    assert_eq!(cold.code(), Some(0), "{}", cold.stderr());
+    let f = file(&cold, p);
+    assert!(u(&f["faults"]["major"]) * 10 >= u(&f["pages_touched"]) * 9, "cold: {f:#}");
+    assert_eq!(u(&f["pages_touched"]), 64 * 256 / 4);
+    let warm = record(&[], &strs(&workload(&["file-read", p, "--random", "--stride", "4"])));
+    let f = file(&warm, p);
+    // ≈ 0: the kernel also calls a fault major when it had to retry (FAULT_FLAG_TRIED).
+    assert!(u(&f["faults"]["major"]) * 20 <= u(&f["pages_touched"]), "warm: {f:#}");
+    let seq = record(&[], &strs(&workload(&["file-read", p, "--cold"])));
+    let f = file(&seq, p);
+    assert!(u(&f["readahead_pages"]) >= 64 * 256 / 2, "a sequential cold read is mostly readahead: {f:#}");
+}
+
+#[test]
+fn python_workers_copy_on_write_a_list_but_not_a_bytes_object() {
+    if !privileged("python_workers_copy_on_write_a_list_but_not_a_bytes_object") {
+        return;
+    }
+    let script = r#"
+import os, sys
+data = list(range(2_000_000)) if sys.argv[1] == "list" else bytes(64 << 20)
+pids = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        total = 0
+        if isinstance(data, list):
+            for x in data:
+                total += x
+        else:
+            total = data.count(1)
+        os._exit(0)
+    pids.append(pid)
+for p in pids:
+    os.waitpid(p, 0)
+"#;
+    // The interpreter itself, not a launcher script (pyenv shims are bash).
+    let out = std::process::Command::new("python3").args(["-c", "import sys; print(sys.executable)"]).output();
+    let python = String::from_utf8(out.expect("python3 is needed for this test").stdout).unwrap().trim().to_string();
+    let cow = |kind: &str| {
+        let run = record(&[], &[python.as_str(), "-c", script, kind]);
+        assert_eq!(run.code(), Some(0), "{}", run.stderr());
+        let parent = run.summary["target"]["pid"].as_u64().unwrap();
+        let workers: Vec<&Value> =
+            run.summary["processes"].as_array().unwrap().iter().filter(|p| p["ppid"] == parent).collect();
+        assert_eq!(workers.len(), 2, "two workers");
+        let per_worker: Vec<u64> = workers.iter().map(|w| u(&w["faults"]["cow"])).collect();
+        // The copies of the list land on the workers' heap/anonymous regions
+        // (the few of the bytes case are the interpreter's own housekeeping).
+        for w in workers.iter().filter(|_| kind == "list") {
+            let pid = w["pid"].as_u64().unwrap() as u32;
+            let on_data: u64 = regions_of(&run, pid)
+                .iter()
+                .filter(|r| r["kind"] == "anon" || r["kind"] == "heap")
+                .map(|r| u(&r["faults"]["cow"]))
+                .sum();
+            assert!(
+                on_data * 10 >= u(&w["faults"]["cow"]) * 9,
+                "COW on heap/anon: {on_data} of {}",
+                w["faults"]["cow"]
+            );
+        }
+        per_worker
+    };
+    let list = cow("list");
+    let bytes = cow("bytes");
+    for (l, b) in list.iter().zip(&bytes) {
+        assert!(*l > 5000, "iterating a list writes every object's refcount: {l} COW faults");
+        assert!(*b * 10 < *l, "one bytes object: far fewer ({b} vs {l})");
+    }
+}
+
+#[test]
+fn unmapped_mapping_and_short_lived_child_keep_their_faults() {
+    if !privileged("unmapped_mapping_and_short_lived_child_keep_their_faults") {
+        return;
+    }
+    let run = record(&[], &strs(&workload(&["touch", "--mib", "16", "--unmap"])));
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let pid = run.report("first-touch").pid;
+    let regions = regions_of(&run, pid);
+    let r =
+        regions.iter().find(|r| r["kind"] == "anon" && size(r) == 16 << 20).unwrap_or_else(|| panic!("{regions:#?}"));
+    assert_close("faults of the unmapped region", u(&r["faults"]["total"]), 16 * 256, 1.0);
+
+    let run = record(&[], &strs(&workload(&["fork", "--children", "1", "--mib", "8"])));
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let child = run.report("child").pid;
+    let regions = regions_of(&run, child);
+    let r =
+        regions.iter().find(|r| r["kind"] == "anon" && size(r) >= 8 << 20).unwrap_or_else(|| panic!("{regions:#?}"));
+    assert_close("faults of the exited child's region", u(&r["faults"]["total"]), 8 * 256, 1.0);
+}
+
+#[test]
+fn safetensors_faults_land_on_their_tensors() {
+    if !privileged("safetensors_faults_land_on_their_tensors") {
+        return;
+    }
+    let dir = disk_dir();
+    let path = dir.path().join("model.safetensors");
+    assert!(vmtrace()
+        .args(["workload", "make-safetensors"])
+        .arg(&path)
+        .args(["--mib", "32"])
+        .status()
+        .unwrap()
+        .success());
+    let p = path.to_str().unwrap();
+    let run = record(&[], &strs(&workload(&["file-read", p, "--random", "--stride", "4", "--cold"])));
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let f = file(&run, p);
+    let tensors = f["tensors"].as_array().expect("tensor view");
+    assert_eq!(tensors.len(), 8);
+    // Every 4th page of the file was read: a quarter of each 4 MiB tensor's 1024 pages.
+    for t in tensors {
+        let n = u(&t["faults"]);
+        assert!((250..=260).contains(&n), "{}: {n} faults", t["name"]);
+        assert_eq!(u(&t["major"]), n, "cold: all majors");
+    }
+    let sum: u64 = tensors.iter().map(|t| u(&t["faults"])).sum();
+    // Only the header page is outside the tensors (shares are rounded per tensor).
+    assert!(u(&f["faults"]["total"]).abs_diff(sum) <= 2, "file {} vs tensors {sum}", f["faults"]["total"]);
+    let txt = std::fs::read_to_string(run.out.path().join("summary.txt")).unwrap();
+    assert!(txt.contains("tensor lm_head.weight"), "{txt}");
+}
