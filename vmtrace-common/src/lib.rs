@@ -73,8 +73,11 @@ pub struct FaultStats {
     pub reclaim: u64,
     /// Time spent in those stalls.
     pub reclaim_ns: u64,
+    /// Faults served by a transparent huge page: a PMD-order folio was
+    /// allocated while the fault was in flight.
+    pub huge: u64,
 }
-const _: () = assert!(core::mem::size_of::<FaultStats>() == 8 * (13 + 2 * HIST_BUCKETS));
+const _: () = assert!(core::mem::size_of::<FaultStats>() == 8 * (14 + 2 * HIST_BUCKETS));
 
 impl FaultStats {
     /// Adds another CPU's (or thread's) aggregate into this one.
@@ -96,6 +99,7 @@ impl FaultStats {
         }
         self.reclaim += o.reclaim;
         self.reclaim_ns += o.reclaim_ns;
+        self.huge += o.huge;
     }
 }
 
@@ -179,11 +183,16 @@ pub struct GranuleCounts {
     /// Bit i: page i of the granule faulted at least once.
     pub touched: u64,
     pub exec: u64,
+    /// Faults served by a transparent huge page (see `FaultStats::huge`).
+    pub huge: u64,
     /// Coarse latency histogram of the timed faults: bucket i holds
     /// latencies up to 1024 << 2i ns (1 µs, 4 µs, … 4 ms), the last the rest.
     pub hist: [u32; GRANULE_HIST],
 }
-const _: () = assert!(core::mem::size_of::<GranuleCounts>() == 64 + 4 * GRANULE_HIST);
+const _: () = assert!(core::mem::size_of::<GranuleCounts>() == 72 + 4 * GRANULE_HIST);
+
+/// Folio order of a PMD-mapped transparent huge page on x86-64 (2 MiB).
+pub const PMD_ORDER: u32 = 9;
 
 pub const GRANULE_HIST: usize = 8;
 

@@ -163,6 +163,15 @@ pub const FILEMAP_HOOK: Hook = Hook {
     name: "mm_filemap_add_to_page_cache",
 };
 
+/// PMD-order allocations inside a fault: the fault is served by a huge page.
+pub const HUGE_HOOK: Hook = Hook {
+    what: "huge-page faults",
+    btf_prog: Some("tp_btf_mm_page_alloc"),
+    tp_prog: "tp_kmem_mm_page_alloc",
+    category: "kmem",
+    name: "mm_page_alloc",
+};
+
 /// TLB flushes, and shootdown requests per target CPU (`csd:csd_queue_cpu`,
 /// 6.6+; optional: without it one IPI is counted per flush that sends any).
 pub const TLB_HOOKS: &[Hook] = &[
@@ -304,6 +313,7 @@ impl Probes {
         }
         if opts.families.regions {
             attached.push(attach_hook(&mut ebpf, &btf, &kbtf, &FILEMAP_HOOK, opts.force_tracepoints)?);
+            attached.push(attach_hook(&mut ebpf, &btf, &kbtf, &HUGE_HOOK, opts.force_tracepoints)?);
         }
         if opts.families.tlb {
             for hook in TLB_HOOKS {
@@ -447,6 +457,7 @@ impl Probes {
                     sum.write += c.write;
                     sum.cow += c.cow;
                     sum.exec += c.exec;
+                    sum.huge += c.huge;
                     sum.time_ns += c.time_ns;
                     sum.timed += c.timed;
                     sum.touched |= c.touched;

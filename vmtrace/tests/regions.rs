@@ -42,6 +42,31 @@ fn anonymous_region_counts_every_page() {
 }
 
 #[test]
+fn transparent_huge_pages_take_few_faults_each_one_huge() {
+    if !privileged("transparent_huge_pages_take_few_faults_each_one_huge") {
+        return;
+    }
+    let small = record(&[], &strs(&workload(&["touch", "--mib", "64"])));
+    let huge = record(&[], &strs(&workload(&["touch", "--mib", "64", "--huge"])));
+    assert_eq!(huge.code(), Some(0), "{}", huge.stderr());
+    let (s, h) = (
+        &small.process(small.report("first-touch").pid)["faults"],
+        &huge.process(huge.report("first-touch").pid)["faults"],
+    );
+    assert_eq!(s["huge"], 0, "MADV_NOHUGEPAGE: no huge faults");
+    assert!(u(&h["total"]) * 20 < u(&s["total"]), "far fewer faults with THP: {} vs {}", h["total"], s["total"]);
+    // THP is on (madvise mode here): 64 MiB in 2 MiB pages, if the kernel had them to give.
+    let n = u(&h["huge"]);
+    assert!((16..=32).contains(&n), "{n} huge faults for 64 MiB");
+    let regions = huge.summary["regions"].as_array().unwrap();
+    let r = regions
+        .iter()
+        .find(|r| r["kind"] == "anon" && r["faults"]["huge"].as_u64() > Some(0))
+        .expect("the huge region");
+    assert_eq!(u(&r["faults"]["huge"]), n, "{r:#}");
+}
+
+#[test]
 fn cold_random_file_reads_are_majors_warm_ones_are_not_and_readahead_shows() {
     if !privileged("cold_random_file_reads_are_majors_warm_ones_are_not_and_readahead_shows") {
         return;
@@ -54,7 +79,7 @@ fn cold_random_file_reads_are_majors_warm_ones_are_not_and_readahead_shows() {
     assert_eq!(cold.code(), Some(0), "{}", cold.stderr());
     let f = file(&cold, p);
     assert!(u(&f["faults"]["major"]) * 10 >= u(&f["pages_touched"]) * 9, "cold: {f:#}");
-    assert_eq!(u(&f["pages_touched"]), 64 * 256 / 4);
+    assert_close("pages touched: every 4th", u(&f["pages_touched"]), 64 * 256 / 4, 0.2);
     let warm = record(&[], &strs(&workload(&["file-read", p, "--random", "--stride", "4"])));
     let f = file(&warm, p);
     // ≈ 0: the kernel also calls a fault major when it had to retry (FAULT_FLAG_TRIED).
@@ -132,16 +157,21 @@ fn unmapped_mapping_and_short_lived_child_keep_their_faults() {
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let pid = run.report("first-touch").pid;
     let regions = regions_of(&run, pid);
-    let r =
-        regions.iter().find(|r| r["kind"] == "anon" && size(r) == 16 << 20).unwrap_or_else(|| panic!("{regions:#?}"));
+    // A maps read while it lived may show it merged with a neighbouring anonymous VMA.
+    let r = regions
+        .iter()
+        .find(|r| r["kind"] == "anon" && size(r) >= 16 << 20 && u(&r["faults"]["total"]) >= 16 * 256 * 99 / 100)
+        .unwrap_or_else(|| panic!("{regions:#?}"));
     assert_close("faults of the unmapped region", u(&r["faults"]["total"]), 16 * 256, 1.0);
 
     let run = record(&[], &strs(&workload(&["fork", "--children", "1", "--mib", "8"])));
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let child = run.report("child").pid;
     let regions = regions_of(&run, child);
-    let r =
-        regions.iter().find(|r| r["kind"] == "anon" && size(r) >= 8 << 20).unwrap_or_else(|| panic!("{regions:#?}"));
+    let r = regions
+        .iter()
+        .find(|r| r["kind"] == "anon" && size(r) >= 8 << 20 && u(&r["faults"]["total"]) >= 8 * 256 * 99 / 100)
+        .unwrap_or_else(|| panic!("{regions:#?}"));
     assert_close("faults of the exited child's region", u(&r["faults"]["total"]), 8 * 256, 1.0);
 }
 

@@ -16,12 +16,13 @@ use aya_ebpf::{
     programs::{tracing::StackIdContext, BtfTracePointContext, PerfEventContext, TracePointContext},
 };
 use vmtrace_common::{
-    granule_bucket, hist_bucket, pf, DropKind, InflightFault, StackCounts, StackKey, LEAF_GRANULE_SHIFT, STACK_KERNEL,
-    STACK_USER,
+    granule_bucket, hist_bucket, pf, DropKind, InflightFault, StackCounts, StackKey, LEAF_GRANULE_SHIFT, PMD_ORDER,
+    STACK_KERNEL, STACK_USER,
 };
 
 use crate::maps::{
-    config, count_drop, count_total, current_stats, granule_counts, FAULT_PARKED, FAULT_SLOT, FAULT_STACKS, STACKS,
+    config, count_drop, count_total, current_stats, granule_counts, FAULT_PARKED, FAULT_SLOT, FAULT_STACKS,
+    FAULT_STATS, STACKS,
 };
 
 /// Lowest kernel address on x86-64 (4- and 5-level paging): kernel-mode faults
@@ -285,6 +286,57 @@ fn take_start(tid: u32, page: u64) -> Option<InflightFault> {
     let parked = unsafe { FAULT_PARKED.get(&tid) }.copied()?;
     let _ = FAULT_PARKED.remove(&tid);
     (parked.page == page).then_some(parked)
+}
+
+// TP_PROTO(struct page *page, unsigned int order, gfp_t gfp_flags, int migratetype).
+// An anonymous THP fault allocates its PMD-order folio inside the fault: while
+// this thread has a fault in flight, such an allocation means the fault is
+// served by a huge page. Every page allocation in the system passes here, so
+// the order is tested first.
+#[btf_tracepoint(function = "mm_page_alloc")]
+pub fn tp_btf_mm_page_alloc(ctx: BtfTracePointContext) -> i32 {
+    if ctx.arg::<u32>(1) >= PMD_ORDER {
+        huge_alloc();
+    }
+    0
+}
+
+// /sys/kernel/tracing/events/kmem/mm_page_alloc/format:
+//   field:unsigned long pfn;          offset:8;  size:8; signed:0;
+//   field:unsigned int order;         offset:16; size:4; signed:0;
+//   field:unsigned long gfp_flags;    offset:24; size:8; signed:0;
+//   field:int migratetype;            offset:32; size:4; signed:1;
+#[tracepoint(category = "kmem", name = "mm_page_alloc")]
+pub fn tp_kmem_mm_page_alloc(ctx: TracePointContext) -> u32 {
+    // SAFETY: offset from the format above.
+    if unsafe { ctx.read_at::<u32>(16) }.is_ok_and(|o| o >= PMD_ORDER) {
+        huge_alloc();
+    }
+    0
+}
+
+#[inline(always)]
+fn huge_alloc() {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    // Only a fault of this very thread on this CPU (the allocation cannot sleep
+    // without parking it, and a parked fault is looked up as well).
+    let page = match FAULT_SLOT.get(0) {
+        Some(s) if s.tid == tid => s.page,
+        _ => match FAULT_PARKED.get_ptr(&tid) {
+            // SAFETY: a live map value.
+            Some(p) => unsafe { (*p).page },
+            None => return,
+        },
+    };
+    let Some(p) = FAULT_STATS.get_ptr_mut(&tgid) else { return };
+    // SAFETY: this CPU's value of a live entry.
+    unsafe { (*p).huge += 1 };
+    if config().regions != 0 {
+        if let Some(g) = granule_counts(tgid, page << 12) {
+            g.huge += 1;
+        }
+    }
 }
 
 // TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)

@@ -570,6 +570,10 @@ impl Session {
                 info.exit_code
             };
             let st = stats.get(&pid).copied().unwrap_or_default();
+            let mut faults = faults;
+            if self.families.regions {
+                faults.huge = Some(st.huge);
+            }
             let m = mm.get(&pid).copied().unwrap_or_default();
             processes.push(Process {
                 mmap: self.families.mmap.then(|| mmap_counts(&m)),

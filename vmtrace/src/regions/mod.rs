@@ -66,6 +66,7 @@ struct Acc {
     write: f64,
     exec: f64,
     cow: f64,
+    huge: f64,
     time_ns: f64,
     timed: f64,
     hist: [f64; GRANULE_HIST],
@@ -79,6 +80,7 @@ impl Acc {
         self.write += g.write as f64 * share;
         self.exec += g.exec as f64 * share;
         self.cow += g.cow as f64 * share;
+        self.huge += g.huge as f64 * share;
         self.time_ns += g.time_ns as f64 * share;
         self.timed += g.timed as f64 * share;
         for (a, h) in self.hist.iter_mut().zip(g.hist.iter()) {
@@ -105,7 +107,7 @@ impl Acc {
             write: self.write.round() as u64,
             exec: self.exec.round() as u64,
             cow: self.cow.round() as u64,
-            huge: None,
+            huge: Some(self.huge.round() as u64),
             time_ns: time_ns.round() as u64,
             timed: self.timed.round() as u64,
             latency_hist_ns: hist,
@@ -195,12 +197,18 @@ pub fn attribute<'a>(
                 f.write += a.write;
                 f.exec += a.exec;
                 f.cow += a.cow;
+                f.huge += a.huge;
                 f.time_ns += a.time_ns;
                 f.timed += a.timed;
                 for (x, y) in f.hist.iter_mut().zip(a.hist.iter()) {
                     *x += y;
                 }
                 f.pages += a.pages;
+            }
+            let mut faults = a.faults();
+            if r.kind == RegionKind::Hugetlb {
+                // A hugetlb mapping has no small pages: every fault maps a huge one.
+                faults.huge = Some(faults.total);
             }
             RegionSummary {
                 pid,
@@ -210,7 +218,7 @@ pub fn attribute<'a>(
                 kind: r.kind,
                 path: r.path.clone(),
                 offset: r.offset,
-                faults: a.faults(),
+                faults,
                 pages_touched: a.pages,
             }
         })

@@ -207,7 +207,8 @@ pub struct Faults {
     pub write: u64,
     pub exec: u64,
     pub cow: u64,
-    /// Faults served by a huge page: measured from the regions work on; null until then.
+    /// Faults served by a huge page (anonymous THP allocated in the fault, or
+    /// any fault of a hugetlb mapping); null when `--events regions` is off.
     pub huge: Option<u64>,
     /// Time inside the fault handler (estimated from the sample when minor latency is sampled).
     pub time_ns: u64,
