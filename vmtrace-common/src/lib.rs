@@ -191,6 +191,35 @@ pub struct GranuleCounts {
 }
 const _: () = assert!(core::mem::size_of::<GranuleCounts>() == 72 + 4 * GRANULE_HIST);
 
+/// The granule this CPU is counting into (`GRANULE_CUR`, per CPU): faults
+/// cluster, so counts gather here and reach `REGION_STATS` when the granule
+/// changes. Userspace adds the slots of all CPUs at the end.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GranuleCur {
+    pub key: GranuleKey,
+    pub counts: GranuleCounts,
+}
+const _: () = assert!(core::mem::size_of::<GranuleCur>() == 16 + core::mem::size_of::<GranuleCounts>());
+
+impl GranuleCounts {
+    /// Adds another share of counts into this one.
+    pub fn add(&mut self, o: &GranuleCounts) {
+        self.faults += o.faults;
+        self.major += o.major;
+        self.write += o.write;
+        self.cow += o.cow;
+        self.time_ns += o.time_ns;
+        self.timed += o.timed;
+        self.touched |= o.touched;
+        self.exec += o.exec;
+        self.huge += o.huge;
+        for i in 0..GRANULE_HIST {
+            self.hist[i] += o.hist[i];
+        }
+    }
+}
+
 /// Folio order of a PMD-mapped transparent huge page on x86-64 (2 MiB).
 pub const PMD_ORDER: u32 = 9;
 
@@ -564,6 +593,7 @@ mod pod {
     unsafe impl aya::Pod for super::MmStats {}
     unsafe impl aya::Pod for super::GranuleKey {}
     unsafe impl aya::Pod for super::GranuleCounts {}
+    unsafe impl aya::Pod for super::GranuleCur {}
     unsafe impl aya::Pod for super::FileKey {}
     unsafe impl aya::Pod for super::MmStackKey {}
     unsafe impl aya::Pod for super::MmStackCounts {}

@@ -7,8 +7,8 @@ use aya_ebpf::{
     programs::tracing::StackIdContext,
 };
 use vmtrace_common::{
-    Config, DropKind, FaultStats, FileKey, GranuleCounts, GranuleKey, InflightFault, KernelOffsets, MmInflight,
-    MmStackCounts, MmStackKey, MmStats, StackCounts, StackKey, DROP_KINDS, REGION_GRANULE_SHIFT,
+    Config, DropKind, FaultStats, FileKey, GranuleCounts, GranuleCur, GranuleKey, InflightFault, KernelOffsets,
+    MmInflight, MmStackCounts, MmStackKey, MmStats, StackCounts, StackKey, DROP_KINDS, REGION_GRANULE_SHIFT,
 };
 
 /// Set by the loader before load; never written here.
@@ -135,21 +135,40 @@ pub static REGION_STATS: PerCpuHashMap<GranuleKey, GranuleCounts> = PerCpuHashMa
 #[map]
 pub static FILE_CACHE: PerCpuHashMap<FileKey, u64> = PerCpuHashMap::with_max_entries(16_384, 0);
 
-/// This CPU's counts for the granule of `address` in `tgid`, created on first use.
+/// The granule this CPU counts into; see `GranuleCur`.
+#[map]
+pub static GRANULE_CUR: PerCpuArray<GranuleCur> = PerCpuArray::with_max_entries(1, 0);
+
+/// Counts for the granule of `address` in `tgid`: this CPU's current granule,
+/// after moving the previous one's counts into `REGION_STATS` if it differs.
+/// One hash operation per run of faults in a granule instead of one per fault.
 #[inline(always)]
 pub fn granule_counts(tgid: u32, address: u64) -> Option<&'static mut GranuleCounts> {
     let key = GranuleKey { tgid, _pad: 0, granule: address >> REGION_GRANULE_SHIFT };
-    if let Some(p) = REGION_STATS.get_ptr_mut(&key) {
-        // SAFETY: this CPU's value of a live entry.
-        return Some(unsafe { &mut *p });
+    // SAFETY: this CPU's slot; BPF programs on one CPU do not interleave.
+    let cur = unsafe { &mut *GRANULE_CUR.get_ptr_mut(0)? };
+    if cur.key != key {
+        if cur.counts.faults | cur.counts.major | cur.counts.timed | cur.counts.huge != 0 {
+            flush_granule(&cur.key, &cur.counts);
+        }
+        cur.key = key;
+        cur.counts = GranuleCounts::default();
     }
-    let _ = REGION_STATS.insert(&key, &GranuleCounts::default(), 1);
-    match REGION_STATS.get_ptr_mut(&key) {
-        // SAFETY: as above.
-        Some(p) => Some(unsafe { &mut *p }),
-        None => {
-            count_drop(DropKind::RegionStatsFull);
-            None
+    Some(&mut cur.counts)
+}
+
+#[inline(always)]
+fn flush_granule(key: &GranuleKey, counts: &GranuleCounts) {
+    if let Some(p) = REGION_STATS.get_ptr_mut(key) {
+        // SAFETY: this CPU's value of a live entry.
+        unsafe { (*p).add(counts) };
+        return;
+    }
+    if REGION_STATS.insert(key, counts, 1).is_err() {
+        match REGION_STATS.get_ptr_mut(key) {
+            // SAFETY: as above (inserted meanwhile on another CPU).
+            Some(p) => unsafe { (*p).add(counts) },
+            None => count_drop(DropKind::RegionStatsFull),
         }
     }
 }

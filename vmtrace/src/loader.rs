@@ -22,7 +22,8 @@ use aya::{
     Btf, Ebpf, EbpfLoader,
 };
 use vmtrace_common::{
-    Config, FaultStats, FileKey, GranuleCounts, GranuleKey, MmStackCounts, MmStackKey, MmStats, StackCounts, StackKey,
+    Config, FaultStats, FileKey, GranuleCounts, GranuleCur, GranuleKey, MmStackCounts, MmStackKey, MmStats,
+    StackCounts, StackKey,
 };
 
 use crate::{kernel::btf as kbtf, stacks::StackMode};
@@ -273,6 +274,7 @@ pub struct Probes {
     pub mm_stacks: PerCpuHashMap<MapData, MmStackKey, MmStackCounts>,
     pub totals: PerCpuArray<MapData, u64>,
     pub region_stats: PerCpuHashMap<MapData, GranuleKey, GranuleCounts>,
+    pub granule_cur: PerCpuArray<MapData, GranuleCur>,
     pub file_cache: PerCpuHashMap<MapData, FileKey, u64>,
     pub logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
 }
@@ -341,6 +343,7 @@ impl Probes {
         let mm_stacks = take_map(&mut ebpf, "MM_STACKS")?;
         let totals = take_map(&mut ebpf, "TOTALS")?;
         let region_stats = take_map(&mut ebpf, "REGION_STATS")?;
+        let granule_cur = take_map(&mut ebpf, "GRANULE_CUR")?;
         let file_cache = take_map(&mut ebpf, "FILE_CACHE")?;
         Ok(Self {
             ebpf,
@@ -354,6 +357,7 @@ impl Probes {
             mm_stacks,
             totals,
             region_stats,
+            granule_cur,
             file_cache,
             logger,
         })
@@ -444,30 +448,22 @@ impl Probes {
         }
     }
 
-    /// Every granule's counts, summed over CPUs.
+    /// Every granule's counts, summed over CPUs, with the granules each CPU
+    /// is still counting into.
     pub fn all_granules(&self) -> Vec<(GranuleKey, GranuleCounts)> {
-        self.region_stats
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(k, v)| {
-                let mut sum = GranuleCounts::default();
-                for c in v.iter() {
-                    sum.faults += c.faults;
-                    sum.major += c.major;
-                    sum.write += c.write;
-                    sum.cow += c.cow;
-                    sum.exec += c.exec;
-                    sum.huge += c.huge;
-                    sum.time_ns += c.time_ns;
-                    sum.timed += c.timed;
-                    sum.touched |= c.touched;
-                    for (a, b) in sum.hist.iter_mut().zip(c.hist.iter()) {
-                        *a += b;
-                    }
-                }
-                (k, sum)
-            })
-            .collect()
+        let mut all: std::collections::BTreeMap<GranuleKey, GranuleCounts> = std::collections::BTreeMap::new();
+        for (k, v) in self.region_stats.iter().filter_map(Result::ok) {
+            let e = all.entry(k).or_default();
+            for c in v.iter() {
+                e.add(c);
+            }
+        }
+        if let Ok(cur) = self.granule_cur.get(&0, 0) {
+            for c in cur.iter().filter(|c| c.counts.faults | c.counts.major | c.counts.timed | c.counts.huge != 0) {
+                all.entry(c.key).or_default().add(&c.counts);
+            }
+        }
+        all.into_iter().collect()
     }
 
     /// Pages the traced processes added to the page cache for a file.

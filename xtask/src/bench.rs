@@ -67,7 +67,7 @@ fn variants(vmtrace: &Path, out: &Path) -> Vec<Variant> {
         Variant { name: "untraced", what: "the workload alone", wrap: Box::new(<[String]>::to_vec), samples: vec![] },
         Variant {
             name: "vmtrace",
-            what: "`vmtrace record` default: every fault counted, minor latency 1 in 16, majors all, user stacks 1 in 16, perf counters, OOM hooks",
+            what: "`vmtrace record` default: every fault counted and placed in its region, minor latency 1 in 16, majors all, user stacks 1 in 64, mmap/TLB/OOM hooks, perf counters",
             wrap: rec(&[]),
             samples: vec![],
         },
@@ -93,6 +93,12 @@ fn variants(vmtrace: &Path, out: &Path) -> Vec<Variant> {
             name: "vmtrace --latency-sample 0",
             what: "every fault counted, majors timed, minors not timed, no stacks",
             wrap: rec(&["--latency-sample", "0", "--stacks", "none"]),
+            samples: vec![],
+        },
+        Variant {
+            name: "vmtrace lean",
+            what: "`--events faults --stacks none --latency-sample 0`: per-process counts (minor/major/write/COW), majors timed — the nearest to the bpftrace one-liner",
+            wrap: rec(&["--events", "faults", "--stacks", "none", "--latency-sample", "0"]),
             samples: vec![],
         },
         Variant {
