@@ -3,13 +3,23 @@ use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
     helpers::bpf_get_current_pid_tgid,
     macros::map,
-    maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
     programs::tracing::StackIdContext,
 };
 use vmtrace_common::{
     Config, DropKind, FaultStats, FileKey, GranuleCounts, GranuleCur, GranuleKey, InflightFault, KernelOffsets,
     MmInflight, MmStackCounts, MmStackKey, MmStats, StackCounts, StackKey, DROP_KINDS, REGION_GRANULE_SHIFT,
 };
+
+/// Written by userspace: 1 = stop counting. Set at the end so every aggregate
+/// and the kernel's own counters cover the same moment.
+#[map]
+pub static CONTROL: Array<u32> = Array::with_max_entries(1, 0);
+
+#[inline(always)]
+pub fn stopped() -> bool {
+    CONTROL.get(0).is_some_and(|v| *v != 0)
+}
 
 /// Set by the loader before load; never written here.
 #[unsafe(no_mangle)]
@@ -211,13 +221,16 @@ pub fn add_traced(tgid: u32) -> bool {
 
 #[inline(always)]
 pub fn is_traced(tgid: u32) -> bool {
-    config().trace_all != 0 || FAULT_STATS.get_ptr(&tgid).is_some()
+    !stopped() && (config().trace_all != 0 || FAULT_STATS.get_ptr(&tgid).is_some())
 }
 
 /// The current task's (tgid, tid) and this CPU's aggregate of its process,
 /// when it is traced.
 #[inline(always)]
 pub fn current_stats() -> Option<(u32, u32, &'static mut FaultStats)> {
+    if stopped() {
+        return None;
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;

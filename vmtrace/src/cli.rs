@@ -171,6 +171,13 @@ pub enum WorkloadCmd {
         #[arg(long)]
         refcount: bool,
     },
+    /// Map, touch and unmap MIB MiB over and over for SECONDS.
+    FaultLoop {
+        #[arg(long, default_value_t = 64)]
+        mib: usize,
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+    },
     /// Create a file of MIB MiB.
     MakeFile {
         path: PathBuf,

@@ -275,6 +275,7 @@ pub struct Probes {
     pub totals: PerCpuArray<MapData, u64>,
     pub region_stats: PerCpuHashMap<MapData, GranuleKey, GranuleCounts>,
     pub granule_cur: PerCpuArray<MapData, GranuleCur>,
+    pub control: aya::maps::Array<MapData, u32>,
     pub file_cache: PerCpuHashMap<MapData, FileKey, u64>,
     pub logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
 }
@@ -344,6 +345,7 @@ impl Probes {
         let totals = take_map(&mut ebpf, "TOTALS")?;
         let region_stats = take_map(&mut ebpf, "REGION_STATS")?;
         let granule_cur = take_map(&mut ebpf, "GRANULE_CUR")?;
+        let control = take_map(&mut ebpf, "CONTROL")?;
         let file_cache = take_map(&mut ebpf, "FILE_CACHE")?;
         Ok(Self {
             ebpf,
@@ -358,6 +360,7 @@ impl Probes {
             totals,
             region_stats,
             granule_cur,
+            control,
             file_cache,
             logger,
         })
@@ -439,6 +442,31 @@ impl Probes {
             }
         }
         out
+    }
+
+    /// Stops all counting at once (every hook checks `CONTROL`): then the
+    /// aggregates and the kernel's own counters cover the same moment.
+    pub fn stop_counting(&mut self) {
+        if let Err(e) = self.control.set(0, 1, 0) {
+            log::warn!("cannot stop the kernel programs: {e}");
+        }
+    }
+
+    /// Detaches every program (each detach waits for an RCU grace period, so
+    /// this takes a while: call `stop_counting` first); maps stay readable.
+    pub fn detach_all(&mut self) {
+        for (name, prog) in self.ebpf.programs_mut() {
+            let r = match prog {
+                aya::programs::Program::TracePoint(p) => p.unload(),
+                aya::programs::Program::BtfTracePoint(p) => p.unload(),
+                aya::programs::Program::PerfEvent(p) => p.unload(),
+                _ => Ok(()),
+            };
+            // Programs of families not asked for were never loaded.
+            if let Err(e) = r {
+                log::debug!("unloading {name}: {e}");
+            }
+        }
     }
 
     /// Forwards kernel-side log records (shown with `-v`).

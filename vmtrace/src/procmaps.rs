@@ -79,6 +79,49 @@ pub fn find(regions: &[Region], addr: u64) -> Option<&Region> {
     i.checked_sub(1).map(|i| &regions[i]).filter(|r| r.contains(addr))
 }
 
+/// Regions a process announced by mmap/mremap events, by start address:
+/// they stay known after they are unmapped. Bounded; lookups are O(log n),
+/// since a churning process announces tens of thousands per second.
+#[derive(Clone, Debug, Default)]
+pub struct MappedRegions {
+    by_start: std::collections::BTreeMap<u64, Region>,
+}
+
+impl MappedRegions {
+    /// How many are remembered per process (the lowest starts go first).
+    pub const CAP: usize = 4096;
+
+    pub fn insert(&mut self, r: Region) {
+        self.by_start.insert(r.start, r);
+        if self.by_start.len() > Self::CAP {
+            self.by_start.pop_first();
+        }
+    }
+
+    /// The region holding `addr`, among the few starting just below it.
+    pub fn find(&self, addr: u64) -> Option<&Region> {
+        self.by_start.range(..=addr).rev().take(8).map(|(_, r)| r).find(|r| r.contains(addr))
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_start.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_start.is_empty()
+    }
+}
+
+impl From<Vec<Region>> for MappedRegions {
+    fn from(v: Vec<Region>) -> Self {
+        let mut m = Self::default();
+        for r in v {
+            m.insert(r);
+        }
+        m
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,6 +157,29 @@ mod tests {
         assert_eq!(find(&r, 0x7f1b_33ff_ffff).map(|r| r.kind), Some(RegionKind::Anon));
         assert_eq!(find(&r, 0x7f1b_3400_0000), None, "end is exclusive");
         assert_eq!(find(&r, 0x1000), None);
+    }
+
+    #[test]
+    fn mapped_regions_are_found_and_bounded() {
+        let r = |start: u64, end: u64| Region {
+            start,
+            end,
+            perms: "rw-p".into(),
+            offset: 0,
+            kind: RegionKind::Anon,
+            path: None,
+        };
+        let mut m = MappedRegions::from(vec![r(0x1000, 0x3000), r(0x10000, 0x20000)]);
+        assert_eq!(m.find(0x2fff).map(|r| r.start), Some(0x1000));
+        assert_eq!(m.find(0x3000), None);
+        assert_eq!(m.find(0x18000).map(|r| r.start), Some(0x10000));
+        m.insert(r(0x10000, 0x11000)); // remapped at the same start: the newest wins
+        assert_eq!(m.find(0x18000), None);
+        for i in 0..(MappedRegions::CAP as u64 + 10) {
+            let start = 0x0010_0000 + i * 0x1000;
+            m.insert(r(start, start + 0x1000));
+        }
+        assert_eq!(m.len(), MappedRegions::CAP);
     }
 
     #[test]

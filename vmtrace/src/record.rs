@@ -127,9 +127,13 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     let signalled = wait_for_end(&mut session, opts, child.as_ref(), &mut info, perf.as_mut());
     // Exit events of the last processes may still be in flight.
     session.poll(Duration::from_millis(10));
-
+    // One moment for everything: stop counting, then read the kernel's own
+    // counters (processes may go on faulting while the reports are built).
+    session.probes.stop_counting();
+    let perf = perf.map(PerfProbe::finish);
+    session.probes.detach_all();
     let Finished { mut summary, stacks, mm_sites } = session.finish(info, opts.minor_period);
-    summary.perf = perf.map(PerfProbe::finish);
+    summary.perf = perf;
     let out_err = |err| RecordError::OutDir { path: opts.out.clone(), err };
     if let Some(st) = summary.stacks.as_mut() {
         st.files = report::write_flamegraphs(&opts.out, &stacks, st, &summary.sampling).map_err(out_err)?;

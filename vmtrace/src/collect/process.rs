@@ -25,7 +25,7 @@ pub struct ProcInfo {
     pub first_seen: std::time::Instant,
     /// Regions it mapped, from mapping-change events (newest last, bounded):
     /// they stay known after they are unmapped or the process is gone.
-    pub mapped: Vec<crate::procmaps::Region>,
+    pub mapped: crate::procmaps::MappedRegions,
     /// mmap/TLB aggregate taken from the kernel when it exited.
     pub mm: Option<vmtrace_common::MmStats>,
 }
@@ -43,7 +43,7 @@ impl Default for ProcInfo {
             maps: Vec::new(),
             maps_read: None,
             first_seen: std::time::Instant::now(),
-            mapped: Vec::new(),
+            mapped: crate::procmaps::MappedRegions::default(),
             mm: None,
         }
     }
@@ -164,9 +164,6 @@ impl ProcessTable {
     }
 }
 
-/// How many mapped regions per process are remembered from events.
-const MAPPED_CAP: usize = 4096;
-
 /// A region as an mmap/mremap event describes it (the path of a file mapping
 /// is read from /proc/PID/fd while it is still open).
 pub fn region_from_event(ev: &vmtrace_common::MmEvent) -> crate::procmaps::Region {
@@ -194,12 +191,7 @@ pub fn region_from_event(ev: &vmtrace_common::MmEvent) -> crate::procmaps::Regio
 impl ProcessTable {
     /// Remembers a region a process mapped (mmap, mremap).
     pub fn note_mapping(&mut self, tgid: u32, r: crate::procmaps::Region) {
-        let m = &mut self.procs.entry(tgid).or_default().mapped;
-        m.retain(|old| old.start != r.start);
-        if m.len() >= MAPPED_CAP {
-            m.remove(0);
-        }
-        m.push(r);
+        self.procs.entry(tgid).or_default().mapped.insert(r);
     }
 }
 

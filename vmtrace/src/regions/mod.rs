@@ -119,7 +119,7 @@ impl Acc {
 /// The regions of one process to place its pages in.
 pub struct ProcessRegions<'a> {
     pub maps: &'a [Region],
-    pub mapped: &'a [Region],
+    pub mapped: &'a procmaps::MappedRegions,
 }
 
 /// How far below its start, as last read, a stack may have grown (the default
@@ -128,7 +128,7 @@ const STACK_GROWTH: u64 = 8 << 20;
 
 impl ProcessRegions<'_> {
     fn find(&self, addr: u64) -> Option<&Region> {
-        procmaps::find(self.maps, addr).or_else(|| self.mapped.iter().rev().find(|r| r.contains(addr))).or_else(|| {
+        procmaps::find(self.maps, addr).or_else(|| self.mapped.find(addr)).or_else(|| {
             self.maps.iter().find(|r| r.kind == RegionKind::Stack && addr < r.start && r.start - addr <= STACK_GROWTH)
         })
     }
@@ -308,7 +308,8 @@ mod tests {
             ..Default::default()
         };
         let key = GranuleKey { tgid: 5, _pad: 0, granule: 1 };
-        let a = attribute(&[(key, g)], |_| Some(ProcessRegions { maps: &maps, mapped: &[] }), |_| None);
+        let none = procmaps::MappedRegions::default();
+        let a = attribute(&[(key, g)], |_| Some(ProcessRegions { maps: &maps, mapped: &none }), |_| None);
         assert_eq!(a.regions.len(), 2);
         let anon = a.regions.iter().find(|r| r.kind == RegionKind::Anon).unwrap();
         let heap = a.regions.iter().find(|r| r.kind == RegionKind::Heap).unwrap();
@@ -321,7 +322,7 @@ mod tests {
 
     #[test]
     fn unmapped_regions_come_from_mapping_events_and_unknown_is_kept() {
-        let mapped = vec![region(0x40000, 0x50000, RegionKind::Anon, None)];
+        let mapped = procmaps::MappedRegions::from(vec![region(0x40000, 0x50000, RegionKind::Anon, None)]);
         let g = GranuleCounts { faults: 16, touched: 0xffff, ..Default::default() };
         let keys = [(GranuleKey { tgid: 1, _pad: 0, granule: 4 }, g), (GranuleKey { tgid: 1, _pad: 0, granule: 9 }, g)];
         let a = attribute(&keys, |_| Some(ProcessRegions { maps: &[], mapped: &mapped }), |_| None);
@@ -338,9 +339,10 @@ mod tests {
         let maps = vec![r];
         let g = GranuleCounts { faults: 16, major: 4, touched: 0xffff, ..Default::default() };
         let keys = [(GranuleKey { tgid: 1, _pad: 0, granule: 1 }, g), (GranuleKey { tgid: 2, _pad: 0, granule: 1 }, g)];
+        let none = procmaps::MappedRegions::default();
         let a = attribute(
             &keys,
-            |_| Some(ProcessRegions { maps: &maps, mapped: &[] }),
+            |_| Some(ProcessRegions { maps: &maps, mapped: &none }),
             |p| (p == "/ckpt/x.bin").then_some(40),
         );
         assert_eq!(a.files.len(), 1);

@@ -45,8 +45,8 @@ pub struct Stack {
 /// The leaf frame naming the region that holds `addr`: in the last map read
 /// of the process, else among the regions its mapping events announced
 /// (newest first), which covers mappings gone by the end.
-pub fn region_leaf(maps: &[crate::procmaps::Region], mapped: &[crate::procmaps::Region], addr: u64) -> String {
-    let found = crate::procmaps::find(maps, addr).or_else(|| mapped.iter().rev().find(|r| r.contains(addr)));
+pub fn region_leaf(maps: &[crate::procmaps::Region], mapped: &crate::procmaps::MappedRegions, addr: u64) -> String {
+    let found = crate::procmaps::find(maps, addr).or_else(|| mapped.find(addr));
     match found {
         Some(r) => match &r.path {
             Some(p) if p.starts_with('/') => format!("[file {p}]"),

@@ -405,6 +405,23 @@ fn walk_shared(p: *mut u8, bytes: usize, refcount: bool) {
     std::hint::black_box(sum);
 }
 
+/// Maps, touches and unmaps `mib` MiB over and over for `seconds`: a steady
+/// fault storm (and munmap flushes) for load tests.
+pub fn fault_loop(mib: usize, seconds: f64) -> Result<(), String> {
+    let bytes = mib << 20;
+    let t0 = Instant::now();
+    let mut rounds = 0u64;
+    while t0.elapsed().as_secs_f64() < seconds {
+        let p = map_anon(bytes, false)?;
+        touch(p, bytes);
+        // SAFETY: our own mapping, no longer used.
+        unsafe { libc::munmap(p.cast(), bytes) };
+        rounds += 1;
+    }
+    emit("fault-loop", rounds * (bytes / PAGE) as u64, t0.elapsed().as_nanos() as u64);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
