@@ -7,6 +7,9 @@ fn main() -> anyhow::Result<()> {
     let manifest = std::env::var("CARGO_MANIFEST_DIR")?;
     let root = Path::new(&manifest).join("../vmtrace-ebpf");
     let root = root.to_str().ok_or_else(|| anyhow::anyhow!("non-UTF-8 path {}", root.display()))?;
+    // aya-build watches the eBPF crate; the wire types it shares with
+    // userspace live in vmtrace-common and must rebuild it too.
+    println!("cargo:rerun-if-changed={manifest}/../vmtrace-common");
     let pkg = aya_build::Package { name: "vmtrace-ebpf", root_dir: root, ..Default::default() };
     aya_build::build_ebpf([pkg], aya_build::Toolchain::Nightly).map_err(|e| {
         anyhow::anyhow!(

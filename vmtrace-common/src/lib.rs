@@ -185,8 +185,9 @@ pub struct GranuleCounts {
     pub exec: u64,
     /// Faults served by a transparent huge page (see `FaultStats::huge`).
     pub huge: u64,
-    /// Coarse latency histogram of the timed faults: bucket i holds
-    /// latencies up to 1024 << 2i ns (1 µs, 4 µs, … 4 ms), the last the rest.
+    /// Coarse latency histogram of the timed faults: bucket i holds latencies
+    /// up to 1024 << 2i ns (1 µs, 4 µs, … 1.07 s), the last the rest; bucket
+    /// i is exactly bucket 2i of the fine histogram.
     pub hist: [u32; GRANULE_HIST],
 }
 const _: () = assert!(core::mem::size_of::<GranuleCounts>() == 72 + 4 * GRANULE_HIST);
@@ -223,7 +224,7 @@ impl GranuleCounts {
 /// Folio order of a PMD-mapped transparent huge page on x86-64 (2 MiB).
 pub const PMD_ORDER: u32 = 9;
 
-pub const GRANULE_HIST: usize = 8;
+pub const GRANULE_HIST: usize = 12;
 
 /// Bucket of the coarse per-granule histogram for a latency.
 #[inline(always)]
@@ -629,8 +630,10 @@ mod tests {
         assert_eq!(granule_bucket(4097), 2); // <= 16 µs
         assert_eq!(granule_bucket(65_536), 3); // <= 64 µs
         assert_eq!(granule_bucket(4 << 20), 6); // <= 4 ms
-        assert_eq!(granule_bucket(5 << 20), 7);
-        assert_eq!(granule_bucket(u64::MAX), 7);
+        assert_eq!(granule_bucket(5 << 20), 7); // <= 16 ms
+        assert_eq!(granule_bucket(1 << 30), 10); // <= 1.07 s
+        assert_eq!(granule_bucket((1 << 30) + 1), 11);
+        assert_eq!(granule_bucket(u64::MAX), 11);
     }
 
     #[test]

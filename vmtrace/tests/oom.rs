@@ -37,13 +37,16 @@ fn memcg_oom_names_victim_trigger_cgroup_and_what_it_held() {
 }
 
 #[test]
-fn no_oom_is_an_empty_list() {
-    if !privileged("no_oom_is_an_empty_list") {
+fn no_oom_in_the_target_is_an_empty_section() {
+    if !privileged("no_oom_in_the_target_is_an_empty_section") {
         return;
     }
     let run = record(&[], &["true"]);
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
-    assert_eq!(run.summary["oom"], serde_json::json!([]), "traced and saw nothing: present and empty");
+    // Present even when empty; OOMs are reported system-wide, so a kill elsewhere
+    // (the other test of this file runs beside it) may show, never as the target's.
+    let ooms = run.summary["oom"].as_array().expect("traced: the oom section is present");
+    assert!(ooms.iter().all(|o| o["in_target"] == false), "{ooms:#?}");
     let run = record(&["--events", "faults"], &["true"]);
     assert!(run.summary.get("oom").is_none(), "not traced: absent");
 }

@@ -96,8 +96,8 @@ impl Acc {
         let time_ns = if self.timed > 0.0 { self.time_ns * (self.faults / self.timed).max(1.0) } else { 0.0 };
         let mut hist = Hist::default();
         for (i, v) in self.hist.iter().enumerate() {
-            // Coarse bucket i = fine bucket 2i (upper bound 1024 << 2i ns); the last holds the rest.
-            let fine = if i + 1 == GRANULE_HIST { hist.0.len() - 1 } else { 2 * i };
+            // Coarse bucket i is fine bucket 2i (upper bound 1024 << 2i ns).
+            let fine = (2 * i).min(hist.0.len() - 1);
             hist.0[fine] += v.round() as u64;
         }
         Faults {
@@ -304,7 +304,7 @@ mod tests {
             timed: 16,
             time_ns: 16_000,
             touched: 0xffff,
-            hist: [16, 0, 0, 0, 0, 0, 0, 0],
+            hist: [16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
             ..Default::default()
         };
         let key = GranuleKey { tgid: 5, _pad: 0, granule: 1 };
