@@ -38,6 +38,21 @@ pub struct Row {
     pub note: String,
 }
 
+impl Row {
+    /// The figures of the comparison table, in its column order.
+    fn cells(&self) -> [String; 7] {
+        [
+            self.faults.to_string(),
+            self.major.to_string(),
+            self.cow.to_string(),
+            fmt_ns(self.fault_time_ns),
+            self.ipis_sent.to_string(),
+            self.storms.to_string(),
+            self.getrusage_faults.map_or("-".into(), |g| g.to_string()),
+        ]
+    }
+}
+
 struct Scenario {
     group: &'static str,
     name: &'static str,
@@ -236,17 +251,11 @@ pub fn comparison(rows: &[Row]) -> String {
             group = &r.group;
             let _ = writeln!(t, "{group}");
         }
+        let c = r.cells();
         let _ = writeln!(
             t,
             "  {:<22} {:>9} {:>8} {:>8} {:>11} {:>9} {:>6} {:>9}",
-            r.scenario,
-            r.faults,
-            r.major,
-            r.cow,
-            fmt_ns(r.fault_time_ns),
-            r.ipis_sent,
-            r.storms,
-            r.getrusage_faults.map_or("-".into(), |g| g.to_string())
+            r.scenario, c[0], c[1], c[2], c[3], c[4], c[5], c[6]
         );
     }
     let _ = writeln!(t, "\nWhat it shows:");
@@ -292,18 +301,15 @@ pub fn comparison(rows: &[Row]) -> String {
 fn demo_html(rows: &[Row], sections: &[(String, String, Summary)], out: &Path) -> String {
     let mut b = String::from("<h2>Scenarios</h2><table><tr><th class='l'>scenario</th><th class='l'>what</th><th>faults</th><th>major</th><th>COW</th><th>fault time</th><th>shootdown IPIs</th><th>storms</th><th>getrusage</th></tr>");
     for r in rows {
+        let cells = r.cells().iter().fold(String::new(), |mut acc, c| {
+            let _ = write!(acc, "<td>{}</td>", html::escape(c));
+            acc
+        });
         let _ = write!(
             b,
-            "<tr><td><a href='#{0}'>{0}</a></td><td class='l'>{1}</td><td>{2}</td><td>{3}</td><td>{4}</td><td>{5}</td><td>{6}</td><td>{7}</td><td>{8}</td></tr>",
+            "<tr><td><a href='#{0}'>{0}</a></td><td class='l'>{1}</td>{cells}</tr>",
             html::escape(&r.scenario),
-            html::escape(&r.what),
-            r.faults,
-            r.major,
-            r.cow,
-            fmt_ns(r.fault_time_ns),
-            r.ipis_sent,
-            r.storms,
-            r.getrusage_faults.map_or("-".into(), |g| g.to_string())
+            html::escape(&r.what)
         );
     }
     let _ =

@@ -173,25 +173,33 @@ pub fn make_file(path: &Path, mib: usize) -> Result<(), String> {
 /// Forks `children` processes that each touch `mib` MiB and exit with code
 /// 10+i; the parent waits and exits with `exit_code`.
 pub fn fork_children(children: usize, mib: usize, exit_code: i32) -> Result<(), String> {
+    let bytes = mib << 20;
+    fork_workers(children, |i| match map_anon(bytes, false) {
+        Ok(p) => {
+            let t0 = Instant::now();
+            touch(p, bytes);
+            emit("child", (bytes / PAGE) as u64, t0.elapsed().as_nanos() as u64);
+            10 + i as i32
+        }
+        Err(_) => 1,
+    })?;
+    emit("parent", 0, 0);
+    std::process::exit(exit_code);
+}
+
+/// Forks `n` workers, each running `body(i)` and exiting with its result,
+/// and waits for all of them.
+fn fork_workers(n: usize, body: impl Fn(usize) -> i32) -> Result<(), String> {
     let mut pids = Vec::new();
-    for i in 0..children {
+    for i in 0..n {
         let _ = std::io::stdout().flush();
-        // SAFETY: the child only touches memory, writes a line and exits.
+        // SAFETY: the child runs `body` (memory work and a report) and exits.
         let pid = unsafe { libc::fork() };
         if pid < 0 {
             return Err(format!("fork: {}", std::io::Error::last_os_error()));
         }
         if pid == 0 {
-            let bytes = mib << 20;
-            let code = match map_anon(bytes, false) {
-                Ok(p) => {
-                    let t0 = Instant::now();
-                    touch(p, bytes);
-                    emit("child", (bytes / PAGE) as u64, t0.elapsed().as_nanos() as u64);
-                    10 + i as i32
-                }
-                Err(_) => 1,
-            };
+            let code = body(i);
             // SAFETY: leave without running the parent's destructors twice.
             unsafe { libc::_exit(code) };
         }
@@ -202,8 +210,7 @@ pub fn fork_children(children: usize, mib: usize, exit_code: i32) -> Result<(), 
         // SAFETY: waiting for our own children.
         unsafe { libc::waitpid(pid, &raw mut st, 0) };
     }
-    emit("parent", 0, 0);
-    std::process::exit(exit_code);
+    Ok(())
 }
 
 /// Pins the calling thread to one CPU.
@@ -356,32 +363,16 @@ pub fn cow(children: usize, mib: usize, refcount: bool) -> Result<(), String> {
     let bytes = mib << 20;
     let p = map_anon(bytes, false)?;
     touch(p, bytes);
-    let mut pids = Vec::new();
-    for _ in 0..children {
-        let _ = std::io::stdout().flush();
-        // SAFETY: the child only walks memory, reports and exits.
-        let pid = unsafe { libc::fork() };
-        if pid < 0 {
-            return Err(format!("fork: {}", std::io::Error::last_os_error()));
-        }
-        if pid == 0 {
-            let t0 = Instant::now();
-            walk_shared(p, bytes, refcount);
-            emit(
-                if refcount { "cow-refcount" } else { "cow-readonly" },
-                (bytes / PAGE) as u64,
-                t0.elapsed().as_nanos() as u64,
-            );
-            // SAFETY: leave without the parent's destructors.
-            unsafe { libc::_exit(0) };
-        }
-        pids.push(pid);
-    }
-    for pid in pids {
-        let mut st = 0;
-        // SAFETY: waiting for our own children.
-        unsafe { libc::waitpid(pid, &raw mut st, 0) };
-    }
+    fork_workers(children, |_| {
+        let t0 = Instant::now();
+        walk_shared(p, bytes, refcount);
+        emit(
+            if refcount { "cow-refcount" } else { "cow-readonly" },
+            (bytes / PAGE) as u64,
+            t0.elapsed().as_nanos() as u64,
+        );
+        0
+    })?;
     emit("cow-parent", (bytes / PAGE) as u64, 0);
     Ok(())
 }
