@@ -39,6 +39,11 @@ pub enum Command {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StreamFormat {
+    Json,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Leaf {
     None,
     Region,
@@ -94,6 +99,12 @@ pub struct RecordArgs {
     /// in a shootdown storm.
     #[arg(long, default_value_t = 1000.0)]
     pub storm_threshold: f64,
+    /// Live output: one JSON object per interval on stdout (the summary goes to stderr).
+    #[arg(long, value_enum)]
+    pub stream: Option<StreamFormat>,
+    /// Seconds between streamed objects.
+    #[arg(long, default_value = "1", value_parser = parse_duration)]
+    pub interval: Duration,
     /// Use classic tracepoints even where tp_btf is available.
     #[arg(long)]
     pub force_tracepoints: bool,

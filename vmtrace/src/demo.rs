@@ -151,6 +151,7 @@ fn options(target: Target, out: PathBuf) -> RecordOptions {
         stack_period: 16,
         leaf_region: true,
         storm_threshold: 1000.0,
+        stream_interval: None,
         print_summary: false,
     }
 }

@@ -50,6 +50,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 stack_period: a.stack_sample,
                 leaf_region: a.leaf == Leaf::Region,
                 storm_threshold: a.storm_threshold,
+                stream_interval: a.stream.map(|_| a.interval),
                 print_summary: true,
             })?;
             Ok(outcome.exit_status)

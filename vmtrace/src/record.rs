@@ -2,6 +2,7 @@
 //! until it ends, write every output. The CLI, the demo and the tests all call this.
 use std::{
     fs,
+    io::Write as _,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -34,6 +35,8 @@ pub struct RecordOptions {
     pub leaf_region: bool,
     /// TLB-flush IPIs per second above which a process is in a shootdown storm.
     pub storm_threshold: f64,
+    /// Print one JSON object per this many seconds on stdout (`--stream json`).
+    pub stream_interval: Option<Duration>,
     /// Print summary.txt at the end.
     pub print_summary: bool,
 }
@@ -116,6 +119,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
         leaf_region: opts.leaf_region,
     })?;
     let mut session = Session::new(probes, families);
+    session.minor_period = opts.minor_period;
     if opts.stacks != StackMode::None {
         session.stacks = Some((opts.stacks, opts.stack_period.max(1)));
     }
@@ -143,8 +147,17 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     }
     report::write_all(&opts.out, &summary).map_err(out_err)?;
     if opts.print_summary {
-        print!("{}", report::text::render(&summary));
-        println!("\nwritten: {}/summary.json, summary.txt", opts.out.display());
+        let text = format!(
+            "{}\nwritten: {}/summary.json, summary.txt, report.html\n",
+            report::text::render(&summary),
+            opts.out.display()
+        );
+        // With --stream, stdout carries only the JSON lines.
+        if opts.stream_interval.is_some() {
+            eprint!("{text}");
+        } else {
+            print!("{text}");
+        }
     }
     let exit_status = match (summary.target.exit_status, signalled) {
         (Some(st), _) => st,
@@ -229,8 +242,19 @@ fn wait_for_end(
     mut perf: Option<&mut PerfProbe>,
 ) -> Option<i32> {
     let deadline = opts.duration.map(|d| session.started + d);
+    let mut prev = std::collections::HashMap::new();
+    let mut next_line = opts.stream_interval.map(|i| session.started + i);
     loop {
         session.poll(Duration::from_millis(100));
+        if let (Some(at), Some(every)) = (next_line, opts.stream_interval) {
+            if Instant::now() >= at {
+                let line = session.stream_line(&mut prev, every.as_secs_f64());
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "{line}");
+                let _ = out.flush();
+                next_line = Some(at + every);
+            }
+        }
         if let Some(p) = perf.as_deref_mut() {
             p.poll();
         }

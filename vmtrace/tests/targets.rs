@@ -137,3 +137,28 @@ fn unprivileged_user_is_told_what_to_do() {
     expect_error(&run, "privileges");
     assert!(run.stderr().contains("run as root"), "{}", run.stderr());
 }
+
+#[test]
+fn stream_json_prints_one_object_per_interval_with_rates() {
+    if !privileged("stream_json_prints_one_object_per_interval_with_rates") {
+        return;
+    }
+    // 128 MiB at 1 MiB per 15 ms: about 2 s of 16k faults/s.
+    let run = record(
+        &["--stream", "json", "--interval", "0.5"],
+        &strs(&workload(&["touch", "--mib", "128", "--pace-ms", "15"])),
+    );
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let pid = run.report("first-touch").pid;
+    let stdout = String::from_utf8_lossy(&run.output.stdout);
+    let lines: Vec<serde_json::Value> =
+        stdout.lines().filter(|l| l.starts_with("{\"interval_s\"")).map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(lines.len() >= 3, "about one object per 0.5 s over ~2 s: {stdout}");
+    let rates: Vec<f64> = lines
+        .iter()
+        .filter_map(|l| l["processes"].as_array()?.iter().find(|p| p["pid"] == pid)?["faults_per_s"].as_f64())
+        .collect();
+    assert!(rates.iter().any(|&r| r > 5000.0), "the workload's fault rate shows: {rates:?}");
+    assert!(!stdout.contains("Page faults by process"), "with --stream the summary goes to stderr");
+    assert!(run.stderr().contains("Page faults by process"));
+}

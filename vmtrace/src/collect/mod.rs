@@ -79,6 +79,8 @@ pub struct Session {
     started_mono_ns: u64,
     /// Which optional families are traced.
     pub families: Families,
+    /// Minor-fault latency period (for derived times in streamed lines).
+    pub minor_period: u32,
     pub ooms: Vec<OomRecord>,
     /// Flight recorder: (seconds since start, faults so far) per process, last few seconds.
     history: HashMap<u32, VecDeque<(f64, u64)>>,
@@ -205,6 +207,7 @@ impl Session {
             started: Instant::now(),
             started_mono_ns: monotonic_ns(),
             families,
+            minor_period: 16,
             ooms: Vec::new(),
             history: HashMap::new(),
             last_history: Instant::now(),
@@ -341,6 +344,51 @@ impl Session {
                 self.storms.add_site(k.tgid, (k.call, k.user_stack), c.ipis - before);
             }
         }
+    }
+
+    /// One line of `--stream json`: every live traced process's counts so far
+    /// and its rates since the previous line (same field names as summary.json).
+    pub fn stream_line(&mut self, prev: &mut HashMap<u32, (u64, u64, u64, u64)>, interval_s: f64) -> serde_json::Value {
+        let mm: HashMap<u32, MmStats> =
+            if self.families.tlb { self.probes.all_mm().into_iter().collect() } else { HashMap::new() };
+        let mut procs = Vec::new();
+        let mut seen = Vec::new();
+        for (pid, st) in self.probes.all_stats() {
+            let f = Faults::from_stats(&st, self.minor_period);
+            let ipis = mm.get(&pid).map_or(0, |m| m.ipis_sent);
+            let (pf, pm, pc, pi) = prev.insert(pid, (f.total, f.major, f.cow, ipis)).unwrap_or_default();
+            let rate = |now: u64, before: u64| now.saturating_sub(before) as f64 / interval_s;
+            seen.push(pid);
+            procs.push(serde_json::json!({
+                "pid": pid,
+                "comm": self.table.procs.get(&pid).map_or("?", |p| p.comm.as_str()),
+                "faults": {"total": f.total, "minor": f.minor, "major": f.major, "write": f.write, "cow": f.cow, "time_ns": f.time_ns},
+                "faults_per_s": rate(f.total, pf),
+                "major_per_s": rate(f.major, pm),
+                "cow_per_s": rate(f.cow, pc),
+                "tlb": {"ipis_sent": ipis, "ipis_per_s": rate(ipis, pi)},
+            }));
+        }
+        prev.retain(|pid, _| seen.contains(pid));
+        let lost: u64 = self
+            .probes
+            .drops()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| {
+                let k = *i as u32;
+                k != DropKind::FaultUntimed as u32
+                    && k != DropKind::StackLost as u32
+                    && k != DropKind::StackCountsFull as u32
+            })
+            .map(|(_, n)| n)
+            .sum();
+        serde_json::json!({
+            "t_s": self.started.elapsed().as_secs_f64(),
+            "interval_s": interval_s,
+            "processes": procs,
+            "lost_events": lost + self.malformed_events,
+        })
     }
 
     /// Fault rate of `pid` over the flight recorder's window, up to now: its
