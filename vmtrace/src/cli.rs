@@ -28,6 +28,24 @@ pub enum Command {
     },
     /// List each prerequisite: ok, or missing with the fix.
     Check,
+    /// OpenMetrics endpoint for Prometheus at http://ADDR/metrics.
+    Serve {
+        /// Address to listen on; anything but loopback needs --allow-remote.
+        #[arg(long, default_value = "127.0.0.1:9464")]
+        listen: std::net::SocketAddr,
+        /// Allow listening on a non-loopback address.
+        #[arg(long)]
+        allow_remote: bool,
+        /// Serve the metrics of this process (and its later children) instead of the whole system.
+        #[arg(short, long)]
+        pid: Option<u32>,
+        /// Trace the whole system (the default).
+        #[arg(short, long)]
+        all: bool,
+        /// Processes with series of their own; the rest add into comm="other".
+        #[arg(long, default_value_t = 20)]
+        top: usize,
+    },
     /// Run the built-in workload under trace and write a report.
     Demo {
         #[arg(long, default_value = "vmtrace-demo")]

@@ -17,6 +17,7 @@ pub mod procmaps;
 pub mod record;
 pub mod regions;
 pub mod report;
+pub mod serve;
 pub mod stacks;
 pub mod target;
 pub mod workload;

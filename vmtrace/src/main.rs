@@ -66,6 +66,14 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(i32::from(checks.iter().any(|c| c.status == preflight::Status::Missing)))
         }
         Command::Demo { out } => Ok(demo::run(&out)?),
+        Command::Serve { listen, allow_remote, pid, all: _, top } => {
+            Ok(vmtrace::serve::serve(&vmtrace::serve::ServeOptions {
+                listen,
+                allow_remote,
+                target: pid.map_or(Target::System, Target::Pid),
+                top,
+            })?)
+        }
         Command::Workload(w) => {
             let r = match w {
                 WorkloadCmd::Touch { mib, huge, threads, pace_ms, unmap } => {

@@ -1,0 +1,87 @@
+//! `vmtrace serve`: OpenMetrics over loopback that a real parser accepts, with
+//! counters rising between scrapes and bounded labels (privileged).
+mod common;
+
+use std::{
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::TcpStream,
+    process::{Command, Stdio},
+    thread::sleep,
+    time::Duration,
+};
+
+use common::*;
+
+fn scrape(addr: &str) -> String {
+    let mut s = TcpStream::connect(addr).expect("connect to vmtrace serve");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    let (head, body) = reply.split_once("\r\n\r\n").expect("an HTTP reply");
+    assert!(head.starts_with("HTTP/1.1 200") && head.contains("application/openmetrics-text"), "{head}");
+    openmetrics_parser::openmetrics::parse_openmetrics(body)
+        .unwrap_or_else(|e| panic!("not OpenMetrics: {e:?}\n{body}"));
+    body.to_string()
+}
+
+/// Sum of a counter's samples (optionally of one label value).
+fn total(body: &str, metric: &str, with: &str) -> f64 {
+    body.lines()
+        .filter(|l| l.starts_with(metric) && l.contains(with))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn serve_exposes_rising_fault_counters_with_bounded_labels() {
+    if !privileged("serve_exposes_rising_fault_counters_with_bounded_labels") {
+        return;
+    }
+    let mut vm = vmtrace()
+        .args(["serve", "--listen", "127.0.0.1:0", "-a", "--top", "3"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(vm.stderr.take().unwrap()).read_line(&mut line).unwrap();
+    let addr =
+        line.split("http://").nth(1).and_then(|r| r.split('/').next()).unwrap_or_else(|| panic!("{line}")).to_string();
+    sleep(Duration::from_millis(1500));
+    let first = scrape(&addr);
+    for _ in 0..2 {
+        assert!(Command::new(BIN)
+            .args(["workload", "touch", "--mib", "64"])
+            .stdout(Stdio::null())
+            .status()
+            .unwrap()
+            .success());
+    }
+    sleep(Duration::from_millis(1500));
+    let second = scrape(&addr);
+    let grew = total(&second, "vmtrace_page_faults_total", "") - total(&first, "vmtrace_page_faults_total", "");
+    assert!(grew >= 2.0 * 64.0 * 256.0, "the fault counter rose by {grew}");
+    // At most 3 processes of their own; everyone else in comm="other".
+    let pids: std::collections::BTreeSet<&str> = second
+        .lines()
+        .filter(|l| l.starts_with("vmtrace_page_faults_total{pid=\"") && !l.contains("pid=\"\""))
+        .filter_map(|l| l.split('"').nth(1))
+        .collect();
+    assert!(pids.len() <= 3, "{pids:?}");
+    assert!(second.contains("comm=\"other\""), "{second}");
+    assert!(second.trim_end().ends_with("# EOF"));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(vm.id() as i32, libc::SIGINT) };
+    assert!(vm.wait().unwrap().success());
+}
+
+#[test]
+fn serve_refuses_a_public_address_without_the_flag() {
+    let out = vmtrace().args(["serve", "--listen", "0.0.0.0:0"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--allow-remote"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
