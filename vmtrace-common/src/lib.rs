@@ -38,6 +38,12 @@ pub mod pf {
     pub const INSTR: u64 = 1 << 4;
 }
 
+/// Aggregates kept per CPU in the kernel and summed by userspace.
+pub trait Merge: Default {
+    /// Adds another CPU's (or entry's) counts into this one.
+    fn merge(&mut self, other: &Self);
+}
+
 /// Per-process fault aggregate, kept per CPU in the kernel (`FAULT_STATS`, keyed by tgid)
 /// and summed by userspace. Never streamed.
 #[repr(C)]
@@ -79,9 +85,8 @@ pub struct FaultStats {
 }
 const _: () = assert!(core::mem::size_of::<FaultStats>() == 8 * (14 + 2 * HIST_BUCKETS));
 
-impl FaultStats {
-    /// Adds another CPU's (or thread's) aggregate into this one.
-    pub fn add(&mut self, o: &FaultStats) {
+impl Merge for FaultStats {
+    fn merge(&mut self, o: &FaultStats) {
         self.started += o.started;
         self.write += o.write;
         self.exec += o.exec;
@@ -155,6 +160,15 @@ pub struct StackCounts {
 }
 const _: () = assert!(core::mem::size_of::<StackCounts>() == 32);
 
+impl Merge for StackCounts {
+    fn merge(&mut self, o: &StackCounts) {
+        self.faults += o.faults;
+        self.major += o.major;
+        self.time_ns += o.time_ns;
+        self.timed += o.timed;
+    }
+}
+
 /// Address granule of the per-region aggregate: 64 KiB, 16 pages.
 pub const REGION_GRANULE_SHIFT: u32 = 16;
 
@@ -203,9 +217,8 @@ pub struct GranuleCur {
 }
 const _: () = assert!(core::mem::size_of::<GranuleCur>() == 16 + core::mem::size_of::<GranuleCounts>());
 
-impl GranuleCounts {
-    /// Adds another share of counts into this one.
-    pub fn add(&mut self, o: &GranuleCounts) {
+impl Merge for GranuleCounts {
+    fn merge(&mut self, o: &GranuleCounts) {
         self.faults += o.faults;
         self.major += o.major;
         self.write += o.write;
@@ -411,8 +424,8 @@ impl Default for MmStats {
     }
 }
 
-impl MmStats {
-    pub fn add(&mut self, o: &MmStats) {
+impl Merge for MmStats {
+    fn merge(&mut self, o: &MmStats) {
         for i in 0..MM_CALLS {
             self.calls[i] += o.calls[i];
         }
@@ -463,6 +476,13 @@ pub struct MmStackCounts {
     pub ipis: u64,
 }
 const _: () = assert!(core::mem::size_of::<MmStackCounts>() == 16);
+
+impl Merge for MmStackCounts {
+    fn merge(&mut self, o: &MmStackCounts) {
+        self.calls += o.calls;
+        self.ipis += o.ipis;
+    }
+}
 
 /// A mapping change of a traced process, so regions that come and go between
 /// two reads of `/proc/PID/maps` are still known.
@@ -656,7 +676,7 @@ mod tests {
         let mut a = FaultStats { started: 1, major: 2, ..Default::default() };
         a.minor_hist[3] = 4;
         let b = a;
-        a.add(&b);
+        a.merge(&b);
         assert_eq!(a.started, 2);
         assert_eq!(a.major, 4);
         assert_eq!(a.minor_hist[3], 8);

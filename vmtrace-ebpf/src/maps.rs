@@ -7,7 +7,7 @@ use aya_ebpf::{
     programs::tracing::StackIdContext,
 };
 use vmtrace_common::{
-    Config, DropKind, FaultStats, FileKey, GranuleCounts, GranuleCur, GranuleKey, InflightFault, KernelOffsets,
+    Config, DropKind, FaultStats, FileKey, GranuleCounts, GranuleCur, GranuleKey, InflightFault, KernelOffsets, Merge,
     MmInflight, MmStackCounts, MmStackKey, MmStats, StackCounts, StackKey, DROP_KINDS, REGION_GRANULE_SHIFT,
 };
 
@@ -118,23 +118,27 @@ pub static MM_INFLIGHT: HashMap<u32, MmInflight> = HashMap::with_max_entries(16_
 #[map]
 pub static MM_STACKS: PerCpuHashMap<MmStackKey, MmStackCounts> = PerCpuHashMap::with_max_entries(16_384, 0);
 
+/// This CPU's value for `key` in a per-CPU hash, inserted from `init` when
+/// missing (BPF_NOEXIST: another CPU may have created it meanwhile).
+#[inline(always)]
+pub fn get_or_insert<K, V>(map: &PerCpuHashMap<K, V>, key: &K, init: &V) -> Option<&'static mut V> {
+    if let Some(p) = map.get_ptr_mut(key) {
+        // SAFETY: this CPU's value of a live entry; no other writer on this CPU.
+        return Some(unsafe { &mut *p });
+    }
+    let _ = map.insert(key, init, 1);
+    // SAFETY: as above.
+    map.get_ptr_mut(key).map(|p| unsafe { &mut *p })
+}
+
 /// This CPU's aggregate for `tgid`, created on first use.
 #[inline(always)]
 pub fn mm_stats(tgid: u32) -> Option<&'static mut MmStats> {
-    if let Some(p) = MM_STATS.get_ptr_mut(&tgid) {
-        // SAFETY: this CPU's value of a live entry.
-        return Some(unsafe { &mut *p });
+    let m = get_or_insert(&MM_STATS, &tgid, ZERO_MM.get(0)?);
+    if m.is_none() {
+        count_drop(DropKind::MmStatsFull);
     }
-    let zero = ZERO_MM.get(0)?;
-    let _ = MM_STATS.insert(&tgid, zero, 1);
-    match MM_STATS.get_ptr_mut(&tgid) {
-        // SAFETY: as above.
-        Some(p) => Some(unsafe { &mut *p }),
-        None => {
-            count_drop(DropKind::MmStatsFull);
-            None
-        }
-    }
+    m
 }
 
 /// Faults per (process, 64 KiB granule): userspace maps granules to regions.
@@ -171,13 +175,13 @@ pub fn granule_counts(tgid: u32, address: u64) -> Option<&'static mut GranuleCou
 fn flush_granule(key: &GranuleKey, counts: &GranuleCounts) {
     if let Some(p) = REGION_STATS.get_ptr_mut(key) {
         // SAFETY: this CPU's value of a live entry.
-        unsafe { (*p).add(counts) };
+        unsafe { (*p).merge(counts) };
         return;
     }
     if REGION_STATS.insert(key, counts, 1).is_err() {
         match REGION_STATS.get_ptr_mut(key) {
             // SAFETY: as above (inserted meanwhile on another CPU).
-            Some(p) => unsafe { (*p).add(counts) },
+            Some(p) => unsafe { (*p).merge(counts) },
             None => count_drop(DropKind::RegionStatsFull),
         }
     }

@@ -22,7 +22,7 @@ use aya::{
     Btf, Ebpf, EbpfLoader,
 };
 use vmtrace_common::{
-    Config, FaultStats, FileKey, GranuleCounts, GranuleCur, GranuleKey, MmStackCounts, MmStackKey, MmStats,
+    Config, FaultStats, FileKey, GranuleCounts, GranuleCur, GranuleKey, Merge, MmStackCounts, MmStackKey, MmStats,
     StackCounts, StackKey,
 };
 
@@ -397,33 +397,22 @@ impl Probes {
     pub fn take_mm(&mut self, tgid: u32) -> Option<MmStats> {
         let per_cpu = self.mm_stats.get(&tgid, 0).ok()?;
         let _ = self.mm_stats.remove(&tgid);
-        Some(sum_mm(per_cpu.iter()))
+        Some(sum_cpus(per_cpu.iter()))
     }
 
     /// Every mmap/TLB aggregate still in the kernel map.
     pub fn all_mm(&self) -> Vec<(u32, MmStats)> {
-        self.mm_stats.iter().filter_map(Result::ok).map(|(k, v)| (k, sum_mm(v.iter()))).collect()
+        self.mm_stats.iter().filter_map(Result::ok).map(|(k, v)| (k, sum_cpus(v.iter()))).collect()
     }
 
     /// Call-site counts of mmap-family syscalls, summed over CPUs.
     pub fn all_mm_stacks(&self) -> Vec<(MmStackKey, MmStackCounts)> {
-        self.mm_stacks
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(k, v)| {
-                let sum = v.iter().fold(MmStackCounts::default(), |mut a, c| {
-                    a.calls += c.calls;
-                    a.ipis += c.ipis;
-                    a
-                });
-                (k, sum)
-            })
-            .collect()
+        self.mm_stacks.iter().filter_map(Result::ok).map(|(k, v)| (k, sum_cpus(v.iter()))).collect()
     }
 
     /// Every stack aggregate, summed over CPUs.
     pub fn all_stack_counts(&self) -> Vec<(StackKey, StackCounts)> {
-        self.fault_stacks.iter().filter_map(Result::ok).map(|(k, v)| (k, crate::stacks::sum_counts(v.iter()))).collect()
+        self.fault_stacks.iter().filter_map(Result::ok).map(|(k, v)| (k, sum_cpus(v.iter()))).collect()
     }
 
     /// Instruction pointers of stack `id`, innermost first.
@@ -481,14 +470,11 @@ impl Probes {
     pub fn all_granules(&self) -> Vec<(GranuleKey, GranuleCounts)> {
         let mut all: std::collections::BTreeMap<GranuleKey, GranuleCounts> = std::collections::BTreeMap::new();
         for (k, v) in self.region_stats.iter().filter_map(Result::ok) {
-            let e = all.entry(k).or_default();
-            for c in v.iter() {
-                e.add(c);
-            }
+            all.entry(k).or_default().merge(&sum_cpus(v.iter()));
         }
         if let Ok(cur) = self.granule_cur.get(&0, 0) {
             for c in cur.iter().filter(|c| c.counts.faults | c.counts.major | c.counts.timed | c.counts.huge != 0) {
-                all.entry(c.key).or_default().add(&c.counts);
+                all.entry(c.key).or_default().merge(&c.counts);
             }
         }
         all.into_iter().collect()
@@ -515,18 +501,11 @@ impl Probes {
     }
 }
 
-fn sum_mm<'a>(values: impl Iterator<Item = &'a MmStats>) -> MmStats {
-    let mut sum = MmStats::default();
+/// One aggregate summed over the CPUs (or entries) it was kept on.
+fn sum_cpus<'a, T: Merge + 'a>(values: impl Iterator<Item = &'a T>) -> T {
+    let mut sum = T::default();
     for v in values {
-        sum.add(v);
-    }
-    sum
-}
-
-fn sum_cpus<'a>(values: impl Iterator<Item = &'a FaultStats>) -> FaultStats {
-    let mut sum = FaultStats::default();
-    for v in values {
-        sum.add(v);
+        sum.merge(v);
     }
     sum
 }

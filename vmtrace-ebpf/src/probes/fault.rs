@@ -10,7 +10,6 @@
 //! park:  `sched_switch` moves the slot of a thread that sleeps mid-fault (majors
 //!        wait on I/O) to a hash keyed by tid, so the fault is timed wherever it resumes.
 use aya_ebpf::{
-    bindings::BPF_F_USER_STACK,
     helpers::{bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns},
     macros::{btf_tracepoint, perf_event, tracepoint},
     programs::{tracing::StackIdContext, BtfTracePointContext, PerfEventContext, TracePointContext},
@@ -21,8 +20,8 @@ use vmtrace_common::{
 };
 
 use crate::maps::{
-    config, count_drop, count_total, current_stats, granule_counts, FAULT_PARKED, FAULT_SLOT, FAULT_STACKS,
-    FAULT_STATS, STACKS,
+    config, count_drop, count_total, current_stats, get_or_insert, granule_counts, user_stack_id, FAULT_PARKED,
+    FAULT_SLOT, FAULT_STACKS, FAULT_STATS, STACKS,
 };
 
 /// Lowest kernel address on x86-64 (4- and 5-level paging): kernel-mode faults
@@ -161,10 +160,10 @@ fn sample_stack<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, slot: &mut 
         }
     };
     let user = if cfg.stack_mode & STACK_USER != 0 {
-        // Faults the walk takes re-enter the fault hooks on this CPU: flag them.
-        slot.walking = 1;
-        let id = take(u64::from(BPF_F_USER_STACK));
-        slot.walking = 0;
+        let id = user_stack_id(ctx);
+        if id < 0 {
+            count_drop(DropKind::StackLost);
+        }
         id
     } else {
         -1
@@ -189,13 +188,7 @@ fn granule(address: u64) -> u64 {
 
 #[inline(always)]
 fn stack_counts(key: &StackKey) -> Option<&'static mut StackCounts> {
-    if let Some(p) = FAULT_STACKS.get_ptr_mut(key) {
-        // SAFETY: this CPU's value of a live entry.
-        return Some(unsafe { &mut *p });
-    }
-    let _ = FAULT_STACKS.insert(key, &StackCounts::default(), 1);
-    // SAFETY: as above.
-    FAULT_STACKS.get_ptr_mut(key).map(|p| unsafe { &mut *p })
+    get_or_insert(&FAULT_STACKS, key, &StackCounts::default())
 }
 
 #[perf_event]

@@ -12,7 +12,9 @@ use vmtrace_common::{
     DropKind, EventHeader, EventKind, MmCall, MmEvent, MmInflight, MmStackCounts, MmStackKey, ADVICE_SLOTS, STACK_USER,
 };
 
-use crate::maps::{config, count_drop, is_traced, mm_stats, user_stack_id, EVENTS, MM_INFLIGHT, MM_STACKS};
+use crate::maps::{
+    config, count_drop, get_or_insert, is_traced, mm_stats, user_stack_id, EVENTS, MM_INFLIGHT, MM_STACKS,
+};
 
 // /sys/kernel/tracing/events/syscalls/sys_enter_*/format: after
 // `int __syscall_nr` at 8, the arguments are 8-byte fields from offset 16:
@@ -41,13 +43,7 @@ pub fn stack_key(tgid: u32, call: u32, user_stack: i32) -> MmStackKey {
 }
 
 pub fn mm_stack_counts(key: &MmStackKey) -> Option<&'static mut MmStackCounts> {
-    if let Some(p) = MM_STACKS.get_ptr_mut(key) {
-        // SAFETY: this CPU's value of a live entry.
-        return Some(unsafe { &mut *p });
-    }
-    let _ = MM_STACKS.insert(key, &MmStackCounts::default(), 1);
-    // SAFETY: as above.
-    MM_STACKS.get_ptr_mut(key).map(|p| unsafe { &mut *p })
+    get_or_insert(&MM_STACKS, key, &MmStackCounts::default())
 }
 
 fn enter(ctx: &TracePointContext, call: MmCall, a: [u64; 6]) {

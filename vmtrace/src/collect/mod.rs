@@ -13,7 +13,7 @@ use std::{
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use vmtrace_common::{
-    DropKind, EventHeader, EventKind, FaultStats, MmCall, MmEvent, MmStackKey, MmStats, OomEvent, TaskEvent,
+    DropKind, EventHeader, EventKind, FaultStats, Merge, MmCall, MmEvent, MmStackKey, MmStats, OomEvent, TaskEvent,
     ADVICE_SLOTS, MM_CALL_NAMES,
 };
 
@@ -483,10 +483,10 @@ impl Session {
         // and the map stays bounded however many processes come and go.
         for tgid in exited {
             if let Some(m) = self.probes.take_mm(tgid) {
-                self.table.procs.entry(tgid).or_default().mm.get_or_insert_with(MmStats::default).add(&m);
+                self.table.procs.entry(tgid).or_default().mm.get_or_insert_with(MmStats::default).merge(&m);
             }
             if let Some(s) = self.probes.take_stats(tgid) {
-                self.table.procs.entry(tgid).or_default().stats.get_or_insert_with(FaultStats::default).add(&s);
+                self.table.procs.entry(tgid).or_default().stats.get_or_insert_with(FaultStats::default).merge(&s);
             }
         }
         self.probes.flush_logs();
@@ -498,7 +498,7 @@ impl Session {
         let mut all: BTreeMap<u32, MmStats> =
             self.table.procs.iter().filter_map(|(pid, p)| p.mm.map(|m| (*pid, m))).collect();
         for (tgid, m) in self.probes.all_mm() {
-            all.entry(tgid).or_default().add(&m);
+            all.entry(tgid).or_default().merge(&m);
         }
         all
     }
@@ -654,7 +654,7 @@ impl Session {
         let mut stats: std::collections::BTreeMap<u32, FaultStats> =
             self.table.procs.iter().filter_map(|(pid, p)| p.stats.map(|s| (*pid, s))).collect();
         for (tgid, s) in self.probes.all_stats() {
-            stats.entry(tgid).or_default().add(&s);
+            stats.entry(tgid).or_default().merge(&s);
         }
         let drops_raw = self.probes.drops();
         let d = |k: DropKind| drops_raw.get(k as usize).copied().unwrap_or(0);

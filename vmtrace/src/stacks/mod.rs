@@ -77,17 +77,6 @@ pub struct StacksSummary {
 /// Raw stack ids to look up and the counts of each key.
 pub type RawStacks = Vec<(StackKey, StackCounts)>;
 
-/// Sums per-CPU values of one key.
-pub fn sum_counts<'a>(values: impl Iterator<Item = &'a StackCounts>) -> StackCounts {
-    values.fold(StackCounts::default(), |mut a, v| {
-        a.faults += v.faults;
-        a.major += v.major;
-        a.time_ns += v.time_ns;
-        a.timed += v.timed;
-        a
-    })
-}
-
 /// Share of stacks with a user part that is at most two frames deep.
 pub fn shallow_pct(stacks: &[Stack]) -> f64 {
     let (mut shallow, mut all) = (0u64, 0u64);

@@ -3,10 +3,7 @@
 //! processes that exited are symbolized too; JIT code through
 //! `/tmp/perf-PID.map`; kernel frames through kallsyms. A frame that cannot be
 //! named shows `module+0xoffset`: frames never vanish.
-use std::{
-    collections::HashMap,
-    path::{Path, PathBuf},
-};
+use std::{collections::HashMap, path::PathBuf};
 
 use blazesym::symbolize::{
     source::{Elf, Kernel, Source},
@@ -147,11 +144,6 @@ impl Names {
     pub fn kernel(&self, addr: u64) -> String {
         self.kernel.get(&addr).cloned().unwrap_or_else(|| format!("[kernel] {addr:#x}"))
     }
-}
-
-/// True when `path` looks like an ELF we can read (for tests and diagnostics).
-pub fn readable(path: &Path) -> bool {
-    std::fs::File::open(path).is_ok()
 }
 
 #[cfg(test)]
