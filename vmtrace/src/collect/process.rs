@@ -90,7 +90,13 @@ impl ProcessTable {
         match crate::procmaps::read(pid) {
             Ok(m) if !m.is_empty() => {
                 let p = self.procs.entry(pid).or_default();
-                p.maps = m;
+                // Regions gone since the last read are history, not forgotten:
+                // faults taken in them must still find them.
+                for old in std::mem::replace(&mut p.maps, m) {
+                    if !p.maps.iter().any(|r| r.start == old.start && r.end == old.end) {
+                        p.mapped.insert(old);
+                    }
+                }
                 p.maps_read = Some(std::time::Instant::now());
             }
             _ => {
@@ -239,6 +245,18 @@ mod tests {
         e.group_dead = 0;
         t.apply(&e);
         assert!(t.procs.is_empty());
+    }
+
+    #[test]
+    fn regions_gone_from_a_later_maps_read_stay_known() {
+        use crate::procmaps::{Region, RegionKind};
+        let mut t = ProcessTable::default();
+        let pid = std::process::id();
+        let gone =
+            Region { start: 0x1000, end: 0x2000, perms: "rw-p".into(), offset: 0, kind: RegionKind::Anon, path: None };
+        t.procs.entry(pid).or_default().maps = vec![gone.clone()];
+        t.snapshot_maps(pid);
+        assert_eq!(t.procs[&pid].mapped.find(0x1800), Some(&gone));
     }
 
     #[test]
