@@ -28,6 +28,9 @@ pub enum Command {
     },
     /// List each prerequisite: ok, or missing with the fix.
     Check,
+    /// Live full-screen view: faults/s, fault time, COW, munmap, shootdowns per
+    /// process or region (q quit, s sort, p pause, r regions/processes).
+    Top(TopArgs),
     /// OpenMetrics endpoint for Prometheus at http://ADDR/metrics.
     Serve {
         /// Address to listen on; anything but loopback needs --allow-remote.
@@ -133,6 +136,29 @@ pub struct RecordArgs {
     #[arg(short, long)]
     pub all: bool,
     /// The command to run under trace, after `--`.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").args(["pid", "all", "command"])))]
+pub struct TopArgs {
+    /// Watch a running process (and its later children).
+    #[arg(short, long)]
+    pub pid: Option<u32>,
+    /// Watch the whole system (the default).
+    #[arg(short, long)]
+    pub all: bool,
+    /// Seconds between refreshes.
+    #[arg(long, default_value = "1", value_parser = parse_duration)]
+    pub interval: Duration,
+    /// TLB-flush IPIs per second above which a process is in a shootdown storm.
+    #[arg(long, default_value_t = 1000.0)]
+    pub storm_threshold: f64,
+    /// Where a command's stdout and stderr go [default: $TMPDIR/vmtrace-top-PID.log].
+    #[arg(long, value_name = "FILE")]
+    pub command_output: Option<PathBuf>,
+    /// A command to start and watch, after `--` (quitting stops it).
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
 }

@@ -20,6 +20,7 @@ pub mod report;
 pub mod serve;
 pub mod stacks;
 pub mod target;
+pub mod top;
 pub mod workload;
 
 /// The kernel programs, built by `build.rs` from `vmtrace-ebpf`.

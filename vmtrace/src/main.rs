@@ -66,6 +66,19 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(i32::from(checks.iter().any(|c| c.status == preflight::Status::Missing)))
         }
         Command::Demo { out } => Ok(demo::run(&out)?),
+        Command::Top(a) => {
+            let target = match (a.pid, a.command.is_empty()) {
+                (Some(pid), _) => Target::Pid(pid),
+                (None, false) => Target::Command(a.command),
+                (None, true) => Target::System,
+            };
+            Ok(vmtrace::top::run(&vmtrace::top::TopOptions {
+                target,
+                command_output: a.command_output,
+                interval: a.interval,
+                storm_threshold: a.storm_threshold,
+            })?)
+        }
         Command::Serve { listen, allow_remote, pid, all: _, top } => {
             Ok(vmtrace::serve::serve(&vmtrace::serve::ServeOptions {
                 listen,

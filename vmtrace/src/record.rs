@@ -125,7 +125,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     }
     session.storms = StormDetector::new(opts.storm_threshold);
     install_stop_handlers();
-    let (mut info, child, mut perf) = start_target(&mut session, &opts.target, opts.has(EventFamily::Perf))?;
+    let (mut info, child, mut perf) = start_target(&mut session, &opts.target, opts.has(EventFamily::Perf), None)?;
     session.start_clock();
     log::info!("tracing {}", info.kind);
     let signalled = wait_for_end(&mut session, opts, child.as_ref(), &mut info, perf.as_mut());
@@ -190,6 +190,12 @@ impl PerfProbe {
         }
     }
 
+    /// The counters so far (for live views), draining address samples.
+    pub(crate) fn read(&mut self) -> PerfSummary {
+        self.poll();
+        self.counters.read()
+    }
+
     fn finish(mut self) -> PerfSummary {
         let mut s = self.counters.read();
         if let Some(sampler) = self.sampler {
@@ -202,15 +208,21 @@ impl PerfProbe {
     }
 }
 
-type Started = (TargetInfo, Option<GatedChild>, Option<PerfProbe>);
+pub(crate) type Started = (TargetInfo, Option<GatedChild>, Option<PerfProbe>);
 
 /// Puts the target in the traced set and opens its counters; a command is
 /// started only once both are in place.
-fn start_target(session: &mut Session, target: &Target, perf: bool) -> Result<Started, RecordError> {
+/// `output` takes the command's stdout and stderr (else it shares ours).
+pub(crate) fn start_target(
+    session: &mut Session,
+    target: &Target,
+    perf: bool,
+    output: Option<&std::fs::File>,
+) -> Result<Started, RecordError> {
     let perf_for = |scope: Scope| if perf { PerfProbe::open(&scope).map(Some) } else { Ok(None) };
     Ok(match target {
         Target::Command(argv) => {
-            let mut c = GatedChild::spawn(argv)?;
+            let mut c = GatedChild::spawn_with_output(argv, output)?;
             session.probes.trace_pid(c.pid).map_err(|e| RecordError::Trace(c.pid, e))?;
             session.table.procs.entry(c.pid).or_default().ppid = Some(std::process::id());
             let counters = perf_for(Scope::Tasks(vec![c.pid]))?;

@@ -85,6 +85,12 @@ fn pipe(flags: i32) -> Result<(OwnedFd, OwnedFd), TargetError> {
 
 impl GatedChild {
     pub fn spawn(argv: &[String]) -> Result<Self, TargetError> {
+        Self::spawn_with_output(argv, None)
+    }
+
+    /// Like `spawn`, with stdin from /dev/null and stdout+stderr into `output`
+    /// (a full-screen view owns the terminal).
+    pub fn spawn_with_output(argv: &[String], output: Option<&std::fs::File>) -> Result<Self, TargetError> {
         let program = argv.first().ok_or(TargetError::Empty)?;
         let path = resolve_program(program)?;
         // Everything the child needs is allocated before fork: after it, only
@@ -96,6 +102,11 @@ impl GatedChild {
             .collect::<Result<_, _>>()?;
         let mut c_argv: Vec<*const libc::c_char> = c_args.iter().map(|a| a.as_ptr()).collect();
         c_argv.push(std::ptr::null());
+        let devnull = match output {
+            Some(_) => Some(std::fs::File::open("/dev/null").map_err(|e| TargetError::Sys("open /dev/null", e))?),
+            None => None,
+        };
+        let redirect = output.zip(devnull.as_ref()).map(|(o, n)| (n.as_raw_fd(), o.as_raw_fd()));
         let (go_r, go_w) = pipe(libc::O_CLOEXEC)?;
         let (st_r, st_w) = pipe(libc::O_CLOEXEC)?;
         // SAFETY: the child only calls async-signal-safe functions before exec/_exit.
@@ -111,6 +122,11 @@ impl GatedChild {
                 // Parent gone before releasing us (EOF): never run untraced.
                 if libc::read(go_r.as_raw_fd(), (&raw mut b).cast(), 1) != 1 {
                     libc::_exit(127);
+                }
+                if let Some((input, out)) = redirect {
+                    libc::dup2(input, 0);
+                    libc::dup2(out, 1);
+                    libc::dup2(out, 2);
                 }
                 libc::execv(c_path.as_ptr(), c_argv.as_ptr());
                 let err = *libc::__errno_location();

@@ -346,6 +346,16 @@ impl Session {
         }
     }
 
+    /// Streamed events and samples lost so far (what summary.json calls
+    /// `lost_events`): untimed faults and stack misses are not events.
+    pub fn lost_events(&self) -> u64 {
+        let skipped =
+            [DropKind::FaultUntimed as usize, DropKind::StackLost as usize, DropKind::StackCountsFull as usize];
+        let drops: u64 =
+            self.probes.drops().iter().enumerate().filter(|(i, _)| !skipped.contains(i)).map(|(_, n)| n).sum();
+        drops + self.malformed_events
+    }
+
     /// One line of `--stream json`: every live traced process's counts so far
     /// and its rates since the previous line (same field names as summary.json).
     pub fn stream_line(&mut self, prev: &mut HashMap<u32, (u64, u64, u64, u64)>, interval_s: f64) -> serde_json::Value {
@@ -370,24 +380,12 @@ impl Session {
             }));
         }
         prev.retain(|pid, _| seen.contains(pid));
-        let lost: u64 = self
-            .probes
-            .drops()
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| {
-                let k = *i as u32;
-                k != DropKind::FaultUntimed as u32
-                    && k != DropKind::StackLost as u32
-                    && k != DropKind::StackCountsFull as u32
-            })
-            .map(|(_, n)| n)
-            .sum();
+        let lost = self.lost_events();
         serde_json::json!({
             "t_s": self.started.elapsed().as_secs_f64(),
             "interval_s": interval_s,
             "processes": procs,
-            "lost_events": lost + self.malformed_events,
+            "lost_events": lost,
         })
     }
 
@@ -504,7 +502,7 @@ impl Session {
     }
 
     /// Faults per region of every process, then per file and tensor.
-    fn build_regions(&mut self) -> Attributed {
+    pub(crate) fn build_regions(&mut self) -> Attributed {
         let granules = self.probes.all_granules();
         // Processes whose maps were never read (e.g. with -a) are read now if alive.
         let mut pids: Vec<u32> = granules.iter().map(|(k, _)| k.tgid).collect();
@@ -540,7 +538,7 @@ impl Session {
     }
 
     /// Frames of a call site, outermost first, the syscall as leaf.
-    fn site_frames(&mut self, names: &mut Names, tgid: u32, call: u32, user_stack: i32) -> Vec<String> {
+    pub(crate) fn site_frames(&mut self, names: &mut Names, tgid: u32, call: u32, user_stack: i32) -> Vec<String> {
         if self.table.procs.get(&tgid).is_none_or(|p| p.maps.is_empty()) {
             self.table.snapshot_maps(tgid);
         }

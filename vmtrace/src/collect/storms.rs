@@ -61,6 +61,11 @@ impl StormDetector {
         self.open.contains_key(&pid)
     }
 
+    /// Storms still going on.
+    pub fn open_storms(&self) -> impl Iterator<Item = &RawStorm> {
+        self.open.values()
+    }
+
     /// IPIs sent from one call site since the last tick.
     pub fn add_site(&mut self, pid: u32, site: Site, ipis: u64) {
         if let Some(s) = self.open.get_mut(&pid) {

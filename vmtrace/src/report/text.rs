@@ -305,7 +305,7 @@ fn tlb_section(out: &mut String, s: &Summary) {
     }
 }
 
-fn bytes(n: u64) -> String {
+pub(crate) fn bytes(n: u64) -> String {
     if n >= 1 << 30 {
         format!("{:.1} GiB", n as f64 / f64::from(1u32 << 30))
     } else if n >= 1 << 20 {
@@ -315,7 +315,7 @@ fn bytes(n: u64) -> String {
     }
 }
 
-fn region_size(r: &crate::regions::RegionSummary) -> u64 {
+pub(crate) fn region_size(r: &crate::regions::RegionSummary) -> u64 {
     let p = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap_or(0);
     p(&r.end).saturating_sub(p(&r.start))
 }

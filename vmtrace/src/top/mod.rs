@@ -1,0 +1,479 @@
+//! `vmtrace top`: a live full-screen view of a command, a pid or the whole
+//! system. The kernel keeps cumulative counters (the same programs as
+//! `record`); every refresh reads them, turns them into rates ([`model`]) and
+//! draws a frame ([`view`]). One tokio task multiplexes the ring-buffer
+//! drain, the refresh timer and the keyboard.
+pub mod model;
+pub mod view;
+
+use std::{
+    collections::HashMap,
+    io::IsTerminal as _,
+    time::{Duration, Instant},
+};
+
+use crossterm::event::{Event, EventStream, KeyCode, KeyEventKind, KeyModifiers};
+use futures_util::StreamExt as _;
+use model::{Cum, ProcRow, RateKeeper, Rates, RegionRow, Snapshot};
+use tokio::io::{unix::AsyncFd, Interest};
+use view::{Pane, ViewState};
+use vmtrace_common::MmCall;
+
+use crate::{
+    collect::{install_stop_handlers, stop_signal, storms::StormDetector, Session},
+    loader::{Families, LoadOptions, Probes},
+    procmaps::RegionKind,
+    record::{preflight, start_target, PerfProbe, RecordError},
+    report::summary::Faults,
+    stacks::{symbolize::Names, StackMode},
+    target::{check_pid, pid_alive, resolve_program, wait_exit, GatedChild, Target, TargetError},
+};
+
+pub struct TopOptions {
+    pub target: Target,
+    /// Where a command's stdout and stderr go (the screen is the view's).
+    pub command_output: Option<std::path::PathBuf>,
+    pub interval: Duration,
+    pub storm_threshold: f64,
+}
+
+const MINOR_PERIOD: u32 = 16;
+/// Fault stacks are not shown live; user stacks stay on for the mmap call
+/// sites that a storm banner blames. 1 in 10^6 faults keeps the walk cost nil.
+const FAULT_STACK_PERIOD: u32 = 1_000_000;
+/// Regions kept per refresh (the screen shows a screenful of them).
+const MAX_REGION_ROWS: usize = 200;
+/// How long an ended storm or an OOM kill stays on screen.
+const BANNER_HOLD_S: f64 = 30.0;
+
+/// Rates and banners from the session, refresh after refresh.
+struct Model {
+    procs: RateKeeper<u32>,
+    regions: RateKeeper<(u32, u64)>,
+    totals: RateKeeper<()>,
+    dtlb_prev: Option<(u64, u64)>,
+    last: Instant,
+    names: Names,
+    /// Storm culprit labels by (pid, call, user stack).
+    sites: HashMap<(u32, u32, i32), String>,
+}
+
+impl Model {
+    fn new() -> Self {
+        Self {
+            procs: RateKeeper::default(),
+            regions: RateKeeper::default(),
+            totals: RateKeeper::default(),
+            dtlb_prev: None,
+            last: Instant::now(),
+            names: Names::default(),
+            sites: HashMap::new(),
+        }
+    }
+
+    fn refresh(&mut self, session: &mut Session, perf: Option<&mut PerfProbe>, sort: model::SortKey) -> Snapshot {
+        let dt = self.last.elapsed().as_secs_f64();
+        self.last = Instant::now();
+        let mm: HashMap<u32, vmtrace_common::MmStats> = session.probes.all_mm().into_iter().collect();
+        let cums: Vec<(u32, Cum)> = session
+            .probes
+            .all_stats()
+            .into_iter()
+            .map(|(pid, st)| {
+                let f = Faults::from_stats(&st, MINOR_PERIOD);
+                let m = mm.get(&pid);
+                let cum = Cum {
+                    faults: f.total,
+                    major: f.major,
+                    cow: f.cow,
+                    time_ns: f.time_ns,
+                    munmap: m.map_or(0, |m| m.calls[MmCall::Munmap as usize]),
+                    ipis: m.map_or(0, |m| m.ipis_sent),
+                };
+                (pid, cum)
+            })
+            .collect();
+        let totals: HashMap<u32, u64> = cums.iter().map(|(p, c)| (*p, c.faults)).collect();
+        let mut procs: Vec<ProcRow> = self
+            .procs
+            .update(&cums, dt)
+            .into_iter()
+            .map(|(pid, rates)| ProcRow {
+                pid,
+                comm: session.table.ensure(pid).comm.clone(),
+                rates,
+                total_faults: totals[&pid],
+            })
+            .collect();
+        model::sort_procs(&mut procs, sort);
+
+        // Faults of processes that exited since the last refresh are in the
+        // kernel's totals, not in any row: the header counts them.
+        let (all, all_major) = session.probes.totals();
+        let head = self.totals.update(&[((), Cum { faults: all, major: all_major, ..Cum::default() })], dt)[0].1;
+        // fold from +0.0: an empty f64 sum() is -0.0, which prints as "-0".
+        let sum = |f: fn(&Rates) -> f64| procs.iter().map(|p| f(&p.rates)).fold(0.0, |a, b| a + b);
+        let total = Rates {
+            faults: head.faults,
+            minor: head.minor,
+            major: head.major,
+            fault_pct: sum(|r| r.fault_pct),
+            cow: sum(|r| r.cow),
+            munmap: sum(|r| r.munmap),
+            ipis: sum(|r| r.ipis),
+        };
+
+        let regions = session.families.regions.then(|| self.regions(session, dt, sort));
+        let now_s = session.started.elapsed().as_secs_f64();
+        Snapshot {
+            target: String::new(),
+            uptime_s: now_s,
+            interval_s: dt,
+            total,
+            total_faults: all,
+            procs,
+            regions,
+            storms: self.storms(session, now_s),
+            oom: session.ooms.iter().rev().find(|o| now_s - o.time_s < BANNER_HOLD_S).map(oom_line),
+            dtlb: self.dtlb(perf, dt),
+            lost_events: session.lost_events(),
+            ended: None,
+        }
+    }
+
+    fn regions(&mut self, session: &mut Session, dt: f64, sort: model::SortKey) -> Vec<RegionRow> {
+        let attributed = session.build_regions().regions;
+        let key = |r: &crate::regions::RegionSummary| {
+            (r.pid, u64::from_str_radix(r.start.trim_start_matches("0x"), 16).unwrap_or(0))
+        };
+        let cums: Vec<((u32, u64), Cum)> = attributed
+            .iter()
+            .map(|r| {
+                let f = &r.faults;
+                (key(r), Cum { faults: f.total, major: f.major, cow: f.cow, time_ns: f.time_ns, ..Cum::default() })
+            })
+            .collect();
+        let rates: HashMap<(u32, u64), Rates> = self.regions.update(&cums, dt).into_iter().collect();
+        let mut rows: Vec<RegionRow> = attributed
+            .iter()
+            .map(|r| RegionRow {
+                pid: r.pid,
+                comm: session.table.procs.get(&r.pid).map_or_else(String::new, |p| p.comm.clone()),
+                name: r.path.clone().unwrap_or_else(|| format!("[{}]", kind_name(r.kind))),
+                size: crate::report::text::region_size(r),
+                rates: rates.get(&key(r)).copied().unwrap_or_default(),
+                total_faults: r.faults.total,
+            })
+            .collect();
+        model::sort_regions(&mut rows, sort);
+        rows.truncate(MAX_REGION_ROWS);
+        rows
+    }
+
+    /// A line per storm going on, or ended in the last seconds, with the
+    /// call site that sent most of its IPIs.
+    fn storms(&mut self, session: &mut Session, now_s: f64) -> Vec<String> {
+        let storms: Vec<_> = session
+            .storms
+            .open_storms()
+            .map(|s| (s.clone(), true))
+            .chain(session.storms.closed.iter().filter(|s| now_s - s.end_s < BANNER_HOLD_S).map(|s| (s.clone(), false)))
+            .collect();
+        let mut out = Vec::new();
+        for (s, open) in storms {
+            let comm = session.table.procs.get(&s.pid).map_or_else(String::new, |p| p.comm.clone());
+            let site = s.sites.iter().max_by_key(|(_, n)| **n).map(|(&(call, stack), _)| {
+                let key = (s.pid, call, stack);
+                if !self.sites.contains_key(&key) {
+                    let frames = session.site_frames(&mut self.names, s.pid, call, stack);
+                    // Leaf (the syscall) first, then its nearest callers.
+                    let label = frames
+                        .iter()
+                        .rev()
+                        .take(3)
+                        .map(|f| f.trim_start_matches('[').trim_end_matches(']'))
+                        .collect::<Vec<_>>()
+                        .join(" ← ");
+                    self.sites.insert(key, label);
+                }
+                self.sites[&key].clone()
+            });
+            let when = if open {
+                format!("for {:.0} s", now_s - s.start_s)
+            } else {
+                format!("ended {:.0} s ago", now_s - s.end_s)
+            };
+            out.push(format!(
+                "STORM pid {} ({comm}) {} IPIs/s peak, {when}{}",
+                s.pid,
+                model::human(s.peak_per_s),
+                site.map(|l| format!(": {l}")).unwrap_or_default()
+            ));
+        }
+        out
+    }
+
+    fn dtlb(&mut self, perf: Option<&mut PerfProbe>, dt: f64) -> String {
+        let Some(p) = perf else { return "dTLB misses: not measured".into() };
+        let s = p.read();
+        if !s.supported {
+            // The first clause of the reason fits on the line ("no hardware PMU visible").
+            let why = s.reason.trim_start_matches("dTLB-load-misses: ");
+            let why = why.split(" (perf_event_open").next().unwrap_or_default();
+            return format!("dTLB: unsupported ({})", why.split(" — ").next().unwrap_or_default());
+        }
+        let misses = s.dtlb_load_misses.unwrap_or(0) + s.dtlb_store_misses.unwrap_or(0);
+        let ins = s.instructions.unwrap_or(0);
+        let prev = self.dtlb_prev.replace((misses, ins));
+        let (m0, i0) = prev.unwrap_or((misses, ins));
+        let dm = misses.saturating_sub(m0) as f64;
+        let di = ins.saturating_sub(i0) as f64;
+        if prev.is_none() || dt <= 0.0 {
+            return "dTLB misses: measuring…".into();
+        }
+        let per_k = if di > 0.0 { format!(" ({:.2} per 1k instructions)", dm * 1000.0 / di) } else { String::new() };
+        format!("dTLB misses {}/s{per_k}", model::human(dm / dt))
+    }
+}
+
+fn kind_name(k: RegionKind) -> String {
+    format!("{k:?}").to_lowercase()
+}
+
+fn oom_line(o: &crate::oom::OomRecord) -> String {
+    let mib = |kb: u64| kb as f64 / 1024.0;
+    format!(
+        "OOM KILL at {:.1} s: pid {} ({}) anon {:.1} MiB, {} constraint{}; triggered by pid {} ({})",
+        o.time_s,
+        o.victim_pid,
+        o.victim_comm,
+        mib(o.anon_rss_kb),
+        o.constraint,
+        o.cgroup.as_deref().map(|c| format!(" in {c}")).unwrap_or_default(),
+        o.trigger_pid,
+        o.trigger_comm
+    )
+}
+
+fn describe(target: &Target) -> String {
+    match target {
+        Target::System => "system".into(),
+        Target::Pid(pid) => format!("pid {pid}"),
+        Target::Command(argv) => {
+            let program = argv.first().map(|p| p.rsplit('/').next().unwrap_or(p));
+            let mut s =
+                program.into_iter().chain(argv.iter().skip(1).map(String::as_str)).collect::<Vec<_>>().join(" ");
+            if s.len() > 30 {
+                s.truncate(s.floor_char_boundary(29));
+                s.push('…');
+            }
+            s
+        }
+    }
+}
+
+pub fn run(opts: &TopOptions) -> Result<i32, RecordError> {
+    match &opts.target {
+        Target::Command(argv) => {
+            resolve_program(argv.first().ok_or(TargetError::Empty)?)?;
+        }
+        Target::Pid(pid) => check_pid(*pid)?,
+        Target::System => {}
+    }
+    if !std::io::stdout().is_terminal() {
+        return Err(RecordError::Preflight(
+            "vmtrace top draws a full-screen view and needs a terminal, but stdout is not one\nhint: to pipe live data, use `vmtrace record --stream json`".into(),
+        ));
+    }
+    preflight()?;
+    let families = Families { oom: true, mmap: true, tlb: true, regions: true };
+    let probes = Probes::load(&LoadOptions {
+        trace_all: matches!(opts.target, Target::System),
+        minor_period: MINOR_PERIOD,
+        force_tracepoints: false,
+        families,
+        stacks: StackMode::User,
+        stack_period: FAULT_STACK_PERIOD,
+        leaf_region: false,
+    })?;
+    let mut session = Session::new(probes, families);
+    session.minor_period = MINOR_PERIOD;
+    session.storms = StormDetector::new(opts.storm_threshold);
+    install_stop_handlers();
+    let log = match &opts.target {
+        Target::Command(_) => {
+            let path = opts
+                .command_output
+                .clone()
+                .unwrap_or_else(|| std::env::temp_dir().join(format!("vmtrace-top-{}.log", std::process::id())));
+            let file = std::fs::File::create(&path).map_err(|err| {
+                RecordError::Preflight(format!(
+                    "cannot create {} for the command's output: {err}\nhint: choose a writable file with --command-output FILE",
+                    path.display()
+                ))
+            })?;
+            Some((path, file))
+        }
+        _ => None,
+    };
+    let (_info, child, perf) = start_target(&mut session, &opts.target, true, log.as_ref().map(|(_, f)| f))?;
+    session.start_clock();
+    let mut terminal =
+        ratatui::try_init().map_err(|e| RecordError::Preflight(format!("cannot set up the terminal: {e}")))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .enable_io()
+        .build()
+        .map_err(|e| RecordError::Preflight(format!("cannot start the event loop: {e}")))?;
+    let mut app = App {
+        session,
+        model: Model::new(),
+        perf,
+        child,
+        target: opts.target.clone(),
+        view: ViewState::default(),
+        shown: Snapshot::default(),
+        ended: None,
+        exit_status: None,
+        log: log.map(|(p, _)| p),
+    };
+    let r = rt.block_on(app.run(&mut terminal, opts.interval));
+    ratatui::restore();
+    r.map_err(|e| RecordError::Preflight(format!("terminal: {e}")))?;
+    app.session.probes.stop_counting();
+    if let Some(p) = &app.log {
+        eprintln!("vmtrace: the command's output is in {}", p.display());
+    }
+    Ok(app.finish())
+}
+
+struct App {
+    session: Session,
+    model: Model,
+    perf: Option<PerfProbe>,
+    child: Option<GatedChild>,
+    target: Target,
+    view: ViewState,
+    /// The frame on screen (frozen while paused).
+    shown: Snapshot,
+    ended: Option<String>,
+    exit_status: Option<i32>,
+    /// The command's output file.
+    log: Option<std::path::PathBuf>,
+}
+
+impl App {
+    async fn run(&mut self, terminal: &mut ratatui::DefaultTerminal, interval: Duration) -> std::io::Result<()> {
+        // Drained as soon as the kernel wakes us: a 100 ms nap would let a
+        // burst of mapping events overflow the ring buffer.
+        let ring_fd = self.session.probes.ring_fd().try_clone_to_owned()?;
+        // SAFETY: the AsyncFd owns this duplicate, open until the AsyncFd drops.
+        let ring =
+            unsafe { AsyncFd::register_with_interest(ring_fd, Interest::READABLE) }.map_err(std::io::Error::from)?;
+        let mut keys = EventStream::new();
+        let mut drain = tokio::time::interval(Duration::from_millis(100));
+        // A baseline reading now, the first rates one interval later.
+        self.model.refresh(&mut self.session, self.perf.as_mut(), self.view.sort);
+        self.shown.target = describe(&self.target);
+        self.shown.dtlb = "dTLB: measuring…".into();
+        terminal.draw(|f| view::draw(f, &self.shown, self.view))?;
+        let mut refresh = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+        drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                ready = ring.readable() => {
+                    let mut guard = ready?;
+                    self.session.drain();
+                    guard.clear_ready();
+                }
+                _ = drain.tick() => {
+                    self.session.poll(Duration::ZERO);
+                    self.check_target();
+                    if stop_signal().is_some() {
+                        return Ok(());
+                    }
+                }
+                _ = refresh.tick() => {
+                    let mut snap = self.model.refresh(&mut self.session, self.perf.as_mut(), self.view.sort);
+                    snap.target = describe(&self.target);
+                    snap.ended.clone_from(&self.ended);
+                    if !self.view.paused {
+                        self.shown = snap;
+                    }
+                    terminal.draw(|f| view::draw(f, &self.shown, self.view))?;
+                }
+                ev = keys.next() => {
+                    match ev {
+                        Some(Ok(Event::Key(k))) if k.kind == KeyEventKind::Press => {
+                            let ctrl_c = k.modifiers.contains(KeyModifiers::CONTROL) && k.code == KeyCode::Char('c');
+                            match k.code {
+                                KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
+                                _ if ctrl_c => return Ok(()),
+                                KeyCode::Char('s') => {
+                                    self.view.sort = self.view.sort.next();
+                                    model::sort_procs(&mut self.shown.procs, self.view.sort);
+                                    if let Some(r) = self.shown.regions.as_mut() {
+                                        model::sort_regions(r, self.view.sort);
+                                    }
+                                }
+                                KeyCode::Char('p') => self.view.paused = !self.view.paused,
+                                KeyCode::Char('r') => {
+                                    self.view.pane =
+                                        if self.view.pane == Pane::Processes { Pane::Regions } else { Pane::Processes };
+                                }
+                                _ => continue,
+                            }
+                            terminal.draw(|f| view::draw(f, &self.shown, self.view))?;
+                        }
+                        Some(Ok(Event::Resize(..))) => {
+                            terminal.draw(|f| view::draw(f, &self.shown, self.view))?;
+                        }
+                        Some(Err(e)) => return Err(e),
+                        // Input closed (the terminal went away): stop.
+                        None => return Ok(()),
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Notices the traced command or pid ending; the view stays up until `q`.
+    fn check_target(&mut self) {
+        if self.ended.is_some() {
+            return;
+        }
+        if let Some(c) = &self.child {
+            if let Some(st) = wait_exit(c.pid, false) {
+                self.exit_status = Some(st);
+                let log = self.log.as_ref().map(|p| format!(", output in {}", p.display())).unwrap_or_default();
+                self.ended = Some(format!("command exited with status {st}{log} — q to quit"));
+            }
+        } else if let Target::Pid(pid) = self.target {
+            if !pid_alive(pid) {
+                self.ended = Some(format!("pid {pid} exited — q to quit"));
+            }
+        }
+    }
+
+    /// Leaving while the command still runs stops it, as Ctrl-C does under
+    /// `record`; its status is what `top` exits with.
+    fn finish(self) -> i32 {
+        if let (Some(c), None) = (&self.child, self.exit_status) {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(c.pid as i32, libc::SIGTERM) };
+            let until = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < until {
+                if let Some(st) = wait_exit(c.pid, false) {
+                    return st;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // SAFETY: as above; it ignored SIGTERM.
+            unsafe { libc::kill(c.pid as i32, libc::SIGKILL) };
+            return wait_exit(c.pid, true).unwrap_or(137);
+        }
+        self.exit_status.unwrap_or(0)
+    }
+}
