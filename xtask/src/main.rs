@@ -182,29 +182,29 @@ fn test(extra: &[String]) -> Result<()> {
         ),
         (true, _) => {}
     }
-    ensure_chromium()?;
+    ensure_tool(
+        &["chromium", "chromium-browser", "google-chrome"],
+        "chromium fonts-dejavu-core",
+        "the report.html test",
+    )?;
+    ensure_tool(&["tmux"], "tmux", "the `vmtrace top` test (a real pseudo-terminal)")?;
     say("running tests");
     run(cmd("cargo").args(["test", "--release"]).args(USER_CRATES).arg("--").args(extra))
 }
 
-/// The demo test renders report.html in headless Chromium (Debian's package).
-fn ensure_chromium() -> Result<()> {
-    let found = ["chromium", "chromium-browser", "google-chrome"]
-        .iter()
-        .any(|b| Command::new(b).arg("--version").output().is_ok_and(|o| o.status.success()));
-    if found {
+/// A tool a test drives: one of `binaries` must answer `--version` (or `-V`),
+/// else the Debian `packages` are installed.
+fn ensure_tool(binaries: &[&str], packages: &str, why: &str) -> Result<()> {
+    let answers = |b: &&str| {
+        ["--version", "-V"].iter().any(|flag| Command::new(b).arg(flag).output().is_ok_and(|o| o.status.success()))
+    };
+    if binaries.iter().any(answers) {
         return Ok(());
     }
-    say("installing chromium for the report.html test (apt-get install chromium)");
-    let ok = Command::new("sh")
-        .args([
-            "-c",
-            "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-dejavu-core",
-        ])
-        .status()?
-        .success();
-    if !ok {
-        bail!("installing chromium failed; install it by hand (apt-get install chromium)");
+    say(&format!("installing {packages} for {why} (apt-get install {packages})"));
+    let script = format!("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {packages}");
+    if !Command::new("sh").args(["-c", &script]).status()?.success() {
+        bail!("installing {packages} failed; install it by hand (apt-get install {packages})");
     }
     Ok(())
 }
