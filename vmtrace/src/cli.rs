@@ -232,6 +232,9 @@ pub enum WorkloadCmd {
         mib: usize,
         #[arg(long, default_value_t = 10.0)]
         seconds: f64,
+        /// Pace to about this many faults per second (default: as fast as it can).
+        #[arg(long)]
+        rate: Option<u64>,
     },
     /// Create a file of MIB MiB.
     MakeFile {

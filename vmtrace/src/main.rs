@@ -97,7 +97,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 }
                 WorkloadCmd::MakeFile { path, mib } => workload::make_file(&path, mib),
                 WorkloadCmd::ReadFile { path, cold } => workload::read_file(&path, cold),
-                WorkloadCmd::FaultLoop { mib, seconds } => workload::fault_loop(mib, seconds),
+                WorkloadCmd::FaultLoop { mib, seconds, rate } => workload::fault_loop(mib, seconds, rate),
                 WorkloadCmd::MakeSafetensors { path, mib } => workload::make_safetensors(&path, mib),
                 WorkloadCmd::Cow { children, mib, refcount } => workload::cow(children, mib, refcount),
                 WorkloadCmd::Churn { threads, iterations, madvise } => workload::churn(threads, iterations, madvise),

@@ -1,11 +1,15 @@
-//! `cargo xtask bench`: first touch of 512 MiB, untraced and under each tracer,
-//! in interleaved rounds (the VM's memory balloon makes single runs noisy: the
-//! minimum of many interleaved runs is the figure). The workload times its own
-//! touch loop, so tracer start-up is excluded. Rewrites docs/performance.md.
+//! `cargo xtask bench`: each scenario untraced and under each tracer, side by
+//! side in interleaved rounds (the VM's memory balloon makes single runs
+//! noisy: the minimum of many interleaved runs is the figure, the median shows
+//! the spread). Workloads time their own measured loop, so tracer start-up is
+//! excluded. `--soak SECS` measures the collector instead: CPU and peak RSS of
+//! `vmtrace record -a` under a paced fault load. Rewrites docs/performance.md.
 use std::{
     fmt::Write as _,
     path::{Path, PathBuf},
-    process::Command,
+    process::{Child, Command, Stdio},
+    thread::sleep,
+    time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context as _, Result};
@@ -13,121 +17,267 @@ use anyhow::{bail, Context as _, Result};
 #[derive(clap::Args)]
 pub struct BenchArgs {
     /// Interleaved rounds per variant.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 7)]
     pub rounds: usize,
     /// Size of the first-touch workload.
     #[arg(long, default_value_t = 512)]
     pub mib: usize,
-    /// Print the table without rewriting docs/performance.md.
+    /// Only scenarios whose name contains this.
+    #[arg(long)]
+    pub only: Option<String>,
+    /// Print the tables without rewriting docs/performance.md.
     #[arg(long)]
     pub no_write: bool,
+    /// Instead of the scenarios: run `vmtrace record -a` for SECS under a paced
+    /// fault load and report the collector's CPU and peak RSS.
+    #[arg(long, value_name = "SECS")]
+    pub soak: Option<u64>,
+    /// Faults per second of the soak load.
+    #[arg(long, default_value_t = 200_000)]
+    pub soak_rate: u64,
 }
 
-/// Builds a variant's full command line around the workload's argv.
-type Wrap = Box<dyn Fn(&[String]) -> Vec<String>>;
+/// What runs the workload.
+#[derive(Clone)]
+enum Tracer {
+    None,
+    /// `vmtrace record` with these extra arguments.
+    Vmtrace(&'static [&'static str]),
+    /// The scenario's bpftrace program.
+    Bpftrace,
+    /// `perf trace -F all`: one line per fault.
+    PerfTrace,
+}
 
 struct Variant {
     name: &'static str,
-    what: &'static str,
-    wrap: Wrap,
-    /// ns per page of each round.
+    what: String,
+    tracer: Tracer,
+    /// ns per operation of each round.
     samples: Vec<f64>,
 }
 
-const BPFTRACE_PROG: &str = "tracepoint:exceptions:page_fault_user { @[pid] = count(); }";
-
-fn ensure_bpftrace() -> Result<()> {
-    if Command::new("bpftrace").arg("--version").output().is_ok_and(|o| o.status.success()) {
-        return Ok(());
-    }
-    eprintln!("xtask: installing bpftrace, the peer to compare with (apt-get install -y bpftrace)");
-    let ok = Command::new("sh")
-        .args(["-c", "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bpftrace"])
-        .status()?
-        .success();
-    if !ok {
-        bail!("installing bpftrace failed; install it by hand (apt-get install bpftrace)");
-    }
-    Ok(())
+struct Scenario {
+    name: &'static str,
+    what: String,
+    /// Workload arguments after `vmtrace workload`.
+    workload: Vec<String>,
+    /// Tracers run system-wide (`-a`) while two copies of the workload run.
+    system: bool,
+    /// The nearest bpftrace one-liner.
+    bpftrace: &'static str,
+    /// What one operation is.
+    unit: &'static str,
+    variants: Vec<Variant>,
 }
 
-fn variants(vmtrace: &Path, out: &Path) -> Vec<Variant> {
-    let rec = move |extra: &'static [&'static str]| {
-        let vmtrace = vmtrace.to_path_buf();
-        let out = out.to_path_buf();
-        Box::new(move |argv: &[String]| {
-            let mut v = vec![vmtrace.display().to_string(), "record".into(), "--out".into(), out.display().to_string()];
-            v.extend(extra.iter().map(ToString::to_string));
-            v.push("--".into());
-            v.extend_from_slice(argv);
-            v
-        }) as Wrap
-    };
+const FAULTS_BT: &str = "tracepoint:exceptions:page_fault_user { @[pid] = count(); }";
+const FILE_BT: &str = "tracepoint:exceptions:page_fault_user { @[pid] = count(); } \
+                       tracepoint:filemap:mm_filemap_add_to_page_cache { @cache = count(); }";
+const CHURN_BT: &str = "tracepoint:exceptions:page_fault_user { @f[pid] = count(); } \
+                        tracepoint:syscalls:sys_enter_munmap { @m[pid] = count(); } \
+                        tracepoint:tlb:tlb_flush { @t[args->reason] = count(); }";
+
+fn variant(name: &'static str, what: &str, tracer: Tracer) -> Variant {
+    Variant { name, what: what.into(), tracer, samples: vec![] }
+}
+
+/// The variants every scenario has; first touch adds the cost breakdown.
+fn variants(breakdown: bool) -> Vec<Variant> {
+    let mut v = vec![
+        variant("untraced", "the workload alone", Tracer::None),
+        variant(
+            "vmtrace",
+            "`vmtrace record` default: every fault counted and placed in its region, minor latency 1 in 16, majors all, user stacks 1 in 64, mmap/TLB/OOM hooks, perf counters",
+            Tracer::Vmtrace(&[]),
+        ),
+        variant("vmtrace --stack-sample 1", "default with a user stack on every fault", Tracer::Vmtrace(&["--stack-sample", "1"])),
+        variant("bpftrace", "the scenario's bpftrace one-liner (below)", Tracer::Bpftrace),
+        variant(
+            "perf trace -F all",
+            "`perf trace -F all --no-syscalls -o /dev/null`: a line per fault (address, symbol, map)",
+            Tracer::PerfTrace,
+        ),
+    ];
+    if breakdown {
+        v.extend([
+            variant("vmtrace --latency-sample 1", "every fault counted and timed", Tracer::Vmtrace(&["--latency-sample", "1"])),
+            variant("vmtrace --stacks none", "default without call stacks", Tracer::Vmtrace(&["--stacks", "none"])),
+            variant(
+                "vmtrace --latency-sample 0",
+                "every fault counted, majors timed, minors not timed, no stacks",
+                Tracer::Vmtrace(&["--latency-sample", "0", "--stacks", "none"]),
+            ),
+            variant(
+                "vmtrace lean",
+                "`--events faults --stacks none --latency-sample 0`: per-process counts (minor/major/write/COW), majors timed — the nearest to the bpftrace one-liner",
+                Tracer::Vmtrace(&["--events", "faults", "--stacks", "none", "--latency-sample", "0"]),
+            ),
+            variant(
+                "vmtrace --force-tracepoints",
+                "default, with classic tracepoints instead of tp_btf",
+                Tracer::Vmtrace(&["--force-tracepoints"]),
+            ),
+        ]);
+    }
+    v
+}
+
+fn scenarios(args: &BenchArgs, file: &Path) -> Vec<Scenario> {
+    let f = file.display().to_string();
+    let s = |v: &[&str]| v.iter().map(ToString::to_string).collect::<Vec<_>>();
     vec![
-        Variant { name: "untraced", what: "the workload alone", wrap: Box::new(<[String]>::to_vec), samples: vec![] },
-        Variant {
-            name: "vmtrace",
-            what: "`vmtrace record` default: every fault counted and placed in its region, minor latency 1 in 16, majors all, user stacks 1 in 64, mmap/TLB/OOM hooks, perf counters",
-            wrap: rec(&[]),
-            samples: vec![],
+        Scenario {
+            name: "first touch",
+            what: format!("first touch of {} MiB of anonymous memory (4 KiB pages, MADV_NOHUGEPAGE)", args.mib),
+            workload: s(&["touch", "--mib", &args.mib.to_string()]),
+            system: false,
+            bpftrace: FAULTS_BT,
+            unit: "fault",
+            variants: variants(true),
         },
-        Variant {
-            name: "vmtrace --latency-sample 1",
-            what: "every fault counted and timed",
-            wrap: rec(&["--latency-sample", "1"]),
-            samples: vec![],
+        Scenario {
+            name: "mmap checkpoint, warm",
+            what: "a 256 MiB file in the page cache, mapped and read one byte per page".into(),
+            workload: s(&["file-read", &f]),
+            system: false,
+            bpftrace: FILE_BT,
+            unit: "page",
+            variants: variants(false),
         },
-        Variant {
-            name: "vmtrace --stacks none",
-            what: "default without call stacks",
-            wrap: rec(&["--stacks", "none"]),
-            samples: vec![],
+        Scenario {
+            name: "mmap checkpoint, cold",
+            what: "the same file evicted first (outside the timed loop): each page from disk, with readahead".into(),
+            workload: s(&["file-read", &f, "--cold"]),
+            system: false,
+            bpftrace: FILE_BT,
+            unit: "page",
+            variants: variants(false),
         },
-        Variant {
-            name: "vmtrace --stack-sample 1",
-            what: "a user stack on every fault",
-            wrap: rec(&["--stack-sample", "1"]),
-            samples: vec![],
+        Scenario {
+            name: "munmap churn, 2 threads",
+            what: "20,000 × (mmap 64 KiB, touch, munmap) on CPU 0 while a second thread spins on CPU 1: every munmap sends a shootdown IPI".into(),
+            workload: s(&["churn", "--threads", "2", "--iterations", "20000"]),
+            system: false,
+            bpftrace: CHURN_BT,
+            unit: "iteration",
+            variants: variants(false),
         },
-        Variant {
-            name: "vmtrace --latency-sample 0",
-            what: "every fault counted, majors timed, minors not timed, no stacks",
-            wrap: rec(&["--latency-sample", "0", "--stacks", "none"]),
-            samples: vec![],
-        },
-        Variant {
-            name: "vmtrace lean",
-            what: "`--events faults --stacks none --latency-sample 0`: per-process counts (minor/major/write/COW), majors timed — the nearest to the bpftrace one-liner",
-            wrap: rec(&["--events", "faults", "--stacks", "none", "--latency-sample", "0"]),
-            samples: vec![],
-        },
-        Variant {
-            name: "vmtrace --force-tracepoints",
-            what: "default, with classic tracepoints instead of tp_btf",
-            wrap: rec(&["--force-tracepoints"]),
-            samples: vec![],
-        },
-        Variant {
-            name: "bpftrace per-pid count",
-            what: "`bpftrace -e '{BPFTRACE_PROG}'`",
-            wrap: Box::new(|argv: &[String]| {
-                vec!["bpftrace".into(), "-q".into(), "-e".into(), BPFTRACE_PROG.into(), "-c".into(), argv.join(" ")]
-            }),
-            samples: vec![],
+        Scenario {
+            name: "system-wide, 2 processes",
+            what: "tracers system-wide (`-a`) while two processes each first-touch 256 MiB at once".into(),
+            workload: s(&["touch", "--mib", "256"]),
+            system: true,
+            bpftrace: FAULTS_BT,
+            unit: "fault",
+            variants: variants(false),
         },
     ]
 }
 
-/// ns per page reported by the workload's own JSON line.
-fn run_once(argv: &[String]) -> Result<f64> {
+struct Env {
+    vmtrace: PathBuf,
+    out: PathBuf,
+}
+
+impl Env {
+    fn workload(&self, args: &[String]) -> Vec<String> {
+        let mut v = vec![self.vmtrace.display().to_string(), "workload".into()];
+        v.extend_from_slice(args);
+        v
+    }
+
+    /// The tracer's command line: around `argv`, or system-wide when `argv` is empty.
+    fn tracer_argv(&self, t: &Tracer, bt: &str, argv: &[String]) -> Vec<String> {
+        let s = |v: &[&str]| v.iter().map(ToString::to_string).collect::<Vec<String>>();
+        let mut v = match t {
+            Tracer::None => return argv.to_vec(),
+            Tracer::Vmtrace(extra) => {
+                let mut v = vec![self.vmtrace.display().to_string(), "record".into(), "--out".into()];
+                v.push(self.out.display().to_string());
+                v.extend(s(extra));
+                v
+            }
+            Tracer::Bpftrace => s(&["bpftrace", "-q", "-e", bt]),
+            Tracer::PerfTrace => s(&["perf", "trace", "-F", "all", "--no-syscalls", "-o", "/dev/null"]),
+        };
+        match (t, argv.is_empty()) {
+            (_, true) => v.push("-a".into()),
+            (Tracer::Bpftrace, false) => v.extend(["-c".to_string(), argv.join(" ")]),
+            _ => {
+                v.push("--".into());
+                v.extend_from_slice(argv);
+            }
+        }
+        // bpftrace is system-wide without -c and takes no -a.
+        if matches!(t, Tracer::Bpftrace) {
+            v.retain(|a| a != "-a");
+        }
+        v
+    }
+}
+
+/// ns per operation from the workload reports in `stdout` (their mean).
+fn per_op(stdout: &str, argv: &[String], stderr: &str) -> Result<f64> {
+    let per: Vec<f64> = stdout
+        .lines()
+        .filter(|l| l.contains("\"role\""))
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| v["loop_ns"].as_f64().unwrap_or(0.0) / v["pages"].as_f64().unwrap_or(1.0).max(1.0))
+        .collect();
+    if per.is_empty() {
+        bail!("no workload report from {argv:?}:\n{stdout}\n{stderr}");
+    }
+    Ok(per.iter().sum::<f64>() / per.len() as f64)
+}
+
+fn run_wrapped(argv: &[String]) -> Result<f64> {
     let out = Command::new(&argv[0]).args(&argv[1..]).output().with_context(|| format!("starting {}", argv[0]))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout.lines().find(|l| l.contains("\"role\":\"first-touch\"")).with_context(|| {
-        format!("no workload report from {:?}:\n{stdout}\n{}", argv, String::from_utf8_lossy(&out.stderr))
-    })?;
-    let v: serde_json::Value = serde_json::from_str(line)?;
-    let (ns, pages) = (v["loop_ns"].as_f64().unwrap_or(0.0), v["pages"].as_f64().unwrap_or(1.0));
-    Ok(ns / pages)
+    per_op(&String::from_utf8_lossy(&out.stdout), argv, &String::from_utf8_lossy(&out.stderr))
+}
+
+fn stop(mut c: Child) {
+    // SAFETY: signalling our own child.
+    unsafe { libc_kill(c.id() as i32, 2) };
+    let until = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < until {
+        if c.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        sleep(Duration::from_millis(50));
+    }
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+/// Two copies of the workload at once under a system-wide tracer.
+fn run_system(env: &Env, t: &Tracer, bt: &str, workload: &[String]) -> Result<f64> {
+    let tracer = if matches!(t, Tracer::None) {
+        None
+    } else {
+        let argv = env.tracer_argv(t, bt, &[]);
+        let c = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", argv[0]))?;
+        // Loading and attaching: bpftrace compiles, vmtrace loads ~30 programs.
+        sleep(Duration::from_secs(3));
+        Some(c)
+    };
+    let argv = env.workload(workload);
+    let kids: Vec<Child> = (0..2)
+        .map(|_| Command::new(&argv[0]).args(&argv[1..]).stdout(Stdio::piped()).spawn())
+        .collect::<std::io::Result<_>>()?;
+    let mut stdout = String::new();
+    for k in kids {
+        stdout.push_str(&String::from_utf8_lossy(&k.wait_with_output()?.stdout));
+    }
+    if let Some(c) = tracer {
+        stop(c);
+    }
+    per_op(&stdout, &argv, "")
 }
 
 fn min(v: &[f64]) -> f64 {
@@ -140,76 +290,218 @@ fn median(v: &[f64]) -> f64 {
     s[s.len() / 2]
 }
 
-pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
-    ensure_bpftrace()?;
-    let vmtrace = root.join("target/release/vmtrace");
-    let out: PathBuf = std::env::temp_dir().join("vmtrace-bench-out");
-    let workload: Vec<String> =
-        vec![vmtrace.display().to_string(), "workload".into(), "touch".into(), "--mib".into(), args.mib.to_string()];
-    let mut vs = variants(&vmtrace, &out);
-    let n = vs.len();
-    for round in 0..args.rounds {
-        // Rotate the order each round so no variant always runs after the same one.
-        for k in 0..n {
-            let v = &mut vs[(k + round) % n];
-            let ns = run_once(&(v.wrap)(&workload))?;
-            v.samples.push(ns);
+fn ensure_tools() -> Result<()> {
+    for (bin, flag, pkg) in [("bpftrace", "--version", "bpftrace"), ("perf", "--version", "linux-perf")] {
+        if Command::new(bin).arg(flag).output().is_ok_and(|o| o.status.success()) {
+            continue;
         }
-        eprintln!("xtask: bench round {}/{} done", round + 1, args.rounds);
-    }
-    let base_min = min(&vs[0].samples);
-    let base_med = median(&vs[0].samples);
-    let mut table = String::new();
-    let _ =
-        writeln!(table, "| variant | min ns/fault | added (min) | ratio (min) | median ns/fault | ratio (median) |");
-    let _ = writeln!(table, "|---|---|---|---|---|---|");
-    for v in &vs {
-        let (m, md) = (min(&v.samples), median(&v.samples));
-        let _ = writeln!(
-            table,
-            "| {} | {m:.0} | {:+.0} | {:.3} | {md:.0} | {:.3} |",
-            v.name,
-            m - base_min,
-            m / base_min,
-            md / base_med
-        );
-    }
-    let mut legend = String::new();
-    for v in &vs {
-        let _ = writeln!(legend, "- **{}**: {}", v.name, v.what);
-    }
-    print!("{table}");
-    if !args.no_write {
-        write_doc(root, args, &table, &legend)?;
+        eprintln!("xtask: installing {pkg}, a peer to compare with (apt-get install -y {pkg})");
+        let script = format!("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {pkg}");
+        if !Command::new("sh").args(["-c", &script]).status()?.success() {
+            bail!("installing {pkg} failed; install it by hand (apt-get install {pkg})");
+        }
     }
     Ok(())
 }
 
-fn write_doc(root: &Path, args: &BenchArgs, table: &str, legend: &str) -> Result<()> {
+pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
+    let env = Env { vmtrace: root.join("target/release/vmtrace"), out: std::env::temp_dir().join("vmtrace-bench-out") };
+    if let Some(secs) = args.soak {
+        return soak(root, &env, args, secs);
+    }
+    ensure_tools()?;
+    // On disk (target/ is not tmpfs), so a cold read is disk I/O.
+    let dir = root.join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    let file = dir.join("checkpoint.bin");
+    let make = env.workload(&["make-file".into(), file.display().to_string(), "--mib".into(), "256".into()]);
+    if !Command::new(&make[0]).args(&make[1..]).stdout(Stdio::null()).status()?.success() {
+        bail!("cannot write {}", file.display());
+    }
+    let mut scs: Vec<Scenario> = scenarios(args, &file)
+        .into_iter()
+        .filter(|s| args.only.as_deref().is_none_or(|o| s.name.contains(o)))
+        .collect();
+    for round in 0..args.rounds {
+        for sc in &mut scs {
+            let n = sc.variants.len();
+            // Rotate the order each round so no variant always runs after the same one.
+            for k in 0..n {
+                let v = &mut sc.variants[(k + round) % n];
+                let per = if sc.system {
+                    run_system(&env, &v.tracer, sc.bpftrace, &sc.workload)?
+                } else {
+                    run_wrapped(&env.tracer_argv(&v.tracer, sc.bpftrace, &env.workload(&sc.workload)))?
+                };
+                v.samples.push(per);
+            }
+        }
+        eprintln!("xtask: bench round {}/{} done", round + 1, args.rounds);
+    }
+    let text = render(&scs, args);
+    print!("{text}");
+    if !args.no_write {
+        write_doc(root, &text, "<!-- bench -->", "<!-- end of bench -->")?;
+    }
+    Ok(())
+}
+
+fn render(scs: &[Scenario], args: &BenchArgs) -> String {
+    let mut t = String::new();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let cpus = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
-    let date = Command::new("date")
+    let _ = writeln!(
+        t,
+        "Generated by `cargo xtask bench` on {} (kernel {}, {cpus} CPUs), {} interleaved rounds. Ratios are to \
+         the untraced run of the same round set; the minimum is the figure, the median shows the spread.\n",
+        today(),
+        kernel.trim(),
+        args.rounds
+    );
+    let ratio = |sc: &Scenario, name: &str| {
+        let base = min(&sc.variants[0].samples);
+        sc.variants.iter().find(|v| v.name == name).map_or("—".into(), |v| format!("{:.2}×", min(&v.samples) / base))
+    };
+    let _ = writeln!(
+        t,
+        "| scenario (min ratio to untraced) | vmtrace | vmtrace, stack on every fault | bpftrace | perf trace -F all |"
+    );
+    let _ = writeln!(t, "|---|---|---|---|---|");
+    for sc in scs {
+        let _ = writeln!(
+            t,
+            "| {} | {} | {} | {} | {} |",
+            sc.name,
+            ratio(sc, "vmtrace"),
+            ratio(sc, "vmtrace --stack-sample 1"),
+            ratio(sc, "bpftrace"),
+            ratio(sc, "perf trace -F all")
+        );
+    }
+    for sc in scs {
+        let _ = writeln!(t, "\n### {}\n\n{}. bpftrace: `{}`\n", sc.name, sc.what, sc.bpftrace);
+        let _ = writeln!(t, "| variant | min ns/{u} | ratio (min) | median ns/{u} | ratio (median) |", u = sc.unit);
+        let _ = writeln!(t, "|---|---|---|---|---|");
+        let (b_min, b_med) = (min(&sc.variants[0].samples), median(&sc.variants[0].samples));
+        for v in &sc.variants {
+            let (m, md) = (min(&v.samples), median(&v.samples));
+            let _ = writeln!(t, "| {} | {m:.0} | {:.3} | {md:.0} | {:.3} |", v.name, m / b_min, md / b_med);
+        }
+    }
+    let _ = writeln!(t, "\nVariants:\n");
+    let mut seen = Vec::new();
+    for v in scs.iter().flat_map(|s| &s.variants) {
+        if !seen.contains(&v.name) {
+            seen.push(v.name);
+            let _ = writeln!(t, "- **{}**: {}", v.name, v.what);
+        }
+    }
+    t
+}
+
+fn today() -> String {
+    Command::new("date")
         .arg("+%Y-%m-%d")
         .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())?;
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Replaces the text between `begin` and `end` in docs/performance.md (adding
+/// the section at the top when it is not there); the rest is hand-written.
+fn write_doc(root: &Path, text: &str, begin: &str, end: &str) -> Result<()> {
     let path = root.join("docs/performance.md");
-    let old = std::fs::read_to_string(&path).unwrap_or_default();
-    // Everything after the marker is hand-written analysis and is kept.
-    let marker = "<!-- end of generated section -->";
-    let notes = old.find(marker).map_or("", |i| &old[i + marker.len()..]);
-    let doc = format!(
-        "# Performance\n\n\
-         Generated by `cargo xtask bench` on {date} (kernel {}, {cpus} CPUs): first touch of {} MiB \
-         ({} faults of 4 KiB, MADV_NOHUGEPAGE), {} interleaved rounds per variant. The workload times its \
-         own touch loop, so tracer start-up is excluded. Ratios are to the untraced run; the minimum is the \
-         figure (the VM's memory balloon makes single runs several times slower), the median shows the spread.\n\n\
-         {table}\n{legend}\n{marker}{notes}",
-        kernel.trim(),
-        args.mib,
-        args.mib * 256,
-        args.rounds,
-    );
+    let old = std::fs::read_to_string(&path).unwrap_or_else(|_| "# Performance\n".into());
+    let section = format!("{begin}\n{text}{end}");
+    let doc = match (old.find(begin), old.find(end)) {
+        (Some(b), Some(e)) if e > b => format!("{}{section}{}", &old[..b], &old[e + end.len()..]),
+        _ => match old.find('\n') {
+            Some(i) => format!("{}\n\n{section}\n{}", &old[..i], &old[i + 1..]),
+            None => format!("{old}\n\n{section}\n"),
+        },
+    };
     std::fs::write(&path, doc)?;
     eprintln!("xtask: wrote {}", path.display());
     Ok(())
+}
+
+/// Collector cost: `vmtrace record -a` for `secs` under a paced fault load.
+fn soak(root: &Path, env: &Env, args: &BenchArgs, secs: u64) -> Result<()> {
+    let rec = [
+        env.vmtrace.display().to_string(),
+        "record".into(),
+        "-a".into(),
+        "--out".into(),
+        env.out.display().to_string(),
+        "--duration".into(),
+        (secs + 5).to_string(),
+    ];
+    let vm = Command::new(&rec[0]).args(&rec[1..]).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?;
+    sleep(Duration::from_secs(3));
+    let pid = vm.id();
+    let (cpu0, _) = proc_cpu_rss(pid)?;
+    let t0 = Instant::now();
+    let load = env.workload(&[
+        "fault-loop".into(),
+        "--mib".into(),
+        "64".into(),
+        "--seconds".into(),
+        secs.to_string(),
+        "--rate".into(),
+        args.soak_rate.to_string(),
+    ]);
+    let mut w = Command::new(&load[0]).args(&load[1..]).stdout(Stdio::piped()).spawn()?;
+    let mut rss_samples = Vec::new();
+    while w.try_wait()?.is_none() {
+        sleep(Duration::from_secs(1));
+        rss_samples.push(proc_cpu_rss(pid)?.1);
+    }
+    let (cpu1, _) = proc_cpu_rss(pid)?;
+    let wall = t0.elapsed().as_secs_f64();
+    let report = w.wait_with_output()?;
+    let achieved = per_op(&String::from_utf8_lossy(&report.stdout), &load, "").map_or(0.0, |ns| 1e9 / ns);
+    let hwm = std::fs::read_to_string(format!("/proc/{pid}/status"))?
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0);
+    stop(vm);
+    let cpu_pct = (cpu1 - cpu0) / wall * 100.0;
+    let first = rss_samples.first().copied().unwrap_or(0);
+    let last = rss_samples.last().copied().unwrap_or(0);
+    let text = format!(
+        "Generated by `cargo xtask bench --soak {secs}` on {}: `vmtrace record -a` (default events) for {secs} s \
+         while `vmtrace workload fault-loop --rate {}` ran, achieving {:.0} faults/s.\n\n\
+         | collector | value |\n|---|---|\n\
+         | CPU, % of one core | {cpu_pct:.1} |\n\
+         | RSS after 1 s / at the end / peak (VmHWM) | {:.1} / {:.1} / {:.1} MiB |\n",
+        today(),
+        args.soak_rate,
+        achieved,
+        first as f64 / 1024.0,
+        last as f64 / 1024.0,
+        hwm as f64 / 1024.0,
+    );
+    print!("{text}");
+    if !args.no_write {
+        write_doc(root, &text, "<!-- soak -->", "<!-- end of soak -->")?;
+    }
+    Ok(())
+}
+
+/// (CPU seconds, RSS KiB) of a process.
+fn proc_cpu_rss(pid: u32) -> Result<(f64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields after the comm: state is [0]; utime [11], stime [12], rss pages [21].
+    let ticks = 100.0;
+    let cpu = (f[11].parse::<f64>()? + f[12].parse::<f64>()?) / ticks;
+    let rss = f[21].parse::<u64>()? * 4;
+    Ok((cpu, rss))
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
 }

@@ -13,7 +13,8 @@ use vmtrace_common::{
 };
 
 use crate::maps::{
-    config, count_drop, get_or_insert, is_traced, mm_stats, user_stack_id, EVENTS, MM_INFLIGHT, MM_STACKS,
+    batched_wakeup, config, count_drop, get_or_insert, is_traced, mm_stats, user_stack_id, EVENTS, MM_INFLIGHT,
+    MM_STACKS, WAKE_NOW,
 };
 
 // /sys/kernel/tracing/events/syscalls/sys_enter_*/format: after
@@ -25,6 +26,7 @@ use crate::maps::{
 // sys_exit_*: `long ret` at 16.
 const ARG0: usize = 16;
 const EXIT_RET: usize = 16;
+const MAP_ANONYMOUS: u64 = 0x20;
 
 #[inline(always)]
 fn args<const N: usize>(ctx: &TracePointContext) -> [u64; 6] {
@@ -113,7 +115,10 @@ fn exit(ctx: &TracePointContext) {
         fd: if is_mmap { f.args[4] } else { u64::MAX },
         offset: if is_mmap { f.args[5] } else { 0 },
     });
-    slot.submit(0);
+    // A file mapping is named from /proc/PID/fd/FD while the fd is open:
+    // wake the collector now. Anonymous ones can wait for its next poll.
+    let file_backed = is_mmap && (f.args[4] as i64) >= 0 && f.args[3] & MAP_ANONYMOUS == 0;
+    slot.submit(if file_backed { WAKE_NOW } else { batched_wakeup() });
 }
 
 macro_rules! syscall_hooks {

@@ -14,7 +14,7 @@ use aya_ebpf::{
 };
 use vmtrace_common::{DropKind, EventHeader, EventKind, OomEvent, COMM_LEN};
 
-use crate::maps::{count_drop, current_stats, is_traced, koffsets, EVENTS};
+use crate::maps::{count_drop, current_stats, is_traced, koffsets, EVENTS, WAKE_NOW};
 
 /// kernfs id of `task`'s memory cgroup: task->cgroups->subsys[memory]->cgroup->kn->id.
 fn memcg_id(task: *const u8) -> u64 {
@@ -116,7 +116,7 @@ fn try_tp_oom_mark_victim(ctx: &TracePointContext) -> Result<(), i32> {
         let src = unsafe { (ctx.as_ptr() as *const u8).add((loc & 0xffff) as usize) };
         let _ = unsafe { bpf_probe_read_kernel_str_bytes(src, &mut out.victim_comm) };
     }
-    slot.submit(0);
+    slot.submit(WAKE_NOW);
     Ok(())
 }
 

@@ -12,7 +12,7 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use vmtrace_common::{DropKind, EventHeader, EventKind, KernelOffsets, TaskEvent, COMM_LEN};
 
-use crate::maps::{add_traced, config, count_drop, is_traced, koffsets, EVENTS, FAULT_PARKED, FAULT_STATS};
+use crate::maps::{add_traced, config, count_drop, is_traced, koffsets, EVENTS, FAULT_PARKED, FAULT_STATS, WAKE_NOW};
 
 /// Reads a `T` at `base + off`, or `None` when the offset is unknown on this kernel.
 #[inline(always)]
@@ -28,7 +28,7 @@ fn emit(ev: TaskEvent) {
     match EVENTS.reserve::<TaskEvent>(0) {
         Some(mut slot) => {
             slot.write(ev);
-            slot.submit(0);
+            slot.submit(WAKE_NOW);
         }
         None => count_drop(DropKind::TaskEventRingFull),
     }

@@ -398,18 +398,29 @@ fn walk_shared(p: *mut u8, bytes: usize, refcount: bool) {
 
 /// Maps, touches and unmaps `mib` MiB over and over for `seconds`: a steady
 /// fault storm (and munmap flushes) for load tests.
-pub fn fault_loop(mib: usize, seconds: f64) -> Result<(), String> {
-    let bytes = mib << 20;
+pub fn fault_loop(mib: usize, seconds: f64, rate: Option<u64>) -> Result<(), String> {
+    const CHUNK: usize = 1 << 20;
+    let bytes = (mib << 20).max(CHUNK);
     let t0 = Instant::now();
-    let mut rounds = 0u64;
+    let mut pages = 0u64;
     while t0.elapsed().as_secs_f64() < seconds {
         let p = map_anon(bytes, false)?;
-        touch(p, bytes);
+        for off in (0..bytes).step_by(CHUNK) {
+            // SAFETY: `off` + CHUNK stays inside the mapping.
+            touch(unsafe { p.add(off) }, CHUNK.min(bytes - off));
+            pages += (CHUNK / PAGE) as u64;
+            // Paced: sleep until the rate says the next MiB is due.
+            if let Some(r) = rate.filter(|&r| r > 0) {
+                let due = std::time::Duration::from_secs_f64(pages as f64 / r as f64);
+                if let Some(wait) = due.checked_sub(t0.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+        }
         // SAFETY: our own mapping, no longer used.
         unsafe { libc::munmap(p.cast(), bytes) };
-        rounds += 1;
     }
-    emit("fault-loop", rounds * (bytes / PAGE) as u64, t0.elapsed().as_nanos() as u64);
+    emit("fault-loop", pages, t0.elapsed().as_nanos() as u64);
     Ok(())
 }
 
