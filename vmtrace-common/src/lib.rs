@@ -515,7 +515,9 @@ pub struct OomEvent {
     pub trigger_tid: u32,
     pub uid: u32,
     pub oom_score_adj: i32,
-    pub _pad: u32,
+    /// From `oom_kill_process()` where a kprobe/fentry runs there: the kernel's
+    /// `enum oom_constraint` + 1 (1 none, 2 cpuset, 3 mempolicy, 4 memcg); 0 unknown.
+    pub constraint: u32,
     pub total_vm_kb: u64,
     pub anon_rss_kb: u64,
     pub file_rss_kb: u64,
@@ -527,8 +529,11 @@ pub struct OomEvent {
     /// trigger's memory cgroup, read in the kernel at the kill; 0 when unknown.
     pub victim_memcg_id: u64,
     pub trigger_memcg_id: u64,
+    /// kernfs id of the memory cgroup that ran out (`oc->memcg`); 0 when the
+    /// OOM was not a memcg one or `oom_kill_process()` could not be probed.
+    pub oom_memcg_id: u64,
 }
-const _: () = assert!(core::mem::size_of::<OomEvent>() == 16 + 24 + 40 + 32 + 16);
+const _: () = assert!(core::mem::size_of::<OomEvent>() == 16 + 24 + 40 + 32 + 24);
 
 /// Kernel struct field offsets read from BTF at load time, passed as a read-only
 /// global (`KOFFSETS`). `u32::MAX` marks a field this kernel lacks.
@@ -554,9 +559,15 @@ pub struct KernelOffsets {
     pub cgroup_kn: u32,
     /// `kernfs_node.id`.
     pub kernfs_id: u32,
-    pub _pad: u32,
+    /// `oom_control.memcg`, `.constraint`, `.chosen`: the OOM domain at
+    /// `oom_kill_process()`.
+    pub oom_memcg: u32,
+    pub oom_constraint: u32,
+    pub oom_chosen: u32,
+    /// `mem_cgroup.css`.
+    pub memcg_css: u32,
 }
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 60);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 72);
 
 impl KernelOffsets {
     pub const MISSING: u32 = u32::MAX;
@@ -575,7 +586,10 @@ impl KernelOffsets {
         css_cgroup: Self::MISSING,
         cgroup_kn: Self::MISSING,
         kernfs_id: Self::MISSING,
-        _pad: 0,
+        oom_memcg: Self::MISSING,
+        oom_constraint: Self::MISSING,
+        oom_chosen: Self::MISSING,
+        memcg_css: Self::MISSING,
     };
 }
 
@@ -599,9 +613,15 @@ pub struct Config {
     pub flush_tlb_func: u64,
     /// 1: count faults per 64 KiB granule for region attribution.
     pub regions: u32,
-    pub _pad: u32,
+    /// For the fexit end hook on `handle_mm_fault`, from kernel BTF: the
+    /// `vm_fault_t` bits of faults the kernel does not account (VM_FAULT_ERROR
+    /// | VM_FAULT_RETRY), VM_FAULT_MAJOR, and FAULT_FLAG_TRIED (a retried fault
+    /// counts as major), as `mm_account_fault()` decides.
+    pub vm_fault_unaccounted: u32,
+    pub vm_fault_major: u32,
+    pub fault_flag_tried: u32,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 40);
+const _: () = assert!(core::mem::size_of::<Config>() == 48);
 
 #[cfg(feature = "user")]
 mod pod {

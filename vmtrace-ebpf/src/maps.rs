@@ -32,7 +32,9 @@ static CONFIG: Config = Config {
     mm: 0,
     flush_tlb_func: 0,
     regions: 0,
-    _pad: 0,
+    vm_fault_unaccounted: 0,
+    vm_fault_major: 0,
+    fault_flag_tried: 0,
 };
 
 /// Kernel struct offsets from BTF, set by the loader.

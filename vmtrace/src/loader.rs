@@ -6,9 +6,16 @@
 //! | hook | preferred | fallback | why |
 //! |---|---|---|---|
 //! | fault start | tp_btf `page_fault_user`/`_kernel` | classic tracepoint | tp_btf is ~30 ns/fault cheaper (docs/performance.md); needs BTF (5.5+) |
-//! | fault end | perf_event on sw PAGE_FAULTS_MIN/MAJ | — | raised in `mm_account_fault` (5.9+: kernel/events since 2.6.31) where getrusage counts |
+//! | fault end | fexit `handle_mm_fault` | perf_event on sw PAGE_FAULTS_MIN/MAJ | fexit: one program for every fault, no software-event path (~110 ns/fault here), classified as `mm_account_fault` does; needs BTF trampolines (5.5+) and no lockdown. The perf events are raised in `mm_account_fault` (5.9+) where getrusage counts. `--latency-sample 0` keeps the MAJ event only (cheapest) |
 //! | park in-flight | tp_btf `sched_switch` | classic tracepoint | same |
 //! | fork/exec/exit | tp_btf `sched_process_*` | classic tracepoint | tp_btf sees the task pointer: child tgid, exit code, kernel fault counters; the classic format lacks them |
+//! | OOM constraint + memcg | fentry `oom_kill_process` | kprobe, else none | reads `oc->constraint` and `oc->memcg` ([mm/oom_kill.c](https://elixir.bootlin.com/linux/v6.12/source/mm/oom_kill.c)); without either, userspace derives them from the victim's cgroup limit, OOM counter and peak |
+//! | OOM victim's memcg | tp_btf `mark_victim` | /proc/PID/cgroup | tp_btf sees the victim task; /proc races its exit |
+//! | shootdown IPIs | tracepoint `csd:csd_queue_cpu` (6.6+) | one per `tlb_flush` reason 4 | `ipi:ipi_send_cpu(mask)` (6.6+) carry the generic IPI handler as callback here, so csd's `func == flush_tlb_func` is what names a TLB IPI; before 6.6 neither exists |
+//! | huge-page faults | tp_btf `mm_page_alloc` | classic tracepoint | PMD-order allocation during an in-flight fault |
+//!
+//! `vmtrace check` loads everything and prints what each hook got on this
+//! kernel, with the reason for every fallback.
 //!
 //! x86 only for now: `exceptions:page_fault_*` exist on x86 (arch/x86/mm/fault.c).
 use std::os::fd::AsFd as _;
@@ -265,6 +272,8 @@ pub fn kernel_symbol(name: &str) -> Option<u64> {
 pub struct Probes {
     pub ebpf: Ebpf,
     pub attached: Vec<Attached>,
+    /// 1 in how many minor faults is timed, as attached (fexit times every one).
+    pub minor_period: u32,
     pub fault_stats: PerCpuHashMap<MapData, u32, FaultStats>,
     pub drops: PerCpuArray<MapData, u64>,
     pub events: RingBuf<MapData>,
@@ -299,7 +308,20 @@ impl Probes {
             },
             flush_tlb_func: if opts.families.tlb { kernel_symbol("flush_tlb_func").unwrap_or(0) } else { 0 },
             regions: u32::from(opts.families.regions),
-            _pad: 0,
+            vm_fault_unaccounted: vm_fault_bits(
+                &kbtf,
+                &[
+                    "VM_FAULT_OOM",
+                    "VM_FAULT_SIGBUS",
+                    "VM_FAULT_SIGSEGV",
+                    "VM_FAULT_HWPOISON",
+                    "VM_FAULT_HWPOISON_LARGE",
+                    "VM_FAULT_FALLBACK",
+                    "VM_FAULT_RETRY",
+                ],
+            ),
+            vm_fault_major: vm_fault_bits(&kbtf, &["VM_FAULT_MAJOR"]),
+            fault_flag_tried: kbtf::enum_value(&kbtf, "fault_flag", "FAULT_FLAG_TRIED").unwrap_or(0),
         };
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
@@ -313,6 +335,9 @@ impl Probes {
         let mmap_hooks: &[[Hook; 2]] = if opts.families.mmap { &MMAP_HOOKS } else { &[] };
         for hook in HOOKS.iter().chain(oom_hooks).chain(mmap_hooks.iter().flatten()) {
             attached.push(attach_hook(&mut ebpf, &btf, &kbtf, hook, opts.force_tracepoints)?);
+        }
+        if opts.families.oom {
+            attached.push(attach_oom_domain(&mut ebpf, &btf, opts.force_tracepoints));
         }
         if opts.families.regions {
             attached.push(attach_hook(&mut ebpf, &btf, &kbtf, &FILEMAP_HOOK, opts.force_tracepoints)?);
@@ -334,7 +359,8 @@ impl Probes {
                 attached.push(attach_hook(&mut ebpf, &btf, &kbtf, hook, opts.force_tracepoints)?);
             }
         }
-        attached.extend(attach_fault_end(&mut ebpf, config.minor_period)?);
+        let (ends, minor_period) = attach_fault_end(&mut ebpf, &btf, &config, opts.force_tracepoints)?;
+        attached.extend(ends);
         let fault_stats = take_map(&mut ebpf, "FAULT_STATS")?;
         let drops = take_map(&mut ebpf, "DROPS")?;
         let events = take_map(&mut ebpf, "EVENTS")?;
@@ -350,6 +376,7 @@ impl Probes {
         Ok(Self {
             ebpf,
             attached,
+            minor_period,
             fault_stats,
             drops,
             events,
@@ -449,6 +476,9 @@ impl Probes {
                 aya::programs::Program::TracePoint(p) => p.unload(),
                 aya::programs::Program::BtfTracePoint(p) => p.unload(),
                 aya::programs::Program::PerfEvent(p) => p.unload(),
+                aya::programs::Program::FExit(p) => p.unload(),
+                aya::programs::Program::FEntry(p) => p.unload(),
+                aya::programs::Program::KProbe(p) => p.unload(),
                 _ => Ok(()),
             };
             // Programs of families not asked for were never loaded.
@@ -586,9 +616,173 @@ fn try_tp(ebpf: &mut Ebpf, hook: &Hook) -> Result<(), String> {
     Ok(())
 }
 
-/// The end hooks: one perf event per CPU and kind, system-wide (filtered by tgid
-/// in the program), so children are covered from their first instruction.
-fn attach_fault_end(ebpf: &mut Ebpf, minor_period: u32) -> Result<Vec<Attached>, LoadError> {
+/// The OOM domain (the kernel's constraint, the memcg that ran out) from
+/// `oom_kill_process()`: fentry, else kprobe, else none — then userspace
+/// derives both from the victim's cgroup counters.
+fn attach_oom_domain(ebpf: &mut Ebpf, btf: &Btf, force_fallback: bool) -> Attached {
+    let what = "OOM constraint and memcg";
+    let fentry_err = if force_fallback {
+        "disabled by --force-tracepoints".to_string()
+    } else {
+        let r = (|| -> Result<(), String> {
+            let p: &mut aya::programs::FEntry = ebpf
+                .program_mut("fentry_oom_kill_process")
+                .ok_or("program missing")?
+                .try_into()
+                .map_err(|e| format!("{e}"))?;
+            p.load("oom_kill_process", btf).map_err(|e| format!("{e}"))?;
+            p.attach().map_err(|e| format!("{e}"))?;
+            Ok(())
+        })();
+        match r {
+            Ok(()) => {
+                return Attached {
+                    what,
+                    program_type: "fentry",
+                    target: "oom_kill_process".into(),
+                    fallback_reason: None,
+                }
+            }
+            Err(e) => explain_attach(&e),
+        }
+    };
+    let kprobe = (|| -> Result<(), String> {
+        let p: &mut aya::programs::KProbe = ebpf
+            .program_mut("kprobe_oom_kill_process")
+            .ok_or("program missing")?
+            .try_into()
+            .map_err(|e| format!("{e}"))?;
+        p.load().map_err(|e| format!("{e}"))?;
+        p.attach("oom_kill_process", 0).map_err(|e| format!("{e}"))?;
+        Ok(())
+    })();
+    match kprobe {
+        Ok(()) => Attached {
+            what,
+            program_type: "kprobe",
+            target: "oom_kill_process".into(),
+            fallback_reason: Some(format!("fentry: {fentry_err}")),
+        },
+        Err(e) => Attached {
+            what,
+            program_type: "none",
+            target: "oom_kill_process".into(),
+            fallback_reason: Some(format!(
+                "fentry: {fentry_err}; kprobe: {}; derived from the victim's cgroup limit, OOM counter and peak instead",
+                explain_attach(&e)
+            )),
+        },
+    }
+}
+
+/// OR of `vm_fault_reason` bits from kernel BTF (0 for names it lacks).
+fn vm_fault_bits(btf: &btf_rs::Btf, names: &[&str]) -> u32 {
+    names.iter().filter_map(|n| kbtf::enum_value(btf, "vm_fault_reason", n)).fold(0, |a, b| a | b)
+}
+
+/// The end hook: fexit on `handle_mm_fault` where allowed, else software
+/// perf events. Returns what was attached and the effective minor period.
+fn attach_fault_end(
+    ebpf: &mut Ebpf,
+    btf: &Btf,
+    config: &Config,
+    force_fallback: bool,
+) -> Result<(Vec<Attached>, u32), LoadError> {
+    // With minor latency off only majors need an end: the MAJ event costs
+    // nothing on minor faults, while fexit runs on every fault.
+    let fexit_err = if config.minor_period == 0 {
+        "minor latency off (--latency-sample 0): the MAJ perf event alone is cheaper".to_string()
+    } else if force_fallback {
+        "disabled by --force-tracepoints".to_string()
+    } else if config.vm_fault_major == 0 {
+        "no enum vm_fault_reason in kernel BTF".to_string()
+    } else {
+        match try_fexit(ebpf, btf, "fexit_handle_mm_fault", "handle_mm_fault") {
+            Ok(()) => {
+                let a = Attached {
+                    what: "fault end (every fault)",
+                    program_type: "fexit",
+                    target: "handle_mm_fault".into(),
+                    fallback_reason: None,
+                };
+                return Ok((vec![a], 1));
+            }
+            Err(e) => explain_attach(&e),
+        }
+    };
+    log::debug!("fault end: fexit unavailable ({fexit_err}); using software perf events");
+    let mut out = attach_perf_end(ebpf, config.minor_period)?;
+    // Say why fexit was not used, unless the user chose the cheaper path.
+    if config.minor_period > 0 {
+        for a in &mut out {
+            a.fallback_reason = Some(format!("fexit handle_mm_fault: {fexit_err}"));
+        }
+    }
+    Ok((out, config.minor_period))
+}
+
+/// An attach error as a person needs to hear it.
+fn explain_attach(e: &str) -> String {
+    if e.contains("Operation not permitted") {
+        match lockdown() {
+            Some(mode) => format!("refused by kernel lockdown ({mode}), which forbids fentry/fexit"),
+            None => "refused (EPERM): kernel lockdown or a security module forbids fentry/fexit here".into(),
+        }
+    } else if e.contains("devices/kprobe/type") {
+        "no kprobe PMU (/sys/bus/event_source/devices/kprobe): kprobes are not available on this kernel".into()
+    } else {
+        e.trim_end_matches("Verifier output: ").trim_end_matches(". ").to_string()
+    }
+}
+
+/// The kernel lockdown mode when one is active ("integrity", "confidentiality")
+/// and securityfs shows it.
+fn lockdown() -> Option<String> {
+    let text = std::fs::read_to_string("/sys/kernel/security/lockdown").ok()?;
+    let mode = text.split_whitespace().find(|w| w.starts_with('['))?.trim_matches(['[', ']']).to_string();
+    (mode != "none").then_some(mode)
+}
+
+/// Which program type each hook gets on this kernel: loads and attaches
+/// everything `record` would (every family), then lets it go.
+pub fn probe_selection() -> Result<Vec<Attached>, LoadError> {
+    let probes = Probes::load(&LoadOptions {
+        trace_all: false,
+        minor_period: 16,
+        force_tracepoints: false,
+        families: Families { oom: true, mmap: true, tlb: true, regions: true },
+        stacks: StackMode::User,
+        stack_period: 64,
+        leaf_region: false,
+    })?;
+    Ok(probes.attached.clone())
+}
+
+/// The probe-selection table of `vmtrace check`.
+pub fn render_selection(attached: &[Attached]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::from("\nprobe selection on this kernel (hook: program type → target):\n");
+    for a in attached {
+        let _ = writeln!(out, "  {:<28} {:<11} {}", a.what, a.program_type, a.target);
+        if let Some(why) = &a.fallback_reason {
+            let _ = writeln!(out, "  {:<28} {:<11} fallback: {why}", "", "");
+        }
+    }
+    out
+}
+
+fn try_fexit(ebpf: &mut Ebpf, btf: &Btf, prog: &str, function: &str) -> Result<(), String> {
+    let p: &mut aya::programs::FExit =
+        ebpf.program_mut(prog).ok_or("program missing")?.try_into().map_err(|e| format!("{e}"))?;
+    p.load(function, btf).map_err(|e| format!("{e}"))?;
+    p.attach().map_err(|e| format!("{e}"))?;
+    Ok(())
+}
+
+/// The perf-event end hooks: one perf event per CPU and kind, system-wide
+/// (filtered by tgid in the program), so children are covered from their
+/// first instruction.
+fn attach_perf_end(ebpf: &mut Ebpf, minor_period: u32) -> Result<Vec<Attached>, LoadError> {
     let cpus = aya::util::online_cpus().map_err(|(_, e)| LoadError::Cpus(e.to_string()))?;
     let mut out = Vec::new();
     let mut hooks = vec![("perf_event_page_faults_maj", SoftwareEvent::PageFaultsMaj, "PAGE_FAULTS_MAJ", 1)];

@@ -63,7 +63,17 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Check => {
             let checks = preflight::run_all();
             print!("{}", preflight::render(&checks));
-            Ok(i32::from(checks.iter().any(|c| c.status == preflight::Status::Missing)))
+            let missing = checks.iter().any(|c| c.status == preflight::Status::Missing);
+            if !missing {
+                match vmtrace::loader::probe_selection() {
+                    Ok(attached) => print!("{}", vmtrace::loader::render_selection(&attached)),
+                    Err(e) => {
+                        println!("\nprobe selection: loading the programs failed: {e}");
+                        return Ok(1);
+                    }
+                }
+            }
+            Ok(i32::from(missing))
         }
         Command::Demo { out } => Ok(demo::run(&out)?),
         Command::Top(a) => {

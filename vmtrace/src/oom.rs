@@ -234,8 +234,12 @@ pub struct OomRecord {
     pub victim_comm: String,
     pub trigger_pid: u32,
     pub trigger_comm: String,
-    /// "memcg", "global" or "other".
+    /// "memcg", "global", "cpuset" or "mempolicy".
     pub constraint: String,
+    /// "kernel" (read at `oom_kill_process()`) or "derived" (from the
+    /// cgroup's limit, OOM counter and peak, where that cannot be probed).
+    #[serde(default)]
+    pub constraint_source: String,
     /// The memory cgroup that ran out (memcg), else the victim's own.
     pub cgroup: Option<String>,
     pub cgroup_limit_bytes: Option<u64>,
@@ -273,6 +277,27 @@ pub fn describe(
     let victim_cgroup = memory_hierarchy()
         .and_then(|(v, root)| cgroup_path_by_id(&root, ev.victim_memcg_id).map(|p| (v, p)))
         .or(victim_cgroup);
+    // The kernel's own answer, where oom_kill_process() could be probed.
+    let kernel = kernel_constraint(ev.constraint);
+    if let (Some(k), Some((v, root))) = (kernel, memory_hierarchy()) {
+        let cgroup = if ev.oom_memcg_id != 0 { cgroup_path_by_id(&root, ev.oom_memcg_id) } else { None };
+        if k != "memcg" || cgroup.is_some() {
+            let m = cgroup.as_ref().map(|c| read_cgroup_memory(&root.join(c.trim_start_matches('/')), v));
+            let cgroup = cgroup.or_else(|| victim_cgroup.as_ref().map(|(_, p)| p.clone()));
+            let mut r = record(
+                ev,
+                k,
+                cgroup,
+                m.as_ref().and_then(|m| m.limit_bytes),
+                m.and_then(|m| m.peak_bytes),
+                in_target,
+                time_s,
+                top,
+            );
+            "kernel".clone_into(&mut r.constraint_source);
+            return r;
+        }
+    }
     let (constraint, cgroup, limit, peak) = match &victim_cgroup {
         Some((v, path)) => {
             let root = match v {
@@ -286,12 +311,38 @@ pub fn describe(
         }
         None => ("global", None, None, None),
     };
+    record(ev, constraint, cgroup, limit, peak, in_target, time_s, top)
+}
+
+/// `enum oom_constraint` + 1 as the OOM probe passes it.
+fn kernel_constraint(v: u32) -> Option<&'static str> {
+    match v {
+        1 => Some("global"),
+        2 => Some("cpuset"),
+        3 => Some("mempolicy"),
+        4 => Some("memcg"),
+        _ => None,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn record(
+    ev: &OomEvent,
+    constraint: &str,
+    cgroup: Option<String>,
+    limit: Option<u64>,
+    peak: Option<u64>,
+    in_target: bool,
+    time_s: f64,
+    top: Option<Vec<HeldRegion>>,
+) -> OomRecord {
     OomRecord {
         victim_pid: ev.victim_pid,
         victim_comm: comm_str(&ev.victim_comm),
         trigger_pid: ev.trigger_tgid,
         trigger_comm: comm_str(&ev.trigger_comm),
         constraint: constraint.into(),
+        constraint_source: "derived".into(),
         cgroup,
         cgroup_limit_bytes: limit,
         cgroup_peak_bytes: peak,

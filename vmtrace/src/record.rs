@@ -119,7 +119,6 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
         leaf_region: opts.leaf_region,
     })?;
     let mut session = Session::new(probes, families);
-    session.minor_period = opts.minor_period;
     if opts.stacks != StackMode::None {
         session.stacks = Some((opts.stacks, opts.stack_period.max(1)));
     }
@@ -136,7 +135,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     session.probes.stop_counting();
     let perf = perf.map(PerfProbe::finish);
     session.probes.detach_all();
-    let Finished { mut summary, stacks, mm_sites } = session.finish(info, opts.minor_period);
+    let Finished { mut summary, stacks, mm_sites } = session.finish(info);
     summary.perf = perf;
     let out_err = |err| RecordError::OutDir { path: opts.out.clone(), err };
     if let Some(st) = summary.stacks.as_mut() {

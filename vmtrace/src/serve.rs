@@ -174,7 +174,6 @@ pub fn serve(opts: &ServeOptions) -> Result<i32, RecordError> {
         leaf_region: false,
     })?;
     let mut session = Session::new(probes, families);
-    session.minor_period = 16;
     if let Target::Pid(pid) = opts.target {
         session.probes.trace_pid(pid).map_err(|e| RecordError::Trace(pid, e))?;
         session.table.ensure(pid);

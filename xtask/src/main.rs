@@ -2,6 +2,7 @@
 //! build, test, run the demo or benchmark. Every step says what it does and
 //! is idempotent, so a fresh machine needs nothing by hand.
 mod bench;
+mod vmtest;
 
 use std::{
     env,
@@ -40,6 +41,9 @@ enum Cmd {
     },
     /// Benchmarks: vmtrace vs untraced vs bpftrace; rewrites docs/performance.md.
     Bench(bench::BenchArgs),
+    /// Boot Debian's 6.1 and 6.12 kernels under qemu and run the privileged
+    /// fault, OOM and TLB tests inside (target/vmtest/report.md).
+    Vmtest(vmtest::VmtestArgs),
 }
 
 fn main() -> Result<()> {
@@ -66,6 +70,11 @@ fn main() -> Result<()> {
             bootstrap()?;
             build()?;
             bench::run(&root, &args)
+        }
+        Cmd::Vmtest(args) => {
+            bootstrap()?;
+            build()?;
+            vmtest::run(&root, &args).map(|_| ())
         }
     }
 }

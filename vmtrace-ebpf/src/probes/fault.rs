@@ -4,15 +4,17 @@
 //! start: `exceptions:page_fault_user` / `page_fault_kernel` (tp_btf; classic
 //!        tracepoint fallback). Counts every fault on a user address and its
 //!        access type, and stamps the per-CPU in-flight slot.
-//! end:   perf_event programs on the software events PAGE_FAULTS_MAJ (period 1)
+//! end:   fexit on `handle_mm_fault` where the kernel allows it (every fault,
+//!        classified from its return value as `mm_account_fault()` does), else
+//!        perf_event programs on the software events PAGE_FAULTS_MAJ (period 1)
 //!        and PAGE_FAULTS_MIN (period `CONFIG.minor_period`): the kernel's own
 //!        minor/major classification, and the latency since the start stamp.
 //! park:  `sched_switch` moves the slot of a thread that sleeps mid-fault (majors
 //!        wait on I/O) to a hash keyed by tid, so the fault is timed wherever it resumes.
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns},
-    macros::{btf_tracepoint, perf_event, tracepoint},
-    programs::{tracing::StackIdContext, BtfTracePointContext, PerfEventContext, TracePointContext},
+    macros::{btf_tracepoint, fexit, perf_event, tracepoint},
+    programs::{tracing::StackIdContext, BtfTracePointContext, FExitContext, PerfEventContext, TracePointContext},
 };
 use vmtrace_common::{
     granule_bucket, hist_bucket, pf, DropKind, InflightFault, StackCounts, StackKey, LEAF_GRANULE_SHIFT, PMD_ORDER,
@@ -193,23 +195,42 @@ fn stack_counts(key: &StackKey) -> Option<&'static mut StackCounts> {
 
 #[perf_event]
 pub fn perf_event_page_faults_min(ctx: PerfEventContext) -> u32 {
-    fault_end(&ctx, false);
+    // SAFETY: `addr` is the faulting address perf_sw_event() was given.
+    fault_end(unsafe { (*ctx.ctx).addr } >> 12, false);
     0
 }
 
 #[perf_event]
 pub fn perf_event_page_faults_maj(ctx: PerfEventContext) -> u32 {
-    fault_end(&ctx, true);
+    // SAFETY: as above.
+    fault_end(unsafe { (*ctx.ctx).addr } >> 12, true);
+    0
+}
+
+// vm_fault_t handle_mm_fault(struct vm_area_struct *vma, unsigned long address,
+//                            unsigned int flags, struct pt_regs *regs)
+// One program for every fault's end, cheaper than the software-event path; it
+// accounts exactly what mm_account_fault() (the perf events' source) does.
+#[fexit(function = "handle_mm_fault")]
+pub fn fexit_handle_mm_fault(ctx: FExitContext) -> i32 {
+    let address: u64 = ctx.arg(1);
+    let flags = ctx.arg::<u64>(2) as u32;
+    let regs: u64 = ctx.arg(3);
+    let ret = ctx.arg::<u64>(4) as u32;
+    let cfg = config();
+    // No regs: get_user_pages(), not a fault of the task.
+    if regs == 0 || ret & cfg.vm_fault_unaccounted != 0 {
+        return 0;
+    }
+    fault_end(address >> 12, ret & cfg.vm_fault_major != 0 || flags & cfg.fault_flag_tried != 0);
     0
 }
 
 #[inline(always)]
-fn fault_end(ctx: &PerfEventContext, major: bool) {
+fn fault_end(page: u64, major: bool) {
     let Some((tgid, tid, s)) = current_stats() else {
         return;
     };
-    // SAFETY: `addr` is the faulting address perf_sw_event() was given.
-    let page = unsafe { (*ctx.ctx).addr } >> 12;
     // SAFETY: no preconditions; the binding is merely declared unsafe.
     let now = unsafe { bpf_ktime_get_ns() };
     if major {

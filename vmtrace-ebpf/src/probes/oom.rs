@@ -7,33 +7,79 @@ use aya_ebpf::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel,
         bpf_probe_read_kernel_str_bytes,
     },
-    macros::{btf_tracepoint, map, tracepoint},
+    macros::{btf_tracepoint, fentry, kprobe, map, tracepoint},
     maps::HashMap,
-    programs::{BtfTracePointContext, TracePointContext},
+    programs::{BtfTracePointContext, FEntryContext, ProbeContext, TracePointContext},
     EbpfContext,
 };
 use vmtrace_common::{DropKind, EventHeader, EventKind, OomEvent, COMM_LEN};
 
 use crate::maps::{count_drop, current_stats, is_traced, koffsets, EVENTS, WAKE_NOW};
 
+/// The 8 bytes at `base + off`, or None for a null base or an offset this kernel lacks.
+fn read_ptr(base: *const u8, off: u32) -> Option<*const u8> {
+    if base.is_null() || off == vmtrace_common::KernelOffsets::MISSING {
+        return None;
+    }
+    // SAFETY: bpf_probe_read_kernel faults safely on a bad address.
+    unsafe { bpf_probe_read_kernel(base.add(off as usize).cast::<u64>()) }.ok().map(|p| p as *const u8)
+}
+
+/// kernfs id of a memory controller css: css->cgroup->kn->id.
+fn css_id(css: *const u8) -> Option<u64> {
+    let o = koffsets();
+    let kn = read_ptr(read_ptr(css, o.css_cgroup)?, o.cgroup_kn)?;
+    read_ptr(kn, o.kernfs_id).map(|p| p as u64)
+}
+
 /// kernfs id of `task`'s memory cgroup: task->cgroups->subsys[memory]->cgroup->kn->id.
 fn memcg_id(task: *const u8) -> u64 {
     let o = koffsets();
-    let read_ptr = |base: *const u8, off: u32| -> Option<*const u8> {
-        if base.is_null() || off == vmtrace_common::KernelOffsets::MISSING {
-            return None;
-        }
-        // SAFETY: bpf_probe_read_kernel faults safely on a bad address.
-        unsafe { bpf_probe_read_kernel(base.add(off as usize).cast::<u64>()) }.ok().map(|p| p as *const u8)
+    read_ptr(task, o.task_cgroups).and_then(|cs| read_ptr(cs, o.css_set_memory)).and_then(css_id).unwrap_or(0)
+}
+
+/// The OOM domain of a kill, by victim pid: left by the `oom_kill_process()`
+/// probe for `mark_victim`, which runs inside it.
+#[map]
+static OOM_DOMAIN: HashMap<u32, [u64; 2]> = HashMap::with_max_entries(256, 0);
+
+/// `oom_kill_process(struct oom_control *oc, const char *message)`: the
+/// kernel's own constraint and, for a memcg OOM, the cgroup that ran out.
+fn oom_kill_process(oc: *const u8) {
+    let o = koffsets();
+    let Some(chosen) = read_ptr(oc, o.oom_chosen) else { return };
+    if o.task_pid == vmtrace_common::KernelOffsets::MISSING
+        || o.oom_constraint == vmtrace_common::KernelOffsets::MISSING
+    {
+        return;
+    }
+    // SAFETY: bpf_probe_read_kernel faults safely.
+    let Ok(pid) = (unsafe { bpf_probe_read_kernel(chosen.add(o.task_pid as usize).cast::<i32>()) }) else { return };
+    // SAFETY: as above; `enum oom_constraint` is an int.
+    let Ok(constraint) = (unsafe { bpf_probe_read_kernel(oc.add(o.oom_constraint as usize).cast::<u32>()) }) else {
+        return;
     };
-    let id = || -> Option<u64> {
-        let kn = read_ptr(
-            read_ptr(read_ptr(read_ptr(task, o.task_cgroups)?, o.css_set_memory)?, o.css_cgroup)?,
-            o.cgroup_kn,
-        )?;
-        read_ptr(kn, o.kernfs_id).map(|p| p as u64)
-    };
-    id().unwrap_or(0)
+    // mem_cgroup.css is its first member on every kernel, but read the offset anyway.
+    let memcg = read_ptr(oc, o.oom_memcg)
+        .filter(|m| !m.is_null() && o.memcg_css != vmtrace_common::KernelOffsets::MISSING)
+        // SAFETY: pointer arithmetic only; reads go through bpf_probe_read_kernel.
+        .and_then(|m| css_id(unsafe { m.add(o.memcg_css as usize) }))
+        .unwrap_or(0);
+    let _ = OOM_DOMAIN.insert(&(pid as u32), &[u64::from(constraint) + 1, memcg], 0);
+}
+
+#[fentry(function = "oom_kill_process")]
+pub fn fentry_oom_kill_process(ctx: FEntryContext) -> i32 {
+    oom_kill_process(ctx.arg(0));
+    0
+}
+
+#[kprobe]
+pub fn kprobe_oom_kill_process(ctx: ProbeContext) -> u32 {
+    if let Some(oc) = ctx.arg::<*const u8>(0) {
+        oom_kill_process(oc);
+    }
+    0
 }
 
 /// Victim pid → its memory cgroup, left by the tp_btf hook (which sees the victim
@@ -92,7 +138,7 @@ fn try_tp_oom_mark_victim(ctx: &TracePointContext) -> Result<(), i32> {
             trigger_tid: pid_tgid as u32,
             uid: ctx.read_at::<u32>(48).unwrap_or(0),
             oom_score_adj: i32::from(ctx.read_at::<i16>(64).unwrap_or(0)),
-            _pad: 0,
+            constraint: 0,
             total_vm_kb: ctx.read_at::<u64>(16).unwrap_or(0),
             anon_rss_kb: ctx.read_at::<u64>(24).unwrap_or(0),
             file_rss_kb: ctx.read_at::<u64>(32).unwrap_or(0),
@@ -102,6 +148,7 @@ fn try_tp_oom_mark_victim(ctx: &TracePointContext) -> Result<(), i32> {
             trigger_comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
             victim_memcg_id: 0,
             trigger_memcg_id: memcg_id(bpf_get_current_task() as *const u8),
+            oom_memcg_id: 0,
         }
     };
     let out = slot.write(ev);
@@ -109,6 +156,12 @@ fn try_tp_oom_mark_victim(ctx: &TracePointContext) -> Result<(), i32> {
     if let Some(id) = unsafe { VICTIM_MEMCG.get(&out.victim_pid) }.copied() {
         out.victim_memcg_id = id;
         let _ = VICTIM_MEMCG.remove(&out.victim_pid);
+    }
+    // SAFETY: copied out before removal.
+    if let Some([constraint, memcg]) = unsafe { OOM_DOMAIN.get(&out.victim_pid) }.copied() {
+        out.constraint = constraint as u32;
+        out.oom_memcg_id = memcg;
+        let _ = OOM_DOMAIN.remove(&out.victim_pid);
     }
     // __data_loc: low 16 bits the offset of the string in the record, high 16 its length.
     // SAFETY: offset from the format; the helper bounds the copy.

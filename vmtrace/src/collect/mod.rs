@@ -79,7 +79,7 @@ pub struct Session {
     started_mono_ns: u64,
     /// Which optional families are traced.
     pub families: Families,
-    /// Minor-fault latency period (for derived times in streamed lines).
+    /// 1 in how many minor faults is timed, as the kernel programs were attached.
     pub minor_period: u32,
     pub ooms: Vec<OomRecord>,
     /// Flight recorder: (seconds since start, faults so far) per process, last few seconds.
@@ -200,6 +200,7 @@ fn monotonic_ns() -> u64 {
 
 impl Session {
     pub fn new(probes: Probes, families: Families) -> Self {
+        let minor_period = probes.minor_period;
         Self {
             probes,
             table: ProcessTable::default(),
@@ -207,7 +208,7 @@ impl Session {
             started: Instant::now(),
             started_mono_ns: monotonic_ns(),
             families,
-            minor_period: 16,
+            minor_period,
             ooms: Vec::new(),
             history: HashMap::new(),
             last_history: Instant::now(),
@@ -637,7 +638,8 @@ impl Session {
         (processes, totals)
     }
 
-    pub fn finish(mut self, target: TargetInfo, minor_period: u32) -> Finished {
+    pub fn finish(mut self, target: TargetInfo) -> Finished {
+        let minor_period = self.minor_period;
         self.drain();
         // The last, partial interval.
         self.last_tick -= TICK;

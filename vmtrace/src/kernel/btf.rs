@@ -77,7 +77,10 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         css_cgroup: o("cgroup_subsys_state", "cgroup")?,
         cgroup_kn: o("cgroup", "kn")?,
         kernfs_id: o("kernfs_node", "id")?,
-        _pad: 0,
+        oom_memcg: o("oom_control", "memcg")?,
+        oom_constraint: o("oom_control", "constraint")?,
+        oom_chosen: o("oom_control", "chosen")?,
+        memcg_css: o("mem_cgroup", "css")?,
     })
 }
 

@@ -80,7 +80,7 @@ impl Model {
             .all_stats()
             .into_iter()
             .map(|(pid, st)| {
-                let f = Faults::from_stats(&st, MINOR_PERIOD);
+                let f = Faults::from_stats(&st, session.minor_period);
                 let m = mm.get(&pid);
                 let cum = Cum {
                     faults: f.total,
@@ -297,7 +297,6 @@ pub fn run(opts: &TopOptions) -> Result<i32, RecordError> {
         leaf_region: false,
     })?;
     let mut session = Session::new(probes, families);
-    session.minor_period = MINOR_PERIOD;
     session.storms = StormDetector::new(opts.storm_threshold);
     install_stop_handlers();
     let log = match &opts.target {
