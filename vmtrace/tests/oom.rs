@@ -24,6 +24,13 @@ fn memcg_oom_names_victim_trigger_cgroup_and_what_it_held() {
     assert_eq!(o["victim_comm"], "vmtrace");
     assert_eq!(o["trigger_pid"], pid, "a memcg OOM is triggered by the charging task itself");
     assert_eq!(o["constraint"], "memcg");
+    // Read at oom_kill_process() where a probe can run there, derived otherwise.
+    let probed = run.summary["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["what"] == "OOM constraint and memcg" && p["program_type"] != "none");
+    assert_eq!(o["constraint_source"], if probed { "kernel" } else { "derived" }, "{o:#}");
     assert!(o["cgroup"].as_str().unwrap().ends_with(&format!("/{name}")), "{o:#}");
     assert_eq!(o["cgroup_limit_bytes"], 64u64 << 20);
     let anon = u(&o["anon_rss_kb"]);

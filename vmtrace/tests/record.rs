@@ -15,7 +15,11 @@ fn first_touch_total_equals_getrusage() {
     let f = &p["faults"];
     assert_close("total faults", u(&f["total"]), r.minflt + r.majflt, 1.0);
     assert_close("minor faults", u(&f["minor"]), r.minflt, 1.0);
-    assert_eq!(u(&f["major"]), r.majflt, "major faults");
+    // Majors against the kernel's own perf counter over the whole run: the
+    // report is read before the exit path runs, which may still fault pages in
+    // from disk (under the vmtest VM, whose files come over 9p, it does).
+    assert_eq!(u(&f["major"]), u(&run.summary["perf"]["kernel_major_faults"]), "major faults = the kernel's counter");
+    assert!(u(&f["major"]) >= r.majflt, "major faults: vmtrace {} < the workload's own {}", u(&f["major"]), r.majflt);
     assert!(u(&f["write"]) >= r.pages, "every touched page is a write fault");
     // Every fault timed when sampling is 1.
     assert_close("timed faults", u(&f["timed"]), u(&f["total"]), 1.0);

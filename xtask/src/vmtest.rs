@@ -23,6 +23,10 @@ pub struct VmtestArgs {
     /// Extra filter passed to every test binary (a test name substring).
     #[arg(long)]
     pub filter: Option<String>,
+    /// Run this shell script in the guest instead of the tests (debugging;
+    /// its output lands in target/vmtest/xchg-RELEASE/).
+    #[arg(long)]
+    pub script: Option<PathBuf>,
     /// Minutes before a guest is given up on.
     #[arg(long, default_value_t = 30)]
     pub timeout_min: u64,
@@ -98,9 +102,11 @@ mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 for m in $(cat /modules/order); do insmod /modules/$m; done
 mkdir -p /host
-mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000 host /host || echo "vmtest: cannot mount the host"
+if ! mount -t 9p -o trans=virtio,version=9p2000.L,ro host /host; then
+  echo "vmtest: cannot mount the host"; grep 9p /proc/filesystems; ls /sys/bus/virtio/devices; dmesg | tail -20
+fi
 H=/host
-mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 xchg $H/mnt
+mount -t 9p -o trans=virtio,version=9p2000.L xchg $H/mnt
 mount -t proc proc $H/proc
 mount -t sysfs sys $H/sys
 mount -t devtmpfs dev $H/dev
@@ -128,7 +134,7 @@ fn initramfs(kdir: &Path, release: &str, out: &Path) -> Result<()> {
     fs::write(root.join("init"), INIT)?;
     sh(&format!("chmod +x '{}'", root.join("init").display()))?;
     let deps = sh(&format!(
-        "modprobe -d '{}' -S {release} --show-depends 9p 9pnet_virtio virtio_pci 2>/dev/null | awk '$1==\"insmod\"{{print $2}}'",
+        "for m in 9p 9pnet_virtio virtio_pci; do modprobe -d '{}' -S {release} --show-depends $m 2>/dev/null; done | awk '$1==\"insmod\"{{print $2}}'",
         kdir.display()
     ))?;
     let mut order = String::new();
@@ -189,7 +195,7 @@ fn run_guest(root: &Path, work: &Path, series: &str, args: &VmtestArgs) -> Resul
     let bins = test_binaries(root)?;
     let vmtrace = root.join("target/release/vmtrace");
     let mut script =
-        String::from("set -u\nexport PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp\n");
+        String::from("set -u\nexport PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp VMTRACE_TEST_SCALE=10\n");
     let _ = writeln!(script, "uname -r > /mnt/uname\n'{}' check > /mnt/check 2>&1", vmtrace.display());
     let _ = writeln!(script, "fail=0");
     for (bin, test) in TESTS {
@@ -198,6 +204,9 @@ fn run_guest(root: &Path, work: &Path, series: &str, args: &VmtestArgs) -> Resul
         let _ = writeln!(script, "echo '=== {bin} {filter}' ; '{}' --test-threads 1 {filter} || fail=1", exe.display());
     }
     script.push_str("exit $fail\n");
+    if let Some(custom) = &args.script {
+        script = fs::read_to_string(custom).with_context(|| format!("reading {}", custom.display()))?;
+    }
     fs::write(xchg.join("run.sh"), script)?;
     // Where the tests write inside the read-only host: cargo's test tmpdir.
     fs::write(xchg.join("writable"), format!("{}\n", root.join("target/tmp").display()))?;
@@ -213,7 +222,20 @@ fn run_guest(root: &Path, work: &Path, series: &str, args: &VmtestArgs) -> Resul
     eprintln!("xtask: booting {release} under qemu (TCG)");
     let t0 = Instant::now();
     let mut child = Command::new("qemu-system-x86_64")
-        .args(["-accel", "tcg", "-machine", "q35", "-cpu", "max", "-smp", "2", "-m", "1G", "-nographic", "-no-reboot"])
+        .args([
+            "-accel",
+            "tcg,thread=single",
+            "-machine",
+            "q35",
+            "-cpu",
+            "max",
+            "-smp",
+            "2",
+            "-m",
+            "1G",
+            "-nographic",
+            "-no-reboot",
+        ])
         .arg("-kernel")
         .arg(&vmlinuz)
         .arg("-initrd")

@@ -152,16 +152,18 @@ fn try_tp_oom_mark_victim(ctx: &TracePointContext) -> Result<(), i32> {
         }
     };
     let out = slot.write(ev);
+    // Map keys from the stack: 6.1's verifier refuses ring-buffer memory as a key.
+    let victim = out.victim_pid;
     // SAFETY: copied out before removal.
-    if let Some(id) = unsafe { VICTIM_MEMCG.get(&out.victim_pid) }.copied() {
+    if let Some(id) = unsafe { VICTIM_MEMCG.get(&victim) }.copied() {
         out.victim_memcg_id = id;
-        let _ = VICTIM_MEMCG.remove(&out.victim_pid);
+        let _ = VICTIM_MEMCG.remove(&victim);
     }
     // SAFETY: copied out before removal.
-    if let Some([constraint, memcg]) = unsafe { OOM_DOMAIN.get(&out.victim_pid) }.copied() {
+    if let Some([constraint, memcg]) = unsafe { OOM_DOMAIN.get(&victim) }.copied() {
         out.constraint = constraint as u32;
         out.oom_memcg_id = memcg;
-        let _ = OOM_DOMAIN.remove(&out.victim_pid);
+        let _ = OOM_DOMAIN.remove(&victim);
     }
     // __data_loc: low 16 bits the offset of the string in the record, high 16 its length.
     // SAFETY: offset from the format; the helper bounds the copy.

@@ -12,6 +12,14 @@ use vmtrace::workload::Report;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_vmtrace");
 
+/// Workload divisor for slow machines: `cargo xtask vmtest` sets
+/// VMTRACE_TEST_SCALE=10 under software emulation, where every instruction
+/// costs ~50×. Tests shrink their workloads (and rate thresholds) by it rather
+/// than skip assertions.
+pub fn scale() -> u64 {
+    std::env::var("VMTRACE_TEST_SCALE").ok().and_then(|v| v.parse().ok()).filter(|&n| n >= 1).unwrap_or(1)
+}
+
 /// True when privileged tests should run. A skip needs the explicit opt-out
 /// variable and says so; otherwise a non-root run fails loudly.
 pub fn privileged(test: &str) -> bool {
