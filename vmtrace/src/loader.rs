@@ -291,8 +291,8 @@ pub struct Probes {
 
 impl Probes {
     pub fn load(opts: &LoadOptions) -> Result<Self, LoadError> {
-        let kbtf = kbtf::load_vmlinux()?;
-        let offsets = kbtf::kernel_offsets(&kbtf)?;
+        let BtfFacts { offsets, fault_bits, tp_btf } = btf_facts()?;
+        release_freed_memory();
         let btf = Btf::from_sys_fs().map_err(|e| kbtf::BtfError::Read(e.to_string()))?;
         let config = Config {
             trace_all: u32::from(opts.trace_all),
@@ -308,20 +308,9 @@ impl Probes {
             },
             flush_tlb_func: if opts.families.tlb { kernel_symbol("flush_tlb_func").unwrap_or(0) } else { 0 },
             regions: u32::from(opts.families.regions),
-            vm_fault_unaccounted: vm_fault_bits(
-                &kbtf,
-                &[
-                    "VM_FAULT_OOM",
-                    "VM_FAULT_SIGBUS",
-                    "VM_FAULT_SIGSEGV",
-                    "VM_FAULT_HWPOISON",
-                    "VM_FAULT_HWPOISON_LARGE",
-                    "VM_FAULT_FALLBACK",
-                    "VM_FAULT_RETRY",
-                ],
-            ),
-            vm_fault_major: vm_fault_bits(&kbtf, &["VM_FAULT_MAJOR"]),
-            fault_flag_tried: kbtf::enum_value(&kbtf, "fault_flag", "FAULT_FLAG_TRIED").unwrap_or(0),
+            vm_fault_unaccounted: fault_bits.0,
+            vm_fault_major: fault_bits.1,
+            fault_flag_tried: fault_bits.2,
         };
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
@@ -334,14 +323,14 @@ impl Probes {
         let oom_hooks = if opts.families.oom { OOM_HOOKS } else { &[] };
         let mmap_hooks: &[[Hook; 2]] = if opts.families.mmap { &MMAP_HOOKS } else { &[] };
         for hook in HOOKS.iter().chain(oom_hooks).chain(mmap_hooks.iter().flatten()) {
-            attached.push(attach_hook(&mut ebpf, &btf, &kbtf, hook, opts.force_tracepoints)?);
+            attached.push(attach_hook(&mut ebpf, &btf, &tp_btf, hook, opts.force_tracepoints)?);
         }
         if opts.families.oom {
             attached.push(attach_oom_domain(&mut ebpf, &btf, opts.force_tracepoints));
         }
         if opts.families.regions {
-            attached.push(attach_hook(&mut ebpf, &btf, &kbtf, &FILEMAP_HOOK, opts.force_tracepoints)?);
-            attached.push(attach_hook(&mut ebpf, &btf, &kbtf, &HUGE_HOOK, opts.force_tracepoints)?);
+            attached.push(attach_hook(&mut ebpf, &btf, &tp_btf, &FILEMAP_HOOK, opts.force_tracepoints)?);
+            attached.push(attach_hook(&mut ebpf, &btf, &tp_btf, &HUGE_HOOK, opts.force_tracepoints)?);
         }
         if opts.families.tlb {
             for hook in TLB_HOOKS {
@@ -356,7 +345,7 @@ impl Probes {
                     });
                     continue;
                 }
-                attached.push(attach_hook(&mut ebpf, &btf, &kbtf, hook, opts.force_tracepoints)?);
+                attached.push(attach_hook(&mut ebpf, &btf, &tp_btf, hook, opts.force_tracepoints)?);
             }
         }
         let (ends, minor_period) = attach_fault_end(&mut ebpf, &btf, &config, opts.force_tracepoints)?;
@@ -547,7 +536,7 @@ fn take_map<T: TryFrom<aya::maps::Map>>(ebpf: &mut Ebpf, name: &'static str) -> 
 fn attach_hook(
     ebpf: &mut Ebpf,
     btf: &Btf,
-    kbtf: &btf_rs::Btf,
+    tp_btf: &std::collections::HashSet<&'static str>,
     hook: &Hook,
     force_tp: bool,
 ) -> Result<Attached, LoadError> {
@@ -556,9 +545,7 @@ fn attach_hook(
     let btf_err = match hook.btf_prog {
         None => None,
         Some(_) if force_tp => Some("disabled by --force-tracepoints".to_string()),
-        Some(_) if !kbtf::has_btf_tracepoint(kbtf, hook.name) => {
-            Some(format!("no btf_trace_{} in kernel BTF", hook.name))
-        }
+        Some(_) if !tp_btf.contains(hook.name) => Some(format!("no btf_trace_{} in kernel BTF", hook.name)),
         Some(prog) => match try_btf(ebpf, btf, prog, hook) {
             Ok(()) => {
                 return Ok(Attached {
@@ -673,6 +660,47 @@ fn attach_oom_domain(ebpf: &mut Ebpf, btf: &Btf, force_fallback: bool) -> Attach
             )),
         },
     }
+}
+
+/// What the loader needs from the kernel's BTF (parsed by btf-rs).
+struct BtfFacts {
+    offsets: vmtrace_common::KernelOffsets,
+    /// `vm_fault_reason` bits: unaccounted (error | retry), major; FAULT_FLAG_TRIED.
+    fault_bits: (u32, u32, u32),
+    /// Hooks whose `btf_trace_*` typedef exists (tp_btf can attach).
+    tp_btf: std::collections::HashSet<&'static str>,
+}
+
+/// Reads the facts, then drops btf-rs's parse before aya parses its own copy:
+/// both at once were the collector's peak RSS (84 MiB; 55 MiB since).
+fn btf_facts() -> Result<BtfFacts, LoadError> {
+    let kbtf = kbtf::load_vmlinux()?;
+    let fault_bits = (
+        vm_fault_bits(
+            &kbtf,
+            &[
+                "VM_FAULT_OOM",
+                "VM_FAULT_SIGBUS",
+                "VM_FAULT_SIGSEGV",
+                "VM_FAULT_HWPOISON",
+                "VM_FAULT_HWPOISON_LARGE",
+                "VM_FAULT_FALLBACK",
+                "VM_FAULT_RETRY",
+            ],
+        ),
+        vm_fault_bits(&kbtf, &["VM_FAULT_MAJOR"]),
+        kbtf::enum_value(&kbtf, "fault_flag", "FAULT_FLAG_TRIED").unwrap_or(0),
+    );
+    let hooks = HOOKS.iter().chain(OOM_HOOKS).chain([&FILEMAP_HOOK, &HUGE_HOOK]).chain(TLB_HOOKS);
+    let tp_btf = hooks.filter(|h| kbtf::has_btf_tracepoint(&kbtf, h.name)).map(|h| h.name).collect();
+    Ok(BtfFacts { offsets: kbtf::kernel_offsets(&kbtf)?, fault_bits, tp_btf })
+}
+
+/// Hands memory freed after a large parse back to the system, so RSS shows
+/// what the collector holds.
+fn release_freed_memory() {
+    // SAFETY: no preconditions; glibc only.
+    unsafe { libc::malloc_trim(0) };
 }
 
 /// OR of `vm_fault_reason` bits from kernel BTF (0 for names it lacks).
