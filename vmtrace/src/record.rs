@@ -13,9 +13,13 @@ use crate::{
     kernel::preflight,
     loader::{Families, LoadError, LoadOptions, Probes},
     perf::{sampling::DataSampler, Counters, PerfSummary, Scope},
-    report::{self, summary::TargetInfo, Summary},
+    report::{
+        self,
+        summary::{KernelAccounting, TargetInfo},
+        Summary,
+    },
     stacks::StackMode,
-    target::{check_pid, pid_alive, resolve_program, wait_exit, GatedChild, Target, TargetError},
+    target::{check_pid, pid_alive, resolve_program, wait_exit_usage, GatedChild, Target, TargetError},
 };
 
 #[derive(Clone, Debug)]
@@ -127,9 +131,14 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     let (mut info, child, mut perf) = start_target(&mut session, &opts.target, opts.has(EventFamily::Perf), None)?;
     session.start_clock();
     log::info!("tracing {}", info.kind);
-    let signalled = wait_for_end(&mut session, opts, child.as_ref(), &mut info, perf.as_mut());
+    let mut usage = None;
+    let signalled = wait_for_end(&mut session, opts, child.as_ref(), &mut info, perf.as_mut(), &mut usage);
     // Exit events of the last processes may still be in flight.
     session.poll(Duration::from_millis(10));
+    // The command's own counts from wait4 replace the exit hook's read.
+    if let (Some(c), Some((minor, major))) = (child.as_ref(), usage) {
+        session.table.procs.entry(c.pid).or_default().kernel = Some(KernelAccounting { minor, major });
+    }
     // One moment for everything: stop counting, then read the kernel's own
     // counters (processes may go on faulting while the reports are built).
     session.probes.stop_counting();
@@ -251,6 +260,7 @@ fn wait_for_end(
     child: Option<&GatedChild>,
     info: &mut TargetInfo,
     mut perf: Option<&mut PerfProbe>,
+    usage: &mut Option<(u64, u64)>,
 ) -> Option<i32> {
     let deadline = opts.duration.map(|d| session.started + d);
     let mut prev = std::collections::HashMap::new();
@@ -270,8 +280,9 @@ fn wait_for_end(
             p.poll();
         }
         if let Some(c) = child {
-            if let Some(st) = wait_exit(c.pid, false) {
+            if let Some((st, u)) = wait_exit_usage(c.pid, false) {
                 info.exit_status = Some(st);
+                *usage = Some(u);
                 return None;
             }
         } else if let Target::Pid(pid) = opts.target {
@@ -289,8 +300,9 @@ fn wait_for_end(
                 unsafe { libc::kill(c.pid as i32, sig) };
                 let until = Instant::now() + Duration::from_secs(2);
                 while Instant::now() < until {
-                    if let Some(st) = wait_exit(c.pid, false) {
+                    if let Some((st, u)) = wait_exit_usage(c.pid, false) {
                         info.exit_status = Some(st);
+                        *usage = Some(u);
                         break;
                     }
                     session.poll(Duration::from_millis(20));

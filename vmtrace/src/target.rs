@@ -185,6 +185,18 @@ pub fn wait_exit(pid: u32, block: bool) -> Option<i32> {
     (r == pid as i32).then(|| shell_status(st))
 }
 
+/// Like `wait_exit`, with the child's fault counts from the kernel's rusage:
+/// (status, (minor, major)). Exact, unlike a read at the exit tracepoint, where
+/// another thread of the group may not have folded its counts in yet.
+pub fn wait_exit_usage(pid: u32, block: bool) -> Option<(i32, (u64, u64))> {
+    let mut st = 0;
+    // SAFETY: zeroed rusage is a valid out-parameter.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: wait4 on our own child with valid out-pointers.
+    let r = unsafe { libc::wait4(pid as i32, &raw mut st, if block { 0 } else { libc::WNOHANG }, &raw mut ru) };
+    (r == pid as i32).then(|| (shell_status(st), (ru.ru_minflt as u64, ru.ru_majflt as u64)))
+}
+
 /// True while a (non-child) process exists.
 pub fn pid_alive(pid: u32) -> bool {
     // SAFETY: signal 0 only checks existence.
