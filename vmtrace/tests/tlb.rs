@@ -74,7 +74,10 @@ fn single_thread_churn_sends_no_shootdowns() {
     let p = run.process(run.report("churn").pid);
     assert!(u(&p["mmap"]["munmap"]) >= n());
     let ipis = u(&p["tlb"]["ipis_sent"]);
-    assert!(ipis < 200, "no other CPU runs this mm: {ipis} IPIs");
+    // Under emulation the lone thread migrates between vCPUs often, leaving its
+    // mm on the other one for a while (and 6.1 counts one IPI per such flush).
+    let most = if scale() > 1 { n() / 4 } else { 200 };
+    assert!(ipis < most, "no other CPU runs this mm: {ipis} IPIs");
     assert_eq!(run.summary["storms"], serde_json::json!([]));
     let txt = std::fs::read_to_string(run.out.path().join("summary.txt")).unwrap();
     assert!(txt.contains("Shootdown storms: none"), "{txt}");
