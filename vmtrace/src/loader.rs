@@ -611,16 +611,7 @@ fn attach_oom_domain(ebpf: &mut Ebpf, btf: &Btf, force_fallback: bool) -> Attach
     let fentry_err = if force_fallback {
         "disabled by --force-tracepoints".to_string()
     } else {
-        let r = (|| -> Result<(), String> {
-            let p: &mut aya::programs::FEntry = ebpf
-                .program_mut("fentry_oom_kill_process")
-                .ok_or("program missing")?
-                .try_into()
-                .map_err(|e| format!("{e}"))?;
-            p.load("oom_kill_process", btf).map_err(|e| format!("{e}"))?;
-            p.attach().map_err(|e| format!("{e}"))?;
-            Ok(())
-        })();
+        let r = try_fentry(ebpf, btf, "fentry_oom_kill_process", "oom_kill_process");
         match r {
             Ok(()) => {
                 return Attached {
@@ -797,6 +788,14 @@ pub fn render_selection(attached: &[Attached]) -> String {
         }
     }
     out
+}
+
+fn try_fentry(ebpf: &mut Ebpf, btf: &Btf, prog: &str, function: &str) -> Result<(), String> {
+    let p: &mut aya::programs::FEntry =
+        ebpf.program_mut(prog).ok_or("program missing")?.try_into().map_err(|e| format!("{e}"))?;
+    p.load(function, btf).map_err(|e| format!("{e}"))?;
+    p.attach().map_err(|e| format!("{e}"))?;
+    Ok(())
 }
 
 fn try_fexit(ebpf: &mut Ebpf, btf: &Btf, prog: &str, function: &str) -> Result<(), String> {

@@ -96,15 +96,21 @@ pub fn preflight() -> Result<(), RecordError> {
     preflight::require(&checks).map_err(RecordError::Preflight)
 }
 
-pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
-    // Cheap user errors first: they need no privileges to report.
-    match &opts.target {
+/// A command that exists and can run, or a pid that exists.
+pub fn check_target(target: &Target) -> Result<(), RecordError> {
+    match target {
         Target::Command(argv) => {
             resolve_program(argv.first().ok_or(TargetError::Empty)?)?;
         }
         Target::Pid(pid) => check_pid(*pid)?,
         Target::System => {}
     }
+    Ok(())
+}
+
+pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
+    // Cheap user errors first: they need no privileges to report.
+    check_target(&opts.target)?;
     prepare_out_dir(&opts.out)?;
     preflight()?;
     let families = Families {

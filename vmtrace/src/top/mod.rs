@@ -23,10 +23,10 @@ use crate::{
     collect::{install_stop_handlers, stop_signal, storms::StormDetector, Session},
     loader::{Families, LoadOptions, Probes},
     procmaps::RegionKind,
-    record::{preflight, start_target, PerfProbe, RecordError},
+    record::{check_target, preflight, start_target, PerfProbe, RecordError},
     report::summary::Faults,
     stacks::{symbolize::Names, StackMode},
-    target::{check_pid, pid_alive, resolve_program, wait_exit, GatedChild, Target, TargetError},
+    target::{pid_alive, wait_exit, GatedChild, Target},
 };
 
 pub struct TopOptions {
@@ -273,13 +273,7 @@ fn describe(target: &Target) -> String {
 }
 
 pub fn run(opts: &TopOptions) -> Result<i32, RecordError> {
-    match &opts.target {
-        Target::Command(argv) => {
-            resolve_program(argv.first().ok_or(TargetError::Empty)?)?;
-        }
-        Target::Pid(pid) => check_pid(*pid)?,
-        Target::System => {}
-    }
+    check_target(&opts.target)?;
     if !std::io::stdout().is_terminal() {
         return Err(RecordError::Preflight(
             "vmtrace top draws a full-screen view and needs a terminal, but stdout is not one\nhint: to pipe live data, use `vmtrace record --stream json`".into(),
