@@ -55,29 +55,17 @@ fn label(v: &str) -> String {
 /// The exposition text for the current state of the trace.
 fn render(session: &mut Session, labeled: &mut BTreeSet<u32>, top: usize) -> String {
     let mut per: BTreeMap<u32, Counts> = BTreeMap::new();
-    let mut put = |pid: u32, f: &Faults| {
+    // Live processes from the kernel maps, exited ones from what was taken at their exit.
+    for (pid, s) in session.stats_totals() {
+        let f = Faults::from_stats(&s, session.minor_period);
         let c = per.entry(pid).or_default();
         c.minor += f.minor;
         c.major += f.major;
         c.cow += f.cow;
         c.fault_ns += f.time_ns;
-    };
-    // Live processes from the kernel map, exited ones from what was taken at their exit.
-    for (pid, s) in session.probes.all_stats() {
-        put(pid, &Faults::from_stats(&s, session.minor_period));
     }
-    for (pid, p) in &session.table.procs {
-        if let Some(s) = &p.stats {
-            put(*pid, &Faults::from_stats(s, session.minor_period));
-        }
-    }
-    for (pid, m) in session.probes.all_mm() {
+    for (pid, m) in session.mm_totals() {
         per.entry(pid).or_default().ipis += m.ipis_sent;
-    }
-    for (pid, p) in &session.table.procs {
-        if let Some(m) = &p.mm {
-            per.entry(*pid).or_default().ipis += m.ipis_sent;
-        }
     }
     let mut series: BTreeMap<(String, String), Counts> = BTreeMap::new();
     for (pid, c) in per {

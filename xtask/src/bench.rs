@@ -290,26 +290,13 @@ fn median(v: &[f64]) -> f64 {
     s[s.len() / 2]
 }
 
-fn ensure_tools() -> Result<()> {
-    for (bin, flag, pkg) in [("bpftrace", "--version", "bpftrace"), ("perf", "--version", "linux-perf")] {
-        if Command::new(bin).arg(flag).output().is_ok_and(|o| o.status.success()) {
-            continue;
-        }
-        eprintln!("xtask: installing {pkg}, a peer to compare with (apt-get install -y {pkg})");
-        let script = format!("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {pkg}");
-        if !Command::new("sh").args(["-c", &script]).status()?.success() {
-            bail!("installing {pkg} failed; install it by hand (apt-get install {pkg})");
-        }
-    }
-    Ok(())
-}
-
 pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     let env = Env { vmtrace: root.join("target/release/vmtrace"), out: std::env::temp_dir().join("vmtrace-bench-out") };
     if let Some(secs) = args.soak {
         return soak(root, &env, args, secs);
     }
-    ensure_tools()?;
+    crate::ensure_tool(&["bpftrace"], "bpftrace", "a peer to compare with")?;
+    crate::ensure_tool(&["perf"], "linux-perf", "a peer to compare with")?;
     // On disk (target/ is not tmpfs), so a cold read is disk I/O.
     let dir = root.join("target/bench");
     std::fs::create_dir_all(&dir)?;

@@ -46,11 +46,7 @@ fn package_pattern(series: &str) -> Result<&'static str> {
 }
 
 fn sh(script: &str) -> Result<String> {
-    let out = Command::new("sh").args(["-c", script]).output()?;
-    if !out.status.success() {
-        bail!("`{script}` failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    crate::output(Command::new("sh").args(["-c", script]))
 }
 
 fn ensure_packages() -> Result<()> {
@@ -182,14 +178,13 @@ pub struct Outcome {
     pub summary: String,
 }
 
-fn run_guest(root: &Path, work: &Path, series: &str, args: &VmtestArgs) -> Result<Outcome> {
+fn run_guest(root: &Path, work: &Path, bins: &[(String, PathBuf)], series: &str, args: &VmtestArgs) -> Result<Outcome> {
     let (kdir, release) = kernel(work, series)?;
     let initrd = work.join(format!("initramfs-{release}.cpio.gz"));
     initramfs(&kdir, &release, &initrd)?;
     let xchg = work.join(format!("xchg-{release}"));
     let _ = fs::remove_dir_all(&xchg);
     fs::create_dir_all(&xchg)?;
-    let bins = test_binaries(root)?;
     let vmtrace = root.join("target/release/vmtrace");
     let mut script =
         String::from("set -u\nexport PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp VMTRACE_TEST_SCALE=10\n");
@@ -291,9 +286,10 @@ pub fn run(root: &Path, args: &VmtestArgs) -> Result<Vec<Outcome>> {
     let work = root.join("target/vmtest");
     fs::create_dir_all(&work)?;
     let series: Vec<&str> = if args.kernel == "all" { vec!["6.1", "6.12"] } else { vec![args.kernel.as_str()] };
+    let bins = test_binaries(root)?;
     let mut out = Vec::new();
     for s in series {
-        out.push(run_guest(root, &work, s, args)?);
+        out.push(run_guest(root, &work, &bins, s, args)?);
     }
     let mut report = String::new();
     for o in &out {

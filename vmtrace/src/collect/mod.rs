@@ -347,13 +347,19 @@ impl Session {
         }
     }
 
-    /// Streamed events and samples lost so far (what summary.json calls
-    /// `lost_events`): untimed faults and stack misses are not events.
+    /// Streamed events and samples lost so far: summary.json's `lost_events`,
+    /// also in streamed lines and `top`. Untimed faults, stack misses and
+    /// faults not placed in a region are counted, just with less detail: they
+    /// have their own `drops` entries.
     pub fn lost_events(&self) -> u64 {
-        let skipped =
-            [DropKind::FaultUntimed as usize, DropKind::StackLost as usize, DropKind::StackCountsFull as usize];
+        let not_lost = [
+            DropKind::FaultUntimed as usize,
+            DropKind::StackLost as usize,
+            DropKind::StackCountsFull as usize,
+            DropKind::RegionStatsFull as usize,
+        ];
         let drops: u64 =
-            self.probes.drops().iter().enumerate().filter(|(i, _)| !skipped.contains(i)).map(|(_, n)| n).sum();
+            self.probes.drops().iter().enumerate().filter(|(i, _)| !not_lost.contains(i)).map(|(_, n)| n).sum();
         drops + self.malformed_events
     }
 
@@ -491,9 +497,18 @@ impl Session {
         self.probes.flush_logs();
     }
 
-    /// Reads the in-kernel aggregates and builds the summary.
+    /// Fault aggregates of every process: taken at exit, or still in the map.
+    pub(crate) fn stats_totals(&self) -> BTreeMap<u32, FaultStats> {
+        let mut all: BTreeMap<u32, FaultStats> =
+            self.table.procs.iter().filter_map(|(pid, p)| p.stats.map(|s| (*pid, s))).collect();
+        for (tgid, s) in self.probes.all_stats() {
+            all.entry(tgid).or_default().merge(&s);
+        }
+        all
+    }
+
     /// mmap/TLB aggregates of every process: taken at exit, or still in the map.
-    fn mm_totals(&self) -> BTreeMap<u32, MmStats> {
+    pub(crate) fn mm_totals(&self) -> BTreeMap<u32, MmStats> {
         let mut all: BTreeMap<u32, MmStats> =
             self.table.procs.iter().filter_map(|(pid, p)| p.mm.map(|m| (*pid, m))).collect();
         for (tgid, m) in self.probes.all_mm() {
@@ -650,12 +665,7 @@ impl Session {
         let attributed = self.families.regions.then(|| self.build_regions());
         let mm = self.mm_totals();
         let duration_s = self.started.elapsed().as_secs_f64();
-        // Exited processes' aggregates were taken at their exit; the rest are still in the map.
-        let mut stats: std::collections::BTreeMap<u32, FaultStats> =
-            self.table.procs.iter().filter_map(|(pid, p)| p.stats.map(|s| (*pid, s))).collect();
-        for (tgid, s) in self.probes.all_stats() {
-            stats.entry(tgid).or_default().merge(&s);
-        }
+        let stats = self.stats_totals();
         let drops_raw = self.probes.drops();
         let d = |k: DropKind| drops_raw.get(k as usize).copied().unwrap_or(0);
         let drops = Drops {
@@ -689,7 +699,7 @@ impl Session {
             version: SUMMARY_VERSION,
             target,
             duration_s,
-            lost_events: drops.task_events + drops.fault_stats_full + drops.traced_full + drops.mm,
+            lost_events: self.lost_events(),
             processes,
             totals,
             sampling: Sampling { minor_latency_period: minor_period, time_estimated },

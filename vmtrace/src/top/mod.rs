@@ -128,7 +128,6 @@ impl Model {
         Snapshot {
             target: String::new(),
             uptime_s: now_s,
-            interval_s: dt,
             total,
             total_faults: all,
             procs,

@@ -123,7 +123,6 @@ pub struct RegionRow {
 pub struct Snapshot {
     pub target: String,
     pub uptime_s: f64,
-    pub interval_s: f64,
     pub total: Rates,
     pub total_faults: u64,
     pub procs: Vec<ProcRow>,

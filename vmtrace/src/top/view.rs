@@ -219,7 +219,6 @@ mod tests {
         Snapshot {
             target: "pid 4242".into(),
             uptime_s: 12.0,
-            interval_s: 1.0,
             total: Rates {
                 faults: 612_300.0,
                 major: 12_300.0,
