@@ -141,7 +141,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     let signalled = wait_for_end(&mut session, opts, child.as_ref(), &mut info, perf.as_mut(), &mut usage);
     // Exit events of the last processes may still be in flight.
     session.poll(Duration::from_millis(10));
-    // The command's own counts from wait4 replace the exit hook's read.
+    // The command's own counts, read before reaping it, replace the exit hook's read.
     if let (Some(c), Some((minor, major))) = (child.as_ref(), usage) {
         session.table.procs.entry(c.pid).or_default().kernel = Some(KernelAccounting { minor, major });
     }

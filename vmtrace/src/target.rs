@@ -185,16 +185,31 @@ pub fn wait_exit(pid: u32, block: bool) -> Option<i32> {
     (r == pid as i32).then(|| shell_status(st))
 }
 
-/// Like `wait_exit`, with the child's fault counts from the kernel's rusage:
-/// (status, (minor, major)). Exact, unlike a read at the exit tracepoint, where
-/// another thread of the group may not have folded its counts in yet.
+/// Like `wait_exit`, with the child's own fault counts: (status, (minor,
+/// major)), read from /proc/PID/stat while it is a zombie, before reaping it.
+/// By then every thread has folded its counts into the process's, which a read
+/// at the exit tracepoint cannot promise; wait4's rusage would add the
+/// children it reaped.
 pub fn wait_exit_usage(pid: u32, block: bool) -> Option<(i32, (u64, u64))> {
-    let mut st = 0;
-    // SAFETY: zeroed rusage is a valid out-parameter.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: wait4 on our own child with valid out-pointers.
-    let r = unsafe { libc::wait4(pid as i32, &raw mut st, if block { 0 } else { libc::WNOHANG }, &raw mut ru) };
-    (r == pid as i32).then(|| (shell_status(st), (ru.ru_minflt as u64, ru.ru_majflt as u64)))
+    // SAFETY: zeroed siginfo is a valid out-parameter.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let flags = libc::WEXITED | libc::WNOWAIT | if block { 0 } else { libc::WNOHANG };
+    // SAFETY: waitid on our own child with a valid out-pointer; WNOWAIT leaves it unreaped.
+    let r = unsafe { libc::waitid(libc::P_PID, pid, &raw mut info, flags) };
+    // SAFETY: si_pid is valid for a CLD_* siginfo; 0 when nothing has exited (WNOHANG).
+    if r != 0 || unsafe { info.si_pid() } == 0 {
+        return None;
+    }
+    let usage = own_faults(pid).unwrap_or((0, 0));
+    wait_exit(pid, true).map(|st| (st, usage))
+}
+
+/// (minflt, majflt) of a process from /proc/PID/stat: its own, without children.
+fn own_faults(pid: u32) -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After "(comm)": state, ppid, pgrp, session, tty_nr, tpgid, flags, minflt, cminflt, majflt.
+    let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some((f.get(7)?.parse().ok()?, f.get(9)?.parse().ok()?))
 }
 
 /// True while a (non-child) process exists.
@@ -232,6 +247,16 @@ mod tests {
         assert_eq!(wait_exit(c.pid, false), None, "child ran before release");
         c.release().unwrap();
         assert_eq!(wait_exit(c.pid, true), Some(7));
+    }
+
+    #[test]
+    fn exited_child_is_reaped_with_its_status_and_faults() {
+        let mut c = GatedChild::spawn(&["sh".into(), "-c".into(), "exit 3".into()]).unwrap();
+        c.release().unwrap();
+        let (st, (minor, _)) = wait_exit_usage(c.pid, true).unwrap();
+        assert_eq!(st, 3);
+        assert!(minor > 0, "a shell takes some faults of its own");
+        assert_eq!(wait_exit_usage(c.pid, false), None, "reaped");
     }
 
     #[test]

@@ -89,6 +89,13 @@ fn forked_children_are_followed_with_their_exit_codes() {
     codes.sort_unstable();
     assert_eq!(codes, [10, 11]);
     assert_eq!(run.process(parent.pid)["exit_code"], 3);
+    // The kernel's count at exit is the parent's own, not its children's 16,384.
+    let own = u(&run.process(parent.pid)["kernel_accounting"]["minor"]);
+    assert!(
+        own >= parent.minflt && own < parent.minflt + 1000,
+        "parent's own faults at exit: {own}, its getrusage before exiting: {}",
+        parent.minflt
+    );
 }
 
 #[test]
