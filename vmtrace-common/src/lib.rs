@@ -620,8 +620,28 @@ pub struct Config {
     pub vm_fault_unaccounted: u32,
     pub vm_fault_major: u32,
     pub fault_flag_tried: u32,
+    /// 1: user stacks are walked by the programs themselves (`USER_STACKS`,
+    /// needs `bpf_task_pt_regs`, 5.15+); 0: `bpf_get_stackid` into `STACKS`.
+    pub user_walk: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 48);
+const _: () = assert!(core::mem::size_of::<Config>() == 56);
+
+/// Deepest user stack recorded: the kernel's own limit (PERF_MAX_STACK_DEPTH).
+pub const USER_STACK_DEPTH: usize = 127;
+
+/// A user stack walked through frame pointers by the programs (`USER_STACKS`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UserStack {
+    /// 64-bit hash of the frames: the map is keyed by 31 bits of it, so this
+    /// tells a stored stack from a colliding one.
+    pub hash: u64,
+    pub nr: u64,
+    /// Innermost first: the faulting instruction, then return addresses.
+    pub ips: [u64; USER_STACK_DEPTH],
+}
+const _: () = assert!(core::mem::size_of::<UserStack>() == 1032);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -629,6 +649,7 @@ mod pod {
     // (checked by the size asserts above).
     unsafe impl aya::Pod for super::FaultStats {}
     unsafe impl aya::Pod for super::InflightFault {}
+    unsafe impl aya::Pod for super::UserStack {}
     unsafe impl aya::Pod for super::StackKey {}
     unsafe impl aya::Pod for super::StackCounts {}
     unsafe impl aya::Pod for super::MmStats {}

@@ -1,10 +1,12 @@
 //! vmtrace kernel programs. One module per probe family under `probes/`;
-//! the maps and read-only globals they share live in `maps.rs`.
+//! the maps and read-only globals they share live in `maps.rs`; the user-stack
+//! walker in `ustack.rs`.
 #![no_std]
 #![no_main]
 
 mod maps;
 mod probes;
+mod ustack;
 
 #[cfg(not(test))]
 #[panic_handler]

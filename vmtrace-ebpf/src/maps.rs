@@ -35,6 +35,8 @@ static CONFIG: Config = Config {
     vm_fault_unaccounted: 0,
     vm_fault_major: 0,
     fault_flag_tried: 0,
+    user_walk: 0,
+    _pad: 0,
 };
 
 /// Kernel struct offsets from BTF, set by the loader.
@@ -83,10 +85,11 @@ pub static STACKS: StackTrace = StackTrace::with_max_entries(16_384, 0);
 #[map]
 pub static FAULT_STACKS: PerCpuHashMap<StackKey, StackCounts> = PerCpuHashMap::with_max_entries(65_536, 0);
 
-/// The current user stack's id in `STACKS` (-2 when it cannot be stored).
-/// The walk reads user memory through frame pointers and may fault; those
-/// nested faults re-enter the fault hooks, which skip them while this CPU's
-/// slot says it is walking (the kernel never accounts them).
+/// The current user stack's id: in `USER_STACKS` where the programs walk it
+/// themselves (`Config::user_walk`), else in `STACKS`; -2 when it cannot be
+/// stored. The walk reads user memory through frame pointers and may fault;
+/// those nested faults re-enter the fault hooks, which skip them while this
+/// CPU's slot says it is walking (the kernel never accounts them).
 #[inline(always)]
 pub fn user_stack_id<C: StackIdContext>(ctx: &C) -> i32 {
     let slot = FAULT_SLOT.get_ptr_mut(0);
@@ -94,7 +97,13 @@ pub fn user_stack_id<C: StackIdContext>(ctx: &C) -> i32 {
         // SAFETY: this CPU's slot; BPF programs on one CPU do not interleave.
         unsafe { (*s).walking = 1 };
     }
-    let id = ctx.get_stackid(&STACKS, u64::from(BPF_F_USER_STACK)).map_or(-2, |id| id as i32);
+    // A constant of the frozen CONFIG: the verifier drops the branch not
+    // taken, so kernels without bpf_task_pt_regs load the other.
+    let id = if config().user_walk != 0 {
+        crate::ustack::walk()
+    } else {
+        ctx.get_stackid(&STACKS, u64::from(BPF_F_USER_STACK)).map_or(-2, |id| id as i32)
+    };
     if let Some(s) = slot {
         // SAFETY: as above.
         unsafe { (*s).walking = 0 };

@@ -13,6 +13,7 @@
 //! | OOM victim's memcg | tp_btf `mark_victim` | /proc/PID/cgroup | tp_btf sees the victim task; /proc races its exit |
 //! | shootdown IPIs | tracepoint `csd:csd_queue_cpu` (6.6+) | one per `tlb_flush` reason 4 | `ipi:ipi_send_cpu(mask)` (6.6+) carry the generic IPI handler as callback here, so csd's `func == flush_tlb_func` is what names a TLB IPI; before 6.6 neither exists |
 //! | huge-page faults | tp_btf `mm_page_alloc` | classic tracepoint | PMD-order allocation during an in-flight fault |
+//! | user stacks | own frame-pointer walk (`bpf_task_pt_regs`, 5.15+) | `bpf_get_stackid` | the kernel's walker reads the frame at address 0 that ends every chain: a fault and its fixup per stack (~1 µs here) |
 //!
 //! `vmtrace check` loads everything and prints what each hook got on this
 //! kernel, with the reason for every fallback.
@@ -279,6 +280,8 @@ pub struct Probes {
     pub events: RingBuf<MapData>,
     pub fault_stacks: PerCpuHashMap<MapData, StackKey, StackCounts>,
     pub stack_traces: StackTraceMap<MapData>,
+    /// User stacks walked by the programs; `None`: they are in `stack_traces`.
+    pub user_stacks: Option<aya::maps::HashMap<MapData, u32, vmtrace_common::UserStack>>,
     pub mm_stats: PerCpuHashMap<MapData, u32, MmStats>,
     pub mm_stacks: PerCpuHashMap<MapData, MmStackKey, MmStackCounts>,
     pub totals: PerCpuArray<MapData, u64>,
@@ -291,7 +294,7 @@ pub struct Probes {
 
 impl Probes {
     pub fn load(opts: &LoadOptions) -> Result<Self, LoadError> {
-        let BtfFacts { offsets, fault_bits, tp_btf } = btf_facts()?;
+        let BtfFacts { offsets, fault_bits, tp_btf, user_walk } = btf_facts()?;
         release_freed_memory();
         let btf = Btf::from_sys_fs().map_err(|e| kbtf::BtfError::Read(e.to_string()))?;
         let config = Config {
@@ -311,6 +314,8 @@ impl Probes {
             vm_fault_unaccounted: fault_bits.0,
             vm_fault_major: fault_bits.1,
             fault_flag_tried: fault_bits.2,
+            user_walk: u32::from(user_walk),
+            _pad: 0,
         };
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
@@ -350,11 +355,15 @@ impl Probes {
         }
         let (ends, minor_period) = attach_fault_end(&mut ebpf, &btf, &config, opts.force_tracepoints)?;
         attached.extend(ends);
+        if opts.stacks.bits() & vmtrace_common::STACK_USER != 0 {
+            attached.push(user_stack_selection(user_walk));
+        }
         let fault_stats = take_map(&mut ebpf, "FAULT_STATS")?;
         let drops = take_map(&mut ebpf, "DROPS")?;
         let events = take_map(&mut ebpf, "EVENTS")?;
         let fault_stacks = take_map(&mut ebpf, "FAULT_STACKS")?;
         let stack_traces = take_map(&mut ebpf, "STACKS")?;
+        let user_stacks = if user_walk { Some(take_map(&mut ebpf, "USER_STACKS")?) } else { None };
         let mm_stats = take_map(&mut ebpf, "MM_STATS")?;
         let mm_stacks = take_map(&mut ebpf, "MM_STACKS")?;
         let totals = take_map(&mut ebpf, "TOTALS")?;
@@ -371,6 +380,7 @@ impl Probes {
             events,
             fault_stacks,
             stack_traces,
+            user_stacks,
             mm_stats,
             mm_stacks,
             totals,
@@ -435,6 +445,13 @@ impl Probes {
     pub fn stack_ips(&self, id: i32) -> Option<Vec<u64>> {
         let id = u32::try_from(id).ok()?;
         self.stack_traces.get(&id, 0).ok().map(|t| t.frames().iter().map(|f| f.ip).collect())
+    }
+
+    /// A user stack's frames, innermost first, wherever the programs stored it.
+    pub fn user_stack_ips(&self, id: i32) -> Option<Vec<u64>> {
+        let Some(map) = &self.user_stacks else { return self.stack_ips(id) };
+        let s = map.get(&u32::try_from(id).ok()?, 0).ok()?;
+        Some(s.ips[..(s.nr as usize).min(s.ips.len())].to_vec())
     }
 
     /// Every aggregate still in the kernel map, summed over CPUs.
@@ -660,6 +677,8 @@ struct BtfFacts {
     fault_bits: (u32, u32, u32),
     /// Hooks whose `btf_trace_*` typedef exists (tp_btf can attach).
     tp_btf: std::collections::HashSet<&'static str>,
+    /// `bpf_task_pt_regs` exists: the programs walk user stacks themselves.
+    user_walk: bool,
 }
 
 /// Reads the facts, then drops btf-rs's parse before aya parses its own copy:
@@ -684,7 +703,9 @@ fn btf_facts() -> Result<BtfFacts, LoadError> {
     );
     let hooks = HOOKS.iter().chain(OOM_HOOKS).chain([&FILEMAP_HOOK, &HUGE_HOOK]).chain(TLB_HOOKS);
     let tp_btf = hooks.filter(|h| kbtf::has_btf_tracepoint(&kbtf, h.name)).map(|h| h.name).collect();
-    Ok(BtfFacts { offsets: kbtf::kernel_offsets(&kbtf)?, fault_bits, tp_btf })
+    // The programs walk user stacks themselves where bpf_task_pt_regs exists (5.15+).
+    let user_walk = kbtf::enum_value(&kbtf, "bpf_func_id", "BPF_FUNC_task_pt_regs").is_some();
+    Ok(BtfFacts { offsets: kbtf::kernel_offsets(&kbtf)?, fault_bits, tp_btf, user_walk })
 }
 
 /// Hands memory freed after a large parse back to the system, so RSS shows
@@ -775,6 +796,18 @@ pub fn probe_selection() -> Result<Vec<Attached>, LoadError> {
         leaf_region: false,
     })?;
     Ok(probes.attached.clone())
+}
+
+/// How user stacks are taken: a row of the probe selection.
+fn user_stack_selection(user_walk: bool) -> Attached {
+    Attached {
+        what: "user stacks",
+        program_type: if user_walk { "own walk" } else { "stackid" },
+        target: if user_walk { "frame pointers, USER_STACKS" } else { "bpf_get_stackid, STACKS" }.into(),
+        fallback_reason: (!user_walk).then(|| {
+            "no bpf_task_pt_regs (before 5.15): the kernel's walker, which faults on the frame at address 0 ending each chain (~1 µs per stack)".into()
+        }),
+    }
 }
 
 /// The probe-selection table of `vmtrace check`.

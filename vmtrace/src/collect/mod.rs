@@ -266,7 +266,8 @@ impl Session {
         let mut out = Vec::new();
         let mut by_pid: HashMap<u32, Vec<RawStack>> = HashMap::new();
         for (k, c) in raw {
-            let user = if k.user_stack >= 0 { self.probes.stack_ips(k.user_stack).unwrap_or_default() } else { vec![] };
+            let user =
+                if k.user_stack >= 0 { self.probes.user_stack_ips(k.user_stack).unwrap_or_default() } else { vec![] };
             let kernel =
                 if k.kernel_stack >= 0 { self.probes.stack_ips(k.kernel_stack).unwrap_or_default() } else { vec![] };
             by_pid.entry(k.tgid).or_default().push((k, c, user, kernel));
@@ -559,7 +560,7 @@ impl Session {
             self.table.snapshot_maps(tgid);
         }
         let maps = self.table.ensure(tgid).maps.clone();
-        let ips = if user_stack >= 0 { self.probes.stack_ips(user_stack).unwrap_or_default() } else { vec![] };
+        let ips = if user_stack >= 0 { self.probes.user_stack_ips(user_stack).unwrap_or_default() } else { vec![] };
         names.prepare_user(&ips, &maps);
         let mut frames: Vec<String> = ips.iter().rev().map(|&a| names.user(a, &maps, None)).collect();
         if user_stack == -2 {

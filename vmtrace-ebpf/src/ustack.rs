@@ -1,0 +1,106 @@
+//! User stacks walked by the programs themselves through frame pointers.
+//!
+//! Why not `bpf_get_stackid(BPF_F_USER_STACK)`: the kernel's walker
+//! (`perf_callchain_user`) reads the frame at address 0 that ends every chain
+//! (`_start` clears rbp), which takes a page fault and its exception fixup on
+//! every walk — ~1 µs here, most of the walk's cost. This walk stops there.
+use aya_ebpf::{
+    bindings::pt_regs,
+    helpers::{bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_probe_read_user, bpf_task_pt_regs},
+    macros::map,
+    maps::{HashMap, PerCpuArray},
+};
+use vmtrace_common::{UserStack, USER_STACK_DEPTH};
+
+/// Walked user stacks by id (31 bits of their hash; see `store`). Not
+/// preallocated: 16k stacks of 1 KiB would pin 16 MiB up front.
+#[map]
+pub static USER_STACKS: HashMap<u32, UserStack> =
+    HashMap::with_max_entries(16_384, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
+
+/// This CPU's stack being walked (too big for the BPF stack).
+#[map]
+static SCRATCH: PerCpuArray<UserStack> = PerCpuArray::with_max_entries(1, 0);
+
+/// Above every user address on x86-64 (5-level paging included).
+const USER_END: u64 = 1 << 56;
+
+/// Walks the current task's user stack and stores it: its id in `USER_STACKS`,
+/// or -2 when it cannot be read or stored.
+#[inline(always)]
+pub fn walk() -> i32 {
+    let Some(s) = SCRATCH.get_ptr_mut(0) else { return -2 };
+    // SAFETY: this CPU's scratch; programs on one CPU do not interleave.
+    let s = unsafe { &mut *s };
+    // SAFETY: the current task is valid for the program's run; the user-mode
+    // registers saved at kernel entry are at the top of its kernel stack.
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
+    // SAFETY: bpf_probe_read_kernel faults safely.
+    let (Ok(ip), Ok(mut fp)) =
+        (unsafe { bpf_probe_read_kernel(&(*regs).rip) }, unsafe { bpf_probe_read_kernel(&(*regs).rbp) })
+    else {
+        return -2;
+    };
+    s.ips[0] = ip;
+    let mut h = mix(0x9e37_79b9_7f4a_7c15 ^ ip);
+    let mut nr = 1;
+    for i in 1..USER_STACK_DEPTH {
+        if fp == 0 || fp & 7 != 0 || fp >= USER_END {
+            break;
+        }
+        // SAFETY: bpf_probe_read_user faults safely; [saved fp, return address].
+        let Ok([next, ret]) = (unsafe { bpf_probe_read_user(fp as *const [u64; 2]) }) else { break };
+        if ret == 0 {
+            break;
+        }
+        if let Some(slot) = s.ips.get_mut(i) {
+            *slot = ret;
+        }
+        h = mix(h ^ ret);
+        nr = i + 1;
+        // A frame chain climbs the stack; anything else is not a chain (code
+        // without frame pointers leaves rbp as a general register).
+        if next <= fp {
+            break;
+        }
+        fp = next;
+    }
+    s.nr = nr as u64;
+    s.hash = h;
+    store(s)
+}
+
+#[inline(always)]
+fn mix(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^ (h >> 33)
+}
+
+/// Stores `s` under 31 bits of its hash, probing the next ids on a
+/// collision; the full hash in the value tells stacks apart.
+#[inline(always)]
+fn store(s: &UserStack) -> i32 {
+    let base = (s.hash >> 33) as u32;
+    for probe in 0..4u32 {
+        let id = base.wrapping_add(probe) & 0x7fff_ffff;
+        // SAFETY: read-only look at a live value.
+        if let Some(v) = unsafe { USER_STACKS.get(&id) } {
+            if v.hash == s.hash {
+                return id as i32;
+            }
+            continue;
+        }
+        if USER_STACKS.insert(&id, s, u64::from(aya_ebpf::bindings::BPF_NOEXIST)).is_ok() {
+            return id as i32;
+        }
+        // Taken meanwhile on another CPU (same stack or not), or the map is full.
+        // SAFETY: as above.
+        match unsafe { USER_STACKS.get(&id) } {
+            Some(v) if v.hash == s.hash => return id as i32,
+            Some(_) => continue,
+            None => return -2,
+        }
+    }
+    -2
+}
