@@ -126,7 +126,8 @@ pub struct RecordArgs {
     /// Seconds between streamed objects.
     #[arg(long, default_value = "1", value_parser = parse_duration)]
     pub interval: Duration,
-    /// Use classic tracepoints even where tp_btf is available.
+    /// Take every fallback: classic tracepoints even where tp_btf is
+    /// available, kprobe for the OOM domain, the kernel's user-stack walker.
     #[arg(long)]
     pub force_tracepoints: bool,
     /// Trace a running process (and its later children) until it exits.

@@ -295,6 +295,7 @@ pub struct Probes {
 impl Probes {
     pub fn load(opts: &LoadOptions) -> Result<Self, LoadError> {
         let BtfFacts { offsets, fault_bits, tp_btf, user_walk } = btf_facts()?;
+        let user_walk = user_walk && !opts.force_tracepoints;
         release_freed_memory();
         let btf = Btf::from_sys_fs().map_err(|e| kbtf::BtfError::Read(e.to_string()))?;
         let config = Config {
@@ -356,7 +357,7 @@ impl Probes {
         let (ends, minor_period) = attach_fault_end(&mut ebpf, &btf, &config, opts.force_tracepoints)?;
         attached.extend(ends);
         if opts.stacks.bits() & vmtrace_common::STACK_USER != 0 {
-            attached.push(user_stack_selection(user_walk));
+            attached.push(user_stack_selection(user_walk, opts.force_tracepoints));
         }
         let fault_stats = take_map(&mut ebpf, "FAULT_STATS")?;
         let drops = take_map(&mut ebpf, "DROPS")?;
@@ -799,13 +800,14 @@ pub fn probe_selection() -> Result<Vec<Attached>, LoadError> {
 }
 
 /// How user stacks are taken: a row of the probe selection.
-fn user_stack_selection(user_walk: bool) -> Attached {
+fn user_stack_selection(user_walk: bool, forced: bool) -> Attached {
     Attached {
         what: "user stacks",
         program_type: if user_walk { "own walk" } else { "stackid" },
         target: if user_walk { "frame pointers, USER_STACKS" } else { "bpf_get_stackid, STACKS" }.into(),
         fallback_reason: (!user_walk).then(|| {
-            "no bpf_task_pt_regs (before 5.15): the kernel's walker, which faults on the frame at address 0 ending each chain (~1 µs per stack)".into()
+            if forced { "forced (--force-tracepoints)" } else { "no bpf_task_pt_regs (before 5.15)" }.to_string()
+                + ": the kernel's walker, which faults on the frame at address 0 ending each chain (~1 µs per stack)"
         }),
     }
 }

@@ -96,6 +96,41 @@ fn faults_flamegraph_names_the_faulting_function() {
     assert_eq!(run.summary["stacks"]["sample_period"], 1);
 }
 
+/// The programs' own frame-pointer walk and the kernel's (`bpf_get_stackid`,
+/// the fallback, taken with `--force-tracepoints`) give the same chain.
+#[test]
+fn own_user_stack_walk_matches_the_kernels() {
+    if !privileged("own_user_stack_walk_matches_the_kernels") {
+        return;
+    }
+    let (_dir, bin) = faulter();
+    let walker = |run: &Run| {
+        let p = run.summary["probes"].as_array().unwrap().iter().find(|p| p["what"] == "user stacks").cloned();
+        p.unwrap_or_else(|| panic!("no user-stack probe row: {}", run.summary["probes"]))["program_type"].clone()
+    };
+    for (args, kind) in [(&[][..], "own walk"), (&["--force-tracepoints"][..], "stackid")] {
+        let mut a = vec!["--stacks", "user", "--stack-sample", "1"];
+        a.extend_from_slice(args);
+        let run = record(&a, &[bin.to_str().unwrap()]);
+        assert_eq!(run.code(), Some(0), "{}", run.stderr());
+        assert_eq!(walker(&run), kind);
+        let folded = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();
+        // touch_fresh_mapping may be inlined.
+        let chain = ";main;";
+        let under: u64 = folded
+            .lines()
+            .filter(|l| l.contains(chain) && l.contains("fill_buffer_with_faults"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+            .sum();
+        let total = vmtrace::stacks::flamegraph::total(&folded);
+        assert!(under * 100 >= total * 85, "{kind}: {under} of {total} samples under {chain}:\n{folded}");
+        // bpf_get_stackid loses a stack whose hash bucket another one holds
+        // (counted); the own walk probes on.
+        let lost = u(&run.summary["stacks"]["lost"]);
+        assert!(lost == 0 || (kind == "stackid" && lost * 100 <= total), "{kind}: {lost} stacks lost");
+    }
+}
+
 #[test]
 fn sampled_stacks_are_scaled_to_the_total() {
     if !privileged("sampled_stacks_are_scaled_to_the_total") {
