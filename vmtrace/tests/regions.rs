@@ -64,6 +64,10 @@ fn transparent_huge_pages_take_few_faults_each_one_huge() {
         .find(|r| r["kind"] == "anon" && r["faults"]["huge"].as_u64() > Some(0))
         .expect("the huge region");
     assert_eq!(u(&r["faults"]["huge"]), n, "{r:#}");
+    // The summary's total is the processes' sum (it was null).
+    let procs = huge.summary["processes"].as_array().unwrap();
+    let sum: u64 = procs.iter().map(|p| u(&p["faults"]["huge"])).sum();
+    assert_eq!(u(&huge.summary["totals"]["huge"]), sum);
 }
 
 #[test]

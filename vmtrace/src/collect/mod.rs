@@ -624,7 +624,12 @@ impl Session {
         let mut totals = Faults::default();
         let mut processes = Vec::new();
         for pid in pids {
-            let faults = Faults::from_stats(&stats.get(&pid).copied().unwrap_or_default(), minor_period);
+            let st = stats.get(&pid).copied().unwrap_or_default();
+            let mut faults = Faults::from_stats(&st, minor_period);
+            if self.families.regions {
+                faults.huge = Some(st.huge);
+            }
+            // After `huge` is known, or the total's stays null.
             totals.add(&faults);
             let info = self.table.ensure(pid).clone();
             let exit_code = if Some(pid) == target.pid && target.kind == "command" {
@@ -632,11 +637,6 @@ impl Session {
             } else {
                 info.exit_code
             };
-            let st = stats.get(&pid).copied().unwrap_or_default();
-            let mut faults = faults;
-            if self.families.regions {
-                faults.huge = Some(st.huge);
-            }
             let m = mm.get(&pid).copied().unwrap_or_default();
             processes.push(Process {
                 mmap: self.families.mmap.then(|| mmap_counts(&m)),
