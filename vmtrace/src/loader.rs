@@ -12,7 +12,7 @@
 //! | OOM constraint + memcg | fentry `oom_kill_process` | kprobe, else none | reads `oc->constraint` and `oc->memcg` ([mm/oom_kill.c](https://elixir.bootlin.com/linux/v6.12/source/mm/oom_kill.c)); without either, userspace derives them from the victim's cgroup limit, OOM counter and peak |
 //! | OOM victim's memcg | tp_btf `mark_victim` | /proc/PID/cgroup | tp_btf sees the victim task; /proc races its exit |
 //! | shootdown IPIs | tracepoint `csd:csd_queue_cpu` (6.6+) | one per `tlb_flush` reason 4 | `ipi:ipi_send_cpu(mask)` (6.6+) carry the generic IPI handler as callback here, so csd's `func == flush_tlb_func` is what names a TLB IPI; before 6.6 neither exists |
-//! | huge-page faults | tp_btf `mm_page_alloc` | classic tracepoint | PMD-order allocation during an in-flight fault |
+//! | huge-page faults | tp_btf `mm_page_alloc` | classic tracepoint | PMD-order allocation during an in-flight fault; not attached when THP is off for anonymous memory, shmem and every tmpfs (`kernel/thp.rs`): it runs on every page allocation in the system |
 //! | user stacks | own frame-pointer walk (`bpf_task_pt_regs`, 5.15+) | `bpf_get_stackid` | the kernel's walker reads the frame at address 0 that ends every chain: a fault and its fixup per stack (~1 µs here) |
 //!
 //! `vmtrace check` loads everything and prints what each hook got on this
@@ -335,8 +335,7 @@ impl Probes {
             attached.push(attach_oom_domain(&mut ebpf, &btf, opts.force_tracepoints));
         }
         if opts.families.regions {
-            attached.push(attach_hook(&mut ebpf, &btf, &tp_btf, &FILEMAP_HOOK, opts.force_tracepoints)?);
-            attached.push(attach_hook(&mut ebpf, &btf, &tp_btf, &HUGE_HOOK, opts.force_tracepoints)?);
+            attached.extend(attach_region_hooks(&mut ebpf, &btf, &tp_btf, opts.force_tracepoints)?);
         }
         if opts.families.tlb {
             for hook in TLB_HOOKS {
@@ -549,6 +548,26 @@ fn sum_cpus<'a, T: Merge + 'a>(values: impl Iterator<Item = &'a T>) -> T {
 
 fn take_map<T: TryFrom<aya::maps::Map>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, LoadError> {
     ebpf.take_map(name).and_then(|m| T::try_from(m).ok()).ok_or(LoadError::Map(name))
+}
+
+/// Page-cache insertions, and huge-page faults where THP can happen at all.
+fn attach_region_hooks(
+    ebpf: &mut Ebpf,
+    btf: &Btf,
+    tp_btf: &std::collections::HashSet<&'static str>,
+    force_tp: bool,
+) -> Result<Vec<Attached>, LoadError> {
+    let filemap = attach_hook(ebpf, btf, tp_btf, &FILEMAP_HOOK, force_tp)?;
+    let huge = match crate::kernel::thp::why_impossible() {
+        None => attach_hook(ebpf, btf, tp_btf, &HUGE_HOOK, force_tp)?,
+        Some(why) => Attached {
+            what: HUGE_HOOK.what,
+            program_type: "none",
+            target: format!("{}:{}", HUGE_HOOK.category, HUGE_HOOK.name),
+            fallback_reason: Some(format!("not needed: {why}; no fault can map a huge page")),
+        },
+    };
+    Ok(vec![filemap, huge])
 }
 
 fn attach_hook(

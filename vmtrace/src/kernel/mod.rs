@@ -1,3 +1,4 @@
-//! What the running kernel offers: BTF offsets, tracefs, capabilities.
+//! What the running kernel offers: BTF offsets, tracefs, capabilities, THP.
 pub mod btf;
 pub mod preflight;
+pub mod thp;
