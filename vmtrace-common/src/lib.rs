@@ -627,6 +627,9 @@ pub struct Config {
 }
 const _: () = assert!(core::mem::size_of::<Config>() == 56);
 
+/// Bit 30 of every id in `USER_STACKS`: ids in `STACKS` stay below it.
+pub const OWN_STACK_ID: u32 = 1 << 30;
+
 /// Deepest user stack recorded: the kernel's own limit (PERF_MAX_STACK_DEPTH).
 pub const USER_STACK_DEPTH: usize = 127;
 
@@ -634,7 +637,7 @@ pub const USER_STACK_DEPTH: usize = 127;
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct UserStack {
-    /// 64-bit hash of the frames: the map is keyed by 31 bits of it, so this
+    /// 64-bit hash of the frames: the map is keyed by 30 bits of it, so this
     /// tells a stored stack from a colliding one.
     pub hash: u64,
     pub nr: u64,

@@ -99,11 +99,8 @@ pub fn user_stack_id<C: StackIdContext>(ctx: &C) -> i32 {
     }
     // A constant of the frozen CONFIG: the verifier drops the branch not
     // taken, so kernels without bpf_task_pt_regs load the other.
-    let id = if config().user_walk != 0 {
-        crate::ustack::walk()
-    } else {
-        ctx.get_stackid(&STACKS, u64::from(BPF_F_USER_STACK)).map_or(-2, |id| id as i32)
-    };
+    let own = if config().user_walk != 0 { crate::ustack::walk() } else { None };
+    let id = own.unwrap_or_else(|| ctx.get_stackid(&STACKS, u64::from(BPF_F_USER_STACK)).map_or(-2, |id| id as i32));
     if let Some(s) = slot {
         // SAFETY: as above.
         unsafe { (*s).walking = 0 };

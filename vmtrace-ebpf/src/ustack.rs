@@ -10,9 +10,9 @@ use aya_ebpf::{
     macros::map,
     maps::{HashMap, PerCpuArray},
 };
-use vmtrace_common::{UserStack, USER_STACK_DEPTH};
+use vmtrace_common::{UserStack, OWN_STACK_ID, USER_STACK_DEPTH};
 
-/// Walked user stacks by id (31 bits of their hash; see `store`). Not
+/// Walked user stacks by id (30 bits of their hash; see `store`). Not
 /// preallocated: 16k stacks of 1 KiB would pin 16 MiB up front.
 #[map]
 pub static USER_STACKS: HashMap<u32, UserStack> =
@@ -25,22 +25,32 @@ static SCRATCH: PerCpuArray<UserStack> = PerCpuArray::with_max_entries(1, 0);
 /// Above every user address on x86-64 (5-level paging included).
 const USER_END: u64 = 1 << 56;
 
-/// Walks the current task's user stack and stores it: its id in `USER_STACKS`,
-/// or -2 when it cannot be read or stored.
+/// x86-64 user code segment selector (`__USER_CS`): any other is a 32-bit
+/// task, whose 4-byte frames this walk does not read.
+const USER_CS_64: u64 = 0x33;
+
+/// Walks the current task's user stack and stores it: `Some(id)` in
+/// `USER_STACKS`, `Some(-2)` when it cannot be read or stored, `None` for a
+/// 32-bit task (the caller takes the kernel's walker, which knows them).
 #[inline(always)]
-pub fn walk() -> i32 {
-    let Some(s) = SCRATCH.get_ptr_mut(0) else { return -2 };
+pub fn walk() -> Option<i32> {
+    let Some(s) = SCRATCH.get_ptr_mut(0) else { return Some(-2) };
     // SAFETY: this CPU's scratch; programs on one CPU do not interleave.
     let s = unsafe { &mut *s };
     // SAFETY: the current task is valid for the program's run; the user-mode
     // registers saved at kernel entry are at the top of its kernel stack.
     let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
-    // SAFETY: bpf_probe_read_kernel faults safely.
-    let (Ok(ip), Ok(mut fp)) =
-        (unsafe { bpf_probe_read_kernel(&(*regs).rip) }, unsafe { bpf_probe_read_kernel(&(*regs).rbp) })
+    // SAFETY: bpf_probe_read_kernel faults safely; `cs` follows `rip`.
+    let (Ok([ip, cs]), Ok(mut fp)) =
+        (unsafe { bpf_probe_read_kernel((&raw const (*regs).rip).cast::<[u64; 2]>()) }, unsafe {
+            bpf_probe_read_kernel(&raw const (*regs).rbp)
+        })
     else {
-        return -2;
+        return Some(-2);
     };
+    if cs & 0xffff != USER_CS_64 {
+        return None;
+    }
     s.ips[0] = ip;
     let mut h = mix(0x9e37_79b9_7f4a_7c15 ^ ip);
     let mut nr = 1;
@@ -67,7 +77,7 @@ pub fn walk() -> i32 {
     }
     s.nr = nr as u64;
     s.hash = h;
-    store(s)
+    Some(store(s))
 }
 
 #[inline(always)]
@@ -77,13 +87,15 @@ fn mix(mut h: u64) -> u64 {
     h ^ (h >> 33)
 }
 
-/// Stores `s` under 31 bits of its hash, probing the next ids on a
-/// collision; the full hash in the value tells stacks apart.
+/// Stores `s` under 30 bits of its hash, probing the next ids on a
+/// collision; the full hash in the value tells stacks apart. Ids have bit 30
+/// set, so they never equal an id of `STACKS` (< its 16,384 entries), where
+/// the kernel's walker puts the stacks of 32-bit tasks.
 #[inline(always)]
 fn store(s: &UserStack) -> i32 {
-    let base = (s.hash >> 33) as u32;
+    let base = (s.hash >> 34) as u32;
     for probe in 0..4u32 {
-        let id = base.wrapping_add(probe) & 0x7fff_ffff;
+        let id = (base.wrapping_add(probe) & 0x3fff_ffff) | OWN_STACK_ID;
         // SAFETY: read-only look at a live value.
         if let Some(v) = unsafe { USER_STACKS.get(&id) } {
             if v.hash == s.hash {

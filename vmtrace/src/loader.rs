@@ -447,10 +447,14 @@ impl Probes {
         self.stack_traces.get(&id, 0).ok().map(|t| t.frames().iter().map(|f| f.ip).collect())
     }
 
-    /// A user stack's frames, innermost first, wherever the programs stored it.
+    /// A user stack's frames, innermost first: walked by the programs
+    /// (`OWN_STACK_ID` set), else by the kernel (32-bit tasks, old kernels).
     pub fn user_stack_ips(&self, id: i32) -> Option<Vec<u64>> {
-        let Some(map) = &self.user_stacks else { return self.stack_ips(id) };
-        let s = map.get(&u32::try_from(id).ok()?, 0).ok()?;
+        let id = u32::try_from(id).ok()?;
+        let Some(map) = self.user_stacks.as_ref().filter(|_| id & vmtrace_common::OWN_STACK_ID != 0) else {
+            return self.stack_ips(id as i32);
+        };
+        let s = map.get(&id, 0).ok()?;
         Some(s.ips[..(s.nr as usize).min(s.ips.len())].to_vec())
     }
 

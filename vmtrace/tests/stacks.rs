@@ -56,6 +56,16 @@ fn faulter() -> (tempfile::TempDir, PathBuf) {
     (dir, bin)
 }
 
+/// A 32-bit program without libc (no multilib needed): 4-byte frames.
+const FAULTER32_C: &str = r#"
+static volatile char buf[16 << 20];
+__attribute__((noinline)) static void touch32(void) { for (unsigned i = 0; i < sizeof buf; i += 4096) buf[i] = 1; }
+void _start(void) {
+    touch32();
+    __asm__ volatile("movl $1, %%eax; xorl %%ebx, %%ebx; int $0x80" ::: "eax", "ebx");
+}
+"#;
+
 fn share_under(folded: &str, function: &str) -> f64 {
     let weight = |l: &str| l.rsplit_once(' ').and_then(|(_, w)| w.parse::<u64>().ok()).unwrap_or(0);
     let total: u64 = folded.lines().map(weight).sum();
@@ -129,6 +139,41 @@ fn own_user_stack_walk_matches_the_kernels() {
         let lost = u(&run.summary["stacks"]["lost"]);
         assert!(lost == 0 || (kind == "stackid" && lost * 100 <= total), "{kind}: {lost} stacks lost");
     }
+}
+
+/// A 32-bit task's stack is the kernel's walk (it reads 4-byte frames), not
+/// the programs' 64-bit one.
+#[test]
+fn thirty_two_bit_task_gets_the_kernels_walk() {
+    if !privileged("thirty_two_bit_task_gets_the_kernels_walk") {
+        return;
+    }
+    let dir = disk_dir();
+    let (src, bin) = (dir.path().join("f32.c"), dir.path().join("f32"));
+    std::fs::write(&src, FAULTER32_C).unwrap();
+    let ok = Command::new("cc")
+        .args(["-m32", "-O1", "-fno-omit-frame-pointer", "-nostdlib", "-static", "-ffreestanding", "-no-pie", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("cc");
+    assert!(ok.success(), "cc -m32 -nostdlib failed (needs gcc with i386 support, no libc)");
+    let run = record(&["--stack-sample", "1"], &[bin.to_str().unwrap()]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let folded = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();
+    let share = share_under(&folded, "touch32");
+    assert!(share >= 0.9, "{:.1}% under touch32:\n{folded}", share * 100.0);
+    // A 64-bit walk of 4-byte frames ends at touch32 (or pairs two words into
+    // one address); the kernel's compat walk reads its caller's frame.
+    for line in folded.lines().filter(|l| l.contains("touch32")) {
+        let depth = line.split(';').position(|f| f.starts_with("touch32")).unwrap_or(0);
+        assert!(depth >= 2, "no caller above touch32: {line}");
+        for frame in line.split(';').filter_map(|f| f.split_whitespace().last()?.strip_prefix("0x")) {
+            let a = u64::from_str_radix(frame, 16).unwrap_or(0);
+            assert!(a < 1 << 32, "a 64-bit frame in a 32-bit stack: {line}");
+        }
+    }
+    assert_eq!(u(&run.summary["stacks"]["lost"]), 0);
 }
 
 #[test]
