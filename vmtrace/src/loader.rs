@@ -6,7 +6,7 @@
 //! | hook | preferred | fallback | why |
 //! |---|---|---|---|
 //! | fault start | tp_btf `page_fault_user`/`_kernel` | classic tracepoint | tp_btf is ~30 ns/fault cheaper (docs/performance.md); needs BTF (5.5+) |
-//! | fault end | fexit `handle_mm_fault` | perf_event on sw PAGE_FAULTS_MIN/MAJ | fexit: one program for every fault, no software-event path (~110 ns/fault here), classified as `mm_account_fault` does; needs BTF trampolines (5.5+) and no lockdown. The perf events are raised in `mm_account_fault` (5.9+) where getrusage counts. `--latency-sample 0` keeps the MAJ event only (cheapest) |
+//! | fault end | fexit `handle_mm_fault` | perf_event on sw PAGE_FAULTS_MIN/MAJ | fexit: one program for every fault, no software-event path (~110 ns/fault here), classified as `mm_account_fault` does; needs BTF trampolines (5.5+) and no lockdown. The perf events are raised in `mm_account_fault` (5.9+) where getrusage counts. `--latency-sample 0` keeps the MAJ event only (cheapest). For a command or pid the events go on the target's tasks with `inherit` (`perf::FaultEnd`): other processes skip the path, and the perf counters read their counts |
 //! | park in-flight | tp_btf `sched_switch` | classic tracepoint | same |
 //! | fork/exec/exit | tp_btf `sched_process_*` | classic tracepoint | tp_btf sees the task pointer: child tgid, exit code, kernel fault counters; the classic format lacks them |
 //! | OOM constraint + memcg | fentry `oom_kill_process` | kprobe, else none | reads `oc->constraint` and `oc->memcg` ([mm/oom_kill.c](https://elixir.bootlin.com/linux/v6.12/source/mm/oom_kill.c)); without either, userspace derives them from the victim's cgroup limit, OOM counter and peak |
@@ -34,7 +34,7 @@ use vmtrace_common::{
     StackCounts, StackKey,
 };
 
-use crate::{kernel::btf as kbtf, stacks::StackMode};
+use crate::{kernel::btf as kbtf, perf::EndPrograms, stacks::StackMode};
 
 /// A hook and how to attach it: tp_btf first (when it has one), then the
 /// classic tracepoint.
@@ -220,6 +220,7 @@ pub struct Attached {
     pub fallback_reason: Option<String>,
 }
 
+#[allow(clippy::struct_excessive_bools, reason = "independent switches of one load")]
 pub struct LoadOptions {
     pub trace_all: bool,
     /// Time 1 in N minor faults; 0 = do not time minor faults.
@@ -233,6 +234,11 @@ pub struct LoadOptions {
     pub stack_period: u32,
     /// Key stacks by address granule, for the region as leaf frame.
     pub leaf_region: bool,
+    /// Where fexit is refused: put the fault-end perf events on the target's
+    /// own tasks (`perf::FaultEnd`, opened by the caller) instead of every
+    /// CPU. Other processes then skip the software-event path, and the perf
+    /// counters' minor/major counts are the same events.
+    pub end_on_tasks: bool,
 }
 
 /// Optional families of hooks.
@@ -275,6 +281,11 @@ pub struct Probes {
     pub attached: Vec<Attached>,
     /// 1 in how many minor faults is timed, as attached (fexit times every one).
     pub minor_period: u32,
+    /// The fault-end programs for the target's own perf events, when
+    /// `LoadOptions::end_on_tasks` and fexit is refused; `fault_end` holds
+    /// those events when no perf counters do.
+    pub end_programs: Option<EndPrograms>,
+    pub fault_end: Option<crate::perf::FaultEnd>,
     pub fault_stats: PerCpuHashMap<MapData, u32, FaultStats>,
     pub drops: PerCpuArray<MapData, u64>,
     pub events: RingBuf<MapData>,
@@ -353,7 +364,7 @@ impl Probes {
                 attached.push(attach_hook(&mut ebpf, &btf, &tp_btf, hook, opts.force_tracepoints)?);
             }
         }
-        let (ends, minor_period) = attach_fault_end(&mut ebpf, &btf, &config, opts.force_tracepoints)?;
+        let (ends, minor_period, end_programs) = attach_fault_end(&mut ebpf, &btf, &config, opts)?;
         attached.extend(ends);
         if opts.stacks.bits() & vmtrace_common::STACK_USER != 0 {
             attached.push(user_stack_selection(user_walk, opts.force_tracepoints));
@@ -375,6 +386,8 @@ impl Probes {
             ebpf,
             attached,
             minor_period,
+            end_programs,
+            fault_end: None,
             fault_stats,
             drops,
             events,
@@ -481,6 +494,8 @@ impl Probes {
     /// Detaches every program (each detach waits for an RCU grace period, so
     /// this takes a while: call `stop_counting` first); maps stay readable.
     pub fn detach_all(&mut self) {
+        // Closing the target's end events detaches their programs.
+        self.fault_end = None;
         for (name, prog) in self.ebpf.programs_mut() {
             let r = match prog {
                 aya::programs::Program::TracePoint(p) => p.unload(),
@@ -750,8 +765,9 @@ fn attach_fault_end(
     ebpf: &mut Ebpf,
     btf: &Btf,
     config: &Config,
-    force_fallback: bool,
-) -> Result<(Vec<Attached>, u32), LoadError> {
+    opts: &LoadOptions,
+) -> Result<(Vec<Attached>, u32, Option<EndPrograms>), LoadError> {
+    let force_fallback = opts.force_tracepoints;
     // With minor latency off only majors need an end: the MAJ event costs
     // nothing on minor faults, while fexit runs on every fault.
     let fexit_err = if config.minor_period == 0 {
@@ -769,20 +785,24 @@ fn attach_fault_end(
                     target: "handle_mm_fault".into(),
                     fallback_reason: None,
                 };
-                return Ok((vec![a], 1));
+                return Ok((vec![a], 1, None));
             }
             Err(e) => explain_attach(&e),
         }
     };
     log::debug!("fault end: fexit unavailable ({fexit_err}); using software perf events");
-    let mut out = attach_perf_end(ebpf, config.minor_period)?;
+    let (mut out, end_programs) = if opts.end_on_tasks {
+        load_perf_end(ebpf, config.minor_period)?
+    } else {
+        (attach_perf_end(ebpf, config.minor_period)?, None)
+    };
     // Say why fexit was not used, unless the user chose the cheaper path.
     if config.minor_period > 0 {
         for a in &mut out {
             a.fallback_reason = Some(format!("fexit handle_mm_fault: {fexit_err}"));
         }
     }
-    Ok((out, config.minor_period))
+    Ok((out, config.minor_period, end_programs))
 }
 
 /// An attach error as a person needs to hear it.
@@ -818,6 +838,7 @@ pub fn probe_selection() -> Result<Vec<Attached>, LoadError> {
         stacks: StackMode::User,
         stack_period: 64,
         leaf_region: false,
+        end_on_tasks: false,
     })?;
     Ok(probes.attached.clone())
 }
@@ -906,4 +927,36 @@ fn attach_perf_end(ebpf: &mut Ebpf, minor_period: u32) -> Result<Vec<Attached>, 
         });
     }
     Ok(out)
+}
+
+/// The perf-event end programs, loaded for the caller to put on the target's
+/// tasks (`perf::FaultEnd`).
+fn load_perf_end(ebpf: &mut Ebpf, minor_period: u32) -> Result<(Vec<Attached>, Option<EndPrograms>), LoadError> {
+    let mut load = |prog_name: &str, label: &'static str| -> Result<std::os::fd::RawFd, LoadError> {
+        let perf = |err: String| LoadError::Perf { event: label, err };
+        let prog: &mut PerfEvent = ebpf
+            .program_mut(prog_name)
+            .ok_or_else(|| perf("program missing".into()))?
+            .try_into()
+            .map_err(|e| perf(format!("{e}")))?;
+        prog.load().map_err(|e| perf(format!("{e}")))?;
+        Ok(std::os::fd::AsRawFd::as_raw_fd(&prog.fd().map_err(|e| perf(format!("{e}")))?.as_fd()))
+    };
+    let maj = load("perf_event_page_faults_maj", "PAGE_FAULTS_MAJ")?;
+    let min = if minor_period > 0 {
+        Some((load("perf_event_page_faults_min", "PAGE_FAULTS_MIN")?, u64::from(minor_period)))
+    } else {
+        None
+    };
+    let row = |what, label: &str, period: u64| Attached {
+        what,
+        program_type: "perf_event",
+        target: format!("sw {label} period {period} on the target's tasks (inherited)"),
+        fallback_reason: None,
+    };
+    let mut out = vec![row("fault end (every fault)", "PAGE_FAULTS_MAJ", 1)];
+    if let Some((_, period)) = min {
+        out.push(row("fault end (sampled)", "PAGE_FAULTS_MIN", period));
+    }
+    Ok((out, Some(EndPrograms { min, maj })))
 }

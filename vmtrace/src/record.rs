@@ -12,7 +12,7 @@ use crate::{
     collect::{install_stop_handlers, stop_signal, storms::StormDetector, Finished, Session},
     kernel::preflight,
     loader::{Families, LoadError, LoadOptions, Probes},
-    perf::{sampling::DataSampler, Counters, PerfSummary, Scope},
+    perf::{sampling::DataSampler, Counters, FaultEnd, PerfSummary, Scope},
     report::{
         self,
         summary::{KernelAccounting, TargetInfo},
@@ -127,6 +127,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
         stacks: opts.stacks,
         stack_period: opts.stack_period,
         leaf_region: opts.leaf_region,
+        end_on_tasks: !matches!(opts.target, Target::System),
     })?;
     let mut session = Session::new(probes, families);
     if opts.stacks != StackMode::None {
@@ -188,8 +189,8 @@ pub struct PerfProbe {
 }
 
 impl PerfProbe {
-    fn open(scope: &Scope) -> Result<Self, RecordError> {
-        let counters = Counters::open(scope.clone())?;
+    fn open(scope: &Scope, end: Option<FaultEnd>) -> Result<Self, RecordError> {
+        let counters = Counters::open(scope.clone(), end)?;
         let sampler = if counters.hardware_supported() {
             DataSampler::open_tlb(scope).map_err(|e| log::info!("no TLB-miss address sampling: {e}")).ok()
         } else {
@@ -233,22 +234,34 @@ pub(crate) fn start_target(
     perf: bool,
     output: Option<&std::fs::File>,
 ) -> Result<Started, RecordError> {
-    let perf_for = |scope: Scope| if perf { PerfProbe::open(&scope).map(Some) } else { Ok(None) };
+    // The target's own fault-end events (when the loader left them to us)
+    // serve the perf counters too; without counters the probes keep them.
+    let mut perf_for = |scope: Scope| -> Result<Option<PerfProbe>, RecordError> {
+        let end = match session.probes.end_programs {
+            Some(p) => Some(FaultEnd::open(&scope, &p)?),
+            None => None,
+        };
+        if perf {
+            return PerfProbe::open(&scope, end).map(Some);
+        }
+        session.probes.fault_end = end;
+        Ok(None)
+    };
     Ok(match target {
         Target::Command(argv) => {
             let mut c = GatedChild::spawn_with_output(argv, output)?;
+            let counters = perf_for(Scope::Tasks(vec![c.pid]))?;
             session.probes.trace_pid(c.pid).map_err(|e| RecordError::Trace(c.pid, e))?;
             session.table.procs.entry(c.pid).or_default().ppid = Some(std::process::id());
-            let counters = perf_for(Scope::Tasks(vec![c.pid]))?;
             c.release()?;
             let info =
                 TargetInfo { kind: "command".into(), command: Some(argv.clone()), pid: Some(c.pid), exit_status: None };
             (info, Some(c), counters)
         }
         Target::Pid(pid) => {
+            let counters = perf_for(Scope::process(*pid))?;
             session.probes.trace_pid(*pid).map_err(|e| RecordError::Trace(*pid, e))?;
             session.table.ensure(*pid);
-            let counters = perf_for(Scope::process(*pid))?;
             (TargetInfo { kind: "pid".into(), command: None, pid: Some(*pid), exit_status: None }, None, counters)
         }
         Target::System => {

@@ -160,6 +160,7 @@ pub fn serve(opts: &ServeOptions) -> Result<i32, RecordError> {
         stacks: StackMode::None,
         stack_period: 1,
         leaf_region: false,
+        end_on_tasks: false,
     })?;
     let mut session = Session::new(probes, families);
     if let Target::Pid(pid) = opts.target {

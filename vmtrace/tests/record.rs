@@ -84,6 +84,10 @@ fn forked_children_are_followed_with_their_exit_codes() {
         let p = run.process(c.pid);
         assert_eq!(p["ppid"], parent.pid, "child's parent");
         assert_close(&format!("child {} faults", c.pid), u(&p["faults"]["total"]), c.minflt + c.majflt, 1.0);
+        // The fault-end events are inherited: a child's minor faults are timed
+        // (1 in 16) like the parent's.
+        let timed = u(&p["faults"]["timed"]);
+        assert!(timed * 32 >= c.minflt, "child {}: {timed} of {} minor faults timed", c.pid, c.minflt);
         codes.push(p["exit_code"].as_i64().unwrap());
     }
     codes.sort_unstable();

@@ -8,6 +8,7 @@ use perf_event::{
     Builder, Counter,
 };
 use serde::{Deserialize, Serialize};
+use std::os::fd::{AsRawFd as _, RawFd};
 
 /// Which tasks the counters watch.
 #[derive(Clone, Debug)]
@@ -46,10 +47,15 @@ struct Multi {
 
 impl Multi {
     fn open<E: Event + Clone>(scope: &Scope, event: &E) -> std::io::Result<Self> {
+        Self::open_with(scope, event, |_| {})
+    }
+
+    fn open_with<E: Event + Clone>(scope: &Scope, event: &E, extra: impl Fn(&mut Builder)) -> std::io::Result<Self> {
         let mut counters = Vec::new();
         let base = |b: &mut Builder| {
             // Faults taken in kernel mode on user memory count too, as in getrusage.
             b.include_kernel().enabled(true);
+            extra(b);
         };
         match scope {
             Scope::Tasks(tids) => {
@@ -77,6 +83,54 @@ impl Multi {
 
     fn read(&mut self) -> u64 {
         self.counters.iter_mut().filter_map(|c| c.read().ok()).sum()
+    }
+
+    /// A software fault event sampled every `period`, running `prog` (a
+    /// perf_event program) on each sample: a fault-end hook that is also a counter.
+    fn open_end(scope: &Scope, event: Software, period: u64, prog: RawFd) -> std::io::Result<Self> {
+        let mut m = Self::open_with(scope, &event, |b| {
+            b.sample_period(period);
+        })?;
+        for c in &mut m.counters {
+            // SAFETY: PERF_EVENT_IOC_SET_BPF takes a program fd; both fds are live.
+            if unsafe { libc::ioctl(c.as_raw_fd(), PERF_EVENT_IOC_SET_BPF, prog) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(m)
+    }
+}
+
+/// `_IOW('$', 8, __u32)`.
+const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
+
+/// The fault-end programs, loaded and waiting for the target's events.
+#[derive(Clone, Copy, Debug)]
+pub struct EndPrograms {
+    /// PAGE_FAULTS_MIN's program and period; `None` when minor faults are not timed.
+    pub min: Option<(RawFd, u64)>,
+    /// PAGE_FAULTS_MAJ's program (period 1).
+    pub maj: RawFd,
+}
+
+/// The fault-end hooks on the target's own tasks (inherited by every task
+/// they create): only the target takes the software-event path, and the
+/// events count the kernel's minor and major faults as well.
+pub struct FaultEnd {
+    min: Option<Multi>,
+    maj: Multi,
+}
+
+impl FaultEnd {
+    pub fn open(scope: &Scope, p: &EndPrograms) -> Result<Self, CountersError> {
+        let err = |event| move |err| CountersError { event, err };
+        let maj = Multi::open_end(scope, Software::PAGE_FAULTS_MAJ, 1, p.maj).map_err(err("major-faults"))?;
+        let min = p
+            .min
+            .map(|(prog, period)| Multi::open_end(scope, Software::PAGE_FAULTS_MIN, period, prog))
+            .transpose()
+            .map_err(err("minor-faults"))?;
+        Ok(Self { min, maj })
     }
 }
 
@@ -166,11 +220,18 @@ pub struct CountersError {
 impl Counters {
     /// Opens every counter for `scope`. Software counters must work; hardware
     /// ones are optional and their absence is recorded with the reason.
-    pub fn open(scope: Scope) -> Result<Self, CountersError> {
+    ///
+    /// With the target's fault-end events (`end`), their counts are the minor
+    /// and major counters: a second event of the same type would cost every
+    /// fault once more.
+    pub fn open(scope: Scope, end: Option<FaultEnd>) -> Result<Self, CountersError> {
         let sw = |event: &'static str, e: Software| Multi::open(&scope, &e).map_err(|err| CountersError { event, err });
         let page_faults = sw("page-faults", Software::PAGE_FAULTS)?;
-        let minor = sw("minor-faults", Software::PAGE_FAULTS_MIN)?;
-        let major = sw("major-faults", Software::PAGE_FAULTS_MAJ)?;
+        let (minor, major) = match end {
+            Some(FaultEnd { min: Some(min), maj }) => (min, maj),
+            Some(FaultEnd { min: None, maj }) => (sw("minor-faults", Software::PAGE_FAULTS_MIN)?, maj),
+            None => (sw("minor-faults", Software::PAGE_FAULTS_MIN)?, sw("major-faults", Software::PAGE_FAULTS_MAJ)?),
+        };
         let switches = sw("context-switches", Software::CONTEXT_SWITCHES)?;
         let hw = match Multi::open(&scope, &DTLB_LOAD_MISS) {
             Ok(dtlb_load) => Ok(Hw {

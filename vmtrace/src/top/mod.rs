@@ -288,6 +288,7 @@ pub fn run(opts: &TopOptions) -> Result<i32, RecordError> {
         stacks: StackMode::User,
         stack_period: FAULT_STACK_PERIOD,
         leaf_region: false,
+        end_on_tasks: !matches!(opts.target, Target::System),
     })?;
     let mut session = Session::new(probes, families);
     session.storms = StormDetector::new(opts.storm_threshold);
