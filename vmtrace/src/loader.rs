@@ -344,6 +344,7 @@ impl Probes {
         }
         if opts.families.oom {
             attached.push(attach_oom_domain(&mut ebpf, &btf, opts.force_tracepoints));
+            enable_oom_helper(&mut ebpf, &attached);
         }
         if opts.families.regions {
             attached.extend(attach_region_hooks(&mut ebpf, &btf, &tp_btf, opts.force_tracepoints)?);
@@ -567,6 +568,22 @@ fn sum_cpus<'a, T: Merge + 'a>(values: impl Iterator<Item = &'a T>) -> T {
 
 fn take_map<T: TryFrom<aya::maps::Map>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, LoadError> {
     ebpf.take_map(name).and_then(|m| T::try_from(m).ok()).ok_or(LoadError::Map(name))
+}
+
+/// Tells the classic `mark_victim` hook when the tp_btf one is attached, so
+/// it may leave an event for it to complete (`OOM_PENDING` in the programs).
+fn enable_oom_helper(ebpf: &mut Ebpf, attached: &[Attached]) {
+    if !attached.iter().any(|a| a.what == OOM_HOOKS[0].what && a.program_type == "tp_btf") {
+        return;
+    }
+    let set = ebpf
+        .map_mut("OOM_HELPER")
+        .ok_or_else(|| "no OOM_HELPER map".to_string())
+        .and_then(|m| aya::maps::Array::<_, u32>::try_from(m).map_err(|e| e.to_string()))
+        .and_then(|mut a| a.set(0, 1, 0).map_err(|e| e.to_string()));
+    if let Err(e) = set {
+        log::warn!("OOM victims' cgroups will come from /proc: {e}");
+    }
 }
 
 /// Page-cache insertions, and huge-page faults where THP can happen at all.

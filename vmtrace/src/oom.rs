@@ -240,6 +240,10 @@ pub struct OomRecord {
     /// cgroup's limit, OOM counter and peak, where that cannot be probed).
     #[serde(default)]
     pub constraint_source: String,
+    /// Where the victim's cgroup came from: "kernel" (read at the kill) or
+    /// "proc" (`/proc/PID/cgroup`, racing the victim's exit); null: unknown.
+    #[serde(default)]
+    pub victim_cgroup_source: Option<String>,
     /// The memory cgroup that ran out (memcg), else the victim's own.
     pub cgroup: Option<String>,
     pub cgroup_limit_bytes: Option<u64>,
@@ -274,9 +278,14 @@ pub fn describe(
 ) -> OomRecord {
     let top = top_regions(ev.victim_pid, 5);
     // The kernel's view at the kill first; /proc (racing the victim's exit) after.
-    let victim_cgroup = memory_hierarchy()
-        .and_then(|(v, root)| cgroup_path_by_id(&root, ev.victim_memcg_id).map(|p| (v, p)))
-        .or(victim_cgroup);
+    let from_kernel =
+        memory_hierarchy().and_then(|(v, root)| cgroup_path_by_id(&root, ev.victim_memcg_id).map(|p| (v, p)));
+    let source = match (&from_kernel, &victim_cgroup) {
+        (Some(_), _) => Some("kernel".to_string()),
+        (None, Some(_)) => Some("proc".to_string()),
+        (None, None) => None,
+    };
+    let victim_cgroup = from_kernel.or(victim_cgroup);
     // The kernel's own answer, where oom_kill_process() could be probed.
     let kernel = kernel_constraint(ev.constraint);
     if let (Some(k), Some((v, root))) = (kernel, memory_hierarchy()) {
@@ -295,6 +304,7 @@ pub fn describe(
                 top,
             );
             "kernel".clone_into(&mut r.constraint_source);
+            r.victim_cgroup_source = source;
             return r;
         }
     }
@@ -311,7 +321,9 @@ pub fn describe(
         }
         None => ("global", None, None, None),
     };
-    record(ev, constraint, cgroup, limit, peak, in_target, time_s, top)
+    let mut r = record(ev, constraint, cgroup, limit, peak, in_target, time_s, top);
+    r.victim_cgroup_source = source;
+    r
 }
 
 /// `enum oom_constraint` + 1 as the OOM probe passes it.
@@ -343,6 +355,7 @@ fn record(
         trigger_comm: comm_str(&ev.trigger_comm),
         constraint: constraint.into(),
         constraint_source: "derived".into(),
+        victim_cgroup_source: None,
         cgroup,
         cgroup_limit_bytes: limit,
         cgroup_peak_bytes: peak,

@@ -25,7 +25,8 @@ fn memcg_oom_names_victim_trigger_cgroup_and_what_it_held() {
     assert_eq!(o["victim_pid"], pid);
     assert_eq!(o["victim_comm"], "vmtrace");
     assert_eq!(o["trigger_pid"], pid, "a memcg OOM is triggered by the charging task itself");
-    assert_eq!(o["constraint"], "memcg");
+    assert_eq!(o["constraint"], "memcg", "{o:#}");
+    assert_eq!(o["victim_cgroup_source"], "kernel", "{o:#}");
     // Read at oom_kill_process() where a probe can run there, derived otherwise.
     let probed = run.summary["probes"]
         .as_array()
@@ -43,6 +44,40 @@ fn memcg_oom_names_victim_trigger_cgroup_and_what_it_held() {
     assert_eq!(run.process(pid as u32)["exit_code"], 137);
     let txt = fs::read_to_string(run.out.path().join("summary.txt")).unwrap();
     assert!(txt.contains("killed vmtrace") && txt.contains("ran out"), "{txt}");
+}
+
+/// Another tracer's classic probe on oom:mark_victim, registered before ours,
+/// runs our classic hook before our tp_btf one on the same call: the event
+/// waits for the tp_btf hook, so the victim's cgroup is still the kernel's.
+#[test]
+fn victim_cgroup_is_the_kernels_when_another_tracer_came_first() {
+    if !privileged("victim_cgroup_is_the_kernels_when_another_tracer_came_first") {
+        return;
+    }
+    let first_out = tempfile::tempdir().unwrap();
+    let mut first = vmtrace()
+        .args(["record", "-a", "--events", "faults,oom", "--duration", "60", "--out"])
+        .arg(first_out.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let name = format!("vmtrace-oom2-{}", std::process::id());
+    let cg = vmtrace::oom::ScratchCgroup::new(&name, 32 << 20).expect("a memory cgroup (v1 or v2)");
+    let argv = cg.run_inside(&format!("{BIN} workload touch --mib 128 --pace-ms 5"));
+    let run = record(&["--events", "faults,oom"], &strs(&argv));
+    // SAFETY: kill has no memory preconditions.
+    unsafe { libc::kill(first.id() as i32, libc::SIGINT) };
+    let _ = first.wait();
+    assert_eq!(run.code(), Some(137), "{}", run.stderr());
+    let ooms: Vec<_> =
+        run.summary["oom"].as_array().expect("oom section").iter().filter(|o| o["in_target"] == true).collect();
+    assert_eq!(ooms.len(), 1, "{ooms:#?}");
+    let o = ooms[0];
+    assert_eq!(o["victim_cgroup_source"], "kernel", "{o:#}");
+    assert!(o["cgroup"].as_str().unwrap_or_default().ends_with(&format!("/{name}")), "{o:#}");
+    assert_eq!(o["constraint"], "memcg", "{o:#}");
 }
 
 /// The OOM-domain probe's fallbacks: with --force-tracepoints fentry is off,

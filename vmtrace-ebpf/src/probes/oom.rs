@@ -8,7 +8,7 @@ use aya_ebpf::{
         bpf_probe_read_kernel_str_bytes,
     },
     macros::{btf_tracepoint, fentry, kprobe, map, tracepoint},
-    maps::HashMap,
+    maps::{Array, HashMap, PerCpuArray},
     programs::{BtfTracePointContext, FEntryContext, ProbeContext, TracePointContext},
     EbpfContext,
 };
@@ -96,7 +96,18 @@ pub fn tp_btf_mark_victim(ctx: BtfTracePointContext) -> i32 {
     if o.task_pid != vmtrace_common::KernelOffsets::MISSING && !task.is_null() {
         // SAFETY: bpf_probe_read_kernel faults safely.
         if let Ok(pid) = unsafe { bpf_probe_read_kernel(task.add(o.task_pid as usize).cast::<i32>()) } {
-            let _ = VICTIM_MEMCG.insert(&(pid as u32), &memcg_id(task), 0);
+            let pid = pid as u32;
+            // The classic hook ran first and left its event: complete and send it.
+            if let Some(p) = OOM_PENDING.get_ptr_mut(&pid) {
+                // SAFETY: a live map value, sent before removal.
+                unsafe { (*p).victim_memcg_id = memcg_id(task) };
+                if EVENTS.output::<OomEvent>(unsafe { &*p }, WAKE_NOW).is_err() {
+                    count_drop(DropKind::OomRingFull);
+                }
+                let _ = OOM_PENDING.remove(&pid);
+            } else {
+                let _ = VICTIM_MEMCG.insert(&pid, &memcg_id(task), 0);
+            }
         }
     }
     0
@@ -155,11 +166,6 @@ fn try_tp_oom_mark_victim(ctx: &TracePointContext) -> Result<(), i32> {
     // Map keys from the stack: 6.1's verifier refuses ring-buffer memory as a key.
     let victim = out.victim_pid;
     // SAFETY: copied out before removal.
-    if let Some(id) = unsafe { VICTIM_MEMCG.get(&victim) }.copied() {
-        out.victim_memcg_id = id;
-        let _ = VICTIM_MEMCG.remove(&victim);
-    }
-    // SAFETY: copied out before removal.
     if let Some([constraint, memcg]) = unsafe { OOM_DOMAIN.get(&victim) }.copied() {
         out.constraint = constraint as u32;
         out.oom_memcg_id = memcg;
@@ -171,9 +177,40 @@ fn try_tp_oom_mark_victim(ctx: &TracePointContext) -> Result<(), i32> {
         let src = unsafe { (ctx.as_ptr() as *const u8).add((loc & 0xffff) as usize) };
         let _ = unsafe { bpf_probe_read_kernel_str_bytes(src, &mut out.victim_comm) };
     }
+    // SAFETY: copied out before removal.
+    if let Some(id) = unsafe { VICTIM_MEMCG.get(&victim) }.copied() {
+        out.victim_memcg_id = id;
+        let _ = VICTIM_MEMCG.remove(&victim);
+    } else if OOM_HELPER.get(0).is_some_and(|&on| on != 0) {
+        // The tp_btf hook has not run yet on this call: another tracer's
+        // classic probe on mark_victim registered before it, so ours runs
+        // first. Leave the event for it to complete and send.
+        if let Some(p) = OOM_SCRATCH.get_ptr_mut(0) {
+            // SAFETY: this CPU's scratch; copied so that 6.1's verifier sees map memory.
+            unsafe { *p = *out };
+            // SAFETY: as above.
+            if OOM_PENDING.insert(&victim, unsafe { &*p }, 0).is_ok() {
+                slot.discard(0);
+                return Ok(());
+            }
+        }
+    }
     slot.submit(WAKE_NOW);
     Ok(())
 }
+
+/// Set to 1 by userspace once `tp_btf_mark_victim` is attached: the classic
+/// hook may then leave an event for it (`OOM_PENDING`).
+#[map]
+static OOM_HELPER: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Victim pid → its event, built by the classic hook when it ran before the
+/// tp_btf one on the same tracepoint call.
+#[map]
+static OOM_PENDING: HashMap<u32, OomEvent> = HashMap::with_max_entries(256, 0);
+
+#[map]
+static OOM_SCRATCH: PerCpuArray<OomEvent> = PerCpuArray::with_max_entries(1, 0);
 
 /// Reclaim start per thread: reclaim sleeps and may migrate, so a per-CPU slot
 /// would lose it. Only traced threads enter.
