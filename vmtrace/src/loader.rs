@@ -344,7 +344,7 @@ impl Probes {
         }
         if opts.families.oom {
             attached.push(attach_oom_domain(&mut ebpf, &btf, opts.force_tracepoints));
-            enable_oom_helper(&mut ebpf, &attached);
+            enable_oom_helper(&mut ebpf, &attached, &offsets);
         }
         if opts.families.regions {
             attached.extend(attach_region_hooks(&mut ebpf, &btf, &tp_btf, opts.force_tracepoints)?);
@@ -572,8 +572,10 @@ fn take_map<T: TryFrom<aya::maps::Map>>(ebpf: &mut Ebpf, name: &'static str) -> 
 
 /// Tells the classic `mark_victim` hook when the tp_btf one is attached, so
 /// it may leave an event for it to complete (`OOM_PENDING` in the programs).
-fn enable_oom_helper(ebpf: &mut Ebpf, attached: &[Attached]) {
-    if !attached.iter().any(|a| a.what == OOM_HOOKS[0].what && a.program_type == "tp_btf") {
+fn enable_oom_helper(ebpf: &mut Ebpf, attached: &[Attached], offsets: &vmtrace_common::KernelOffsets) {
+    // The tp_btf hook completes events only where it can read the victim's pid.
+    let on_btf = attached.iter().any(|a| a.what == OOM_HOOKS[0].what && a.program_type == "tp_btf");
+    if !on_btf || offsets.task_pid == vmtrace_common::KernelOffsets::MISSING {
         return;
     }
     let set = ebpf
@@ -902,15 +904,11 @@ fn try_fexit(ebpf: &mut Ebpf, btf: &Btf, prog: &str, function: &str) -> Result<(
     Ok(())
 }
 
-/// The perf-event end hooks: one perf event per CPU and kind, system-wide
-/// (filtered by tgid in the program), so children are covered from their
-/// first instruction.
-fn attach_perf_end(ebpf: &mut Ebpf, minor_period: u32) -> Result<Vec<Attached>, LoadError> {
-    let cpus = aya::util::online_cpus().map_err(|(_, e)| LoadError::Cpus(e.to_string()))?;
-    let mut out = Vec::new();
+/// The perf-event end hooks: program, event, label, period. Period 0 for
+/// minor faults: they are counted at the start hook only, never timed (the
+/// software-event path costs on every minor fault even when sampling).
+fn perf_end_hooks(minor_period: u32) -> Vec<(&'static str, SoftwareEvent, &'static str, u64)> {
     let mut hooks = vec![("perf_event_page_faults_maj", SoftwareEvent::PageFaultsMaj, "PAGE_FAULTS_MAJ", 1)];
-    // Period 0: minor faults are counted at the start hook only, never timed.
-    // The software-event path costs on every minor fault even when sampling.
     if minor_period > 0 {
         hooks.push((
             "perf_event_page_faults_min",
@@ -919,14 +917,43 @@ fn attach_perf_end(ebpf: &mut Ebpf, minor_period: u32) -> Result<Vec<Attached>, 
             u64::from(minor_period),
         ));
     }
-    for (prog_name, event, label, period) in hooks {
-        let perf = |err: String| LoadError::Perf { event: label, err };
-        let prog: &mut PerfEvent = ebpf
-            .program_mut(prog_name)
-            .ok_or_else(|| perf("program missing".into()))?
-            .try_into()
-            .map_err(|e| perf(format!("{e}")))?;
-        prog.load().map_err(|e| perf(format!("{e}")))?;
+    hooks
+}
+
+/// Loads one perf-event end program.
+fn load_perf_prog<'a>(
+    ebpf: &'a mut Ebpf,
+    prog_name: &str,
+    label: &'static str,
+) -> Result<&'a mut PerfEvent, LoadError> {
+    let perf = |err: String| LoadError::Perf { event: label, err };
+    let prog: &mut PerfEvent = ebpf
+        .program_mut(prog_name)
+        .ok_or_else(|| perf("program missing".into()))?
+        .try_into()
+        .map_err(|e| perf(format!("{e}")))?;
+    prog.load().map_err(|e| perf(format!("{e}")))?;
+    Ok(prog)
+}
+
+/// A fault-end row of the probe selection; `on` says where the events are.
+fn perf_end_row(label: &str, period: u64, on: &str) -> Attached {
+    Attached {
+        what: if period == 1 { "fault end (every fault)" } else { "fault end (sampled)" },
+        program_type: "perf_event",
+        target: format!("sw {label} period {period} on {on}"),
+        fallback_reason: None,
+    }
+}
+
+/// The perf-event end hooks, one perf event per CPU and kind, system-wide
+/// (filtered by tgid in the program), so children are covered from their
+/// first instruction.
+fn attach_perf_end(ebpf: &mut Ebpf, minor_period: u32) -> Result<Vec<Attached>, LoadError> {
+    let cpus = aya::util::online_cpus().map_err(|(_, e)| LoadError::Cpus(e.to_string()))?;
+    let mut out = Vec::new();
+    for (prog_name, event, label, period) in perf_end_hooks(minor_period) {
+        let prog = load_perf_prog(ebpf, prog_name, label)?;
         for &cpu in &cpus {
             prog.attach(
                 PerfEventConfig::Software(event),
@@ -934,14 +961,9 @@ fn attach_perf_end(ebpf: &mut Ebpf, minor_period: u32) -> Result<Vec<Attached>, 
                 SamplePolicy::Period(period),
                 false,
             )
-            .map_err(|e| perf(format!("cpu {cpu}: {e}")))?;
+            .map_err(|e| LoadError::Perf { event: label, err: format!("cpu {cpu}: {e}") })?;
         }
-        out.push(Attached {
-            what: if period == 1 { "fault end (every fault)" } else { "fault end (sampled)" },
-            program_type: "perf_event",
-            target: format!("sw {label} period {period} on {} CPUs", cpus.len()),
-            fallback_reason: None,
-        });
+        out.push(perf_end_row(label, period, &format!("{} CPUs", cpus.len())));
     }
     Ok(out)
 }
@@ -949,31 +971,16 @@ fn attach_perf_end(ebpf: &mut Ebpf, minor_period: u32) -> Result<Vec<Attached>, 
 /// The perf-event end programs, loaded for the caller to put on the target's
 /// tasks (`perf::FaultEnd`).
 fn load_perf_end(ebpf: &mut Ebpf, minor_period: u32) -> Result<(Vec<Attached>, Option<EndPrograms>), LoadError> {
-    let mut load = |prog_name: &str, label: &'static str| -> Result<std::os::fd::RawFd, LoadError> {
-        let perf = |err: String| LoadError::Perf { event: label, err };
-        let prog: &mut PerfEvent = ebpf
-            .program_mut(prog_name)
-            .ok_or_else(|| perf("program missing".into()))?
-            .try_into()
-            .map_err(|e| perf(format!("{e}")))?;
-        prog.load().map_err(|e| perf(format!("{e}")))?;
-        Ok(std::os::fd::AsRawFd::as_raw_fd(&prog.fd().map_err(|e| perf(format!("{e}")))?.as_fd()))
-    };
-    let maj = load("perf_event_page_faults_maj", "PAGE_FAULTS_MAJ")?;
-    let min = if minor_period > 0 {
-        Some((load("perf_event_page_faults_min", "PAGE_FAULTS_MIN")?, u64::from(minor_period)))
-    } else {
-        None
-    };
-    let row = |what, label: &str, period: u64| Attached {
-        what,
-        program_type: "perf_event",
-        target: format!("sw {label} period {period} on the target's tasks (inherited)"),
-        fallback_reason: None,
-    };
-    let mut out = vec![row("fault end (every fault)", "PAGE_FAULTS_MAJ", 1)];
-    if let Some((_, period)) = min {
-        out.push(row("fault end (sampled)", "PAGE_FAULTS_MIN", period));
+    let (mut out, mut maj, mut min) = (Vec::new(), None, None);
+    for (prog_name, event, label, period) in perf_end_hooks(minor_period) {
+        let prog = load_perf_prog(ebpf, prog_name, label)?;
+        let fd = prog.fd().map_err(|e| LoadError::Perf { event: label, err: format!("{e}") })?;
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&fd.as_fd());
+        match event {
+            SoftwareEvent::PageFaultsMaj => maj = Some(fd),
+            _ => min = Some((fd, period)),
+        }
+        out.push(perf_end_row(label, period, "the target's tasks (inherited)"));
     }
-    Ok((out, Some(EndPrograms { min, maj })))
+    Ok((out, maj.map(|maj| EndPrograms { min, maj })))
 }
