@@ -278,8 +278,9 @@ pub fn describe(
 ) -> OomRecord {
     let top = top_regions(ev.victim_pid, 5);
     // The kernel's view at the kill first; /proc (racing the victim's exit) after.
+    let hierarchy = memory_hierarchy();
     let from_kernel =
-        memory_hierarchy().and_then(|(v, root)| cgroup_path_by_id(&root, ev.victim_memcg_id).map(|p| (v, p)));
+        hierarchy.as_ref().and_then(|(v, root)| cgroup_path_by_id(root, ev.victim_memcg_id).map(|p| (*v, p)));
     let source = match (&from_kernel, &victim_cgroup) {
         (Some(_), _) => Some("kernel".to_string()),
         (None, Some(_)) => Some("proc".to_string()),
@@ -288,7 +289,7 @@ pub fn describe(
     let victim_cgroup = from_kernel.or(victim_cgroup);
     // The kernel's own answer, where oom_kill_process() could be probed.
     let kernel = kernel_constraint(ev.constraint);
-    if let (Some(k), Some((v, root))) = (kernel, memory_hierarchy()) {
+    if let (Some(k), Some((v, root))) = (kernel, hierarchy) {
         let cgroup = if ev.oom_memcg_id != 0 { cgroup_path_by_id(&root, ev.oom_memcg_id) } else { None };
         if k != "memcg" || cgroup.is_some() {
             let m = cgroup.as_ref().map(|c| read_cgroup_memory(&root.join(c.trim_start_matches('/')), v));
