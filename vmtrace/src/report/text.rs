@@ -383,7 +383,7 @@ fn regions_section(out: &mut String, s: &Summary, limit: usize) {
 /// regions.txt: every region, by fault time.
 pub fn render_regions(s: &Summary) -> String {
     let mut out = String::from(
-        "Faults per memory region, by time in the fault handler (p50/p99: bucket bounds; HUGE not measured yet)\n",
+        "Faults per memory region, by time in the fault handler (p50/p99: bucket bounds; HUGE: faults served by a transparent huge page)\n",
     );
     regions_table(&mut out, s, usize::MAX);
     out
