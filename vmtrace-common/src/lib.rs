@@ -169,6 +169,21 @@ impl Merge for StackCounts {
     }
 }
 
+/// A stack aggregate this CPU is counting into (`STACK_CUR`, per CPU, a few
+/// slots): a fault loop repeats a few stacks, so their counts gather here and
+/// reach `FAULT_STACKS` when a slot's key changes. Userspace adds the slots
+/// at the end.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackCur {
+    pub key: StackKey,
+    pub counts: StackCounts,
+}
+const _: () = assert!(core::mem::size_of::<StackCur>() == 24 + 32);
+
+/// Slots of `STACK_CUR` per CPU.
+pub const STACK_CUR_SLOTS: u32 = 16;
+
 /// Address granule of the per-region aggregate: 64 KiB, 16 pages.
 pub const REGION_GRANULE_SHIFT: u32 = 16;
 
@@ -655,6 +670,7 @@ mod pod {
     unsafe impl aya::Pod for super::UserStack {}
     unsafe impl aya::Pod for super::StackKey {}
     unsafe impl aya::Pod for super::StackCounts {}
+    unsafe impl aya::Pod for super::StackCur {}
     unsafe impl aya::Pod for super::MmStats {}
     unsafe impl aya::Pod for super::GranuleKey {}
     unsafe impl aya::Pod for super::GranuleCounts {}

@@ -8,7 +8,8 @@ use aya_ebpf::{
 };
 use vmtrace_common::{
     Config, DropKind, FaultStats, FileKey, GranuleCounts, GranuleCur, GranuleKey, InflightFault, KernelOffsets, Merge,
-    MmInflight, MmStackCounts, MmStackKey, MmStats, StackCounts, StackKey, DROP_KINDS, REGION_GRANULE_SHIFT,
+    MmInflight, MmStackCounts, MmStackKey, MmStats, StackCounts, StackCur, StackKey, DROP_KINDS, REGION_GRANULE_SHIFT,
+    STACK_CUR_SLOTS,
 };
 
 /// Written by userspace: 1 = stop counting. Set at the end so every aggregate
@@ -84,6 +85,40 @@ pub static STACKS: StackTrace = StackTrace::with_max_entries(16_384, 0);
 /// Fault counts per (process, user stack, kernel stack).
 #[map]
 pub static FAULT_STACKS: PerCpuHashMap<StackKey, StackCounts> = PerCpuHashMap::with_max_entries(65_536, 0);
+
+/// The stack aggregates this CPU counts into, direct-mapped by key; see `StackCur`.
+#[map]
+pub static STACK_CUR: PerCpuArray<StackCur> = PerCpuArray::with_max_entries(STACK_CUR_SLOTS, 0);
+
+/// Counts for `key`: its slot in this CPU's `STACK_CUR`, after moving the
+/// slot's previous key's counts into `FAULT_STACKS` if it differs. Two ways of
+/// several slots, as an unrolled loop faults at a few instructions in turn.
+/// With a stack on every fault this saves a hash lookup (~50 ns here) per fault.
+#[inline(always)]
+pub fn stack_counts(key: &StackKey) -> Option<&'static mut StackCounts> {
+    // Stack ids are hash-derived: their low bits spread keys over the slots.
+    let i = ((key.user_stack ^ key.kernel_stack) as u32 ^ key.granule as u32) % STACK_CUR_SLOTS;
+    // SAFETY: this CPU's slots; BPF programs on one CPU do not interleave.
+    let cur = unsafe { &mut *STACK_CUR.get_ptr_mut(i)? };
+    if cur.key == *key {
+        return Some(&mut cur.counts);
+    }
+    // SAFETY: as above.
+    let other = unsafe { &mut *STACK_CUR.get_ptr_mut(i ^ 1)? };
+    if other.key == *key {
+        return Some(&mut other.counts);
+    }
+    let c = cur.counts;
+    if c.faults | c.major | c.timed != 0 {
+        match get_or_insert(&FAULT_STACKS, &cur.key, &StackCounts::default()) {
+            Some(v) => v.merge(&c),
+            None => count_drop(DropKind::StackCountsFull),
+        }
+    }
+    cur.key = *key;
+    cur.counts = StackCounts::default();
+    Some(&mut cur.counts)
+}
 
 /// The current user stack's id: in `USER_STACKS` where the programs walk it
 /// themselves (`Config::user_walk`), else in `STACKS`; -2 when it cannot be

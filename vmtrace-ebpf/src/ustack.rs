@@ -6,7 +6,7 @@
 //! every walk — ~1 µs here, most of the walk's cost. This walk stops there.
 use aya_ebpf::{
     bindings::pt_regs,
-    helpers::{bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_probe_read_user, bpf_task_pt_regs},
+    helpers::{bpf_get_current_task_btf, bpf_probe_read_user, bpf_task_pt_regs},
     macros::map,
     maps::{HashMap, PerCpuArray},
 };
@@ -21,6 +21,20 @@ pub static USER_STACKS: HashMap<u32, UserStack> =
 /// This CPU's stack being walked (too big for the BPF stack).
 #[map]
 static SCRATCH: PerCpuArray<UserStack> = PerCpuArray::with_max_entries(1, 0);
+
+/// The last stack this CPU stored: a fault loop takes the same stack again
+/// and again, and a repeat skips the map lookups of `store`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct LastStack {
+    hash: u64,
+    /// 0: none yet (stored ids have bit 30 set).
+    id: i32,
+    _pad: u32,
+}
+
+#[map]
+static LAST_STACK: PerCpuArray<LastStack> = PerCpuArray::with_max_entries(1, 0);
 
 /// Above every user address on x86-64 (5-level paging included).
 const USER_END: u64 = 1 << 56;
@@ -40,13 +54,15 @@ pub fn walk() -> Option<i32> {
     // SAFETY: the current task is valid for the program's run; the user-mode
     // registers saved at kernel entry are at the top of its kernel stack.
     let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
-    // SAFETY: bpf_probe_read_kernel faults safely; `cs` follows `rip`.
-    let (Ok([ip, cs]), Ok(mut fp)) =
-        (unsafe { bpf_probe_read_kernel((&raw const (*regs).rip).cast::<[u64; 2]>()) }, unsafe {
-            bpf_probe_read_kernel(&raw const (*regs).rbp)
-        })
-    else {
-        return Some(-2);
+    // SAFETY: the helper returns a BTF pointer to `struct pt_regs`: the
+    // verifier turns these loads into fault-safe ones, without the helper
+    // call of bpf_probe_read_kernel (~40 ns each here).
+    let (ip, cs, mut fp) = unsafe {
+        (
+            core::ptr::read_volatile(&raw const (*regs).rip),
+            core::ptr::read_volatile(&raw const (*regs).cs),
+            core::ptr::read_volatile(&raw const (*regs).rbp),
+        )
     };
     if cs & 0xffff != USER_CS_64 {
         return None;
@@ -77,7 +93,18 @@ pub fn walk() -> Option<i32> {
     }
     s.nr = nr as u64;
     s.hash = h;
-    Some(store(s))
+    // Userspace never deletes stored stacks, so a remembered id stays valid.
+    let Some(last) = LAST_STACK.get_ptr_mut(0) else { return Some(store(s)) };
+    // SAFETY: this CPU's slot; programs on one CPU do not interleave.
+    let last = unsafe { &mut *last };
+    if last.id != 0 && last.hash == h {
+        return Some(last.id);
+    }
+    let id = store(s);
+    if id > 0 {
+        *last = LastStack { hash: h, id, _pad: 0 };
+    }
+    Some(id)
 }
 
 #[inline(always)]

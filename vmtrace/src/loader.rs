@@ -31,7 +31,7 @@ use aya::{
 };
 use vmtrace_common::{
     Config, FaultStats, FileKey, GranuleCounts, GranuleCur, GranuleKey, Merge, MmStackCounts, MmStackKey, MmStats,
-    StackCounts, StackKey,
+    StackCounts, StackCur, StackKey,
 };
 
 use crate::{kernel::btf as kbtf, perf::EndPrograms, stacks::StackMode};
@@ -298,6 +298,7 @@ pub struct Probes {
     pub totals: PerCpuArray<MapData, u64>,
     pub region_stats: PerCpuHashMap<MapData, GranuleKey, GranuleCounts>,
     pub granule_cur: PerCpuArray<MapData, GranuleCur>,
+    pub stack_cur: PerCpuArray<MapData, StackCur>,
     pub control: aya::maps::Array<MapData, u32>,
     pub file_cache: PerCpuHashMap<MapData, FileKey, u64>,
     pub logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
@@ -370,39 +371,28 @@ impl Probes {
         if opts.stacks.bits() & vmtrace_common::STACK_USER != 0 {
             attached.push(user_stack_selection(user_walk, opts.force_tracepoints));
         }
-        let fault_stats = take_map(&mut ebpf, "FAULT_STATS")?;
-        let drops = take_map(&mut ebpf, "DROPS")?;
-        let events = take_map(&mut ebpf, "EVENTS")?;
-        let fault_stacks = take_map(&mut ebpf, "FAULT_STACKS")?;
-        let stack_traces = take_map(&mut ebpf, "STACKS")?;
-        let user_stacks = if user_walk { Some(take_map(&mut ebpf, "USER_STACKS")?) } else { None };
-        let mm_stats = take_map(&mut ebpf, "MM_STATS")?;
-        let mm_stacks = take_map(&mut ebpf, "MM_STACKS")?;
-        let totals = take_map(&mut ebpf, "TOTALS")?;
-        let region_stats = take_map(&mut ebpf, "REGION_STATS")?;
-        let granule_cur = take_map(&mut ebpf, "GRANULE_CUR")?;
-        let control = take_map(&mut ebpf, "CONTROL")?;
-        let file_cache = take_map(&mut ebpf, "FILE_CACHE")?;
+        // Maps first: `ebpf` moves into the value last.
         Ok(Self {
-            ebpf,
             attached,
             minor_period,
             end_programs,
             fault_end: None,
-            fault_stats,
-            drops,
-            events,
-            fault_stacks,
-            stack_traces,
-            user_stacks,
-            mm_stats,
-            mm_stacks,
-            totals,
-            region_stats,
-            granule_cur,
-            control,
-            file_cache,
+            fault_stats: take_map(&mut ebpf, "FAULT_STATS")?,
+            drops: take_map(&mut ebpf, "DROPS")?,
+            events: take_map(&mut ebpf, "EVENTS")?,
+            fault_stacks: take_map(&mut ebpf, "FAULT_STACKS")?,
+            stack_traces: take_map(&mut ebpf, "STACKS")?,
+            user_stacks: if user_walk { Some(take_map(&mut ebpf, "USER_STACKS")?) } else { None },
+            mm_stats: take_map(&mut ebpf, "MM_STATS")?,
+            mm_stacks: take_map(&mut ebpf, "MM_STACKS")?,
+            totals: take_map(&mut ebpf, "TOTALS")?,
+            region_stats: take_map(&mut ebpf, "REGION_STATS")?,
+            granule_cur: take_map(&mut ebpf, "GRANULE_CUR")?,
+            stack_cur: take_map(&mut ebpf, "STACK_CUR")?,
+            control: take_map(&mut ebpf, "CONTROL")?,
+            file_cache: take_map(&mut ebpf, "FILE_CACHE")?,
             logger,
+            ebpf,
         })
     }
 
@@ -450,9 +440,20 @@ impl Probes {
         self.mm_stacks.iter().filter_map(Result::ok).map(|(k, v)| (k, sum_cpus(v.iter()))).collect()
     }
 
-    /// Every stack aggregate, summed over CPUs.
+    /// Every stack aggregate, summed over CPUs, with the keys each CPU is
+    /// still counting into.
     pub fn all_stack_counts(&self) -> Vec<(StackKey, StackCounts)> {
-        self.fault_stacks.iter().filter_map(Result::ok).map(|(k, v)| (k, sum_cpus(v.iter()))).collect()
+        let mut all: std::collections::HashMap<StackKey, StackCounts> = std::collections::HashMap::new();
+        for (k, v) in self.fault_stacks.iter().filter_map(Result::ok) {
+            all.entry(k).or_default().merge(&sum_cpus(v.iter()));
+        }
+        for i in 0..vmtrace_common::STACK_CUR_SLOTS {
+            let Ok(cur) = self.stack_cur.get(&i, 0) else { continue };
+            for c in cur.iter().filter(|c| c.counts.faults | c.counts.major | c.counts.timed != 0) {
+                all.entry(c.key).or_default().merge(&c.counts);
+            }
+        }
+        all.into_iter().collect()
     }
 
     /// Instruction pointers of stack `id`, innermost first.

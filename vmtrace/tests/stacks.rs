@@ -138,6 +138,10 @@ fn own_user_stack_walk_matches_the_kernels() {
         // (counted); the own walk probes on.
         let lost = u(&run.summary["stacks"]["lost"]);
         assert!(lost == 0 || (kind == "stackid" && lost * 100 <= total), "{kind}: {lost} stacks lost");
+        // Every fault's stack is counted once: the counts still in the
+        // programs' per-CPU stack slots reach the report too.
+        let faults = u(&run.summary["totals"]["total"]);
+        assert!(total + lost >= faults - faults / 1000, "{kind}: stacks of {total} faults (+{lost} lost) of {faults}");
     }
 }
 

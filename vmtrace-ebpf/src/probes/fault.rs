@@ -17,13 +17,13 @@ use aya_ebpf::{
     programs::{tracing::StackIdContext, BtfTracePointContext, FExitContext, PerfEventContext, TracePointContext},
 };
 use vmtrace_common::{
-    granule_bucket, hist_bucket, pf, DropKind, InflightFault, StackCounts, StackKey, LEAF_GRANULE_SHIFT, PMD_ORDER,
-    STACK_KERNEL, STACK_USER,
+    granule_bucket, hist_bucket, pf, DropKind, InflightFault, StackKey, LEAF_GRANULE_SHIFT, PMD_ORDER, STACK_KERNEL,
+    STACK_USER,
 };
 
 use crate::maps::{
-    config, count_drop, count_total, current_stats, get_or_insert, granule_counts, user_stack_id, FAULT_PARKED,
-    FAULT_SLOT, FAULT_STACKS, FAULT_STATS, STACKS,
+    config, count_drop, count_total, current_stats, granule_counts, stack_counts, user_stack_id, FAULT_PARKED,
+    FAULT_SLOT, FAULT_STATS, STACKS,
 };
 
 /// Lowest kernel address on x86-64 (4- and 5-level paging): kernel-mode faults
@@ -172,9 +172,8 @@ fn sample_stack<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, slot: &mut 
     };
     let kernel = if cfg.stack_mode & STACK_KERNEL != 0 { take(0) } else { -1 };
     let key = StackKey { tgid, user_stack: user, kernel_stack: kernel, _pad: 0, granule: granule(address) };
-    match stack_counts(&key) {
-        Some(c) => c.faults += 1,
-        None => count_drop(DropKind::StackCountsFull),
+    if let Some(c) = stack_counts(&key) {
+        c.faults += 1;
     }
     (user, kernel)
 }
@@ -186,11 +185,6 @@ fn granule(address: u64) -> u64 {
     } else {
         0
     }
-}
-
-#[inline(always)]
-fn stack_counts(key: &StackKey) -> Option<&'static mut StackCounts> {
-    get_or_insert(&FAULT_STACKS, key, &StackCounts::default())
 }
 
 #[perf_event]
