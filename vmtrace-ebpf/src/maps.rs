@@ -184,7 +184,7 @@ pub fn mm_stats(tgid: u32) -> Option<&'static mut MmStats> {
     m
 }
 
-/// Faults per (process, 64 KiB granule): userspace maps granules to regions.
+/// Faults per (process, region granule): userspace maps granules to regions.
 #[map]
 pub static REGION_STATS: PerCpuHashMap<GranuleKey, GranuleCounts> = PerCpuHashMap::with_max_entries(262_144, 0);
 

@@ -251,7 +251,7 @@ pub struct Families {
     pub mmap: bool,
     /// TLB flushes and shootdown IPIs.
     pub tlb: bool,
-    /// Faults per 64 KiB granule (region attribution) and page-cache additions.
+    /// Faults per region granule (region attribution) and page-cache additions.
     pub regions: bool,
 }
 

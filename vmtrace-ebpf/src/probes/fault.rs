@@ -17,8 +17,8 @@ use aya_ebpf::{
     programs::{tracing::StackIdContext, BtfTracePointContext, FExitContext, PerfEventContext, TracePointContext},
 };
 use vmtrace_common::{
-    granule_bucket, hist_bucket, pf, DropKind, InflightFault, StackKey, LEAF_GRANULE_SHIFT, PMD_ORDER, STACK_KERNEL,
-    STACK_USER,
+    granule_bucket, hist_bucket, pf, DropKind, InflightFault, StackKey, GRANULE_PAGES, LEAF_GRANULE_SHIFT, PMD_ORDER,
+    STACK_KERNEL, STACK_USER,
 };
 
 use crate::maps::{
@@ -109,7 +109,7 @@ fn fault_start<C: StackIdContext>(ctx: &C, address: u64, error_code: u64, kernel
     if config().regions != 0 {
         if let Some(g) = granule_counts(tgid, address) {
             g.faults += 1;
-            g.touched |= 1 << ((address >> 12) & 15);
+            g.touched |= 1 << ((address >> 12) & (GRANULE_PAGES - 1));
             if error_code & pf::INSTR != 0 {
                 g.exec += 1;
             }

@@ -1,4 +1,4 @@
-//! Which memory region took each fault: the kernel counts faults per 64 KiB
+//! Which memory region took each fault: the kernel counts faults per 256 KiB
 //! granule of each process (with a bitmap of the pages touched); here each
 //! touched page is placed in the region (VMA) that held it — from the last
 //! read of `/proc/PID/maps`, else from the mapping events (regions gone by
@@ -9,7 +9,7 @@ pub mod safetensors;
 use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
-use vmtrace_common::{GranuleCounts, GranuleKey, GRANULE_HIST, REGION_GRANULE_SHIFT};
+use vmtrace_common::{GranuleCounts, GranuleKey, GRANULE_HIST, GRANULE_PAGES, REGION_GRANULE_SHIFT};
 
 use crate::{
     procmaps::{self, Region, RegionKind},
@@ -166,7 +166,8 @@ pub fn attribute<'a>(
     for (k, g) in granules {
         let base = k.granule << REGION_GRANULE_SHIFT;
         let regs = regions_of(k.tgid);
-        let pages: Vec<u64> = (0..16).filter(|i| g.touched & (1 << i) != 0).map(|i| base + i * 4096).collect();
+        let pages: Vec<u64> =
+            (0..GRANULE_PAGES).filter(|i| g.touched & (1 << i) != 0).map(|i| base + i * 4096).collect();
         let n = pages.len().max(1) as f64;
         let mut per_region: HashMap<(u64, u64), (Region, u64)> = HashMap::new();
         for &addr in &pages {
@@ -286,6 +287,9 @@ pub fn kernel_dev_ino(path: &str) -> Option<(u32, u64)> {
 mod tests {
     use super::*;
 
+    /// Start of granule 1.
+    const G: u64 = 1 << REGION_GRANULE_SHIFT;
+
     fn region(start: u64, end: u64, kind: RegionKind, path: Option<&str>) -> Region {
         Region { start, end, perms: "rw-p".into(), offset: 0, kind, path: path.map(Into::into) }
     }
@@ -294,8 +298,8 @@ mod tests {
     fn pages_follow_their_regions_and_counts_split_by_pages() {
         // One granule straddling two regions: 12 touched pages in the first, 4 in the second.
         let maps = vec![
-            region(0x10000, 0x1c000, RegionKind::Anon, None),
-            region(0x1c000, 0x30000, RegionKind::Heap, Some("[heap]")),
+            region(G, G + 0xc000, RegionKind::Anon, None),
+            region(G + 0xc000, 3 * G, RegionKind::Heap, Some("[heap]")),
         ];
         let g = GranuleCounts {
             faults: 32,
@@ -322,7 +326,7 @@ mod tests {
 
     #[test]
     fn unmapped_regions_come_from_mapping_events_and_unknown_is_kept() {
-        let mapped = procmaps::MappedRegions::from(vec![region(0x40000, 0x50000, RegionKind::Anon, None)]);
+        let mapped = procmaps::MappedRegions::from(vec![region(4 * G, 4 * G + 0x10000, RegionKind::Anon, None)]);
         let g = GranuleCounts { faults: 16, touched: 0xffff, ..Default::default() };
         let keys = [(GranuleKey { tgid: 1, _pad: 0, granule: 4 }, g), (GranuleKey { tgid: 1, _pad: 0, granule: 9 }, g)];
         let a = attribute(&keys, |_| Some(ProcessRegions { maps: &[], mapped: &mapped }), |_| None);
@@ -334,7 +338,7 @@ mod tests {
 
     #[test]
     fn files_sum_across_processes_with_readahead() {
-        let mut r = region(0x10000, 0x20000, RegionKind::File, Some("/ckpt/x.bin"));
+        let mut r = region(G, G + 0x10000, RegionKind::File, Some("/ckpt/x.bin"));
         r.offset = 0x1000;
         let maps = vec![r];
         let g = GranuleCounts { faults: 16, major: 4, touched: 0xffff, ..Default::default() };
