@@ -642,12 +642,20 @@ pub struct Config {
     pub vm_fault_unaccounted: u32,
     pub vm_fault_major: u32,
     pub fault_flag_tried: u32,
-    /// 1: user stacks are walked by the programs themselves (`USER_STACKS`,
-    /// needs `bpf_task_pt_regs`, 5.15+); 0: `bpf_get_stackid` into `STACKS`.
+    /// How user stacks are taken: 0 = `bpf_get_stackid` into `STACKS`; else
+    /// walked by the programs themselves into `USER_STACKS` (needs
+    /// `bpf_task_pt_regs`, 5.15+), `USER_WALK_FRAMES` or `USER_WALK_WINDOWS`.
     pub user_walk: u32,
     pub _pad: u32,
 }
 const _: () = assert!(core::mem::size_of::<Config>() == 56);
+
+/// `Config::user_walk`: a 16-byte read per frame.
+pub const USER_WALK_FRAMES: u32 = 1;
+/// `Config::user_walk`: 1 KiB reads, each usually holding several frames. The
+/// verifier of 6.1 gives up on this loop (its paths do not converge); 6.12's
+/// takes it.
+pub const USER_WALK_WINDOWS: u32 = 2;
 
 /// Bit 30 of every id in `USER_STACKS`: ids in `STACKS` stay below it.
 pub const OWN_STACK_ID: u32 = 1 << 30;

@@ -10,11 +10,13 @@ use core::ffi::c_void;
 
 use aya_ebpf::{
     bindings::pt_regs,
-    helpers::{bpf_get_current_task_btf, bpf_task_pt_regs, generated},
+    helpers::{bpf_get_current_task_btf, bpf_probe_read_user, bpf_task_pt_regs, generated},
     macros::map,
     maps::{HashMap, PerCpuArray},
 };
-use vmtrace_common::{UserStack, OWN_STACK_ID, USER_STACK_DEPTH};
+use vmtrace_common::{UserStack, OWN_STACK_ID, USER_STACK_DEPTH, USER_WALK_WINDOWS};
+
+use crate::maps::config;
 
 /// Walked user stacks by id (30 bits of their hash; see `store`). Not
 /// preallocated: 16k stacks of 1 KiB would pin 16 MiB up front.
@@ -43,9 +45,11 @@ static LAST_STACK: PerCpuArray<LastStack> = PerCpuArray::with_max_entries(1, 0);
 /// Bytes of user stack read at once.
 const WINDOW_BYTES: u64 = 1024;
 
-/// This CPU's window of user stack bytes being walked.
+/// This CPU's window of user stack bytes being walked. Two words longer than
+/// a read: any 8-byte index below `WINDOW_BYTES` and the next are in bounds
+/// without a check the verifier would have to follow.
 #[map]
-static WINDOW: PerCpuArray<[u64; WINDOW_BYTES as usize / 8]> = PerCpuArray::with_max_entries(1, 0);
+static WINDOW: PerCpuArray<[u64; WINDOW_BYTES as usize / 8 + 2]> = PerCpuArray::with_max_entries(1, 0);
 
 /// Above every user address on x86-64 (5-level paging included).
 const USER_END: u64 = 1 << 56;
@@ -68,7 +72,7 @@ pub fn walk() -> Option<i32> {
     // SAFETY: the helper returns a BTF pointer to `struct pt_regs`: the
     // verifier turns these loads into fault-safe ones, without the helper
     // call of bpf_probe_read_kernel (~40 ns each here).
-    let (ip, cs, mut fp) = unsafe {
+    let (ip, cs, fp) = unsafe {
         (
             core::ptr::read_volatile(&raw const (*regs).rip),
             core::ptr::read_volatile(&raw const (*regs).cs),
@@ -79,60 +83,14 @@ pub fn walk() -> Option<i32> {
         return None;
     }
     s.ips[0] = ip;
-    let Some(win) = WINDOW.get_ptr_mut(0) else { return Some(-2) };
-    // SAFETY: this CPU's window, as for the scratch.
-    let win = unsafe { &mut *win };
-    // The user stack bytes in `win`: [base, base + len).
-    let (mut base, mut len) = (0u64, 0u64);
-    let mut h = mix(0x9e37_79b9_7f4a_7c15 ^ ip);
-    let mut nr = 1;
-    for i in 1..USER_STACK_DEPTH {
-        if fp == 0 || fp & 7 != 0 || fp >= USER_END {
-            break;
-        }
-        if fp < base || fp + 16 > base + len {
-            // One read for this frame and the callers' frames above it: a
-            // read costs ~40 ns here whatever its size up to 1 KiB. The stack
-            // above a frame is mapped and present up to its top, so only a
-            // window past the top fails (a fault, ~1 µs); then read up to the
-            // end of the frame's page, which is present.
-            let dst = win.as_mut_ptr().cast();
-            // SAFETY: bpf_probe_read_user faults safely; sizes <= the window.
-            let mut n = WINDOW_BYTES;
-            if unsafe { generated::bpf_probe_read_user(dst, n as u32, fp as *const c_void) } != 0 {
-                let to_page_end = 4096 - (fp & 4095);
-                n = if to_page_end < 16 {
-                    16
-                } else if to_page_end > WINDOW_BYTES {
-                    WINDOW_BYTES
-                } else {
-                    to_page_end
-                };
-                // SAFETY: as above.
-                if unsafe { generated::bpf_probe_read_user(dst, n as u32, fp as *const c_void) } != 0 {
-                    break;
-                }
-            }
-            (base, len) = (fp, n);
-        }
-        // [saved fp, return address]; the bound is for the verifier.
-        let at = ((fp - base) >> 3) as usize & (WINDOW_BYTES as usize / 8 - 1);
-        let (Some(&next), Some(&ret)) = (win.get(at), win.get(at + 1)) else { break };
-        if ret == 0 {
-            break;
-        }
-        if let Some(slot) = s.ips.get_mut(i) {
-            *slot = ret;
-        }
-        h = mix(h ^ ret);
-        nr = i + 1;
-        // A frame chain climbs the stack; anything else is not a chain (code
-        // without frame pointers leaves rbp as a general register).
-        if next <= fp {
-            break;
-        }
-        fp = next;
-    }
+    let h = mix(0x9e37_79b9_7f4a_7c15 ^ ip);
+    // A constant of the frozen CONFIG: the verifier sees one loop only.
+    let (h, nr) = if config().user_walk == USER_WALK_WINDOWS {
+        let Some(r) = by_windows(s, fp, h) else { return Some(-2) };
+        r
+    } else {
+        by_frames(s, fp, h)
+    };
     s.nr = nr as u64;
     s.hash = h;
     // Userspace never deletes stored stacks, so a remembered id stays valid.
@@ -147,6 +105,89 @@ pub fn walk() -> Option<i32> {
         *last = LastStack { hash: h, id, _pad: 0 };
     }
     Some(id)
+}
+
+/// The frames above `fp`, read 16 bytes at a time: `(hash, depth)`.
+#[inline(always)]
+fn by_frames(s: &mut UserStack, mut fp: u64, mut h: u64) -> (u64, usize) {
+    let mut nr = 1;
+    for i in 1..USER_STACK_DEPTH {
+        if fp == 0 || fp & 7 != 0 || fp >= USER_END {
+            break;
+        }
+        // SAFETY: bpf_probe_read_user faults safely; [saved fp, return address].
+        let Ok([next, ret]) = (unsafe { bpf_probe_read_user(fp as *const [u64; 2]) }) else { break };
+        if !push(s, i, ret, &mut h) {
+            break;
+        }
+        nr = i + 1;
+        // A frame chain climbs the stack; anything else is not a chain (code
+        // without frame pointers leaves rbp as a general register).
+        if next <= fp {
+            break;
+        }
+        fp = next;
+    }
+    (h, nr)
+}
+
+/// The frames above `fp`, read a window of `WINDOW_BYTES` at a time: a read
+/// costs ~40 ns here whatever its size up to 1 KiB, and a window usually
+/// holds several frames. `None` when this CPU's window is missing.
+#[inline(always)]
+fn by_windows(s: &mut UserStack, mut fp: u64, mut h: u64) -> Option<(u64, usize)> {
+    // SAFETY: this CPU's window, as for the scratch.
+    let win = unsafe { &mut *WINDOW.get_ptr_mut(0)? };
+    // The user stack bytes in `win`: [base, end).
+    let (mut base, mut end) = (0u64, 0u64);
+    let mut nr = 1;
+    for i in 1..USER_STACK_DEPTH {
+        if fp == 0 || fp & 7 != 0 || fp >= USER_END {
+            break;
+        }
+        if fp < base || fp + 16 > end {
+            // The stack above a frame is mapped and present up to its top, so
+            // only a window past the top fails (a fault, ~1 µs); then read up
+            // to the end of the frame's page, which is present.
+            let dst = win.as_mut_ptr().cast();
+            let mut n = WINDOW_BYTES;
+            // SAFETY: bpf_probe_read_user faults safely; sizes <= the window.
+            if unsafe { generated::bpf_probe_read_user(dst, n as u32, fp as *const c_void) } != 0 {
+                let to_page_end = 4096 - (fp & 4095);
+                n = to_page_end.clamp(16, WINDOW_BYTES);
+                // SAFETY: as above.
+                if unsafe { generated::bpf_probe_read_user(dst, n as u32, fp as *const c_void) } != 0 {
+                    break;
+                }
+            }
+            (base, end) = (fp, fp + n);
+        }
+        // [saved fp, return address]; the mask is for the verifier.
+        let at = ((fp - base) >> 3) as usize & (WINDOW_BYTES as usize / 8 - 1);
+        let (Some(&next), Some(&ret)) = (win.get(at), win.get(at + 1)) else { break };
+        if !push(s, i, ret, &mut h) {
+            break;
+        }
+        nr = i + 1;
+        if next <= fp {
+            break;
+        }
+        fp = next;
+    }
+    Some((h, nr))
+}
+
+/// Adds return address `ret` as frame `i`; false at the end of the chain.
+#[inline(always)]
+fn push(s: &mut UserStack, i: usize, ret: u64, h: &mut u64) -> bool {
+    if ret == 0 {
+        return false;
+    }
+    if let Some(slot) = s.ips.get_mut(i) {
+        *slot = ret;
+    }
+    *h = mix(*h ^ ret);
+    true
 }
 
 #[inline(always)]

@@ -307,7 +307,7 @@ pub struct Probes {
 impl Probes {
     pub fn load(opts: &LoadOptions) -> Result<Self, LoadError> {
         let BtfFacts { offsets, fault_bits, tp_btf, user_walk } = btf_facts()?;
-        let user_walk = user_walk && !opts.force_tracepoints;
+        let user_walk = user_walk_mode(user_walk && !opts.force_tracepoints);
         release_freed_memory();
         let btf = Btf::from_sys_fs().map_err(|e| kbtf::BtfError::Read(e.to_string()))?;
         let config = Config {
@@ -327,7 +327,7 @@ impl Probes {
             vm_fault_unaccounted: fault_bits.0,
             vm_fault_major: fault_bits.1,
             fault_flag_tried: fault_bits.2,
-            user_walk: u32::from(user_walk),
+            user_walk,
             _pad: 0,
         };
         let mut ebpf = EbpfLoader::new()
@@ -382,7 +382,7 @@ impl Probes {
             events: take_map(&mut ebpf, "EVENTS")?,
             fault_stacks: take_map(&mut ebpf, "FAULT_STACKS")?,
             stack_traces: take_map(&mut ebpf, "STACKS")?,
-            user_stacks: if user_walk { Some(take_map(&mut ebpf, "USER_STACKS")?) } else { None },
+            user_stacks: if user_walk != 0 { Some(take_map(&mut ebpf, "USER_STACKS")?) } else { None },
             mm_stats: take_map(&mut ebpf, "MM_STATS")?,
             mm_stacks: take_map(&mut ebpf, "MM_STACKS")?,
             totals: take_map(&mut ebpf, "TOTALS")?,
@@ -863,17 +863,37 @@ pub fn probe_selection() -> Result<Vec<Attached>, LoadError> {
     Ok(probes.attached.clone())
 }
 
-/// How user stacks are taken: a row of the probe selection.
-fn user_stack_selection(user_walk: bool, forced: bool) -> Attached {
-    Attached {
-        what: "user stacks",
-        program_type: if user_walk { "own walk" } else { "stackid" },
-        target: if user_walk { "frame pointers, USER_STACKS" } else { "bpf_get_stackid, STACKS" }.into(),
-        fallback_reason: (!user_walk).then(|| {
-            if forced { "forced (--force-tracepoints)" } else { "no bpf_task_pt_regs (before 5.15)" }.to_string()
-                + ": the kernel's walker, which faults on the frame at address 0 ending each chain (~1 µs per stack)"
-        }),
+/// How the programs walk user stacks (`Config::user_walk`): 0 where they
+/// cannot (the kernel's walker); by 1 KiB windows where the verifier is known
+/// to take that loop (6.12+; 6.1's runs out of its 1M-instruction budget), else
+/// a read per frame.
+fn user_walk_mode(own: bool) -> u32 {
+    match crate::kernel::preflight::kernel_release() {
+        _ if !own => 0,
+        Some(v) if v >= (6, 12) => vmtrace_common::USER_WALK_WINDOWS,
+        _ => vmtrace_common::USER_WALK_FRAMES,
     }
+}
+
+/// How user stacks are taken: a row of the probe selection.
+fn user_stack_selection(user_walk: u32, forced: bool) -> Attached {
+    let (program_type, target, fallback_reason) = match user_walk {
+        vmtrace_common::USER_WALK_WINDOWS => ("own walk", "frame pointers, 1 KiB reads, USER_STACKS", None),
+        vmtrace_common::USER_WALK_FRAMES => (
+            "own walk",
+            "frame pointers, a read per frame, USER_STACKS",
+            Some("1 KiB reads (several frames a read) are used from 6.12: 6.1's verifier gives up on that loop".into()),
+        ),
+        _ => (
+            "stackid",
+            "bpf_get_stackid, STACKS",
+            Some(
+                if forced { "forced (--force-tracepoints)" } else { "no bpf_task_pt_regs (before 5.15)" }.to_string()
+                    + ": the kernel's walker, which faults on the frame at address 0 ending each chain (~1 µs per stack)",
+            ),
+        ),
+    };
+    Attached { what: "user stacks", program_type, target: target.into(), fallback_reason }
 }
 
 /// The probe-selection table of `vmtrace check`.

@@ -103,6 +103,16 @@ pub fn privileges() -> Check {
     }
 }
 
+/// (major, minor) of the running kernel, from a release such as "6.18.44-fc".
+pub fn kernel_release() -> Option<(u32, u32)> {
+    parse_release(&fs::read_to_string("/proc/sys/kernel/osrelease").ok()?)
+}
+
+fn parse_release(release: &str) -> Option<(u32, u32)> {
+    let mut it = release.trim().split(|c: char| !c.is_ascii_digit());
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
 pub fn kernel_version() -> Check {
     let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     Check::new("kernel", Status::Info, release.trim(), None)
@@ -255,4 +265,17 @@ pub fn render(checks: &[Check]) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn releases_parse_to_major_minor() {
+        assert_eq!(parse_release("6.18.44-fc-v657\n"), Some((6, 18)));
+        assert_eq!(parse_release("6.1.0-57-amd64"), Some((6, 1)));
+        assert_eq!(parse_release("5.15.0"), Some((5, 15)));
+        assert_eq!(parse_release("garbage"), None);
+    }
 }
