@@ -109,7 +109,7 @@ pub struct RecordArgs {
     #[arg(long, value_enum, default_value = "user")]
     pub stacks: crate::stacks::StackMode,
     /// Take a stack on 1 in N faults, at random (flamegraph counts are scaled by
-    /// N). A user-stack walk costs about a microsecond: 1 = every fault.
+    /// N). A user-stack walk costs ~0.2-0.5 µs (deeper stacks more): 1 = every fault.
     #[arg(long, default_value_t = 64, value_parser = parse_stack_period)]
     pub stack_sample: u32,
     /// Extra leaf frame in flamegraphs: `region` adds the faulting memory
