@@ -28,20 +28,6 @@ pub static USER_STACKS: HashMap<u32, UserStack> =
 #[map]
 static SCRATCH: PerCpuArray<UserStack> = PerCpuArray::with_max_entries(1, 0);
 
-/// The last stack this CPU stored: a fault loop takes the same stack again
-/// and again, and a repeat skips the map lookups of `store`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct LastStack {
-    hash: u64,
-    /// 0: none yet (stored ids have bit 30 set).
-    id: i32,
-    _pad: u32,
-}
-
-#[map]
-static LAST_STACK: PerCpuArray<LastStack> = PerCpuArray::with_max_entries(1, 0);
-
 /// Bytes of user stack read at once.
 const WINDOW_BYTES: u64 = 1024;
 
@@ -93,18 +79,7 @@ pub fn walk() -> Option<i32> {
     };
     s.nr = nr as u64;
     s.hash = h;
-    // Userspace never deletes stored stacks, so a remembered id stays valid.
-    let Some(last) = LAST_STACK.get_ptr_mut(0) else { return Some(store(s)) };
-    // SAFETY: this CPU's slot; programs on one CPU do not interleave.
-    let last = unsafe { &mut *last };
-    if last.id != 0 && last.hash == h {
-        return Some(last.id);
-    }
-    let id = store(s);
-    if id > 0 {
-        *last = LastStack { hash: h, id, _pad: 0 };
-    }
-    Some(id)
+    Some(store(s))
 }
 
 /// The frames above `fp`, read 16 bytes at a time: `(hash, depth)`.
