@@ -4,7 +4,8 @@ use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid,
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
-    programs::tracing::StackIdContext,
+    programs::{tracing::StackIdContext, TracePointContext},
+    EbpfContext,
 };
 use vmtrace_common::{
     Config, DropKind, FaultStats, FileKey, GranuleCounts, GranuleCur, GranuleKey, InflightFault, KernelOffsets, Merge,
@@ -55,6 +56,16 @@ pub fn config() -> Config {
 pub fn koffsets() -> KernelOffsets {
     // SAFETY: as for `config`.
     unsafe { core::ptr::read_volatile(&raw const KOFFSETS) }
+}
+
+/// Field at `offset` of a classic tracepoint's record. A tracepoint program
+/// may load from its context at constant offsets; `read_at` instead calls
+/// `bpf_probe_read_kernel`, ~25 ns a field here.
+#[inline(always)]
+pub fn tp_field<T: Copy>(ctx: &TracePointContext, offset: usize) -> T {
+    // SAFETY: offsets come from the tracepoint formats; the verifier checks
+    // that the load is inside the record and aligned.
+    unsafe { core::ptr::read_volatile(ctx.as_ptr().cast::<u8>().add(offset).cast::<T>()) }
 }
 
 /// Per-process fault aggregates, keyed by tgid. It is also the traced set: a

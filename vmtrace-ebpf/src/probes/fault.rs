@@ -22,8 +22,8 @@ use vmtrace_common::{
 };
 
 use crate::maps::{
-    config, count_drop, count_total, current_stats, granule_counts, stack_counts, user_stack_id, FAULT_PARKED,
-    FAULT_SLOT, FAULT_STATS, STACKS,
+    config, count_drop, count_total, current_stats, granule_counts, stack_counts, tp_field, user_stack_id,
+    FAULT_PARKED, FAULT_SLOT, FAULT_STATS, STACKS,
 };
 
 /// Lowest kernel address on x86-64 (4- and 5-level paging): kernel-mode faults
@@ -55,24 +55,22 @@ const TP_FAULT_ERROR_CODE: usize = 24;
 
 #[tracepoint(category = "exceptions", name = "page_fault_user")]
 pub fn tp_exceptions_page_fault_user(ctx: TracePointContext) -> u32 {
-    let _ = try_tp_page_fault(&ctx, false);
+    try_tp_page_fault(&ctx, false);
     0
 }
 
 #[tracepoint(category = "exceptions", name = "page_fault_kernel")]
 pub fn tp_exceptions_page_fault_kernel(ctx: TracePointContext) -> u32 {
-    let _ = try_tp_page_fault(&ctx, true);
+    try_tp_page_fault(&ctx, true);
     0
 }
 
-fn try_tp_page_fault(ctx: &TracePointContext, kernel_mode: bool) -> Result<(), i32> {
-    // SAFETY: offsets from the tracepoint format above.
-    let address: u64 = unsafe { ctx.read_at(TP_FAULT_ADDRESS)? };
-    let error_code: u64 = unsafe { ctx.read_at(TP_FAULT_ERROR_CODE)? };
+fn try_tp_page_fault(ctx: &TracePointContext, kernel_mode: bool) {
+    let address: u64 = tp_field(ctx, TP_FAULT_ADDRESS);
+    let error_code: u64 = tp_field(ctx, TP_FAULT_ERROR_CODE);
     if !kernel_mode || address < KERNEL_SPACE_START {
         fault_start(ctx, address, error_code, kernel_mode);
     }
-    Ok(())
 }
 
 /// A kernel-mode fault taken while this CPU walks a user stack for us: the
@@ -316,8 +314,7 @@ pub fn tp_btf_mm_page_alloc(ctx: BtfTracePointContext) -> i32 {
 //   field:int migratetype;            offset:32; size:4; signed:1;
 #[tracepoint(category = "kmem", name = "mm_page_alloc")]
 pub fn tp_kmem_mm_page_alloc(ctx: TracePointContext) -> u32 {
-    // SAFETY: offset from the format above.
-    if unsafe { ctx.read_at::<u32>(16) }.is_ok_and(|o| o >= PMD_ORDER) {
+    if tp_field::<u32>(&ctx, 16) >= PMD_ORDER {
         huge_alloc();
     }
     0

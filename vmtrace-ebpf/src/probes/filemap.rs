@@ -3,7 +3,7 @@
 use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext};
 use vmtrace_common::FileKey;
 
-use crate::maps::{config, is_traced, FILE_CACHE};
+use crate::maps::{config, is_traced, tp_field, FILE_CACHE};
 
 // /sys/kernel/tracing/events/filemap/mm_filemap_add_to_page_cache/format:
 //   field:unsigned long pfn;   offset:8;  size:8; signed:0;
@@ -17,10 +17,7 @@ pub fn tp_filemap_mm_filemap_add_to_page_cache(ctx: TracePointContext) -> u32 {
     if config().regions == 0 || !is_traced(tgid) {
         return 0;
     }
-    // SAFETY: offsets from the format above.
-    let (ino, dev, order) = unsafe {
-        (ctx.read_at::<u64>(16).unwrap_or(0), ctx.read_at::<u32>(32).unwrap_or(0), ctx.read_at::<u8>(36).unwrap_or(0))
-    };
+    let (ino, dev, order) = (tp_field::<u64>(&ctx, 16), tp_field::<u32>(&ctx, 32), tp_field::<u8>(&ctx, 36));
     let key = FileKey { dev, _pad: 0, ino };
     let pages = 1u64 << (order & 15);
     if let Some(p) = FILE_CACHE.get_ptr_mut(&key) {

@@ -13,8 +13,8 @@ use vmtrace_common::{
 };
 
 use crate::maps::{
-    batched_wakeup, config, count_drop, get_or_insert, is_traced, mm_stats, user_stack_id, EVENTS, MM_INFLIGHT,
-    MM_STACKS, WAKE_NOW,
+    batched_wakeup, config, count_drop, get_or_insert, is_traced, mm_stats, tp_field, user_stack_id, EVENTS,
+    MM_INFLIGHT, MM_STACKS, WAKE_NOW,
 };
 
 // /sys/kernel/tracing/events/syscalls/sys_enter_*/format: after
@@ -30,14 +30,10 @@ const MAP_ANONYMOUS: u64 = 0x20;
 
 #[inline(always)]
 fn args<const N: usize>(ctx: &TracePointContext) -> [u64; 6] {
-    let mut a = [0u64; 6];
-    let mut i = 0;
-    while i < N {
-        // SAFETY: offsets from the formats above.
-        a[i] = unsafe { ctx.read_at::<u64>(ARG0 + 8 * i) }.unwrap_or(0);
-        i += 1;
-    }
-    a
+    // Constant offsets, field by field: the verifier refuses a context load
+    // at a variable one.
+    let arg = |i: usize| if i < N { tp_field::<u64>(ctx, ARG0 + 8 * i) } else { 0 };
+    [arg(0), arg(1), arg(2), arg(3), arg(4), arg(5)]
 }
 
 pub fn stack_key(tgid: u32, call: u32, user_stack: i32) -> MmStackKey {
@@ -86,8 +82,7 @@ fn exit(ctx: &TracePointContext) {
     // SAFETY: copied out before removal.
     let Some(f) = (unsafe { MM_INFLIGHT.get(&tid) }).copied() else { return };
     let _ = MM_INFLIGHT.remove(&tid);
-    // SAFETY: offset from the format above.
-    let ret: i64 = unsafe { ctx.read_at(EXIT_RET) }.unwrap_or(-1);
+    let ret: i64 = tp_field(ctx, EXIT_RET);
     let (addr, len) = match f.call {
         c if c == MmCall::Mmap as u32 && !(-4095..0).contains(&ret) => (ret as u64, f.args[1]),
         c if c == MmCall::Munmap as u32 && ret == 0 => (f.args[0], f.args[1]),

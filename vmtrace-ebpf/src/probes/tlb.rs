@@ -6,7 +6,7 @@ use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::
 use vmtrace_common::{MM_CALLS, MM_IPI_FROM_FLUSH, TLB_REASONS};
 
 use super::mmap::{mm_stack_counts, stack_key};
-use crate::maps::{config, is_traced, mm_stats, MM_INFLIGHT};
+use crate::maps::{config, is_traced, mm_stats, tp_field, MM_INFLIGHT};
 
 // /sys/kernel/tracing/events/tlb/tlb_flush/format:
 //   field:int reason;          offset:8;  size:4; signed:1;
@@ -19,9 +19,8 @@ pub fn tp_tlb_tlb_flush(ctx: TracePointContext) -> u32 {
     if !is_traced(tgid) {
         return 0;
     }
-    // SAFETY: offsets from the format above.
-    let reason: i32 = unsafe { ctx.read_at(8) }.unwrap_or(-1);
-    let pages: u64 = unsafe { ctx.read_at(16) }.unwrap_or(0);
+    let reason: i32 = tp_field(&ctx, 8);
+    let pages: u64 = tp_field(&ctx, 16);
     if let Some(m) = mm_stats(tgid) {
         if (0..TLB_REASONS as i32).contains(&reason) {
             if let Some(c) = m.tlb_reason.get_mut(reason as usize) {
@@ -74,8 +73,7 @@ fn ipis_sent(n: u64) {
 //   field:void * csd;       offset:32; size:8; signed:0;
 #[tracepoint(category = "csd", name = "csd_queue_cpu")]
 pub fn tp_csd_csd_queue_cpu(ctx: TracePointContext) -> u32 {
-    // SAFETY: offset from the format above.
-    let func: u64 = unsafe { ctx.read_at(24) }.unwrap_or(0);
+    let func: u64 = tp_field(&ctx, 24);
     if func != 0 && func == config().flush_tlb_func {
         ipis_sent(1);
     }
