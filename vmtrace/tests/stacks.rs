@@ -7,6 +7,8 @@ use std::{path::PathBuf, process::Command};
 use common::*;
 
 const FAULTER_C: &str = r#"
+#define _GNU_SOURCE
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -26,7 +28,24 @@ static void touch_fresh_mapping(void) {
     fill_buffer_with_faults(p, SIZE);
 }
 
+int fault_at_stack_top(void *arg) {
+    (void)arg;
+    touch_fresh_mapping();
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "attop") == 0) {
+        /* The faults happen in a child whose stack ends right above its outermost frames, under a
+           PROT_NONE page: a stack read past the top fails there. */
+        size_t size = 64 << 10;
+        char *stack = mmap(NULL, size + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (stack == MAP_FAILED || mprotect(stack + size, 4096, PROT_NONE) != 0) _exit(2);
+        pid_t pid = clone(fault_at_stack_top, stack + size, SIGCHLD, NULL);
+        if (pid < 0) _exit(3);
+        waitpid(pid, NULL, 0);
+        return 0;
+    }
     if (argc > 1 && strcmp(argv[1], "child") == 0) {
         /* The faults happen in a short-lived child that is gone before the trace ends. */
         pid_t pid = fork();
@@ -143,6 +162,23 @@ fn own_user_stack_walk_matches_the_kernels() {
         let faults = u(&run.summary["totals"]["total"]);
         assert!(total + lost >= faults - faults / 1000, "{kind}: stacks of {total} faults (+{lost} lost) of {faults}");
     }
+}
+
+/// A stack whose outermost frames sit right under the end of its mapping: a
+/// 1 KiB read from there fails, and the walk reads again up to the end of the
+/// frame's page instead of losing every frame but the faulting one.
+#[test]
+fn frames_at_the_top_of_a_stack_are_walked() {
+    if !privileged("frames_at_the_top_of_a_stack_are_walked") {
+        return;
+    }
+    let (_dir, bin) = faulter();
+    let run = record(&["--stacks", "user", "--stack-sample", "1"], &[bin.to_str().unwrap(), "attop"]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let folded = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();
+    // touch_fresh_mapping may be inlined.
+    let share = share_where(&folded, |l| l.contains("fault_at_stack_top;") && l.contains("fill_buffer_with_faults"));
+    assert!(share >= 0.85, "{:.1}% under fault_at_stack_top…fill_buffer_with_faults:\n{folded}", share * 100.0);
 }
 
 /// A 32-bit task's stack is the kernel's walk (it reads 4-byte frames), not
