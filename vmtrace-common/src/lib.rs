@@ -311,7 +311,8 @@ pub enum DropKind {
     MmStatsFull = 7,
     /// The ring buffer was full when a mapping change was reported.
     MmEventRingFull = 8,
-    /// `MM_INFLIGHT` was full: a syscall was counted but not bracketed.
+    /// No longer counted: syscalls in flight are in a per-CPU slot, parked in an
+    /// LRU map when their thread sleeps (kept so the numbering stays).
     MmInflightFull = 9,
     /// `REGION_STATS` was full: a fault was counted, but not per region.
     RegionStatsFull = 10,
@@ -466,7 +467,7 @@ impl Merge for MmStats {
     }
 }
 
-/// A memory-management syscall in flight on a thread (`MM_INFLIGHT`, by tid).
+/// A memory-management syscall in flight on a thread (`MM_SLOT` per CPU, `MM_PARKED` by tid).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MmInflight {

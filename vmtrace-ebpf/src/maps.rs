@@ -3,7 +3,7 @@ use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::bpf_get_current_pid_tgid,
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
+    maps::{Array, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
     programs::{tracing::StackIdContext, TracePointContext},
     EbpfContext,
 };
@@ -163,10 +163,77 @@ pub static MM_STATS: PerCpuHashMap<u32, MmStats> = PerCpuHashMap::with_max_entri
 #[map]
 pub static ZERO_MM: PerCpuArray<MmStats> = PerCpuArray::with_max_entries(1, 0);
 
-/// Memory-management syscalls in flight, by tid: TLB IPIs sent meanwhile are
-/// blamed on them and their call site. Hash: these syscalls sleep and migrate.
+/// The memory-management syscall in flight on this CPU (`tid` 0: none): TLB
+/// IPIs sent meanwhile are blamed on it and its call site. A per-CPU slot, as
+/// for faults: a hash insert and delete per call cost ~250 ns here.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MmSlot {
+    pub tid: u32,
+    pub _pad: u32,
+    pub call: MmInflight,
+}
+
 #[map]
-pub static MM_INFLIGHT: HashMap<u32, MmInflight> = HashMap::with_max_entries(16_384, 0);
+pub static MM_SLOT: PerCpuArray<MmSlot> = PerCpuArray::with_max_entries(1, 0);
+
+/// Calls whose thread was switched out mid-call (they sleep on locks and
+/// I/O), by tid. LRU: a call that never returns (its task was killed) ages out.
+#[map]
+pub static MM_PARKED: LruHashMap<u32, MmInflight> = LruHashMap::with_max_entries(16_384, 0);
+
+/// Starts `call` on thread `tid`.
+#[inline(always)]
+pub fn mm_begin(tid: u32, call: &MmInflight) {
+    if let Some(s) = MM_SLOT.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot; programs on one CPU do not interleave.
+        unsafe { *s = MmSlot { tid, _pad: 0, call: *call } };
+    }
+}
+
+/// Ends thread `tid`'s call in flight and returns it.
+#[inline(always)]
+pub fn mm_end(tid: u32) -> Option<MmInflight> {
+    if let Some(s) = MM_SLOT.get_ptr_mut(0) {
+        // SAFETY: as above.
+        let s = unsafe { &mut *s };
+        if s.tid == tid {
+            s.tid = 0;
+            return Some(s.call);
+        }
+    }
+    // SAFETY: copied out before removal.
+    let parked = unsafe { MM_PARKED.get(&tid) }.copied()?;
+    let _ = MM_PARKED.remove(&tid);
+    Some(parked)
+}
+
+/// Thread `tid`'s call in flight: (call, user stack id).
+#[inline(always)]
+pub fn mm_current(tid: u32) -> Option<(u32, i32)> {
+    if let Some(s) = MM_SLOT.get_ptr(0) {
+        // SAFETY: as above.
+        let s = unsafe { &*s };
+        if s.tid == tid {
+            return Some((s.call.call, s.call.user_stack));
+        }
+    }
+    // SAFETY: a live map value, read at once.
+    MM_PARKED.get_ptr(&tid).map(|p| unsafe { ((*p).call, (*p).user_stack) })
+}
+
+/// Moves the leaving thread's call in flight to `MM_PARKED` (`sched_switch`).
+#[inline(always)]
+pub fn mm_park(tid: u32) {
+    let Some(s) = MM_SLOT.get_ptr_mut(0) else { return };
+    // SAFETY: as above; preemption is off in __schedule.
+    let s = unsafe { &mut *s };
+    if s.tid != 0 && s.tid == tid {
+        s.tid = 0;
+        // LRU map: insertion cannot fail for lack of room.
+        let _ = MM_PARKED.insert(&tid, &s.call, 0);
+    }
+}
 
 /// Calls and IPIs per (process, syscall, user call site).
 #[map]

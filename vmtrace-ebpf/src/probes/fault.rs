@@ -22,7 +22,7 @@ use vmtrace_common::{
 };
 
 use crate::maps::{
-    config, count_drop, count_total, current_stats, granule_counts, stack_counts, tp_field, user_stack_id,
+    config, count_drop, count_total, current_stats, granule_counts, mm_park, stack_counts, tp_field, user_stack_id,
     FAULT_PARKED, FAULT_SLOT, FAULT_STATS, STACKS,
 };
 
@@ -360,12 +360,14 @@ pub fn tp_sched_sched_switch(_ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn park_inflight() {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    mm_park(tid);
     let Some(slot) = FAULT_SLOT.get_ptr_mut(0) else {
         return;
     };
     // SAFETY: per-CPU slot, preemption off in __schedule.
     let slot = unsafe { &mut *slot };
-    if slot.tid == 0 || slot.tid != bpf_get_current_pid_tgid() as u32 {
+    if slot.tid == 0 || slot.tid != tid {
         return;
     }
     let parked: InflightFault = *slot;

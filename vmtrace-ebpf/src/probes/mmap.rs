@@ -13,8 +13,8 @@ use vmtrace_common::{
 };
 
 use crate::maps::{
-    batched_wakeup, config, count_drop, get_or_insert, is_traced, mm_stats, tp_field, user_stack_id, EVENTS,
-    MM_INFLIGHT, MM_STACKS, WAKE_NOW,
+    batched_wakeup, config, count_drop, get_or_insert, is_traced, mm_begin, mm_end, mm_stats, tp_field, user_stack_id,
+    EVENTS, MM_STACKS, WAKE_NOW,
 };
 
 // /sys/kernel/tracing/events/syscalls/sys_enter_*/format: after
@@ -70,18 +70,13 @@ fn enter(ctx: &TracePointContext, call: MmCall, a: [u64; 6]) {
     if let Some(c) = mm_stack_counts(&stack_key(tgid, call as u32, user_stack)) {
         c.calls += 1;
     }
-    let inflight = MmInflight { call: call as u32, user_stack, args: a };
-    if MM_INFLIGHT.insert(&(pid_tgid as u32), &inflight, 0).is_err() {
-        count_drop(DropKind::MmInflightFull);
-    }
+    mm_begin(pid_tgid as u32, &MmInflight { call: call as u32, user_stack, args: a });
 }
 
 fn exit(ctx: &TracePointContext) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
-    // SAFETY: copied out before removal.
-    let Some(f) = (unsafe { MM_INFLIGHT.get(&tid) }).copied() else { return };
-    let _ = MM_INFLIGHT.remove(&tid);
+    let Some(f) = mm_end(tid) else { return };
     let ret: i64 = tp_field(ctx, EXIT_RET);
     let (addr, len) = match f.call {
         c if c == MmCall::Mmap as u32 && !(-4095..0).contains(&ret) => (ret as u64, f.args[1]),

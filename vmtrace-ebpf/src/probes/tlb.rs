@@ -6,7 +6,7 @@ use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::
 use vmtrace_common::{MM_CALLS, MM_IPI_FROM_FLUSH, TLB_REASONS};
 
 use super::mmap::{mm_stack_counts, stack_key};
-use crate::maps::{config, is_traced, mm_stats, tp_field, MM_INFLIGHT};
+use crate::maps::{config, is_traced, mm_current, mm_stats, tp_field};
 
 // /sys/kernel/tracing/events/tlb/tlb_flush/format:
 //   field:int reason;          offset:8;  size:4; signed:1;
@@ -45,11 +45,7 @@ fn ipis_sent(n: u64) {
     }
     // Only the two fields, each with a defined default: a copied-out
     // Option<MmInflight> leaves registers the verifier rejects as uninitialized.
-    let (call, user_stack) = match MM_INFLIGHT.get_ptr(&(pid_tgid as u32)) {
-        // SAFETY: a live map value.
-        Some(f) => unsafe { ((*f).call, (*f).user_stack) },
-        None => (MM_CALLS as u32, -1),
-    };
+    let (call, user_stack) = mm_current(pid_tgid as u32).unwrap_or((MM_CALLS as u32, -1));
     if let Some(m) = mm_stats(tgid) {
         m.ipis_sent += n;
         if let Some(c) = m.ipis_by_call.get_mut((call as usize).min(MM_CALLS)) {
