@@ -2,6 +2,7 @@
 mod common;
 
 use std::{
+    ffi::OsStr,
     process::{Command, Stdio},
     thread::sleep,
     time::Duration,
@@ -14,13 +15,25 @@ fn attach_to_running_pid_sees_its_exec_and_exit() {
     if !privileged("attach_to_running_pid_sees_its_exec_and_exit") {
         return;
     }
-    // A shell that waits, then becomes the workload (same pid, new program).
-    let script = format!("sleep 1; exec {BIN} workload touch --mib 128");
+    // A shell that waits until vmtrace traces it, then becomes the workload
+    // (same pid, new program). A fixed wait raced with vmtrace's start-up.
+    let gate = tempfile::tempdir().unwrap();
+    let go = gate.path().join("go");
+    let script = format!("while [ ! -e '{}' ]; do sleep 0.05; done; exec {BIN} workload touch --mib 128", go.display());
     let child = Command::new("sh").args(["-c", &script]).stdout(Stdio::piped()).spawn().unwrap();
     let pid = child.id();
     let out = tempfile::tempdir().unwrap();
-    let vm = vmtrace().args(["record", "--out"]).arg(out.path()).args(["-p", &pid.to_string()]).output().unwrap();
+    let pid_arg = pid.to_string();
+    let vm = spawn_traced(&[
+        OsStr::new("record"),
+        OsStr::new("--out"),
+        out.path().as_os_str(),
+        "-p".as_ref(),
+        pid_arg.as_ref(),
+    ]);
+    std::fs::write(&go, "").unwrap();
     let child_out = child.wait_with_output().unwrap();
+    let vm = vm.wait();
     let mut run = finish(out, vm);
     run.reports = vmtrace::demo::parse_reports(&String::from_utf8_lossy(&child_out.stdout));
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
@@ -38,15 +51,16 @@ fn system_wide_sees_an_unrelated_process() {
         return;
     }
     let out = tempfile::tempdir().unwrap();
-    let vm = vmtrace()
-        .args(["record", "-a", "--duration", "3", "--out"])
-        .arg(out.path())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    sleep(Duration::from_secs(1));
+    let vm = spawn_traced(&[
+        OsStr::new("record"),
+        "-a".as_ref(),
+        "--duration".as_ref(),
+        "3".as_ref(),
+        "--out".as_ref(),
+        out.path().as_os_str(),
+    ]);
     let w = Command::new(BIN).args(["workload", "touch", "--mib", "64"]).output().unwrap();
-    let vm = vm.wait_with_output().unwrap();
+    let vm = vm.wait();
     let run = finish(out, vm);
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let r = &vmtrace::demo::parse_reports(&String::from_utf8_lossy(&w.stdout))[0];

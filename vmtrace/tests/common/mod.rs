@@ -3,8 +3,11 @@
 #![allow(dead_code)]
 
 use std::{
+    ffi::OsStr,
+    io::{BufRead as _, BufReader, Read as _},
     os::unix::process::CommandExt as _,
-    process::{Command, Output},
+    process::{Child, ChildStderr, Command, Output, Stdio},
+    thread::JoinHandle,
 };
 
 use serde_json::Value;
@@ -69,6 +72,42 @@ pub fn vmtrace() -> Command {
     let mut c = Command::new(BIN);
     c.env("RUST_BACKTRACE", "1");
     c
+}
+
+/// A vmtrace run that has started tracing (see `spawn_traced`).
+pub struct Traced {
+    pub child: Child,
+    stderr: String,
+    rest: JoinHandle<String>,
+}
+
+/// Spawns `vmtrace -v ARGS` and returns once it says it is tracing. Its
+/// start-up (BTF, verifying the programs) takes a second or two: a fixed wait
+/// before starting a workload races with it.
+pub fn spawn_traced<S: AsRef<OsStr>>(args: &[S]) -> Traced {
+    let mut child = vmtrace().arg("-v").args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut err: BufReader<ChildStderr> = BufReader::new(child.stderr.take().unwrap());
+    let mut stderr = String::new();
+    while !stderr.contains("] tracing ") {
+        if err.read_line(&mut stderr).unwrap() == 0 {
+            break;
+        }
+    }
+    let rest = std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = err.read_to_string(&mut rest);
+        rest
+    });
+    Traced { child, stderr, rest }
+}
+
+impl Traced {
+    /// Waits for the run to end; its whole stderr is in the output.
+    pub fn wait(self) -> Output {
+        let mut out = self.child.wait_with_output().unwrap();
+        out.stderr = (self.stderr + &self.rest.join().unwrap()).into_bytes();
+        out
+    }
 }
 
 /// `vmtrace record ARGS -- CMD…` into a fresh directory.
