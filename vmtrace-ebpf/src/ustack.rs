@@ -83,19 +83,23 @@ pub fn walk() -> Option<i32> {
     Some(store(s))
 }
 
-/// The frames above `fp`, read 16 bytes at a time: `(hash, depth)`.
+/// The frames above `fp`, each read by `read(fp)` as [saved fp, return
+/// address]: `(hash, depth)`.
 #[inline(always)]
-fn by_frames(s: &mut UserStack, mut fp: u64, mut h: u64) -> (u64, usize) {
+fn chain(s: &mut UserStack, mut fp: u64, mut h: u64, mut read: impl FnMut(u64) -> Option<[u64; 2]>) -> (u64, usize) {
     let mut nr = 1;
     for i in 1..USER_STACK_DEPTH {
         if fp == 0 || fp & 7 != 0 || fp >= USER_END {
             break;
         }
-        // SAFETY: bpf_probe_read_user faults safely; [saved fp, return address].
-        let Ok([next, ret]) = (unsafe { bpf_probe_read_user(fp as *const [u64; 2]) }) else { break };
-        if !push(s, i, ret, &mut h) {
+        let Some([next, ret]) = read(fp) else { break };
+        if ret == 0 {
             break;
         }
+        if let Some(slot) = s.ips.get_mut(i) {
+            *slot = ret;
+        }
+        h = mix(h ^ ret);
         nr = i + 1;
         // A frame chain climbs the stack; anything else is not a chain (code
         // without frame pointers leaves rbp as a general register).
@@ -107,20 +111,23 @@ fn by_frames(s: &mut UserStack, mut fp: u64, mut h: u64) -> (u64, usize) {
     (h, nr)
 }
 
+/// The frames above `fp`, read 16 bytes at a time.
+#[inline(always)]
+fn by_frames(s: &mut UserStack, fp: u64, h: u64) -> (u64, usize) {
+    // SAFETY: bpf_probe_read_user faults safely.
+    chain(s, fp, h, |fp| unsafe { bpf_probe_read_user(fp as *const [u64; 2]) }.ok())
+}
+
 /// The frames above `fp`, read a window of `WINDOW_BYTES` at a time: a read
 /// costs ~40 ns here whatever its size up to 1 KiB, and a window usually
 /// holds several frames. `None` when this CPU's window is missing.
 #[inline(always)]
-fn by_windows(s: &mut UserStack, mut fp: u64, mut h: u64) -> Option<(u64, usize)> {
+fn by_windows(s: &mut UserStack, fp: u64, h: u64) -> Option<(u64, usize)> {
     // SAFETY: this CPU's window, as for the scratch.
     let win = unsafe { &mut *WINDOW.get_ptr_mut(0)? };
     // The user stack bytes in `win`: [base, end).
     let (mut base, mut end) = (0u64, 0u64);
-    let mut nr = 1;
-    for i in 1..USER_STACK_DEPTH {
-        if fp == 0 || fp & 7 != 0 || fp >= USER_END {
-            break;
-        }
+    Some(chain(s, fp, h, |fp| {
         if fp < base || fp + 16 > end {
             // The stack above a frame is mapped and present up to its top, so
             // only a window past the top fails (a fault, ~1 µs); then read up
@@ -129,41 +136,18 @@ fn by_windows(s: &mut UserStack, mut fp: u64, mut h: u64) -> Option<(u64, usize)
             let mut n = WINDOW_BYTES;
             // SAFETY: bpf_probe_read_user faults safely; sizes <= the window.
             if unsafe { generated::bpf_probe_read_user(dst, n as u32, fp as *const c_void) } != 0 {
-                let to_page_end = 4096 - (fp & 4095);
-                n = to_page_end.clamp(16, WINDOW_BYTES);
+                n = (4096 - (fp & 4095)).clamp(16, WINDOW_BYTES);
                 // SAFETY: as above.
                 if unsafe { generated::bpf_probe_read_user(dst, n as u32, fp as *const c_void) } != 0 {
-                    break;
+                    return None;
                 }
             }
             (base, end) = (fp, fp + n);
         }
-        // [saved fp, return address]; the mask is for the verifier.
+        // The mask is for the verifier.
         let at = ((fp - base) >> 3) as usize & (WINDOW_BYTES as usize / 8 - 1);
-        let (Some(&next), Some(&ret)) = (win.get(at), win.get(at + 1)) else { break };
-        if !push(s, i, ret, &mut h) {
-            break;
-        }
-        nr = i + 1;
-        if next <= fp {
-            break;
-        }
-        fp = next;
-    }
-    Some((h, nr))
-}
-
-/// Adds return address `ret` as frame `i`; false at the end of the chain.
-#[inline(always)]
-fn push(s: &mut UserStack, i: usize, ret: u64, h: &mut u64) -> bool {
-    if ret == 0 {
-        return false;
-    }
-    if let Some(slot) = s.ips.get_mut(i) {
-        *slot = ret;
-    }
-    *h = mix(*h ^ ret);
-    true
+        Some([*win.get(at)?, *win.get(at + 1)?])
+    }))
 }
 
 #[inline(always)]
