@@ -11,7 +11,8 @@
 //! | fork/exec/exit | tp_btf `sched_process_*` | classic tracepoint | tp_btf sees the task pointer: child tgid, exit code, kernel fault counters; the classic format lacks them |
 //! | OOM constraint + memcg | fentry `oom_kill_process` | kprobe, else none | reads `oc->constraint` and `oc->memcg` ([mm/oom_kill.c](https://elixir.bootlin.com/linux/v6.12/source/mm/oom_kill.c)); without either, userspace derives them from the victim's cgroup limit, OOM counter and peak |
 //! | OOM victim's memcg | tp_btf `mark_victim` | /proc/PID/cgroup | tp_btf sees the victim task; /proc races its exit |
-//! | shootdown IPIs | tracepoint `csd:csd_queue_cpu` (6.6+) | one per `tlb_flush` reason 4 | `ipi:ipi_send_cpu(mask)` (6.6+) carry the generic IPI handler as callback here, so csd's `func == flush_tlb_func` is what names a TLB IPI; before 6.6 neither exists |
+//! | TLB flushes, reclaim stalls | tp_btf `tlb_flush`, `mm_vmscan_*_reclaim_*` | classic tracepoint | tp_btf is cheaper to run and to detach (a classic tracepoint's detach waits for RCU grace periods under a kernel mutex); the mmap-family syscalls and `mark_victim`'s kill record have classic tracepoints only |
+//! | shootdown IPIs | tp_btf `csd_queue_cpu` (6.6+), else the classic one | one per `tlb_flush` reason 4 | `ipi:ipi_send_cpu(mask)` (6.6+) carry the generic IPI handler as callback here, so csd's `func == flush_tlb_func` is what names a TLB IPI; before 6.6 neither exists |
 //! | huge-page faults | tp_btf `mm_page_alloc` | classic tracepoint | PMD-order allocation during an in-flight fault; not attached when THP is off for anonymous memory, shmem and every tmpfs (`kernel/thp.rs`): it runs on every page allocation in the system |
 //! | user stacks | own frame-pointer walk (`bpf_task_pt_regs`, 5.15+) | `bpf_get_stackid` | the kernel's walker reads the frame at address 0 that ends every chain: a fault and its fixup per stack (~1 µs here) |
 //!
@@ -104,28 +105,28 @@ pub const OOM_HOOKS: &[Hook] = &[
     Hook { what: "OOM kills", btf_prog: None, tp_prog: "tp_oom_mark_victim", category: "oom", name: "mark_victim" },
     Hook {
         what: "direct reclaim start",
-        btf_prog: None,
+        btf_prog: Some("tp_btf_mm_vmscan_direct_reclaim_begin"),
         tp_prog: "tp_vmscan_mm_vmscan_direct_reclaim_begin",
         category: "vmscan",
         name: "mm_vmscan_direct_reclaim_begin",
     },
     Hook {
         what: "direct reclaim end",
-        btf_prog: None,
+        btf_prog: Some("tp_btf_mm_vmscan_direct_reclaim_end"),
         tp_prog: "tp_vmscan_mm_vmscan_direct_reclaim_end",
         category: "vmscan",
         name: "mm_vmscan_direct_reclaim_end",
     },
     Hook {
         what: "memcg reclaim start",
-        btf_prog: None,
+        btf_prog: Some("tp_btf_mm_vmscan_memcg_reclaim_begin"),
         tp_prog: "tp_vmscan_mm_vmscan_memcg_reclaim_begin",
         category: "vmscan",
         name: "mm_vmscan_memcg_reclaim_begin",
     },
     Hook {
         what: "memcg reclaim end",
-        btf_prog: None,
+        btf_prog: Some("tp_btf_mm_vmscan_memcg_reclaim_end"),
         tp_prog: "tp_vmscan_mm_vmscan_memcg_reclaim_end",
         category: "vmscan",
         name: "mm_vmscan_memcg_reclaim_end",
@@ -184,10 +185,16 @@ pub const HUGE_HOOK: Hook = Hook {
 /// TLB flushes, and shootdown requests per target CPU (`csd:csd_queue_cpu`,
 /// 6.6+; optional: without it one IPI is counted per flush that sends any).
 pub const TLB_HOOKS: &[Hook] = &[
-    Hook { what: "TLB flushes", btf_prog: None, tp_prog: "tp_tlb_tlb_flush", category: "tlb", name: "tlb_flush" },
+    Hook {
+        what: "TLB flushes",
+        btf_prog: Some("tp_btf_tlb_flush"),
+        tp_prog: "tp_tlb_tlb_flush",
+        category: "tlb",
+        name: "tlb_flush",
+    },
     Hook {
         what: "shootdowns per target CPU",
-        btf_prog: None,
+        btf_prog: Some("tp_btf_csd_queue_cpu"),
         tp_prog: "tp_csd_csd_queue_cpu",
         category: "csd",
         name: "csd_queue_cpu",

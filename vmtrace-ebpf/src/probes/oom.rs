@@ -1,7 +1,7 @@
 //! OOM kills and the memory pressure before them: `oom:mark_victim` (every
 //! kill, system-wide, whoever the victim) and the reclaim stalls of traced
-//! processes. Both are rare, so classic tracepoints (stable formats, no BTF
-//! needed) are the only path.
+//! processes. Kills are rare, so the classic tracepoint (stable format, no
+//! BTF needed) is their only path; a tp_btf twin adds the victim's cgroup.
 use aya_ebpf::{
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel,
@@ -239,27 +239,32 @@ fn reclaim_end() {
 }
 
 // Formats: direct_reclaim_begin / memcg_reclaim_begin {int order; unsigned long gfp_flags},
-// *_end {unsigned long nr_reclaimed}: only the timing is used.
-#[tracepoint(category = "vmscan", name = "mm_vmscan_direct_reclaim_begin")]
-pub fn tp_vmscan_mm_vmscan_direct_reclaim_begin(_ctx: TracePointContext) -> u32 {
-    reclaim_begin();
-    0
+// *_end {unsigned long nr_reclaimed}: only the timing is used. tp_btf where the
+// kernel has it (cheaper to detach: a classic tracepoint's detach waits for RCU
+// grace periods under a kernel mutex), else the classic tracepoint.
+macro_rules! reclaim_hooks {
+    ($($btf:ident, $tp:ident, $name:literal, $f:ident;)+) => {$(
+        #[btf_tracepoint(function = $name)]
+        pub fn $btf(_ctx: BtfTracePointContext) -> i32 {
+            $f();
+            0
+        }
+
+        #[tracepoint(category = "vmscan", name = $name)]
+        pub fn $tp(_ctx: TracePointContext) -> u32 {
+            $f();
+            0
+        }
+    )+};
 }
 
-#[tracepoint(category = "vmscan", name = "mm_vmscan_direct_reclaim_end")]
-pub fn tp_vmscan_mm_vmscan_direct_reclaim_end(_ctx: TracePointContext) -> u32 {
-    reclaim_end();
-    0
-}
-
-#[tracepoint(category = "vmscan", name = "mm_vmscan_memcg_reclaim_begin")]
-pub fn tp_vmscan_mm_vmscan_memcg_reclaim_begin(_ctx: TracePointContext) -> u32 {
-    reclaim_begin();
-    0
-}
-
-#[tracepoint(category = "vmscan", name = "mm_vmscan_memcg_reclaim_end")]
-pub fn tp_vmscan_mm_vmscan_memcg_reclaim_end(_ctx: TracePointContext) -> u32 {
-    reclaim_end();
-    0
-}
+reclaim_hooks!(
+    tp_btf_mm_vmscan_direct_reclaim_begin, tp_vmscan_mm_vmscan_direct_reclaim_begin,
+        "mm_vmscan_direct_reclaim_begin", reclaim_begin;
+    tp_btf_mm_vmscan_direct_reclaim_end, tp_vmscan_mm_vmscan_direct_reclaim_end,
+        "mm_vmscan_direct_reclaim_end", reclaim_end;
+    tp_btf_mm_vmscan_memcg_reclaim_begin, tp_vmscan_mm_vmscan_memcg_reclaim_begin,
+        "mm_vmscan_memcg_reclaim_begin", reclaim_begin;
+    tp_btf_mm_vmscan_memcg_reclaim_end, tp_vmscan_mm_vmscan_memcg_reclaim_end,
+        "mm_vmscan_memcg_reclaim_end", reclaim_end;
+);

@@ -2,25 +2,41 @@
 //! the process that *sent* them and to the syscall and call site in flight on
 //! the sending thread. A shootdown *received* (reason 1) is counted for the
 //! task it interrupted, never as that task's own doing.
-use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel},
+    macros::{btf_tracepoint, tracepoint},
+    programs::{BtfTracePointContext, TracePointContext},
+    EbpfContext as _,
+};
 use vmtrace_common::{MM_CALLS, MM_IPI_FROM_FLUSH, TLB_REASONS};
 
 use super::mmap::{mm_stack_counts, stack_key};
 use crate::maps::{config, is_traced, mm_current, mm_stats, tp_field};
 
+// TP_PROTO(int reason, unsigned long pages)
+// reason: 0 TLB_FLUSH_ON_TASK_SWITCH, 1 TLB_REMOTE_SHOOTDOWN (received),
+// 2 TLB_LOCAL_SHOOTDOWN, 3 TLB_LOCAL_MM_SHOOTDOWN, 4 TLB_REMOTE_SEND_IPI.
+#[btf_tracepoint(function = "tlb_flush")]
+pub fn tp_btf_tlb_flush(ctx: BtfTracePointContext) -> i32 {
+    tlb_flush(ctx.arg::<i32>(0), ctx.arg::<u64>(1));
+    0
+}
+
 // /sys/kernel/tracing/events/tlb/tlb_flush/format:
 //   field:int reason;          offset:8;  size:4; signed:1;
 //   field:unsigned long pages; offset:16; size:8; signed:0;
-// reason: 0 TLB_FLUSH_ON_TASK_SWITCH, 1 TLB_REMOTE_SHOOTDOWN (received),
-// 2 TLB_LOCAL_SHOOTDOWN, 3 TLB_LOCAL_MM_SHOOTDOWN, 4 TLB_REMOTE_SEND_IPI.
 #[tracepoint(category = "tlb", name = "tlb_flush")]
 pub fn tp_tlb_tlb_flush(ctx: TracePointContext) -> u32 {
+    tlb_flush(tp_field(&ctx, 8), tp_field(&ctx, 16));
+    0
+}
+
+#[inline(always)]
+fn tlb_flush(reason: i32, pages: u64) {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if !is_traced(tgid) {
-        return 0;
+        return;
     }
-    let reason: i32 = tp_field(&ctx, 8);
-    let pages: u64 = tp_field(&ctx, 16);
     if let Some(m) = mm_stats(tgid) {
         if (0..TLB_REASONS as i32).contains(&reason) {
             if let Some(c) = m.tlb_reason.get_mut(reason as usize) {
@@ -33,7 +49,6 @@ pub fn tp_tlb_tlb_flush(ctx: TracePointContext) -> u32 {
     if reason == 4 && config().mm & MM_IPI_FROM_FLUSH != 0 {
         ipis_sent(1);
     }
-    0
 }
 
 /// Counts `n` TLB-flush IPIs sent by the current thread.
@@ -59,19 +74,35 @@ fn ipis_sent(n: u64) {
     }
 }
 
-// /sys/kernel/tracing/events/csd/csd_queue_cpu/format (6.6+): one per
-// target CPU of a cross-CPU function call, with the function; a shootdown is
-// one whose function is `flush_tlb_func` (the ipi:* tracepoints carry the
-// generic IPI handler instead, not the TLB function):
+// A shootdown is a cross-CPU function call (6.6+: one event per target CPU)
+// whose function is `flush_tlb_func`; the ipi:* tracepoints carry the generic
+// IPI handler instead, not the TLB function.
+// TP_PROTO(const unsigned int cpu, unsigned long callsite, smp_call_func_t func,
+//          call_single_data_t *csd)
+#[btf_tracepoint(function = "csd_queue_cpu")]
+pub fn tp_btf_csd_queue_cpu(ctx: BtfTracePointContext) -> i32 {
+    // The verifier refuses a direct load of a function-pointer argument
+    // ("arg2 type FUNC_PROTO is not a struct"): copy the slot instead.
+    // SAFETY: the context is an array of the tracepoint's u64 arguments.
+    let func = unsafe { bpf_probe_read_kernel(ctx.as_ptr().cast::<u64>().add(2)) }.unwrap_or(0);
+    csd_queued(func);
+    0
+}
+
+// /sys/kernel/tracing/events/csd/csd_queue_cpu/format:
 //   field:unsigned int cpu; offset:8;  size:4; signed:0;
 //   field:void * callsite;  offset:16; size:8; signed:0;
 //   field:void * func;      offset:24; size:8; signed:0;
 //   field:void * csd;       offset:32; size:8; signed:0;
 #[tracepoint(category = "csd", name = "csd_queue_cpu")]
 pub fn tp_csd_csd_queue_cpu(ctx: TracePointContext) -> u32 {
-    let func: u64 = tp_field(&ctx, 24);
+    csd_queued(tp_field(&ctx, 24));
+    0
+}
+
+#[inline(always)]
+fn csd_queued(func: u64) {
     if func != 0 && func == config().flush_tlb_func {
         ipis_sent(1);
     }
-    0
 }
