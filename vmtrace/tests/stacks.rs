@@ -28,6 +28,16 @@ static void touch_fresh_mapping(void) {
     fill_buffer_with_faults(p, SIZE);
 }
 
+/* As code built without frame pointers may leave it: rbp holds data while the
+   faults happen, so a frame-pointer walk reads 0x5 as the caller. */
+static unsigned long fake_frame[2] = {0, 0x5};
+
+__attribute__((noinline)) void fault_with_rbp_on_data(volatile char *p, size_t n) {
+    for (size_t i = 0; i < n; i += 4096)
+        __asm__ volatile("mov %%rbp, %%r12\n\tmov %1, %%rbp\n\tmovb $1, (%0)\n\tmov %%r12, %%rbp"
+                         :: "r"(p + i), "r"(fake_frame) : "r12", "memory");
+}
+
 int fault_at_stack_top(void *arg) {
     (void)arg;
     touch_fresh_mapping();
@@ -44,6 +54,13 @@ int main(int argc, char **argv) {
         pid_t pid = clone(fault_at_stack_top, stack + size, SIGCHLD, NULL);
         if (pid < 0) _exit(3);
         waitpid(pid, NULL, 0);
+        return 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "nofp") == 0) {
+        char *p = mmap(NULL, SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) _exit(2);
+        madvise(p, SIZE, MADV_NOHUGEPAGE);
+        fault_with_rbp_on_data(p, SIZE);
         return 0;
     }
     if (argc > 1 && strcmp(argv[1], "child") == 0) {
@@ -128,6 +145,29 @@ fn faults_flamegraph_names_the_faulting_function() {
     let time = std::fs::read_to_string(run.out.path().join("fault-time.folded")).unwrap();
     assert!(share_under(&time, "fill_buffer_with_faults") >= 0.85, "{time}");
     assert_eq!(run.summary["stacks"]["sample_period"], 1);
+}
+
+/// A walk that runs into data (code without frame pointers) is cut there: the
+/// flamegraph shows the faulting function under the broken-chain marker, not
+/// data read as callers.
+#[test]
+fn a_frame_chain_through_data_is_cut() {
+    if !privileged("a_frame_chain_through_data_is_cut") {
+        return;
+    }
+    let (_dir, bin) = faulter();
+    let run = record(&["--stacks", "user", "--stack-sample", "1"], &[bin.to_str().unwrap(), "nofp"]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let folded = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();
+    let cut = share_where(&folded, |l| l.contains("[frame chain broken];fault_with_rbp_on_data "));
+    assert!(cut >= 0.9, "{:.1}% of fault samples cut at fault_with_rbp_on_data:\n{folded}", cut * 100.0);
+    assert!(!folded.contains("0x5;") && !folded.contains("0x5 "), "data shown as a caller:\n{folded}");
+    let pct = run.summary["stacks"]["broken_chain_pct"].as_f64().unwrap();
+    assert!(pct >= 90.0, "broken_chain_pct {pct}");
+    let text = std::fs::read_to_string(run.out.path().join("summary.txt")).unwrap();
+    assert!(text.contains("cut where their frame chain left executable memory"), "{text}");
+    // Counts are untouched by the cut: every fault still has its (shorter) stack.
+    assert_eq!(vmtrace::stacks::flamegraph::total(&folded), u(&run.summary["totals"]["total"]));
 }
 
 /// The programs' own frame-pointer walk and the kernel's (`bpf_get_stackid`,

@@ -283,13 +283,21 @@ impl Session {
             let all_kernel: Vec<u64> = entries.iter().flat_map(|e| e.3.iter().copied()).collect();
             names.prepare_kernel(&all_kernel);
             for (k, counts, user, kernel) in entries {
+                let keep = stacks::plausible_len(&user, &info.maps, &info.mapped, jit.as_ref());
+                let user_cut = keep < user.len();
+                let mut user: Vec<String> =
+                    user[..keep].iter().rev().map(|&a| names.user(a, &info.maps, jit.as_ref())).collect();
+                if user_cut {
+                    user.insert(0, stacks::BROKEN_CHAIN.into());
+                }
                 out.push(Stack {
                     pid,
                     comm: info.comm.clone(),
-                    user: user.iter().rev().map(|&a| names.user(a, &info.maps, jit.as_ref())).collect(),
+                    user,
                     kernel: kernel.iter().rev().map(|&a| names.kernel(a)).collect(),
                     counts,
                     user_missing: k.user_stack == -2,
+                    user_cut,
                     leaf: (k.granule != 0).then(|| {
                         let a = k.granule << vmtrace_common::LEAF_GRANULE_SHIFT;
                         let end = a + (1 << vmtrace_common::LEAF_GRANULE_SHIFT) - 1;
@@ -559,10 +567,17 @@ impl Session {
         if self.table.procs.get(&tgid).is_none_or(|p| p.maps.is_empty()) {
             self.table.snapshot_maps(tgid);
         }
-        let maps = self.table.ensure(tgid).maps.clone();
-        let ips = if user_stack >= 0 { self.probes.user_stack_ips(user_stack).unwrap_or_default() } else { vec![] };
+        let info = self.table.ensure(tgid);
+        let maps = info.maps.clone();
+        let mut ips = if user_stack >= 0 { self.probes.user_stack_ips(user_stack).unwrap_or_default() } else { vec![] };
+        let keep = stacks::plausible_len(&ips, &maps, &info.mapped, None);
+        let cut = keep < ips.len();
+        ips.truncate(keep);
         names.prepare_user(&ips, &maps);
         let mut frames: Vec<String> = ips.iter().rev().map(|&a| names.user(a, &maps, None)).collect();
+        if cut {
+            frames.insert(0, stacks::BROKEN_CHAIN.into());
+        }
         if user_stack == -2 {
             frames.push("[no user stack]".into());
         }
@@ -694,6 +709,7 @@ impl Session {
             lost: drops_raw.get(DropKind::StackLost as usize).copied().unwrap_or(0)
                 + drops_raw.get(DropKind::StackCountsFull as usize).copied().unwrap_or(0),
             shallow_user_stacks_pct: crate::stacks::shallow_pct(&stacks),
+            broken_chain_pct: crate::stacks::broken_pct(&stacks),
             files: Vec::new(),
         });
         let summary = Summary {

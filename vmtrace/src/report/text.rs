@@ -236,11 +236,16 @@ fn stacks_section(out: &mut String, s: &Summary) {
     if st.lost > 0 {
         let _ = writeln!(out, "  stacks lost: {} (stack map full; those faults are still counted)", st.lost);
     }
-    if st.shallow_user_stacks_pct > 50.0 {
+    // Both are what code built without frame pointers does to a walk: the
+    // chain ends at once (shallow), or runs into data (broken, then cut).
+    if st.broken_chain_pct >= 1.0 || st.shallow_user_stacks_pct > 50.0 {
         let _ = writeln!(
             out,
-            "  NOTE: {:.0}% of user stacks have at most two frames: the program was likely built without frame\n  \
-             pointers, so callers are missing (C/C++: -fno-omit-frame-pointer; Rust: -C force-frame-pointers=yes).",
+            "  NOTE: {:.0}% of user stacks were cut where their frame chain left executable memory (under\n  \
+             {}), {:.0}% have at most two frames: code built without frame pointers, so callers are\n  \
+             missing (C/C++: -fno-omit-frame-pointer; Rust: -C force-frame-pointers=yes).",
+            st.broken_chain_pct,
+            crate::stacks::BROKEN_CHAIN,
             st.shallow_user_stacks_pct
         );
     }

@@ -118,6 +118,7 @@ mod tests {
             kernel: vec![],
             counts: StackCounts { faults, major: 1, time_ns: time, timed: 1 },
             user_missing: false,
+            user_cut: false,
             leaf: None,
         }
     }

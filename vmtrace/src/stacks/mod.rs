@@ -38,6 +38,9 @@ pub struct Stack {
     pub counts: StackCounts,
     /// The user stack could not be read (no frame pointers past a frame, or none at all).
     pub user_missing: bool,
+    /// The frame chain left executable memory: its outer frames were dropped
+    /// and `user` starts with `BROKEN_CHAIN` (see `plausible_len`).
+    pub user_cut: bool,
     /// The faulting memory region, with `--leaf region`.
     pub leaf: Option<String>,
 }
@@ -71,7 +74,54 @@ pub struct StacksSummary {
     /// Share of sampled user stacks with at most two frames: a sign of code
     /// built without frame pointers.
     pub shallow_user_stacks_pct: f64,
+    /// Share of sampled user stacks cut where their frame chain left
+    /// executable memory: code built without frame pointers.
+    #[serde(default)]
+    pub broken_chain_pct: f64,
     pub files: Vec<String>,
+}
+
+/// The outermost frame of a stack whose frame chain broke.
+pub const BROKEN_CHAIN: &str = "[frame chain broken]";
+
+/// How much of a user stack (innermost first) to keep. A frame-pointer walk
+/// through code built without frame pointers reads data as return addresses,
+/// and every frame past the first such one came through a broken link: a
+/// return address must lie in executable memory, as the process's map or its
+/// mapping events show it, or in JIT code. The innermost address (where the
+/// fault or the call happened) is always kept; without any map, everything is.
+pub fn plausible_len(
+    ips: &[u64],
+    maps: &[crate::procmaps::Region],
+    mapped: &crate::procmaps::MappedRegions,
+    jit: Option<&symbolize::PerfMap>,
+) -> usize {
+    if maps.is_empty() && mapped.is_empty() {
+        return ips.len();
+    }
+    // A return address follows its call: the call itself may end a mapping.
+    let in_code = |a: u64| {
+        let a = a.wrapping_sub(1);
+        crate::procmaps::find(maps, a).or_else(|| mapped.find(a)).is_some_and(|r| r.perms.contains('x'))
+            || jit.is_some_and(|j| j.find(a).is_some())
+    };
+    ips.iter().skip(1).position(|&a| !in_code(a)).map_or(ips.len(), |i| i + 1)
+}
+
+/// Share of stacks (by faults) whose user part was cut at a broken frame chain.
+pub fn broken_pct(stacks: &[Stack]) -> f64 {
+    let (mut cut, mut all) = (0u64, 0u64);
+    for s in stacks.iter().filter(|s| !s.user.is_empty()) {
+        all += s.counts.faults;
+        if s.user_cut {
+            cut += s.counts.faults;
+        }
+    }
+    if all == 0 {
+        0.0
+    } else {
+        cut as f64 * 100.0 / all as f64
+    }
 }
 
 /// Raw stack ids to look up and the counts of each key.
@@ -90,5 +140,50 @@ pub fn shallow_pct(stacks: &[Stack]) -> f64 {
         0.0
     } else {
         shallow as f64 * 100.0 / all as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::procmaps::{MappedRegions, Region, RegionKind};
+
+    fn region(start: u64, end: u64, perms: &str, kind: RegionKind) -> Region {
+        Region { start, end, perms: perms.into(), offset: 0, kind, path: None }
+    }
+
+    fn maps() -> Vec<Region> {
+        vec![
+            region(0x1000, 0x2000, "r-xp", RegionKind::File),
+            region(0x2000, 0x3000, "rw-p", RegionKind::File),
+            region(0x10000, 0x20000, "rw-p", RegionKind::Stack),
+        ]
+    }
+
+    #[test]
+    fn a_chain_is_cut_at_its_first_return_address_outside_code() {
+        let none = MappedRegions::default();
+        // Leaf, two callers in code, then a stack address read as a return address.
+        assert_eq!(plausible_len(&[0x1100, 0x1200, 0x1300, 0x10040, 0x1400], &maps(), &none, None), 3);
+        // Small integers, as a walk through data reads them.
+        assert_eq!(plausible_len(&[0x1100, 0x7], &maps(), &none, None), 1);
+        assert_eq!(plausible_len(&[0x1100, 0x1200], &maps(), &none, None), 2);
+    }
+
+    #[test]
+    fn the_leaf_is_kept_and_a_call_may_end_its_mapping() {
+        let none = MappedRegions::default();
+        // The faulting instruction is never judged; a return address just past
+        // the end of the code follows a call that was its last instruction.
+        assert_eq!(plausible_len(&[0x10040, 0x2000], &maps(), &none, None), 2);
+    }
+
+    #[test]
+    fn mapping_events_and_jit_code_count_as_code_and_no_map_cuts_nothing() {
+        let mut mapped = MappedRegions::default();
+        mapped.insert(region(0x50000, 0x60000, "r-xp", RegionKind::File));
+        let jit = symbolize::PerfMap::parse("70000 100 jitted\n");
+        assert_eq!(plausible_len(&[0x1100, 0x50010, 0x70010, 0x9], &maps(), &mapped, Some(&jit)), 3);
+        assert_eq!(plausible_len(&[0x1100, 0x9, 0x8], &[], &MappedRegions::default(), None), 3);
     }
 }
