@@ -139,14 +139,14 @@ macro_rules! syscall_hook_pair {
             Hook {
                 what: concat!($call, " enter"),
                 btf_prog: None,
-                tp_prog: concat!("tp_syscalls_sys_enter_", $call),
+                tp_prog: "tp_syscalls_sys_enter",
                 category: "syscalls",
                 name: concat!("sys_enter_", $call),
             },
             Hook {
                 what: concat!($call, " exit"),
                 btf_prog: None,
-                tp_prog: concat!("tp_syscalls_sys_exit_", $call),
+                tp_prog: "tp_syscalls_sys_exit",
                 category: "syscalls",
                 name: concat!("sys_exit_", $call),
             },
@@ -154,7 +154,8 @@ macro_rules! syscall_hook_pair {
     };
 }
 
-/// mmap-family syscalls: per-syscall tracepoints, so nothing runs on other syscalls.
+/// mmap-family syscalls: per-syscall tracepoints, so nothing runs on other
+/// syscalls; one enter and one exit program serve them all.
 pub const MMAP_HOOKS: [[Hook; 2]; 6] = [
     syscall_hook_pair!("mmap"),
     syscall_hook_pair!("munmap"),
@@ -686,7 +687,10 @@ fn try_btf(ebpf: &mut Ebpf, btf: &Btf, btf_prog: &str, hook: &Hook) -> Result<()
 fn try_tp(ebpf: &mut Ebpf, hook: &Hook) -> Result<(), String> {
     let prog: &mut TracePoint =
         ebpf.program_mut(hook.tp_prog).ok_or("program missing")?.try_into().map_err(|e| format!("{e}"))?;
-    prog.load().map_err(|e| format!("{e}"))?;
+    // A program may serve several tracepoints (the mmap family's).
+    if prog.fd().is_err() {
+        prog.load().map_err(|e| format!("{e}"))?;
+    }
     prog.attach(hook.category, hook.name).map_err(|e| format!("{e}"))?;
     Ok(())
 }

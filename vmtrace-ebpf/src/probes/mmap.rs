@@ -4,9 +4,10 @@
 //! changes are streamed: regions that live between two reads of
 //! `/proc/PID/maps` are still known to userspace.
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::tracepoint,
     programs::TracePointContext,
+    EbpfContext as _,
 };
 use vmtrace_common::{
     DropKind, EventHeader, EventKind, MmCall, MmEvent, MmInflight, MmStackCounts, MmStackKey, ADVICE_SLOTS, STACK_USER,
@@ -17,23 +18,30 @@ use crate::maps::{
     EVENTS, MM_STACKS, WAKE_NOW,
 };
 
-// /sys/kernel/tracing/events/syscalls/sys_enter_*/format: after
-// `int __syscall_nr` at 8, the arguments are 8-byte fields from offset 16:
+// /sys/kernel/tracing/events/syscalls/sys_enter_*/format: `int __syscall_nr`
+// at 8, then the arguments as 8-byte fields from offset 16:
 //   mmap(addr, len, prot, flags, fd, off)      munmap(addr, len)
 //   mremap(addr, old_len, new_len, flags, new_addr)
 //   madvise(start, len_in, behavior)           mprotect(start, len, prot)
 //   brk(brk)
 // sys_exit_*: `long ret` at 16.
+const SYSCALL_NR: usize = 8;
 const ARG0: usize = 16;
 const EXIT_RET: usize = 16;
 const MAP_ANONYMOUS: u64 = 0x20;
 
+/// The family's x86-64 syscall numbers, and how many arguments each has.
 #[inline(always)]
-fn args<const N: usize>(ctx: &TracePointContext) -> [u64; 6] {
-    // Constant offsets, field by field: the verifier refuses a context load
-    // at a variable one.
-    let arg = |i: usize| if i < N { tp_field::<u64>(ctx, ARG0 + 8 * i) } else { 0 };
-    [arg(0), arg(1), arg(2), arg(3), arg(4), arg(5)]
+fn call_of(nr: i32) -> Option<(MmCall, usize)> {
+    Some(match nr {
+        9 => (MmCall::Mmap, 6),
+        10 => (MmCall::Mprotect, 3),
+        11 => (MmCall::Munmap, 2),
+        12 => (MmCall::Brk, 1),
+        25 => (MmCall::Mremap, 5),
+        28 => (MmCall::Madvise, 3),
+        _ => return None,
+    })
 }
 
 pub fn stack_key(tgid: u32, call: u32, user_stack: i32) -> MmStackKey {
@@ -111,60 +119,33 @@ fn exit(ctx: &TracePointContext) {
     slot.submit(if file_backed { WAKE_NOW } else { batched_wakeup() });
 }
 
-macro_rules! syscall_hooks {
-    ($enter:ident, $exit:ident, $enter_tp:literal, $exit_tp:literal, $call:expr, $n:literal) => {
-        #[tracepoint(category = "syscalls", name = $enter_tp)]
-        pub fn $enter(ctx: TracePointContext) -> u32 {
-            enter(&ctx, $call, args::<$n>(&ctx));
-            0
-        }
-
-        #[tracepoint(category = "syscalls", name = $exit_tp)]
-        pub fn $exit(ctx: TracePointContext) -> u32 {
-            exit(&ctx);
-            0
-        }
+// One enter program on every sys_enter_* of the family (and one exit program
+// on every sys_exit_*): the verifier checks the stack walk once, not six times
+// (~45 ms each at start-up). The arguments are copied with one read: a direct
+// load past the shortest record (brk's, one argument) would keep the program
+// off that tracepoint, as the kernel compares a program's deepest context
+// load with each record's size at attach. The names below only name the
+// sections: userspace attaches each program to every tracepoint by name.
+#[tracepoint(category = "syscalls", name = "sys_enter_mmap")]
+pub fn tp_syscalls_sys_enter(ctx: TracePointContext) -> u32 {
+    let Some((call, n)) = call_of(tp_field(&ctx, SYSCALL_NR)) else {
+        return 0;
     };
+    // SAFETY: the record lies in the kernel's per-CPU trace buffer, which
+    // extends past the shortest record; a failed read leaves zeros.
+    let mut a: [u64; 6] = unsafe { bpf_probe_read_kernel(ctx.as_ptr().cast::<u8>().add(ARG0).cast::<[u64; 6]>()) }
+        .unwrap_or([0; 6]);
+    for (i, v) in a.iter_mut().enumerate() {
+        if i >= n {
+            *v = 0;
+        }
+    }
+    enter(&ctx, call, a);
+    0
 }
 
-syscall_hooks!(
-    tp_syscalls_sys_enter_mmap,
-    tp_syscalls_sys_exit_mmap,
-    "sys_enter_mmap",
-    "sys_exit_mmap",
-    MmCall::Mmap,
-    6
-);
-syscall_hooks!(
-    tp_syscalls_sys_enter_munmap,
-    tp_syscalls_sys_exit_munmap,
-    "sys_enter_munmap",
-    "sys_exit_munmap",
-    MmCall::Munmap,
-    2
-);
-syscall_hooks!(
-    tp_syscalls_sys_enter_mremap,
-    tp_syscalls_sys_exit_mremap,
-    "sys_enter_mremap",
-    "sys_exit_mremap",
-    MmCall::Mremap,
-    5
-);
-syscall_hooks!(
-    tp_syscalls_sys_enter_madvise,
-    tp_syscalls_sys_exit_madvise,
-    "sys_enter_madvise",
-    "sys_exit_madvise",
-    MmCall::Madvise,
-    3
-);
-syscall_hooks!(
-    tp_syscalls_sys_enter_mprotect,
-    tp_syscalls_sys_exit_mprotect,
-    "sys_enter_mprotect",
-    "sys_exit_mprotect",
-    MmCall::Mprotect,
-    3
-);
-syscall_hooks!(tp_syscalls_sys_enter_brk, tp_syscalls_sys_exit_brk, "sys_enter_brk", "sys_exit_brk", MmCall::Brk, 1);
+#[tracepoint(category = "syscalls", name = "sys_exit_mmap")]
+pub fn tp_syscalls_sys_exit(ctx: TracePointContext) -> u32 {
+    exit(&ctx);
+    0
+}
