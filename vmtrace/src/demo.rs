@@ -153,7 +153,7 @@ fn options(target: Target, out: PathBuf) -> RecordOptions {
         storm_threshold: 1000.0,
         stream_interval: None,
         print_summary: false,
-        detach_in_parallel: false,
+        detach: crate::record::Detach::Sequential,
     }
 }
 

@@ -52,7 +52,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 storm_threshold: a.storm_threshold,
                 stream_interval: a.stream.map(|_| a.interval),
                 print_summary: true,
-                detach_in_parallel: true,
+                detach: record::Detach::Parallel,
             })?;
             Ok(outcome.exit_status)
         }

@@ -43,12 +43,19 @@ pub struct RecordOptions {
     pub stream_interval: Option<Duration>,
     /// Print summary.txt at the end.
     pub print_summary: bool,
-    /// Detach the programs from a thread each (~0.4 s sooner). Only when no
-    /// child is forked after this recording: glibc keeps finished threads'
-    /// stacks and arenas, and a later child touches them all before its exec,
-    /// in faults the kernel counts and vmtrace cannot see (`demo` forks a
-    /// scenario after each recording: +28 such faults).
-    pub detach_in_parallel: bool,
+    /// How the programs are detached at the end.
+    pub detach: Detach,
+}
+
+/// `Parallel` (a thread per program, ~0.4 s sooner) only when no child is
+/// forked after the recording: glibc keeps finished threads' stacks and
+/// arenas, and a later child touches them all before its exec, in faults the
+/// kernel counts and vmtrace cannot see (`demo` forks a scenario after each
+/// recording: +28 such faults).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Detach {
+    Sequential,
+    Parallel,
 }
 
 impl RecordOptions {
@@ -156,7 +163,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     // counters (processes may go on faulting while the reports are built).
     session.probes.stop_counting();
     let perf = perf.map(PerfProbe::finish);
-    session.probes.detach_all(opts.detach_in_parallel);
+    session.probes.detach_all(opts.detach == Detach::Parallel);
     let Finished { mut summary, stacks, mm_sites } = session.finish(info);
     summary.perf = perf;
     let out_err = |err| RecordError::OutDir { path: opts.out.clone(), err };
