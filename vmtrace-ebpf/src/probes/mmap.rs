@@ -133,8 +133,8 @@ pub fn tp_syscalls_sys_enter(ctx: TracePointContext) -> u32 {
     };
     // SAFETY: the record lies in the kernel's per-CPU trace buffer, which
     // extends past the shortest record; a failed read leaves zeros.
-    let mut a: [u64; 6] = unsafe { bpf_probe_read_kernel(ctx.as_ptr().cast::<u8>().add(ARG0).cast::<[u64; 6]>()) }
-        .unwrap_or([0; 6]);
+    let mut a: [u64; 6] =
+        unsafe { bpf_probe_read_kernel(ctx.as_ptr().cast::<u8>().add(ARG0).cast::<[u64; 6]>()) }.unwrap_or([0; 6]);
     for (i, v) in a.iter_mut().enumerate() {
         if i >= n {
             *v = 0;
