@@ -274,9 +274,12 @@ fn region_map_entries() -> u32 {
 }
 
 /// Address of a kernel symbol from /proc/kallsyms (root sees real addresses).
+/// Reads only up to the symbol: the kernel generates the file 4 KiB at a time,
+/// and the whole of it (modules last) took ~40 ms of start-up.
 pub fn kernel_symbol(name: &str) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/kallsyms").ok()?;
-    text.lines().find_map(|l| {
+    use std::io::BufRead as _;
+    let file = std::io::BufReader::with_capacity(1 << 16, std::fs::File::open("/proc/kallsyms").ok()?);
+    file.lines().map_while(Result::ok).find_map(|l| {
         let mut it = l.split_whitespace();
         let (addr, _, sym) = (it.next()?, it.next()?, it.next()?);
         (sym == name).then(|| u64::from_str_radix(addr, 16).ok()).flatten().filter(|&a| a != 0)
@@ -314,10 +317,13 @@ pub struct Probes {
 
 impl Probes {
     pub fn load(opts: &LoadOptions) -> Result<Self, LoadError> {
-        let BtfFacts { offsets, fault_bits, tp_btf, user_walk } = btf_facts()?;
+        let raw_btf = kbtf::read_vmlinux()?;
+        let BtfFacts { offsets, fault_bits, tp_btf, user_walk } = btf_facts(&raw_btf)?;
         let user_walk = user_walk_mode(user_walk && !opts.force_tracepoints);
         release_freed_memory();
-        let btf = Btf::from_sys_fs().map_err(|e| kbtf::BtfError::Read(e.to_string()))?;
+        let btf = Btf::parse(&raw_btf, aya::Endianness::default())
+            .map_err(|e| kbtf::BtfError::Read(format!("{}: {e}", kbtf::VMLINUX_BTF)))?;
+        drop(raw_btf);
         let config = Config {
             trace_all: u32::from(opts.trace_all),
             minor_period: opts.minor_period,
@@ -768,8 +774,8 @@ struct BtfFacts {
 
 /// Reads the facts, then drops btf-rs's parse before aya parses its own copy:
 /// both at once were the collector's peak RSS (84 MiB; 55 MiB since).
-fn btf_facts() -> Result<BtfFacts, LoadError> {
-    let kbtf = kbtf::load_vmlinux()?;
+fn btf_facts(raw: &[u8]) -> Result<BtfFacts, LoadError> {
+    let kbtf = kbtf::parse_vmlinux(raw)?;
     let fault_bits = (
         vm_fault_bits(
             &kbtf,
