@@ -317,13 +317,10 @@ pub struct Probes {
 
 impl Probes {
     pub fn load(opts: &LoadOptions) -> Result<Self, LoadError> {
-        let raw_btf = kbtf::read_vmlinux()?;
-        let BtfFacts { offsets, fault_bits, tp_btf, user_walk } = btf_facts(&raw_btf)?;
+        let BtfFacts { offsets, fault_bits, tp_btf, user_walk } = btf_facts()?;
         let user_walk = user_walk_mode(user_walk && !opts.force_tracepoints);
         release_freed_memory();
-        let btf = Btf::parse(&raw_btf, aya::Endianness::default())
-            .map_err(|e| kbtf::BtfError::Read(format!("{}: {e}", kbtf::VMLINUX_BTF)))?;
-        drop(raw_btf);
+        let btf = Btf::from_sys_fs().map_err(|e| kbtf::BtfError::Read(e.to_string()))?;
         let config = Config {
             trace_all: u32::from(opts.trace_all),
             minor_period: opts.minor_period,
@@ -774,8 +771,8 @@ struct BtfFacts {
 
 /// Reads the facts, then drops btf-rs's parse before aya parses its own copy:
 /// both at once were the collector's peak RSS (84 MiB; 55 MiB since).
-fn btf_facts(raw: &[u8]) -> Result<BtfFacts, LoadError> {
-    let kbtf = kbtf::parse_vmlinux(raw)?;
+fn btf_facts() -> Result<BtfFacts, LoadError> {
+    let kbtf = kbtf::load_vmlinux()?;
     let fault_bits = (
         vm_fault_bits(
             &kbtf,
