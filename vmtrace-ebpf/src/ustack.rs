@@ -29,6 +29,26 @@ pub static USER_STACKS: HashMap<u32, UserStack> =
 #[map]
 static SCRATCH: PerCpuArray<UserStack> = PerCpuArray::with_max_entries(1, 0);
 
+/// A stack this CPU stored lately.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct RecentStack {
+    hash: u64,
+    id: u32,
+    _pad: u32,
+}
+
+const RECENT_SLOTS: u32 = 8;
+
+/// Stacks this CPU stored lately, by the low bits of their hash: a fault loop
+/// repeats a few stacks, and the `USER_STACKS` lookup that would find them
+/// again is skipped. Entries of `USER_STACKS` are never removed, so an id
+/// remembered here stays valid. One map entry per slot: the lookup returns
+/// the slot itself (6.1's and 6.12's verifiers refuse an index added to a
+/// pointer before its null check, which the compiler hoists).
+#[map]
+static RECENT: PerCpuArray<RecentStack> = PerCpuArray::with_max_entries(RECENT_SLOTS, 0);
+
 /// Bytes of user stack read at once.
 const WINDOW_BYTES: u64 = 1024;
 
@@ -78,9 +98,22 @@ pub fn walk() -> Option<i32> {
     } else {
         by_frames(s, fp, h)
     };
+    // SAFETY: this CPU's slot, as for the scratch.
+    let recent = RECENT.get_ptr_mut(h as u32 & (RECENT_SLOTS - 1)).map(|r| unsafe { &mut *r });
+    if let Some(r) = &recent {
+        if r.hash == h && r.id != 0 {
+            return Some(r.id as i32);
+        }
+    }
     s.nr = nr as u64;
     s.hash = h;
-    Some(store(s))
+    let id = store(s);
+    if let Some(r) = recent {
+        if id >= 0 {
+            (r.hash, r.id) = (h, id as u32);
+        }
+    }
+    Some(id)
 }
 
 /// The frames above `fp`, each read by `read(fp)` as [saved fp, return
