@@ -507,9 +507,8 @@ impl Probes {
     /// Detaches every program; maps stay readable. A classic tracepoint's
     /// detach waits for RCU grace periods (~75 ms here): hence tp_btf wherever
     /// a hook has it. `parallel`: a thread per program, which overlaps what the
-    /// kernel does not serialize (1.15 s → ~0.75 s for the 14 classic ones);
-    /// see `record::Detach` for when not to. Call
-    /// `stop_counting` first.
+    /// kernel does not serialize (1.15 s → ~0.65 s for the 14 classic ones);
+    /// see `record::Detach` for when not to. Call `stop_counting` first.
     pub fn detach_all(&mut self, parallel: bool) {
         // Closing the target's end events detaches their programs.
         self.fault_end = None;
