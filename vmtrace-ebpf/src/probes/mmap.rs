@@ -52,12 +52,8 @@ pub fn mm_stack_counts(key: &MmStackKey) -> Option<&'static mut MmStackCounts> {
     get_or_insert(&MM_STACKS, key, &MmStackCounts::default())
 }
 
-fn enter(ctx: &TracePointContext, call: MmCall, a: [u64; 6]) {
-    let pid_tgid = bpf_get_current_pid_tgid();
+fn enter(ctx: &TracePointContext, pid_tgid: u64, call: MmCall, a: [u64; 6]) {
     let tgid = (pid_tgid >> 32) as u32;
-    if !is_traced(tgid) {
-        return;
-    }
     if let Some(m) = mm_stats(tgid) {
         if let Some(c) = m.calls.get_mut(call as usize) {
             *c += 1;
@@ -131,6 +127,11 @@ pub fn tp_syscalls_sys_enter(ctx: TracePointContext) -> u32 {
     let Some((call, n)) = call_of(tp_field(&ctx, SYSCALL_NR)) else {
         return 0;
     };
+    // Every process's calls come here: the copy below is for traced ones only.
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if !is_traced((pid_tgid >> 32) as u32) {
+        return 0;
+    }
     // SAFETY: the record lies in the kernel's per-CPU trace buffer, which
     // extends past the shortest record; a failed read leaves zeros.
     let mut a: [u64; 6] =
@@ -140,7 +141,7 @@ pub fn tp_syscalls_sys_enter(ctx: TracePointContext) -> u32 {
             *v = 0;
         }
     }
-    enter(&ctx, call, a);
+    enter(&ctx, pid_tgid, call, a);
     0
 }
 
