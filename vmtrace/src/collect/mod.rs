@@ -283,13 +283,7 @@ impl Session {
             let all_kernel: Vec<u64> = entries.iter().flat_map(|e| e.3.iter().copied()).collect();
             names.prepare_kernel(&all_kernel);
             for (k, counts, user, kernel) in entries {
-                let keep = stacks::plausible_len(&user, &info.maps, &info.mapped, jit.as_ref());
-                let user_cut = keep < user.len();
-                let mut user: Vec<String> =
-                    user[..keep].iter().rev().map(|&a| names.user(a, &info.maps, jit.as_ref())).collect();
-                if user_cut {
-                    user.insert(0, stacks::BROKEN_CHAIN.into());
-                }
+                let (user, user_cut) = stacks::user_frames(&user, &names, &info.maps, &info.mapped, jit.as_ref());
                 out.push(Stack {
                     pid,
                     comm: info.comm.clone(),
@@ -567,17 +561,10 @@ impl Session {
         if self.table.procs.get(&tgid).is_none_or(|p| p.maps.is_empty()) {
             self.table.snapshot_maps(tgid);
         }
+        let ips = if user_stack >= 0 { self.probes.user_stack_ips(user_stack).unwrap_or_default() } else { vec![] };
         let info = self.table.ensure(tgid);
-        let maps = info.maps.clone();
-        let mut ips = if user_stack >= 0 { self.probes.user_stack_ips(user_stack).unwrap_or_default() } else { vec![] };
-        let keep = stacks::plausible_len(&ips, &maps, &info.mapped, None);
-        let cut = keep < ips.len();
-        ips.truncate(keep);
-        names.prepare_user(&ips, &maps);
-        let mut frames: Vec<String> = ips.iter().rev().map(|&a| names.user(a, &maps, None)).collect();
-        if cut {
-            frames.insert(0, stacks::BROKEN_CHAIN.into());
-        }
+        names.prepare_user(&ips, &info.maps);
+        let (mut frames, _) = stacks::user_frames(&ips, names, &info.maps, &info.mapped, None);
         if user_stack == -2 {
             frames.push("[no user stack]".into());
         }

@@ -108,19 +108,40 @@ pub fn plausible_len(
     ips.iter().skip(1).position(|&a| !in_code(a)).map_or(ips.len(), |i| i + 1)
 }
 
+/// A user stack's frames (innermost first in `ips`), outermost first, cut
+/// where the chain broke (`plausible_len`), under `BROKEN_CHAIN` then; and
+/// whether it was cut. Names come from `names` (prepared for `ips`).
+pub fn user_frames(
+    ips: &[u64],
+    names: &symbolize::Names,
+    maps: &[crate::procmaps::Region],
+    mapped: &crate::procmaps::MappedRegions,
+    jit: Option<&symbolize::PerfMap>,
+) -> (Vec<String>, bool) {
+    let keep = plausible_len(ips, maps, mapped, jit);
+    let cut = keep < ips.len();
+    let frames = cut.then(|| BROKEN_CHAIN.to_string()).into_iter();
+    (frames.chain(ips[..keep].iter().rev().map(|&a| names.user(a, maps, jit))).collect(), cut)
+}
+
 /// Share of stacks (by faults) whose user part was cut at a broken frame chain.
 pub fn broken_pct(stacks: &[Stack]) -> f64 {
-    let (mut cut, mut all) = (0u64, 0u64);
-    for s in stacks.iter().filter(|s| !s.user.is_empty()) {
+    pct_of_faults(stacks, |s| !s.user.is_empty(), |s| s.user_cut)
+}
+
+/// Of the stacks that pass `counted`, the share (in %, by faults) that pass `hit`.
+fn pct_of_faults(stacks: &[Stack], counted: impl Fn(&Stack) -> bool, hit: impl Fn(&Stack) -> bool) -> f64 {
+    let (mut hits, mut all) = (0u64, 0u64);
+    for s in stacks.iter().filter(|s| counted(s)) {
         all += s.counts.faults;
-        if s.user_cut {
-            cut += s.counts.faults;
+        if hit(s) {
+            hits += s.counts.faults;
         }
     }
     if all == 0 {
         0.0
     } else {
-        cut as f64 * 100.0 / all as f64
+        hits as f64 * 100.0 / all as f64
     }
 }
 
@@ -129,18 +150,7 @@ pub type RawStacks = Vec<(StackKey, StackCounts)>;
 
 /// Share of stacks with a user part that is at most two frames deep.
 pub fn shallow_pct(stacks: &[Stack]) -> f64 {
-    let (mut shallow, mut all) = (0u64, 0u64);
-    for s in stacks.iter().filter(|s| !s.user.is_empty() || s.user_missing) {
-        all += s.counts.faults;
-        if s.user.len() <= 2 {
-            shallow += s.counts.faults;
-        }
-    }
-    if all == 0 {
-        0.0
-    } else {
-        shallow as f64 * 100.0 / all as f64
-    }
+    pct_of_faults(stacks, |s| !s.user.is_empty() || s.user_missing, |s| s.user.len() <= 2)
 }
 
 #[cfg(test)]
