@@ -102,6 +102,15 @@ void _start(void) {
 }
 "#;
 
+/// The faulter in `mode` under `record --stacks user --stack-sample 1`: the
+/// run, and its faults.folded.
+fn every_stack(bin: &std::path::Path, mode: &str) -> (Run, String) {
+    let run = record(&["--stacks", "user", "--stack-sample", "1"], &[bin.to_str().unwrap(), mode]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let folded = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();
+    (run, folded)
+}
+
 fn share_under(folded: &str, function: &str) -> f64 {
     share_where(folded, |l| l.contains(function))
 }
@@ -156,9 +165,7 @@ fn a_frame_chain_through_data_is_cut() {
         return;
     }
     let (_dir, bin) = faulter();
-    let run = record(&["--stacks", "user", "--stack-sample", "1"], &[bin.to_str().unwrap(), "nofp"]);
-    assert_eq!(run.code(), Some(0), "{}", run.stderr());
-    let folded = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();
+    let (run, folded) = every_stack(&bin, "nofp");
     let cut = share_where(&folded, |l| l.contains("[frame chain broken];fault_with_rbp_on_data "));
     assert!(cut >= 0.9, "{:.1}% of fault samples cut at fault_with_rbp_on_data:\n{folded}", cut * 100.0);
     assert!(!folded.contains("0x5;") && !folded.contains("0x5 "), "data shown as a caller:\n{folded}");
@@ -213,9 +220,7 @@ fn frames_at_the_top_of_a_stack_are_walked() {
         return;
     }
     let (_dir, bin) = faulter();
-    let run = record(&["--stacks", "user", "--stack-sample", "1"], &[bin.to_str().unwrap(), "attop"]);
-    assert_eq!(run.code(), Some(0), "{}", run.stderr());
-    let folded = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();
+    let (_run, folded) = every_stack(&bin, "attop");
     // touch_fresh_mapping may be inlined.
     let share = share_where(&folded, |l| l.contains("fault_at_stack_top;") && l.contains("fill_buffer_with_faults"));
     assert!(share >= 0.85, "{:.1}% under fault_at_stack_top…fill_buffer_with_faults:\n{folded}", share * 100.0);
