@@ -475,6 +475,10 @@ impl Session {
         for ev in &ooms {
             self.on_oom(ev);
         }
+        // A thread the fallback fork hook reported, and whose exit came in the
+        // same batch, is gone from the table: reading its /proc now would fail
+        // and give it back an entry (its parent's maps) as a process.
+        born.retain(|tgid| self.table.procs.contains_key(tgid));
         if self.stacks.is_some() {
             for &tgid in &born {
                 self.table.snapshot_maps(tgid);
