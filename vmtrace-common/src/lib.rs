@@ -126,7 +126,9 @@ pub struct InflightFault {
     /// Non-zero while this CPU walks a user stack (per-CPU slot only): faults
     /// the walk takes are nofault reads, not the program's faults.
     pub walking: u32,
-    pub _pad: u32,
+    /// Non-zero once this fault is counted as served by a huge page: a
+    /// readahead may add several PMD-order folios in one fault.
+    pub huge: u32,
 }
 const _: () = assert!(core::mem::size_of::<InflightFault>() == 40);
 

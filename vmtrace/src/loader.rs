@@ -13,7 +13,7 @@
 //! | OOM victim's memcg | tp_btf `mark_victim` | /proc/PID/cgroup | tp_btf sees the victim task; /proc races its exit |
 //! | TLB flushes, reclaim stalls | tp_btf `tlb_flush`, `mm_vmscan_*_reclaim_*` | classic tracepoint | tp_btf is cheaper to run and to detach (a classic tracepoint's detach waits for RCU grace periods under a kernel mutex); the mmap-family syscalls and `mark_victim`'s kill record have classic tracepoints only |
 //! | shootdown IPIs | tp_btf `csd_queue_cpu` (6.6+), else the classic one | one per `tlb_flush` reason 4 | `ipi:ipi_send_cpu(mask)` (6.6+) carry the generic IPI handler as callback here, so csd's `func == flush_tlb_func` is what names a TLB IPI; before 6.6 neither exists |
-//! | huge-page faults | tp_btf `mm_page_alloc` | classic tracepoint | PMD-order allocation during an in-flight fault; not attached when THP is off for anonymous memory, shmem and every tmpfs (`kernel/thp.rs`): it runs on every page allocation in the system |
+//! | huge-page faults | tp_btf `mm_page_alloc` | classic tracepoint | PMD-order allocation during an in-flight fault, counted once per fault; not attached when THP is off for anonymous memory, shmem and every tmpfs (`kernel/thp.rs`): it runs on every page allocation in the system. PMD-order page-cache folios (large-folio filesystems, whatever the THP setting) are seen by the page-cache hook |
 //! | user stacks | own frame-pointer walk (`bpf_task_pt_regs`, 5.15+) | `bpf_get_stackid` | the kernel's walker reads the frame at address 0 that ends every chain: a fault and its fixup per stack (~1 µs here) |
 //!
 //! `vmtrace check` loads everything and prints what each hook got on this
@@ -628,7 +628,9 @@ fn attach_region_hooks(
             what: HUGE_HOOK.what,
             program_type: "none",
             target: format!("{}:{}", HUGE_HOOK.category, HUGE_HOOK.name),
-            fallback_reason: Some(format!("not needed: {why}; no fault can map a huge page")),
+            fallback_reason: Some(format!(
+                "not needed: {why}; no anonymous or shmem fault can map a huge page (PMD-order page-cache folios are seen by the page-cache hook)"
+            )),
         },
     };
     Ok(vec![filemap, huge])

@@ -55,9 +55,11 @@ fn transparent_huge_pages_take_few_faults_each_one_huge() {
     );
     assert_eq!(s["huge"], 0, "MADV_NOHUGEPAGE: no huge faults");
     assert!(u(&h["total"]) * 20 < u(&s["total"]), "far fewer faults with THP: {} vs {}", h["total"], s["total"]);
-    // THP is on (madvise mode here): 64 MiB in 2 MiB pages, if the kernel had them to give.
+    // THP is on (madvise mode here): 64 MiB in 2 MiB pages, if the kernel had
+    // them to give; exactly as many as the workload's smaps shows at its end.
     let n = u(&h["huge"]);
     assert!((16..=32).contains(&n), "{n} huge faults for 64 MiB");
+    assert_eq!(n, huge.report("first-touch").huge_pages, "huge faults against /proc/PID/smaps: {h:#}");
     let regions = huge.summary["regions"].as_array().unwrap();
     let r = regions
         .iter()

@@ -124,6 +124,7 @@ fn fault_start<C: StackIdContext>(ctx: &C, address: u64, error_code: u64, kernel
         let slot = unsafe { &mut *slot };
         slot.tid = tid;
         slot.page = address >> 12;
+        slot.huge = 0;
         (slot.user_stack, slot.kernel_stack) = sample_stack(ctx, tgid, address, slot);
         // SAFETY: no preconditions. Stamped last: the stack walk is not fault time.
         slot.start_ns = unsafe { bpf_ktime_get_ns() };
@@ -320,20 +321,30 @@ pub fn tp_kmem_mm_page_alloc(ctx: TracePointContext) -> u32 {
     0
 }
 
+/// A PMD-order folio allocated (or added to the page cache) by the current
+/// thread: when it has a fault in flight, that fault is served by a huge page.
+/// Counted once per fault.
 #[inline(always)]
-fn huge_alloc() {
+pub fn huge_alloc() {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
     // Only a fault of this very thread on this CPU (the allocation cannot sleep
     // without parking it, and a parked fault is looked up as well).
-    let page = match FAULT_SLOT.get(0) {
-        Some(s) if s.tid == tid => s.page,
-        _ => match FAULT_PARKED.get_ptr(&tid) {
-            // SAFETY: a live map value.
-            Some(p) => unsafe { (*p).page },
+    let slot = match FAULT_SLOT.get_ptr_mut(0) {
+        Some(s) if unsafe { (*s).tid } == tid => s,
+        _ => match FAULT_PARKED.get_ptr_mut(&tid) {
+            Some(p) => p,
             None => return,
         },
     };
+    // SAFETY: this CPU's slot, or a live entry of this thread, which only this
+    // thread's programs touch (it runs on one CPU at a time).
+    let slot = unsafe { &mut *slot };
+    if slot.huge != 0 {
+        return;
+    }
+    slot.huge = 1;
+    let page = slot.page;
     let Some(p) = FAULT_STATS.get_ptr_mut(&tgid) else { return };
     // SAFETY: this CPU's value of a live entry.
     unsafe { (*p).huge += 1 };

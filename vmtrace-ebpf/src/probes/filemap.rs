@@ -1,9 +1,12 @@
 //! Page-cache additions by traced processes, per file: the pages readahead
 //! brought in around the faults (and reads) that asked for them.
 use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext};
-use vmtrace_common::FileKey;
+use vmtrace_common::{FileKey, PMD_ORDER};
 
-use crate::maps::{config, is_traced, tp_field, FILE_CACHE};
+use crate::{
+    maps::{config, is_traced, tp_field, FILE_CACHE},
+    probes::fault::huge_alloc,
+};
 
 // /sys/kernel/tracing/events/filemap/mm_filemap_add_to_page_cache/format:
 //   field:unsigned long pfn;   offset:8;  size:8; signed:0;
@@ -19,6 +22,12 @@ pub fn tp_filemap_mm_filemap_add_to_page_cache(ctx: TracePointContext) -> u32 {
     }
     let (ino, dev, order) = (tp_field::<u64>(&ctx, 16), tp_field::<u32>(&ctx, 32), tp_field::<u8>(&ctx, 36));
     let key = FileKey { dev, _pad: 0, ino };
+    if u32::from(order) >= PMD_ORDER {
+        // A PMD-order folio: page-cache folios reach it on filesystems with
+        // large folios whatever transparent_hugepage/enabled says, so the
+        // huge-page hook on every allocation is not needed to see them.
+        huge_alloc();
+    }
     let pages = 1u64 << (order & 15);
     if let Some(p) = FILE_CACHE.get_ptr_mut(&key) {
         // SAFETY: this CPU's value of a live entry.

@@ -101,7 +101,7 @@ fn header(out: &mut String, s: &Summary) {
         if fallbacks.is_empty() {
             "preferred program types".to_string()
         } else {
-            format!("fallback tracepoints for {}", fallbacks.join(", "))
+            format!("a fallback or a note for {} (`probes` in summary.json says why)", fallbacks.join(", "))
         }
     );
     if s.sampling.minor_latency_period == 0 {

@@ -21,6 +21,10 @@ pub struct Report {
     pub pages: u64,
     /// Time of the measured loop only (start-up excluded), for benchmarks.
     pub loop_ns: u64,
+    /// PMD-sized pages in this process's MADV_HUGEPAGE regions at the end
+    /// (/proc/self/smaps), where the workload asked for huge pages.
+    #[serde(default)]
+    pub huge_pages: u64,
 }
 
 fn rusage() -> (u64, u64) {
@@ -36,8 +40,12 @@ fn rusage_of(who: i32) -> (u64, u64) {
 }
 
 fn emit(role: &str, pages: u64, loop_ns: u64) {
+    emit_huge(role, pages, loop_ns, 0);
+}
+
+fn emit_huge(role: &str, pages: u64, loop_ns: u64, huge_pages: u64) {
     let (minflt, majflt) = rusage();
-    let r = Report { role: role.into(), pid: std::process::id(), minflt, majflt, pages, loop_ns };
+    let r = Report { role: role.into(), pid: std::process::id(), minflt, majflt, pages, loop_ns, huge_pages };
     let line = format!("{}\n", serde_json::to_string(&r).unwrap_or_default());
     // One append per line: forked children share the file without interleaving.
     if let Some(path) = std::env::var_os(REPORT_ENV) {
@@ -92,22 +100,23 @@ pub fn first_touch(mib: usize, huge: bool, threads: usize, pace_ms: u64, unmap: 
             touch((p + (m << 20)) as *mut u8, 1 << 20);
             std::thread::sleep(std::time::Duration::from_millis(pace_ms));
         }
-        emit("first-touch", (bytes / PAGE) as u64, t0.elapsed().as_nanos() as u64);
-        return Ok(());
+    } else {
+        let threads = threads.max(1);
+        let chunk = (bytes / threads) & !(PAGE - 1);
+        std::thread::scope(|s| {
+            for i in 0..threads {
+                let len = if i + 1 == threads { bytes - chunk * i } else { chunk };
+                s.spawn(move || touch((p + chunk * i) as *mut u8, len));
+            }
+        });
     }
-    let threads = threads.max(1);
-    let chunk = (bytes / threads) & !(PAGE - 1);
-    std::thread::scope(|s| {
-        for i in 0..threads {
-            let len = if i + 1 == threads { bytes - chunk * i } else { chunk };
-            s.spawn(move || touch((p + chunk * i) as *mut u8, len));
-        }
-    });
+    let loop_ns = t0.elapsed().as_nanos() as u64;
+    let huge_pages = if huge { crate::kernel::thp::advised_huge_pages(std::process::id()).unwrap_or(0) } else { 0 };
     if unmap {
         // SAFETY: our own mapping, no longer used.
         unsafe { libc::munmap(p as *mut libc::c_void, bytes) };
     }
-    emit("first-touch", (bytes / PAGE) as u64, t0.elapsed().as_nanos() as u64);
+    emit_huge("first-touch", (bytes / PAGE) as u64, loop_ns, huge_pages);
     Ok(())
 }
 
