@@ -15,9 +15,7 @@ pub fn why_impossible() -> Option<String> {
         return Some("the kernel has no transparent huge pages (no /sys/kernel/mm/transparent_hugepage)".into());
     };
     // Per-size controls (6.8+) name the PMD size's directory after it in kB.
-    let pmd_dir = read("hpage_pmd_size")
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .map_or_else(|| "hugepages-2048kB".to_string(), |b| format!("hugepages-{}kB", b / 1024));
+    let pmd_dir = format!("hugepages-{}kB", pmd_kb());
     let settings = Settings {
         enabled: selected(&enabled),
         pmd_enabled: read(&format!("{pmd_dir}/enabled")).map(|s| selected(&s)),
@@ -32,11 +30,15 @@ pub fn why_impossible() -> Option<String> {
 /// (anonymous memory, in PMD-sized pages); `None` when the process is gone.
 pub fn advised_huge_pages(pid: u32) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
-    let pmd_kb = std::fs::read_to_string(Path::new(SYSFS).join("hpage_pmd_size"))
+    Some(advised_huge_kb(&text) / pmd_kb())
+}
+
+/// The PMD (huge page) size in kB, 2048 where the kernel does not say.
+fn pmd_kb() -> u64 {
+    std::fs::read_to_string(Path::new(SYSFS).join("hpage_pmd_size"))
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
-        .map_or(2048, |b| b / 1024);
-    Some(advised_huge_kb(&text) / pmd_kb)
+        .map_or(2048, |b| b / 1024)
 }
 
 /// AnonHugePages of the regions whose VmFlags have `hg` (MADV_HUGEPAGE).
