@@ -212,7 +212,8 @@ pub fn run(out: &Path) -> Result<i32, RecordError> {
     let cg_name = format!("vmtrace-demo-{}", std::process::id());
     match ScratchCgroup::new(&cg_name, 64 << 20) {
         Ok(cg) => {
-            let hog = format!("{} workload touch --mib 256 --pace-ms 2", exe.display());
+            let exe = exe.display().to_string();
+            let hog = [exe.as_str(), "workload", "touch", "--mib", "256", "--pace-ms", "2"];
             let what = "a hog grows in a 64 MiB memory cgroup";
             let (mut row, s) = run_one("5. OOM kill", "oom-64mib-cgroup", what, cg.run_inside(&hog), out)?;
             if let Some(o) = s.oom.as_ref().and_then(|v| v.first()) {

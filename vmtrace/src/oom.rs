@@ -174,9 +174,13 @@ impl ScratchCgroup {
         Ok(Self { dir })
     }
 
-    /// A shell command that joins this cgroup, then execs `cmd`.
-    pub fn run_inside(&self, cmd: &str) -> Vec<String> {
-        vec!["sh".into(), "-c".into(), format!("echo $$ > {}/cgroup.procs && exec {cmd}", self.dir.display())]
+    /// A shell command that joins this cgroup, then execs `argv`. Paths are
+    /// passed as arguments, never pasted into the script: they may hold spaces.
+    pub fn run_inside<S: AsRef<str>>(&self, argv: &[S]) -> Vec<String> {
+        let procs = self.dir.join("cgroup.procs").display().to_string();
+        let mut v = vec!["sh".into(), "-c".into(), "echo $$ > \"$0\" && exec \"$@\"".into(), procs];
+        v.extend(argv.iter().map(|a| a.as_ref().to_string()));
+        v
     }
 }
 

@@ -56,6 +56,21 @@ fn demo_runs_every_scenario_and_reports_what_it_shows() {
     render_in_chromium(&out.join("report.html"));
 }
 
+/// `file://` URL of a path, percent-encoded: a checkout path may hold spaces.
+fn file_url(path: &std::path::Path) -> String {
+    use std::fmt::Write as _;
+    let mut url = String::from("file://");
+    for b in path.as_os_str().as_encoded_bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'/' | b'-' | b'_' | b'.' | b'~' => url.push(char::from(*b)),
+            _ => {
+                let _ = write!(url, "%{b:02X}");
+            }
+        }
+    }
+    url
+}
+
 /// Opens the page in headless Chromium: no console errors, a non-blank screenshot.
 fn render_in_chromium(page: &std::path::Path) {
     let browser = ["chromium", "chromium-browser", "google-chrome"]
@@ -79,7 +94,7 @@ fn render_in_chromium(page: &std::path::Path) {
         ])
         .arg(format!("--user-data-dir={}", profile.path().display()))
         .arg(format!("--screenshot={}", shot.display()))
-        .arg(format!("file://{}", page.display()))
+        .arg(file_url(page))
         .output()
         .unwrap();
     let log = String::from_utf8_lossy(&out.stderr);

@@ -13,7 +13,7 @@ fn memcg_oom_names_victim_trigger_cgroup_and_what_it_held() {
     let name = format!("vmtrace-oom-{}", std::process::id());
     let cg = vmtrace::oom::ScratchCgroup::new(&name, 64 << 20)
         .expect("a memory cgroup (v1 or v2) is needed to test OOM kills without risking a global OOM");
-    let argv = cg.run_inside(&format!("{BIN} workload touch --mib 256 --pace-ms 5"));
+    let argv = cg.run_inside(&[BIN, "workload", "touch", "--mib", "256", "--pace-ms", "5"]);
     let run = record(&[], &strs(&argv));
     assert_eq!(run.code(), Some(137), "the hog's SIGKILL comes through: {}", run.stderr());
     let pid = run.summary["target"]["pid"].as_u64().unwrap();
@@ -65,7 +65,7 @@ fn victim_cgroup_is_the_kernels_when_another_tracer_came_first() {
     std::thread::sleep(std::time::Duration::from_secs(3));
     let name = format!("vmtrace-oom2-{}", std::process::id());
     let cg = vmtrace::oom::ScratchCgroup::new(&name, 32 << 20).expect("a memory cgroup (v1 or v2)");
-    let argv = cg.run_inside(&format!("{BIN} workload touch --mib 128 --pace-ms 5"));
+    let argv = cg.run_inside(&[BIN, "workload", "touch", "--mib", "128", "--pace-ms", "5"]);
     let run = record(&["--events", "faults,oom"], &strs(&argv));
     // SAFETY: kill has no memory preconditions.
     unsafe { libc::kill(first.id() as i32, libc::SIGINT) };
@@ -90,7 +90,7 @@ fn memcg_oom_constraint_without_fentry() {
     }
     let name = format!("vmtrace-oomkp-{}", std::process::id());
     let cg = vmtrace::oom::ScratchCgroup::new(&name, 32 << 20).expect("a memory cgroup (v1 or v2)");
-    let argv = cg.run_inside(&format!("{BIN} workload touch --mib 128 --pace-ms 5"));
+    let argv = cg.run_inside(&[BIN, "workload", "touch", "--mib", "128", "--pace-ms", "5"]);
     let run = record(&["--force-tracepoints", "--events", "faults,oom"], &strs(&argv));
     assert_eq!(run.code(), Some(137), "{}", run.stderr());
     let probe = run.summary["probes"]

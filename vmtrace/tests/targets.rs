@@ -19,8 +19,12 @@ fn attach_to_running_pid_sees_its_exec_and_exit() {
     // (same pid, new program). A fixed wait raced with vmtrace's start-up.
     let gate = tempfile::tempdir().unwrap();
     let go = gate.path().join("go");
-    let script = format!("while [ ! -e '{}' ]; do sleep 0.05; done; exec {BIN} workload touch --mib 128", go.display());
-    let child = Command::new("sh").args(["-c", &script]).stdout(Stdio::piped()).spawn().unwrap();
+    let go_arg = go.display().to_string();
+    let argv = sh_then_exec(
+        "go=$1; shift; while [ ! -e \"$go\" ]; do sleep 0.05; done",
+        &[&go_arg, BIN, "workload", "touch", "--mib", "128"],
+    );
+    let child = Command::new(&argv[0]).args(&argv[1..]).stdout(Stdio::piped()).spawn().unwrap();
     let pid = child.id();
     let out = tempfile::tempdir().unwrap();
     let pid_arg = pid.to_string();
@@ -144,9 +148,19 @@ fn unprivileged_user_is_told_what_to_do() {
     if !privileged("unprivileged_user_is_told_what_to_do") {
         return;
     }
-    let out = tempfile::tempdir().unwrap();
+    // nobody must reach the binary and the output directory wherever the
+    // checkout and TMPDIR live (root's home is 0700 on most systems).
+    let shared = world_reachable_dir();
+    let bin = world_runnable_bin(shared.path());
+    let out = tempfile::Builder::new().prefix("out-").tempdir_in(shared.path()).unwrap();
     std::fs::set_permissions(out.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
-    let vm = as_nobody(&mut vmtrace()).args(["record", "--out"]).arg(out.path()).args(["--", "true"]).output().unwrap();
+    let vm = as_nobody(&mut Command::new(&bin))
+        .current_dir(shared.path())
+        .args(["record", "--out"])
+        .arg(out.path())
+        .args(["--", "true"])
+        .output()
+        .unwrap();
     let run = finish(out, vm);
     expect_error(&run, "privileges");
     assert!(run.stderr().contains("run as root"), "{}", run.stderr());

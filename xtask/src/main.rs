@@ -153,7 +153,12 @@ fn install_bpf_linker() -> Result<()> {
     let name = llvm.file_name().and_then(|n| n.to_str()).unwrap_or_default();
     // libLLVM.so.22.1-rust-1.97.0-nightly → 22
     let major = name.trim_start_matches("libLLVM.so.").split('.').next().unwrap_or_default().to_string();
-    let prefix = workspace_root().join("target/xtask/llvm-prefix");
+    // LLVM_PREFIX goes into build scripts that split on white space: keep it
+    // out of a checkout whose path has a space in it.
+    let prefix = [workspace_root().join("target/xtask/llvm-prefix"), env::temp_dir().join("vmtrace-llvm-prefix")]
+        .into_iter()
+        .find(|p| !p.to_string_lossy().contains(char::is_whitespace))
+        .unwrap_or_else(|| PathBuf::from("/tmp/vmtrace-llvm-prefix"));
     fs::create_dir_all(prefix.join("lib"))?;
     let link = prefix.join("lib/libLLVM.so");
     let _ = fs::remove_file(&link);
@@ -162,7 +167,9 @@ fn install_bpf_linker() -> Result<()> {
     run(cmd("cargo")
         .args(["install", "bpf-linker", "--locked", "--no-default-features", "--features", &format!("llvm-{major}")])
         .env("LLVM_PREFIX", &prefix)
-        .env("RUSTFLAGS", format!("-C link-arg=-Wl,-rpath,{}", lib.display()))
+        // Encoded (0x1f-separated) flags: the sysroot path may hold a space.
+        .env("CARGO_ENCODED_RUSTFLAGS", format!("-C\x1flink-arg=-Wl,-rpath,{}", lib.display()))
+        .env_remove("RUSTFLAGS")
         .env_remove("CARGO_TARGET_DIR"))
     .context("installing bpf-linker failed")?;
     Ok(())

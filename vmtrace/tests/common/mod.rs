@@ -174,6 +174,40 @@ pub fn as_nobody(c: &mut Command) -> &mut Command {
     c.uid(65_534).gid(65_534)
 }
 
+/// A fresh directory every user may enter, for what an unprivileged user must
+/// reach. The checkout (root's 0700 home) and `TMPDIR` may be closed to others,
+/// so the first candidate whose ancestors all let others through is used.
+pub fn world_reachable_dir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt as _;
+    let reachable = |dir: &std::path::Path| {
+        dir.is_dir() && dir.ancestors().all(|a| std::fs::metadata(a).is_ok_and(|m| m.permissions().mode() & 0o001 != 0))
+    };
+    let base = [std::env::temp_dir(), "/tmp".into(), "/var/tmp".into(), "/dev/shm".into()]
+        .into_iter()
+        .find(|d| reachable(d))
+        .expect("no directory that every user may enter (tried $TMPDIR, /tmp, /var/tmp, /dev/shm)");
+    let dir = tempfile::Builder::new().prefix("vmtrace-test-").tempdir_in(base).expect("create a world-reachable dir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+/// A copy of the vmtrace binary that every user may run, inside `dir`.
+pub fn world_runnable_bin(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    let bin = dir.join("vmtrace");
+    std::fs::copy(BIN, &bin).expect("copy the vmtrace binary");
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    bin
+}
+
+/// `sh -c` that runs `argv` after `prelude`, with every word passed as an
+/// argument rather than pasted into the script: paths may hold spaces.
+pub fn sh_then_exec(prelude: &str, argv: &[&str]) -> Vec<String> {
+    let mut v = vec!["sh".to_string(), "-c".into(), format!("{prelude}\nexec \"$@\""), "sh".into()];
+    v.extend(argv.iter().map(ToString::to_string));
+    v
+}
+
 /// Log2-bucket upper bound holding quantile q of a summary histogram.
 pub fn hist_quantile(h: &Value, q: f64) -> u64 {
     let m = h.as_object().expect("histogram");
