@@ -10,6 +10,10 @@ fn main() -> anyhow::Result<()> {
     // aya-build watches the eBPF crate; the wire types it shares with
     // userspace live in vmtrace-common and must rebuild it too.
     println!("cargo:rerun-if-changed={manifest}/../vmtrace-common");
+    // aya-build forwards every line the inner cargo prints to stderr as a
+    // `cargo:warning`: progress ("Compiling …") would read as 40 warnings.
+    // Compiler diagnostics still come through its JSON message stream.
+    std::env::set_var("CARGO_TERM_QUIET", "true");
     let pkg = aya_build::Package { name: "vmtrace-ebpf", root_dir: root, ..Default::default() };
     aya_build::build_ebpf([pkg], aya_build::Toolchain::Nightly).map_err(|e| {
         anyhow::anyhow!(
