@@ -78,19 +78,20 @@ fn sigint_stops_and_still_writes_every_output() {
         return;
     }
     let out = tempfile::tempdir().unwrap();
-    let vm = vmtrace()
-        .args(["record", "--out"])
-        .arg(out.path())
-        .args(["--", "sleep", "30"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    sleep(Duration::from_millis(1500));
+    // Signalled once it traces: a fixed wait raced with start-up on a busy
+    // machine, and a SIGINT before the handler is installed kills vmtrace.
+    let vm = spawn_traced(&[
+        OsStr::new("record"),
+        "--out".as_ref(),
+        out.path().as_os_str(),
+        "--".as_ref(),
+        "sleep".as_ref(),
+        "30".as_ref(),
+    ]);
+    sleep(Duration::from_millis(300));
     // SAFETY: signalling our own child.
-    unsafe { libc::kill(vm.id() as i32, libc::SIGINT) };
-    let vm = vm.wait_with_output().unwrap();
-    let run = finish(out, vm);
+    unsafe { libc::kill(vm.child.id() as i32, libc::SIGINT) };
+    let run = finish(out, vm.wait());
     // sleep got the SIGINT too, as under a shell, and died of it.
     assert_eq!(run.code(), Some(130), "{}", run.stderr());
     assert!(run.out.path().join("summary.txt").exists());
