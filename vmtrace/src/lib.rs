@@ -11,6 +11,7 @@ pub mod collect;
 pub mod demo;
 pub mod kernel;
 pub mod loader;
+pub mod model;
 pub mod oom;
 pub mod perf;
 pub mod procmaps;
