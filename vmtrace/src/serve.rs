@@ -213,6 +213,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn first_processes_keep_their_series_the_rest_are_other() {
+        use crate::model::{DropCounts, LiveProcess};
+        let stats = |started| vmtrace_common::FaultStats { started, ..Default::default() };
+        let proc = |pid, n| LiveProcess::from_counters(pid, Some(format!("p{pid}")), &stats(n), None, 1);
+        let snap = LiveSnapshot {
+            processes: vec![proc(3, 10), proc(5, 20), proc(9, 40)],
+            drops: DropCounts { by_kind: vec![1, 0, 0, 7], malformed_events: 0 },
+            oom_kills: 2,
+            ..LiveSnapshot::default()
+        };
+        let mut labeled = BTreeSet::new();
+        label_new(&snap, &mut labeled, 1);
+        let t = render(&snap, &labeled);
+        assert!(t.contains("vmtrace_page_faults_total{pid=\"3\",comm=\"p3\",kind=\"minor\"} 10\n"), "{t}");
+        assert!(t.contains("vmtrace_page_faults_total{pid=\"\",comm=\"other\",kind=\"minor\"} 60\n"), "{t}");
+        assert!(t.contains("vmtrace_oom_kills_total 2\n"), "{t}");
+        assert!(t.contains("vmtrace_dropped_total 8\n"), "every drop counter, untimed faults included: {t}");
+        assert!(render(&LiveSnapshot::default(), &labeled).ends_with("vmtrace_dropped_total 0\n# EOF\n"));
+    }
+
+    #[test]
     fn label_values_are_escaped() {
         assert_eq!(label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     }
