@@ -5,12 +5,14 @@
 //! `vmtrace-ebpf/src/probes/fault.rs` (start/end hooks, in-kernel aggregate)
 //! → [`loader`] (attach, with per-kernel fallbacks)
 //! → [`collect`] (process table from task events, aggregates read at the end)
-//! → [`report`] (`summary.json`, `summary.txt`).
+//! → [`model`] (what every output reads: the summary, the live snapshot)
+//! ← [`report`] (`summary.json`, `summary.txt`), [`top`], [`serve`].
 pub mod cli;
 pub mod collect;
 pub mod demo;
 pub mod kernel;
 pub mod loader;
+pub mod model;
 pub mod oom;
 pub mod perf;
 pub mod procmaps;

@@ -2,18 +2,7 @@
 //! users ask about them (heap, stack, file, anon, …), and address lookup.
 use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RegionKind {
-    Anon,
-    Heap,
-    Stack,
-    File,
-    Shmem,
-    Hugetlb,
-    Vdso,
-    Other,
-}
+pub use crate::model::RegionKind;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Region {

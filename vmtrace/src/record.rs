@@ -295,13 +295,14 @@ fn wait_for_end(
     usage: &mut Option<(u64, u64)>,
 ) -> Option<i32> {
     let deadline = opts.duration.map(|d| session.started + d);
-    let mut prev = std::collections::HashMap::new();
+    let mut rates = crate::model::RateKeeper::default();
     let mut next_line = opts.stream_interval.map(|i| session.started + i);
     loop {
         session.poll(Duration::from_millis(100));
         if let (Some(at), Some(every)) = (next_line, opts.stream_interval) {
             if Instant::now() >= at {
-                let line = session.stream_line(&mut prev, every.as_secs_f64());
+                let snap = session.live_snapshot(crate::collect::live::LiveScope::Running);
+                let line = report::stream::line(&snap, &mut rates, every.as_secs_f64());
                 let mut out = std::io::stdout().lock();
                 let _ = writeln!(out, "{line}");
                 let _ = out.flush();

@@ -12,10 +12,10 @@ use std::{
 };
 
 use crate::{
-    collect::{install_stop_handlers, stop_signal, Session},
+    collect::{install_stop_handlers, live::LiveScope, stop_signal, Session},
     loader::{Families, LoadOptions, Probes},
+    model::LiveSnapshot,
     record::{preflight, RecordError},
-    report::summary::Faults,
     stacks::StackMode,
     target::{check_pid, pid_alive, Target},
 };
@@ -52,29 +52,29 @@ fn label(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
-/// The exposition text for the current state of the trace.
-fn render(session: &mut Session, labeled: &mut BTreeSet<u32>, top: usize) -> String {
-    let mut per: BTreeMap<u32, Counts> = BTreeMap::new();
-    // Live processes from the kernel maps, exited ones from what was taken at their exit.
-    for (pid, s) in session.stats_totals() {
-        let f = Faults::from_stats(&s, session.minor_period);
-        let c = per.entry(pid).or_default();
-        c.minor += f.minor;
-        c.major += f.major;
-        c.cow += f.cow;
-        c.fault_ns += f.time_ns;
-    }
-    for (pid, m) in session.mm_totals() {
-        per.entry(pid).or_default().ipis += m.ipis_sent;
-    }
-    let mut series: BTreeMap<(String, String), Counts> = BTreeMap::new();
-    for (pid, c) in per {
-        if !labeled.contains(&pid) && labeled.len() < top {
-            labeled.insert(pid);
+/// The first `top` processes ever seen keep a series of their own.
+fn label_new(snap: &LiveSnapshot, labeled: &mut BTreeSet<u32>, top: usize) {
+    for p in &snap.processes {
+        if !labeled.contains(&p.pid) && labeled.len() < top {
+            labeled.insert(p.pid);
         }
-        let key = if labeled.contains(&pid) {
-            // ensure() reads /proc for processes that predate the trace.
-            (pid.to_string(), session.table.ensure(pid).comm.clone())
+    }
+}
+
+/// The exposition text for one snapshot of the whole trace (exited
+/// processes included, so every counter only grows).
+fn render(snap: &LiveSnapshot, labeled: &BTreeSet<u32>) -> String {
+    let mut series: BTreeMap<(String, String), Counts> = BTreeMap::new();
+    for p in &snap.processes {
+        let c = Counts {
+            minor: p.faults.minor,
+            major: p.faults.major,
+            cow: p.faults.cow,
+            fault_ns: p.faults.time_ns,
+            ipis: p.ipis_sent,
+        };
+        let key = if labeled.contains(&p.pid) {
+            (p.pid.to_string(), p.comm.clone().unwrap_or_default())
         } else {
             (String::new(), "other".into())
         };
@@ -115,8 +115,8 @@ fn render(session: &mut Session, labeled: &mut BTreeSet<u32>, top: usize) -> Str
         let _ = writeln!(t, "vmtrace_tlb_shootdown_ipis_total{{pid=\"{pid}\",comm=\"{}\"}} {}", label(comm), c.ipis);
     }
     let _ = writeln!(t, "# TYPE vmtrace_oom_kills counter\n# HELP vmtrace_oom_kills OOM kills seen on the machine.");
-    let _ = writeln!(t, "vmtrace_oom_kills_total {}", session.ooms.len());
-    let lost: u64 = session.probes.drops().iter().sum();
+    let _ = writeln!(t, "vmtrace_oom_kills_total {}", snap.oom_kills);
+    let lost = snap.drops.all_counters();
     let _ = writeln!(t, "# TYPE vmtrace_dropped counter\n# HELP vmtrace_dropped Events and samples dropped anywhere (all drop counters).");
     let _ = writeln!(t, "vmtrace_dropped_total {lost}");
     t.push_str("# EOF\n");
@@ -186,7 +186,11 @@ pub fn serve(opts: &ServeOptions) -> Result<i32, RecordError> {
     loop {
         session.poll(Duration::from_millis(100));
         if Instant::now() >= next {
-            let text = render(&mut session, &mut labeled, opts.top);
+            let mut snap = session.live_snapshot(LiveScope::WholeTrace);
+            label_new(&snap, &mut labeled, opts.top);
+            // Names read from /proc for labeled processes that predate the trace.
+            session.name_processes(&mut snap, |pid| labeled.contains(&pid));
+            let text = render(&snap, &labeled);
             if let Ok(mut b) = body.lock() {
                 *b = text;
             }
@@ -207,6 +211,27 @@ pub fn serve(opts: &ServeOptions) -> Result<i32, RecordError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn first_processes_keep_their_series_the_rest_are_other() {
+        use crate::model::{DropCounts, LiveProcess};
+        let stats = |started| vmtrace_common::FaultStats { started, ..Default::default() };
+        let proc = |pid, n| LiveProcess::from_counters(pid, Some(format!("p{pid}")), &stats(n), None, 1);
+        let snap = LiveSnapshot {
+            processes: vec![proc(3, 10), proc(5, 20), proc(9, 40)],
+            drops: DropCounts { by_kind: vec![1, 0, 0, 7], malformed_events: 0 },
+            oom_kills: 2,
+            ..LiveSnapshot::default()
+        };
+        let mut labeled = BTreeSet::new();
+        label_new(&snap, &mut labeled, 1);
+        let t = render(&snap, &labeled);
+        assert!(t.contains("vmtrace_page_faults_total{pid=\"3\",comm=\"p3\",kind=\"minor\"} 10\n"), "{t}");
+        assert!(t.contains("vmtrace_page_faults_total{pid=\"\",comm=\"other\",kind=\"minor\"} 60\n"), "{t}");
+        assert!(t.contains("vmtrace_oom_kills_total 2\n"), "{t}");
+        assert!(t.contains("vmtrace_dropped_total 8\n"), "every drop counter, untimed faults included: {t}");
+        assert!(render(&LiveSnapshot::default(), &labeled).ends_with("vmtrace_dropped_total 0\n# EOF\n"));
+    }
 
     #[test]
     fn label_values_are_escaped() {

@@ -1,6 +1,7 @@
 //! The userspace half of a trace: drain the kernel's event stream into the
 //! process table while the target runs, then read the in-kernel aggregates
 //! once and turn them into a `Summary`.
+pub mod live;
 pub mod process;
 pub mod storms;
 
@@ -13,25 +14,26 @@ use std::{
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use vmtrace_common::{
-    DropKind, EventHeader, EventKind, FaultStats, Merge, MmCall, MmEvent, MmStackKey, MmStats, OomEvent, TaskEvent,
-    ADVICE_SLOTS, MM_CALL_NAMES,
+    EventHeader, EventKind, FaultStats, Merge, MmCall, MmEvent, MmStackKey, MmStats, OomEvent, TaskEvent, ADVICE_SLOTS,
+    MM_CALL_NAMES,
 };
 
+pub use crate::model::MmSite;
 use crate::{
     loader::Families,
-    oom::{self, OomRecord},
+    oom,
     regions::{self, Attributed, ProcessRegions},
     stacks::{
         self,
         symbolize::{Names, PerfMap},
-        Stack, StackMode, StacksSummary,
+        Stack, StackMode,
     },
 };
 use crate::{
     loader::Probes,
-    report::summary::{
-        Drops, Faults, MmapCounts, ProbeInfo, Process, Reclaim, Sampling, Storm, Summary, TargetInfo, Timeline,
-        TlbCounts, SUMMARY_VERSION,
+    model::{
+        DropCounts, Faults, MmapCounts, OomRecord, ProbeInfo, Process, Reclaim, Sampling, StacksSummary, Storm,
+        Summary, TargetInfo, Timeline, TlbCounts, SUMMARY_VERSION,
     },
 };
 use process::ProcessTable;
@@ -173,14 +175,6 @@ fn tlb_counts(m: &MmStats) -> TlbCounts {
         ipis_sent: m.ipis_sent,
         ipis_by_call: by_call,
     }
-}
-
-/// mmap/TLB call-site stacks, symbolized, for `mmap.folded` and `shootdowns.folded`.
-pub struct MmSite {
-    pub comm: String,
-    pub frames: Vec<String>,
-    pub calls: u64,
-    pub ipis: u64,
 }
 
 /// One aggregated stack before symbolization: key, counts, user and kernel IPs.
@@ -350,53 +344,14 @@ impl Session {
         }
     }
 
-    /// Streamed events and samples lost so far: summary.json's `lost_events`,
-    /// also in streamed lines and `top`. Untimed faults, stack misses and
-    /// faults not placed in a region are counted, just with less detail: they
-    /// have their own `drops` entries.
-    pub fn lost_events(&self) -> u64 {
-        let not_lost = [
-            DropKind::FaultUntimed as usize,
-            DropKind::StackLost as usize,
-            DropKind::StackCountsFull as usize,
-            DropKind::RegionStatsFull as usize,
-        ];
-        let drops: u64 =
-            self.probes.drops().iter().enumerate().filter(|(i, _)| !not_lost.contains(i)).map(|(_, n)| n).sum();
-        drops + self.malformed_events
+    /// Every drop counter so far, and the ring records that could not be read.
+    pub fn drop_counts(&self) -> DropCounts {
+        DropCounts { by_kind: self.probes.drops(), malformed_events: self.malformed_events }
     }
 
-    /// One line of `--stream json`: every live traced process's counts so far
-    /// and its rates since the previous line (same field names as summary.json).
-    pub fn stream_line(&mut self, prev: &mut HashMap<u32, (u64, u64, u64, u64)>, interval_s: f64) -> serde_json::Value {
-        let mm: HashMap<u32, MmStats> =
-            if self.families.tlb { self.probes.all_mm().into_iter().collect() } else { HashMap::new() };
-        let mut procs = Vec::new();
-        let mut seen = Vec::new();
-        for (pid, st) in self.probes.all_stats() {
-            let f = Faults::from_stats(&st, self.minor_period);
-            let ipis = mm.get(&pid).map_or(0, |m| m.ipis_sent);
-            let (pf, pm, pc, pi) = prev.insert(pid, (f.total, f.major, f.cow, ipis)).unwrap_or_default();
-            let rate = |now: u64, before: u64| now.saturating_sub(before) as f64 / interval_s;
-            seen.push(pid);
-            procs.push(serde_json::json!({
-                "pid": pid,
-                "comm": self.table.procs.get(&pid).map_or("?", |p| p.comm.as_str()),
-                "faults": {"total": f.total, "minor": f.minor, "major": f.major, "write": f.write, "cow": f.cow, "time_ns": f.time_ns},
-                "faults_per_s": rate(f.total, pf),
-                "major_per_s": rate(f.major, pm),
-                "cow_per_s": rate(f.cow, pc),
-                "tlb": {"ipis_sent": ipis, "ipis_per_s": rate(ipis, pi)},
-            }));
-        }
-        prev.retain(|pid, _| seen.contains(pid));
-        let lost = self.lost_events();
-        serde_json::json!({
-            "t_s": self.started.elapsed().as_secs_f64(),
-            "interval_s": interval_s,
-            "processes": procs,
-            "lost_events": lost,
-        })
+    /// Events and samples lost so far ([`DropCounts::lost`]).
+    pub fn lost_events(&self) -> u64 {
+        self.drop_counts().lost()
     }
 
     /// Fault rate of `pid` over the flight recorder's window, up to now: its
@@ -673,16 +628,8 @@ impl Session {
         let mm = self.mm_totals();
         let duration_s = self.started.elapsed().as_secs_f64();
         let stats = self.stats_totals();
-        let drops_raw = self.probes.drops();
-        let d = |k: DropKind| drops_raw.get(k as usize).copied().unwrap_or(0);
-        let drops = Drops {
-            task_events: d(DropKind::TaskEventRingFull) + d(DropKind::OomRingFull) + self.malformed_events,
-            mm: d(DropKind::MmStatsFull) + d(DropKind::MmEventRingFull) + d(DropKind::MmInflightFull),
-            region_stats_full: d(DropKind::RegionStatsFull),
-            fault_stats_full: d(DropKind::FaultStatsFull),
-            traced_full: d(DropKind::TracedFull),
-            untimed_faults: d(DropKind::FaultUntimed),
-        };
+        let drop_counts = self.drop_counts();
+        let drops = drop_counts.summary();
         let (processes, totals) = self.build_processes(&target, &stats, &mm, minor_period);
         let time_estimated = minor_period != 1 || drops.untimed_faults > 0;
         for r in &mut self.ooms {
@@ -697,8 +644,7 @@ impl Session {
             sample_period: period,
             sampled_faults: stacks.iter().map(|s| s.counts.faults).sum(),
             distinct_stacks: stacks.len() as u64,
-            lost: drops_raw.get(DropKind::StackLost as usize).copied().unwrap_or(0)
-                + drops_raw.get(DropKind::StackCountsFull as usize).copied().unwrap_or(0),
+            lost: drop_counts.stacks_lost(),
             shallow_user_stacks_pct: crate::stacks::shallow_pct(&stacks),
             broken_chain_pct: crate::stacks::broken_pct(&stacks),
             files: Vec::new(),
@@ -707,7 +653,7 @@ impl Session {
             version: SUMMARY_VERSION,
             target,
             duration_s,
-            lost_events: self.lost_events(),
+            lost_events: drop_counts.lost(),
             processes,
             totals,
             sampling: Sampling { minor_latency_period: minor_period, time_estimated },

@@ -5,7 +5,8 @@ use std::{collections::BTreeMap, fs};
 
 use vmtrace_common::{EventKind, FaultStats, TaskEvent};
 
-use crate::{report::summary::KernelAccounting, target::shell_status};
+pub use crate::model::comm_str;
+use crate::{model::KernelAccounting, target::shell_status};
 
 #[derive(Clone, Debug)]
 pub struct ProcInfo {
@@ -52,11 +53,6 @@ impl Default for ProcInfo {
 #[derive(Default)]
 pub struct ProcessTable {
     pub procs: BTreeMap<u32, ProcInfo>,
-}
-
-pub fn comm_str(c: &[u8]) -> String {
-    let end = c.iter().position(|&b| b == 0).unwrap_or(c.len());
-    String::from_utf8_lossy(&c[..end]).into_owned()
 }
 
 fn read_cmdline(pid: u32) -> Option<String> {

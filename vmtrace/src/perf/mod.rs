@@ -3,11 +3,11 @@
 //! cross-check of vmtrace's counts against the kernel's accounting.
 pub mod sampling;
 
+pub use crate::model::PerfSummary;
 use perf_event::{
     events::{Cache, CacheId, CacheOp, CacheResult, Event, Hardware, Raw, Software},
     Builder, Counter,
 };
-use serde::{Deserialize, Serialize};
 use std::os::fd::{AsRawFd as _, RawFd};
 
 /// Which tasks the counters watch.
@@ -132,40 +132,6 @@ impl FaultEnd {
             .map_err(err("minor-faults"))?;
         Ok(Self { min, maj })
     }
-}
-
-/// The `perf` section of summary.json.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct PerfSummary {
-    /// Whether hardware TLB counters could be read.
-    pub supported: bool,
-    /// Why not, with a hint; empty when supported.
-    pub reason: String,
-    pub dtlb_load_misses: Option<u64>,
-    pub dtlb_store_misses: Option<u64>,
-    pub itlb_misses: Option<u64>,
-    pub instructions: Option<u64>,
-    pub cycles: Option<u64>,
-    /// dTLB load+store misses per 1,000 instructions.
-    pub dtlb_misses_per_kilo_instructions: Option<f64>,
-    /// Share of cycles with a page walk in progress (model-specific raw events).
-    pub page_walk_cycles_pct: Option<f64>,
-    /// The kernel's software counters for the same target. `kernel_page_faults`
-    /// is the faults it accounted (minor + major, as getrusage counts them).
-    pub kernel_page_faults: u64,
-    pub kernel_minor_faults: u64,
-    pub kernel_major_faults: u64,
-    pub context_switches: u64,
-    /// What the counters watched.
-    pub scope: String,
-    /// dTLB-miss samples attributed to memory regions, where a PMU samples data addresses.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tlb_miss_regions: Vec<sampling::RegionSamples>,
-    /// TLB-miss samples the kernel dropped, and those outside every known region.
-    #[serde(default)]
-    pub tlb_miss_samples_lost: u64,
-    #[serde(default)]
-    pub tlb_miss_samples_unattributed: u64,
 }
 
 /// Why a hardware event could not be opened, as a person needs to hear it.

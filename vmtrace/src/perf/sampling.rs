@@ -10,26 +10,15 @@ use perf_event::{
     events::{Event, Raw},
     Builder, SampleFlag, SampleSkid, Sampler,
 };
-use serde::{Deserialize, Serialize};
 
 use super::Scope;
-use crate::procmaps::{self, Region, RegionKind};
+pub use crate::model::RegionSamples;
+use crate::procmaps::{self, Region};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DataSample {
     pub pid: u32,
     pub addr: u64,
-}
-
-/// Samples that fell into one region of one process.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct RegionSamples {
-    pub pid: u32,
-    pub start: String,
-    pub end: String,
-    pub kind: RegionKind,
-    pub path: Option<String>,
-    pub samples: u64,
 }
 
 /// Samples counted per region as they arrive (regions come and go, so each
@@ -187,6 +176,7 @@ impl DataSampler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::RegionKind;
 
     #[test]
     fn synthetic_samples_land_in_their_regions() {

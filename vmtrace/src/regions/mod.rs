@@ -8,55 +8,13 @@ pub mod safetensors;
 
 use std::collections::{BTreeMap, HashMap};
 
-use serde::{Deserialize, Serialize};
 use vmtrace_common::{GranuleCounts, GranuleKey, GRANULE_HIST, GRANULE_PAGES, REGION_GRANULE_SHIFT};
 
+pub use crate::model::{FileSummary, RegionSummary, TensorSummary};
 use crate::{
+    model::{Faults, Hist},
     procmaps::{self, Region, RegionKind},
-    report::summary::{Faults, Hist},
 };
-
-/// One region of one process in summary.json `regions[]`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct RegionSummary {
-    pub pid: u32,
-    pub start: String,
-    pub end: String,
-    pub perms: String,
-    pub kind: RegionKind,
-    pub path: Option<String>,
-    pub offset: u64,
-    pub faults: Faults,
-    pub pages_touched: u64,
-}
-
-/// One tensor of a safetensors file.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct TensorSummary {
-    pub name: String,
-    pub offset: u64,
-    pub bytes: u64,
-    pub faults: u64,
-    pub major: u64,
-    pub time_ns: u64,
-    pub pages_touched: u64,
-}
-
-/// One file across processes in summary.json `files[]`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct FileSummary {
-    pub path: String,
-    pub faults: Faults,
-    pub pages_touched: u64,
-    /// Pages the traced processes added to the page cache for this file.
-    pub page_cache_added: u64,
-    /// Of those, pages no major fault asked for: brought in by readahead.
-    pub readahead_pages: u64,
-    /// Share of its faults that waited for I/O (major).
-    pub cold_fraction: f64,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tensors: Vec<TensorSummary>,
-}
 
 /// Counts of a share of a granule, accumulated per region.
 #[derive(Clone, Debug, Default)]

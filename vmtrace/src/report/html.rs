@@ -3,10 +3,8 @@
 //! flamegraphs as embedded images, and summary.txt in full.
 use std::{fmt::Write as _, path::Path};
 
-use super::{
-    summary::{Hist, Summary, Timeline},
-    text,
-};
+use super::text;
+use crate::model::{fmt_ns, Hist, Summary, Timeline};
 
 pub fn escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
@@ -56,7 +54,7 @@ pub fn histogram_svg(h: &Hist, title: &str) -> String {
         let c = h.0[i];
         let bh = c as f64 / max as f64 * hgt;
         let x = 10.0 + k as f64 * bw;
-        let label = Hist::bucket_bound(i).map_or_else(|| "more".into(), |b| format!("≤{}", text::fmt_ns(b)));
+        let label = Hist::bucket_bound(i).map_or_else(|| "more".into(), |b| format!("≤{}", fmt_ns(b)));
         let _ = write!(
             svg,
             "<rect x='{x}' y='{}' width='{}' height='{bh}' fill='#e8743b'><title>{label}: {c}</title></rect>\
@@ -128,7 +126,7 @@ fn process_table(s: &Summary) -> String {
     procs.sort_by_key(|p| std::cmp::Reverse(p.faults.time_ns));
     for p in procs.iter().take(30) {
         let f = &p.faults;
-        let q = |q: f64| f.latency_hist_ns.quantile_bound(q).map_or("-".into(), text::fmt_ns);
+        let q = |q: f64| f.latency_hist_ns.quantile_bound(q).map_or("-".into(), fmt_ns);
         let _ = write!(
             t,
             "<tr><td>{}</td><td class='l'>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
@@ -140,7 +138,7 @@ fn process_table(s: &Summary) -> String {
             f.major,
             f.write,
             f.cow,
-            text::fmt_ns(f.time_ns),
+            fmt_ns(f.time_ns),
             q(0.5),
             q(0.99),
             p.exit_code.map_or("running".into(), |c| c.to_string())
@@ -189,7 +187,7 @@ pub fn recording_body(s: &Summary, dir: &Path, flame_prefix: &str) -> String {
                 r.faults.major,
                 r.faults.cow,
                 r.pages_touched,
-                text::fmt_ns(r.faults.time_ns),
+                fmt_ns(r.faults.time_ns),
                 escape(r.path.as_deref().unwrap_or(""))
             );
         }
@@ -208,7 +206,7 @@ pub fn recording_body(s: &Summary, dir: &Path, flame_prefix: &str) -> String {
                 escape(&t.name),
                 t.faults,
                 t.major,
-                text::fmt_ns(t.time_ns),
+                fmt_ns(t.time_ns),
                 t.pages_touched,
                 t.bytes.div_ceil(4096)
             );

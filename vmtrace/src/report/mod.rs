@@ -1,5 +1,6 @@
 //! What a trace leaves behind: `summary.json` (for tools) and `summary.txt` (for people).
 pub mod html;
+pub mod stream;
 pub mod summary;
 pub mod text;
 
@@ -7,9 +8,12 @@ use std::{fs, io, path::Path};
 
 pub use summary::Summary;
 
-use crate::stacks::{
-    flamegraph::{self, Weight},
-    Stack, StacksSummary,
+use crate::{
+    model::{fmt_ns, MmSite, Sampling, StacksSummary},
+    stacks::{
+        flamegraph::{self, Weight},
+        Stack,
+    },
 };
 
 /// Writes every output of a recording into `dir`.
@@ -29,7 +33,7 @@ pub fn write_flamegraphs(
     dir: &Path,
     stacks: &[Stack],
     st: &StacksSummary,
-    sampling: &summary::Sampling,
+    sampling: &Sampling,
 ) -> io::Result<Vec<String>> {
     let n = u64::from(st.sample_period.max(1));
     let scaled = if n > 1 { format!(", stacks sampled 1 in {n}, counts scaled ×{n}") } else { String::new() };
@@ -46,7 +50,7 @@ pub fn write_flamegraphs(
     ] {
         let f = flamegraph::folded(stacks, w, n);
         let total = flamegraph::total(&f);
-        let total_text = if w == Weight::TimeNs { text::fmt_ns(total) } else { format!("{total} {unit}") };
+        let total_text = if w == Weight::TimeNs { fmt_ns(total) } else { format!("{total} {unit}") };
         let extra = if w == Weight::TimeNs {
             format!("{minor}{}", if n > 1 { format!(", stacks sampled 1 in {n}") } else { String::new() })
         } else {
@@ -61,7 +65,7 @@ pub fn write_flamegraphs(
 
 /// `mmap.{svg,folded}` (call sites of mmap-family syscalls by calls) and
 /// `shootdowns.{svg,folded}` (by TLB-flush IPIs sent while the call ran).
-pub fn write_mm_flamegraphs(dir: &Path, sites: &[crate::collect::MmSite]) -> io::Result<()> {
+pub fn write_mm_flamegraphs(dir: &Path, sites: &[MmSite]) -> io::Result<()> {
     for (stem, title, unit) in [
         ("mmap", "mmap-family calls by call site", "calls"),
         ("shootdowns", "TLB shootdown IPIs sent, by initiating call site", "IPIs"),

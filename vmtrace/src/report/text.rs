@@ -1,20 +1,8 @@
 //! `summary.txt`: the summary for people, also printed at exit.
 use std::fmt::Write as _;
 
-use super::summary::{Faults, Hist, Summary};
-
-pub fn fmt_ns(ns: u64) -> String {
-    let ns = ns as f64;
-    if ns >= 1e9 {
-        format!("{:.2} s", ns / 1e9)
-    } else if ns >= 1e6 {
-        format!("{:.1} ms", ns / 1e6)
-    } else if ns >= 1e3 {
-        format!("{:.1} µs", ns / 1e3)
-    } else {
-        format!("{ns:.0} ns")
-    }
-}
+pub use crate::model::fmt_ns;
+use crate::model::{bytes, Faults, Hist, Summary, BROKEN_CHAIN};
 
 /// Upper bound of a latency bucket, as "≤2.0 µs" ("-" when empty, ">1.07 s" for +inf).
 fn fmt_bound(h: &Hist, q: f64) -> String {
@@ -207,7 +195,7 @@ fn oom_section(out: &mut String, s: &Summary) {
     }
     let _ = writeln!(out, "\nOOM kills: {}", ooms.len());
     for r in ooms {
-        let _ = writeln!(out, "  {}", crate::oom::render(r));
+        let _ = writeln!(out, "  {}", crate::model::oom::render(r));
     }
     for p in stalls {
         let _ = writeln!(
@@ -244,9 +232,7 @@ fn stacks_section(out: &mut String, s: &Summary) {
             "  NOTE: {:.0}% of user stacks were cut where their frame chain left executable memory (under\n  \
              {}), {:.0}% have at most two frames: code built without frame pointers, so callers are\n  \
              missing (C/C++: -fno-omit-frame-pointer; Rust: -C force-frame-pointers=yes).",
-            st.broken_chain_pct,
-            crate::stacks::BROKEN_CHAIN,
-            st.shallow_user_stacks_pct
+            st.broken_chain_pct, BROKEN_CHAIN, st.shallow_user_stacks_pct
         );
     }
 }
@@ -310,21 +296,6 @@ fn tlb_section(out: &mut String, s: &Summary) {
     }
 }
 
-pub(crate) fn bytes(n: u64) -> String {
-    if n >= 1 << 30 {
-        format!("{:.1} GiB", n as f64 / f64::from(1u32 << 30))
-    } else if n >= 1 << 20 {
-        format!("{:.1} MiB", n as f64 / f64::from(1u32 << 20))
-    } else {
-        format!("{} KiB", n >> 10)
-    }
-}
-
-pub(crate) fn region_size(r: &crate::regions::RegionSummary) -> u64 {
-    let p = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap_or(0);
-    p(&r.end).saturating_sub(p(&r.start))
-}
-
 /// The region table: all of them in regions.txt, the top ones in summary.txt.
 pub fn regions_table(out: &mut String, s: &Summary, limit: usize) {
     let Some(regions) = &s.regions else { return };
@@ -356,7 +327,7 @@ pub fn regions_table(out: &mut String, s: &Summary, limit: usize) {
             r.pid,
             comm(r.pid),
             format!("{}-{}", r.start, r.end),
-            bytes(region_size(r)),
+            bytes(r.size()),
             r.perms,
             format!("{:?}", r.kind).to_lowercase(),
             f.total,

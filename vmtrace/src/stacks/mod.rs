@@ -5,6 +5,8 @@ pub mod flamegraph;
 pub mod symbolize;
 
 use serde::{Deserialize, Serialize};
+
+pub use crate::model::{StacksSummary, BROKEN_CHAIN};
 use vmtrace_common::{StackCounts, StackKey};
 
 /// Which stacks `--stacks` collects.
@@ -59,30 +61,6 @@ pub fn region_leaf(maps: &[crate::procmaps::Region], mapped: &crate::procmaps::M
         None => "[unmapped region]".into(),
     }
 }
-
-/// The `stacks` section of summary.json.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct StacksSummary {
-    pub mode: String,
-    /// One fault in N had its stack taken; folded weights are scaled by N.
-    pub sample_period: u32,
-    /// Faults whose stack was taken.
-    pub sampled_faults: u64,
-    pub distinct_stacks: u64,
-    /// Stacks lost because the stack map was full (their faults still count).
-    pub lost: u64,
-    /// Share of sampled user stacks with at most two frames: a sign of code
-    /// built without frame pointers.
-    pub shallow_user_stacks_pct: f64,
-    /// Share of sampled user stacks cut where their frame chain left
-    /// executable memory: code built without frame pointers.
-    #[serde(default)]
-    pub broken_chain_pct: f64,
-    pub files: Vec<String>,
-}
-
-/// The outermost frame of a stack whose frame chain broke.
-pub const BROKEN_CHAIN: &str = "[frame chain broken]";
 
 /// How much of a user stack (innermost first) to keep. A frame-pointer walk
 /// through code built without frame pointers reads data as return addresses,

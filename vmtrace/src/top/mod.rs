@@ -17,14 +17,12 @@ use futures_util::StreamExt as _;
 use model::{Cum, ProcRow, RateKeeper, Rates, RegionRow, Snapshot};
 use tokio::io::{unix::AsyncFd, Interest};
 use view::{Pane, ViewState};
-use vmtrace_common::MmCall;
 
 use crate::{
-    collect::{install_stop_handlers, stop_signal, storms::StormDetector, Session},
+    collect::{install_stop_handlers, live::LiveScope, stop_signal, storms::StormDetector, Session},
     loader::{Families, LoadOptions, Probes},
-    procmaps::RegionKind,
+    model::{OomRecord, RegionKind, RegionSummary},
     record::{check_target, preflight, start_target, PerfProbe, RecordError},
-    report::summary::Faults,
     stacks::{symbolize::Names, StackMode},
     target::{pid_alive, wait_exit, GatedChild, Target},
 };
@@ -74,42 +72,25 @@ impl Model {
     fn refresh(&mut self, session: &mut Session, perf: Option<&mut PerfProbe>, sort: model::SortKey) -> Snapshot {
         let dt = self.last.elapsed().as_secs_f64();
         self.last = Instant::now();
-        let mm: HashMap<u32, vmtrace_common::MmStats> = session.probes.all_mm().into_iter().collect();
-        let cums: Vec<(u32, Cum)> = session
-            .probes
-            .all_stats()
-            .into_iter()
-            .map(|(pid, st)| {
-                let f = Faults::from_stats(&st, session.minor_period);
-                let m = mm.get(&pid);
-                let cum = Cum {
-                    faults: f.total,
-                    major: f.major,
-                    cow: f.cow,
-                    time_ns: f.time_ns,
-                    munmap: m.map_or(0, |m| m.calls[MmCall::Munmap as usize]),
-                    ipis: m.map_or(0, |m| m.ipis_sent),
-                };
-                (pid, cum)
-            })
-            .collect();
-        let totals: HashMap<u32, u64> = cums.iter().map(|(p, c)| (*p, c.faults)).collect();
-        let mut procs: Vec<ProcRow> = self
-            .procs
-            .update(&cums, dt)
-            .into_iter()
-            .map(|(pid, rates)| ProcRow {
-                pid,
-                comm: session.table.ensure(pid).comm.clone(),
+        let mut snap = session.live_snapshot(LiveScope::Running);
+        session.name_processes(&mut snap, |_| true);
+        let rates = snap.rates(&mut self.procs, dt);
+        let mut procs: Vec<ProcRow> = snap
+            .processes
+            .iter()
+            .zip(rates)
+            .map(|(p, (_, rates))| ProcRow {
+                pid: p.pid,
+                comm: p.comm.clone().unwrap_or_default(),
                 rates,
-                total_faults: totals[&pid],
+                total_faults: p.faults.total,
             })
             .collect();
         model::sort_procs(&mut procs, sort);
 
         // Faults of processes that exited since the last refresh are in the
         // kernel's totals, not in any row: the header counts them.
-        let (all, all_major) = session.probes.totals();
+        let (all, all_major) = (snap.all_faults, snap.all_major);
         let head = self.totals.update(&[((), Cum { faults: all, major: all_major, ..Cum::default() })], dt)[0].1;
         // fold from +0.0: an empty f64 sum() is -0.0, which prints as "-0".
         let sum = |f: fn(&Rates) -> f64| procs.iter().map(|p| f(&p.rates)).fold(0.0, |a, b| a + b);
@@ -135,16 +116,14 @@ impl Model {
             storms: self.storms(session, now_s),
             oom: session.ooms.iter().rev().find(|o| now_s - o.time_s < BANNER_HOLD_S).map(oom_line),
             dtlb: self.dtlb(perf, dt),
-            lost_events: session.lost_events(),
+            lost_events: snap.drops.lost(),
             ended: None,
         }
     }
 
     fn regions(&mut self, session: &mut Session, dt: f64, sort: model::SortKey) -> Vec<RegionRow> {
         let attributed = session.build_regions().regions;
-        let key = |r: &crate::regions::RegionSummary| {
-            (r.pid, u64::from_str_radix(r.start.trim_start_matches("0x"), 16).unwrap_or(0))
-        };
+        let key = |r: &RegionSummary| (r.pid, u64::from_str_radix(r.start.trim_start_matches("0x"), 16).unwrap_or(0));
         let cums: Vec<((u32, u64), Cum)> = attributed
             .iter()
             .map(|r| {
@@ -159,7 +138,7 @@ impl Model {
                 pid: r.pid,
                 comm: session.table.procs.get(&r.pid).map_or_else(String::new, |p| p.comm.clone()),
                 name: r.path.clone().unwrap_or_else(|| format!("[{}]", kind_name(r.kind))),
-                size: crate::report::text::region_size(r),
+                size: r.size(),
                 rates: rates.get(&key(r)).copied().unwrap_or_default(),
                 total_faults: r.faults.total,
             })
@@ -239,7 +218,7 @@ fn kind_name(k: RegionKind) -> String {
     format!("{k:?}").to_lowercase()
 }
 
-fn oom_line(o: &crate::oom::OomRecord) -> String {
+fn oom_line(o: &OomRecord) -> String {
     let mib = |kb: u64| kb as f64 / 1024.0;
     format!(
         "OOM KILL at {:.1} s: pid {} ({}) anon {:.1} MiB, {} constraint{}; triggered by pid {} ({})",

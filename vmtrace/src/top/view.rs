@@ -10,7 +10,7 @@ use ratatui::{
 };
 
 use super::model::{human, RegionRow, Snapshot, SortKey};
-use crate::report::text::bytes;
+use crate::model::bytes;
 
 /// Which table is on screen (`r` switches).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -1,0 +1,74 @@
+//! The live snapshot (`model::LiveSnapshot`) read from a running session:
+//! the one place the stream, `top` and `serve` get their counts from.
+use std::collections::{BTreeMap, HashMap};
+
+use vmtrace_common::{FaultStats, MmStats};
+
+use super::Session;
+use crate::model::{LiveProcess, LiveSnapshot};
+
+/// Which processes a snapshot covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LiveScope {
+    /// Those still in the kernel's maps (the stream, `top`).
+    Running,
+    /// Every process of the trace so far, exited ones included (`serve`,
+    /// whose counters may only grow).
+    WholeTrace,
+}
+
+impl Session {
+    /// Every covered process's counters now, named as the process table knows
+    /// them (see [`Session::name_processes`] for the others).
+    pub fn live_snapshot(&mut self, scope: LiveScope) -> LiveSnapshot {
+        let (stats, mm): (Vec<(u32, FaultStats)>, HashMap<u32, MmStats>) = match scope {
+            LiveScope::Running => (
+                self.probes.all_stats(),
+                if self.families.tlb { self.probes.all_mm().into_iter().collect() } else { HashMap::new() },
+            ),
+            LiveScope::WholeTrace => {
+                let stats: BTreeMap<u32, FaultStats> = self.stats_totals();
+                (stats.into_iter().collect(), self.mm_totals().into_iter().collect())
+            }
+        };
+        let mut pids: Vec<u32> = stats.iter().map(|(p, _)| *p).collect();
+        let mut processes: Vec<LiveProcess> = stats
+            .iter()
+            .map(|(pid, s)| {
+                let comm = self.table.procs.get(pid).map(|p| p.comm.clone());
+                LiveProcess::from_counters(*pid, comm, s, mm.get(pid), self.minor_period)
+            })
+            .collect();
+        if scope == LiveScope::WholeTrace {
+            // A process with mmap/TLB counts and no fault yet still has a series.
+            pids.sort_unstable();
+            for (pid, m) in &mm {
+                if pids.binary_search(pid).is_err() {
+                    let comm = self.table.procs.get(pid).map(|p| p.comm.clone());
+                    processes.push(LiveProcess::from_counters(*pid, comm, &FaultStats::default(), Some(m), 0));
+                }
+            }
+            processes.sort_by_key(|p| p.pid);
+        }
+        let (all_faults, all_major) = self.probes.totals();
+        LiveSnapshot {
+            t_s: self.started.elapsed().as_secs_f64(),
+            processes,
+            all_faults,
+            all_major,
+            drops: self.drop_counts(),
+            oom_kills: self.ooms.len(),
+        }
+    }
+
+    /// Names the processes of `snap` that `wanted` picks through the process
+    /// table, reading /proc for those the trace has not seen start (once: the
+    /// table keeps them).
+    pub fn name_processes(&mut self, snap: &mut LiveSnapshot, wanted: impl Fn(u32) -> bool) {
+        for p in &mut snap.processes {
+            if wanted(p.pid) {
+                p.comm = Some(self.table.ensure(p.pid).comm.clone());
+            }
+        }
+    }
+}

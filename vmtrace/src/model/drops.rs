@@ -1,0 +1,99 @@
+//! Counters of what was dropped, and the one definition of "lost".
+use serde::{Deserialize, Serialize};
+use vmtrace_common::DropKind;
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Drops {
+    pub task_events: u64,
+    pub fault_stats_full: u64,
+    pub traced_full: u64,
+    /// Faults counted but not timed (their start was not seen).
+    pub untimed_faults: u64,
+    /// Faults counted but not placed in a region (granule map full).
+    #[serde(default)]
+    pub region_stats_full: u64,
+    /// mmap/TLB counts or mapping events lost (map or ring buffer full).
+    #[serde(default)]
+    pub mm: u64,
+}
+
+/// The kernel's drop counters (indexed by `DropKind`, summed over CPUs) and
+/// the ring records userspace could not read, as of one moment.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DropCounts {
+    pub by_kind: Vec<u64>,
+    pub malformed_events: u64,
+}
+
+impl DropCounts {
+    pub fn get(&self, k: DropKind) -> u64 {
+        self.by_kind.get(k as usize).copied().unwrap_or(0)
+    }
+
+    /// Events and samples lost: summary.json's `lost_events`, the streamed
+    /// lines' and `top`'s. Untimed faults, stack misses and faults not placed
+    /// in a region are counted, just with less detail: they have their own
+    /// `drops` entries.
+    pub fn lost(&self) -> u64 {
+        let not_lost =
+            [DropKind::FaultUntimed, DropKind::StackLost, DropKind::StackCountsFull, DropKind::RegionStatsFull];
+        let dropped: u64 = self
+            .by_kind
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !not_lost.iter().any(|k| *k as usize == *i))
+            .map(|(_, n)| n)
+            .sum();
+        dropped + self.malformed_events
+    }
+
+    /// Every kernel drop counter summed, the less detailed included: the
+    /// OpenMetrics `vmtrace_dropped_total` (docs/summary-json.md).
+    pub fn all_counters(&self) -> u64 {
+        self.by_kind.iter().sum()
+    }
+
+    /// Stacks that could not be kept (their faults still count).
+    pub fn stacks_lost(&self) -> u64 {
+        self.get(DropKind::StackLost) + self.get(DropKind::StackCountsFull)
+    }
+
+    /// summary.json's `drops`, by cause.
+    pub fn summary(&self) -> Drops {
+        let d = |k| self.get(k);
+        Drops {
+            task_events: d(DropKind::TaskEventRingFull) + d(DropKind::OomRingFull) + self.malformed_events,
+            mm: d(DropKind::MmStatsFull) + d(DropKind::MmEventRingFull) + d(DropKind::MmInflightFull),
+            region_stats_full: d(DropKind::RegionStatsFull),
+            fault_stats_full: d(DropKind::FaultStatsFull),
+            traced_full: d(DropKind::TracedFull),
+            untimed_faults: d(DropKind::FaultUntimed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lost_leaves_out_what_is_counted_with_less_detail() {
+        let mut by_kind = vec![0; vmtrace_common::DROP_KINDS as usize];
+        for (k, n) in [
+            (DropKind::TaskEventRingFull, 1),
+            (DropKind::FaultUntimed, 100),
+            (DropKind::StackLost, 10),
+            (DropKind::StackCountsFull, 20),
+            (DropKind::RegionStatsFull, 30),
+            (DropKind::MmEventRingFull, 2),
+        ] {
+            by_kind[k as usize] = n;
+        }
+        let d = DropCounts { by_kind, malformed_events: 4 };
+        assert_eq!(d.lost(), 1 + 2 + 4);
+        assert_eq!(d.all_counters(), 163);
+        assert_eq!(d.stacks_lost(), 30);
+        let s = d.summary();
+        assert_eq!((s.task_events, s.mm, s.untimed_faults, s.region_stats_full), (5, 2, 100, 30));
+    }
+}

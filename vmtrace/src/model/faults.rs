@@ -1,0 +1,257 @@
+//! The contract's FAULTS object and its latency histograms, derived from
+//! the kernel's per-process aggregate.
+use serde::{Deserialize, Serialize};
+use vmtrace_common::{FaultStats, HIST_BUCKETS, HIST_MIN_SHIFT};
+
+/// The contract's FAULTS object, plus the split by kind of latency.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Faults {
+    pub total: u64,
+    pub minor: u64,
+    pub major: u64,
+    pub write: u64,
+    pub exec: u64,
+    pub cow: u64,
+    /// Faults served by a huge page (anonymous THP allocated in the fault, or
+    /// any fault of a hugetlb mapping); null when `--events regions` is off.
+    pub huge: Option<u64>,
+    /// Time inside the fault handler (estimated from the sample when minor latency is sampled).
+    pub time_ns: u64,
+    pub minor_time_ns: u64,
+    pub major_time_ns: u64,
+    /// Faults taken in kernel mode on user memory (e.g. `read()` into a fresh buffer).
+    pub kernel_mode: u64,
+    /// Faults whose latency was measured: the histograms count these.
+    pub timed: u64,
+    pub latency_hist_ns: Hist,
+    pub minor_latency_hist_ns: Hist,
+    pub major_latency_hist_ns: Hist,
+}
+
+/// Log2 latency histogram as `{"le_1024": N, …, "le_inf": N}`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hist(pub [u64; HIST_BUCKETS]);
+
+impl Default for Hist {
+    fn default() -> Self {
+        Self([0; HIST_BUCKETS])
+    }
+}
+
+impl Hist {
+    pub fn bucket_label(i: usize) -> String {
+        if i + 1 == HIST_BUCKETS {
+            "le_inf".into()
+        } else {
+            format!("le_{}", 1u64 << (HIST_MIN_SHIFT as usize + i))
+        }
+    }
+
+    /// Upper bound in ns of bucket `i` (`None` for +inf).
+    pub fn bucket_bound(i: usize) -> Option<u64> {
+        (i + 1 < HIST_BUCKETS).then(|| 1u64 << (HIST_MIN_SHIFT as usize + i))
+    }
+
+    pub fn count(&self) -> u64 {
+        self.0.iter().sum()
+    }
+
+    /// Upper bound of the bucket holding quantile `q` (0..=1); `None` when empty
+    /// or in the +inf bucket.
+    pub fn quantile_bound(&self, q: f64) -> Option<u64> {
+        let n = self.count();
+        if n == 0 {
+            return None;
+        }
+        let rank = ((q * n as f64).ceil() as u64).clamp(1, n);
+        let mut seen = 0;
+        for (i, c) in self.0.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Self::bucket_bound(i);
+            }
+        }
+        None
+    }
+
+    fn add(&mut self, o: &Hist) {
+        for (a, b) in self.0.iter_mut().zip(o.0.iter()) {
+            *a += b;
+        }
+    }
+}
+
+impl Serialize for Hist {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(HIST_BUCKETS))?;
+        for (i, c) in self.0.iter().enumerate() {
+            m.serialize_entry(&Self::bucket_label(i), c)?;
+        }
+        m.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Hist {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let m = std::collections::BTreeMap::<String, u64>::deserialize(d)?;
+        let mut h = Hist::default();
+        for (k, v) in m {
+            let i = (0..HIST_BUCKETS)
+                .find(|&i| Self::bucket_label(i) == k)
+                .ok_or_else(|| serde::de::Error::custom(format!("unknown histogram bucket {k}")))?;
+            h.0[i] = v;
+        }
+        Ok(h)
+    }
+}
+
+/// Scales a sum measured on `timed` of `count` events up to all of them.
+fn scale(sum: u64, timed: u64, count: u64) -> u64 {
+    if timed == 0 || timed >= count {
+        sum
+    } else {
+        (u128::from(sum) * u128::from(count) / u128::from(timed)) as u64
+    }
+}
+
+impl Faults {
+    /// Derives the contract's view from one process's kernel aggregate.
+    ///
+    /// `total` is every fault that entered the handler on a user address; `major`
+    /// is the kernel's own count (end hook, period 1), `minor` the rest. Minor
+    /// latency is measured on 1 in `minor_period` faults and its time scaled up.
+    pub fn from_stats(s: &FaultStats, minor_period: u32) -> Self {
+        let major = s.major;
+        let total = s.started.max(major);
+        let minor = total - major;
+        let minor_time_ns = if minor_period == 0 {
+            0
+        } else if minor_period == 1 {
+            scale(s.minor_time_ns, s.minor_timed, s.minor_seen)
+        } else {
+            scale(s.minor_time_ns, s.minor_timed, minor)
+        };
+        let major_time_ns = scale(s.major_time_ns, s.major_timed, major);
+        let minor_hist = Hist(s.minor_hist);
+        let major_hist = Hist(s.major_hist);
+        let mut all = minor_hist.clone();
+        all.add(&major_hist);
+        Self {
+            total,
+            minor,
+            major,
+            write: s.write,
+            exec: s.exec,
+            cow: s.cow,
+            huge: None,
+            time_ns: minor_time_ns + major_time_ns,
+            minor_time_ns,
+            major_time_ns,
+            kernel_mode: s.kernel_mode,
+            timed: s.minor_timed + s.major_timed,
+            latency_hist_ns: all,
+            minor_latency_hist_ns: minor_hist,
+            major_latency_hist_ns: major_hist,
+        }
+    }
+
+    pub fn add(&mut self, o: &Faults) {
+        self.total += o.total;
+        self.minor += o.minor;
+        self.major += o.major;
+        self.write += o.write;
+        self.exec += o.exec;
+        self.cow += o.cow;
+        self.huge = match (self.huge, o.huge) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
+        self.time_ns += o.time_ns;
+        self.minor_time_ns += o.minor_time_ns;
+        self.major_time_ns += o.major_time_ns;
+        self.kernel_mode += o.kernel_mode;
+        self.timed += o.timed;
+        self.latency_hist_ns.add(&o.latency_hist_ns);
+        self.minor_latency_hist_ns.add(&o.minor_latency_hist_ns);
+        self.major_latency_hist_ns.add(&o.major_latency_hist_ns);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats() -> FaultStats {
+        let mut s = FaultStats {
+            started: 1000,
+            write: 600,
+            cow: 10,
+            exec: 5,
+            major: 10,
+            minor_seen: 990,
+            ..Default::default()
+        };
+        s.minor_timed = 990;
+        s.minor_time_ns = 990 * 1500;
+        s.minor_hist[1] = 990;
+        s.major_timed = 10;
+        s.major_time_ns = 10 * 60_000;
+        s.major_hist[6] = 10;
+        s
+    }
+
+    #[test]
+    fn exact_when_every_fault_is_timed() {
+        let f = Faults::from_stats(&stats(), 1);
+        assert_eq!((f.total, f.minor, f.major), (1000, 990, 10));
+        assert_eq!(f.time_ns, 990 * 1500 + 600_000);
+        assert_eq!(f.timed, 1000);
+        assert_eq!(f.latency_hist_ns.count(), 1000);
+        assert_eq!(f.minor_latency_hist_ns.quantile_bound(0.5), Some(2048));
+        assert_eq!(f.major_latency_hist_ns.quantile_bound(0.99), Some(65_536));
+    }
+
+    #[test]
+    fn sampled_minor_time_is_scaled_to_all_minors() {
+        let mut s = stats();
+        s.minor_seen = 99;
+        s.minor_timed = 99;
+        s.minor_time_ns = 99 * 1000;
+        let f = Faults::from_stats(&s, 10);
+        assert_eq!(f.minor, 990);
+        assert_eq!(f.minor_time_ns, 990 * 1000);
+    }
+
+    #[test]
+    fn minor_time_is_zero_when_not_measured() {
+        let mut s = stats();
+        s.minor_timed = 0;
+        s.minor_time_ns = 0;
+        s.minor_seen = 0;
+        let f = Faults::from_stats(&s, 0);
+        assert_eq!((f.minor, f.minor_time_ns, f.time_ns), (990, 0, 600_000));
+    }
+
+    #[test]
+    fn histogram_serializes_with_contract_labels_and_round_trips() {
+        let f = Faults::from_stats(&stats(), 1);
+        let v = serde_json::to_value(&f).unwrap();
+        assert_eq!(v["latency_hist_ns"]["le_2048"], 990);
+        assert_eq!(v["latency_hist_ns"]["le_1024"], 0);
+        assert_eq!(v["latency_hist_ns"]["le_inf"], 0);
+        assert_eq!(v["latency_hist_ns"].as_object().unwrap().len(), HIST_BUCKETS);
+        let back: Faults = serde_json::from_value(v).unwrap();
+        assert_eq!(back, f);
+    }
+
+    #[test]
+    fn quantiles_of_empty_and_overflow() {
+        assert_eq!(Hist::default().quantile_bound(0.5), None);
+        let mut h = Hist::default();
+        h.0[HIST_BUCKETS - 1] = 3;
+        assert_eq!(h.quantile_bound(0.5), None);
+        assert_eq!(Hist::bucket_label(HIST_BUCKETS - 1), "le_inf");
+        assert_eq!(Hist::bucket_label(0), "le_1024");
+    }
+}

@@ -1,0 +1,29 @@
+//! The model every output reads: summary.json's types (and so summary.txt's,
+//! report.html's), the live snapshot behind `--stream json`, `top` and
+//! `serve`, and the formatting they share. It depends on `vmtrace-common`
+//! only: the collector fills it, the sinks render it, and neither side
+//! imports the other.
+pub mod drops;
+pub mod faults;
+pub mod format;
+pub mod live;
+pub mod oom;
+pub mod perf;
+pub mod regions;
+pub mod stacks;
+pub mod summary;
+pub mod timeline;
+
+pub use drops::{DropCounts, Drops};
+pub use faults::{Faults, Hist};
+pub use format::{bytes, comm_str, fmt_ns};
+pub use live::{Cum, LiveProcess, LiveSnapshot, RateKeeper, Rates};
+pub use oom::{HeldRegion, OomRecord};
+pub use perf::{PerfSummary, RegionSamples};
+pub use regions::{FileSummary, RegionKind, RegionSummary, TensorSummary};
+pub use stacks::{MmSite, StacksSummary, BROKEN_CHAIN};
+pub use summary::{
+    KernelAccounting, MmapCounts, ProbeInfo, Process, Reclaim, Sampling, Summary, TargetInfo, TlbCounts,
+    SUMMARY_VERSION,
+};
+pub use timeline::{Storm, Timeline};

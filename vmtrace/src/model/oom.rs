@@ -1,0 +1,109 @@
+//! One OOM kill as summary.json records it (`oom[]`), and its paragraph in
+//! summary.txt (also the demo's note).
+use serde::{Deserialize, Serialize};
+
+use super::{fmt_ns, RegionKind};
+
+/// One region the victim held, from `/proc/PID/smaps` read at the kill.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct HeldRegion {
+    pub start: String,
+    pub end: String,
+    pub kind: RegionKind,
+    pub path: Option<String>,
+    pub rss_kb: u64,
+}
+
+/// One OOM kill in summary.json (`oom[]`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct OomRecord {
+    pub victim_pid: u32,
+    pub victim_comm: String,
+    pub trigger_pid: u32,
+    pub trigger_comm: String,
+    /// "memcg", "global", "cpuset" or "mempolicy".
+    pub constraint: String,
+    /// "kernel" (read at `oom_kill_process()`) or "derived" (from the
+    /// cgroup's limit, OOM counter and peak, where that cannot be probed).
+    #[serde(default)]
+    pub constraint_source: String,
+    /// Where the victim's cgroup came from: "kernel" (read at the kill) or
+    /// "proc" (`/proc/PID/cgroup`, racing the victim's exit); null: unknown.
+    #[serde(default)]
+    pub victim_cgroup_source: Option<String>,
+    /// The memory cgroup that ran out (memcg), else the victim's own.
+    pub cgroup: Option<String>,
+    pub cgroup_limit_bytes: Option<u64>,
+    pub cgroup_peak_bytes: Option<u64>,
+    pub total_vm_kb: u64,
+    pub anon_rss_kb: u64,
+    pub file_rss_kb: u64,
+    pub shmem_rss_kb: u64,
+    pub pgtables_kb: u64,
+    pub oom_score_adj: i32,
+    pub uid: u32,
+    pub in_target: bool,
+    /// Seconds since the trace started.
+    pub time_s: f64,
+    /// The victim's largest regions at the kill (null when it was already reaped).
+    pub top_regions: Option<Vec<HeldRegion>>,
+    /// The victim's fault rate over the seconds before the kill (traced victims).
+    pub fault_rate_per_s: Option<f64>,
+    /// Its faults and reclaim stalls over the whole trace (traced victims).
+    pub victim_faults: Option<u64>,
+    pub victim_reclaim_stalls: Option<u64>,
+    pub victim_reclaim_ns: Option<u64>,
+}
+
+fn mib(kb: u64) -> String {
+    format!("{:.1} MiB", kb as f64 / 1024.0)
+}
+
+/// One paragraph per kill for summary.txt.
+pub fn render(r: &OomRecord) -> String {
+    use std::fmt::Write as _;
+    let mut s = format!(
+        "OOM at {:.2} s: killed {} (pid {}{}), anon {}, file {}, shmem {}, page tables {}, oom_score_adj {}",
+        r.time_s,
+        r.victim_comm,
+        r.victim_pid,
+        if r.in_target { "" } else { ", not traced" },
+        mib(r.anon_rss_kb),
+        mib(r.file_rss_kb),
+        mib(r.shmem_rss_kb),
+        mib(r.pgtables_kb),
+        r.oom_score_adj
+    );
+    let _ = match (r.constraint.as_str(), &r.cgroup) {
+        ("memcg", Some(cg)) => write!(
+            s,
+            "; memory cgroup {cg} ran out (limit {}, peak {})",
+            r.cgroup_limit_bytes.map_or("?".into(), |b| mib(b / 1024)),
+            r.cgroup_peak_bytes.map_or("?".into(), |b| mib(b / 1024))
+        ),
+        (c, Some(cg)) => write!(s, "; {c} OOM, victim in cgroup {cg}"),
+        (c, None) => write!(s, "; {c} OOM"),
+    };
+    let _ = write!(s, "; triggered by {} (pid {})", r.trigger_comm, r.trigger_pid);
+    if let Some(rate) = r.fault_rate_per_s {
+        let _ = write!(s, "; it was faulting {rate:.0}/s just before");
+    }
+    if let (Some(n), Some(ns)) = (r.victim_reclaim_stalls, r.victim_reclaim_ns) {
+        if n > 0 {
+            let _ = write!(s, "; {n} reclaim stalls, {}", fmt_ns(ns));
+        }
+    }
+    match &r.top_regions {
+        Some(top) => {
+            let list: Vec<String> = top
+                .iter()
+                .take(3)
+                .map(|h| format!("{} {:?} {}", h.path.as_deref().unwrap_or("[anon]"), h.kind, mib(h.rss_kb)))
+                .collect();
+            let _ = write!(s, "; it held: {}", list.join(", "));
+        }
+        None => s.push_str("; its regions were already reaped"),
+    }
+    s.push('.');
+    s
+}

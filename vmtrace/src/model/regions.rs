@@ -1,0 +1,69 @@
+//! Faults per memory region (VMA), per file across processes, and per tensor
+//! of a safetensors checkpoint: summary.json `regions[]` and `files[]`.
+use serde::{Deserialize, Serialize};
+
+use super::Faults;
+
+/// What a region holds, as users ask about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RegionKind {
+    Anon,
+    Heap,
+    Stack,
+    File,
+    Shmem,
+    Hugetlb,
+    Vdso,
+    Other,
+}
+
+/// One region of one process in summary.json `regions[]`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RegionSummary {
+    pub pid: u32,
+    pub start: String,
+    pub end: String,
+    pub perms: String,
+    pub kind: RegionKind,
+    pub path: Option<String>,
+    pub offset: u64,
+    pub faults: Faults,
+    pub pages_touched: u64,
+}
+
+/// One tensor of a safetensors file.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TensorSummary {
+    pub name: String,
+    pub offset: u64,
+    pub bytes: u64,
+    pub faults: u64,
+    pub major: u64,
+    pub time_ns: u64,
+    pub pages_touched: u64,
+}
+
+/// One file across processes in summary.json `files[]`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct FileSummary {
+    pub path: String,
+    pub faults: Faults,
+    pub pages_touched: u64,
+    /// Pages the traced processes added to the page cache for this file.
+    pub page_cache_added: u64,
+    /// Of those, pages no major fault asked for: brought in by readahead.
+    pub readahead_pages: u64,
+    /// Share of its faults that waited for I/O (major).
+    pub cold_fraction: f64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensors: Vec<TensorSummary>,
+}
+
+impl RegionSummary {
+    /// Bytes from `start` to `end` (both hex strings).
+    pub fn size(&self) -> u64 {
+        let p = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap_or(0);
+        p(&self.end).saturating_sub(p(&self.start))
+    }
+}

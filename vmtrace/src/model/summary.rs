@@ -1,0 +1,144 @@
+//! `summary.json`, version 1: the machine-readable record of a trace
+//! (../shared/spec/vmtrace-contract.md). Fields are added, never renamed.
+use serde::{Deserialize, Serialize};
+
+use super::{Drops, Faults, FileSummary, OomRecord, PerfSummary, RegionSummary, StacksSummary, Storm, Timeline};
+
+pub const SUMMARY_VERSION: u32 = 1;
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Summary {
+    pub version: u32,
+    pub target: TargetInfo,
+    pub duration_s: f64,
+    /// Everything dropped anywhere; 0 = nothing lost.
+    pub lost_events: u64,
+    pub processes: Vec<Process>,
+    /// Faults of all traced processes together.
+    pub totals: Faults,
+    /// How fault latency was measured: 1 = every fault timed.
+    pub sampling: Sampling,
+    /// Drop counters by cause (their sum is `lost_events` plus untimed faults).
+    pub drops: Drops,
+    /// Which program type each hook used on this kernel.
+    pub probes: Vec<ProbeInfo>,
+    pub kernel: String,
+    pub vmtrace_version: String,
+    /// Hardware TLB counters and the kernel's software fault counters (`--events perf`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub perf: Option<PerfSummary>,
+    /// Every OOM kill during the trace, system-wide (`--events oom`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom: Option<Vec<OomRecord>>,
+    /// Faults per memory region of each process (`--events regions`), by fault time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regions: Option<Vec<RegionSummary>>,
+    /// Faults per file across processes, with readahead and tensors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<Vec<FileSummary>>,
+    /// Faults per interval over the trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<Timeline>,
+    /// Shootdown storms (`--events tlb`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storms: Option<Vec<Storm>>,
+    /// Call stacks of faults (`--stacks`), and the files drawn from them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stacks: Option<StacksSummary>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TargetInfo {
+    /// "command", "pid" or "system".
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// Exit status of the target (`command`: as a shell reports it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_status: Option<i32>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Sampling {
+    /// 1 in N minor faults is timed; 0 = minor faults are not timed (their
+    /// time is then missing from `time_ns`). Majors are always timed.
+    pub minor_latency_period: u32,
+    /// True when `time_ns` is scaled up from a sample, or lacks minor time.
+    pub time_estimated: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ProbeInfo {
+    pub what: String,
+    pub program_type: String,
+    pub target: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback_reason: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Process {
+    pub pid: u32,
+    pub ppid: Option<u32>,
+    pub comm: String,
+    pub cmdline: Option<String>,
+    /// As a shell reports it: the exit code, or 128+signal. Null while running.
+    pub exit_code: Option<i32>,
+    pub faults: Faults,
+    /// Reclaim stalls (direct and memcg) this process ran itself.
+    #[serde(default)]
+    pub reclaim: Reclaim,
+    /// Memory-map syscalls (`--events mmap`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mmap: Option<MmapCounts>,
+    /// TLB flushes and shootdowns (`--events tlb`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tlb: Option<TlbCounts>,
+    /// The kernel's own counters for the whole process at its exit
+    /// (what getrusage reports), when the kernel exposed them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_accounting: Option<KernelAccounting>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MmapCounts {
+    pub mmap: u64,
+    pub munmap: u64,
+    pub munmap_bytes: u64,
+    pub mremap: u64,
+    pub madvise: u64,
+    pub mprotect: u64,
+    pub brk: u64,
+    /// `madvise` calls by advice name (non-zero ones).
+    pub madvise_by_advice: std::collections::BTreeMap<String, u64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TlbCounts {
+    /// Shootdowns this process *received*: it was running where another CPU's
+    /// flush IPI landed (tlb_flush reason 1), not its own doing.
+    pub remote_shootdown: u64,
+    pub local_shootdown: u64,
+    pub local_mm_shootdown: u64,
+    /// Flush operations of this process that sent IPIs to other CPUs (reason 4).
+    pub remote_ipi_send: u64,
+    pub task_switch: u64,
+    pub pages: u64,
+    /// TLB-flush IPIs sent (one per target CPU), and during which syscall.
+    pub ipis_sent: u64,
+    pub ipis_by_call: std::collections::BTreeMap<String, u64>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Reclaim {
+    pub stalls: u64,
+    pub time_ns: u64,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct KernelAccounting {
+    pub minor: u64,
+    pub major: u64,
+}

@@ -1,0 +1,57 @@
+//! Outputs of a real recording kept byte for byte (no root needed): the
+//! `summary.json` of `vmtrace/tests/golden/` (a recording of a touch, a mapped
+//! safetensors read and a memcg OOM kill, its regions cut to a few of each
+//! kind) must load and serialize back unchanged, and the text and HTML
+//! renderers must reproduce the files beside it. Set `VMTRACE_BLESS=1` to
+//! rewrite the rendered files after an intended change of output.
+use std::{fs, path::Path};
+
+use vmtrace::report::{html, text, Summary};
+
+fn golden(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name)
+}
+
+fn load() -> (String, Summary) {
+    let json = fs::read_to_string(golden("summary.json")).expect("tests/golden/summary.json");
+    let s: Summary = serde_json::from_str(&json).expect("the golden summary.json loads into the model");
+    (json, s)
+}
+
+fn check(name: &str, actual: &str) {
+    let path = golden(name);
+    if std::env::var_os("VMTRACE_BLESS").is_some() {
+        fs::write(&path, actual).expect("writing a golden file");
+        return;
+    }
+    let expected = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    if expected != actual {
+        let at = expected.lines().zip(actual.lines()).position(|(a, b)| a != b);
+        panic!(
+            "{name} differs from its golden file (first differing line {at:?}):\n--- expected\n{expected}\n--- actual\n{actual}"
+        );
+    }
+}
+
+#[test]
+fn summary_json_round_trips_byte_for_byte() {
+    let (json, s) = load();
+    let again = serde_json::to_string_pretty(&s).expect("serializing the summary");
+    assert_eq!(json.trim_end_matches('\n'), again, "summary.json changed on a load/serialize round trip");
+}
+
+#[test]
+fn summary_txt_is_unchanged() {
+    check("summary.txt", &text::render(&load().1));
+}
+
+#[test]
+fn regions_txt_is_unchanged() {
+    check("regions.txt", &text::render_regions(&load().1));
+}
+
+#[test]
+fn report_html_is_unchanged() {
+    // A directory without flamegraphs: the page links none, so it is the same wherever it is rendered.
+    check("report.html", &html::render(&load().1, Path::new("/nonexistent/vmtrace-golden")));
+}
