@@ -12,7 +12,7 @@ use std::{
 };
 
 use crate::{
-    collect::{install_stop_handlers, stop_signal, Session},
+    collect::{install_stop_handlers, stop_signal, Session, SessionOptions},
     loader::{Families, LoadOptions, Probes},
     record::{preflight, RecordError},
     report::summary::Faults,
@@ -57,7 +57,7 @@ fn render(session: &mut Session, labeled: &mut BTreeSet<u32>, top: usize) -> Str
     let mut per: BTreeMap<u32, Counts> = BTreeMap::new();
     // Live processes from the kernel maps, exited ones from what was taken at their exit.
     for (pid, s) in session.stats_totals() {
-        let f = Faults::from_stats(&s, session.minor_period);
+        let f = Faults::from_stats(&s, session.minor_period());
         let c = per.entry(pid).or_default();
         c.minor += f.minor;
         c.major += f.major;
@@ -74,7 +74,7 @@ fn render(session: &mut Session, labeled: &mut BTreeSet<u32>, top: usize) -> Str
         }
         let key = if labeled.contains(&pid) {
             // ensure() reads /proc for processes that predate the trace.
-            (pid.to_string(), session.table.ensure(pid).comm.clone())
+            (pid.to_string(), session.process(pid).comm.clone())
         } else {
             (String::new(), "other".into())
         };
@@ -115,8 +115,8 @@ fn render(session: &mut Session, labeled: &mut BTreeSet<u32>, top: usize) -> Str
         let _ = writeln!(t, "vmtrace_tlb_shootdown_ipis_total{{pid=\"{pid}\",comm=\"{}\"}} {}", label(comm), c.ipis);
     }
     let _ = writeln!(t, "# TYPE vmtrace_oom_kills counter\n# HELP vmtrace_oom_kills OOM kills seen on the machine.");
-    let _ = writeln!(t, "vmtrace_oom_kills_total {}", session.ooms.len());
-    let lost: u64 = session.probes.drops().iter().sum();
+    let _ = writeln!(t, "vmtrace_oom_kills_total {}", session.ooms().len());
+    let lost: u64 = session.source().drops().iter().sum();
     let _ = writeln!(t, "# TYPE vmtrace_dropped counter\n# HELP vmtrace_dropped Events and samples dropped anywhere (all drop counters).");
     let _ = writeln!(t, "vmtrace_dropped_total {lost}");
     t.push_str("# EOF\n");
@@ -162,10 +162,10 @@ pub fn serve(opts: &ServeOptions) -> Result<i32, RecordError> {
         leaf_region: false,
         end_on_tasks: false,
     })?;
-    let mut session = Session::new(probes, families);
+    let mut session = Session::new(probes, SessionOptions::new(families));
     if let Target::Pid(pid) = opts.target {
-        session.probes.trace_pid(pid).map_err(|e| RecordError::Trace(pid, e))?;
-        session.table.ensure(pid);
+        session.source_mut().trace_pid(pid).map_err(|e| RecordError::Trace(pid, e))?;
+        session.process(pid);
     }
     let listener = TcpListener::bind(opts.listen)
         .map_err(|err| RecordError::Preflight(format!("cannot listen on {}: {err}", opts.listen)))?;

@@ -20,7 +20,7 @@ use view::{Pane, ViewState};
 use vmtrace_common::MmCall;
 
 use crate::{
-    collect::{install_stop_handlers, stop_signal, storms::StormDetector, Session},
+    collect::{install_stop_handlers, stop_signal, Session, SessionOptions},
     loader::{Families, LoadOptions, Probes},
     procmaps::RegionKind,
     record::{check_target, preflight, start_target, PerfProbe, RecordError},
@@ -74,13 +74,13 @@ impl Model {
     fn refresh(&mut self, session: &mut Session, perf: Option<&mut PerfProbe>, sort: model::SortKey) -> Snapshot {
         let dt = self.last.elapsed().as_secs_f64();
         self.last = Instant::now();
-        let mm: HashMap<u32, vmtrace_common::MmStats> = session.probes.all_mm().into_iter().collect();
+        let mm: HashMap<u32, vmtrace_common::MmStats> = session.source().all_mm().into_iter().collect();
         let cums: Vec<(u32, Cum)> = session
-            .probes
+            .source()
             .all_stats()
             .into_iter()
             .map(|(pid, st)| {
-                let f = Faults::from_stats(&st, session.minor_period);
+                let f = Faults::from_stats(&st, session.minor_period());
                 let m = mm.get(&pid);
                 let cum = Cum {
                     faults: f.total,
@@ -100,7 +100,7 @@ impl Model {
             .into_iter()
             .map(|(pid, rates)| ProcRow {
                 pid,
-                comm: session.table.ensure(pid).comm.clone(),
+                comm: session.process(pid).comm.clone(),
                 rates,
                 total_faults: totals[&pid],
             })
@@ -109,7 +109,7 @@ impl Model {
 
         // Faults of processes that exited since the last refresh are in the
         // kernel's totals, not in any row: the header counts them.
-        let (all, all_major) = session.probes.totals();
+        let (all, all_major) = session.source().totals();
         let head = self.totals.update(&[((), Cum { faults: all, major: all_major, ..Cum::default() })], dt)[0].1;
         // fold from +0.0: an empty f64 sum() is -0.0, which prints as "-0".
         let sum = |f: fn(&Rates) -> f64| procs.iter().map(|p| f(&p.rates)).fold(0.0, |a, b| a + b);
@@ -123,8 +123,8 @@ impl Model {
             ipis: sum(|r| r.ipis),
         };
 
-        let regions = session.families.regions.then(|| self.regions(session, dt, sort));
-        let now_s = session.started.elapsed().as_secs_f64();
+        let regions = session.families().regions.then(|| self.regions(session, dt, sort));
+        let now_s = session.started().elapsed().as_secs_f64();
         Snapshot {
             target: String::new(),
             uptime_s: now_s,
@@ -133,7 +133,7 @@ impl Model {
             procs,
             regions,
             storms: self.storms(session, now_s),
-            oom: session.ooms.iter().rev().find(|o| now_s - o.time_s < BANNER_HOLD_S).map(oom_line),
+            oom: session.ooms().iter().rev().find(|o| now_s - o.time_s < BANNER_HOLD_S).map(oom_line),
             dtlb: self.dtlb(perf, dt),
             lost_events: session.lost_events(),
             ended: None,
@@ -157,7 +157,7 @@ impl Model {
             .iter()
             .map(|r| RegionRow {
                 pid: r.pid,
-                comm: session.table.procs.get(&r.pid).map_or_else(String::new, |p| p.comm.clone()),
+                comm: session.known(r.pid).map_or_else(String::new, |p| p.comm.clone()),
                 name: r.path.clone().unwrap_or_else(|| format!("[{}]", kind_name(r.kind))),
                 size: crate::report::text::region_size(r),
                 rates: rates.get(&key(r)).copied().unwrap_or_default(),
@@ -173,14 +173,16 @@ impl Model {
     /// call site that sent most of its IPIs.
     fn storms(&mut self, session: &mut Session, now_s: f64) -> Vec<String> {
         let storms: Vec<_> = session
-            .storms
+            .storms()
             .open_storms()
             .map(|s| (s.clone(), true))
-            .chain(session.storms.closed.iter().filter(|s| now_s - s.end_s < BANNER_HOLD_S).map(|s| (s.clone(), false)))
+            .chain(
+                session.storms().closed.iter().filter(|s| now_s - s.end_s < BANNER_HOLD_S).map(|s| (s.clone(), false)),
+            )
             .collect();
         let mut out = Vec::new();
         for (s, open) in storms {
-            let comm = session.table.procs.get(&s.pid).map_or_else(String::new, |p| p.comm.clone());
+            let comm = session.known(s.pid).map_or_else(String::new, |p| p.comm.clone());
             let site = s.sites.iter().max_by_key(|(_, n)| **n).map(|(&(call, stack), _)| {
                 let key = (s.pid, call, stack);
                 if !self.sites.contains_key(&key) {
@@ -290,8 +292,8 @@ pub fn run(opts: &TopOptions) -> Result<i32, RecordError> {
         leaf_region: false,
         end_on_tasks: !matches!(opts.target, Target::System),
     })?;
-    let mut session = Session::new(probes, families);
-    session.storms = StormDetector::new(opts.storm_threshold);
+    let mut session =
+        Session::new(probes, SessionOptions { families, stacks: None, storm_threshold: opts.storm_threshold });
     install_stop_handlers();
     let log = match &opts.target {
         Target::Command(_) => {
@@ -333,7 +335,7 @@ pub fn run(opts: &TopOptions) -> Result<i32, RecordError> {
     let r = rt.block_on(app.run(&mut terminal, opts.interval));
     ratatui::restore();
     r.map_err(|e| RecordError::Preflight(format!("terminal: {e}")))?;
-    app.session.probes.stop_counting();
+    app.session.source_mut().stop_counting();
     if let Some(p) = &app.log {
         eprintln!("vmtrace: the command's output is in {}", p.display());
     }
@@ -359,7 +361,7 @@ impl App {
     async fn run(&mut self, terminal: &mut ratatui::DefaultTerminal, interval: Duration) -> std::io::Result<()> {
         // Drained as soon as the kernel wakes us: a 100 ms nap would let a
         // burst of mapping events overflow the ring buffer.
-        let ring_fd = self.session.probes.ring_fd().try_clone_to_owned()?;
+        let ring_fd = self.session.source().ring_fd().try_clone_to_owned()?;
         // SAFETY: the AsyncFd owns this duplicate, open until the AsyncFd drops.
         let ring =
             unsafe { AsyncFd::register_with_interest(ring_fd, Interest::READABLE) }.map_err(std::io::Error::from)?;
