@@ -9,7 +9,7 @@ use std::{
 
 use crate::{
     cli::EventFamily,
-    collect::{install_stop_handlers, stop_signal, storms::StormDetector, Finished, Session},
+    collect::{install_stop_handlers, stop_signal, Finished, Session, SessionOptions},
     kernel::preflight,
     loader::{Families, LoadError, LoadOptions, Probes},
     perf::{sampling::DataSampler, Counters, FaultEnd, PerfSummary, Scope},
@@ -142,11 +142,14 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
         leaf_region: opts.leaf_region,
         end_on_tasks: !matches!(opts.target, Target::System),
     })?;
-    let mut session = Session::new(probes, families);
-    if opts.stacks != StackMode::None {
-        session.stacks = Some((opts.stacks, opts.stack_period.max(1)));
-    }
-    session.storms = StormDetector::new(opts.storm_threshold);
+    let mut session = Session::new(
+        probes,
+        SessionOptions {
+            families,
+            stacks: (opts.stacks != StackMode::None).then(|| (opts.stacks, opts.stack_period.max(1))),
+            storm_threshold: opts.storm_threshold,
+        },
+    );
     install_stop_handlers();
     let (mut info, child, mut perf) = start_target(&mut session, &opts.target, opts.has(EventFamily::Perf), None)?;
     session.start_clock();
@@ -157,13 +160,13 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     session.poll(Duration::from_millis(10));
     // The command's own counts, read before reaping it, replace the exit hook's read.
     if let (Some(c), Some((minor, major))) = (child.as_ref(), usage) {
-        session.table.procs.entry(c.pid).or_default().kernel = Some(KernelAccounting { minor, major });
+        session.set_kernel_accounting(c.pid, KernelAccounting { minor, major });
     }
     // One moment for everything: stop counting, then read the kernel's own
     // counters (processes may go on faulting while the reports are built).
-    session.probes.stop_counting();
+    session.source_mut().stop_counting();
     let perf = perf.map(PerfProbe::finish);
-    session.probes.detach_all(opts.detach == Detach::Parallel);
+    session.source_mut().detach_all(opts.detach == Detach::Parallel);
     let Finished { mut summary, stacks, mm_sites } = session.finish(info);
     summary.perf = perf;
     let out_err = |err| RecordError::OutDir { path: opts.out.clone(), err };
@@ -250,22 +253,22 @@ pub(crate) fn start_target(
     // The target's own fault-end events (when the loader left them to us)
     // serve the perf counters too; without counters the probes keep them.
     let mut perf_for = |scope: Scope| -> Result<Option<PerfProbe>, RecordError> {
-        let end = match session.probes.end_programs {
+        let end = match session.source().end_programs {
             Some(p) => Some(FaultEnd::open(&scope, &p)?),
             None => None,
         };
         if perf {
             return PerfProbe::open(&scope, end).map(Some);
         }
-        session.probes.fault_end = end;
+        session.source_mut().fault_end = end;
         Ok(None)
     };
     Ok(match target {
         Target::Command(argv) => {
             let mut c = GatedChild::spawn_with_output(argv, output)?;
             let counters = perf_for(Scope::Tasks(vec![c.pid]))?;
-            session.probes.trace_pid(c.pid).map_err(|e| RecordError::Trace(c.pid, e))?;
-            session.table.procs.entry(c.pid).or_default().ppid = Some(std::process::id());
+            session.source_mut().trace_pid(c.pid).map_err(|e| RecordError::Trace(c.pid, e))?;
+            session.set_parent(c.pid, std::process::id());
             c.release()?;
             let info =
                 TargetInfo { kind: "command".into(), command: Some(argv.clone()), pid: Some(c.pid), exit_status: None };
@@ -273,8 +276,8 @@ pub(crate) fn start_target(
         }
         Target::Pid(pid) => {
             let counters = perf_for(Scope::process(*pid))?;
-            session.probes.trace_pid(*pid).map_err(|e| RecordError::Trace(*pid, e))?;
-            session.table.ensure(*pid);
+            session.source_mut().trace_pid(*pid).map_err(|e| RecordError::Trace(*pid, e))?;
+            session.process(*pid);
             (TargetInfo { kind: "pid".into(), command: None, pid: Some(*pid), exit_status: None }, None, counters)
         }
         Target::System => {
@@ -294,9 +297,9 @@ fn wait_for_end(
     mut perf: Option<&mut PerfProbe>,
     usage: &mut Option<(u64, u64)>,
 ) -> Option<i32> {
-    let deadline = opts.duration.map(|d| session.started + d);
+    let deadline = opts.duration.map(|d| session.started() + d);
     let mut rates = crate::model::RateKeeper::default();
-    let mut next_line = opts.stream_interval.map(|i| session.started + i);
+    let mut next_line = opts.stream_interval.map(|i| session.started() + i);
     loop {
         session.poll(Duration::from_millis(100));
         if let (Some(at), Some(every)) = (next_line, opts.stream_interval) {
@@ -319,7 +322,7 @@ fn wait_for_end(
                 return None;
             }
         } else if let Target::Pid(pid) = opts.target {
-            let exited = session.table.procs.get(&pid).and_then(|p| p.exit_code);
+            let exited = session.known(pid).and_then(|p| p.exit_code);
             if exited.is_some() || !pid_alive(pid) {
                 info.exit_status = exited;
                 return None;

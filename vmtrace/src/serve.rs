@@ -12,7 +12,7 @@ use std::{
 };
 
 use crate::{
-    collect::{install_stop_handlers, live::LiveScope, stop_signal, Session},
+    collect::{install_stop_handlers, live::LiveScope, stop_signal, Session, SessionOptions},
     loader::{Families, LoadOptions, Probes},
     model::LiveSnapshot,
     record::{preflight, RecordError},
@@ -162,10 +162,10 @@ pub fn serve(opts: &ServeOptions) -> Result<i32, RecordError> {
         leaf_region: false,
         end_on_tasks: false,
     })?;
-    let mut session = Session::new(probes, families);
+    let mut session = Session::new(probes, SessionOptions::new(families));
     if let Target::Pid(pid) = opts.target {
-        session.probes.trace_pid(pid).map_err(|e| RecordError::Trace(pid, e))?;
-        session.table.ensure(pid);
+        session.source_mut().trace_pid(pid).map_err(|e| RecordError::Trace(pid, e))?;
+        session.process(pid);
     }
     let listener = TcpListener::bind(opts.listen)
         .map_err(|err| RecordError::Preflight(format!("cannot listen on {}: {err}", opts.listen)))?;

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use vmtrace_common::{FaultStats, MmStats};
 
-use super::Session;
+use super::{AggregateSource, Session};
 use crate::model::{LiveProcess, LiveSnapshot};
 
 /// Which processes a snapshot covers.
@@ -17,14 +17,14 @@ pub enum LiveScope {
     WholeTrace,
 }
 
-impl Session {
+impl<S: AggregateSource> Session<S> {
     /// Every covered process's counters now, named as the process table knows
     /// them (see [`Session::name_processes`] for the others).
     pub fn live_snapshot(&mut self, scope: LiveScope) -> LiveSnapshot {
         let (stats, mm): (Vec<(u32, FaultStats)>, HashMap<u32, MmStats>) = match scope {
             LiveScope::Running => (
-                self.probes.all_stats(),
-                if self.families.tlb { self.probes.all_mm().into_iter().collect() } else { HashMap::new() },
+                self.source.all_stats(),
+                if self.opts.families.tlb { self.source.all_mm().into_iter().collect() } else { HashMap::new() },
             ),
             LiveScope::WholeTrace => {
                 let stats: BTreeMap<u32, FaultStats> = self.stats_totals();
@@ -50,14 +50,14 @@ impl Session {
             }
             processes.sort_by_key(|p| p.pid);
         }
-        let (all_faults, all_major) = self.probes.totals();
+        let (all_faults, all_major) = self.source.totals();
         LiveSnapshot {
             t_s: self.started.elapsed().as_secs_f64(),
             processes,
             all_faults,
             all_major,
             drops: self.drop_counts(),
-            oom_kills: self.ooms.len(),
+            oom_kills: self.flight.ooms().len(),
         }
     }
 

@@ -19,7 +19,7 @@ use tokio::io::{unix::AsyncFd, Interest};
 use view::{Pane, ViewState};
 
 use crate::{
-    collect::{install_stop_handlers, live::LiveScope, stop_signal, storms::StormDetector, Session},
+    collect::{install_stop_handlers, live::LiveScope, stop_signal, Session, SessionOptions},
     loader::{Families, LoadOptions, Probes},
     model::{OomRecord, RegionKind, RegionSummary},
     record::{check_target, preflight, start_target, PerfProbe, RecordError},
@@ -104,8 +104,8 @@ impl Model {
             ipis: sum(|r| r.ipis),
         };
 
-        let regions = session.families.regions.then(|| self.regions(session, dt, sort));
-        let now_s = session.started.elapsed().as_secs_f64();
+        let regions = session.families().regions.then(|| self.regions(session, dt, sort));
+        let now_s = session.started().elapsed().as_secs_f64();
         Snapshot {
             target: String::new(),
             uptime_s: now_s,
@@ -114,7 +114,7 @@ impl Model {
             procs,
             regions,
             storms: self.storms(session, now_s),
-            oom: session.ooms.iter().rev().find(|o| now_s - o.time_s < BANNER_HOLD_S).map(oom_line),
+            oom: session.ooms().iter().rev().find(|o| now_s - o.time_s < BANNER_HOLD_S).map(oom_line),
             dtlb: self.dtlb(perf, dt),
             lost_events: snap.drops.lost(),
             ended: None,
@@ -136,7 +136,7 @@ impl Model {
             .iter()
             .map(|r| RegionRow {
                 pid: r.pid,
-                comm: session.table.procs.get(&r.pid).map_or_else(String::new, |p| p.comm.clone()),
+                comm: session.known(r.pid).map_or_else(String::new, |p| p.comm.clone()),
                 name: r.path.clone().unwrap_or_else(|| format!("[{}]", kind_name(r.kind))),
                 size: r.size(),
                 rates: rates.get(&key(r)).copied().unwrap_or_default(),
@@ -152,14 +152,16 @@ impl Model {
     /// call site that sent most of its IPIs.
     fn storms(&mut self, session: &mut Session, now_s: f64) -> Vec<String> {
         let storms: Vec<_> = session
-            .storms
+            .storms()
             .open_storms()
             .map(|s| (s.clone(), true))
-            .chain(session.storms.closed.iter().filter(|s| now_s - s.end_s < BANNER_HOLD_S).map(|s| (s.clone(), false)))
+            .chain(
+                session.storms().closed.iter().filter(|s| now_s - s.end_s < BANNER_HOLD_S).map(|s| (s.clone(), false)),
+            )
             .collect();
         let mut out = Vec::new();
         for (s, open) in storms {
-            let comm = session.table.procs.get(&s.pid).map_or_else(String::new, |p| p.comm.clone());
+            let comm = session.known(s.pid).map_or_else(String::new, |p| p.comm.clone());
             let site = s.sites.iter().max_by_key(|(_, n)| **n).map(|(&(call, stack), _)| {
                 let key = (s.pid, call, stack);
                 if !self.sites.contains_key(&key) {
@@ -269,8 +271,8 @@ pub fn run(opts: &TopOptions) -> Result<i32, RecordError> {
         leaf_region: false,
         end_on_tasks: !matches!(opts.target, Target::System),
     })?;
-    let mut session = Session::new(probes, families);
-    session.storms = StormDetector::new(opts.storm_threshold);
+    let mut session =
+        Session::new(probes, SessionOptions { families, stacks: None, storm_threshold: opts.storm_threshold });
     install_stop_handlers();
     let log = match &opts.target {
         Target::Command(_) => {
@@ -312,7 +314,7 @@ pub fn run(opts: &TopOptions) -> Result<i32, RecordError> {
     let r = rt.block_on(app.run(&mut terminal, opts.interval));
     ratatui::restore();
     r.map_err(|e| RecordError::Preflight(format!("terminal: {e}")))?;
-    app.session.probes.stop_counting();
+    app.session.source_mut().stop_counting();
     if let Some(p) = &app.log {
         eprintln!("vmtrace: the command's output is in {}", p.display());
     }
@@ -338,7 +340,7 @@ impl App {
     async fn run(&mut self, terminal: &mut ratatui::DefaultTerminal, interval: Duration) -> std::io::Result<()> {
         // Drained as soon as the kernel wakes us: a 100 ms nap would let a
         // burst of mapping events overflow the ring buffer.
-        let ring_fd = self.session.probes.ring_fd().try_clone_to_owned()?;
+        let ring_fd = self.session.source().ring_fd().try_clone_to_owned()?;
         // SAFETY: the AsyncFd owns this duplicate, open until the AsyncFd drops.
         let ring =
             unsafe { AsyncFd::register_with_interest(ring_fd, Interest::READABLE) }.map_err(std::io::Error::from)?;

@@ -1,0 +1,221 @@
+//! The end of a trace as a pure function: plain aggregates in, the
+//! `Summary` (and what the flamegraphs need) out. Nothing here reads the
+//! kernel or /proc, so every field can be checked from hand-made inputs.
+use std::collections::BTreeMap;
+
+use vmtrace_common::{FaultStats, MmCall, MmStats, ADVICE_SLOTS, MM_CALL_NAMES};
+
+use super::{process::ProcInfo, Finished, MmSite};
+use crate::{
+    loader::Families,
+    model::{
+        DropCounts, Faults, MmapCounts, OomRecord, ProbeInfo, Process, Reclaim, Sampling, StacksSummary, Storm,
+        Summary, TargetInfo, Timeline, TlbCounts, SUMMARY_VERSION,
+    },
+    regions::Attributed,
+    stacks::{self, Stack, StackMode},
+};
+
+/// Everything a finished trace knows, read out of the session.
+pub struct Inputs {
+    pub target: TargetInfo,
+    pub duration_s: f64,
+    pub families: Families,
+    /// 1 in how many minor faults was timed.
+    pub minor_period: u32,
+    /// Stack mode and sample period, when stacks were collected.
+    pub stack_mode: Option<(StackMode, u32)>,
+    /// The processes of the summary, in order (see [`summary_pids`]).
+    pub processes: Vec<(u32, ProcInfo)>,
+    /// Fault aggregates per process, taken at exit or at the end.
+    pub stats: BTreeMap<u32, FaultStats>,
+    /// mmap/TLB aggregates per process.
+    pub mm: BTreeMap<u32, MmStats>,
+    pub stacks: Vec<Stack>,
+    pub mm_sites: Vec<MmSite>,
+    pub storms: Option<Vec<Storm>>,
+    pub attributed: Option<Attributed>,
+    pub ooms: Vec<OomRecord>,
+    pub timeline: Timeline,
+    /// Drop counters, indexed by `DropKind`.
+    pub drops: Vec<u64>,
+    /// Ring-buffer records too short for their kind.
+    pub malformed_events: u64,
+    pub probes: Vec<ProbeInfo>,
+    /// The kernel release.
+    pub kernel: String,
+}
+
+/// Which processes the summary lists: every one that faulted and, unless the
+/// whole system was traced, every one the target ran (even one that never
+/// faulted), in pid order. `is_thread` drops live threads the fallback fork
+/// hook could not tell from processes.
+pub fn summary_pids(
+    target: &TargetInfo,
+    faulted: impl Iterator<Item = u32>,
+    known: impl Iterator<Item = u32>,
+    is_thread: impl Fn(u32) -> bool,
+) -> Vec<u32> {
+    let mut pids: Vec<u32> = faulted.collect();
+    if target.kind != "system" {
+        pids.extend(known);
+    }
+    if let Some(pid) = target.pid {
+        pids.push(pid);
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    pids.retain(|&pid| !is_thread(pid));
+    pids
+}
+
+pub fn assemble(mut i: Inputs) -> Finished {
+    let drop_counts = DropCounts { by_kind: i.drops.clone(), malformed_events: i.malformed_events };
+    let drops = drop_counts.summary();
+    let (processes, totals) = processes(&i);
+    let time_estimated = i.minor_period != 1 || drops.untimed_faults > 0;
+    for r in &mut i.ooms {
+        if let Some(s) = i.stats.get(&r.victim_pid) {
+            r.victim_faults = Some(s.started);
+            r.victim_reclaim_stalls = Some(s.reclaim);
+            r.victim_reclaim_ns = Some(s.reclaim_ns);
+        }
+    }
+    let stacks_summary = i.stack_mode.map(|(mode, period)| StacksSummary {
+        mode: format!("{mode:?}").to_lowercase(),
+        sample_period: period,
+        sampled_faults: i.stacks.iter().map(|s| s.counts.faults).sum(),
+        distinct_stacks: i.stacks.len() as u64,
+        lost: drop_counts.stacks_lost(),
+        shallow_user_stacks_pct: stacks::shallow_pct(&i.stacks),
+        broken_chain_pct: stacks::broken_pct(&i.stacks),
+        files: Vec::new(),
+    });
+    let summary = Summary {
+        version: SUMMARY_VERSION,
+        target: i.target,
+        duration_s: i.duration_s,
+        lost_events: drop_counts.lost(),
+        processes,
+        totals,
+        sampling: Sampling { minor_latency_period: i.minor_period, time_estimated },
+        drops,
+        probes: i.probes,
+        kernel: i.kernel,
+        vmtrace_version: env!("CARGO_PKG_VERSION").into(),
+        perf: None,
+        oom: i.families.oom.then_some(i.ooms),
+        stacks: stacks_summary,
+        storms: i.storms,
+        timeline: Some(i.timeline),
+        regions: i.attributed.as_ref().map(|a| a.regions.clone()),
+        files: i.attributed.map(|a| a.files),
+    };
+    Finished { summary, stacks: i.stacks, mm_sites: i.mm_sites }
+}
+
+/// One entry per process of the trace, and their fault totals.
+fn processes(i: &Inputs) -> (Vec<Process>, Faults) {
+    let mut totals = Faults::default();
+    let mut out = Vec::new();
+    for (pid, info) in &i.processes {
+        let pid = *pid;
+        let st = i.stats.get(&pid).copied().unwrap_or_default();
+        let mut faults = Faults::from_stats(&st, i.minor_period);
+        if i.families.regions {
+            faults.huge = Some(st.huge);
+        }
+        // After `huge` is known, or the total's stays null.
+        totals.add(&faults);
+        let exit_code = if Some(pid) == i.target.pid && i.target.kind == "command" {
+            i.target.exit_status.or(info.exit_code)
+        } else {
+            info.exit_code
+        };
+        let m = i.mm.get(&pid).copied().unwrap_or_default();
+        out.push(Process {
+            mmap: i.families.mmap.then(|| mmap_counts(&m)),
+            tlb: i.families.tlb.then(|| tlb_counts(&m)),
+            reclaim: Reclaim { stalls: st.reclaim, time_ns: st.reclaim_ns },
+            pid,
+            ppid: info.ppid,
+            comm: info.comm.clone(),
+            cmdline: info.cmdline.clone(),
+            exit_code,
+            faults,
+            kernel_accounting: info.kernel,
+        });
+    }
+    (out, totals)
+}
+
+const ADVICE_NAMES: [(usize, &str); 20] = [
+    (0, "normal"),
+    (1, "random"),
+    (2, "sequential"),
+    (3, "willneed"),
+    (4, "dontneed"),
+    (8, "free"),
+    (9, "remove"),
+    (10, "dontfork"),
+    (11, "dofork"),
+    (12, "mergeable"),
+    (13, "unmergeable"),
+    (14, "hugepage"),
+    (15, "nohugepage"),
+    (16, "dontdump"),
+    (17, "dodump"),
+    (18, "wipeonfork"),
+    (19, "keeponfork"),
+    (20, "cold"),
+    (21, "pageout"),
+    (22, "populate_read"),
+];
+
+fn advice_name(i: usize) -> String {
+    match ADVICE_NAMES.iter().find(|(n, _)| *n == i) {
+        Some((_, name)) => (*name).to_string(),
+        None if i == ADVICE_SLOTS - 1 => "other".into(),
+        None => format!("advice_{i}"),
+    }
+}
+
+fn mmap_counts(m: &MmStats) -> MmapCounts {
+    MmapCounts {
+        mmap: m.calls[MmCall::Mmap as usize],
+        munmap: m.calls[MmCall::Munmap as usize],
+        munmap_bytes: m.munmap_bytes,
+        mremap: m.calls[MmCall::Mremap as usize],
+        madvise: m.calls[MmCall::Madvise as usize],
+        mprotect: m.calls[MmCall::Mprotect as usize],
+        brk: m.calls[MmCall::Brk as usize],
+        madvise_by_advice: m
+            .advice
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(i, n)| (advice_name(i), *n))
+            .collect(),
+    }
+}
+
+fn tlb_counts(m: &MmStats) -> TlbCounts {
+    let mut by_call: BTreeMap<String, u64> = BTreeMap::new();
+    for (i, n) in m.ipis_by_call.iter().enumerate().filter(|(_, n)| **n > 0) {
+        by_call.insert(MM_CALL_NAMES.get(i).copied().unwrap_or("other").to_string(), *n);
+    }
+    TlbCounts {
+        task_switch: m.tlb_reason[0],
+        remote_shootdown: m.tlb_reason[1],
+        local_shootdown: m.tlb_reason[2],
+        local_mm_shootdown: m.tlb_reason[3],
+        remote_ipi_send: m.tlb_reason[4],
+        pages: m.tlb_pages,
+        ipis_sent: m.ipis_sent,
+        ipis_by_call: by_call,
+    }
+}
+
+#[cfg(test)]
+#[path = "assemble_tests.rs"]
+mod tests;

@@ -1,0 +1,194 @@
+//! `assemble` from hand-made inputs, checked as summary.json shows it.
+use std::collections::BTreeMap;
+
+use vmtrace_common::{DropKind, FaultStats, MmCall, MmStats};
+
+use super::{assemble, summary_pids, Inputs};
+use crate::{
+    collect::process::ProcInfo,
+    loader::Families,
+    model::OomRecord,
+    model::{Storm, TargetInfo, Timeline},
+};
+
+fn info(ppid: u32, comm: &str, exit_code: Option<i32>) -> ProcInfo {
+    ProcInfo { ppid: Some(ppid), comm: comm.into(), exit_code, ..ProcInfo::default() }
+}
+
+fn oom(victim: u32) -> OomRecord {
+    OomRecord {
+        victim_pid: victim,
+        victim_comm: "hog".into(),
+        trigger_pid: victim,
+        trigger_comm: "hog".into(),
+        constraint: "memcg".into(),
+        constraint_source: "kernel".into(),
+        victim_cgroup_source: Some("kernel".into()),
+        cgroup: Some("/box".into()),
+        cgroup_limit_bytes: Some(1 << 20),
+        cgroup_peak_bytes: Some(1 << 20),
+        total_vm_kb: 4096,
+        anon_rss_kb: 1024,
+        file_rss_kb: 8,
+        shmem_rss_kb: 0,
+        pgtables_kb: 12,
+        oom_score_adj: 0,
+        uid: 0,
+        in_target: true,
+        time_s: 0.5,
+        top_regions: None,
+        fault_rate_per_s: Some(10.0),
+        victim_faults: None,
+        victim_reclaim_stalls: None,
+        victim_reclaim_ns: None,
+    }
+}
+
+fn inputs() -> Inputs {
+    let mut stats = BTreeMap::new();
+    stats.insert(
+        10,
+        FaultStats {
+            started: 1000,
+            major: 10,
+            write: 600,
+            exec: 5,
+            cow: 20,
+            huge: 2,
+            minor_seen: 62,
+            minor_timed: 62,
+            minor_time_ns: 62_000,
+            major_timed: 10,
+            major_time_ns: 100_000,
+            reclaim: 1,
+            reclaim_ns: 500,
+            ..FaultStats::default()
+        },
+    );
+    let mut mm = MmStats { munmap_bytes: 8192, ipis_sent: 7, tlb_pages: 3, ..MmStats::default() };
+    mm.calls[MmCall::Mmap as usize] = 4;
+    mm.calls[MmCall::Munmap as usize] = 2;
+    mm.calls[MmCall::Madvise as usize] = 1;
+    mm.advice[4] = 1;
+    mm.tlb_reason[1] = 6;
+    mm.ipis_by_call[MmCall::Madvise as usize] = 7;
+    let mut drops = vec![0; DropKind::RegionStatsFull as usize + 1];
+    drops[DropKind::MmEventRingFull as usize] = 3;
+    drops[DropKind::FaultUntimed as usize] = 4;
+    Inputs {
+        target: TargetInfo {
+            kind: "command".into(),
+            command: Some(vec!["hog".into()]),
+            pid: Some(10),
+            exit_status: Some(137),
+        },
+        duration_s: 1.25,
+        families: Families { oom: true, mmap: true, tlb: true, regions: true },
+        minor_period: 16,
+        stack_mode: None,
+        processes: vec![(10, info(1, "hog", None)), (11, info(10, "child", Some(0)))],
+        stats,
+        mm: [(10, mm)].into_iter().collect(),
+        stacks: Vec::new(),
+        mm_sites: Vec::new(),
+        storms: Some(vec![Storm {
+            pid: 10,
+            comm: "hog".into(),
+            start_s: 0.1,
+            end_s: 0.3,
+            peak_per_s: 5000,
+            shootdowns: 7,
+            top_stack: vec!["main".into(), "[madvise]".into()],
+            top_call: "madvise".into(),
+            top_share: 1.0,
+        }]),
+        attributed: None,
+        ooms: vec![oom(10)],
+        timeline: Timeline { interval_s: 0.1, faults: vec![600, 400], major: vec![4, 6] },
+        drops,
+        malformed_events: 1,
+        probes: Vec::new(),
+        kernel: "6.1.0-test".into(),
+    }
+}
+
+#[test]
+fn the_summary_has_the_contracts_fields() {
+    let finished = assemble(inputs());
+    let j = serde_json::to_value(&finished.summary).unwrap();
+    assert_eq!(j["version"], 1);
+    assert_eq!(j["target"], serde_json::json!({"kind": "command", "command": ["hog"], "pid": 10, "exit_status": 137}));
+    assert_eq!(j["duration_s"], 1.25);
+    // Ring full for mapping events, and one malformed record; untimed faults are not lost.
+    assert_eq!(j["lost_events"], 4);
+    assert_eq!(j["kernel"], "6.1.0-test");
+
+    let p = &j["processes"][0];
+    assert_eq!((&p["pid"], &p["ppid"], &p["comm"]), (&10.into(), &1.into(), &"hog".into()));
+    // The command's own status wins over the table's.
+    assert_eq!(p["exit_code"], 137);
+    let f0 = &p["faults"];
+    for (k, v) in
+        [("total", 1000), ("minor", 990), ("major", 10), ("write", 600), ("exec", 5), ("cow", 20), ("huge", 2)]
+    {
+        assert_eq!(f0[k], v, "faults.{k}");
+    }
+    // Minor time scaled from 62 timed of 990 minors, plus the majors' own.
+    assert_eq!(f0["time_ns"], 990_000 + 100_000);
+    assert!(f0["latency_hist_ns"]["le_inf"].is_u64());
+    assert_eq!(
+        p["mmap"],
+        serde_json::json!({"mmap": 4, "munmap": 2, "munmap_bytes": 8192, "mremap": 0, "madvise": 1,
+                           "mprotect": 0, "brk": 0, "madvise_by_advice": {"dontneed": 1}})
+    );
+    let tlb = &p["tlb"];
+    assert_eq!((&tlb["remote_shootdown"], &tlb["pages"], &tlb["ipis_sent"]), (&6.into(), &3.into(), &7.into()));
+    assert_eq!(tlb["ipis_by_call"], serde_json::json!({"madvise": 7}));
+
+    // A process that never faulted is listed with zeros.
+    let child = &j["processes"][1];
+    assert_eq!((&child["pid"], &child["exit_code"], &child["faults"]["total"]), (&11.into(), &0.into(), &0.into()));
+    assert_eq!(j["totals"]["total"], 1000);
+
+    let kill = &j["oom"][0];
+    assert_eq!(
+        (&kill["victim_pid"], &kill["constraint"], &kill["cgroup"]),
+        (&10.into(), &"memcg".into(), &"/box".into())
+    );
+    // Whole-trace counts of the victim are added from its aggregate.
+    assert_eq!((&kill["victim_faults"], &kill["victim_reclaim_stalls"]), (&1000.into(), &1.into()));
+
+    let storm = &j["storms"][0];
+    assert_eq!(
+        (&storm["peak_per_s"], &storm["shootdowns"], &storm["top_stack"][1]),
+        (&5000.into(), &7.into(), &"[madvise]".into())
+    );
+    assert_eq!(j["timeline"]["faults"], serde_json::json!([600, 400]));
+    assert_eq!(j["drops"]["mm"], 3);
+    assert_eq!(j["drops"]["task_events"], 1);
+    assert_eq!(j["drops"]["untimed_faults"], 4);
+    assert_eq!(j["sampling"], serde_json::json!({"minor_latency_period": 16, "time_estimated": true}));
+    // Regions were traced but nothing was attributed here: absent, as given.
+    assert!(j.get("stacks").is_none());
+}
+
+#[test]
+fn untraced_families_leave_their_sections_out() {
+    let mut i = inputs();
+    i.families = Families::default();
+    i.storms = None;
+    let j = serde_json::to_value(&assemble(i).summary).unwrap();
+    assert!(j["processes"][0].get("mmap").is_none() && j["processes"][0].get("tlb").is_none());
+    assert!(j["processes"][0]["faults"]["huge"].is_null());
+    assert!(j.get("oom").is_none() || j["oom"].is_null());
+    assert!(j.get("storms").is_none());
+}
+
+#[test]
+fn pids_of_the_summary() {
+    let cmd = TargetInfo { kind: "command".into(), command: None, pid: Some(5), exit_status: None };
+    let pids = summary_pids(&cmd, [9, 3].into_iter(), [7, 3].into_iter(), |p| p == 7);
+    assert_eq!(pids, [3, 5, 9]);
+    let system = TargetInfo { kind: "system".into(), command: None, pid: None, exit_status: None };
+    assert_eq!(summary_pids(&system, [9].into_iter(), [7].into_iter(), |_| false), [9]);
+}

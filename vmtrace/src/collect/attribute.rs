@@ -1,0 +1,27 @@
+//! Region attribution: the kernel's per-granule fault counts placed in the
+//! regions each process had mapped, then summed per file.
+use super::{process::ProcessTable, source::AggregateSource};
+use crate::regions::{self, Attributed, ProcessRegions};
+
+/// Faults per region of every process, then per file and tensor; the
+/// regions costliest in fault time first.
+pub fn build_regions(table: &mut ProcessTable, source: &impl AggregateSource) -> Attributed {
+    let granules = source.all_granules();
+    // Processes whose maps were never read (e.g. with -a) are read now if alive.
+    let mut pids: Vec<u32> = granules.iter().map(|(k, _)| k.tgid).collect();
+    pids.dedup();
+    for pid in pids {
+        if table.procs.get(&pid).is_none_or(|p| p.maps.is_empty()) {
+            table.snapshot_maps(pid);
+        }
+    }
+    let table = &*table;
+    let mut a = regions::attribute(
+        &granules,
+        |pid| table.procs.get(&pid).map(|p| ProcessRegions { maps: &p.maps, mapped: &p.mapped }),
+        |path| regions::kernel_dev_ino(path).and_then(|(dev, ino)| source.page_cache_added(dev, ino)),
+    );
+    a.regions.sort_by(|x, y| y.faults.time_ns.cmp(&x.faults.time_ns).then(y.faults.total.cmp(&x.faults.total)));
+    a.files.sort_by_key(|f| std::cmp::Reverse(f.faults.time_ns));
+    a
+}

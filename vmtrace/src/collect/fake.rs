@@ -1,0 +1,173 @@
+//! A hand-filled [`AggregateSource`] for unit tests: events replayed from a
+//! queue, aggregates read from plain maps. Pids above the kernel's
+//! `PID_MAX_LIMIT` (4194304) keep /proc out of the picture.
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, VecDeque},
+    time::Duration,
+};
+
+use vmtrace_common::{
+    EventHeader, EventKind, FaultStats, GranuleCounts, GranuleKey, MmStackCounts, MmStackKey, MmStats, OomEvent,
+    StackCounts, StackKey, TaskEvent, COMM_LEN,
+};
+
+use super::source::AggregateSource;
+use crate::model::ProbeInfo;
+
+/// The first pid no kernel can have.
+pub const NO_SUCH_PID: u32 = 4_194_305;
+
+#[derive(Default)]
+pub struct FakeSource {
+    pub events: VecDeque<Vec<u8>>,
+    pub minor_period: u32,
+    pub traced: BTreeSet<u32>,
+    pub stats: BTreeMap<u32, FaultStats>,
+    pub mm: BTreeMap<u32, MmStats>,
+    pub totals: (u64, u64),
+    pub drops: Vec<u64>,
+    pub stack_counts: Vec<(StackKey, StackCounts)>,
+    pub mm_stacks: Vec<(MmStackKey, MmStackCounts)>,
+    pub kernel_stacks: HashMap<i32, Vec<u64>>,
+    pub user_stacks: HashMap<i32, Vec<u64>>,
+    pub granules: Vec<(GranuleKey, GranuleCounts)>,
+    pub probes: Vec<ProbeInfo>,
+}
+
+/// The bytes of a `#[repr(C)]` event, as the ring buffer carries them.
+pub fn bytes_of<T: aya::Pod>(v: &T) -> Vec<u8> {
+    // SAFETY: T is Pod: plain integers, no padding the kernel would not also send.
+    unsafe { std::slice::from_raw_parts(std::ptr::from_ref(v).cast::<u8>(), std::mem::size_of::<T>()) }.to_vec()
+}
+
+fn comm(name: &str) -> [u8; COMM_LEN] {
+    let mut c = [0u8; COMM_LEN];
+    let n = name.len().min(COMM_LEN - 1);
+    c[..n].copy_from_slice(&name.as_bytes()[..n]);
+    c
+}
+
+fn header(kind: EventKind, ts_ns: u64, size: usize) -> EventHeader {
+    EventHeader { kind: kind as u32, size: size as u32, ts_ns }
+}
+
+/// A task event with the given identity; exit fields left at "alive".
+pub fn task(kind: EventKind, pid: u32, tgid: u32, ppid: u32, name: &str) -> TaskEvent {
+    TaskEvent {
+        hdr: header(kind, 0, std::mem::size_of::<TaskEvent>()),
+        pid,
+        tgid,
+        ppid,
+        exit_code: 0,
+        group_dead: 0,
+        _pad: 0,
+        kernel_min_flt: 0,
+        kernel_maj_flt: 0,
+        comm: comm(name),
+    }
+}
+
+/// The last thread of `tgid` exiting with wait(2)'s `status`.
+pub fn exit(tgid: u32, status: u32, name: &str) -> TaskEvent {
+    TaskEvent { exit_code: status, group_dead: 1, ..task(EventKind::TaskExit, tgid, tgid, 0, name) }
+}
+
+/// An OOM kill of `victim` at kernel time `ts_ns`.
+pub fn oom_kill(victim: u32, name: &str, ts_ns: u64, anon_rss_kb: u64) -> OomEvent {
+    // SAFETY: OomEvent is Pod (integers and byte arrays): all zeros is valid.
+    let mut ev: OomEvent = unsafe { std::mem::zeroed() };
+    ev.hdr = header(EventKind::OomMarkVictim, ts_ns, std::mem::size_of::<OomEvent>());
+    ev.victim_pid = victim;
+    ev.trigger_tgid = victim;
+    ev.trigger_tid = victim;
+    ev.victim_comm = comm(name);
+    ev.trigger_comm = comm(name);
+    ev.anon_rss_kb = anon_rss_kb;
+    ev.total_vm_kb = anon_rss_kb * 2;
+    ev
+}
+
+impl FakeSource {
+    pub fn new(minor_period: u32) -> Self {
+        Self { minor_period, ..Self::default() }
+    }
+
+    /// Queues one event for the next drain.
+    pub fn push<T: aya::Pod>(&mut self, ev: &T) {
+        self.events.push_back(bytes_of(ev));
+    }
+}
+
+impl AggregateSource for FakeSource {
+    fn wait_for_events(&self, _timeout: Duration) {}
+
+    fn drain_events(&mut self, on_event: &mut dyn FnMut(&[u8])) {
+        while let Some(e) = self.events.pop_front() {
+            on_event(&e);
+        }
+    }
+
+    fn minor_period(&self) -> u32 {
+        self.minor_period
+    }
+
+    fn probe_info(&self) -> Vec<ProbeInfo> {
+        self.probes.clone()
+    }
+
+    fn is_traced(&self, tgid: u32) -> bool {
+        self.traced.contains(&tgid) || self.stats.contains_key(&tgid)
+    }
+
+    fn stats_of(&self, tgid: u32) -> Option<FaultStats> {
+        self.stats.get(&tgid).copied()
+    }
+
+    fn all_stats(&self) -> Vec<(u32, FaultStats)> {
+        self.stats.iter().map(|(k, v)| (*k, *v)).collect()
+    }
+
+    fn take_stats(&mut self, tgid: u32) -> Option<FaultStats> {
+        self.stats.remove(&tgid)
+    }
+
+    fn all_mm(&self) -> Vec<(u32, MmStats)> {
+        self.mm.iter().map(|(k, v)| (*k, *v)).collect()
+    }
+
+    fn take_mm(&mut self, tgid: u32) -> Option<MmStats> {
+        self.mm.remove(&tgid)
+    }
+
+    fn totals(&self) -> (u64, u64) {
+        self.totals
+    }
+
+    fn drops(&self) -> Vec<u64> {
+        self.drops.clone()
+    }
+
+    fn all_stack_counts(&self) -> Vec<(StackKey, StackCounts)> {
+        self.stack_counts.clone()
+    }
+
+    fn all_mm_stacks(&self) -> Vec<(MmStackKey, MmStackCounts)> {
+        self.mm_stacks.clone()
+    }
+
+    fn stack_ips(&self, id: i32) -> Option<Vec<u64>> {
+        self.kernel_stacks.get(&id).cloned()
+    }
+
+    fn user_stack_ips(&self, id: i32) -> Option<Vec<u64>> {
+        self.user_stacks.get(&id).cloned()
+    }
+
+    fn all_granules(&self) -> Vec<(GranuleKey, GranuleCounts)> {
+        self.granules.clone()
+    }
+
+    fn page_cache_added(&self, _dev: u32, _ino: u64) -> Option<u64> {
+        None
+    }
+}

@@ -1,0 +1,427 @@
+//! The collection loop: polls the source, applies its events to the process
+//! table and runs the periodic jobs (timeline, storms, flight recorder, maps
+//! refresh); at the end reads the aggregates once and assembles the summary.
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::{Duration, Instant},
+};
+
+use vmtrace_common::{
+    EventHeader, EventKind, FaultStats, Merge, MmCall, MmEvent, MmStackKey, MmStats, OomEvent, TaskEvent,
+};
+
+use super::{
+    assemble::{self, Inputs},
+    attribute,
+    flight::FlightRecorder,
+    process::{self, ProcInfo, ProcessTable},
+    source::AggregateSource,
+    storms::StormDetector,
+    symbols::{self, MapsRefresh},
+    timeline::TimelineRecorder,
+    Finished,
+};
+use crate::{
+    loader::{Families, Probes},
+    model::{DropCounts, KernelAccounting, OomRecord, TargetInfo},
+    oom,
+    regions::Attributed,
+    stacks::{symbolize::Names, StackMode},
+};
+
+/// The live snapshot: a child module, for the session's private state.
+#[path = "live.rs"]
+pub mod live;
+
+/// How a session collects, fixed for its life.
+#[derive(Clone, Copy, Debug)]
+pub struct SessionOptions {
+    /// Which optional families are traced.
+    pub families: Families,
+    /// Stacks are collected (mode, 1 in N faults): memory maps of live
+    /// processes are kept for symbolization.
+    pub stacks: Option<(StackMode, u32)>,
+    /// TLB-flush IPIs per second above which a process is in a storm.
+    pub storm_threshold: f64,
+}
+
+impl SessionOptions {
+    /// No stacks, and no storm ever.
+    pub fn new(families: Families) -> Self {
+        Self { families, stacks: None, storm_threshold: f64::MAX }
+    }
+}
+
+pub struct Session<S: AggregateSource = Probes> {
+    source: S,
+    opts: SessionOptions,
+    table: ProcessTable,
+    /// Ring-buffer records too short for their kind.
+    malformed_events: u64,
+    started: Instant,
+    /// CLOCK_MONOTONIC at `started`, the clock of kernel event timestamps.
+    started_mono_ns: u64,
+    /// 1 in how many minor faults is timed, as the kernel programs were attached.
+    minor_period: u32,
+    flight: FlightRecorder,
+    maps_refresh: MapsRefresh,
+    storms: StormDetector,
+    /// IPIs per call site at the last tick (for storm culprits).
+    last_sites: HashMap<MmStackKey, u64>,
+    timeline: TimelineRecorder,
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Copies a `T` out of a ring-buffer record after checking its length.
+fn read_event<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
+    // SAFETY: length checked; T is Pod (plain integers, any bit pattern valid).
+    (bytes.len() >= std::mem::size_of::<T>()).then(|| unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) })
+}
+
+/// What one drain saw, applied once the ring buffer is empty.
+#[derive(Default)]
+struct Batch {
+    exited: Vec<u32>,
+    born: Vec<u32>,
+    ooms: Vec<OomEvent>,
+    malformed: u64,
+}
+
+impl Batch {
+    /// Decodes one record; task and mapping events go to the table at once,
+    /// in ring order.
+    fn take(&mut self, bytes: &[u8], table: &mut ProcessTable) {
+        let Some(hdr) = read_event::<EventHeader>(bytes) else {
+            self.malformed += 1;
+            return;
+        };
+        match EventKind::from_u32(hdr.kind) {
+            Some(EventKind::TaskFork | EventKind::TaskExec | EventKind::TaskExit) => {
+                let Some(ev) = read_event::<TaskEvent>(bytes) else {
+                    self.malformed += 1;
+                    return;
+                };
+                if ev.hdr.kind == EventKind::TaskExit as u32 && ev.group_dead != 0 {
+                    self.exited.push(ev.tgid);
+                } else if ev.hdr.kind != EventKind::TaskExit as u32 {
+                    self.born.push(ev.tgid);
+                }
+                table.apply(&ev);
+            }
+            Some(EventKind::MmMapChange) => match read_event::<MmEvent>(bytes) {
+                Some(ev) if ev.call != MmCall::Munmap as u32 => {
+                    table.note_mapping(ev.tgid, process::region_from_event(&ev));
+                }
+                Some(_) => {}
+                None => self.malformed += 1,
+            },
+            Some(EventKind::OomMarkVictim) => match read_event::<OomEvent>(bytes) {
+                Some(ev) => self.ooms.push(ev),
+                None => self.malformed += 1,
+            },
+            None => self.malformed += 1,
+        }
+    }
+}
+
+impl<S: AggregateSource> Session<S> {
+    pub fn new(source: S, opts: SessionOptions) -> Self {
+        let now = Instant::now();
+        Self {
+            minor_period: source.minor_period(),
+            source,
+            opts,
+            table: ProcessTable::default(),
+            malformed_events: 0,
+            started: now,
+            started_mono_ns: monotonic_ns(),
+            flight: FlightRecorder::new(now),
+            maps_refresh: MapsRefresh::new(now),
+            storms: StormDetector::new(opts.storm_threshold),
+            last_sites: HashMap::new(),
+            timeline: TimelineRecorder::new(now),
+        }
+    }
+
+    /// The kernel side, for what only the loaded programs do (tracing a pid,
+    /// stopping, detaching).
+    pub fn source(&self) -> &S {
+        &self.source
+    }
+
+    pub fn source_mut(&mut self) -> &mut S {
+        &mut self.source
+    }
+
+    pub fn families(&self) -> Families {
+        self.opts.families
+    }
+
+    /// 1 in how many minor faults is timed.
+    pub fn minor_period(&self) -> u32 {
+        self.minor_period
+    }
+
+    /// When the trace proper started (see [`Self::start_clock`]).
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// OOM kills seen so far.
+    pub fn ooms(&self) -> &[OomRecord] {
+        self.flight.ooms()
+    }
+
+    /// Storms open and closed so far.
+    pub fn storms(&self) -> &StormDetector {
+        &self.storms
+    }
+
+    /// What the table knows of `pid`, without asking /proc.
+    pub fn known(&self, pid: u32) -> Option<&ProcInfo> {
+        self.table.procs.get(&pid)
+    }
+
+    /// `pid`'s entry, made and filled from /proc if need be.
+    pub fn process(&mut self, pid: u32) -> &ProcInfo {
+        self.table.ensure(pid)
+    }
+
+    /// Records who started `pid` (a command vmtrace spawned).
+    pub fn set_parent(&mut self, pid: u32, ppid: u32) {
+        self.table.procs.entry(pid).or_default().ppid = Some(ppid);
+    }
+
+    /// Replaces the exit hook's read of `pid`'s kernel fault counters.
+    pub fn set_kernel_accounting(&mut self, pid: u32, k: KernelAccounting) {
+        self.table.procs.entry(pid).or_default().kernel = Some(k);
+    }
+
+    /// Marks the start of the trace proper.
+    pub fn start_clock(&mut self) {
+        self.started = Instant::now();
+        self.timeline.restart(self.started, self.source.totals());
+        self.started_mono_ns = monotonic_ns();
+    }
+
+    /// Seconds since the start for a kernel timestamp.
+    fn since_start(&self, ts_ns: u64) -> f64 {
+        ts_ns.saturating_sub(self.started_mono_ns) as f64 / 1e9
+    }
+
+    fn seconds_at(&self, now: Instant) -> f64 {
+        now.saturating_duration_since(self.started).as_secs_f64()
+    }
+
+    /// Waits up to `timeout` for kernel events, then applies all that arrived.
+    pub fn poll(&mut self, timeout: Duration) {
+        self.source.wait_for_events(timeout);
+        self.step(Instant::now());
+    }
+
+    /// Everything a poll does once the wait is over, as of `now`.
+    fn step(&mut self, now: Instant) {
+        self.drain_at(now);
+        if self.timeline.due(now) {
+            self.tick(now);
+        }
+        self.record_history(now);
+        if self.opts.stacks.is_some() {
+            self.maps_refresh.run(now, &mut self.table);
+        }
+    }
+
+    /// Every 100 ms: the fault-rate timeline and the storm window.
+    fn tick(&mut self, now: Instant) {
+        self.timeline.push(now, self.source.totals());
+        if self.opts.families.tlb {
+            self.storm_tick(self.seconds_at(now));
+        }
+    }
+
+    /// Every few hundred ms, the fault count of each live traced process.
+    fn record_history(&mut self, now: Instant) {
+        if !self.opts.families.oom || !self.flight.due(now) {
+            return;
+        }
+        let now_s = self.seconds_at(now);
+        self.flight.sample(now, now_s, &self.source.all_stats());
+    }
+
+    /// Feeds the storm detector: IPIs sent per process, and per call site.
+    fn storm_tick(&mut self, now: f64) {
+        let totals: Vec<(u32, u64)> = self.source.all_mm().into_iter().map(|(pid, m)| (pid, m.ipis_sent)).collect();
+        self.storms.tick(now, &totals);
+        for (k, c) in self.source.all_mm_stacks() {
+            let before = self.last_sites.insert(k, c.ipis).unwrap_or(0);
+            if c.ipis > before && self.storms.in_storm(k.tgid) {
+                self.storms.add_site(k.tgid, (k.call, k.user_stack), c.ipis - before);
+            }
+        }
+    }
+
+    /// Every drop counter so far, and the ring records that could not be read.
+    pub fn drop_counts(&self) -> DropCounts {
+        DropCounts { by_kind: self.source.drops(), malformed_events: self.malformed_events }
+    }
+
+    /// Events and samples lost so far ([`DropCounts::lost`]).
+    pub fn lost_events(&self) -> u64 {
+        self.drop_counts().lost()
+    }
+
+    fn on_oom(&mut self, ev: &OomEvent, now: Instant) {
+        let victim = ev.victim_pid;
+        // Read now: the victim is on its way out.
+        let cgroup =
+            oom::memory_cgroup_of(victim).or_else(|| self.table.procs.get(&victim).and_then(|p| p.cgroup.clone()));
+        let in_target = self.table.procs.contains_key(&victim) || self.source.is_traced(victim);
+        let mut rec = oom::describe(ev, cgroup, in_target, self.since_start(ev.hdr.ts_ns));
+        // Its count is read once more at the kill.
+        rec.fault_rate_per_s = self.source.stats_of(victim).and_then(|s| {
+            let now_s = self.seconds_at(now);
+            let first_seen_s = self
+                .table
+                .procs
+                .get(&victim)
+                .map(|p| now_s - now.saturating_duration_since(p.first_seen).as_secs_f64());
+            self.flight.rate(victim, now_s, s.started, first_seen_s)
+        });
+        self.flight.record(rec);
+    }
+
+    /// Applies every event waiting in the ring buffer.
+    pub fn drain(&mut self) {
+        self.drain_at(Instant::now());
+    }
+
+    fn drain_at(&mut self, now: Instant) {
+        let mut batch = Batch::default();
+        let table = &mut self.table;
+        self.source.drain_events(&mut |bytes| batch.take(bytes, table));
+        self.malformed_events += batch.malformed;
+        for ev in &batch.ooms {
+            self.on_oom(ev, now);
+        }
+        let mut born = batch.born;
+        // A thread the fallback fork hook reported, and whose exit came in the
+        // same batch, is gone from the table: reading its /proc now would fail
+        // and give it back an entry (its parent's maps) as a process.
+        born.retain(|tgid| self.table.procs.contains_key(tgid));
+        if self.opts.stacks.is_some() {
+            for &tgid in &born {
+                self.table.snapshot_maps(tgid);
+            }
+        }
+        if self.opts.families.oom {
+            for tgid in born {
+                if let Some(cg) = oom::memory_cgroup_of(tgid) {
+                    self.table.procs.entry(tgid).or_default().cgroup = Some(cg);
+                }
+            }
+        }
+        // Take an exited process's aggregate out of the kernel map: it is final,
+        // and the map stays bounded however many processes come and go.
+        for tgid in batch.exited {
+            if let Some(m) = self.source.take_mm(tgid) {
+                self.table.procs.entry(tgid).or_default().mm.get_or_insert_with(MmStats::default).merge(&m);
+            }
+            if let Some(s) = self.source.take_stats(tgid) {
+                self.table.procs.entry(tgid).or_default().stats.get_or_insert_with(FaultStats::default).merge(&s);
+            }
+        }
+        self.source.flush_logs();
+    }
+
+    /// Fault aggregates of every process: taken at exit, or still in the map.
+    pub(crate) fn stats_totals(&self) -> BTreeMap<u32, FaultStats> {
+        let mut all: BTreeMap<u32, FaultStats> =
+            self.table.procs.iter().filter_map(|(pid, p)| p.stats.map(|s| (*pid, s))).collect();
+        for (tgid, s) in self.source.all_stats() {
+            all.entry(tgid).or_default().merge(&s);
+        }
+        all
+    }
+
+    /// mmap/TLB aggregates of every process: taken at exit, or still in the map.
+    pub(crate) fn mm_totals(&self) -> BTreeMap<u32, MmStats> {
+        let mut all: BTreeMap<u32, MmStats> =
+            self.table.procs.iter().filter_map(|(pid, p)| p.mm.map(|m| (*pid, m))).collect();
+        for (tgid, m) in self.source.all_mm() {
+            all.entry(tgid).or_default().merge(&m);
+        }
+        all
+    }
+
+    /// Faults per region of every process, then per file and tensor.
+    pub(crate) fn build_regions(&mut self) -> Attributed {
+        attribute::build_regions(&mut self.table, &self.source)
+    }
+
+    /// Frames of a call site, outermost first, the syscall as leaf.
+    pub(crate) fn site_frames(&mut self, names: &mut Names, tgid: u32, call: u32, user_stack: i32) -> Vec<String> {
+        symbols::site_frames(&mut self.table, &self.source, names, tgid, call, user_stack)
+    }
+
+    /// Reads the aggregates one last time and builds the summary.
+    pub fn finish(self, target: TargetInfo) -> Finished {
+        self.finish_with(target, Instant::now)
+    }
+
+    /// `finish` with its clock given (tests).
+    fn finish_with(mut self, target: TargetInfo, now: impl Fn() -> Instant) -> Finished {
+        self.drain_at(now());
+        // The last, partial interval.
+        self.tick(now());
+        let families = self.opts.families;
+        let stacks =
+            if self.opts.stacks.is_some() { symbols::build_stacks(&mut self.table, &self.source) } else { Vec::new() };
+        let mm_sites = if families.mmap { symbols::build_mm_sites(&mut self.table, &self.source) } else { Vec::new() };
+        let storms = families.tlb.then(|| {
+            let raw = std::mem::replace(&mut self.storms, StormDetector::new(f64::MAX)).finish();
+            symbols::name_storms(&mut self.table, &self.source, raw)
+        });
+        let attributed = families.regions.then(|| self.build_regions());
+        let mm = self.mm_totals();
+        let duration_s = self.seconds_at(now());
+        let stats = self.stats_totals();
+        let drops = self.source.drops();
+        let pids = assemble::summary_pids(
+            &target,
+            stats.keys().copied(),
+            self.table.procs.keys().copied(),
+            process::is_thread,
+        );
+        let processes = pids.into_iter().map(|pid| (pid, self.table.ensure(pid).clone())).collect();
+        assemble::assemble(Inputs {
+            target,
+            duration_s,
+            families,
+            minor_period: self.minor_period,
+            stack_mode: self.opts.stacks,
+            processes,
+            stats,
+            mm,
+            stacks,
+            mm_sites,
+            storms,
+            attributed,
+            ooms: self.flight.take_ooms(),
+            timeline: self.timeline.take(),
+            drops,
+            malformed_events: self.malformed_events,
+            probes: self.source.probe_info(),
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().into(),
+        })
+    }
+}
+
+#[cfg(test)]
+#[path = "session_tests.rs"]
+mod tests;

@@ -1,0 +1,180 @@
+//! The session driven from a `FakeSource`: no root, no kernel, a clock the
+//! tests move by hand.
+use std::time::Duration;
+
+use vmtrace_common::{DropKind, EventKind, FaultStats, MmCall, MmStackCounts, MmStackKey, MmStats};
+
+use super::{Session, SessionOptions};
+use crate::{
+    collect::fake::{exit, oom_kill, task, FakeSource, NO_SUCH_PID},
+    loader::Families,
+    model::TargetInfo,
+    stacks::StackMode,
+};
+
+const PARENT: u32 = NO_SUCH_PID + 1;
+const CHILD: u32 = NO_SUCH_PID + 2;
+const THREAD: u32 = NO_SUCH_PID + 3;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn session(source: FakeSource, opts: SessionOptions) -> Session<FakeSource> {
+    let mut s = Session::new(source, opts);
+    s.start_clock();
+    s
+}
+
+fn command(pid: u32) -> TargetInfo {
+    TargetInfo { kind: "command".into(), command: Some(vec!["work".into()]), pid: Some(pid), exit_status: Some(0) }
+}
+
+fn faults(started: u64, major: u64) -> FaultStats {
+    FaultStats { started, major, write: started / 2, cow: 3, ..FaultStats::default() }
+}
+
+/// Finishes with the clock stopped at `at` after the start.
+fn finish_at(s: Session<FakeSource>, at: Duration) -> crate::collect::Finished {
+    let end = s.started + at;
+    s.finish_with(command(PARENT), move || end)
+}
+
+#[test]
+fn task_events_build_the_process_table() {
+    let mut src = FakeSource::new(16);
+    src.push(&task(EventKind::TaskFork, CHILD, CHILD, PARENT, "work"));
+    src.push(&task(EventKind::TaskExec, CHILD, CHILD, 0, "worker"));
+    // A thread the fallback fork hook took for a process, and its exit in the
+    // same poll (cae92f3): it must not come back as a process.
+    src.push(&task(EventKind::TaskFork, THREAD, THREAD, PARENT, "work"));
+    src.push(&thread_exit(THREAD, PARENT));
+    src.push(&exit(CHILD, 11 << 8, "worker"));
+    src.stats.insert(PARENT, faults(100, 4));
+    src.stats.insert(CHILD, faults(40, 1));
+    let opts = SessionOptions { stacks: Some((StackMode::User, 1)), ..SessionOptions::new(Families::default()) };
+    let mut s = session(src, opts);
+    s.set_parent(PARENT, 1);
+    let t0 = s.started;
+    s.step(t0 + ms(10));
+
+    assert!(s.known(THREAD).is_none(), "thread read back as a process");
+    let c = s.known(CHILD).expect("child in the table");
+    assert_eq!((c.ppid, c.comm.as_str(), c.exit_code), (Some(PARENT), "worker", Some(11)));
+    // The exited child's aggregate left the source for the table.
+    assert_eq!(c.stats.map(|f| f.started), Some(40));
+    assert!(!s.source().stats.contains_key(&CHILD));
+
+    let f = finish_at(s, ms(20));
+    let pids: Vec<(u32, Option<u32>, &str, Option<i32>)> =
+        f.summary.processes.iter().map(|p| (p.pid, p.ppid, p.comm.as_str(), p.exit_code)).collect();
+    // The target's exit status is the command's own.
+    assert_eq!(pids, [(PARENT, Some(1), "?", Some(0)), (CHILD, Some(PARENT), "worker", Some(11))]);
+    let totals: Vec<(u64, u64, u64)> =
+        f.summary.processes.iter().map(|p| (p.faults.total, p.faults.minor, p.faults.major)).collect();
+    assert_eq!(totals, [(100, 96, 4), (40, 39, 1)]);
+    assert_eq!((f.summary.totals.total, f.summary.totals.major, f.summary.totals.cow), (140, 5, 6));
+}
+
+/// The exit of a thread that is not its group's leader.
+fn thread_exit(tid: u32, tgid: u32) -> vmtrace_common::TaskEvent {
+    task(EventKind::TaskExit, tid, tgid, 0, "work")
+}
+
+#[test]
+fn drops_and_malformed_records_are_counted() {
+    let mut src = FakeSource::new(1);
+    let mut drops = vec![0; DropKind::RegionStatsFull as usize + 1];
+    drops[DropKind::TaskEventRingFull as usize] = 2;
+    drops[DropKind::FaultUntimed as usize] = 5;
+    drops[DropKind::MmStatsFull as usize] = 7;
+    drops[DropKind::StackLost as usize] = 9;
+    src.drops = drops;
+    // Shorter than any header.
+    src.events.push_back(vec![1, 2, 3]);
+    // A task event cut short.
+    src.events.push_back(
+        crate::collect::fake::bytes_of(&task(EventKind::TaskFork, CHILD, CHILD, PARENT, "w"))[..20].to_vec(),
+    );
+    let mut s = session(src, SessionOptions::new(Families::default()));
+    s.step(s.started + ms(1));
+    assert_eq!(s.lost_events(), 2 + 7 + 2);
+    let f = finish_at(s, ms(5));
+    let d = &f.summary.drops;
+    assert_eq!((d.task_events, d.mm, d.untimed_faults, d.fault_stats_full), (4, 7, 5, 0));
+    assert_eq!(f.summary.lost_events, 11);
+    // Minor faults timed 1 in 1, but some untimed: time is an estimate.
+    assert!(f.summary.sampling.time_estimated);
+    assert!(f.summary.stacks.is_none());
+}
+
+#[test]
+fn timeline_bins_are_faults_per_tick() {
+    let mut s = session(FakeSource::new(16), SessionOptions::new(Families::default()));
+    let t0 = s.started;
+    for (at, totals) in [(100, (50, 1)), (150, (60, 1)), (200, (80, 2)), (300, (80, 2))] {
+        s.source_mut().totals = totals;
+        s.step(t0 + ms(at));
+    }
+    s.source_mut().totals = (95, 5);
+    let tl = finish_at(s, ms(330)).summary.timeline.expect("timeline");
+    // 150 ms was not a tick: its faults land in the 200 ms bin; the last bin is partial.
+    assert_eq!(tl.faults, [50, 30, 0, 15]);
+    assert_eq!(tl.major, [1, 1, 0, 3]);
+    assert!((tl.interval_s - 0.1).abs() < 1e-12);
+}
+
+#[test]
+fn a_shootdown_storm_names_its_culprit() {
+    let mut src = FakeSource::new(16);
+    src.push(&task(EventKind::TaskFork, CHILD, CHILD, PARENT, "churn"));
+    let site = MmStackKey { tgid: CHILD, call: MmCall::Madvise as u32, user_stack: -1, _pad: 0 };
+    let families = Families { tlb: true, ..Families::default() };
+    let mut s = session(src, SessionOptions { storm_threshold: 1000.0, ..SessionOptions::new(families) });
+    let t0 = s.started;
+    // IPIs sent so far at each tick: 50/s, then 3000/s and 5000/s, then calm.
+    for (at, ipis) in [(100, 0), (200, 5), (300, 305), (400, 805), (500, 810)] {
+        let src = s.source_mut();
+        src.mm.insert(CHILD, MmStats { ipis_sent: ipis, ..MmStats::default() });
+        src.mm_stacks = vec![(site, MmStackCounts { calls: ipis / 5, ipis })];
+        s.step(t0 + ms(at));
+    }
+    let f = finish_at(s, ms(550));
+    let storms = f.summary.storms.expect("tlb traced");
+    assert_eq!(storms.len(), 1, "{storms:?}");
+    let st = &storms[0];
+    assert_eq!((st.pid, st.comm.as_str(), st.shootdowns, st.peak_per_s), (CHILD, "churn", 800, 5000));
+    assert!((st.start_s - 0.2).abs() < 1e-9 && (st.end_s - 0.4).abs() < 1e-9, "{st:?}");
+    assert_eq!(st.top_call, "madvise");
+    assert_eq!(st.top_stack.last().map(String::as_str), Some("[madvise]"));
+    assert!((st.top_share - 1.0).abs() < 1e-9);
+}
+
+#[test]
+fn an_oom_kill_carries_the_flight_recorders_rate() {
+    let mut src = FakeSource::new(16);
+    src.push(&task(EventKind::TaskFork, CHILD, CHILD, PARENT, "hog"));
+    let families = Families { oom: true, ..Families::default() };
+    let mut s = session(src, SessionOptions::new(families));
+    let t0 = s.started;
+    // 100 faults per 250 ms sample.
+    for (at, n) in [(250, 100), (500, 200), (750, 300)] {
+        s.source_mut().stats.insert(CHILD, faults(n, 0));
+        s.step(t0 + ms(at));
+    }
+    s.source_mut().stats.insert(CHILD, faults(400, 0));
+    let kill = oom_kill(CHILD, "hog", s.started_mono_ns + 1_500_000_000, 2048);
+    s.source_mut().push(&kill);
+    s.step(t0 + ms(1000));
+    assert_eq!(s.ooms().len(), 1);
+
+    let f = finish_at(s, ms(1100));
+    let ooms = f.summary.oom.expect("oom traced");
+    let r = &ooms[0];
+    assert_eq!((r.victim_pid, r.victim_comm.as_str(), r.in_target), (CHILD, "hog", true));
+    assert_eq!((r.anon_rss_kb, r.total_vm_kb), (2048, 4096));
+    assert!((r.time_s - 1.5).abs() < 1e-9, "{}", r.time_s);
+    // (400 - 100) faults over 0.75 s since the window's oldest sample.
+    assert!(r.fault_rate_per_s.is_some_and(|v| (v - 400.0).abs() < 1e-6), "{:?}", r.fault_rate_per_s);
+    assert_eq!(r.victim_faults, Some(400));
+}

@@ -1,0 +1,145 @@
+//! What the collector needs from the kernel side, as one trait: the session
+//! loop, the symbolizer and the attribution read the kernel only through it,
+//! so unit tests drive them from a `FakeSource` instead of loaded programs.
+use std::{os::fd::AsRawFd as _, time::Duration};
+
+use vmtrace_common::{
+    FaultStats, GranuleCounts, GranuleKey, MmStackCounts, MmStackKey, MmStats, StackCounts, StackKey,
+};
+
+use crate::{loader::Probes, model::ProbeInfo};
+
+pub trait AggregateSource {
+    /// Waits up to `timeout` until events may be ready (returns early on a signal).
+    fn wait_for_events(&self, timeout: Duration);
+    /// Hands every ring-buffer record available now to `on_event`, oldest first.
+    fn drain_events(&mut self, on_event: &mut dyn FnMut(&[u8]));
+    /// Forwards kernel-side log records, if any.
+    fn flush_logs(&mut self) {}
+
+    /// 1 in how many minor faults the programs time.
+    fn minor_period(&self) -> u32;
+    /// The programs as attached, for summary.json's `probes`.
+    fn probe_info(&self) -> Vec<ProbeInfo>;
+
+    /// Whether `tgid` is in the traced set.
+    fn is_traced(&self, tgid: u32) -> bool;
+    /// One process's fault aggregate, left in place.
+    fn stats_of(&self, tgid: u32) -> Option<FaultStats>;
+    /// Every fault aggregate still held.
+    fn all_stats(&self) -> Vec<(u32, FaultStats)>;
+    /// Reads and forgets an exited process's fault aggregate.
+    fn take_stats(&mut self, tgid: u32) -> Option<FaultStats>;
+    /// Every mmap/TLB aggregate still held.
+    fn all_mm(&self) -> Vec<(u32, MmStats)>;
+    /// Reads and forgets an exited process's mmap/TLB aggregate.
+    fn take_mm(&mut self, tgid: u32) -> Option<MmStats>;
+    /// (faults, majors) of all traced processes so far.
+    fn totals(&self) -> (u64, u64);
+    /// Drop counters, indexed by `DropKind`.
+    fn drops(&self) -> Vec<u64>;
+
+    /// Fault stack aggregates.
+    fn all_stack_counts(&self) -> Vec<(StackKey, StackCounts)>;
+    /// mmap-family call-site aggregates.
+    fn all_mm_stacks(&self) -> Vec<(MmStackKey, MmStackCounts)>;
+    /// A kernel stack's instruction pointers, innermost first.
+    fn stack_ips(&self, id: i32) -> Option<Vec<u64>>;
+    /// A user stack's instruction pointers, innermost first.
+    fn user_stack_ips(&self, id: i32) -> Option<Vec<u64>>;
+
+    /// Per-granule fault counts.
+    fn all_granules(&self) -> Vec<(GranuleKey, GranuleCounts)>;
+    /// Pages the traced processes added to the page cache for a file.
+    fn page_cache_added(&self, dev: u32, ino: u64) -> Option<u64>;
+}
+
+impl AggregateSource for Probes {
+    fn wait_for_events(&self, timeout: Duration) {
+        let mut pfd = libc::pollfd { fd: self.ring_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd; EINTR (a stop signal) simply returns early.
+        unsafe { libc::poll(&raw mut pfd, 1, timeout.as_millis() as i32) };
+    }
+
+    fn drain_events(&mut self, on_event: &mut dyn FnMut(&[u8])) {
+        while let Some(item) = self.events.next() {
+            on_event(&item);
+        }
+    }
+
+    fn flush_logs(&mut self) {
+        Probes::flush_logs(self);
+    }
+
+    fn minor_period(&self) -> u32 {
+        self.minor_period
+    }
+
+    fn probe_info(&self) -> Vec<ProbeInfo> {
+        self.attached
+            .iter()
+            .map(|a| ProbeInfo {
+                what: a.what.into(),
+                program_type: a.program_type.into(),
+                target: a.target.clone(),
+                fallback_reason: a.fallback_reason.clone(),
+            })
+            .collect()
+    }
+
+    fn is_traced(&self, tgid: u32) -> bool {
+        Probes::is_traced(self, tgid)
+    }
+
+    fn stats_of(&self, tgid: u32) -> Option<FaultStats> {
+        Probes::stats_of(self, tgid)
+    }
+
+    fn all_stats(&self) -> Vec<(u32, FaultStats)> {
+        Probes::all_stats(self)
+    }
+
+    fn take_stats(&mut self, tgid: u32) -> Option<FaultStats> {
+        Probes::take_stats(self, tgid)
+    }
+
+    fn all_mm(&self) -> Vec<(u32, MmStats)> {
+        Probes::all_mm(self)
+    }
+
+    fn take_mm(&mut self, tgid: u32) -> Option<MmStats> {
+        Probes::take_mm(self, tgid)
+    }
+
+    fn totals(&self) -> (u64, u64) {
+        Probes::totals(self)
+    }
+
+    fn drops(&self) -> Vec<u64> {
+        Probes::drops(self)
+    }
+
+    fn all_stack_counts(&self) -> Vec<(StackKey, StackCounts)> {
+        Probes::all_stack_counts(self)
+    }
+
+    fn all_mm_stacks(&self) -> Vec<(MmStackKey, MmStackCounts)> {
+        Probes::all_mm_stacks(self)
+    }
+
+    fn stack_ips(&self, id: i32) -> Option<Vec<u64>> {
+        Probes::stack_ips(self, id)
+    }
+
+    fn user_stack_ips(&self, id: i32) -> Option<Vec<u64>> {
+        Probes::user_stack_ips(self, id)
+    }
+
+    fn all_granules(&self) -> Vec<(GranuleKey, GranuleCounts)> {
+        Probes::all_granules(self)
+    }
+
+    fn page_cache_added(&self, dev: u32, ino: u64) -> Option<u64> {
+        Probes::page_cache_added(self, dev, ino)
+    }
+}
