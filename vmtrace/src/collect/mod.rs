@@ -200,7 +200,7 @@ fn monotonic_ns() -> u64 {
 
 impl Session {
     pub fn new(probes: Probes, families: Families) -> Self {
-        let minor_period = probes.minor_period;
+        let minor_period = probes.minor_period();
         Self {
             probes,
             table: ProcessTable::default(),
@@ -439,7 +439,7 @@ impl Session {
         let mut exited = Vec::new();
         let mut ooms = Vec::new();
         let mut born = Vec::new();
-        while let Some(item) = self.probes.events.next() {
+        while let Some(item) = self.probes.next_event() {
             let bytes: &[u8] = &item;
             let Some(hdr) = read_event::<EventHeader>(bytes) else {
                 self.malformed_events += 1;
@@ -714,13 +714,13 @@ impl Session {
             drops,
             probes: self
                 .probes
-                .attached
+                .attached()
                 .iter()
                 .map(|a| ProbeInfo {
                     what: a.what.into(),
-                    program_type: a.program_type.into(),
+                    program_type: a.program_type().into(),
                     target: a.target.clone(),
-                    fallback_reason: a.fallback_reason.clone(),
+                    fallback_reason: a.fallback_reason().map(Into::into),
                 })
                 .collect(),
             kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().into(),
