@@ -253,14 +253,14 @@ pub(crate) fn start_target(
     // The target's own fault-end events (when the loader left them to us)
     // serve the perf counters too; without counters the probes keep them.
     let mut perf_for = |scope: Scope| -> Result<Option<PerfProbe>, RecordError> {
-        let end = match session.source().end_programs {
+        let end = match session.source().end_programs() {
             Some(p) => Some(FaultEnd::open(&scope, &p)?),
             None => None,
         };
         if perf {
             return PerfProbe::open(&scope, end).map(Some);
         }
-        session.source_mut().fault_end = end;
+        session.source_mut().keep_fault_end(end);
         Ok(None)
     };
     Ok(match target {

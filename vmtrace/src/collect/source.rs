@@ -62,7 +62,7 @@ impl AggregateSource for Probes {
     }
 
     fn drain_events(&mut self, on_event: &mut dyn FnMut(&[u8])) {
-        while let Some(item) = self.events.next() {
+        while let Some(item) = self.next_event() {
             on_event(&item);
         }
     }
@@ -72,17 +72,17 @@ impl AggregateSource for Probes {
     }
 
     fn minor_period(&self) -> u32 {
-        self.minor_period
+        Probes::minor_period(self)
     }
 
     fn probe_info(&self) -> Vec<ProbeInfo> {
-        self.attached
+        self.attached()
             .iter()
             .map(|a| ProbeInfo {
                 what: a.what.into(),
-                program_type: a.program_type.into(),
+                program_type: a.program_type().into(),
                 target: a.target.clone(),
-                fallback_reason: a.fallback_reason.clone(),
+                fallback_reason: a.fallback_reason().map(Into::into),
             })
             .collect()
     }

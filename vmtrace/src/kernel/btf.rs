@@ -48,10 +48,10 @@ fn find_member(btf: &Btf, members: &[btf_rs::Member], field: &str, base_bits: u3
     None
 }
 
-/// Parsed from the file, not from memory: btf-rs asks a `BufReader<File>` for
-/// its position once per type (126,589 lseek calls here, ~40 ms of start-up),
-/// but parsing from bytes holds them beside the parse, which raised the
-/// collector's peak RSS from 53.8 to 59.4 MiB (target: 64).
+/// Parsed from the file, not from memory, although btf-rs then asks its
+/// `BufReader<File>` for its position once per type: parsing from bytes holds
+/// them beside the parse, and peak RSS counts more than start-up time
+/// (docs/performance.md).
 pub fn load_vmlinux() -> Result<Btf, BtfError> {
     Btf::from_file(VMLINUX_BTF).map_err(|e| BtfError::Read(e.to_string()))
 }

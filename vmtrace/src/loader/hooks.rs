@@ -1,0 +1,535 @@
+//! The hook table: every hook, the programs that can serve it in order of
+//! preference, what each needs from the kernel, and why the order is what it
+//! is. The loader attaches from it, `vmtrace check` reports against it, and
+//! the kernel-compatibility table of docs/design.md is rendered from it
+//! (`compat_table`, checked by a unit test).
+
+/// A BPF program type, as `summary.json` `probes[].program_type` and `vmtrace
+/// check` name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum ProgramKind {
+    #[serde(rename = "tp_btf")]
+    TpBtf,
+    #[serde(rename = "tracepoint")]
+    Tracepoint,
+    #[serde(rename = "fentry")]
+    Fentry,
+    #[serde(rename = "fexit")]
+    Fexit,
+    #[serde(rename = "kprobe")]
+    Kprobe,
+    #[serde(rename = "perf_event")]
+    PerfEvent,
+    /// User stacks walked by the programs themselves (frame pointers).
+    #[serde(rename = "own walk")]
+    OwnWalk,
+    /// User stacks from the kernel's walker (`bpf_get_stackid`).
+    #[serde(rename = "stackid")]
+    StackId,
+}
+
+impl ProgramKind {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::TpBtf => "tp_btf",
+            Self::Tracepoint => "tracepoint",
+            Self::Fentry => "fentry",
+            Self::Fexit => "fexit",
+            Self::Kprobe => "kprobe",
+            Self::PerfEvent => "perf_event",
+            Self::OwnWalk => "own walk",
+            Self::StackId => "stackid",
+        }
+    }
+
+    /// `--force-tracepoints` turns it off, to exercise the fallbacks.
+    pub const fn forced_off(self) -> bool {
+        matches!(self, Self::TpBtf | Self::Fentry | Self::Fexit | Self::OwnWalk)
+    }
+}
+
+impl std::fmt::Display for ProgramKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One way to serve a hook.
+#[derive(Debug)]
+pub struct Candidate {
+    pub kind: ProgramKind,
+    /// The program's name in the eBPF object.
+    pub program: &'static str,
+    /// tp_btf: the event; tracepoint: "category:name"; fentry, fexit,
+    /// kprobe: the kernel function; otherwise a description.
+    pub target: &'static str,
+    /// What it needs from the kernel (minimum version or feature).
+    pub needs: &'static str,
+    /// How its refusal is named in a later candidate's fallback reason.
+    pub label: &'static str,
+}
+
+impl Candidate {
+    /// A classic tracepoint's (category, name).
+    pub fn tracepoint(&self) -> Option<(&'static str, &'static str)> {
+        (self.kind == ProgramKind::Tracepoint).then(|| self.target.split_once(':')).flatten()
+    }
+}
+
+/// The families `LoadOptions::families` switches; `Core` is always on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    Core,
+    Oom,
+    Mmap,
+    Regions,
+    Tlb,
+}
+
+/// A condition checked before any candidate is tried; when it does not hold,
+/// the hook is skipped with the reason given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gate {
+    Always,
+    /// The last candidate's tracefs event exists; else skipped: "no <event> on
+    /// this kernel (<before>): <text>".
+    TracefsEvent {
+        before: &'static str,
+        text: &'static str,
+    },
+    /// Some fault can map a huge page (`kernel::thp::why_impossible`).
+    HugePagesPossible,
+}
+
+/// A row of the docs' compatibility table, on the first hook it covers.
+#[derive(Debug)]
+pub struct Doc {
+    pub capability: &'static str,
+    pub why: &'static str,
+}
+
+#[derive(Debug)]
+pub struct Hook {
+    pub what: &'static str,
+    pub family: Family,
+    pub candidates: &'static [Candidate],
+    pub gate: Gate,
+    /// When no candidate attaches, recording goes on and this does the job
+    /// instead; `None`: loading fails.
+    pub without: Option<&'static str>,
+    pub doc: Option<Doc>,
+}
+
+const BTF: &str = "BTF, 5.5+";
+const TRAMPOLINES: &str = "BTF trampolines, 5.5+; no lockdown";
+
+const fn tp_btf(program: &'static str, event: &'static str) -> Candidate {
+    Candidate { kind: ProgramKind::TpBtf, program, target: event, needs: BTF, label: "" }
+}
+
+const fn tp(program: &'static str, target: &'static str) -> Candidate {
+    Candidate { kind: ProgramKind::Tracepoint, program, target, needs: "tracefs", label: "" }
+}
+
+const fn hook(what: &'static str, family: Family, candidates: &'static [Candidate]) -> Hook {
+    Hook { what, family, candidates, gate: Gate::Always, without: None, doc: None }
+}
+
+#[allow(clippy::unnecessary_wraps, reason = "it fills an optional field")]
+const fn doc(capability: &'static str, why: &'static str) -> Option<Doc> {
+    Some(Doc { capability, why })
+}
+
+/// A shootdown counted without the csd tracepoint.
+pub const IPI_FROM_FLUSH: &str = "one IPI is counted per flush that sends any";
+
+macro_rules! syscall_pair {
+    ($call:literal) => {
+        syscall_pair!($call, None)
+    };
+    ($call:literal, $doc:expr) => {
+        [
+            Hook {
+                doc: $doc,
+                ..hook(
+                    concat!($call, " enter"),
+                    Family::Mmap,
+                    &[tp("tp_syscalls_sys_enter", concat!("syscalls:sys_enter_", $call))],
+                )
+            },
+            hook(
+                concat!($call, " exit"),
+                Family::Mmap,
+                &[tp("tp_syscalls_sys_exit", concat!("syscalls:sys_exit_", $call))],
+            ),
+        ]
+    };
+}
+
+/// The OOM victim's memcg, read from the task where tp_btf allows it.
+pub const OOM_VICTIM: Hook = Hook {
+    without: Some("userspace reads /proc instead"),
+    doc: doc("OOM victim's memcg", "tp_btf sees the victim task; /proc races its exit"),
+    ..hook("OOM victim's cgroup", Family::Oom, &[tp_btf("tp_btf_mark_victim", "mark_victim")])
+};
+
+/// Hooks attached through `attach::attach`, in attach order (the order of
+/// `probes[]` in summary.json).
+pub const HOOKS: &[Hook] = &[
+    Hook {
+        doc: doc(
+            "fault start",
+            "tp_btf is ~30 ns/fault cheaper (docs/performance.md). x86 only for now: `exceptions:page_fault_*` exist on x86 (arch/x86/mm/fault.c)",
+        ),
+        ..hook(
+            "fault start (user mode)",
+            Family::Core,
+            &[
+                tp_btf("tp_btf_page_fault_user", "page_fault_user"),
+                tp("tp_exceptions_page_fault_user", "exceptions:page_fault_user"),
+            ],
+        )
+    },
+    hook(
+        "fault start (kernel mode)",
+        Family::Core,
+        &[
+            tp_btf("tp_btf_page_fault_kernel", "page_fault_kernel"),
+            tp("tp_exceptions_page_fault_kernel", "exceptions:page_fault_kernel"),
+        ],
+    ),
+    Hook {
+        doc: doc("park in-flight faults", "as above"),
+        ..hook(
+            "park in-flight faults",
+            Family::Core,
+            &[tp_btf("tp_btf_sched_switch", "sched_switch"), tp("tp_sched_sched_switch", "sched:sched_switch")],
+        )
+    },
+    Hook {
+        doc: doc(
+            "fork, exec, exit",
+            "tp_btf sees the task pointer: child tgid, exit code, kernel fault counters; with the classic format every child is recorded as its own group (a thread's stray entry is removed at its exit), exec and exit read `bpf_get_current_task()`",
+        ),
+        ..hook(
+            "follow forks",
+            Family::Core,
+            &[
+                tp_btf("tp_btf_sched_process_fork", "sched_process_fork"),
+                tp("tp_sched_sched_process_fork", "sched:sched_process_fork"),
+            ],
+        )
+    },
+    hook(
+        "exec",
+        Family::Core,
+        &[
+            tp_btf("tp_btf_sched_process_exec", "sched_process_exec"),
+            tp("tp_sched_sched_process_exec", "sched:sched_process_exec"),
+        ],
+    ),
+    hook(
+        "exit",
+        Family::Core,
+        &[
+            tp_btf("tp_btf_sched_process_exit", "sched_process_exit"),
+            tp("tp_sched_sched_process_exit", "sched:sched_process_exit"),
+        ],
+    ),
+    OOM_VICTIM,
+    Hook {
+        doc: doc("OOM kills", "the kill record (pid, comm, sizes) has a classic tracepoint only"),
+        ..hook("OOM kills", Family::Oom, &[tp("tp_oom_mark_victim", "oom:mark_victim")])
+    },
+    Hook {
+        doc: doc(
+            "reclaim stalls",
+            "tp_btf is cheaper to run and to detach: a classic tracepoint's detach waits for RCU grace periods under a kernel mutex",
+        ),
+        ..hook(
+            "direct reclaim start",
+            Family::Oom,
+            &[
+                tp_btf("tp_btf_mm_vmscan_direct_reclaim_begin", "mm_vmscan_direct_reclaim_begin"),
+                tp("tp_vmscan_mm_vmscan_direct_reclaim_begin", "vmscan:mm_vmscan_direct_reclaim_begin"),
+            ],
+        )
+    },
+    hook(
+        "direct reclaim end",
+        Family::Oom,
+        &[
+            tp_btf("tp_btf_mm_vmscan_direct_reclaim_end", "mm_vmscan_direct_reclaim_end"),
+            tp("tp_vmscan_mm_vmscan_direct_reclaim_end", "vmscan:mm_vmscan_direct_reclaim_end"),
+        ],
+    ),
+    hook(
+        "memcg reclaim start",
+        Family::Oom,
+        &[
+            tp_btf("tp_btf_mm_vmscan_memcg_reclaim_begin", "mm_vmscan_memcg_reclaim_begin"),
+            tp("tp_vmscan_mm_vmscan_memcg_reclaim_begin", "vmscan:mm_vmscan_memcg_reclaim_begin"),
+        ],
+    ),
+    hook(
+        "memcg reclaim end",
+        Family::Oom,
+        &[
+            tp_btf("tp_btf_mm_vmscan_memcg_reclaim_end", "mm_vmscan_memcg_reclaim_end"),
+            tp("tp_vmscan_mm_vmscan_memcg_reclaim_end", "vmscan:mm_vmscan_memcg_reclaim_end"),
+        ],
+    ),
+];
+
+/// mmap-family syscalls: per-syscall tracepoints, so nothing runs on other
+/// syscalls; one enter and one exit program serve them all.
+pub const MMAP_HOOKS: [[Hook; 2]; 6] = [
+    syscall_pair!(
+        "mmap",
+        doc(
+            "mmap-family syscalls",
+            "per-syscall tracepoints (classic only), so nothing runs on other syscalls; one enter and one exit program serve them all",
+        )
+    ),
+    syscall_pair!("munmap"),
+    syscall_pair!("mremap"),
+    syscall_pair!("madvise"),
+    syscall_pair!("mprotect"),
+    syscall_pair!("brk"),
+];
+
+/// The OOM domain (the kernel's constraint, the memcg that ran out).
+pub const OOM_DOMAIN: Hook = Hook {
+    without: Some("derived from the victim's cgroup limit, OOM counter and peak instead"),
+    doc: doc(
+        "OOM constraint + memcg",
+        "reads `oc->constraint` and `oc->memcg` ([mm/oom_kill.c](https://elixir.bootlin.com/linux/v6.12/source/mm/oom_kill.c)), the kernel's own answer (`constraint_source` says which)",
+    ),
+    ..hook(
+        "OOM constraint and memcg",
+        Family::Oom,
+        &[
+            Candidate {
+                kind: ProgramKind::Fentry,
+                program: "fentry_oom_kill_process",
+                target: "oom_kill_process",
+                needs: TRAMPOLINES,
+                label: "fentry: ",
+            },
+            Candidate {
+                kind: ProgramKind::Kprobe,
+                program: "kprobe_oom_kill_process",
+                target: "oom_kill_process",
+                needs: "kprobe PMU",
+                label: "kprobe: ",
+            },
+        ],
+    )
+};
+
+/// Page-cache additions per file (readahead), for the files view.
+pub const FILEMAP_HOOK: Hook = Hook {
+    doc: doc("page-cache additions", "a rare event: the classic tracepoint is its only path"),
+    ..hook(
+        "page-cache additions",
+        Family::Regions,
+        &[tp("tp_filemap_mm_filemap_add_to_page_cache", "filemap:mm_filemap_add_to_page_cache")],
+    )
+};
+
+/// PMD-order allocations inside a fault: the fault is served by a huge page.
+pub const HUGE_HOOK: Hook = Hook {
+    gate: Gate::HugePagesPossible,
+    doc: doc(
+        "huge-page faults",
+        "PMD-order allocation during an in-flight fault, counted once per fault; not attached when THP is off for anonymous memory, shmem and every tmpfs (`kernel/thp.rs`): it runs on every page allocation in the system (~60 ns). PMD-order page-cache folios (large-folio filesystems, whatever the THP setting) are seen by the page-cache hook",
+    ),
+    ..hook(
+        "huge-page faults",
+        Family::Regions,
+        &[tp_btf("tp_btf_mm_page_alloc", "mm_page_alloc"), tp("tp_kmem_mm_page_alloc", "kmem:mm_page_alloc")],
+    )
+};
+
+/// TLB flushes, and shootdown requests per target CPU.
+pub const TLB_HOOKS: &[Hook] = &[
+    Hook {
+        doc: doc("TLB flushes", "tp_btf is cheaper to run and to detach"),
+        ..hook(
+            "TLB flushes",
+            Family::Tlb,
+            &[tp_btf("tp_btf_tlb_flush", "tlb_flush"), tp("tp_tlb_tlb_flush", "tlb:tlb_flush")],
+        )
+    },
+    Hook {
+        gate: Gate::TracefsEvent { before: "before 6.6", text: IPI_FROM_FLUSH },
+        doc: doc(
+            "shootdown IPIs per target CPU",
+            "`ipi:ipi_send_cpu(mask)` (6.6+) carry the generic IPI handler as callback here, so csd's `func == flush_tlb_func` is what names a TLB IPI; before 6.6 neither exists",
+        ),
+        ..hook(
+            "shootdowns per target CPU",
+            Family::Tlb,
+            &[
+                Candidate { needs: "6.6+", ..tp_btf("tp_btf_csd_queue_cpu", "csd_queue_cpu") },
+                Candidate { needs: "6.6+", ..tp("tp_csd_csd_queue_cpu", "csd:csd_queue_cpu") },
+            ],
+        )
+    },
+];
+
+/// The fault-end hook; attached by `attach::fault_end` (the perf events are
+/// per CPU or per task, one row per event).
+pub const FAULT_END: Hook = Hook {
+    doc: doc(
+        "fault end: latency, minor/major",
+        "fexit is one program for every fault, classified from `vm_fault_t` as `mm_account_fault()` does (bits read from BTF), without the software-event path (~110 ns/fault here). The perf events are raised in `mm_account_fault` (5.9+) where getrusage counts; `--latency-sample 0` keeps the MAJ event only (cheapest). For a command or pid they go on the target's tasks with `inherit` (`perf::FaultEnd`): other processes skip the path, and the perf counters read their counts; `-a` and `serve` put them on every CPU",
+    ),
+    ..hook(
+        "fault end",
+        Family::Core,
+        &[
+            Candidate {
+                kind: ProgramKind::Fexit,
+                program: "fexit_handle_mm_fault",
+                target: "handle_mm_fault",
+                needs: TRAMPOLINES,
+                label: "fexit handle_mm_fault: ",
+            },
+            Candidate {
+                kind: ProgramKind::PerfEvent,
+                program: "perf_event_page_faults_min/maj",
+                target: "sw PAGE_FAULTS_MIN (1 in N) / MAJ",
+                needs: "CONFIG_PERF_EVENTS",
+                label: "",
+            },
+        ],
+    )
+};
+
+/// How user stacks are taken; chosen by `attach::user_stacks`.
+pub const USER_STACKS: Hook = Hook {
+    doc: doc(
+        "user stacks",
+        "the kernel's walker reads the frame at address 0 that ends every chain: a fault and its fixup per stack (~1 µs here); 1 KiB reads are used from 6.12 (6.1's verifier gives up on that loop), a read per frame before",
+    ),
+    ..hook(
+        "user stacks",
+        Family::Core,
+        &[
+            Candidate {
+                kind: ProgramKind::OwnWalk,
+                program: "(every program taking stacks)",
+                target: "frame pointers, USER_STACKS",
+                needs: "`bpf_task_pt_regs`, 5.15+",
+                label: "",
+            },
+            Candidate {
+                kind: ProgramKind::StackId,
+                program: "(every program taking stacks)",
+                target: "bpf_get_stackid, STACKS",
+                needs: "",
+                label: "",
+            },
+        ],
+    )
+};
+
+/// Every hook of the table, in the docs' order.
+pub fn all() -> impl Iterator<Item = &'static Hook> {
+    HOOKS[..6]
+        .iter()
+        .chain([&FAULT_END])
+        .chain(&HOOKS[6..])
+        .chain([&OOM_DOMAIN])
+        .chain(MMAP_HOOKS.iter().flatten())
+        .chain([&FILEMAP_HOOK, &HUGE_HOOK])
+        .chain(TLB_HOOKS)
+        .chain([&USER_STACKS])
+}
+
+/// The kernel-compatibility table of docs/design.md, one row per documented
+/// capability.
+pub fn compat_table() -> String {
+    use std::fmt::Write as _;
+    let mut out = String::from("| capability | preferred | fallback | why |\n|---|---|---|---|\n");
+    let show = |c: &Candidate| {
+        let needs = if c.needs.is_empty() { String::new() } else { format!(" ({})", c.needs) };
+        format!("{} `{}`{needs}", c.kind, c.target)
+    };
+    for h in all() {
+        let Some(doc) = &h.doc else { continue };
+        let (first, rest) = h.candidates.split_first().map_or((String::new(), &[][..]), |(f, r)| (show(f), r));
+        let mut fallback: Vec<String> = rest.iter().map(show).collect();
+        if let Some(without) = h.without {
+            fallback.push(format!("none: {without}"));
+        }
+        match h.gate {
+            Gate::Always => {}
+            Gate::TracefsEvent { before, text } => fallback.push(format!("{before}: {text}")),
+            Gate::HugePagesPossible => fallback.push("none when THP is off everywhere".into()),
+        }
+        let fallback = if fallback.is_empty() { "—".to_string() } else { fallback.join("; else ") };
+        let _ = writeln!(out, "| {} | {first} | {fallback} | {} |", doc.capability, doc.why);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BEGIN: &str = "<!-- compat-table: generated from vmtrace/src/loader/hooks.rs -->\n";
+    const END: &str = "<!-- /compat-table -->";
+
+    /// The docs' table is the hook table's: regenerate it with
+    /// `VMTRACE_WRITE_DOCS=1 cargo test -p vmtrace --lib compat_table`.
+    #[test]
+    fn docs_compat_table_is_the_hook_table() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/design.md");
+        let text = std::fs::read_to_string(path).expect("docs/design.md");
+        let start = text.find(BEGIN).expect("compat-table begin marker") + BEGIN.len();
+        let end = start + text[start..].find(END).expect("compat-table end marker");
+        let want = compat_table();
+        if std::env::var_os("VMTRACE_WRITE_DOCS").is_some() {
+            let new = format!("{}{want}{}", &text[..start], &text[end..]);
+            std::fs::write(path, new).expect("writing docs/design.md");
+            return;
+        }
+        assert_eq!(&text[start..end], want, "docs/design.md's table differs from HOOKS; see this test's doc");
+    }
+
+    #[test]
+    fn every_program_kind_renders_as_before() {
+        for k in [
+            ProgramKind::TpBtf,
+            ProgramKind::Tracepoint,
+            ProgramKind::Fentry,
+            ProgramKind::Fexit,
+            ProgramKind::Kprobe,
+            ProgramKind::PerfEvent,
+            ProgramKind::OwnWalk,
+            ProgramKind::StackId,
+        ] {
+            assert_eq!(serde_json::to_value(k).ok(), Some(serde_json::Value::from(k.as_str())));
+        }
+    }
+
+    /// preflight (in `kernel`, which must not depend on the loader) lists the
+    /// tracepoints it checks; they are the hook table's.
+    #[test]
+    fn preflight_tracepoints_are_hook_targets() {
+        use crate::kernel::preflight::{OPTIONAL_TRACEPOINTS, TRACEPOINTS};
+        let of = |core: bool| -> Vec<_> {
+            all()
+                .filter(|h| (h.family == Family::Core) == core)
+                .flat_map(|h| h.candidates.iter().filter_map(Candidate::tracepoint))
+                .collect()
+        };
+        assert_eq!(of(true), TRACEPOINTS);
+        let optional = of(false);
+        for tp in OPTIONAL_TRACEPOINTS {
+            assert!(optional.contains(tp), "{tp:?} is no optional hook's tracepoint");
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! The maps userspace reads, behind the methods the collector uses: each
+//! reader sums per-CPU values and folds in what the programs still hold in
+//! their per-CPU "current" slots.
+use std::os::fd::AsFd as _;
+
+use aya::{
+    maps::{ring_buf::RingBufItem, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, RingBuf, StackTraceMap},
+    Ebpf,
+};
+use vmtrace_common::{
+    FaultStats, FileKey, GranuleCounts, GranuleCur, GranuleKey, Merge, MmStackCounts, MmStackKey, MmStats, StackCounts,
+    StackCur, StackKey,
+};
+
+use super::{LoadError, Probes};
+
+pub struct Maps {
+    fault_stats: PerCpuHashMap<MapData, u32, FaultStats>,
+    drops: PerCpuArray<MapData, u64>,
+    events: RingBuf<MapData>,
+    fault_stacks: PerCpuHashMap<MapData, StackKey, StackCounts>,
+    stack_traces: StackTraceMap<MapData>,
+    /// User stacks walked by the programs; `None`: they are in `stack_traces`.
+    user_stacks: Option<aya::maps::HashMap<MapData, u32, vmtrace_common::UserStack>>,
+    mm_stats: PerCpuHashMap<MapData, u32, MmStats>,
+    mm_stacks: PerCpuHashMap<MapData, MmStackKey, MmStackCounts>,
+    totals: PerCpuArray<MapData, u64>,
+    region_stats: PerCpuHashMap<MapData, GranuleKey, GranuleCounts>,
+    granule_cur: PerCpuArray<MapData, GranuleCur>,
+    stack_cur: PerCpuArray<MapData, StackCur>,
+    control: aya::maps::Array<MapData, u32>,
+    file_cache: PerCpuHashMap<MapData, FileKey, u64>,
+}
+
+impl Maps {
+    /// Takes the maps out of the loaded object; `own_user_stacks`: the
+    /// programs walk user stacks into `USER_STACKS`.
+    pub fn take(ebpf: &mut Ebpf, own_user_stacks: bool) -> Result<Self, LoadError> {
+        Ok(Self {
+            fault_stats: take_map(ebpf, "FAULT_STATS")?,
+            drops: take_map(ebpf, "DROPS")?,
+            events: take_map(ebpf, "EVENTS")?,
+            fault_stacks: take_map(ebpf, "FAULT_STACKS")?,
+            stack_traces: take_map(ebpf, "STACKS")?,
+            user_stacks: if own_user_stacks { Some(take_map(ebpf, "USER_STACKS")?) } else { None },
+            mm_stats: take_map(ebpf, "MM_STATS")?,
+            mm_stacks: take_map(ebpf, "MM_STACKS")?,
+            totals: take_map(ebpf, "TOTALS")?,
+            region_stats: take_map(ebpf, "REGION_STATS")?,
+            granule_cur: take_map(ebpf, "GRANULE_CUR")?,
+            stack_cur: take_map(ebpf, "STACK_CUR")?,
+            control: take_map(ebpf, "CONTROL")?,
+            file_cache: take_map(ebpf, "FILE_CACHE")?,
+        })
+    }
+}
+
+fn take_map<T: TryFrom<aya::maps::Map>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, LoadError> {
+    ebpf.take_map(name).and_then(|m| T::try_from(m).ok()).ok_or(LoadError::Map(name))
+}
+
+impl Probes {
+    /// Adds a process to the traced set (a zeroed `FAULT_STATS` entry); its
+    /// children follow in the kernel.
+    pub fn trace_pid(&mut self, tgid: u32) -> Result<(), aya::maps::MapError> {
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| {
+            aya::maps::MapError::SyscallError(aya::sys::SyscallError { call: "nr_cpus", io_error: e })
+        })?;
+        let zero = PerCpuValues::try_from(vec![FaultStats::default(); cpus])?;
+        self.maps.fault_stats.insert(tgid, zero, 0)
+    }
+
+    /// Whether `tgid` is in the traced set.
+    pub fn is_traced(&self, tgid: u32) -> bool {
+        self.maps.fault_stats.get(&tgid, 0).is_ok()
+    }
+
+    /// One process's aggregate, summed over CPUs, left in the map.
+    pub fn stats_of(&self, tgid: u32) -> Option<FaultStats> {
+        self.maps.fault_stats.get(&tgid, 0).ok().map(|v| sum_cpus(v.iter()))
+    }
+
+    /// Reads and deletes an exited process's aggregate, summed over CPUs.
+    pub fn take_stats(&mut self, tgid: u32) -> Option<FaultStats> {
+        let per_cpu = self.maps.fault_stats.get(&tgid, 0).ok()?;
+        let _ = self.maps.fault_stats.remove(&tgid);
+        Some(sum_cpus(per_cpu.iter()))
+    }
+
+    /// Every aggregate still in the kernel map, summed over CPUs.
+    pub fn all_stats(&self) -> Vec<(u32, FaultStats)> {
+        let mut out = Vec::new();
+        for item in self.maps.fault_stats.iter() {
+            match item {
+                Ok((tgid, per_cpu)) => out.push((tgid, sum_cpus(per_cpu.iter()))),
+                Err(e) => log::warn!("reading FAULT_STATS: {e}"),
+            }
+        }
+        out
+    }
+
+    /// Reads and deletes an exited process's mmap/TLB aggregate.
+    pub fn take_mm(&mut self, tgid: u32) -> Option<MmStats> {
+        let per_cpu = self.maps.mm_stats.get(&tgid, 0).ok()?;
+        let _ = self.maps.mm_stats.remove(&tgid);
+        Some(sum_cpus(per_cpu.iter()))
+    }
+
+    /// Every mmap/TLB aggregate still in the kernel map.
+    pub fn all_mm(&self) -> Vec<(u32, MmStats)> {
+        self.maps.mm_stats.iter().filter_map(Result::ok).map(|(k, v)| (k, sum_cpus(v.iter()))).collect()
+    }
+
+    /// Call-site counts of mmap-family syscalls, summed over CPUs.
+    pub fn all_mm_stacks(&self) -> Vec<(MmStackKey, MmStackCounts)> {
+        self.maps.mm_stacks.iter().filter_map(Result::ok).map(|(k, v)| (k, sum_cpus(v.iter()))).collect()
+    }
+
+    /// Every stack aggregate, summed over CPUs, with the keys each CPU is
+    /// still counting into.
+    pub fn all_stack_counts(&self) -> Vec<(StackKey, StackCounts)> {
+        let mut all: std::collections::HashMap<StackKey, StackCounts> = std::collections::HashMap::new();
+        for (k, v) in self.maps.fault_stacks.iter().filter_map(Result::ok) {
+            all.entry(k).or_default().merge(&sum_cpus(v.iter()));
+        }
+        for i in 0..vmtrace_common::STACK_CUR_SLOTS {
+            let Ok(cur) = self.maps.stack_cur.get(&i, 0) else { continue };
+            for c in cur.iter().filter(|c| c.counts.faults | c.counts.major | c.counts.timed != 0) {
+                all.entry(c.key).or_default().merge(&c.counts);
+            }
+        }
+        all.into_iter().collect()
+    }
+
+    /// Instruction pointers of stack `id`, innermost first.
+    pub fn stack_ips(&self, id: i32) -> Option<Vec<u64>> {
+        let id = u32::try_from(id).ok()?;
+        self.maps.stack_traces.get(&id, 0).ok().map(|t| t.frames().iter().map(|f| f.ip).collect())
+    }
+
+    /// A user stack's frames, innermost first: walked by the programs
+    /// (`OWN_STACK_ID` set), else by the kernel (32-bit tasks, old kernels).
+    pub fn user_stack_ips(&self, id: i32) -> Option<Vec<u64>> {
+        let id = u32::try_from(id).ok()?;
+        let Some(map) = self.maps.user_stacks.as_ref().filter(|_| id & vmtrace_common::OWN_STACK_ID != 0) else {
+            return self.stack_ips(id as i32);
+        };
+        let s = map.get(&id, 0).ok()?;
+        Some(s.ips[..(s.nr as usize).min(s.ips.len())].to_vec())
+    }
+
+    /// Every granule's counts, summed over CPUs, with the granules each CPU
+    /// is still counting into.
+    pub fn all_granules(&self) -> Vec<(GranuleKey, GranuleCounts)> {
+        let mut all: std::collections::BTreeMap<GranuleKey, GranuleCounts> = std::collections::BTreeMap::new();
+        for (k, v) in self.maps.region_stats.iter().filter_map(Result::ok) {
+            all.entry(k).or_default().merge(&sum_cpus(v.iter()));
+        }
+        if let Ok(cur) = self.maps.granule_cur.get(&0, 0) {
+            for c in cur.iter().filter(|c| c.counts.faults | c.counts.major | c.counts.timed | c.counts.huge != 0) {
+                all.entry(c.key).or_default().merge(&c.counts);
+            }
+        }
+        all.into_iter().collect()
+    }
+
+    /// Pages the traced processes added to the page cache for a file.
+    pub fn page_cache_added(&self, dev: u32, ino: u64) -> Option<u64> {
+        self.maps.file_cache.get(&FileKey { dev, _pad: 0, ino }, 0).ok().map(|v| v.iter().sum())
+    }
+
+    /// (faults, majors) of all traced processes so far.
+    pub fn totals(&self) -> (u64, u64) {
+        let get = |i: u32| self.maps.totals.get(&i, 0).map_or(0, |v| v.iter().sum());
+        (get(0), get(1))
+    }
+
+    /// Summed drop counters, indexed by `DropKind`.
+    pub fn drops(&self) -> Vec<u64> {
+        self.maps.drops.iter().map(|v| v.map_or(0, |per_cpu| per_cpu.iter().sum())).collect()
+    }
+
+    /// Stops all counting at once (every hook checks `CONTROL`): then the
+    /// aggregates and the kernel's own counters cover the same moment.
+    pub fn stop_counting(&mut self) {
+        if let Err(e) = self.maps.control.set(0, 1, 0) {
+            log::warn!("cannot stop the kernel programs: {e}");
+        }
+    }
+
+    /// The event ring's fd, to poll.
+    pub fn ring_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.maps.events.as_fd()
+    }
+
+    /// The next record of the event ring, if one is there.
+    pub fn next_event(&mut self) -> Option<RingBufItem<'_>> {
+        self.maps.events.next()
+    }
+}
+
+/// One aggregate summed over the CPUs (or entries) it was kept on.
+fn sum_cpus<'a, T: Merge + 'a>(values: impl Iterator<Item = &'a T>) -> T {
+    let mut sum = T::default();
+    for v in values {
+        sum.merge(v);
+    }
+    sum
+}

@@ -1,0 +1,258 @@
+//! Loads the embedded eBPF object, fills its read-only globals and attaches
+//! each hook by the best program type this kernel allows.
+//!
+//! - `hooks`: the hook table — every hook's candidate programs in order of
+//!   preference, what each needs and why (the docs' compatibility table is
+//!   rendered from it);
+//! - `attach`: the one attach path and the typed outcome of each hook;
+//! - `btf`: what the loader reads from the kernel's BTF;
+//! - `maps`: the maps, behind the methods the collector reads them with;
+//! - `check`: `vmtrace check`'s probe-selection table.
+use aya::{Btf, Ebpf, EbpfLoader};
+use vmtrace_common::{Config, GranuleCounts, GranuleKey};
+
+use crate::{kernel::btf as kbtf, perf::EndPrograms, stacks::StackMode};
+
+mod attach;
+mod btf;
+mod check;
+pub mod hooks;
+mod maps;
+
+pub use attach::{AttachError, Attachment, Outcome};
+pub use check::{probe_selection, render_selection};
+pub use hooks::{Family, Hook, ProgramKind};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Btf(#[from] kbtf::BtfError),
+    #[error("loading the eBPF object failed: {0}")]
+    Object(#[from] aya::EbpfError),
+    // The refusals are part of the message (as `vmtrace check` prints it):
+    // as `#[source]`s too, `{:#}` would print them twice.
+    #[error("{what}: neither tp_btf ({btf}) nor the tracepoint {target} ({tp}) could be attached")]
+    Attach { what: &'static str, target: &'static str, btf: String, tp: String },
+    #[error("perf event {event}: {err}\nhint: needs CONFIG_PERF_EVENTS and CAP_PERFMON (or root)")]
+    Perf { event: &'static str, err: AttachError },
+    #[error("map {0} missing or of the wrong type in the eBPF object")]
+    Map(&'static str),
+    #[error("cannot list online CPUs: {0}")]
+    Cpus(std::io::Error),
+    #[error("hook {0} has no candidate program")]
+    EmptyHook(&'static str),
+}
+
+#[allow(clippy::struct_excessive_bools, reason = "independent switches of one load")]
+pub struct LoadOptions {
+    pub trace_all: bool,
+    /// Time 1 in N minor faults; 0 = do not time minor faults.
+    pub minor_period: u32,
+    /// Force classic tracepoints (tests the fallback path on kernels that have tp_btf).
+    pub force_tracepoints: bool,
+    /// Optional hook families to attach.
+    pub families: Families,
+    pub stacks: StackMode,
+    /// Take a stack on 1 in N faults.
+    pub stack_period: u32,
+    /// Key stacks by address granule, for the region as leaf frame.
+    pub leaf_region: bool,
+    /// Where fexit is refused: put the fault-end perf events on the target's
+    /// own tasks (`perf::FaultEnd`, opened by the caller) instead of every
+    /// CPU. Other processes then skip the software-event path, and the perf
+    /// counters' minor/major counts are the same events.
+    pub end_on_tasks: bool,
+}
+
+/// Optional families of hooks.
+#[derive(Clone, Copy, Debug, Default)]
+#[allow(clippy::struct_excessive_bools, reason = "independent on/off switches, one per event family")]
+pub struct Families {
+    /// OOM kills and reclaim stalls.
+    pub oom: bool,
+    /// mmap-family syscalls.
+    pub mmap: bool,
+    /// TLB flushes and shootdown IPIs.
+    pub tlb: bool,
+    /// Faults per region granule (region attribution) and page-cache additions.
+    pub regions: bool,
+}
+
+/// Kernel memory for the per-granule map: `REGION_STATS` is per CPU and
+/// preallocated, so its size follows the CPU count.
+const REGION_MAP_BUDGET: usize = 32 << 20;
+
+fn region_map_entries() -> u32 {
+    let cpus = aya::util::nr_cpus().unwrap_or(1).max(1);
+    let per = std::mem::size_of::<GranuleCounts>() + std::mem::size_of::<GranuleKey>();
+    (REGION_MAP_BUDGET / (per * cpus)).clamp(8192, 262_144) as u32
+}
+
+/// Address of a kernel symbol from /proc/kallsyms (root sees real addresses).
+/// Reads only up to the symbol: the kernel generates the file 4 KiB at a time,
+/// and reading all of it (modules last) showed in start-up time.
+pub fn kernel_symbol(name: &str) -> Option<u64> {
+    use std::io::BufRead as _;
+    let file = std::io::BufReader::with_capacity(1 << 16, std::fs::File::open("/proc/kallsyms").ok()?);
+    file.lines().map_while(Result::ok).find_map(|l| {
+        let mut it = l.split_whitespace();
+        let (addr, _, sym) = (it.next()?, it.next()?, it.next()?);
+        (sym == name).then(|| u64::from_str_radix(addr, 16).ok()).flatten().filter(|&a| a != 0)
+    })
+}
+
+/// Loaded, attached programs and the maps userspace reads.
+pub struct Probes {
+    ebpf: Ebpf,
+    attached: Vec<Attachment>,
+    /// 1 in how many minor faults is timed, as attached (fexit times every one).
+    minor_period: u32,
+    /// The fault-end programs for the target's own perf events, when
+    /// `LoadOptions::end_on_tasks` and fexit is refused; `fault_end` holds
+    /// those events when no perf counters do.
+    end_programs: Option<EndPrograms>,
+    fault_end: Option<crate::perf::FaultEnd>,
+    maps: maps::Maps,
+    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+}
+
+impl Probes {
+    pub fn load(opts: &LoadOptions) -> Result<Self, LoadError> {
+        let btf::BtfFacts { offsets, fault_bits, tp_btf, user_walk } = btf::btf_facts()?;
+        let user_walk = user_walk_mode(user_walk && !opts.force_tracepoints);
+        btf::release_freed_memory();
+        let btf = Btf::from_sys_fs().map_err(|e| kbtf::BtfError::Read(e.to_string()))?;
+        let config = Config {
+            trace_all: u32::from(opts.trace_all),
+            minor_period: opts.minor_period,
+            stack_mode: opts.stacks.bits(),
+            stack_period: opts.stack_period.max(1),
+            leaf_region: u32::from(opts.leaf_region),
+            mm: if opts.families.mmap || opts.families.tlb {
+                let csd = crate::kernel::preflight::tracepoint_exists("csd", "csd_queue_cpu");
+                vmtrace_common::MM_ON | if csd { 0 } else { vmtrace_common::MM_IPI_FROM_FLUSH }
+            } else {
+                0
+            },
+            flush_tlb_func: if opts.families.tlb { kernel_symbol("flush_tlb_func").unwrap_or(0) } else { 0 },
+            regions: u32::from(opts.families.regions),
+            vm_fault_unaccounted: fault_bits.0,
+            vm_fault_major: fault_bits.1,
+            fault_flag_tried: fault_bits.2,
+            user_walk,
+            _pad: 0,
+        };
+        let mut ebpf = EbpfLoader::new()
+            .btf(Some(&btf))
+            .map_max_entries("REGION_STATS", region_map_entries())
+            .override_global("CONFIG", &config, true)
+            .override_global("KOFFSETS", &offsets, true)
+            .load(crate::EBPF_OBJECT)?;
+        let logger = aya_log::EbpfLogger::init(&mut ebpf).ok();
+        let f = opts.families;
+        let wanted = |h: &&Hook| match h.family {
+            Family::Core => true,
+            Family::Oom => f.oom,
+            Family::Mmap => f.mmap,
+            Family::Regions => f.regions,
+            Family::Tlb => f.tlb,
+        };
+        let mut cx =
+            attach::Context { ebpf: &mut ebpf, btf: &btf, tp_btf: &tp_btf, force_tracepoints: opts.force_tracepoints };
+        let mut attached = Vec::new();
+        for hook in hooks::HOOKS.iter().chain(hooks::MMAP_HOOKS.iter().flatten()).filter(wanted) {
+            attached.push(attach::attach(&mut cx, hook)?);
+        }
+        if f.oom {
+            attached.push(attach::attach(&mut cx, &hooks::OOM_DOMAIN)?);
+            attach::enable_oom_helper(cx.ebpf, &attached, &offsets);
+        }
+        for hook in [&hooks::FILEMAP_HOOK, &hooks::HUGE_HOOK].into_iter().chain(hooks::TLB_HOOKS).filter(wanted) {
+            attached.push(attach::attach(&mut cx, hook)?);
+        }
+        let (ends, minor_period, end_programs) = attach::fault_end(&mut cx, &config, opts)?;
+        attached.extend(ends);
+        if opts.stacks.bits() & vmtrace_common::STACK_USER != 0 {
+            attached.push(attach::user_stacks(user_walk, opts.force_tracepoints));
+        }
+        let maps = maps::Maps::take(&mut ebpf, user_walk != 0)?;
+        Ok(Self { ebpf, attached, minor_period, end_programs, fault_end: None, maps, logger })
+    }
+
+    /// What each hook got, in attach order (summary.json `probes[]`).
+    pub fn attached(&self) -> &[Attachment] {
+        &self.attached
+    }
+
+    /// 1 in how many minor faults is timed, as attached (fexit times every one).
+    pub fn minor_period(&self) -> u32 {
+        self.minor_period
+    }
+
+    /// The fault-end programs the caller puts on the target's tasks, when the
+    /// loader left that to it (`LoadOptions::end_on_tasks`, no fexit).
+    pub fn end_programs(&self) -> Option<EndPrograms> {
+        self.end_programs
+    }
+
+    /// Keeps the target's fault-end events open as long as the probes (when no
+    /// perf counters hold them); `detach_all` closes them.
+    pub fn keep_fault_end(&mut self, end: Option<crate::perf::FaultEnd>) {
+        self.fault_end = end;
+    }
+
+    /// Detaches every program; maps stay readable. A classic tracepoint's
+    /// detach waits for RCU grace periods: hence tp_btf wherever a hook has
+    /// it. `parallel`: a thread per program, which overlaps what the kernel
+    /// does not serialize (docs/performance.md has the times); see
+    /// `record::Detach` for when not to. Call `stop_counting` first.
+    pub fn detach_all(&mut self, parallel: bool) {
+        // Closing the target's end events detaches their programs.
+        self.fault_end = None;
+        let unload = |name: &str, prog: &mut aya::programs::Program| {
+            let r = match prog {
+                aya::programs::Program::TracePoint(p) => p.unload(),
+                aya::programs::Program::BtfTracePoint(p) => p.unload(),
+                aya::programs::Program::PerfEvent(p) => p.unload(),
+                aya::programs::Program::FExit(p) => p.unload(),
+                aya::programs::Program::FEntry(p) => p.unload(),
+                aya::programs::Program::KProbe(p) => p.unload(),
+                _ => Ok(()),
+            };
+            // Programs of families not asked for were never loaded.
+            if let Err(e) = r {
+                log::debug!("unloading {name}: {e}");
+            }
+        };
+        if !parallel {
+            for (name, prog) in self.ebpf.programs_mut() {
+                unload(name, prog);
+            }
+            return;
+        }
+        std::thread::scope(|s| {
+            for (name, prog) in self.ebpf.programs_mut() {
+                s.spawn(move || unload(name, prog));
+            }
+        });
+    }
+
+    /// Forwards kernel-side log records (shown with `-v`).
+    pub fn flush_logs(&mut self) {
+        if let Some(l) = self.logger.as_mut() {
+            l.flush();
+        }
+    }
+}
+
+/// How the programs walk user stacks (`Config::user_walk`): 0 where they
+/// cannot (the kernel's walker); by 1 KiB windows where the verifier is known
+/// to take that loop (6.12+; 6.1's runs out of its 1M-instruction budget), else
+/// a read per frame.
+fn user_walk_mode(own: bool) -> u32 {
+    match crate::kernel::preflight::kernel_release() {
+        _ if !own => 0,
+        Some(v) if v >= (6, 12) => vmtrace_common::USER_WALK_WINDOWS,
+        _ => vmtrace_common::USER_WALK_FRAMES,
+    }
+}
