@@ -7,9 +7,7 @@ use common::*;
 
 #[test]
 fn memcg_oom_names_victim_trigger_cgroup_and_what_it_held() {
-    if !privileged("memcg_oom_names_victim_trigger_cgroup_and_what_it_held") {
-        return;
-    }
+    privileged!();
     let name = format!("vmtrace-oom-{}", std::process::id());
     let cg = vmtrace::oom::ScratchCgroup::new(&name, 64 << 20)
         .expect("a memory cgroup (v1 or v2) is needed to test OOM kills without risking a global OOM");
@@ -51,9 +49,7 @@ fn memcg_oom_names_victim_trigger_cgroup_and_what_it_held() {
 /// waits for the tp_btf hook, so the victim's cgroup is still the kernel's.
 #[test]
 fn victim_cgroup_is_the_kernels_when_another_tracer_came_first() {
-    if !privileged("victim_cgroup_is_the_kernels_when_another_tracer_came_first") {
-        return;
-    }
+    privileged!();
     let first_out = tempfile::tempdir().unwrap();
     let mut first = vmtrace()
         .args(["record", "-a", "--events", "faults,oom", "--duration", "60", "--out"])
@@ -85,9 +81,7 @@ fn victim_cgroup_is_the_kernels_when_another_tracer_came_first() {
 /// without (this machine) derives it from the cgroup's counters.
 #[test]
 fn memcg_oom_constraint_without_fentry() {
-    if !privileged("memcg_oom_constraint_without_fentry") {
-        return;
-    }
+    privileged!();
     let name = format!("vmtrace-oomkp-{}", std::process::id());
     let cg = vmtrace::oom::ScratchCgroup::new(&name, 32 << 20).expect("a memory cgroup (v1 or v2)");
     let argv = cg.run_inside(&[BIN, "workload", "touch", "--mib", "128", "--pace-ms", "5"]);
@@ -111,9 +105,7 @@ fn memcg_oom_constraint_without_fentry() {
 
 #[test]
 fn no_oom_in_the_target_is_an_empty_section() {
-    if !privileged("no_oom_in_the_target_is_an_empty_section") {
-        return;
-    }
+    privileged!();
     let run = record(&[], &["true"]);
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     // Present even when empty; OOMs are reported system-wide, so a kill elsewhere
