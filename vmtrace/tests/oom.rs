@@ -9,7 +9,7 @@ use common::*;
 fn memcg_oom_names_victim_trigger_cgroup_and_what_it_held() {
     privileged!();
     let name = format!("vmtrace-oom-{}", std::process::id());
-    let cg = vmtrace::oom::ScratchCgroup::new(&name, 64 << 20)
+    let cg = vmtrace::demo::cgroup::ScratchCgroup::new(&name, 64 << 20)
         .expect("a memory cgroup (v1 or v2) is needed to test OOM kills without risking a global OOM");
     let argv = cg.run_inside(&[BIN, "workload", "touch", "--mib", "256", "--pace-ms", "5"]);
     let run = record(&[], &strs(&argv));
@@ -60,7 +60,7 @@ fn victim_cgroup_is_the_kernels_when_another_tracer_came_first() {
         .unwrap();
     std::thread::sleep(std::time::Duration::from_secs(3));
     let name = format!("vmtrace-oom2-{}", std::process::id());
-    let cg = vmtrace::oom::ScratchCgroup::new(&name, 32 << 20).expect("a memory cgroup (v1 or v2)");
+    let cg = vmtrace::demo::cgroup::ScratchCgroup::new(&name, 32 << 20).expect("a memory cgroup (v1 or v2)");
     let argv = cg.run_inside(&[BIN, "workload", "touch", "--mib", "128", "--pace-ms", "5"]);
     let run = record(&["--events", "faults,oom"], &strs(&argv));
     // SAFETY: kill has no memory preconditions.
@@ -83,7 +83,7 @@ fn victim_cgroup_is_the_kernels_when_another_tracer_came_first() {
 fn memcg_oom_constraint_without_fentry() {
     privileged!();
     let name = format!("vmtrace-oomkp-{}", std::process::id());
-    let cg = vmtrace::oom::ScratchCgroup::new(&name, 32 << 20).expect("a memory cgroup (v1 or v2)");
+    let cg = vmtrace::demo::cgroup::ScratchCgroup::new(&name, 32 << 20).expect("a memory cgroup (v1 or v2)");
     let argv = cg.run_inside(&[BIN, "workload", "touch", "--mib", "128", "--pace-ms", "5"]);
     let run = record(&["--force-tracepoints", "--events", "faults,oom"], &strs(&argv));
     assert_eq!(run.code(), Some(137), "{}", run.stderr());

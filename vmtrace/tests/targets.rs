@@ -37,7 +37,7 @@ fn attach_to_running_pid_sees_its_exec_and_exit() {
     let child_out = child.wait_with_output().unwrap();
     let vm = vm.wait();
     let mut run = finish(out, vm);
-    run.reports = vmtrace::demo::parse_reports(&String::from_utf8_lossy(&child_out.stdout));
+    run.reports = vmtrace::demo::workload::parse_reports(&String::from_utf8_lossy(&child_out.stdout));
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let r = run.report("first-touch");
     assert_eq!(r.pid, pid);
@@ -63,7 +63,7 @@ fn system_wide_sees_an_unrelated_process() {
     let vm = vm.wait();
     let run = finish(out, vm);
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
-    let r = &vmtrace::demo::parse_reports(&String::from_utf8_lossy(&w.stdout))[0];
+    let r = &vmtrace::demo::workload::parse_reports(&String::from_utf8_lossy(&w.stdout))[0];
     assert_eq!(run.summary["target"]["kind"], "system");
     assert_close("faults of a process started after -a", u(&run.process(r.pid)["faults"]["total"]), r.minflt, 1.0);
 }

@@ -11,7 +11,7 @@ use std::{
 };
 
 use serde_json::Value;
-use vmtrace::workload::Report;
+use vmtrace::demo::workload::Report;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_vmtrace");
 
@@ -143,7 +143,7 @@ pub fn record(args: &[&str], cmd: &[&str]) -> Run {
 
 pub fn finish(out: tempfile::TempDir, output: Output) -> Run {
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let reports = vmtrace::demo::parse_reports(&stdout);
+    let reports = vmtrace::demo::workload::parse_reports(&stdout);
     let path = out.path().join("summary.json");
     let summary =
         std::fs::read_to_string(&path).map_or(Value::Null, |s| serde_json::from_str(&s).expect("summary.json parses"));

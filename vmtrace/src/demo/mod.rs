@@ -1,6 +1,14 @@
 //! `vmtrace demo`: the classic virtual-memory experiments, each run for real
 //! under `record` into its own folder, then one comparison table and one
 //! `report.html`. Workloads are built into the binary (`vmtrace workload …`).
+//!
+//! Also home of what the demo, the tests and the bench share to make and
+//! measure known workloads: the workloads themselves ([`workload`], with the
+//! reports they print about themselves) and a scratch memory cgroup
+//! ([`cgroup`]). None of it is used by recording.
+pub mod cgroup;
+pub mod workload;
+
 use std::{
     fmt::Write as _,
     path::{Path, PathBuf},
@@ -10,13 +18,14 @@ use serde::Serialize;
 
 use crate::{
     cli::EventFamily,
-    oom::ScratchCgroup,
     record::{record, RecordError, RecordOptions},
     report::{html, summary::Summary, text::fmt_ns},
     stacks::StackMode,
     target::Target,
-    workload::{Report, REPORT_ENV},
 };
+
+use cgroup::ScratchCgroup;
+use workload::{parse_reports, REPORT_ENV};
 
 /// One row of the comparison table.
 #[derive(Clone, Debug, Serialize)]
@@ -200,7 +209,7 @@ pub fn run(out: &Path) -> Result<i32, RecordError> {
     crate::record::prepare_out_dir(out)?;
     println!("vmtrace demo: the classic virtual-memory experiments, each recorded into {}/<scenario>\n", out.display());
     let ckpt = out.join("model.safetensors");
-    crate::workload::make_safetensors(&ckpt, 64).map_err(RecordError::Preflight)?;
+    workload::make_safetensors(&ckpt, 64).map_err(RecordError::Preflight)?;
     let mut rows = Vec::new();
     let mut sections = Vec::new();
     for sc in scenarios(&exe, &ckpt.display().to_string()) {
@@ -327,9 +336,4 @@ fn demo_html(rows: &[Row], sections: &[(String, String, Summary)], out: &Path) -
         );
     }
     html::page("vmtrace demo: where does memory time go?", &b)
-}
-
-/// Parses the JSON lines the built-in workloads print.
-pub fn parse_reports(text: &str) -> Vec<Report> {
-    text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
 }
