@@ -27,6 +27,18 @@ use crate::{
 use cgroup::ScratchCgroup;
 use workload::{parse_reports, REPORT_ENV};
 
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    #[error("cannot find own executable")]
+    OwnExe(#[source] std::io::Error),
+    /// The workloads report their failures as text (`vmtrace workload` prints it).
+    #[error("{0}")]
+    Checkpoint(String),
+    /// Recording a scenario, and writing into the output directory.
+    #[error(transparent)]
+    Record(#[from] RecordError),
+}
+
 /// One row of the comparison table.
 #[derive(Clone, Debug, Serialize)]
 pub struct Row {
@@ -203,13 +215,12 @@ fn run_one(group: &str, name: &str, what: &str, argv: Vec<String>, out: &Path) -
     Ok((row, s))
 }
 
-pub fn run(out: &Path) -> Result<i32, RecordError> {
-    let exe =
-        std::env::current_exe().map_err(|e| RecordError::Preflight(format!("cannot find own executable: {e}")))?;
+pub fn run(out: &Path) -> Result<i32, DemoError> {
+    let exe = std::env::current_exe().map_err(DemoError::OwnExe)?;
     crate::record::prepare_out_dir(out)?;
     println!("vmtrace demo: the classic virtual-memory experiments, each recorded into {}/<scenario>\n", out.display());
     let ckpt = out.join("model.safetensors");
-    workload::make_safetensors(&ckpt, 64).map_err(RecordError::Preflight)?;
+    workload::make_safetensors(&ckpt, 64).map_err(DemoError::Checkpoint)?;
     let mut rows = Vec::new();
     let mut sections = Vec::new();
     for sc in scenarios(&exe, &ckpt.display().to_string()) {
