@@ -23,7 +23,6 @@ pub mod serve;
 pub mod stacks;
 pub mod target;
 pub mod top;
-pub mod workload;
 
 /// The kernel programs, built by `build.rs` from `vmtrace-ebpf`.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/vmtrace"));

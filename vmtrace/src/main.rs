@@ -3,11 +3,10 @@ use std::process::ExitCode;
 use clap::Parser as _;
 use vmtrace::{
     cli::{Cli, Command, EventFamily, Leaf, WorkloadCmd},
-    demo,
+    demo::{self, workload},
     kernel::preflight,
     record, report,
     target::Target,
-    workload,
 };
 
 fn main() -> ExitCode {

@@ -47,11 +47,11 @@ pub struct RecordOptions {
     pub detach: Detach,
 }
 
-/// `Parallel` (a thread per program, ~0.4 s sooner) only when no child is
-/// forked after the recording: glibc keeps finished threads' stacks and
+/// `Parallel` (a thread per program: the detaches overlap) only when no child
+/// is forked after the recording: glibc keeps finished threads' stacks and
 /// arenas, and a later child touches them all before its exec, in faults the
-/// kernel counts and vmtrace cannot see (`demo` forks a scenario after each
-/// recording: +28 such faults).
+/// kernel counts and vmtrace cannot see. Measured in docs/performance.md
+/// ("Exit after the command").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Detach {
     Sequential,

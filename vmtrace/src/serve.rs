@@ -13,12 +13,35 @@ use std::{
 
 use crate::{
     collect::{install_stop_handlers, live::LiveScope, stop_signal, Session, SessionOptions},
-    loader::{Families, LoadOptions, Probes},
+    loader::{Families, LoadError, LoadOptions, Probes},
     model::LiveSnapshot,
     record::{preflight, RecordError},
     stacks::StackMode,
-    target::{check_pid, pid_alive, Target},
+    target::{check_pid, pid_alive, Target, TargetError},
 };
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(
+        "refusing to listen on {0}: the metrics would be reachable from the network\nhint: pass --allow-remote to do that on purpose"
+    )]
+    Remote(SocketAddr),
+    /// Preflight and adding the pid to the traced set, shared with `record`.
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error("cannot listen on {addr}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        err: std::io::Error,
+    },
+    #[error(transparent)]
+    LocalAddr(std::io::Error),
+}
 
 pub struct ServeOptions {
     pub listen: SocketAddr,
@@ -140,12 +163,9 @@ fn answer(stream: &mut std::net::TcpStream, body: &str) {
     let _ = stream.write_all(reply.as_bytes());
 }
 
-pub fn serve(opts: &ServeOptions) -> Result<i32, RecordError> {
+pub fn serve(opts: &ServeOptions) -> Result<i32, ServeError> {
     if !opts.listen.ip().is_loopback() && !opts.allow_remote {
-        return Err(RecordError::Preflight(format!(
-            "refusing to listen on {}: the metrics would be reachable from the network\nhint: pass --allow-remote to do that on purpose",
-            opts.listen
-        )));
+        return Err(ServeError::Remote(opts.listen));
     }
     if let Target::Pid(pid) = opts.target {
         check_pid(pid)?;
@@ -167,9 +187,8 @@ pub fn serve(opts: &ServeOptions) -> Result<i32, RecordError> {
         session.source_mut().trace_pid(pid).map_err(|e| RecordError::Trace(pid, e))?;
         session.process(pid);
     }
-    let listener = TcpListener::bind(opts.listen)
-        .map_err(|err| RecordError::Preflight(format!("cannot listen on {}: {err}", opts.listen)))?;
-    let addr = listener.local_addr().map_err(|err| RecordError::Preflight(err.to_string()))?;
+    let listener = TcpListener::bind(opts.listen).map_err(|err| ServeError::Listen { addr: opts.listen, err })?;
+    let addr = listener.local_addr().map_err(ServeError::LocalAddr)?;
     let body = Arc::new(Mutex::new(String::from("# EOF\n")));
     let shared = Arc::clone(&body);
     std::thread::spawn(move || {

@@ -12,9 +12,7 @@ fn find<'a>(rows: &'a [serde_json::Value], name: &str) -> &'a serde_json::Value 
 
 #[test]
 fn demo_runs_every_scenario_and_reports_what_it_shows() {
-    if !privileged("demo_runs_every_scenario_and_reports_what_it_shows") {
-        return;
-    }
+    privileged!();
     let scratch = disk_dir();
     let out = scratch.path().join("demo");
     let t0 = std::time::Instant::now();

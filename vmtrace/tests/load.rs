@@ -34,9 +34,7 @@ fn cpu_seconds(pid: u32) -> f64 {
 
 #[test]
 fn system_wide_fault_storm_for_a_minute_is_counted_without_loss() {
-    if !privileged("system_wide_fault_storm_for_a_minute_is_counted_without_loss") {
-        return;
-    }
+    privileged!();
     if std::env::var("VMTRACE_SKIP_LOAD_TEST").as_deref() == Ok("1") {
         eprintln!("SKIPPED system_wide_fault_storm…: VMTRACE_SKIP_LOAD_TEST=1 (takes ~70 s)");
         return;

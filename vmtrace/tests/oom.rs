@@ -7,11 +7,9 @@ use common::*;
 
 #[test]
 fn memcg_oom_names_victim_trigger_cgroup_and_what_it_held() {
-    if !privileged("memcg_oom_names_victim_trigger_cgroup_and_what_it_held") {
-        return;
-    }
+    privileged!();
     let name = format!("vmtrace-oom-{}", std::process::id());
-    let cg = vmtrace::oom::ScratchCgroup::new(&name, 64 << 20)
+    let cg = vmtrace::demo::cgroup::ScratchCgroup::new(&name, 64 << 20)
         .expect("a memory cgroup (v1 or v2) is needed to test OOM kills without risking a global OOM");
     let argv = cg.run_inside(&[BIN, "workload", "touch", "--mib", "256", "--pace-ms", "5"]);
     let run = record(&[], &strs(&argv));
@@ -51,9 +49,7 @@ fn memcg_oom_names_victim_trigger_cgroup_and_what_it_held() {
 /// waits for the tp_btf hook, so the victim's cgroup is still the kernel's.
 #[test]
 fn victim_cgroup_is_the_kernels_when_another_tracer_came_first() {
-    if !privileged("victim_cgroup_is_the_kernels_when_another_tracer_came_first") {
-        return;
-    }
+    privileged!();
     let first_out = tempfile::tempdir().unwrap();
     let mut first = vmtrace()
         .args(["record", "-a", "--events", "faults,oom", "--duration", "60", "--out"])
@@ -64,7 +60,7 @@ fn victim_cgroup_is_the_kernels_when_another_tracer_came_first() {
         .unwrap();
     std::thread::sleep(std::time::Duration::from_secs(3));
     let name = format!("vmtrace-oom2-{}", std::process::id());
-    let cg = vmtrace::oom::ScratchCgroup::new(&name, 32 << 20).expect("a memory cgroup (v1 or v2)");
+    let cg = vmtrace::demo::cgroup::ScratchCgroup::new(&name, 32 << 20).expect("a memory cgroup (v1 or v2)");
     let argv = cg.run_inside(&[BIN, "workload", "touch", "--mib", "128", "--pace-ms", "5"]);
     let run = record(&["--events", "faults,oom"], &strs(&argv));
     // SAFETY: kill has no memory preconditions.
@@ -85,11 +81,9 @@ fn victim_cgroup_is_the_kernels_when_another_tracer_came_first() {
 /// without (this machine) derives it from the cgroup's counters.
 #[test]
 fn memcg_oom_constraint_without_fentry() {
-    if !privileged("memcg_oom_constraint_without_fentry") {
-        return;
-    }
+    privileged!();
     let name = format!("vmtrace-oomkp-{}", std::process::id());
-    let cg = vmtrace::oom::ScratchCgroup::new(&name, 32 << 20).expect("a memory cgroup (v1 or v2)");
+    let cg = vmtrace::demo::cgroup::ScratchCgroup::new(&name, 32 << 20).expect("a memory cgroup (v1 or v2)");
     let argv = cg.run_inside(&[BIN, "workload", "touch", "--mib", "128", "--pace-ms", "5"]);
     let run = record(&["--force-tracepoints", "--events", "faults,oom"], &strs(&argv));
     assert_eq!(run.code(), Some(137), "{}", run.stderr());
@@ -111,9 +105,7 @@ fn memcg_oom_constraint_without_fentry() {
 
 #[test]
 fn no_oom_in_the_target_is_an_empty_section() {
-    if !privileged("no_oom_in_the_target_is_an_empty_section") {
-        return;
-    }
+    privileged!();
     let run = record(&[], &["true"]);
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     // Present even when empty; OOMs are reported system-wide, so a kill elsewhere

@@ -14,9 +14,7 @@ use vmtrace::{
 
 #[test]
 fn software_counters_agree_with_getrusage_and_vmtrace() {
-    if !privileged("software_counters_agree_with_getrusage_and_vmtrace") {
-        return;
-    }
+    privileged!();
     let run = record(&[], &strs(&workload(&["fork", "--children", "2", "--mib", "32"])));
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let p = &run.summary["perf"];
@@ -38,9 +36,7 @@ fn software_counters_agree_with_getrusage_and_vmtrace() {
 
 #[test]
 fn hardware_counters_are_read_or_cleanly_unsupported() {
-    if !privileged("hardware_counters_are_read_or_cleanly_unsupported") {
-        return;
-    }
+    privileged!();
     let run = record(&[], &strs(&workload(&["touch", "--mib", "16"])));
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let p = &run.summary["perf"];
@@ -60,9 +56,7 @@ fn hardware_counters_are_read_or_cleanly_unsupported() {
 
 #[test]
 fn perf_family_can_be_left_out() {
-    if !privileged("perf_family_can_be_left_out") {
-        return;
-    }
+    privileged!();
     let run = record(&["--events", "faults"], &["true"]);
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     assert!(run.summary.get("perf").is_none(), "absent when not traced");
@@ -75,9 +69,7 @@ fn perf_family_can_be_left_out() {
 /// software page-fault events, which carry the fault address.
 #[test]
 fn data_address_samples_land_in_the_faulting_region() {
-    if !privileged("data_address_samples_land_in_the_faulting_region") {
-        return;
-    }
+    privileged!();
     let mut child = GatedChild::spawn(&workload(&["touch", "--mib", "32"])).unwrap();
     let mut sampler = DataSampler::open(&Scope::Tasks(vec![child.pid]), &Software::PAGE_FAULTS, 1, false).unwrap();
     child.release().unwrap();

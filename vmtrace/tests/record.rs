@@ -5,9 +5,7 @@ use common::*;
 
 #[test]
 fn first_touch_total_equals_getrusage() {
-    if !privileged("first_touch_total_equals_getrusage") {
-        return;
-    }
+    privileged!();
     let run = record(&["--latency-sample", "1"], &strs(&workload(&["touch", "--mib", "64"])));
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let r = run.report("first-touch");
@@ -33,9 +31,7 @@ fn first_touch_total_equals_getrusage() {
 
 #[test]
 fn sampled_latency_still_counts_every_fault() {
-    if !privileged("sampled_latency_still_counts_every_fault") {
-        return;
-    }
+    privileged!();
     let run = record(&["--latency-sample", "16"], &strs(&workload(&["touch", "--mib", "64"])));
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let r = run.report("first-touch");
@@ -59,9 +55,7 @@ fn sampled_latency_still_counts_every_fault() {
 
 #[test]
 fn threads_count_under_their_process() {
-    if !privileged("threads_count_under_their_process") {
-        return;
-    }
+    privileged!();
     let run = record(&[], &strs(&workload(&["touch", "--mib", "64", "--threads", "2"])));
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let r = run.report("first-touch");
@@ -71,9 +65,7 @@ fn threads_count_under_their_process() {
 
 #[test]
 fn forked_children_are_followed_with_their_exit_codes() {
-    if !privileged("forked_children_are_followed_with_their_exit_codes") {
-        return;
-    }
+    privileged!();
     let run = record(&[], &strs(&workload(&["fork", "--children", "2", "--mib", "32", "--exit", "3"])));
     assert_eq!(run.code(), Some(3), "the command's exit status passes through: {}", run.stderr());
     let parent = run.report("parent");
@@ -104,9 +96,7 @@ fn forked_children_are_followed_with_their_exit_codes() {
 
 #[test]
 fn cold_file_majors_are_an_order_of_magnitude_slower_than_minors() {
-    if !privileged("cold_file_majors_are_an_order_of_magnitude_slower_than_minors") {
-        return;
-    }
+    privileged!();
     let dir = disk_dir();
     let file = dir.path().join("cold.bin");
     let made = vmtrace().args(["workload", "make-file"]).arg(&file).args(["--mib", "64"]).status().unwrap();
@@ -128,9 +118,7 @@ fn cold_file_majors_are_an_order_of_magnitude_slower_than_minors() {
 
 #[test]
 fn read_into_a_fresh_buffer_counts_its_kernel_mode_faults() {
-    if !privileged("read_into_a_fresh_buffer_counts_its_kernel_mode_faults") {
-        return;
-    }
+    privileged!();
     let dir = disk_dir();
     let file = dir.path().join("read.bin");
     assert!(vmtrace().args(["workload", "make-file"]).arg(&file).args(["--mib", "32"]).status().unwrap().success());
@@ -146,9 +134,7 @@ fn read_into_a_fresh_buffer_counts_its_kernel_mode_faults() {
 
 #[test]
 fn classic_tracepoint_fallback_counts_the_same() {
-    if !privileged("classic_tracepoint_fallback_counts_the_same") {
-        return;
-    }
+    privileged!();
     let run = record(&["--force-tracepoints"], &strs(&workload(&["fork", "--children", "1", "--mib", "32"])));
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let probes = run.summary["probes"].as_array().unwrap();

@@ -24,9 +24,7 @@ fn file<'a>(run: &'a Run, path: &str) -> &'a Value {
 
 #[test]
 fn anonymous_region_counts_every_page() {
-    if !privileged("anonymous_region_counts_every_page") {
-        return;
-    }
+    privileged!();
     let run = record(&[], &strs(&workload(&["touch", "--mib", "64"])));
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let pid = run.report("first-touch").pid;
@@ -43,9 +41,7 @@ fn anonymous_region_counts_every_page() {
 
 #[test]
 fn transparent_huge_pages_take_few_faults_each_one_huge() {
-    if !privileged("transparent_huge_pages_take_few_faults_each_one_huge") {
-        return;
-    }
+    privileged!();
     let small = record(&[], &strs(&workload(&["touch", "--mib", "64"])));
     let huge = record(&[], &strs(&workload(&["touch", "--mib", "64", "--huge"])));
     assert_eq!(huge.code(), Some(0), "{}", huge.stderr());
@@ -74,9 +70,7 @@ fn transparent_huge_pages_take_few_faults_each_one_huge() {
 
 #[test]
 fn cold_random_file_reads_are_majors_warm_ones_are_not_and_readahead_shows() {
-    if !privileged("cold_random_file_reads_are_majors_warm_ones_are_not_and_readahead_shows") {
-        return;
-    }
+    privileged!();
     let dir = disk_dir();
     let path = dir.path().join("data.bin");
     assert!(vmtrace().args(["workload", "make-file"]).arg(&path).args(["--mib", "64"]).status().unwrap().success());
@@ -97,9 +91,7 @@ fn cold_random_file_reads_are_majors_warm_ones_are_not_and_readahead_shows() {
 
 #[test]
 fn python_workers_copy_on_write_a_list_but_not_a_bytes_object() {
-    if !privileged("python_workers_copy_on_write_a_list_but_not_a_bytes_object") {
-        return;
-    }
+    privileged!();
     let script = r#"
 import os, sys
 data = list(range(2_000_000)) if sys.argv[1] == "list" else bytes(64 << 20)
@@ -156,9 +148,7 @@ for p in pids:
 
 #[test]
 fn unmapped_mapping_and_short_lived_child_keep_their_faults() {
-    if !privileged("unmapped_mapping_and_short_lived_child_keep_their_faults") {
-        return;
-    }
+    privileged!();
     let run = record(&[], &strs(&workload(&["touch", "--mib", "16", "--unmap"])));
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let pid = run.report("first-touch").pid;
@@ -183,9 +173,7 @@ fn unmapped_mapping_and_short_lived_child_keep_their_faults() {
 
 #[test]
 fn safetensors_faults_land_on_their_tensors() {
-    if !privileged("safetensors_faults_land_on_their_tensors") {
-        return;
-    }
+    privileged!();
     let dir = disk_dir();
     let path = dir.path().join("model.safetensors");
     assert!(vmtrace()

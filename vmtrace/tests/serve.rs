@@ -34,9 +34,7 @@ fn total(body: &str, metric: &str, with: &str) -> f64 {
 
 #[test]
 fn serve_exposes_rising_fault_counters_with_bounded_labels() {
-    if !privileged("serve_exposes_rising_fault_counters_with_bounded_labels") {
-        return;
-    }
+    privileged!();
     let mut vm = vmtrace()
         .args(["serve", "--listen", "127.0.0.1:0", "-a", "--top", "3"])
         .stdout(Stdio::null())

@@ -125,9 +125,7 @@ fn share_where(folded: &str, pred: impl Fn(&str) -> bool) -> f64 {
 
 #[test]
 fn faults_flamegraph_names_the_faulting_function() {
-    if !privileged("faults_flamegraph_names_the_faulting_function") {
-        return;
-    }
+    privileged!();
     let (_dir, bin) = faulter();
     let run = record(&["--stacks", "user", "--stack-sample", "1", "--latency-sample", "1"], &[bin.to_str().unwrap()]);
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
@@ -161,9 +159,7 @@ fn faults_flamegraph_names_the_faulting_function() {
 /// data read as callers.
 #[test]
 fn a_frame_chain_through_data_is_cut() {
-    if !privileged("a_frame_chain_through_data_is_cut") {
-        return;
-    }
+    privileged!();
     let (_dir, bin) = faulter();
     let (run, folded) = every_stack(&bin, "nofp");
     let cut = share_where(&folded, |l| l.contains("[frame chain broken];fault_with_rbp_on_data "));
@@ -181,9 +177,7 @@ fn a_frame_chain_through_data_is_cut() {
 /// the fallback, taken with `--force-tracepoints`) give the same chain.
 #[test]
 fn own_user_stack_walk_matches_the_kernels() {
-    if !privileged("own_user_stack_walk_matches_the_kernels") {
-        return;
-    }
+    privileged!();
     let (_dir, bin) = faulter();
     let walker = |run: &Run| {
         let p = run.summary["probes"].as_array().unwrap().iter().find(|p| p["what"] == "user stacks").cloned();
@@ -216,9 +210,7 @@ fn own_user_stack_walk_matches_the_kernels() {
 /// frame's page instead of losing every frame but the faulting one.
 #[test]
 fn frames_at_the_top_of_a_stack_are_walked() {
-    if !privileged("frames_at_the_top_of_a_stack_are_walked") {
-        return;
-    }
+    privileged!();
     let (_dir, bin) = faulter();
     let (_run, folded) = every_stack(&bin, "attop");
     // touch_fresh_mapping may be inlined.
@@ -230,9 +222,7 @@ fn frames_at_the_top_of_a_stack_are_walked() {
 /// the programs' 64-bit one.
 #[test]
 fn thirty_two_bit_task_gets_the_kernels_walk() {
-    if !privileged("thirty_two_bit_task_gets_the_kernels_walk") {
-        return;
-    }
+    privileged!();
     let dir = disk_dir();
     let (src, bin) = (dir.path().join("f32.c"), dir.path().join("f32"));
     std::fs::write(&src, FAULTER32_C).unwrap();
@@ -263,9 +253,7 @@ fn thirty_two_bit_task_gets_the_kernels_walk() {
 
 #[test]
 fn sampled_stacks_are_scaled_to_the_total() {
-    if !privileged("sampled_stacks_are_scaled_to_the_total") {
-        return;
-    }
+    privileged!();
     let (_dir, bin) = faulter();
     let run = record(&["--stack-sample", "8"], &[bin.to_str().unwrap()]);
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
@@ -282,9 +270,7 @@ fn sampled_stacks_are_scaled_to_the_total() {
 
 #[test]
 fn short_lived_child_is_symbolized_after_it_exited() {
-    if !privileged("short_lived_child_is_symbolized_after_it_exited") {
-        return;
-    }
+    privileged!();
     let (_dir, bin) = faulter();
     let run = record(&[], &[bin.to_str().unwrap(), "child"]);
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
@@ -297,9 +283,7 @@ fn short_lived_child_is_symbolized_after_it_exited() {
 
 #[test]
 fn leaf_region_shows_the_faulting_mapping() {
-    if !privileged("leaf_region_shows_the_faulting_mapping") {
-        return;
-    }
+    privileged!();
     let (_dir, bin) = faulter();
     let run = record(&["--leaf", "region", "--stack-sample", "4"], &[bin.to_str().unwrap()]);
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
@@ -310,9 +294,7 @@ fn leaf_region_shows_the_faulting_mapping() {
 
 #[test]
 fn no_stacks_means_no_flamegraphs() {
-    if !privileged("no_stacks_means_no_flamegraphs") {
-        return;
-    }
+    privileged!();
     let run = record(&["--stacks", "none"], &["true"]);
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     assert!(run.summary.get("stacks").is_none());

@@ -12,9 +12,7 @@ use common::*;
 
 #[test]
 fn attach_to_running_pid_sees_its_exec_and_exit() {
-    if !privileged("attach_to_running_pid_sees_its_exec_and_exit") {
-        return;
-    }
+    privileged!();
     // A shell that waits until vmtrace traces it, then becomes the workload
     // (same pid, new program). A fixed wait raced with vmtrace's start-up.
     let gate = tempfile::tempdir().unwrap();
@@ -39,7 +37,7 @@ fn attach_to_running_pid_sees_its_exec_and_exit() {
     let child_out = child.wait_with_output().unwrap();
     let vm = vm.wait();
     let mut run = finish(out, vm);
-    run.reports = vmtrace::demo::parse_reports(&String::from_utf8_lossy(&child_out.stdout));
+    run.reports = vmtrace::demo::workload::parse_reports(&String::from_utf8_lossy(&child_out.stdout));
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let r = run.report("first-touch");
     assert_eq!(r.pid, pid);
@@ -51,9 +49,7 @@ fn attach_to_running_pid_sees_its_exec_and_exit() {
 
 #[test]
 fn system_wide_sees_an_unrelated_process() {
-    if !privileged("system_wide_sees_an_unrelated_process") {
-        return;
-    }
+    privileged!();
     let out = tempfile::tempdir().unwrap();
     let vm = spawn_traced(&[
         OsStr::new("record"),
@@ -67,16 +63,14 @@ fn system_wide_sees_an_unrelated_process() {
     let vm = vm.wait();
     let run = finish(out, vm);
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
-    let r = &vmtrace::demo::parse_reports(&String::from_utf8_lossy(&w.stdout))[0];
+    let r = &vmtrace::demo::workload::parse_reports(&String::from_utf8_lossy(&w.stdout))[0];
     assert_eq!(run.summary["target"]["kind"], "system");
     assert_close("faults of a process started after -a", u(&run.process(r.pid)["faults"]["total"]), r.minflt, 1.0);
 }
 
 #[test]
 fn sigint_stops_and_still_writes_every_output() {
-    if !privileged("sigint_stops_and_still_writes_every_output") {
-        return;
-    }
+    privileged!();
     let out = tempfile::tempdir().unwrap();
     // Signalled once it traces: a fixed wait raced with start-up on a busy
     // machine, and a SIGINT before the handler is installed kills vmtrace.
@@ -102,9 +96,7 @@ fn sigint_stops_and_still_writes_every_output() {
 
 #[test]
 fn duration_stops_a_pid_trace() {
-    if !privileged("duration_stops_a_pid_trace") {
-        return;
-    }
+    privileged!();
     let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
     let out = tempfile::tempdir().unwrap();
     let vm = vmtrace()
@@ -146,9 +138,7 @@ fn bad_input_gets_a_clear_error() {
 
 #[test]
 fn unprivileged_user_is_told_what_to_do() {
-    if !privileged("unprivileged_user_is_told_what_to_do") {
-        return;
-    }
+    privileged!();
     // nobody must reach the binary and the output directory wherever the
     // checkout and TMPDIR live (root's home is 0700 on most systems).
     let shared = world_reachable_dir();
@@ -169,9 +159,7 @@ fn unprivileged_user_is_told_what_to_do() {
 
 #[test]
 fn stream_json_prints_one_object_per_interval_with_rates() {
-    if !privileged("stream_json_prints_one_object_per_interval_with_rates") {
-        return;
-    }
+    privileged!();
     // 128 MiB at 1 MiB per 15 ms: about 2 s of 16k faults/s.
     let run = record(
         &["--stream", "json", "--interval", "0.5"],

@@ -32,9 +32,7 @@ fn churn(args: &[&str]) -> Run {
 
 #[test]
 fn two_thread_munmap_churn_is_one_storm_blamed_on_its_call_site() {
-    if !privileged("two_thread_munmap_churn_is_one_storm_blamed_on_its_call_site") {
-        return;
-    }
+    privileged!();
     let run = churn(&["--threads", "2"]);
     let pid = run.report("churn").pid;
     let p = run.process(pid);
@@ -67,9 +65,7 @@ fn two_thread_munmap_churn_is_one_storm_blamed_on_its_call_site() {
 
 #[test]
 fn single_thread_churn_sends_no_shootdowns() {
-    if !privileged("single_thread_churn_sends_no_shootdowns") {
-        return;
-    }
+    privileged!();
     let run = churn(&["--threads", "1"]);
     let p = run.process(run.report("churn").pid);
     assert!(u(&p["mmap"]["munmap"]) >= n());
@@ -85,9 +81,7 @@ fn single_thread_churn_sends_no_shootdowns() {
 
 #[test]
 fn madvise_churn_is_blamed_on_madvise_not_munmap() {
-    if !privileged("madvise_churn_is_blamed_on_madvise_not_munmap") {
-        return;
-    }
+    privileged!();
     let run = churn(&["--threads", "2", "--madvise"]);
     let p = run.process(run.report("churn").pid);
     let t = &p["tlb"];

@@ -109,9 +109,7 @@ impl Drop for Workload {
 
 #[test]
 fn top_shows_a_running_workloads_pid_and_fault_rate_and_answers_keys() {
-    if !privileged("top_shows_a_running_workloads_pid_and_fault_rate_and_answers_keys") {
-        return;
-    }
+    privileged!();
     // ~1 MiB every 4 ms: a steady ~60k faults/s for a minute.
     let w = Workload(
         Command::new(BIN)
@@ -157,9 +155,7 @@ fn top_shows_a_running_workloads_pid_and_fault_rate_and_answers_keys() {
 
 #[test]
 fn top_runs_a_command_and_says_when_it_ended() {
-    if !privileged("top_runs_a_command_and_says_when_it_ended") {
-        return;
-    }
+    privileged!();
     let tmux = Tmux::start("cmd", &["top", "--", BIN, "workload", "touch", "--mib", "64"]);
     let screen =
         tmux.wait_for("the end banner", Duration::from_secs(20), |s| s.contains("command exited with status 0"));

@@ -69,7 +69,7 @@ mod tests {
     fn reads_a_file_written_by_the_workload() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("m.safetensors");
-        crate::workload::make_safetensors(&p, 8).unwrap();
+        crate::demo::workload::make_safetensors(&p, 8).unwrap();
         let t = tensors(&p).unwrap();
         assert_eq!(t.len(), 8);
         assert_eq!(t.last().unwrap().name, "lm_head.weight");

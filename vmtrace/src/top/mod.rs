@@ -20,12 +20,38 @@ use view::{Pane, ViewState};
 
 use crate::{
     collect::{install_stop_handlers, live::LiveScope, stop_signal, Session, SessionOptions},
-    loader::{Families, LoadOptions, Probes},
+    loader::{Families, LoadError, LoadOptions, Probes},
     model::{OomRecord, RegionKind, RegionSummary},
     record::{check_target, preflight, start_target, PerfProbe, RecordError},
     stacks::{symbolize::Names, StackMode},
     target::{pid_alive, wait_exit, GatedChild, Target},
 };
+
+#[derive(Debug, thiserror::Error)]
+pub enum TopError {
+    #[error(
+        "vmtrace top draws a full-screen view and needs a terminal, but stdout is not one\nhint: to pipe live data, use `vmtrace record --stream json`"
+    )]
+    NotATerminal,
+    /// The target, preflight and starting it, shared with `record`.
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// The cause is in the message, not a `#[source]`: the hint stays the
+    /// last line (the binary prints the source chain after the message).
+    #[error(
+        "cannot create {} for the command's output: {err}\nhint: choose a writable file with --command-output FILE",
+        .path.display()
+    )]
+    CommandOutput { path: std::path::PathBuf, err: std::io::Error },
+    #[error("cannot set up the terminal")]
+    TerminalSetup(#[source] std::io::Error),
+    #[error("cannot start the event loop")]
+    EventLoop(#[source] std::io::Error),
+    #[error("terminal")]
+    Terminal(#[source] std::io::Error),
+}
 
 pub struct TopOptions {
     pub target: Target,
@@ -252,12 +278,10 @@ fn describe(target: &Target) -> String {
     }
 }
 
-pub fn run(opts: &TopOptions) -> Result<i32, RecordError> {
+pub fn run(opts: &TopOptions) -> Result<i32, TopError> {
     check_target(&opts.target)?;
     if !std::io::stdout().is_terminal() {
-        return Err(RecordError::Preflight(
-            "vmtrace top draws a full-screen view and needs a terminal, but stdout is not one\nhint: to pipe live data, use `vmtrace record --stream json`".into(),
-        ));
+        return Err(TopError::NotATerminal);
     }
     preflight()?;
     let families = Families { oom: true, mmap: true, tlb: true, regions: true };
@@ -280,25 +304,17 @@ pub fn run(opts: &TopOptions) -> Result<i32, RecordError> {
                 .command_output
                 .clone()
                 .unwrap_or_else(|| std::env::temp_dir().join(format!("vmtrace-top-{}.log", std::process::id())));
-            let file = std::fs::File::create(&path).map_err(|err| {
-                RecordError::Preflight(format!(
-                    "cannot create {} for the command's output: {err}\nhint: choose a writable file with --command-output FILE",
-                    path.display()
-                ))
-            })?;
+            let file =
+                std::fs::File::create(&path).map_err(|err| TopError::CommandOutput { path: path.clone(), err })?;
             Some((path, file))
         }
         _ => None,
     };
     let (_info, child, perf) = start_target(&mut session, &opts.target, true, log.as_ref().map(|(_, f)| f))?;
     session.start_clock();
-    let mut terminal =
-        ratatui::try_init().map_err(|e| RecordError::Preflight(format!("cannot set up the terminal: {e}")))?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .enable_io()
-        .build()
-        .map_err(|e| RecordError::Preflight(format!("cannot start the event loop: {e}")))?;
+    let mut terminal = ratatui::try_init().map_err(TopError::TerminalSetup)?;
+    let rt =
+        tokio::runtime::Builder::new_current_thread().enable_time().enable_io().build().map_err(TopError::EventLoop)?;
     let mut app = App {
         session,
         model: Model::new(),
@@ -313,7 +329,7 @@ pub fn run(opts: &TopOptions) -> Result<i32, RecordError> {
     };
     let r = rt.block_on(app.run(&mut terminal, opts.interval));
     ratatui::restore();
-    r.map_err(|e| RecordError::Preflight(format!("terminal: {e}")))?;
+    r.map_err(TopError::Terminal)?;
     app.session.source_mut().stop_counting();
     if let Some(p) = &app.log {
         eprintln!("vmtrace: the command's output is in {}", p.display());

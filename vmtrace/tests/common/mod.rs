@@ -11,7 +11,7 @@ use std::{
 };
 
 use serde_json::Value;
-use vmtrace::workload::Report;
+use vmtrace::demo::workload::Report;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_vmtrace");
 
@@ -25,7 +25,7 @@ pub fn scale() -> u64 {
 
 /// True when privileged tests should run. A skip needs the explicit opt-out
 /// variable and says so; otherwise a non-root run fails loudly.
-pub fn privileged(test: &str) -> bool {
+pub fn may_run_privileged(test: &str) -> bool {
     if std::env::var("VMTRACE_SKIP_PRIVILEGED").as_deref() == Ok("1") {
         eprintln!("SKIPPED {test}: VMTRACE_SKIP_PRIVILEGED=1 (this test loads BPF programs)");
         return false;
@@ -38,6 +38,22 @@ pub fn privileged(test: &str) -> bool {
     );
     true
 }
+
+/// `privileged!();` first in a privileged test: returns from it when
+/// [`may_run_privileged`] says to skip, naming the test after the function it is
+/// written in (a nested fn's type name is `crate::module::test::here`), so the
+/// name cannot drift from the test's.
+macro_rules! privileged {
+    () => {{
+        fn here() {}
+        let path = std::any::type_name_of_val(&here);
+        let test = path.strip_suffix("::here").and_then(|p| p.rsplit("::").next()).unwrap_or(path);
+        if !$crate::common::may_run_privileged(test) {
+            return;
+        }
+    }};
+}
+pub(crate) use privileged;
 
 pub struct Run {
     pub out: tempfile::TempDir,
@@ -127,7 +143,7 @@ pub fn record(args: &[&str], cmd: &[&str]) -> Run {
 
 pub fn finish(out: tempfile::TempDir, output: Output) -> Run {
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let reports = vmtrace::demo::parse_reports(&stdout);
+    let reports = vmtrace::demo::workload::parse_reports(&stdout);
     let path = out.path().join("summary.json");
     let summary =
         std::fs::read_to_string(&path).map_or(Value::Null, |s| serde_json::from_str(&s).expect("summary.json parses"));

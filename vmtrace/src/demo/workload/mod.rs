@@ -27,6 +27,12 @@ pub struct Report {
     pub huge_pages: u64,
 }
 
+/// Parses the JSON lines the built-in workloads print; other lines are the
+/// workload's own output and are skipped.
+pub fn parse_reports(text: &str) -> Vec<Report> {
+    text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+}
+
 fn rusage() -> (u64, u64) {
     rusage_of(libc::RUSAGE_SELF)
 }

@@ -1,6 +1,14 @@
 //! `vmtrace demo`: the classic virtual-memory experiments, each run for real
 //! under `record` into its own folder, then one comparison table and one
 //! `report.html`. Workloads are built into the binary (`vmtrace workload …`).
+//!
+//! Also home of what the demo, the tests and the bench share to make and
+//! measure known workloads: the workloads themselves ([`workload`], with the
+//! reports they print about themselves) and a scratch memory cgroup
+//! ([`cgroup`]). None of it is used by recording.
+pub mod cgroup;
+pub mod workload;
+
 use std::{
     fmt::Write as _,
     path::{Path, PathBuf},
@@ -10,13 +18,26 @@ use serde::Serialize;
 
 use crate::{
     cli::EventFamily,
-    oom::ScratchCgroup,
     record::{record, RecordError, RecordOptions},
     report::{html, summary::Summary, text::fmt_ns},
     stacks::StackMode,
     target::Target,
-    workload::{Report, REPORT_ENV},
 };
+
+use cgroup::ScratchCgroup;
+use workload::{parse_reports, REPORT_ENV};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    #[error("cannot find own executable")]
+    OwnExe(#[source] std::io::Error),
+    /// The workloads report their failures as text (`vmtrace workload` prints it).
+    #[error("{0}")]
+    Checkpoint(String),
+    /// Recording a scenario, and writing into the output directory.
+    #[error(transparent)]
+    Record(#[from] RecordError),
+}
 
 /// One row of the comparison table.
 #[derive(Clone, Debug, Serialize)]
@@ -194,13 +215,12 @@ fn run_one(group: &str, name: &str, what: &str, argv: Vec<String>, out: &Path) -
     Ok((row, s))
 }
 
-pub fn run(out: &Path) -> Result<i32, RecordError> {
-    let exe =
-        std::env::current_exe().map_err(|e| RecordError::Preflight(format!("cannot find own executable: {e}")))?;
+pub fn run(out: &Path) -> Result<i32, DemoError> {
+    let exe = std::env::current_exe().map_err(DemoError::OwnExe)?;
     crate::record::prepare_out_dir(out)?;
     println!("vmtrace demo: the classic virtual-memory experiments, each recorded into {}/<scenario>\n", out.display());
     let ckpt = out.join("model.safetensors");
-    crate::workload::make_safetensors(&ckpt, 64).map_err(RecordError::Preflight)?;
+    workload::make_safetensors(&ckpt, 64).map_err(DemoError::Checkpoint)?;
     let mut rows = Vec::new();
     let mut sections = Vec::new();
     for sc in scenarios(&exe, &ckpt.display().to_string()) {
@@ -327,9 +347,4 @@ fn demo_html(rows: &[Row], sections: &[(String, String, Summary)], out: &Path) -
         );
     }
     html::page("vmtrace demo: where does memory time go?", &b)
-}
-
-/// Parses the JSON lines the built-in workloads print.
-pub fn parse_reports(text: &str) -> Vec<Report> {
-    text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
 }
