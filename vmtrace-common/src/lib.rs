@@ -649,7 +649,9 @@ pub struct Config {
     /// walked by the programs themselves into `USER_STACKS` (needs
     /// `bpf_task_pt_regs`, 5.15+), `USER_WALK_FRAMES` or `USER_WALK_WINDOWS`.
     pub user_walk: u32,
-    pub _pad: u32,
+    /// `PGFAULT`'s value in the kernel's `enum vm_event_item`, plus one; 0 when
+    /// the fault end is not `memcg:count_memcg_events` (see the fault probes).
+    pub memcg_pgfault: u32,
 }
 const _: () = assert!(core::mem::size_of::<Config>() == 56);
 

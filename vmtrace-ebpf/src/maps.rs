@@ -38,7 +38,7 @@ static CONFIG: Config = Config {
     vm_fault_major: 0,
     fault_flag_tried: 0,
     user_walk: 0,
-    _pad: 0,
+    memcg_pgfault: 0,
 };
 
 /// Kernel struct offsets from BTF, set by the loader.

@@ -174,6 +174,16 @@ pub const FILEMAP_HOOK: Hook = Hook {
     name: "mm_filemap_add_to_page_cache",
 };
 
+/// The fault end on every fault where fexit is refused (6.14+): PGFAULT as
+/// `mm_account_fault()` counts it; see vmtrace-ebpf's fault probes.
+pub const MEMCG_END_HOOK: Hook = Hook {
+    what: "fault end (every fault)",
+    btf_prog: Some("tp_btf_count_memcg_events"),
+    tp_prog: "tp_memcg_count_memcg_events",
+    category: "memcg",
+    name: "count_memcg_events",
+};
+
 /// PMD-order allocations inside a fault: the fault is served by a huge page.
 pub const HUGE_HOOK: Hook = Hook {
     what: "huge-page faults",
@@ -317,7 +327,7 @@ pub struct Probes {
 
 impl Probes {
     pub fn load(opts: &LoadOptions) -> Result<Self, LoadError> {
-        let BtfFacts { offsets, fault_bits, tp_btf, user_walk } = btf_facts()?;
+        let BtfFacts { offsets, fault_bits, tp_btf, user_walk, pgfault } = btf_facts()?;
         let user_walk = user_walk_mode(user_walk && !opts.force_tracepoints);
         release_freed_memory();
         let btf = Btf::from_sys_fs().map_err(|e| kbtf::BtfError::Read(e.to_string()))?;
@@ -339,7 +349,7 @@ impl Probes {
             vm_fault_major: fault_bits.1,
             fault_flag_tried: fault_bits.2,
             user_walk,
-            _pad: 0,
+            memcg_pgfault: memcg_end_item(opts, pgfault, &tp_btf),
         };
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
@@ -768,6 +778,8 @@ struct BtfFacts {
     tp_btf: std::collections::HashSet<&'static str>,
     /// `bpf_task_pt_regs` exists: the programs walk user stacks themselves.
     user_walk: bool,
+    /// `PGFAULT` in `enum vm_event_item`.
+    pgfault: Option<u32>,
 }
 
 /// Reads the facts, then drops btf-rs's parse before aya parses its own copy:
@@ -790,11 +802,12 @@ fn btf_facts() -> Result<BtfFacts, LoadError> {
         vm_fault_bits(&kbtf, &["VM_FAULT_MAJOR"]),
         kbtf::enum_value(&kbtf, "fault_flag", "FAULT_FLAG_TRIED").unwrap_or(0),
     );
-    let hooks = HOOKS.iter().chain(OOM_HOOKS).chain([&FILEMAP_HOOK, &HUGE_HOOK]).chain(TLB_HOOKS);
+    let hooks = HOOKS.iter().chain(OOM_HOOKS).chain([&FILEMAP_HOOK, &HUGE_HOOK, &MEMCG_END_HOOK]).chain(TLB_HOOKS);
     let tp_btf = hooks.filter(|h| kbtf::has_btf_tracepoint(&kbtf, h.name)).map(|h| h.name).collect();
     // The programs walk user stacks themselves where bpf_task_pt_regs exists (5.15+).
     let user_walk = kbtf::enum_value(&kbtf, "bpf_func_id", "BPF_FUNC_task_pt_regs").is_some();
-    Ok(BtfFacts { offsets: kbtf::kernel_offsets(&kbtf)?, fault_bits, tp_btf, user_walk })
+    let pgfault = kbtf::enum_value(&kbtf, "vm_event_item", "PGFAULT");
+    Ok(BtfFacts { offsets: kbtf::kernel_offsets(&kbtf)?, fault_bits, tp_btf, user_walk, pgfault })
 }
 
 /// Hands memory freed after a large parse back to the system, so RSS shows
@@ -840,6 +853,19 @@ fn attach_fault_end(
             Err(e) => explain_attach(&e),
         }
     };
+    if config.memcg_pgfault != 0 {
+        match attach_hook(ebpf, btf, &std::iter::once(MEMCG_END_HOOK.name).collect(), &MEMCG_END_HOOK, force_fallback) {
+            Ok(mut memcg) => {
+                memcg.fallback_reason = Some(format!("fexit handle_mm_fault: {fexit_err}"));
+                let mut out = vec![memcg];
+                let (maj, end_programs) =
+                    if opts.end_on_tasks { load_perf_end(ebpf, 0)? } else { (attach_perf_end(ebpf, 0)?, None) };
+                out.extend(maj);
+                return Ok((out, 1, end_programs));
+            }
+            Err(e) => log::debug!("fault end: memcg:count_memcg_events unavailable ({e})"),
+        }
+    }
     log::debug!("fault end: fexit unavailable ({fexit_err}); using software perf events");
     let (mut out, end_programs) = if opts.end_on_tasks {
         load_perf_end(ebpf, config.minor_period)?
@@ -853,6 +879,30 @@ fn attach_fault_end(
         }
     }
     Ok((out, config.minor_period, end_programs))
+}
+
+/// `Config::memcg_pgfault`: PGFAULT + 1 where `memcg:count_memcg_events`
+/// can end every fault — 6.14+ (the tracepoint), minor faults timed at all,
+/// and the memory controller on (else `count_memcg_events()` returns before
+/// its tracepoint).
+fn memcg_end_item(opts: &LoadOptions, pgfault: Option<u32>, tp_btf: &std::collections::HashSet<&'static str>) -> u32 {
+    let Some(item) = pgfault else { return 0 };
+    let hook = tp_btf.contains(MEMCG_END_HOOK.name)
+        || crate::kernel::preflight::tracepoint_exists(MEMCG_END_HOOK.category, MEMCG_END_HOOK.name);
+    if opts.minor_period == 0 || !hook || !memory_controller_enabled() {
+        return 0;
+    }
+    item + 1
+}
+
+/// The memory controller's `enabled` column in /proc/cgroups (v1 and v2).
+fn memory_controller_enabled() -> bool {
+    std::fs::read_to_string("/proc/cgroups").is_ok_and(|t| {
+        t.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.first() == Some(&"memory") && f.get(3) == Some(&"1")
+        })
+    })
 }
 
 /// An attach error as a person needs to hear it.
@@ -882,7 +932,7 @@ fn lockdown() -> Option<String> {
 pub fn probe_selection() -> Result<Vec<Attached>, LoadError> {
     let probes = Probes::load(&LoadOptions {
         trace_all: false,
-        minor_period: 16,
+        minor_period: 1,
         force_tracepoints: false,
         families: Families { oom: true, mmap: true, tlb: true, regions: true },
         stacks: StackMode::User,
