@@ -126,10 +126,15 @@ pub struct InflightFault {
     /// Non-zero while this CPU walks a user stack (per-CPU slot only): faults
     /// the walk takes are nofault reads, not the program's faults.
     pub walking: u32,
-    /// Non-zero once this fault is counted as served by a huge page: a
-    /// readahead may add several PMD-order folios in one fault.
-    pub huge: u32,
+    /// `INFLIGHT_*` bits.
+    pub flags: u32,
 }
+/// `InflightFault::flags`: counted as served by a huge page (once: a readahead
+/// may add several PMD-order folios in one fault).
+pub const INFLIGHT_HUGE: u32 = 1;
+/// `InflightFault::flags`: its stack was taken because the fault turned out
+/// slow (slept, or a huge page), in the exact stratum (`STRATUM_EXACT`).
+pub const INFLIGHT_EXACT_STACK: u32 = 2;
 const _: () = assert!(core::mem::size_of::<InflightFault>() == 40);
 
 /// Key of the in-kernel stack aggregate (`FAULT_STACKS`).
@@ -140,12 +145,22 @@ pub struct StackKey {
     /// Id in `STACKS`, or negative when not collected / failed.
     pub user_stack: i32,
     pub kernel_stack: i32,
-    pub _pad: u32,
+    /// `STRATUM_SAMPLED` or `STRATUM_EXACT`: how this stack's faults were
+    /// chosen, so userspace weights each stratum by what it stands for.
+    pub stratum: u32,
     /// `address >> LEAF_GRANULE_SHIFT` with `--leaf region`, else 0: userspace
     /// turns it into the memory region as the flamegraph's leaf.
     pub granule: u64,
 }
 const _: () = assert!(core::mem::size_of::<StackKey>() == 24);
+
+/// `StackKey::stratum`: a stack taken at random at 1 in `stack_period` fault
+/// starts; it stands for the faults not in the exact stratum.
+pub const STRATUM_SAMPLED: u32 = 0;
+/// `StackKey::stratum`: a stack taken because its fault slept or was served
+/// by a huge page; every such fault has one, so it stands for itself. Slow
+/// faults carry most of the time and would be left to chance by sampling.
+pub const STRATUM_EXACT: u32 = 1;
 
 /// Address granule of `StackKey::granule`: 64 KiB.
 pub const LEAF_GRANULE_SHIFT: u32 = 16;

@@ -20,8 +20,9 @@ use aya_ebpf::{
     programs::{tracing::StackIdContext, BtfTracePointContext, FExitContext, PerfEventContext, TracePointContext},
 };
 use vmtrace_common::{
-    granule_bucket, hist_bucket, pf, DropKind, InflightFault, StackCounts, StackKey, GRANULE_PAGES, LEAF_GRANULE_SHIFT,
-    PMD_ORDER, STACK_KERNEL, STACK_USER,
+    granule_bucket, hist_bucket, pf, DropKind, InflightFault, StackCounts, StackKey, GRANULE_PAGES,
+    INFLIGHT_EXACT_STACK, INFLIGHT_HUGE, LEAF_GRANULE_SHIFT, PMD_ORDER, STACK_KERNEL, STACK_USER, STRATUM_EXACT,
+    STRATUM_SAMPLED,
 };
 
 use crate::maps::{
@@ -127,7 +128,7 @@ fn fault_start<C: StackIdContext>(ctx: &C, address: u64, error_code: u64, kernel
         let slot = unsafe { &mut *slot };
         slot.tid = tid;
         slot.page = address >> 12;
-        slot.huge = 0;
+        slot.flags = 0;
         (slot.user_stack, slot.kernel_stack) = sample_stack(ctx, tgid, address, slot);
         // SAFETY: no preconditions. Stamped last: the stack walk is not fault time.
         slot.start_ns = unsafe { bpf_ktime_get_ns() };
@@ -154,6 +155,13 @@ fn sample_stack<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, slot: &mut 
     } else {
         1
     };
+    take_stacks(ctx, tgid, address, STRATUM_SAMPLED)
+}
+
+/// The current stacks, counted as one fault of `stratum`.
+#[inline(always)]
+fn take_stacks<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, stratum: u32) -> (i32, i32) {
+    let cfg = config();
     let take = |flags: u64| -> i32 {
         match ctx.get_stackid(&STACKS, flags) {
             Ok(id) => id as i32,
@@ -173,7 +181,7 @@ fn sample_stack<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, slot: &mut 
         -1
     };
     let kernel = if cfg.stack_mode & STACK_KERNEL != 0 { take(0) } else { -1 };
-    let key = StackKey { tgid, user_stack: user, kernel_stack: kernel, _pad: 0, granule: granule(address) };
+    let key = StackKey { tgid, user_stack: user, kernel_stack: kernel, stratum, granule: granule(address) };
     if let Some(c) = stack_counts(&key) {
         c.faults += 1;
     }
@@ -398,11 +406,12 @@ fn fault_stack_counts(tgid: u32, f: &InflightFault) -> Option<&'static mut Stack
     if f.user_stack == -1 && f.kernel_stack == -1 {
         return None;
     }
+    let stratum = if f.flags & INFLIGHT_EXACT_STACK != 0 { STRATUM_EXACT } else { STRATUM_SAMPLED };
     let key = StackKey {
         tgid,
         user_stack: f.user_stack,
         kernel_stack: f.kernel_stack,
-        _pad: 0,
+        stratum,
         granule: granule(f.page << 12),
     };
     stack_counts(&key)
@@ -452,7 +461,7 @@ fn take_start(tid: u32, page: u64) -> Option<InflightFault> {
 #[btf_tracepoint(function = "mm_page_alloc")]
 pub fn tp_btf_mm_page_alloc(ctx: BtfTracePointContext) -> i32 {
     if ctx.arg::<u32>(1) >= PMD_ORDER {
-        huge_alloc();
+        huge_alloc(&ctx);
     }
     0
 }
@@ -465,7 +474,7 @@ pub fn tp_btf_mm_page_alloc(ctx: BtfTracePointContext) -> i32 {
 #[tracepoint(category = "kmem", name = "mm_page_alloc")]
 pub fn tp_kmem_mm_page_alloc(ctx: TracePointContext) -> u32 {
     if tp_field::<u32>(&ctx, 16) >= PMD_ORDER {
-        huge_alloc();
+        huge_alloc(&ctx);
     }
     0
 }
@@ -474,7 +483,7 @@ pub fn tp_kmem_mm_page_alloc(ctx: TracePointContext) -> u32 {
 /// thread: when it has a fault in flight, that fault is served by a huge page.
 /// Counted once per fault.
 #[inline(always)]
-pub fn huge_alloc() {
+pub fn huge_alloc<C: StackIdContext>(ctx: &C) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
     // Only a fault of this very thread on this CPU (the allocation cannot sleep
@@ -489,10 +498,11 @@ pub fn huge_alloc() {
     // SAFETY: this CPU's slot, or a live entry of this thread, which only this
     // thread's programs touch (it runs on one CPU at a time).
     let slot = unsafe { &mut *slot };
-    if slot.huge != 0 {
+    if slot.flags & INFLIGHT_HUGE != 0 {
         return;
     }
-    slot.huge = 1;
+    slot.flags |= INFLIGHT_HUGE;
+    exact_stack(ctx, tgid, slot);
     let page = slot.page;
     let Some(p) = FAULT_STATS.get_ptr_mut(&tgid) else { return };
     // SAFETY: this CPU's value of a live entry.
@@ -504,23 +514,35 @@ pub fn huge_alloc() {
     }
 }
 
+/// A fault that turned out slow gets a stack of the exact stratum, unless
+/// it was sampled at its start.
+#[inline(always)]
+fn exact_stack<C: StackIdContext>(ctx: &C, tgid: u32, slot: &mut InflightFault) {
+    if config().stack_mode == 0 || slot.user_stack != -1 || slot.kernel_stack != -1 {
+        return;
+    }
+    (slot.user_stack, slot.kernel_stack) = take_stacks(ctx, tgid, slot.page << 12, STRATUM_EXACT);
+    slot.flags |= INFLIGHT_EXACT_STACK;
+}
+
 // TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
 // Runs as `prev`, so the current tid is the one leaving the CPU.
 #[btf_tracepoint(function = "sched_switch")]
-pub fn tp_btf_sched_switch(_ctx: BtfTracePointContext) -> i32 {
-    park_inflight();
+pub fn tp_btf_sched_switch(ctx: BtfTracePointContext) -> i32 {
+    park_inflight(&ctx);
     0
 }
 
 #[tracepoint(category = "sched", name = "sched_switch")]
-pub fn tp_sched_sched_switch(_ctx: TracePointContext) -> u32 {
-    park_inflight();
+pub fn tp_sched_sched_switch(ctx: TracePointContext) -> u32 {
+    park_inflight(&ctx);
     0
 }
 
 #[inline(always)]
-fn park_inflight() {
-    let tid = bpf_get_current_pid_tgid() as u32;
+fn park_inflight<C: StackIdContext>(ctx: &C) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
     mm_park(tid);
     let Some(slot) = FAULT_SLOT.get_ptr_mut(0) else {
         return;
@@ -530,6 +552,8 @@ fn park_inflight() {
     if slot.tid == 0 || slot.tid != tid {
         return;
     }
+    // A fault that sleeps is a slow one (I/O, a lock, reclaim).
+    exact_stack(ctx, (pid_tgid >> 32) as u32, slot);
     let parked: InflightFault = *slot;
     slot.tid = 0;
     // LRU map: insertion cannot fail for lack of room.
