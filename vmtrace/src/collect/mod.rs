@@ -290,6 +290,8 @@ impl Session {
                     user,
                     kernel: kernel.iter().rev().map(|&a| names.kernel(a)).collect(),
                     counts,
+                    stratum: k.stratum,
+                    estimate: stacks::weight::Estimate::default(),
                     user_missing: k.user_stack == -2,
                     user_cut,
                     leaf: (k.granule != 0).then(|| {
@@ -666,7 +668,7 @@ impl Session {
         // The last, partial interval.
         self.last_tick -= TICK;
         self.tick();
-        let stacks = if self.stacks.is_some() { self.build_stacks() } else { Vec::new() };
+        let mut stacks = if self.stacks.is_some() { self.build_stacks() } else { Vec::new() };
         let mm_sites = if self.families.mmap { self.build_mm_sites() } else { Vec::new() };
         let storms = self.families.tlb.then(|| self.finish_storms());
         let attributed = self.families.regions.then(|| self.build_regions());
@@ -692,10 +694,22 @@ impl Session {
                 r.victim_reclaim_ns = Some(s.reclaim_ns);
             }
         }
+        let by_pid = processes
+            .iter()
+            .map(|p| {
+                let t =
+                    stacks::weight::Totals { faults: p.faults.total, time_ns: p.faults.time_ns, major: p.faults.major };
+                (p.pid, t)
+            })
+            .collect();
+        let (exact_faults, _) = stacks::weight::strata(&stacks);
+        let sampled_faults = stacks.iter().map(|s| s.counts.faults).sum();
+        stacks::weight::weigh(&mut stacks, &by_pid);
         let stacks_summary = self.stacks.map(|(mode, period)| StacksSummary {
             mode: format!("{mode:?}").to_lowercase(),
             sample_period: period,
-            sampled_faults: stacks.iter().map(|s| s.counts.faults).sum(),
+            sampled_faults,
+            exact_faults,
             distinct_stacks: stacks.len() as u64,
             lost: drops_raw.get(DropKind::StackLost as usize).copied().unwrap_or(0)
                 + drops_raw.get(DropKind::StackCountsFull as usize).copied().unwrap_or(0),

@@ -3,6 +3,7 @@
 //! and flamegraphs (`faults`, `fault-time`, `major-faults`).
 pub mod flamegraph;
 pub mod symbolize;
+pub mod weight;
 
 use serde::{Deserialize, Serialize};
 use vmtrace_common::{StackCounts, StackKey};
@@ -29,7 +30,7 @@ impl StackMode {
 }
 
 /// One aggregated stack, symbolized: frames outermost first.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Stack {
     pub pid: u32,
     pub comm: String,
@@ -43,6 +44,10 @@ pub struct Stack {
     pub user_cut: bool,
     /// The faulting memory region, with `--leaf region`.
     pub leaf: Option<String>,
+    /// `vmtrace_common::STRATUM_*`: how its faults were chosen.
+    pub stratum: u32,
+    /// What it stands for in its process (`weight::weigh`).
+    pub estimate: weight::Estimate,
 }
 
 /// The leaf frame naming the region that holds `addr`: in the last map read
@@ -66,8 +71,12 @@ pub struct StacksSummary {
     pub mode: String,
     /// One fault in N had its stack taken; folded weights are scaled by N.
     pub sample_period: u32,
-    /// Faults whose stack was taken.
+    /// Faults whose stack was taken (at random, or because they were slow).
     pub sampled_faults: u64,
+    /// Of those: slow faults (slept, or a huge page), every one of which has
+    /// its stack; the rest stand for the faults of no stack.
+    #[serde(default)]
+    pub exact_faults: u64,
     pub distinct_stacks: u64,
     /// Stacks lost because the stack map was full (their faults still count).
     pub lost: u64,
