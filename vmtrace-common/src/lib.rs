@@ -154,6 +154,15 @@ pub struct StackKey {
 }
 const _: () = assert!(core::mem::size_of::<StackKey>() == 24);
 
+/// `CONTROL[0]` before the window: processes added to the traced set are
+/// counted, `-a` counts nothing yet.
+pub const CONTROL_READY: u32 = 0;
+/// `CONTROL[0]` inside the window: `-a` counts every process.
+pub const CONTROL_RUNNING: u32 = 1;
+/// `CONTROL[0]` after it: nothing is counted, so the aggregates and the
+/// kernel's own counters, read after, cover the same moment.
+pub const CONTROL_STOPPED: u32 = 2;
+
 /// `StackKey::stratum`: a stack taken at random at 1 in `stack_period` fault
 /// starts; it stands for the faults not in the exact stratum.
 pub const STRATUM_SAMPLED: u32 = 0;
@@ -233,6 +242,9 @@ pub struct GranuleCounts {
     /// Measured latency of `timed` of them (minor latency may be sampled).
     pub time_ns: u64,
     pub timed: u64,
+    /// Of `time_ns`: the majors' (every major is timed), so minor time alone
+    /// is scaled when it is sampled.
+    pub major_time_ns: u64,
     /// Bit i: page i of the granule faulted at least once.
     pub touched: u64,
     pub exec: u64,
@@ -243,7 +255,7 @@ pub struct GranuleCounts {
     /// i is exactly bucket 2i of the fine histogram.
     pub hist: [u32; GRANULE_HIST],
 }
-const _: () = assert!(core::mem::size_of::<GranuleCounts>() == 72 + 4 * GRANULE_HIST);
+const _: () = assert!(core::mem::size_of::<GranuleCounts>() == 80 + 4 * GRANULE_HIST);
 
 /// The granule this CPU is counting into (`GRANULE_CUR`, per CPU): faults
 /// cluster, so counts gather here and reach `REGION_STATS` when the granule
@@ -264,6 +276,7 @@ impl Merge for GranuleCounts {
         self.cow += o.cow;
         self.time_ns += o.time_ns;
         self.timed += o.timed;
+        self.major_time_ns += o.major_time_ns;
         self.touched |= o.touched;
         self.exec += o.exec;
         self.huge += o.huge;

@@ -508,8 +508,16 @@ impl Probes {
 
     /// Stops all counting at once (every hook checks `CONTROL`): then the
     /// aggregates and the kernel's own counters cover the same moment.
+    /// Opens the window for `-a` (see `CONTROL_*`): call it once the kernel's
+    /// own counters are open, so both count the same faults.
+    pub fn start_counting(&mut self) {
+        if let Err(e) = self.control.set(0, vmtrace_common::CONTROL_RUNNING, 0) {
+            log::warn!("cannot start the kernel programs: {e}");
+        }
+    }
+
     pub fn stop_counting(&mut self) {
-        if let Err(e) = self.control.set(0, 1, 0) {
+        if let Err(e) = self.control.set(0, vmtrace_common::CONTROL_STOPPED, 0) {
             log::warn!("cannot stop the kernel programs: {e}");
         }
     }

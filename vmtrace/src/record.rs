@@ -279,6 +279,7 @@ pub(crate) fn start_target(
         }
         Target::System => {
             let counters = perf_for(Scope::system())?;
+            session.probes.start_counting();
             (TargetInfo { kind: "system".into(), command: None, pid: None, exit_status: None }, None, counters)
         }
     })

@@ -154,7 +154,7 @@ pub fn serve(opts: &ServeOptions) -> Result<i32, RecordError> {
     let families = Families { oom: true, mmap: true, tlb: true, regions: false };
     let probes = Probes::load(&LoadOptions {
         trace_all: matches!(opts.target, Target::System),
-        minor_period: 16,
+        minor_period: 1,
         force_tracepoints: false,
         families,
         stacks: StackMode::None,
@@ -167,6 +167,7 @@ pub fn serve(opts: &ServeOptions) -> Result<i32, RecordError> {
         session.probes.trace_pid(pid).map_err(|e| RecordError::Trace(pid, e))?;
         session.table.ensure(pid);
     }
+    session.probes.start_counting();
     let listener = TcpListener::bind(opts.listen)
         .map_err(|err| RecordError::Preflight(format!("cannot listen on {}: {err}", opts.listen)))?;
     let addr = listener.local_addr().map_err(|err| RecordError::Preflight(err.to_string()))?;

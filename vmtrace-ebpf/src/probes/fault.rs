@@ -304,6 +304,7 @@ fn major_after_memcg_end() -> bool {
     if config().regions != 0 {
         if let Some(g) = granule_counts(tgid, fault.page << 12) {
             g.major += 1;
+            g.major_time_ns += ns;
         }
     }
     if let Some(c) = fault_stack_counts(tgid, &fault) {
@@ -387,6 +388,9 @@ fn account_end(tgid: u32, start: &InflightFault, ns: u64, major: bool) {
         if let Some(g) = granule_counts(tgid, start.page << 12) {
             g.major += u64::from(major);
             g.time_ns += ns;
+            if major {
+                g.major_time_ns += ns;
+            }
             g.timed += 1;
             if let Some(h) = g.hist.get_mut(granule_bucket(ns)) {
                 *h += 1;

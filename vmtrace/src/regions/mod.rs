@@ -13,7 +13,7 @@ use vmtrace_common::{GranuleCounts, GranuleKey, GRANULE_HIST, GRANULE_PAGES, REG
 
 use crate::{
     procmaps::{self, Region, RegionKind},
-    report::summary::{Faults, Hist},
+    report::summary::{scale, Faults, Hist},
 };
 
 /// One region of one process in summary.json `regions[]`.
@@ -69,6 +69,7 @@ struct Acc {
     huge: f64,
     time_ns: f64,
     timed: f64,
+    major_time_ns: f64,
     hist: [f64; GRANULE_HIST],
     pages: u64,
 }
@@ -83,6 +84,7 @@ impl Acc {
         self.huge += g.huge as f64 * share;
         self.time_ns += g.time_ns as f64 * share;
         self.timed += g.timed as f64 * share;
+        self.major_time_ns += g.major_time_ns as f64 * share;
         for (a, h) in self.hist.iter_mut().zip(g.hist.iter()) {
             *a += f64::from(*h) * share;
         }
@@ -92,8 +94,12 @@ impl Acc {
     fn faults(&self) -> Faults {
         let total = self.faults.round() as u64;
         let major = (self.major.round() as u64).min(total);
-        // Minor latency may be sampled: scale the measured time to all faults.
-        let time_ns = if self.timed > 0.0 { self.time_ns * (self.faults / self.timed).max(1.0) } else { 0.0 };
+        // Minor latency may be sampled: its time alone is scaled to all minor
+        // faults (majors are all timed), as for the process (`scale`).
+        let round = |v: f64| v.round().max(0.0) as u64;
+        let (major_time, timed) = (round(self.major_time_ns), round(self.timed));
+        let minor_time = round(self.time_ns).saturating_sub(major_time);
+        let time_ns = scale(minor_time, timed.saturating_sub(major), total - major) + major_time;
         let mut hist = Hist::default();
         for (i, v) in self.hist.iter().enumerate() {
             // Coarse bucket i is fine bucket 2i (upper bound 1024 << 2i ns).
@@ -108,7 +114,9 @@ impl Acc {
             exec: self.exec.round() as u64,
             cow: self.cow.round() as u64,
             huge: Some(self.huge.round() as u64),
-            time_ns: time_ns.round() as u64,
+            time_ns,
+            minor_time_ns: time_ns - major_time,
+            major_time_ns: major_time,
             timed: self.timed.round() as u64,
             latency_hist_ns: hist,
             ..Faults::default()
@@ -201,6 +209,7 @@ pub fn attribute<'a>(
                 f.huge += a.huge;
                 f.time_ns += a.time_ns;
                 f.timed += a.timed;
+                f.major_time_ns += a.major_time_ns;
                 for (x, y) in f.hist.iter_mut().zip(a.hist.iter()) {
                     *x += y;
                 }

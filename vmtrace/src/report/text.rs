@@ -152,6 +152,28 @@ pub fn gap_pct(ours: u64, kernel: u64) -> f64 {
     (ours as f64 - kernel as f64) * 100.0 / kernel.max(1) as f64
 }
 
+/// The likeliest cause of a gap between vmtrace's count and the kernel's,
+/// both counted over the same window and process set.
+fn gap_cause(s: &Summary, kernel: u64) -> String {
+    let ours = s.totals.total;
+    if s.lost_events > 0 {
+        return format!("vmtrace lost {} events (see drops in summary.json)", s.lost_events);
+    }
+    if ours > kernel {
+        // Every fault is counted at its start; the kernel counts at the end
+        // only the faults it accounts.
+        let unaccounted = ours.saturating_sub(s.totals.timed);
+        if s.sampling.minor_latency_period == 1 && unaccounted > 0 {
+            return format!(
+                "{unaccounted} faults entered the handler and never completed (bad addresses: SIGSEGV, EFAULT)"
+            );
+        }
+        return "faults that entered the handler without being accounted (bad addresses, or in flight at the stop)"
+            .into();
+    }
+    "faults the kernel counted without a fault exception vmtrace sees (none expected: report it)".into()
+}
+
 fn perf_section(out: &mut String, s: &Summary) {
     let Some(p) = &s.perf else { return };
     let _ = writeln!(out, "\nKernel counters ({})", p.scope);
@@ -163,7 +185,7 @@ fn perf_section(out: &mut String, s: &Summary) {
         p.kernel_minor_faults,
         p.kernel_major_faults,
         s.totals.total,
-        if gap.abs() > 1.0 { "  <-- GAP > 1%: see lost_events / drops" } else { "" }
+        if gap.abs() > 1.0 { format!("  <-- GAP > 1%: {}", gap_cause(s, kernel)) } else { String::new() }
     );
     let _ = writeln!(out, "  context switches: {}", p.context_switches);
     if p.supported {
