@@ -27,6 +27,8 @@ pub struct RegionSummary {
     pub path: Option<String>,
     pub offset: u64,
     pub faults: Faults,
+    /// Pages faulted in: 4 KiB pages that took a fault, a huge page counting
+    /// all 512 it maps. Pages mapped around a fault (fault-around) are not.
     pub pages_touched: u64,
 }
 
@@ -54,6 +56,14 @@ pub struct FileSummary {
     pub readahead_pages: u64,
     /// Share of its faults that waited for I/O (major).
     pub cold_fraction: f64,
+    /// The file's size at the end of the recording (0: gone).
+    #[serde(default)]
+    pub file_bytes: u64,
+    /// What the traced processes brought into the page cache for it: read
+    /// from disk during the recording, readahead included (also pages a
+    /// write created).
+    #[serde(default)]
+    pub from_disk_bytes: u64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tensors: Vec<TensorSummary>,
 }
@@ -89,6 +99,11 @@ impl Acc {
             *a += f64::from(*h) * share;
         }
         self.pages += pages;
+    }
+
+    /// Pages faulted in: those that took a fault, a huge page's 511 others too.
+    fn pages_faulted_in(&self) -> u64 {
+        self.pages + (self.huge.round().max(0.0) as u64) * 511
     }
 
     fn faults(&self) -> Faults {
@@ -229,7 +244,7 @@ pub fn attribute<'a>(
                 path: r.path.clone(),
                 offset: r.offset,
                 faults,
-                pages_touched: a.pages,
+                pages_touched: a.pages_faulted_in(),
             }
         })
         .collect();
@@ -243,7 +258,9 @@ pub fn attribute<'a>(
                 cold_fraction: if faults.total > 0 { faults.major as f64 / faults.total as f64 } else { 0.0 },
                 readahead_pages: added.saturating_sub(faults.major),
                 page_cache_added: added,
-                pages_touched: a.pages,
+                file_bytes: std::fs::metadata(&path).map_or(0, |m| m.len()),
+                from_disk_bytes: added * 4096,
+                pages_touched: a.pages_faulted_in(),
                 faults,
                 path,
                 tensors,

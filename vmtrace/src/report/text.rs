@@ -365,7 +365,7 @@ pub fn regions_table(out: &mut String, s: &Summary, limit: usize) {
         "MAJOR",
         "COW",
         "HUGE",
-        "TOUCHED",
+        "FAULTED",
         "TIME",
         "p50",
         "p99"
@@ -410,7 +410,7 @@ fn regions_section(out: &mut String, s: &Summary, limit: usize) {
 /// regions.txt: every region, by fault time.
 pub fn render_regions(s: &Summary) -> String {
     let mut out = String::from(
-        "Faults per memory region, by time in the fault handler (p50/p99: bucket bounds; HUGE: faults served by a transparent huge page)\n",
+        "Faults per memory region, by time in the fault handler (p50/p99: bucket bounds; HUGE: faults served by a transparent huge page; FAULTED: pages faulted in, a huge page counting its 512, fault-around pages not)\n",
     );
     regions_table(&mut out, s, usize::MAX);
     out
@@ -424,19 +424,29 @@ fn files_section(out: &mut String, s: &Summary) {
     let _ = writeln!(out, "\nFiles (all processes)");
     let _ = writeln!(
         out,
-        "  {:>9} {:>8} {:>9} {:>9} {:>10} {:>6}  PATH",
-        "FAULTS", "MAJOR", "TOUCHED", "READAHEAD", "TIME", "COLD"
+        "  {:>9} {:>8} {:>9} {:>9} {:>10} {:>16}  PATH",
+        "FAULTS", "MAJOR", "FAULTED", "READAHEAD", "TIME", "FROM DISK"
     );
     for f in files.iter().take(20) {
+        // How much of the file came from disk during the recording.
+        let disk = if f.file_bytes > 0 {
+            format!(
+                "{} {:>3.0}%",
+                bytes(f.from_disk_bytes),
+                (f.from_disk_bytes as f64 * 100.0 / f.file_bytes as f64).min(100.0)
+            )
+        } else {
+            bytes(f.from_disk_bytes)
+        };
         let _ = writeln!(
             out,
-            "  {:>9} {:>8} {:>9} {:>9} {:>10} {:>5.0}%  {}",
+            "  {:>9} {:>8} {:>9} {:>9} {:>10} {:>16}  {}",
             f.faults.total,
             f.faults.major,
             f.pages_touched,
             f.readahead_pages,
             fmt_ns(f.faults.time_ns),
-            f.cold_fraction * 100.0,
+            disk,
             f.path
         );
         let mut tensors: Vec<_> = f.tensors.iter().filter(|t| t.faults > 0).collect();
