@@ -210,6 +210,7 @@ pub fn attribute<'a>(
             e.1.add_share(g, cnt as f64 / n, cnt);
         }
     }
+    apportion_per_process(&mut acc);
     let mut files: BTreeMap<String, Acc> = BTreeMap::new();
     let regions: Vec<RegionSummary> = acc
         .into_iter()
@@ -268,6 +269,37 @@ pub fn attribute<'a>(
         })
         .collect();
     Attributed { regions, files }
+}
+
+/// Rounds each region's share of faults and majors so that a process's
+/// regions add up to its granules' counts exactly (largest remainder): a
+/// granule split between regions gives each a fraction.
+fn apportion_per_process(acc: &mut BTreeMap<(u32, u64, u64), (Region, Acc)>) {
+    let pids: std::collections::BTreeSet<u32> = acc.keys().map(|k| k.0).collect();
+    for pid in pids {
+        let mine = || (pid, 0, 0)..=(pid, u64::MAX, u64::MAX);
+        let mut faults: Vec<f64> = acc.range(mine()).map(|(_, v)| v.1.faults).collect();
+        let mut major: Vec<f64> = acc.range(mine()).map(|(_, v)| v.1.major).collect();
+        largest_remainder(&mut faults);
+        largest_remainder(&mut major);
+        for ((_, (_, a)), (f, m)) in acc.range_mut(mine()).zip(faults.into_iter().zip(major)) {
+            a.faults = f;
+            a.major = m.min(f);
+        }
+    }
+}
+
+/// Rounds `vals` to whole numbers whose sum is their sum rounded.
+fn largest_remainder(vals: &mut [f64]) {
+    let want = vals.iter().sum::<f64>().round();
+    let floors: Vec<f64> = vals.iter().map(|v| v.floor()).collect();
+    let left = (want - floors.iter().sum::<f64>()).round().max(0.0) as usize;
+    let mut order: Vec<usize> = (0..vals.len()).collect();
+    order.sort_by(|&a, &b| (vals[b] - floors[b]).total_cmp(&(vals[a] - floors[a])).then(a.cmp(&b)));
+    let up: std::collections::HashSet<usize> = order.into_iter().take(left).collect();
+    for (i, v) in vals.iter_mut().enumerate() {
+        *v = floors[i] + if up.contains(&i) { 1.0 } else { 0.0 };
+    }
 }
 
 /// Per-tensor faults of a safetensors file, from the file pages that faulted.
@@ -360,6 +392,18 @@ mod tests {
         assert_eq!(a.regions[0].kind, RegionKind::Anon);
         assert_eq!(a.regions[0].faults.total, 16);
         assert_eq!(a.regions[1].kind, RegionKind::Other, "faults outside every known region are kept, not dropped");
+    }
+
+    #[test]
+    fn shares_are_rounded_so_a_process_adds_up() {
+        let mut v = [1.5, 1.5, 1.0 / 3.0, 2.0 / 3.0];
+        largest_remainder(&mut v);
+        let ints: Vec<u64> = v.iter().map(|x| x.round() as u64).collect();
+        assert!(v.iter().zip(&ints).all(|(x, i)| (x - *i as f64).abs() < 1e-12), "{v:?}");
+        assert_eq!(ints.iter().sum::<u64>(), 4);
+        let mut thirds = [10.0 / 3.0; 3];
+        largest_remainder(&mut thirds);
+        assert_eq!(thirds.map(|x| x.round() as u64), [4, 3, 3]);
     }
 
     #[test]
