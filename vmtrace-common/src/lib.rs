@@ -126,10 +126,15 @@ pub struct InflightFault {
     /// Non-zero while this CPU walks a user stack (per-CPU slot only): faults
     /// the walk takes are nofault reads, not the program's faults.
     pub walking: u32,
-    /// Non-zero once this fault is counted as served by a huge page: a
-    /// readahead may add several PMD-order folios in one fault.
-    pub huge: u32,
+    /// `INFLIGHT_*` bits.
+    pub flags: u32,
 }
+/// `InflightFault::flags`: counted as served by a huge page (once: a readahead
+/// may add several PMD-order folios in one fault).
+pub const INFLIGHT_HUGE: u32 = 1;
+/// `InflightFault::flags`: its stack was taken because the fault turned out
+/// slow (slept, or a huge page), in the exact stratum (`STRATUM_EXACT`).
+pub const INFLIGHT_EXACT_STACK: u32 = 2;
 const _: () = assert!(core::mem::size_of::<InflightFault>() == 40);
 
 /// Key of the in-kernel stack aggregate (`FAULT_STACKS`).
@@ -140,12 +145,31 @@ pub struct StackKey {
     /// Id in `STACKS`, or negative when not collected / failed.
     pub user_stack: i32,
     pub kernel_stack: i32,
-    pub _pad: u32,
+    /// `STRATUM_SAMPLED` or `STRATUM_EXACT`: how this stack's faults were
+    /// chosen, so userspace weights each stratum by what it stands for.
+    pub stratum: u32,
     /// `address >> LEAF_GRANULE_SHIFT` with `--leaf region`, else 0: userspace
     /// turns it into the memory region as the flamegraph's leaf.
     pub granule: u64,
 }
 const _: () = assert!(core::mem::size_of::<StackKey>() == 24);
+
+/// `CONTROL[0]` before the window: processes added to the traced set are
+/// counted, `-a` counts nothing yet.
+pub const CONTROL_READY: u32 = 0;
+/// `CONTROL[0]` inside the window: `-a` counts every process.
+pub const CONTROL_RUNNING: u32 = 1;
+/// `CONTROL[0]` after it: nothing is counted, so the aggregates and the
+/// kernel's own counters, read after, cover the same moment.
+pub const CONTROL_STOPPED: u32 = 2;
+
+/// `StackKey::stratum`: a stack taken at random at 1 in `stack_period` fault
+/// starts; it stands for the faults not in the exact stratum.
+pub const STRATUM_SAMPLED: u32 = 0;
+/// `StackKey::stratum`: a stack taken because its fault slept or was served
+/// by a huge page; every such fault has one, so it stands for itself. Slow
+/// faults carry most of the time and would be left to chance by sampling.
+pub const STRATUM_EXACT: u32 = 1;
 
 /// Address granule of `StackKey::granule`: 64 KiB.
 pub const LEAF_GRANULE_SHIFT: u32 = 16;
@@ -218,6 +242,9 @@ pub struct GranuleCounts {
     /// Measured latency of `timed` of them (minor latency may be sampled).
     pub time_ns: u64,
     pub timed: u64,
+    /// Of `time_ns`: the majors' (every major is timed), so minor time alone
+    /// is scaled when it is sampled.
+    pub major_time_ns: u64,
     /// Bit i: page i of the granule faulted at least once.
     pub touched: u64,
     pub exec: u64,
@@ -228,7 +255,7 @@ pub struct GranuleCounts {
     /// i is exactly bucket 2i of the fine histogram.
     pub hist: [u32; GRANULE_HIST],
 }
-const _: () = assert!(core::mem::size_of::<GranuleCounts>() == 72 + 4 * GRANULE_HIST);
+const _: () = assert!(core::mem::size_of::<GranuleCounts>() == 80 + 4 * GRANULE_HIST);
 
 /// The granule this CPU is counting into (`GRANULE_CUR`, per CPU): faults
 /// cluster, so counts gather here and reach `REGION_STATS` when the granule
@@ -249,6 +276,7 @@ impl Merge for GranuleCounts {
         self.cow += o.cow;
         self.time_ns += o.time_ns;
         self.timed += o.timed;
+        self.major_time_ns += o.major_time_ns;
         self.touched |= o.touched;
         self.exec += o.exec;
         self.huge += o.huge;
@@ -649,7 +677,9 @@ pub struct Config {
     /// walked by the programs themselves into `USER_STACKS` (needs
     /// `bpf_task_pt_regs`, 5.15+), `USER_WALK_FRAMES` or `USER_WALK_WINDOWS`.
     pub user_walk: u32,
-    pub _pad: u32,
+    /// `PGFAULT`'s value in the kernel's `enum vm_event_item`, plus one; 0 when
+    /// the fault end is not `memcg:count_memcg_events` (see the fault probes).
+    pub memcg_pgfault: u32,
 }
 const _: () = assert!(core::mem::size_of::<Config>() == 56);
 

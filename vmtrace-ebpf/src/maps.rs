@@ -9,18 +9,30 @@ use aya_ebpf::{
 };
 use vmtrace_common::{
     Config, DropKind, FaultStats, FileKey, GranuleCounts, GranuleCur, GranuleKey, InflightFault, KernelOffsets, Merge,
-    MmInflight, MmStackCounts, MmStackKey, MmStats, StackCounts, StackCur, StackKey, DROP_KINDS, REGION_GRANULE_SHIFT,
-    STACK_CUR_SLOTS,
+    MmInflight, MmStackCounts, MmStackKey, MmStats, StackCounts, StackCur, StackKey, CONTROL_RUNNING, CONTROL_STOPPED,
+    DROP_KINDS, REGION_GRANULE_SHIFT, STACK_CUR_SLOTS,
 };
 
-/// Written by userspace: 1 = stop counting. Set at the end so every aggregate
-/// and the kernel's own counters cover the same moment.
+/// Written by userspace, `CONTROL_*`: the window every aggregate covers, the
+/// same as the kernel's own counters' (opened at its start, read at its end).
 #[map]
 pub static CONTROL: Array<u32> = Array::with_max_entries(1, 0);
 
 #[inline(always)]
+fn control() -> u32 {
+    CONTROL.get(0).copied().unwrap_or(CONTROL_STOPPED)
+}
+
+#[inline(always)]
 pub fn stopped() -> bool {
-    CONTROL.get(0).is_some_and(|v| *v != 0)
+    control() == CONTROL_STOPPED
+}
+
+/// `-a` counts a process only inside the window; a traced target is counted
+/// from the moment it is added, which userspace does inside it.
+#[inline(always)]
+fn system_wide_counting() -> bool {
+    config().trace_all != 0 && control() == CONTROL_RUNNING
 }
 
 /// Set by the loader before load; never written here.
@@ -38,7 +50,7 @@ static CONFIG: Config = Config {
     vm_fault_major: 0,
     fault_flag_tried: 0,
     user_walk: 0,
-    _pad: 0,
+    memcg_pgfault: 0,
 };
 
 /// Kernel struct offsets from BTF, set by the loader.
@@ -367,7 +379,7 @@ pub fn add_traced(tgid: u32) -> bool {
 
 #[inline(always)]
 pub fn is_traced(tgid: u32) -> bool {
-    !stopped() && (config().trace_all != 0 || FAULT_STATS.get_ptr(&tgid).is_some())
+    !stopped() && (system_wide_counting() || FAULT_STATS.get_ptr(&tgid).is_some())
 }
 
 /// The current task's (tgid, tid) and this CPU's aggregate of its process,
@@ -385,7 +397,7 @@ pub fn current_stats() -> Option<(u32, u32, &'static mut FaultStats)> {
         return Some((tgid, tid, unsafe { &mut *p }));
     }
     // With -a every process is traced from its first fault (pid 0: idle/kernel).
-    if config().trace_all == 0 || tgid == 0 {
+    if !system_wide_counting() || tgid == 0 {
         return None;
     }
     if !add_traced(tgid) {

@@ -102,8 +102,10 @@ pub struct RecordArgs {
     #[arg(long, value_enum, value_delimiter = ',', default_value = "faults,regions,mmap,tlb,oom,perf")]
     pub events: Vec<EventFamily>,
     /// Time 1 in N minor faults; 0 = do not time them (cheapest). Every major
-    /// fault is timed and every fault counted whatever N is.
-    #[arg(long, default_value_t = 16, value_parser = parse_period)]
+    /// fault is timed and every fault counted whatever N is. Where the kernel
+    /// has a fault end on every fault (fexit, or memcg:count_memcg_events on
+    /// 6.14+) every fault is timed for any N > 0: sampling would not be cheaper.
+    #[arg(long, default_value_t = 1, value_parser = parse_period)]
     pub latency_sample: u32,
     /// Call stacks to collect for faults.
     #[arg(long, value_enum, default_value = "user")]
@@ -310,7 +312,7 @@ mod tests {
         let c = Cli::try_parse_from(["vmtrace", "record", "--", "ls", "-l"]).unwrap();
         let Command::Record(r) = c.command else { panic!() };
         assert_eq!(r.command, ["ls", "-l"]);
-        assert_eq!(r.latency_sample, 16);
+        assert_eq!(r.latency_sample, 1);
     }
 
     #[test]

@@ -282,6 +282,7 @@ pub(crate) fn start_target(
         }
         Target::System => {
             let counters = perf_for(Scope::system())?;
+            session.source_mut().start_counting();
             (TargetInfo { kind: "system".into(), command: None, pid: None, exit_status: None }, None, counters)
         }
     })

@@ -174,7 +174,7 @@ pub fn serve(opts: &ServeOptions) -> Result<i32, ServeError> {
     let families = Families { oom: true, mmap: true, tlb: true, regions: false };
     let probes = Probes::load(&LoadOptions {
         trace_all: matches!(opts.target, Target::System),
-        minor_period: 16,
+        minor_period: 1,
         force_tracepoints: false,
         families,
         stacks: StackMode::None,
@@ -187,6 +187,7 @@ pub fn serve(opts: &ServeOptions) -> Result<i32, ServeError> {
         session.source_mut().trace_pid(pid).map_err(|e| RecordError::Trace(pid, e))?;
         session.process(pid);
     }
+    session.source_mut().start_counting();
     let listener = TcpListener::bind(opts.listen).map_err(|err| ServeError::Listen { addr: opts.listen, err })?;
     let addr = listener.local_addr().map_err(ServeError::LocalAddr)?;
     let body = Arc::new(Mutex::new(String::from("# EOF\n")));

@@ -26,7 +26,7 @@ pub fn tp_filemap_mm_filemap_add_to_page_cache(ctx: TracePointContext) -> u32 {
         // A PMD-order folio: page-cache folios reach it on filesystems with
         // large folios whatever transparent_hugepage/enabled says, so the
         // huge-page hook on every allocation is not needed to see them.
-        huge_alloc();
+        huge_alloc(&ctx);
     }
     let pages = 1u64 << (order & 15);
     if let Some(p) = FILE_CACHE.get_ptr_mut(&key) {

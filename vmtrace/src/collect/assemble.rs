@@ -81,10 +81,22 @@ pub fn assemble(mut i: Inputs) -> Finished {
             r.victim_reclaim_ns = Some(s.reclaim_ns);
         }
     }
+    // Each stack's share of its process: the flamegraphs add up to the table.
+    let by_pid = processes
+        .iter()
+        .map(|p| {
+            let t = stacks::weight::Totals { faults: p.faults.total, time_ns: p.faults.time_ns, major: p.faults.major };
+            (p.pid, t)
+        })
+        .collect();
+    let (exact_faults, _) = stacks::weight::strata(&i.stacks);
+    let sampled_faults = i.stacks.iter().map(|s| s.counts.faults).sum();
+    stacks::weight::weigh(&mut i.stacks, &by_pid);
     let stacks_summary = i.stack_mode.map(|(mode, period)| StacksSummary {
         mode: format!("{mode:?}").to_lowercase(),
         sample_period: period,
-        sampled_faults: i.stacks.iter().map(|s| s.counts.faults).sum(),
+        sampled_faults,
+        exact_faults,
         distinct_stacks: i.stacks.len() as u64,
         lost: drop_counts.stacks_lost(),
         shallow_user_stacks_pct: stacks::shallow_pct(&i.stacks),

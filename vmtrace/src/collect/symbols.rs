@@ -89,6 +89,8 @@ pub fn build_stacks(table: &mut ProcessTable, source: &impl AggregateSource) -> 
                 user,
                 kernel: kernel.iter().rev().map(|&a| names.kernel(a)).collect(),
                 counts,
+                stratum: k.stratum,
+                estimate: stacks::weight::Estimate::default(),
                 user_missing: k.user_stack == -2,
                 user_cut,
                 leaf: (k.granule != 0).then(|| {

@@ -158,7 +158,7 @@ fn options(target: Target, out: PathBuf) -> RecordOptions {
         target,
         out,
         duration: None,
-        minor_period: 16,
+        minor_period: 1,
         force_tracepoints: false,
         events: vec![
             EventFamily::Faults,

@@ -13,7 +13,7 @@ use aya::{
 use vmtrace_common::Config;
 
 use super::{
-    hooks::{Candidate, Gate, Hook, ProgramKind, FAULT_END, OOM_VICTIM},
+    hooks::{Candidate, Gate, Hook, ProgramKind, FAULT_END, MEMCG_END, OOM_VICTIM},
     LoadError, LoadOptions,
 };
 use crate::perf::EndPrograms;
@@ -300,6 +300,21 @@ pub fn fault_end(
             Err(error) => Some(Refusal::Failed { kind: fexit.kind, error }),
         }
     };
+    if let (Some(r), true) = (&refusal, config.memcg_pgfault != 0) {
+        let memcg = attach(cx, &MEMCG_END)?;
+        if let Some(kind) = memcg.kind() {
+            // Every fault ends at the memcg hook; the MAJ event tells majors.
+            let why = format!("{}{r}", fexit.label);
+            let reason = memcg.fallback_reason().map_or(why.clone(), |more| format!("{why}; {more}"));
+            let mut rows = vec![Attachment { outcome: Outcome::Fallback { kind, reason: reason.clone() }, ..memcg }];
+            let (maj, end_programs) =
+                if opts.end_on_tasks { load_perf_end(cx.ebpf, 0)? } else { (attach_perf_end(cx.ebpf, 0)?, None) };
+            let outcome = Outcome::Fallback { kind: ProgramKind::PerfEvent, reason };
+            rows.extend(maj.into_iter().map(|(what, target)| Attachment { what, target, outcome: outcome.clone() }));
+            return Ok((rows, 1, end_programs));
+        }
+        log::debug!("fault end: memcg:count_memcg_events unavailable ({:?})", memcg.fallback_reason());
+    }
     if let Some(r) = &refusal {
         log::debug!("fault end: fexit unavailable ({r}); using software perf events");
     }

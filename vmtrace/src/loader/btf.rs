@@ -13,6 +13,8 @@ pub struct BtfFacts {
     pub tp_btf: HashSet<&'static str>,
     /// `bpf_task_pt_regs` exists (5.15+): the programs walk user stacks themselves.
     pub user_walk: bool,
+    /// `PGFAULT` in `enum vm_event_item`.
+    pub pgfault: Option<u32>,
 }
 
 /// Reads the facts, then drops btf-rs's parse before aya parses its own copy:
@@ -41,7 +43,8 @@ pub fn btf_facts() -> Result<BtfFacts, LoadError> {
         .map(|c| c.target)
         .collect();
     let user_walk = kbtf::enum_value(&kbtf, "bpf_func_id", "BPF_FUNC_task_pt_regs").is_some();
-    Ok(BtfFacts { offsets: kbtf::kernel_offsets(&kbtf)?, fault_bits, tp_btf, user_walk })
+    let pgfault = kbtf::enum_value(&kbtf, "vm_event_item", "PGFAULT");
+    Ok(BtfFacts { offsets: kbtf::kernel_offsets(&kbtf)?, fault_bits, tp_btf, user_walk, pgfault })
 }
 
 /// OR of `vm_fault_reason` bits from kernel BTF (0 for names it lacks).

@@ -407,6 +407,25 @@ pub const FAULT_END: Hook = Hook {
     )
 };
 
+/// The fault end on every fault where fexit is refused (6.14+): PGFAULT as
+/// `mm_account_fault()` counts it; tried by `attach::fault_end` between fexit
+/// and the perf events.
+pub const MEMCG_END: Hook = Hook {
+    without: Some("the perf events end the faults"),
+    doc: doc(
+        "fault end where fexit is refused",
+        "`mm_account_fault()` counts PGFAULT through `count_memcg_events()` (6.14+, memory controller on) for every fault it accounts: one end hook on every fault, in place of the PAGE_FAULTS_MIN event (~100 ns a fault whether it fires or not); the MAJ perf event (period 1) then moves a major's time over. Not used with `--latency-sample 0`",
+    ),
+    ..hook(
+        "fault end (every fault)",
+        Family::Core,
+        &[
+            Candidate { needs: "6.14+", ..tp_btf("tp_btf_count_memcg_events", "count_memcg_events") },
+            Candidate { needs: "6.14+", ..tp("tp_memcg_count_memcg_events", "memcg:count_memcg_events") },
+        ],
+    )
+};
+
 /// How user stacks are taken; chosen by `attach::user_stacks`.
 pub const USER_STACKS: Hook = Hook {
     doc: doc(
@@ -439,7 +458,7 @@ pub const USER_STACKS: Hook = Hook {
 pub fn all() -> impl Iterator<Item = &'static Hook> {
     HOOKS[..6]
         .iter()
-        .chain([&FAULT_END])
+        .chain([&FAULT_END, &MEMCG_END])
         .chain(&HOOKS[6..])
         .chain([&OOM_DOMAIN])
         .chain(MMAP_HOOKS.iter().flatten())
@@ -516,13 +535,14 @@ mod tests {
     }
 
     /// preflight (in `kernel`, which must not depend on the loader) lists the
-    /// tracepoints it checks; they are the hook table's.
+    /// tracepoints it checks; they are the hook table's (those a recording
+    /// cannot do without, and some of the optional ones).
     #[test]
     fn preflight_tracepoints_are_hook_targets() {
         use crate::kernel::preflight::{OPTIONAL_TRACEPOINTS, TRACEPOINTS};
         let of = |core: bool| -> Vec<_> {
             all()
-                .filter(|h| (h.family == Family::Core) == core)
+                .filter(|h| (h.family == Family::Core && h.without.is_none()) == core)
                 .flat_map(|h| h.candidates.iter().filter_map(Candidate::tracepoint))
                 .collect()
         };

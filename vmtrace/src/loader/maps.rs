@@ -180,10 +180,18 @@ impl Probes {
         self.maps.drops.iter().map(|v| v.map_or(0, |per_cpu| per_cpu.iter().sum())).collect()
     }
 
+    /// Opens the window for `-a` (see `CONTROL_*`): call it once the kernel's
+    /// own counters are open, so both count the same faults.
+    pub fn start_counting(&mut self) {
+        if let Err(e) = self.maps.control.set(0, vmtrace_common::CONTROL_RUNNING, 0) {
+            log::warn!("cannot start the kernel programs: {e}");
+        }
+    }
+
     /// Stops all counting at once (every hook checks `CONTROL`): then the
     /// aggregates and the kernel's own counters cover the same moment.
     pub fn stop_counting(&mut self) {
-        if let Err(e) = self.maps.control.set(0, 1, 0) {
+        if let Err(e) = self.maps.control.set(0, vmtrace_common::CONTROL_STOPPED, 0) {
             log::warn!("cannot stop the kernel programs: {e}");
         }
     }

@@ -118,7 +118,7 @@ pub struct Probes {
 
 impl Probes {
     pub fn load(opts: &LoadOptions) -> Result<Self, LoadError> {
-        let btf::BtfFacts { offsets, fault_bits, tp_btf, user_walk } = btf::btf_facts()?;
+        let btf::BtfFacts { offsets, fault_bits, tp_btf, user_walk, pgfault } = btf::btf_facts()?;
         let user_walk = user_walk_mode(user_walk && !opts.force_tracepoints);
         btf::release_freed_memory();
         let btf = Btf::from_sys_fs().map_err(|e| kbtf::BtfError::Read(e.to_string()))?;
@@ -140,7 +140,7 @@ impl Probes {
             vm_fault_major: fault_bits.1,
             fault_flag_tried: fault_bits.2,
             user_walk,
-            _pad: 0,
+            memcg_pgfault: memcg_end_item(opts, pgfault, &tp_btf),
         };
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
@@ -255,4 +255,28 @@ fn user_walk_mode(own: bool) -> u32 {
         Some(v) if v >= (6, 12) => vmtrace_common::USER_WALK_WINDOWS,
         _ => vmtrace_common::USER_WALK_FRAMES,
     }
+}
+
+/// `Config::memcg_pgfault`: PGFAULT + 1 where `memcg:count_memcg_events` can
+/// end every fault — 6.14+ (the tracepoint), minor faults timed at all, and
+/// the memory controller on (else `count_memcg_events()` returns before its
+/// tracepoint).
+fn memcg_end_item(opts: &LoadOptions, pgfault: Option<u32>, tp_btf: &std::collections::HashSet<&'static str>) -> u32 {
+    let Some(item) = pgfault else { return 0 };
+    let hook = tp_btf.contains("count_memcg_events")
+        || crate::kernel::preflight::tracepoint_exists("memcg", "count_memcg_events");
+    if opts.minor_period == 0 || !hook || !memory_controller_enabled() {
+        return 0;
+    }
+    item + 1
+}
+
+/// The memory controller's `enabled` column in /proc/cgroups (v1 and v2).
+fn memory_controller_enabled() -> bool {
+    std::fs::read_to_string("/proc/cgroups").is_ok_and(|t| {
+        t.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.first() == Some(&"memory") && f.get(3) == Some(&"1")
+        })
+    })
 }

@@ -106,8 +106,11 @@ impl<'de> Deserialize<'de> for Hist {
     }
 }
 
-/// Scales a sum measured on `timed` of `count` events up to all of them.
-fn scale(sum: u64, timed: u64, count: u64) -> u64 {
+/// Scales a sum measured on `timed` of `count` events up to all of them. The
+/// one rule for fault time everywhere (processes, regions, files, tensors,
+/// live views): minor time is scaled by its own sample, majors (all timed)
+/// by theirs, never one by the other's.
+pub fn scale(sum: u64, timed: u64, count: u64) -> u64 {
     if timed == 0 || timed >= count {
         sum
     } else {

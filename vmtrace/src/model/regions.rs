@@ -29,6 +29,8 @@ pub struct RegionSummary {
     pub path: Option<String>,
     pub offset: u64,
     pub faults: Faults,
+    /// Pages faulted in: 4 KiB pages that took a fault, a huge page counting
+    /// all 512 it maps. Pages mapped around a fault (fault-around) are not.
     pub pages_touched: u64,
 }
 
@@ -56,6 +58,14 @@ pub struct FileSummary {
     pub readahead_pages: u64,
     /// Share of its faults that waited for I/O (major).
     pub cold_fraction: f64,
+    /// The file's size at the end of the recording (0: gone).
+    #[serde(default)]
+    pub file_bytes: u64,
+    /// What the traced processes brought into the page cache for it: read
+    /// from disk during the recording, readahead included (also pages a
+    /// write created).
+    #[serde(default)]
+    pub from_disk_bytes: u64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tensors: Vec<TensorSummary>,
 }

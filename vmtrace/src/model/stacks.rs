@@ -11,6 +11,10 @@ pub struct StacksSummary {
     pub sample_period: u32,
     /// Faults whose stack was taken.
     pub sampled_faults: u64,
+    /// Of those: slow faults (slept, or a huge page), every one of which has
+    /// its stack; the rest stand for the faults of no stack.
+    #[serde(default)]
+    pub exact_faults: u64,
     pub distinct_stacks: u64,
     /// Stacks lost because the stack map was full (their faults still count).
     pub lost: u64,

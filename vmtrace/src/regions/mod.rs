@@ -12,7 +12,7 @@ use vmtrace_common::{GranuleCounts, GranuleKey, GRANULE_HIST, GRANULE_PAGES, REG
 
 pub use crate::model::{FileSummary, RegionSummary, TensorSummary};
 use crate::{
-    model::{Faults, Hist},
+    model::{scale, Faults, Hist},
     procmaps::{self, Region, RegionKind},
 };
 
@@ -27,6 +27,7 @@ struct Acc {
     huge: f64,
     time_ns: f64,
     timed: f64,
+    major_time_ns: f64,
     hist: [f64; GRANULE_HIST],
     pages: u64,
 }
@@ -41,17 +42,27 @@ impl Acc {
         self.huge += g.huge as f64 * share;
         self.time_ns += g.time_ns as f64 * share;
         self.timed += g.timed as f64 * share;
+        self.major_time_ns += g.major_time_ns as f64 * share;
         for (a, h) in self.hist.iter_mut().zip(g.hist.iter()) {
             *a += f64::from(*h) * share;
         }
         self.pages += pages;
     }
 
+    /// Pages faulted in: those that took a fault, a huge page's 511 others too.
+    fn pages_faulted_in(&self) -> u64 {
+        self.pages + (self.huge.round().max(0.0) as u64) * 511
+    }
+
     fn faults(&self) -> Faults {
         let total = self.faults.round() as u64;
         let major = (self.major.round() as u64).min(total);
-        // Minor latency may be sampled: scale the measured time to all faults.
-        let time_ns = if self.timed > 0.0 { self.time_ns * (self.faults / self.timed).max(1.0) } else { 0.0 };
+        // Minor latency may be sampled: its time alone is scaled to all minor
+        // faults (majors are all timed), as for the process (`scale`).
+        let round = |v: f64| v.round().max(0.0) as u64;
+        let (major_time, timed) = (round(self.major_time_ns), round(self.timed));
+        let minor_time = round(self.time_ns).saturating_sub(major_time);
+        let time_ns = scale(minor_time, timed.saturating_sub(major), total - major) + major_time;
         let mut hist = Hist::default();
         for (i, v) in self.hist.iter().enumerate() {
             // Coarse bucket i is fine bucket 2i (upper bound 1024 << 2i ns).
@@ -66,7 +77,9 @@ impl Acc {
             exec: self.exec.round() as u64,
             cow: self.cow.round() as u64,
             huge: Some(self.huge.round() as u64),
-            time_ns: time_ns.round() as u64,
+            time_ns,
+            minor_time_ns: time_ns - major_time,
+            major_time_ns: major_time,
             timed: self.timed.round() as u64,
             latency_hist_ns: hist,
             ..Faults::default()
@@ -145,6 +158,7 @@ pub fn attribute<'a>(
             e.1.add_share(g, cnt as f64 / n, cnt);
         }
     }
+    apportion_per_process(&mut acc);
     let mut files: BTreeMap<String, Acc> = BTreeMap::new();
     let regions: Vec<RegionSummary> = acc
         .into_iter()
@@ -159,6 +173,7 @@ pub fn attribute<'a>(
                 f.huge += a.huge;
                 f.time_ns += a.time_ns;
                 f.timed += a.timed;
+                f.major_time_ns += a.major_time_ns;
                 for (x, y) in f.hist.iter_mut().zip(a.hist.iter()) {
                     *x += y;
                 }
@@ -178,7 +193,7 @@ pub fn attribute<'a>(
                 path: r.path.clone(),
                 offset: r.offset,
                 faults,
-                pages_touched: a.pages,
+                pages_touched: a.pages_faulted_in(),
             }
         })
         .collect();
@@ -192,7 +207,9 @@ pub fn attribute<'a>(
                 cold_fraction: if faults.total > 0 { faults.major as f64 / faults.total as f64 } else { 0.0 },
                 readahead_pages: added.saturating_sub(faults.major),
                 page_cache_added: added,
-                pages_touched: a.pages,
+                file_bytes: std::fs::metadata(&path).map_or(0, |m| m.len()),
+                from_disk_bytes: added * 4096,
+                pages_touched: a.pages_faulted_in(),
                 faults,
                 path,
                 tensors,
@@ -200,6 +217,37 @@ pub fn attribute<'a>(
         })
         .collect();
     Attributed { regions, files }
+}
+
+/// Rounds each region's share of faults and majors so that a process's
+/// regions add up to its granules' counts exactly (largest remainder): a
+/// granule split between regions gives each a fraction.
+fn apportion_per_process(acc: &mut BTreeMap<(u32, u64, u64), (Region, Acc)>) {
+    let pids: std::collections::BTreeSet<u32> = acc.keys().map(|k| k.0).collect();
+    for pid in pids {
+        let mine = || (pid, 0, 0)..=(pid, u64::MAX, u64::MAX);
+        let mut faults: Vec<f64> = acc.range(mine()).map(|(_, v)| v.1.faults).collect();
+        let mut major: Vec<f64> = acc.range(mine()).map(|(_, v)| v.1.major).collect();
+        largest_remainder(&mut faults);
+        largest_remainder(&mut major);
+        for ((_, (_, a)), (f, m)) in acc.range_mut(mine()).zip(faults.into_iter().zip(major)) {
+            a.faults = f;
+            a.major = m.min(f);
+        }
+    }
+}
+
+/// Rounds `vals` to whole numbers whose sum is their sum rounded.
+fn largest_remainder(vals: &mut [f64]) {
+    let want = vals.iter().sum::<f64>().round();
+    let floors: Vec<f64> = vals.iter().map(|v| v.floor()).collect();
+    let left = (want - floors.iter().sum::<f64>()).round().max(0.0) as usize;
+    let mut order: Vec<usize> = (0..vals.len()).collect();
+    order.sort_by(|&a, &b| (vals[b] - floors[b]).total_cmp(&(vals[a] - floors[a])).then(a.cmp(&b)));
+    let up: std::collections::HashSet<usize> = order.into_iter().take(left).collect();
+    for (i, v) in vals.iter_mut().enumerate() {
+        *v = floors[i] + if up.contains(&i) { 1.0 } else { 0.0 };
+    }
 }
 
 /// Per-tensor faults of a safetensors file, from the file pages that faulted.
@@ -292,6 +340,18 @@ mod tests {
         assert_eq!(a.regions[0].kind, RegionKind::Anon);
         assert_eq!(a.regions[0].faults.total, 16);
         assert_eq!(a.regions[1].kind, RegionKind::Other, "faults outside every known region are kept, not dropped");
+    }
+
+    #[test]
+    fn shares_are_rounded_so_a_process_adds_up() {
+        let mut v = [1.5, 1.5, 1.0 / 3.0, 2.0 / 3.0];
+        largest_remainder(&mut v);
+        let ints: Vec<u64> = v.iter().map(|x| x.round() as u64).collect();
+        assert!(v.iter().zip(&ints).all(|(x, i)| (x - *i as f64).abs() < 1e-12), "{v:?}");
+        assert_eq!(ints.iter().sum::<u64>(), 4);
+        let mut thirds = [10.0 / 3.0; 3];
+        largest_remainder(&mut thirds);
+        assert_eq!(thirds.map(|x| x.round() as u64), [4, 3, 3]);
     }
 
     #[test]

@@ -173,7 +173,7 @@ pub fn recording_body(s: &Summary, dir: &Path, flame_prefix: &str) -> String {
         let _ = write!(
             b,
             "<h3>Top regions</h3><table><tr><th class='l'>pid</th><th class='l'>range</th><th class='l'>kind</th>\
-             <th>faults</th><th>major</th><th>COW</th><th>pages touched</th><th>fault time</th><th class='l'>path</th></tr>"
+             <th>faults</th><th>major</th><th>COW</th><th>pages faulted in</th><th>fault time</th><th class='l'>path</th></tr>"
         );
         for r in regions.iter().take(15) {
             let _ = write!(
@@ -196,7 +196,7 @@ pub fn recording_body(s: &Summary, dir: &Path, flame_prefix: &str) -> String {
     for f in s.files.iter().flatten().filter(|f| !f.tensors.is_empty()) {
         let _ = write!(
             b,
-            "<h3>Tensors of {}</h3><table><tr><th class='l'>tensor</th><th>faults</th><th>major</th><th>fault time</th><th>pages touched</th><th>pages</th></tr>",
+            "<h3>Tensors of {}</h3><table><tr><th class='l'>tensor</th><th>faults</th><th>major</th><th>fault time</th><th>pages faulted in</th><th>pages</th></tr>",
             escape(&f.path)
         );
         for t in &f.tensors {

@@ -36,11 +36,19 @@ pub fn write_flamegraphs(
     sampling: &Sampling,
 ) -> io::Result<Vec<String>> {
     let n = u64::from(st.sample_period.max(1));
-    let scaled = if n > 1 { format!(", stacks sampled 1 in {n}, counts scaled ×{n}") } else { String::new() };
-    let minor = match sampling.minor_latency_period {
-        0 => ", minor faults untimed".to_string(),
-        1 => String::new(),
-        p => format!(", minor latency timed 1 in {p}"),
+    // Say plainly what the total is and where it is an estimate.
+    let how = if n > 1 {
+        format!(
+            "estimated: stacks of all {} slow faults (slept or huge), the rest from 1 in {n} faults",
+            st.exact_faults
+        )
+    } else {
+        "a stack on every fault".to_string()
+    };
+    let timing = match sampling.minor_latency_period {
+        0 => "minor faults untimed; ".to_string(),
+        1 => "every fault timed; ".to_string(),
+        p => format!("minor latency timed 1 in {p}; "),
     };
     let mut files = Vec::new();
     for (w, title, unit) in [
@@ -48,15 +56,11 @@ pub fn write_flamegraphs(
         (Weight::TimeNs, "Time in the fault handler by call stack", "ns"),
         (Weight::Major, "Major faults by call stack", "faults"),
     ] {
-        let f = flamegraph::folded(stacks, w, n);
+        let f = flamegraph::folded(stacks, w);
         let total = flamegraph::total(&f);
         let total_text = if w == Weight::TimeNs { fmt_ns(total) } else { format!("{total} {unit}") };
-        let extra = if w == Weight::TimeNs {
-            format!("{minor}{}", if n > 1 { format!(", stacks sampled 1 in {n}") } else { String::new() })
-        } else {
-            scaled.clone()
-        };
-        flamegraph::write(dir, w.file_stem(), &f, &format!("{title} — {total_text} measured{extra}"), unit)?;
+        let extra = if w == Weight::TimeNs { format!("{timing}{how}") } else { how.clone() };
+        flamegraph::write(dir, w.file_stem(), &f, &format!("{title} — {total_text} ({extra})"), unit)?;
         files.push(format!("{}.svg", w.file_stem()));
         files.push(format!("{}.folded", w.file_stem()));
     }

@@ -140,6 +140,28 @@ pub fn gap_pct(ours: u64, kernel: u64) -> f64 {
     (ours as f64 - kernel as f64) * 100.0 / kernel.max(1) as f64
 }
 
+/// The likeliest cause of a gap between vmtrace's count and the kernel's,
+/// both counted over the same window and process set.
+fn gap_cause(s: &Summary, kernel: u64) -> String {
+    let ours = s.totals.total;
+    if s.lost_events > 0 {
+        return format!("vmtrace lost {} events (see drops in summary.json)", s.lost_events);
+    }
+    if ours > kernel {
+        // Every fault is counted at its start; the kernel counts at the end
+        // only the faults it accounts.
+        let unaccounted = ours.saturating_sub(s.totals.timed);
+        if s.sampling.minor_latency_period == 1 && unaccounted > 0 {
+            return format!(
+                "{unaccounted} faults entered the handler and never completed (bad addresses: SIGSEGV, EFAULT)"
+            );
+        }
+        return "faults that entered the handler without being accounted (bad addresses, or in flight at the stop)"
+            .into();
+    }
+    "faults the kernel counted without a fault exception vmtrace sees (none expected: report it)".into()
+}
+
 fn perf_section(out: &mut String, s: &Summary) {
     let Some(p) = &s.perf else { return };
     let _ = writeln!(out, "\nKernel counters ({})", p.scope);
@@ -151,7 +173,7 @@ fn perf_section(out: &mut String, s: &Summary) {
         p.kernel_minor_faults,
         p.kernel_major_faults,
         s.totals.total,
-        if gap.abs() > 1.0 { "  <-- GAP > 1%: see lost_events / drops" } else { "" }
+        if gap.abs() > 1.0 { format!("  <-- GAP > 1%: {}", gap_cause(s, kernel)) } else { String::new() }
     );
     let _ = writeln!(out, "  context switches: {}", p.context_switches);
     if p.supported {
@@ -314,7 +336,7 @@ pub fn regions_table(out: &mut String, s: &Summary, limit: usize) {
         "MAJOR",
         "COW",
         "HUGE",
-        "TOUCHED",
+        "FAULTED",
         "TIME",
         "p50",
         "p99"
@@ -359,7 +381,7 @@ fn regions_section(out: &mut String, s: &Summary, limit: usize) {
 /// regions.txt: every region, by fault time.
 pub fn render_regions(s: &Summary) -> String {
     let mut out = String::from(
-        "Faults per memory region, by time in the fault handler (p50/p99: bucket bounds; HUGE: faults served by a transparent huge page)\n",
+        "Faults per memory region, by time in the fault handler (p50/p99: bucket bounds; HUGE: faults served by a transparent huge page; FAULTED: pages faulted in, a huge page counting its 512, fault-around pages not)\n",
     );
     regions_table(&mut out, s, usize::MAX);
     out
@@ -373,19 +395,29 @@ fn files_section(out: &mut String, s: &Summary) {
     let _ = writeln!(out, "\nFiles (all processes)");
     let _ = writeln!(
         out,
-        "  {:>9} {:>8} {:>9} {:>9} {:>10} {:>6}  PATH",
-        "FAULTS", "MAJOR", "TOUCHED", "READAHEAD", "TIME", "COLD"
+        "  {:>9} {:>8} {:>9} {:>9} {:>10} {:>16}  PATH",
+        "FAULTS", "MAJOR", "FAULTED", "READAHEAD", "TIME", "FROM DISK"
     );
     for f in files.iter().take(20) {
+        // How much of the file came from disk during the recording.
+        let disk = if f.file_bytes > 0 {
+            format!(
+                "{} {:>3.0}%",
+                bytes(f.from_disk_bytes),
+                (f.from_disk_bytes as f64 * 100.0 / f.file_bytes as f64).min(100.0)
+            )
+        } else {
+            bytes(f.from_disk_bytes)
+        };
         let _ = writeln!(
             out,
-            "  {:>9} {:>8} {:>9} {:>9} {:>10} {:>5.0}%  {}",
+            "  {:>9} {:>8} {:>9} {:>9} {:>10} {:>16}  {}",
             f.faults.total,
             f.faults.major,
             f.pages_touched,
             f.readahead_pages,
             fmt_ns(f.faults.time_ns),
-            f.cold_fraction * 100.0,
+            disk,
             f.path
         );
         let mut tensors: Vec<_> = f.tensors.iter().filter(|t| t.faults > 0).collect();

@@ -27,19 +27,19 @@ fn clean(frame: &str) -> String {
     frame.replace(';', ":").replace('\n', " ")
 }
 
-/// Folded lines, one per stack with a non-zero weight, sorted. Counts are
-/// scaled by `scale` (the stack sampling period), times are not: they are the
-/// times measured.
-pub fn folded(stacks: &[Stack], weight: Weight, scale: u64) -> String {
+/// Folded lines, one per stack with a non-zero weight, sorted: each stack
+/// weighted by its estimate (`weight::weigh`), so a graph adds up to the
+/// process table.
+pub fn folded(stacks: &[Stack], weight: Weight) -> String {
     // Identical frames (e.g. one stack over several granules of one region) merge.
-    let mut merged: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+    let mut merged: std::collections::BTreeMap<String, f64> = std::collections::BTreeMap::new();
     for s in stacks {
         let w = match weight {
-            Weight::Faults => s.counts.faults * scale,
-            Weight::TimeNs => s.counts.time_ns,
-            Weight::Major => s.counts.major * scale,
+            Weight::Faults => s.estimate.faults,
+            Weight::TimeNs => s.estimate.time_ns,
+            Weight::Major => s.estimate.major,
         };
-        if w == 0 {
+        if w <= 0.0 {
             continue;
         }
         let mut line = clean(&s.comm);
@@ -54,7 +54,10 @@ pub fn folded(stacks: &[Stack], weight: Weight, scale: u64) -> String {
     }
     let mut out = String::new();
     for (line, w) in merged {
-        let _ = writeln!(out, "{line} {w}");
+        let w = w.round() as u64;
+        if w > 0 {
+            let _ = writeln!(out, "{line} {w}");
+        }
     }
     out
 }
@@ -111,29 +114,29 @@ mod tests {
     use vmtrace_common::StackCounts;
 
     fn stack(user: &[&str], faults: u64, time: u64) -> Stack {
+        let f = faults as f64;
         Stack {
             pid: 1,
             comm: "train".into(),
             user: user.iter().map(ToString::to_string).collect(),
-            kernel: vec![],
             counts: StackCounts { faults, major: 1, time_ns: time, timed: 1 },
-            user_missing: false,
-            user_cut: false,
-            leaf: None,
+            estimate: super::super::weight::Estimate { faults: f * 4.0, time_ns: time as f64 * 2.0, major: 0.0 },
+            ..Stack::default()
         }
     }
 
     #[test]
-    fn folded_is_root_first_and_scaled() {
+    fn folded_is_root_first_and_weighted_by_the_estimate() {
         let s = [
             stack(&["main", "load;weights"], 2, 500),
             stack(&["main", "init"], 1, 0),
             stack(&["main", "load;weights"], 1, 0),
         ];
-        let f = folded(&s, Weight::Faults, 4);
+        let f = folded(&s, Weight::Faults);
         assert_eq!(f, "train;main;init 4\ntrain;main;load:weights 12\n");
         assert_eq!(total(&f), 16);
-        assert_eq!(folded(&s, Weight::TimeNs, 4), "train;main;load:weights 500\n");
+        assert_eq!(folded(&s, Weight::TimeNs), "train;main;load:weights 1000\n");
+        assert_eq!(folded(&s, Weight::Major), "");
     }
 
     #[test]

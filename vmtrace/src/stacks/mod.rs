@@ -3,6 +3,7 @@
 //! and flamegraphs (`faults`, `fault-time`, `major-faults`).
 pub mod flamegraph;
 pub mod symbolize;
+pub mod weight;
 
 use serde::{Deserialize, Serialize};
 
@@ -31,7 +32,7 @@ impl StackMode {
 }
 
 /// One aggregated stack, symbolized: frames outermost first.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Stack {
     pub pid: u32,
     pub comm: String,
@@ -45,6 +46,10 @@ pub struct Stack {
     pub user_cut: bool,
     /// The faulting memory region, with `--leaf region`.
     pub leaf: Option<String>,
+    /// `vmtrace_common::STRATUM_*`: how its faults were chosen.
+    pub stratum: u32,
+    /// What it stands for in its process (`weight::weigh`).
+    pub estimate: weight::Estimate,
 }
 
 /// The leaf frame naming the region that holds `addr`: in the last map read

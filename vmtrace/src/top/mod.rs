@@ -61,7 +61,7 @@ pub struct TopOptions {
     pub storm_threshold: f64,
 }
 
-const MINOR_PERIOD: u32 = 16;
+const MINOR_PERIOD: u32 = 1;
 /// Fault stacks are not shown live; user stacks stay on for the mmap call
 /// sites that a storm banner blames. 1 in 10^6 faults keeps the walk cost nil.
 const FAULT_STACK_PERIOD: u32 = 1_000_000;

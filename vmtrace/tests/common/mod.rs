@@ -242,3 +242,38 @@ pub fn hist_quantile(h: &Value, q: f64) -> u64 {
     }
     u64::MAX
 }
+
+/// A Python interpreter with `packages` importable: `python3` itself when it
+/// has them, else a virtualenv made from it under the target directory (kept
+/// between runs) with the packages installed from the registry. Panics with
+/// the fix when that fails: a test that needs them never skips silently.
+pub fn python_with(packages: &[&str]) -> std::path::PathBuf {
+    let imports = packages.iter().map(|p| format!("import {p}")).collect::<Vec<_>>().join("; ");
+    let has = |python: &std::path::Path| {
+        Command::new(python).args(["-c", &imports]).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+    };
+    // The interpreter itself, not a launcher script (pyenv shims are bash).
+    let out = Command::new("python3").args(["-c", "import sys; print(sys.executable)"]).output();
+    let system = std::path::PathBuf::from(
+        String::from_utf8(out.expect("python3 is needed for this test").stdout).unwrap().trim().to_string(),
+    );
+    if has(&system) {
+        return system;
+    }
+    let venv = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("venv-{}", packages.join("-")));
+    let python = venv.join("bin/python");
+    if !has(&python) {
+        let ok = Command::new(&system).args(["-m", "venv"]).arg(&venv).status().is_ok_and(|s| s.success())
+            && Command::new(&python)
+                .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+                .args(packages)
+                .status()
+                .is_ok_and(|s| s.success());
+        assert!(
+            ok && has(&python),
+            "cannot install {packages:?} into {}: pip install them for python3",
+            venv.display()
+        );
+    }
+    python
+}

@@ -1,0 +1,155 @@
+//! What each fault stack stands for. Stacks come in two strata (see
+//! `vmtrace_common::STRATUM_*`): every slow fault (one that slept, or was
+//! served by a huge page) carries its own stack and stands for itself; the
+//! other stacks are a 1-in-N random sample of fault starts and share what is
+//! left of their process's totals, in proportion to what was measured in
+//! them (a ratio estimate). So each flamegraph adds up to the process table —
+//! faults, fault time and majors — and the heavy tail is never left to chance.
+use std::collections::{BTreeMap, HashMap};
+
+use vmtrace_common::STRATUM_EXACT;
+
+use super::Stack;
+
+/// A process's totals from the process table: what its stacks must add up to.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Totals {
+    pub faults: u64,
+    pub time_ns: u64,
+    pub major: u64,
+}
+
+/// The frame of a process's share that no stack was sampled for (a short
+/// process may take fewer faults than the sampling period).
+pub const UNSAMPLED: &str = "[no stack sampled]";
+
+/// Sets every stack's `estimate` and appends one `UNSAMPLED` stack per
+/// process whose left-over has no sampled stack to go to.
+pub fn weigh(stacks: &mut Vec<Stack>, totals: &BTreeMap<u32, Totals>) {
+    #[derive(Default)]
+    struct Sums {
+        exact: [f64; 3],
+        sampled: [f64; 3],
+        comm: String,
+    }
+    let measured = |s: &Stack| [s.counts.faults as f64, s.counts.time_ns as f64, s.counts.major as f64];
+    let mut sums: HashMap<u32, Sums> = HashMap::new();
+    for s in stacks.iter() {
+        let e = sums.entry(s.pid).or_default();
+        e.comm.clone_from(&s.comm);
+        let side = if s.stratum == STRATUM_EXACT { &mut e.exact } else { &mut e.sampled };
+        for (a, b) in side.iter_mut().zip(measured(s)) {
+            *a += b;
+        }
+    }
+    // Per process and weight: the factor for sampled stacks, and what no
+    // sampled stack can take.
+    let mut factors: HashMap<u32, [f64; 3]> = HashMap::new();
+    let mut unsampled = Vec::new();
+    for (&pid, sum) in &sums {
+        let t = totals.get(&pid).copied().unwrap_or_default();
+        let want = [t.faults as f64, t.time_ns as f64, t.major as f64];
+        let mut f = [0.0; 3];
+        let mut rest = [0.0; 3];
+        for i in 0..3 {
+            let left = (want[i] - sum.exact[i]).max(0.0);
+            if sum.sampled[i] > 0.0 {
+                f[i] = left / sum.sampled[i];
+            } else {
+                rest[i] = left;
+            }
+        }
+        factors.insert(pid, f);
+        if rest.iter().any(|&r| r >= 0.5) {
+            unsampled.push((pid, sum.comm.clone(), rest));
+        }
+    }
+    for s in stacks.iter_mut() {
+        let m = measured(s);
+        s.estimate = if s.stratum == STRATUM_EXACT {
+            Estimate { faults: m[0], time_ns: m[1], major: m[2] }
+        } else {
+            let f = factors.get(&s.pid).copied().unwrap_or([1.0; 3]);
+            Estimate { faults: m[0] * f[0], time_ns: m[1] * f[1], major: m[2] * f[2] }
+        };
+    }
+    unsampled.sort_by_key(|u| u.0);
+    for (pid, comm, rest) in unsampled {
+        stacks.push(Stack {
+            pid,
+            comm,
+            user: vec![UNSAMPLED.to_string()],
+            estimate: Estimate { faults: rest[0], time_ns: rest[1], major: rest[2] },
+            ..Stack::default()
+        });
+    }
+}
+
+/// A stack's estimated share of its process's faults, fault time and majors.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Estimate {
+    pub faults: f64,
+    pub time_ns: f64,
+    pub major: f64,
+}
+
+/// How the stacks of a recording were chosen, for flamegraph titles: faults
+/// with an exact stack, and faults sampled at random.
+pub fn strata(stacks: &[Stack]) -> (u64, u64) {
+    stacks.iter().fold((0, 0), |(e, s), st| {
+        if st.stratum == STRATUM_EXACT {
+            (e + st.counts.faults, s)
+        } else {
+            (e, s + st.counts.faults)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use vmtrace_common::{StackCounts, STRATUM_SAMPLED};
+
+    use super::*;
+
+    fn stack(pid: u32, leaf: &str, stratum: u32, faults: u64, time_ns: u64, major: u64) -> Stack {
+        Stack {
+            pid,
+            comm: "w".into(),
+            user: vec![leaf.into()],
+            counts: StackCounts { faults, major, time_ns, timed: faults },
+            stratum,
+            ..Stack::default()
+        }
+    }
+
+    #[test]
+    fn exact_stacks_stand_for_themselves_and_sampled_ones_share_the_rest() {
+        // 1,000 faults, 10 ms: 2 slow faults of 4 ms each with exact stacks;
+        // 15 fast faults sampled, 10 in `a` and 5 in `b`.
+        let mut stacks = vec![
+            stack(1, "slow", STRATUM_EXACT, 2, 8_000_000, 2),
+            stack(1, "a", STRATUM_SAMPLED, 10, 20_000, 0),
+            stack(1, "b", STRATUM_SAMPLED, 5, 10_000, 0),
+        ];
+        let totals = BTreeMap::from([(1, Totals { faults: 1000, time_ns: 10_000_000, major: 2 })]);
+        weigh(&mut stacks, &totals);
+        assert_eq!(stacks[0].estimate, Estimate { faults: 2.0, time_ns: 8e6, major: 2.0 });
+        assert!((stacks[1].estimate.faults - 998.0 * 10.0 / 15.0).abs() < 1e-6);
+        assert!((stacks[1].estimate.time_ns - 2e6 * 2.0 / 3.0).abs() < 1e-3);
+        let sum = |f: fn(&Estimate) -> f64| stacks.iter().map(|s| f(&s.estimate)).sum::<f64>();
+        assert!((sum(|e| e.faults) - 1000.0).abs() < 1e-6);
+        assert!((sum(|e| e.time_ns) - 1e7).abs() < 1e-3);
+        assert!((sum(|e| e.major) - 2.0).abs() < 1e-9);
+        assert_eq!(strata(&stacks), (2, 15));
+    }
+
+    #[test]
+    fn a_process_without_sampled_stacks_keeps_its_share_under_a_named_frame() {
+        let mut stacks = vec![stack(7, "slow", STRATUM_EXACT, 1, 5_000, 1)];
+        let totals = BTreeMap::from([(7, Totals { faults: 40, time_ns: 9_000, major: 1 })]);
+        weigh(&mut stacks, &totals);
+        assert_eq!(stacks.len(), 2);
+        assert_eq!(stacks[1].user, [UNSAMPLED]);
+        assert_eq!(stacks[1].estimate, Estimate { faults: 39.0, time_ns: 4_000.0, major: 0.0 });
+    }
+}
