@@ -102,9 +102,9 @@ pub struct RecordArgs {
     #[arg(long, value_enum, value_delimiter = ',', default_value = "faults,regions,mmap,tlb,oom,perf")]
     pub events: Vec<EventFamily>,
     /// Time 1 in N minor faults; 0 = do not time them (cheapest). Every major
-    /// fault is timed and every fault counted whatever N is. Where the kernel
-    /// has a fault end on every fault (fexit, or memcg:count_memcg_events on
-    /// 6.14+) every fault is timed for any N > 0: sampling would not be cheaper.
+    /// fault is timed and every fault counted whatever N is. N > 1 leaves slow
+    /// faults to chance: the default times every one (fexit, or
+    /// memcg:count_memcg_events on 6.14+, at about the cost of sampling).
     #[arg(long, default_value_t = 1, value_parser = parse_period)]
     pub latency_sample: u32,
     /// Call stacks to collect for faults.

@@ -414,7 +414,7 @@ pub const MEMCG_END: Hook = Hook {
     without: Some("the perf events end the faults"),
     doc: doc(
         "fault end where fexit is refused",
-        "`mm_account_fault()` counts PGFAULT through `count_memcg_events()` (6.14+, memory controller on) for every fault it accounts: one end hook on every fault, in place of the PAGE_FAULTS_MIN event (~100 ns a fault whether it fires or not); the MAJ perf event (period 1) then moves a major's time over. Not used with `--latency-sample 0`",
+        "`mm_account_fault()` counts PGFAULT through `count_memcg_events()` (6.14+, memory controller on) for every fault it accounts: one end hook on every fault, in place of the PAGE_FAULTS_MIN event (~100 ns a fault whether it fires or not); the MAJ perf event (period 1) then moves a major's time over. Used with `--latency-sample 1` (the default) only",
     ),
     ..hook(
         "fault end (every fault)",

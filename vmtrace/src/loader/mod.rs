@@ -258,14 +258,15 @@ fn user_walk_mode(own: bool) -> u32 {
 }
 
 /// `Config::memcg_pgfault`: PGFAULT + 1 where `memcg:count_memcg_events` can
-/// end every fault — 6.14+ (the tracepoint), minor faults timed at all, and
-/// the memory controller on (else `count_memcg_events()` returns before its
-/// tracepoint).
+/// end every fault — 6.14+ (the tracepoint), every minor fault to be timed
+/// (`--latency-sample 1`, the default; a larger N asks for the sampled perf
+/// end), and the memory controller on (else `count_memcg_events()` returns
+/// before its tracepoint).
 fn memcg_end_item(opts: &LoadOptions, pgfault: Option<u32>, tp_btf: &std::collections::HashSet<&'static str>) -> u32 {
     let Some(item) = pgfault else { return 0 };
     let hook = tp_btf.contains("count_memcg_events")
         || crate::kernel::preflight::tracepoint_exists("memcg", "count_memcg_events");
-    if opts.minor_period == 0 || !hook || !memory_controller_enabled() {
+    if opts.minor_period != 1 || !hook || !memory_controller_enabled() {
         return 0;
     }
     item + 1
