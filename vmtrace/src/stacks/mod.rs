@@ -3,6 +3,7 @@
 //! and flamegraphs (`faults`, `fault-time`, `major-faults`).
 pub mod flamegraph;
 pub mod symbolize;
+pub mod unwind;
 
 use serde::{Deserialize, Serialize};
 use vmtrace_common::{StackCounts, StackKey};
