@@ -8,6 +8,8 @@
 //! Not wired into recording yet: nothing calls this outside its tests.
 mod elf;
 #[cfg(test)]
+mod measure;
+#[cfg(test)]
 mod tests;
 
 use std::{

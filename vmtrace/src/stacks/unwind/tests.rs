@@ -48,12 +48,23 @@ pub(super) fn capture(mode: &[&str]) -> Capture {
     let dir = tempfile::tempdir().expect("temp dir");
     let out = Command::new(binary()).args(mode).arg(dir.path()).output().expect("run the fixture");
     assert!(out.status.code().is_some(), "fixture crashed: {out:?}");
-    let regs = std::fs::read_to_string(dir.path().join("regs")).expect("regs written");
+    let (regs, stack, maps) = read_files(dir.path());
+    Capture { regs, stack, maps, _dir: dir }
+}
+
+/// A capture left in `dir` by someone else (the Python measurement).
+pub(super) fn read_capture(dir: &Path) -> Capture {
+    let (regs, stack, maps) = read_files(dir);
+    Capture { regs, stack, maps, _dir: tempfile::tempdir().expect("temp dir") }
+}
+
+fn read_files(dir: &Path) -> (Regs, Vec<u8>, Vec<Region>) {
+    let regs = std::fs::read_to_string(dir.join("regs")).expect("regs written");
     let v: Vec<u64> = regs.split_whitespace().map(|x| u64::from_str_radix(x, 16).expect("hex")).collect();
-    let stack = std::fs::read(dir.path().join("stack")).expect("stack written");
+    let stack = std::fs::read(dir.join("stack")).expect("stack written");
     assert_eq!(stack.len() as u64, v[3]);
-    let maps = procmaps::parse(&std::fs::read_to_string(dir.path().join("maps")).expect("maps written"));
-    Capture { regs: Regs { ip: v[0], sp: v[1], bp: v[2] }, stack, maps, _dir: dir }
+    let maps = procmaps::parse(&std::fs::read_to_string(dir.join("maps")).expect("maps written"));
+    (Regs { ip: v[0], sp: v[1], bp: v[2] }, stack, maps)
 }
 
 /// Names of the frames, call sites for return addresses.
