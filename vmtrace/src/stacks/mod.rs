@@ -3,6 +3,7 @@
 //! and flamegraphs (`faults`, `fault-time`, `major-faults`).
 pub mod flamegraph;
 pub mod symbolize;
+pub mod unwind;
 pub mod weight;
 
 use serde::{Deserialize, Serialize};

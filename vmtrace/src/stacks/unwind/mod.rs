@@ -1,0 +1,313 @@
+//! User stacks without frame pointers: a sample is the user registers (ip,
+//! sp, bp) and a bounded copy of the stack from sp, taken by the kernel; here
+//! framehop walks it with the objects' DWARF call-frame information
+//! (`.eh_frame`, `.debug_frame`), the way samply does. Frame pointers are only
+//! a fallback where an object has no CFI, and a chain built from them is kept
+//! only while it stays in executable code.
+//!
+//! Not wired into recording yet: nothing calls this outside its tests.
+mod elf;
+#[cfg(test)]
+mod measure;
+#[cfg(test)]
+mod tests;
+
+use std::{
+    collections::HashMap,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use framehop::{
+    CacheNative, Error as FhError, ExplicitModuleSectionInfo, MayAllocateDuringUnwind, Module, UnwindRegsNative,
+    Unwinder as _, UnwinderNative,
+};
+
+pub use elf::LoadError;
+use elf::{Bytes, ObjectInfo};
+
+use crate::procmaps::{Region, RegionKind};
+
+/// User registers at the sampled instant.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Regs {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
+/// One sample: registers and the bytes of the stack copied from `regs.sp`.
+#[derive(Clone, Copy, Debug)]
+pub struct Sample<'a> {
+    pub regs: Regs,
+    pub stack: &'a [u8],
+}
+
+/// What kind of executable code holds an address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Code {
+    /// An ELF object with call-frame information.
+    Cfi,
+    /// An ELF object without any (or one that could not be read).
+    NoCfi,
+    /// Anonymous executable memory: JIT code (Python's perf trampolines, V8, …).
+    Anonymous,
+    /// The kernel's vDSO (its CFI lives only in memory; not read yet).
+    Vdso,
+}
+
+/// Why the walk stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// A thread root: the CFI marks the return address undefined (`_start`,
+    /// `clone3`/`start_thread`), framehop's end of stack.
+    Root,
+    /// The next read fell beyond the copied window at this address: a
+    /// deeper stack than the window, the outer frames are missing.
+    WindowEnd { addr: u64 },
+    /// The last frame is in code without unwind information and frame
+    /// pointers did not lead back into code from there.
+    NoUnwindInfo { addr: u64, code: Code },
+    /// A return address found through CFI lies outside executable code; the
+    /// frames from there on were dropped (the copied stack was stale, or the CFI
+    /// is wrong).
+    LeftCode { addr: u64 },
+    /// framehop failed (e.g. it would loop, or the stack pointer went down).
+    Error(FhError),
+    /// `Unwinder::max_frames` frames were found.
+    MaxFrames,
+}
+
+impl Stop {
+    /// The outermost frame to show for a stack that did not reach its root,
+    /// so a cut stack never looks complete.
+    pub fn marker(&self) -> Option<String> {
+        match self {
+            Self::Root => None,
+            Self::WindowEnd { .. } => Some("[stack window exhausted]".into()),
+            Self::NoUnwindInfo { code: Code::Anonymous, .. } => Some("[jit code: no unwind info]".into()),
+            Self::NoUnwindInfo { code: Code::Vdso, .. } => Some("[vdso: no unwind info]".into()),
+            Self::NoUnwindInfo { .. } => Some("[no unwind info]".into()),
+            Self::LeftCode { .. } => Some("[unwind left code]".into()),
+            Self::Error(e) => Some(format!("[unwind error: {e}]")),
+            Self::MaxFrames => Some("[too many frames]".into()),
+        }
+    }
+}
+
+/// The result of one unwind: `frames[0]` is the instruction pointer, the
+/// others are return addresses (as in a kernel stack map; look up
+/// `addr - 1` to name the call site), innermost first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unwound {
+    pub frames: Vec<u64>,
+    pub stop: Stop,
+}
+
+/// A code range of one process and what unwinds it.
+#[derive(Clone, Debug)]
+struct CodeRange {
+    start: u64,
+    end: u64,
+    code: Code,
+}
+
+/// One process's modules as framehop wants them, plus its executable ranges.
+/// Build it again when the process maps new code.
+pub struct AddressSpace {
+    modules: UnwinderNative<Bytes, MayAllocateDuringUnwind>,
+    code: Vec<CodeRange>,
+}
+
+impl AddressSpace {
+    fn code_at(&self, addr: u64) -> Option<Code> {
+        let i = self.code.partition_point(|c| c.start <= addr).checked_sub(1)?;
+        let c = &self.code[i];
+        (addr < c.end).then_some(c.code)
+    }
+
+    /// Executable ranges and whether each has CFI (for tests and reports).
+    pub fn code_ranges(&self) -> impl Iterator<Item = (u64, u64, Code)> + '_ {
+        self.code.iter().map(|c| (c.start, c.end, c.code))
+    }
+}
+
+/// Identity of an object file: replaced files (upgrades) get new entries.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct ObjectKey {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i64,
+}
+
+/// Cache and counters, for the measurement note and a future summary line.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Objects whose unwind sections are cached.
+    pub objects: usize,
+    /// Bytes of unwind sections held.
+    pub bytes: usize,
+    /// Objects that could not be read (they unwind with frame pointers).
+    pub unreadable: usize,
+}
+
+/// Unwind sections per object, shared by all processes, and framehop's rule
+/// cache (keyed by address and module generation, so shared safely too).
+pub struct Unwinder {
+    objects: HashMap<ObjectKey, Option<Arc<ObjectInfo>>>,
+    cache: CacheNative<MayAllocateDuringUnwind>,
+    /// Frames per stack at most (the kernel's stack maps keep 127).
+    pub max_frames: usize,
+}
+
+impl Default for Unwinder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Unwinder {
+    pub fn new() -> Self {
+        Self { objects: HashMap::new(), cache: CacheNative::new(), max_frames: 127 }
+    }
+
+    pub fn stats(&self) -> Stats {
+        let mut s = Stats::default();
+        for o in self.objects.values() {
+            match o {
+                Some(o) => {
+                    s.objects += 1;
+                    s.bytes += o.bytes();
+                }
+                None => s.unreadable += 1,
+            }
+        }
+        s
+    }
+
+    /// Unwind sections of the file at `path`, read on first use.
+    fn object(&mut self, path: &Path) -> Option<Arc<ObjectInfo>> {
+        let meta = std::fs::metadata(path).ok()?;
+        let key = ObjectKey {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime_ns: meta.mtime_nsec() + meta.mtime() * 1_000_000_000,
+        };
+        self.objects
+            .entry(key)
+            .or_insert_with(|| match ObjectInfo::load(path) {
+                Ok(info) => Some(Arc::new(info)),
+                Err(e) => {
+                    log::debug!("unwind: {}: {e}", path.display());
+                    None
+                }
+            })
+            .clone()
+    }
+
+    /// The address space of a process from its memory map; `root` is the
+    /// directory its paths are relative to (`/proc/PID/root` for a process in
+    /// another mount namespace, `/` otherwise). Objects are read on first
+    /// sight and cached across processes.
+    pub fn address_space(&mut self, maps: &[Region], root: &Path) -> AddressSpace {
+        let mut modules = UnwinderNative::new();
+        let mut code = Vec::new();
+        let mut i = 0;
+        while i < maps.len() {
+            let r = &maps[i];
+            if !r.perms.contains('x') {
+                i += 1;
+                continue;
+            }
+            // Consecutive executable mappings of one file form one module.
+            let mut j = i + 1;
+            while j < maps.len() && maps[j].perms.contains('x') && maps[j].path == r.path && r.kind == RegionKind::File
+            {
+                j += 1;
+            }
+            let (start, end) = (r.start, maps[j - 1].end);
+            i = j;
+            let kind = match (r.kind, r.path.as_deref()) {
+                (RegionKind::File, Some(path)) => {
+                    let full: PathBuf = root.join(path.trim_start_matches('/'));
+                    match self.object(&full) {
+                        Some(info) if info.has_cfi() => match info.bias(r.start, r.offset) {
+                            Some(bias) => {
+                                modules.add_module(module(path, start..end, bias, &info));
+                                Code::Cfi
+                            }
+                            None => Code::NoCfi,
+                        },
+                        _ => Code::NoCfi,
+                    }
+                }
+                (RegionKind::Vdso, _) => Code::Vdso,
+                _ => Code::Anonymous,
+            };
+            code.push(CodeRange { start, end, code: kind });
+        }
+        AddressSpace { modules, code }
+    }
+
+    /// Walks one sample of a process whose address space is `space`.
+    pub fn unwind(&mut self, space: &AddressSpace, sample: &Sample) -> Unwound {
+        let Regs { ip, sp, bp } = sample.regs;
+        let window_end = sp.saturating_add(sample.stack.len() as u64);
+        let mut read = |addr: u64| -> Result<u64, ()> {
+            let off = usize::try_from(addr.checked_sub(sp).ok_or(())?).map_err(|_| ())?;
+            let bytes = sample.stack.get(off..off + 8).ok_or(())?;
+            Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| ())?))
+        };
+        let mut frames: Vec<u64> = Vec::new();
+        let mut last: Option<(u64, Option<Code>)> = None;
+        let mut it = space.modules.iter_frames(ip, UnwindRegsNative::new(ip, sp, bp), &mut self.cache, &mut read);
+        let stop = loop {
+            if frames.len() >= self.max_frames {
+                break Stop::MaxFrames;
+            }
+            // A chain through code without CFI is as good as its frame
+            // pointers: it ends at the last frame that was still code.
+            let no_cfi = |last: Option<(u64, Option<Code>)>| match last {
+                Some((addr, Some(code))) if code != Code::Cfi => Some(Stop::NoUnwindInfo { addr, code }),
+                _ => None,
+            };
+            match it.next() {
+                Ok(Some(frame)) => {
+                    let addr = frame.address();
+                    let code = space.code_at(frame.address_for_lookup());
+                    if code.is_none() && !frames.is_empty() {
+                        break no_cfi(last).unwrap_or(Stop::LeftCode { addr });
+                    }
+                    frames.push(addr);
+                    last = Some((addr, code));
+                }
+                Ok(None) => break no_cfi(last).unwrap_or(Stop::Root),
+                Err(FhError::CouldNotReadStack(addr)) if addr >= window_end => {
+                    break no_cfi(last).unwrap_or(Stop::WindowEnd { addr })
+                }
+                Err(e) => break no_cfi(last).unwrap_or(Stop::Error(e)),
+            }
+        };
+        Unwound { frames, stop }
+    }
+}
+
+/// framehop's module for one mapping of an object: SVMAs of the sections plus
+/// the bias as `base_avma` (ELF's base SVMA is 0).
+fn module(name: &str, avma: std::ops::Range<u64>, bias: u64, info: &ObjectInfo) -> Module<Bytes> {
+    let sections = ExplicitModuleSectionInfo {
+        base_svma: 0,
+        text_svma: info.text_svma.clone(),
+        got_svma: info.got_svma.clone(),
+        eh_frame_svma: info.eh_frame.as_ref().map(|s| s.svma.clone()),
+        eh_frame: info.eh_frame.as_ref().map(|s| s.data.clone()),
+        eh_frame_hdr_svma: info.eh_frame_hdr.as_ref().map(|s| s.svma.clone()),
+        eh_frame_hdr: info.eh_frame_hdr.as_ref().map(|s| s.data.clone()),
+        debug_frame: info.debug_frame.clone(),
+        ..Default::default()
+    };
+    Module::new(name.to_string(), avma, bias, sections)
+}
