@@ -265,7 +265,7 @@ fn sampled_stacks_are_scaled_to_the_total() {
         5.0,
     );
     let svg = std::fs::read_to_string(run.out.path().join("faults.svg")).unwrap();
-    assert!(svg.contains("sampled 1 in 8"), "the title says so");
+    assert!(svg.contains("the rest from 1 in 8 faults"), "the title says how it was estimated");
 }
 
 #[test]
