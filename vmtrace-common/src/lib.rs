@@ -120,7 +120,7 @@ pub struct InflightFault {
     /// Page number of the faulting address (address >> 12): the end hook matches on it.
     pub page: u64,
     pub start_ns: u64,
-    /// Stack ids of this fault in `STACKS` (negative: none taken).
+    /// Stack ids of this fault (`STACK_ID_NONE`: none taken; `STACK_ID_LOST`: failed).
     pub user_stack: i32,
     pub kernel_stack: i32,
     /// Non-zero while this CPU walks a user stack (per-CPU slot only): faults
@@ -137,18 +137,19 @@ const _: () = assert!(core::mem::size_of::<InflightFault>() == 40);
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct StackKey {
     pub tgid: u32,
-    /// Id in `STACKS`, or negative when not collected / failed.
+    /// Id in `STACKS` or `USER_STACKS`, else `STACK_ID_NONE` / `STACK_ID_LOST`.
     pub user_stack: i32,
     pub kernel_stack: i32,
     pub _pad: u32,
-    /// `address >> LEAF_GRANULE_SHIFT` with `--leaf region`, else 0: userspace
+    /// `address >> LEAF_BLOCK_SHIFT` with `--leaf region`, else 0: userspace
     /// turns it into the memory region as the flamegraph's leaf.
-    pub granule: u64,
+    pub leaf_block: u64,
 }
 const _: () = assert!(core::mem::size_of::<StackKey>() == 24);
 
-/// Address granule of `StackKey::granule`: 64 KiB.
-pub const LEAF_GRANULE_SHIFT: u32 = 16;
+/// Address block of `StackKey::leaf_block`: 64 KiB. (A *granule* is the
+/// region aggregate's unit, `REGION_GRANULE_SHIFT`.)
+pub const LEAF_BLOCK_SHIFT: u32 = 16;
 
 /// Faults seen with one stack pair.
 #[repr(C)]
@@ -188,8 +189,7 @@ pub const STACK_CUR_SLOTS: u32 = 16;
 
 /// Address granule of the per-region aggregate: 256 KiB, 64 pages (one bit
 /// each in `GranuleCounts::touched`). Each new granule costs the start hook a
-/// hash insert (~0.5 µs here): with 64 KiB granules that was ~33 ns per
-/// first-touch fault, now a quarter of it.
+/// hash insert, so a granule is as large as the bitmap allows.
 pub const REGION_GRANULE_SHIFT: u32 = 18;
 
 /// Pages per region granule.
@@ -299,7 +299,7 @@ pub enum DropKind {
     TaskEventRingFull = 0,
     /// `FAULT_STATS` was full: a process's faults were not counted.
     FaultStatsFull = 1,
-    /// `TRACED` was full: a new child could not be followed.
+    /// `FAULT_STATS` (the traced set) was full: a new child could not be followed.
     TracedFull = 2,
     /// A fault ended with no recorded start (start hook missed it): counted, not timed.
     FaultUntimed = 3,
@@ -622,7 +622,7 @@ impl KernelOffsets {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Config {
-    /// 1: trace every process (`-a`); 0: only tgids in `TRACED`.
+    /// 1: trace every process (`-a`); 0: only tgids with a `FAULT_STATS` entry.
     pub trace_all: u32,
     /// Period of the minor-fault end hook (1 = every minor fault timed).
     pub minor_period: u32,
@@ -630,7 +630,7 @@ pub struct Config {
     pub stack_mode: u32,
     /// Take a stack on 1 in N faults (per CPU).
     pub stack_period: u32,
-    /// 1: key stacks by address granule too (`--leaf region`).
+    /// 1: key stacks by address block too (`--leaf region`, `LEAF_BLOCK_SHIFT`).
     pub leaf_region: u32,
     /// `MM_*` bits: mmap-family/TLB tracing on, IPI counting fallback.
     pub mm: u32,
@@ -662,6 +662,13 @@ pub const USER_WALK_WINDOWS: u32 = 2;
 
 /// Bit 30 of every id in `USER_STACKS`: ids in `STACKS` stay below it.
 pub const OWN_STACK_ID: u32 = 1 << 30;
+
+/// Stack id (`StackKey`, `InflightFault`, `MmStackKey`) of a stack not taken:
+/// that kind of stack is off, or the fault was not sampled.
+pub const STACK_ID_NONE: i32 = -1;
+/// Stack id of a stack that was to be taken but could not be read or stored
+/// (`DropKind::StackLost`): the event is counted without it.
+pub const STACK_ID_LOST: i32 = -2;
 
 /// Deepest user stack recorded: the kernel's own limit (PERF_MAX_STACK_DEPTH).
 pub const USER_STACK_DEPTH: usize = 127;

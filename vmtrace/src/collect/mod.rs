@@ -290,12 +290,12 @@ impl Session {
                     user,
                     kernel: kernel.iter().rev().map(|&a| names.kernel(a)).collect(),
                     counts,
-                    user_missing: k.user_stack == -2,
+                    user_missing: k.user_stack == vmtrace_common::STACK_ID_LOST,
                     user_cut,
-                    leaf: (k.granule != 0).then(|| {
-                        let a = k.granule << vmtrace_common::LEAF_GRANULE_SHIFT;
-                        let end = a + (1 << vmtrace_common::LEAF_GRANULE_SHIFT) - 1;
-                        // A region may start inside the granule: try its last byte too.
+                    leaf: (k.leaf_block != 0).then(|| {
+                        let a = k.leaf_block << vmtrace_common::LEAF_BLOCK_SHIFT;
+                        let end = a + (1 << vmtrace_common::LEAF_BLOCK_SHIFT) - 1;
+                        // A region may start inside the block: try its last byte too.
                         let leaf = stacks::region_leaf(&info.maps, &info.mapped, a);
                         if leaf == "[unmapped region]" {
                             stacks::region_leaf(&info.maps, &info.mapped, end)
@@ -569,7 +569,7 @@ impl Session {
         let info = self.table.ensure(tgid);
         names.prepare_user(&ips, &info.maps);
         let (mut frames, _) = stacks::user_frames(&ips, names, &info.maps, &info.mapped, None);
-        if user_stack == -2 {
+        if user_stack == vmtrace_common::STACK_ID_LOST {
             frames.push("[no user stack]".into());
         }
         frames.push(format!("[{}]", MM_CALL_NAMES.get(call as usize).copied().unwrap_or("?")));

@@ -31,7 +31,7 @@ fn clean(frame: &str) -> String {
 /// scaled by `scale` (the stack sampling period), times are not: they are the
 /// times measured.
 pub fn folded(stacks: &[Stack], weight: Weight, scale: u64) -> String {
-    // Identical frames (e.g. one stack over several granules of one region) merge.
+    // Identical frames (e.g. one stack over several address blocks of one region) merge.
     let mut merged: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
     for s in stacks {
         let w = match weight {
