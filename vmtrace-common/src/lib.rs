@@ -120,7 +120,7 @@ pub struct InflightFault {
     /// Page number of the faulting address (address >> 12): the end hook matches on it.
     pub page: u64,
     pub start_ns: u64,
-    /// Stack ids of this fault in `STACKS` (negative: none taken).
+    /// Stack ids of this fault (`STACK_ID_NONE`: none taken; `STACK_ID_LOST`: failed).
     pub user_stack: i32,
     pub kernel_stack: i32,
     /// Non-zero while this CPU walks a user stack (per-CPU slot only): faults
@@ -129,30 +129,38 @@ pub struct InflightFault {
     /// `INFLIGHT_*` bits.
     pub flags: u32,
 }
+const _: () = assert!(core::mem::size_of::<InflightFault>() == 40);
 /// `InflightFault::flags`: counted as served by a huge page (once: a readahead
 /// may add several PMD-order folios in one fault).
 pub const INFLIGHT_HUGE: u32 = 1;
 /// `InflightFault::flags`: its stack was taken because the fault turned out
 /// slow (slept, or a huge page), in the exact stratum (`STRATUM_EXACT`).
 pub const INFLIGHT_EXACT_STACK: u32 = 2;
-const _: () = assert!(core::mem::size_of::<InflightFault>() == 40);
 
 /// Key of the in-kernel stack aggregate (`FAULT_STACKS`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct StackKey {
     pub tgid: u32,
-    /// Id in `STACKS`, or negative when not collected / failed.
+    /// Id in `STACKS` or `USER_STACKS`, else `STACK_ID_NONE` / `STACK_ID_LOST`.
     pub user_stack: i32,
     pub kernel_stack: i32,
     /// `STRATUM_SAMPLED` or `STRATUM_EXACT`: how this stack's faults were
     /// chosen, so userspace weights each stratum by what it stands for.
     pub stratum: u32,
-    /// `address >> LEAF_GRANULE_SHIFT` with `--leaf region`, else 0: userspace
+    /// `address >> LEAF_BLOCK_SHIFT` with `--leaf region`, else 0: userspace
     /// turns it into the memory region as the flamegraph's leaf.
-    pub granule: u64,
+    pub leaf_block: u64,
 }
 const _: () = assert!(core::mem::size_of::<StackKey>() == 24);
+
+/// `StackKey::stratum`: a stack taken at random at 1 in `stack_period` fault
+/// starts; it stands for the faults not in the exact stratum.
+pub const STRATUM_SAMPLED: u32 = 0;
+/// `StackKey::stratum`: a stack taken because its fault slept or was served
+/// by a huge page; every such fault has one, so it stands for itself. Slow
+/// faults carry most of the time and would be left to chance by sampling.
+pub const STRATUM_EXACT: u32 = 1;
 
 /// `CONTROL[0]` before the window: processes added to the traced set are
 /// counted, `-a` counts nothing yet.
@@ -163,16 +171,9 @@ pub const CONTROL_RUNNING: u32 = 1;
 /// kernel's own counters, read after, cover the same moment.
 pub const CONTROL_STOPPED: u32 = 2;
 
-/// `StackKey::stratum`: a stack taken at random at 1 in `stack_period` fault
-/// starts; it stands for the faults not in the exact stratum.
-pub const STRATUM_SAMPLED: u32 = 0;
-/// `StackKey::stratum`: a stack taken because its fault slept or was served
-/// by a huge page; every such fault has one, so it stands for itself. Slow
-/// faults carry most of the time and would be left to chance by sampling.
-pub const STRATUM_EXACT: u32 = 1;
-
-/// Address granule of `StackKey::granule`: 64 KiB.
-pub const LEAF_GRANULE_SHIFT: u32 = 16;
+/// Address block of `StackKey::leaf_block`: 64 KiB. (A *granule* is the
+/// region aggregate's unit, `REGION_GRANULE_SHIFT`.)
+pub const LEAF_BLOCK_SHIFT: u32 = 16;
 
 /// Faults seen with one stack pair.
 #[repr(C)]
@@ -212,8 +213,7 @@ pub const STACK_CUR_SLOTS: u32 = 16;
 
 /// Address granule of the per-region aggregate: 256 KiB, 64 pages (one bit
 /// each in `GranuleCounts::touched`). Each new granule costs the start hook a
-/// hash insert (~0.5 µs here): with 64 KiB granules that was ~33 ns per
-/// first-touch fault, now a quarter of it.
+/// hash insert, so a granule is as large as the bitmap allows.
 pub const REGION_GRANULE_SHIFT: u32 = 18;
 
 /// Pages per region granule.
@@ -327,7 +327,7 @@ pub enum DropKind {
     TaskEventRingFull = 0,
     /// `FAULT_STATS` was full: a process's faults were not counted.
     FaultStatsFull = 1,
-    /// `TRACED` was full: a new child could not be followed.
+    /// `FAULT_STATS` (the traced set) was full: a new child could not be followed.
     TracedFull = 2,
     /// A fault ended with no recorded start (start hook missed it): counted, not timed.
     FaultUntimed = 3,
@@ -650,7 +650,7 @@ impl KernelOffsets {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Config {
-    /// 1: trace every process (`-a`); 0: only tgids in `TRACED`.
+    /// 1: trace every process (`-a`); 0: only tgids with a `FAULT_STATS` entry.
     pub trace_all: u32,
     /// Period of the minor-fault end hook (1 = every minor fault timed).
     pub minor_period: u32,
@@ -658,7 +658,7 @@ pub struct Config {
     pub stack_mode: u32,
     /// Take a stack on 1 in N faults (per CPU).
     pub stack_period: u32,
-    /// 1: key stacks by address granule too (`--leaf region`).
+    /// 1: key stacks by address block too (`--leaf region`, `LEAF_BLOCK_SHIFT`).
     pub leaf_region: u32,
     /// `MM_*` bits: mmap-family/TLB tracing on, IPI counting fallback.
     pub mm: u32,
@@ -692,6 +692,13 @@ pub const USER_WALK_WINDOWS: u32 = 2;
 
 /// Bit 30 of every id in `USER_STACKS`: ids in `STACKS` stay below it.
 pub const OWN_STACK_ID: u32 = 1 << 30;
+
+/// Stack id (`StackKey`, `InflightFault`, `MmStackKey`) of a stack not taken:
+/// that kind of stack is off, or the fault was not sampled.
+pub const STACK_ID_NONE: i32 = -1;
+/// Stack id of a stack that was to be taken but could not be read or stored
+/// (`DropKind::StackLost`): the event is counted without it.
+pub const STACK_ID_LOST: i32 = -2;
 
 /// Deepest user stack recorded: the kernel's own limit (PERF_MAX_STACK_DEPTH).
 pub const USER_STACK_DEPTH: usize = 127;

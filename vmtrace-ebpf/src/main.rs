@@ -1,12 +1,16 @@
-//! vmtrace kernel programs. One module per probe family under `probes/`;
-//! the maps and read-only globals they share live in `maps.rs`; the user-stack
-//! walker in `ustack.rs`.
+//! vmtrace kernel programs. One module per probe family under `probes/`,
+//! each with the maps only it uses. Below them, with no cycles:
+//! `globals` (loader-set config and BTF offsets) ← `shared` (traced set, drop
+//! counters, event ring) and `inflight` (faults in flight) ← `stacks` (stack
+//! ids and the user-stack walk) ← `probes`.
 #![no_std]
 #![no_main]
 
-mod maps;
+mod globals;
+mod inflight;
 mod probes;
-mod ustack;
+mod shared;
+mod stacks;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -3,7 +3,7 @@
 //!
 //! start: `exceptions:page_fault_user` / `page_fault_kernel` (tp_btf; classic
 //!        tracepoint fallback). Counts every fault on a user address and its
-//!        access type, and stamps the per-CPU in-flight slot.
+//!        access type, and stamps the per-CPU in-flight slot (`inflight.rs`).
 //! end:   fexit on `handle_mm_fault` where the kernel allows it (every fault,
 //!        classified from its return value as `mm_account_fault()` does); else
 //!        `memcg:count_memcg_events` (PGFAULT, 6.14+: every fault) with the
@@ -11,24 +11,122 @@
 //!        programs on the software events PAGE_FAULTS_MAJ (period 1) and
 //!        PAGE_FAULTS_MIN (period `CONFIG.minor_period`): the kernel's own
 //!        minor/major classification, and the latency since the start stamp.
-//! park:  `sched_switch` moves the slot of a thread that sleeps mid-fault (majors
-//!        wait on I/O) to a hash keyed by tid, so the fault is timed wherever it resumes.
+//! huge:  `kmem:mm_page_alloc` of a PMD-order folio inside a fault marks it
+//!        served by a huge page.
+//! Slow faults (slept, or huge) always get a stack, in the exact stratum.
+//! A thread that sleeps mid-fault is parked by the `sched_switch` hook (`sched.rs`).
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns},
     macros::{btf_tracepoint, fexit, map, perf_event, tracepoint},
-    maps::PerCpuArray,
+    maps::{PerCpuArray, PerCpuHashMap},
     programs::{tracing::StackIdContext, BtfTracePointContext, FExitContext, PerfEventContext, TracePointContext},
 };
 use vmtrace_common::{
-    granule_bucket, hist_bucket, pf, DropKind, InflightFault, StackCounts, StackKey, GRANULE_PAGES,
-    INFLIGHT_EXACT_STACK, INFLIGHT_HUGE, LEAF_GRANULE_SHIFT, PMD_ORDER, STACK_KERNEL, STACK_USER, STRATUM_EXACT,
+    granule_bucket, hist_bucket, pf, DropKind, GranuleCounts, GranuleCur, GranuleKey, InflightFault, Merge,
+    StackCounts, StackCur, StackKey, GRANULE_PAGES, INFLIGHT_EXACT_STACK, INFLIGHT_HUGE, LEAF_BLOCK_SHIFT, PMD_ORDER,
+    REGION_GRANULE_SHIFT, STACK_CUR_SLOTS, STACK_ID_LOST, STACK_ID_NONE, STACK_KERNEL, STACK_USER, STRATUM_EXACT,
     STRATUM_SAMPLED,
 };
 
-use crate::maps::{
-    config, count_drop, count_total, current_stats, granule_counts, mm_park, stack_counts, tp_field, user_stack_id,
-    FAULT_PARKED, FAULT_SLOT, FAULT_STATS, STACKS,
+use crate::{
+    globals::config,
+    inflight::{current_fault, nofault_read, take_start, take_start_of, FAULT_SLOT},
+    shared::{count_drop, current_stats, get_or_insert, tp_field, FAULT_STATS},
+    stacks::{user_stack_id, STACKS},
 };
+
+/// Faults of all traced processes (index 0) and majors (1), per CPU: the
+/// fault-rate timeline, read every 100 ms without walking the per-process map.
+#[map]
+static TOTALS: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
+
+#[inline(always)]
+fn count_total(i: u32) {
+    if let Some(p) = TOTALS.get_ptr_mut(i) {
+        // SAFETY: per-CPU value.
+        unsafe { *p += 1 };
+    }
+}
+
+/// Fault counts per (process, user stack, kernel stack).
+#[map]
+static FAULT_STACKS: PerCpuHashMap<StackKey, StackCounts> = PerCpuHashMap::with_max_entries(65_536, 0);
+
+/// The stack aggregates this CPU counts into, direct-mapped by key; see `StackCur`.
+#[map]
+static STACK_CUR: PerCpuArray<StackCur> = PerCpuArray::with_max_entries(STACK_CUR_SLOTS, 0);
+
+/// Counts for `key`: its slot in this CPU's `STACK_CUR`, after moving the
+/// slot's previous key's counts into `FAULT_STACKS` if it differs. Two ways of
+/// several slots, as an unrolled loop faults at a few instructions in turn.
+/// With a stack on every fault this saves a hash lookup per fault.
+#[inline(always)]
+fn stack_counts(key: &StackKey) -> Option<&'static mut StackCounts> {
+    // Stack ids are hash-derived: their low bits spread keys over the slots.
+    let i = ((key.user_stack ^ key.kernel_stack) as u32 ^ key.leaf_block as u32) % STACK_CUR_SLOTS;
+    // SAFETY: this CPU's slots; BPF programs on one CPU do not interleave.
+    let cur = unsafe { &mut *STACK_CUR.get_ptr_mut(i)? };
+    if cur.key == *key {
+        return Some(&mut cur.counts);
+    }
+    // SAFETY: as above.
+    let other = unsafe { &mut *STACK_CUR.get_ptr_mut(i ^ 1)? };
+    if other.key == *key {
+        return Some(&mut other.counts);
+    }
+    let c = cur.counts;
+    if c.faults | c.major | c.timed != 0 {
+        match get_or_insert(&FAULT_STACKS, &cur.key, &StackCounts::default()) {
+            Some(v) => v.merge(&c),
+            None => count_drop(DropKind::StackCountsFull),
+        }
+    }
+    cur.key = *key;
+    cur.counts = StackCounts::default();
+    Some(&mut cur.counts)
+}
+
+/// Faults per (process, region granule): userspace maps granules to regions.
+#[map]
+static REGION_STATS: PerCpuHashMap<GranuleKey, GranuleCounts> = PerCpuHashMap::with_max_entries(262_144, 0);
+
+/// The granule this CPU counts into; see `GranuleCur`.
+#[map]
+static GRANULE_CUR: PerCpuArray<GranuleCur> = PerCpuArray::with_max_entries(1, 0);
+
+/// Counts for the granule of `address` in `tgid`: this CPU's current granule,
+/// after moving the previous one's counts into `REGION_STATS` if it differs.
+/// One hash operation per run of faults in a granule instead of one per fault.
+#[inline(always)]
+fn granule_counts(tgid: u32, address: u64) -> Option<&'static mut GranuleCounts> {
+    let key = GranuleKey { tgid, _pad: 0, granule: address >> REGION_GRANULE_SHIFT };
+    // SAFETY: this CPU's slot; BPF programs on one CPU do not interleave.
+    let cur = unsafe { &mut *GRANULE_CUR.get_ptr_mut(0)? };
+    if cur.key != key {
+        if cur.counts.faults | cur.counts.major | cur.counts.timed | cur.counts.huge != 0 {
+            flush_granule(&cur.key, &cur.counts);
+        }
+        cur.key = key;
+        cur.counts = GranuleCounts::default();
+    }
+    Some(&mut cur.counts)
+}
+
+#[inline(always)]
+fn flush_granule(key: &GranuleKey, counts: &GranuleCounts) {
+    if let Some(p) = REGION_STATS.get_ptr_mut(key) {
+        // SAFETY: this CPU's value of a live entry.
+        unsafe { (*p).merge(counts) };
+        return;
+    }
+    if REGION_STATS.insert(key, counts, 1).is_err() {
+        match REGION_STATS.get_ptr_mut(key) {
+            // SAFETY: as above (inserted meanwhile on another CPU).
+            Some(p) => unsafe { (*p).merge(counts) },
+            None => count_drop(DropKind::RegionStatsFull),
+        }
+    }
+}
 
 /// Lowest kernel address on x86-64 (4- and 5-level paging): kernel-mode faults
 /// at or above it are not faults on user memory.
@@ -37,7 +135,7 @@ const KERNEL_SPACE_START: u64 = 0xff00_0000_0000_0000;
 // TP_PROTO(unsigned long address, struct pt_regs *regs, unsigned long error_code)
 #[btf_tracepoint(function = "page_fault_user")]
 pub fn tp_btf_page_fault_user(ctx: BtfTracePointContext) -> i32 {
-    fault_start(&ctx, ctx.arg::<u64>(0), ctx.arg::<u64>(2), false);
+    let _ = try_fault_start(&ctx, ctx.arg::<u64>(0), ctx.arg::<u64>(2), false);
     0
 }
 
@@ -45,7 +143,7 @@ pub fn tp_btf_page_fault_user(ctx: BtfTracePointContext) -> i32 {
 pub fn tp_btf_page_fault_kernel(ctx: BtfTracePointContext) -> i32 {
     let address = ctx.arg::<u64>(0);
     if address < KERNEL_SPACE_START {
-        fault_start(&ctx, address, ctx.arg::<u64>(2), true);
+        let _ = try_fault_start(&ctx, address, ctx.arg::<u64>(2), true);
     }
     0
 }
@@ -59,41 +157,31 @@ const TP_FAULT_ERROR_CODE: usize = 24;
 
 #[tracepoint(category = "exceptions", name = "page_fault_user")]
 pub fn tp_exceptions_page_fault_user(ctx: TracePointContext) -> u32 {
-    try_tp_page_fault(&ctx, false);
+    let _ = try_tp_page_fault(&ctx, false);
     0
 }
 
 #[tracepoint(category = "exceptions", name = "page_fault_kernel")]
 pub fn tp_exceptions_page_fault_kernel(ctx: TracePointContext) -> u32 {
-    try_tp_page_fault(&ctx, true);
+    let _ = try_tp_page_fault(&ctx, true);
     0
 }
 
-fn try_tp_page_fault(ctx: &TracePointContext, kernel_mode: bool) {
+fn try_tp_page_fault(ctx: &TracePointContext, kernel_mode: bool) -> Option<()> {
     let address: u64 = tp_field(ctx, TP_FAULT_ADDRESS);
     let error_code: u64 = tp_field(ctx, TP_FAULT_ERROR_CODE);
     if !kernel_mode || address < KERNEL_SPACE_START {
-        fault_start(ctx, address, error_code, kernel_mode);
+        try_fault_start(ctx, address, error_code, kernel_mode)?;
     }
-}
-
-/// A kernel-mode fault taken while this CPU walks a user stack for us: the
-/// walk's nofault read fails it, and the kernel never accounts it. (The
-/// task's `pagefault_disabled` cannot tell: `read()` copies to user memory
-/// with page faults disabled, and those faults are handled and accounted.)
-#[inline(always)]
-fn nofault_read() -> bool {
-    FAULT_SLOT.get(0).is_some_and(|s| s.walking != 0)
+    Some(())
 }
 
 #[inline(always)]
-fn fault_start<C: StackIdContext>(ctx: &C, address: u64, error_code: u64, kernel_mode: bool) {
+fn try_fault_start<C: StackIdContext>(ctx: &C, address: u64, error_code: u64, kernel_mode: bool) -> Option<()> {
     if kernel_mode && nofault_read() {
-        return;
+        return None;
     }
-    let Some((tgid, tid, s)) = current_stats() else {
-        return;
-    };
+    let (tgid, tid, s) = current_stats()?;
     s.started += 1;
     count_total(0);
     if error_code & pf::WRITE != 0 {
@@ -123,29 +211,29 @@ fn fault_start<C: StackIdContext>(ctx: &C, address: u64, error_code: u64, kernel
             }
         }
     }
-    if let Some(slot) = FAULT_SLOT.get_ptr_mut(0) {
-        // SAFETY: per-CPU slot; preemption is off in the fault entry path.
-        let slot = unsafe { &mut *slot };
-        slot.tid = tid;
-        slot.page = address >> 12;
-        slot.flags = 0;
-        (slot.user_stack, slot.kernel_stack) = sample_stack(ctx, tgid, address, slot);
-        // SAFETY: no preconditions. Stamped last: the stack walk is not fault time.
-        slot.start_ns = unsafe { bpf_ktime_get_ns() };
-    }
+    let slot = FAULT_SLOT.get_ptr_mut(0)?;
+    // SAFETY: per-CPU slot; preemption is off in the fault entry path.
+    let slot = unsafe { &mut *slot };
+    slot.tid = tid;
+    slot.page = address >> 12;
+    slot.flags = 0;
+    (slot.user_stack, slot.kernel_stack) = sample_stack(ctx, tgid, address, slot);
+    // SAFETY: no preconditions. Stamped last: the stack walk is not fault time.
+    slot.start_ns = unsafe { bpf_ktime_get_ns() };
+    Some(())
 }
 
 /// On 1 in `stack_period` faults of this CPU, the fault's stack ids, counted
-/// in `FAULT_STACKS`; (-1, -1) otherwise.
+/// in `FAULT_STACKS`; (`STACK_ID_NONE`, `STACK_ID_NONE`) otherwise.
 #[inline(always)]
 fn sample_stack<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, slot: &mut InflightFault) -> (i32, i32) {
     let cfg = config();
     if cfg.stack_mode == 0 {
-        return (-1, -1);
+        return (STACK_ID_NONE, STACK_ID_NONE);
     }
     if slot.stack_countdown > 1 {
         slot.stack_countdown -= 1;
-        return (-1, -1);
+        return (STACK_ID_NONE, STACK_ID_NONE);
     }
     // Next sample in 1..=2N-1 faults, N on average: a fixed stride would alias
     // with loops (an unrolled loop would always be caught at the same point).
@@ -162,36 +250,38 @@ fn sample_stack<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, slot: &mut 
 #[inline(always)]
 fn take_stacks<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, stratum: u32) -> (i32, i32) {
     let cfg = config();
-    let take = |flags: u64| -> i32 {
-        match ctx.get_stackid(&STACKS, flags) {
-            Ok(id) => id as i32,
-            Err(_) => {
-                count_drop(DropKind::StackLost);
-                -2
-            }
-        }
-    };
     let user = if cfg.stack_mode & STACK_USER != 0 {
         let id = user_stack_id(ctx);
-        if id < 0 {
+        if id == STACK_ID_LOST {
             count_drop(DropKind::StackLost);
         }
         id
     } else {
-        -1
+        STACK_ID_NONE
     };
-    let kernel = if cfg.stack_mode & STACK_KERNEL != 0 { take(0) } else { -1 };
-    let key = StackKey { tgid, user_stack: user, kernel_stack: kernel, stratum, granule: granule(address) };
+    let kernel = if cfg.stack_mode & STACK_KERNEL != 0 {
+        match ctx.get_stackid(&STACKS, 0) {
+            Ok(id) => id as i32,
+            Err(_) => {
+                count_drop(DropKind::StackLost);
+                STACK_ID_LOST
+            }
+        }
+    } else {
+        STACK_ID_NONE
+    };
+    let key = StackKey { tgid, user_stack: user, kernel_stack: kernel, stratum, leaf_block: leaf_block(address) };
     if let Some(c) = stack_counts(&key) {
         c.faults += 1;
     }
     (user, kernel)
 }
 
+/// `StackKey::leaf_block` of `address`: 0 unless stacks end in their region.
 #[inline(always)]
-fn granule(address: u64) -> u64 {
+fn leaf_block(address: u64) -> u64 {
     if config().leaf_region != 0 {
-        address >> LEAF_GRANULE_SHIFT
+        address >> LEAF_BLOCK_SHIFT
     } else {
         0
     }
@@ -200,16 +290,16 @@ fn granule(address: u64) -> u64 {
 #[perf_event]
 pub fn perf_event_page_faults_min(ctx: PerfEventContext) -> u32 {
     // SAFETY: `addr` is the faulting address perf_sw_event() was given.
-    fault_end(unsafe { (*ctx.ctx).addr } >> 12, false);
+    let _ = try_fault_end(unsafe { (*ctx.ctx).addr } >> 12, false);
     0
 }
 
 #[perf_event]
 pub fn perf_event_page_faults_maj(ctx: PerfEventContext) -> u32 {
     // The memcg end, where attached, already timed this fault as minor.
-    if config().memcg_pgfault == 0 || !major_after_memcg_end() {
+    if config().memcg_pgfault == 0 || try_major_after_memcg_end().is_none() {
         // SAFETY: as above.
-        fault_end(unsafe { (*ctx.ctx).addr } >> 12, true);
+        let _ = try_fault_end(unsafe { (*ctx.ctx).addr } >> 12, true);
     }
     0
 }
@@ -222,7 +312,7 @@ pub fn perf_event_page_faults_maj(ctx: PerfEventContext) -> u32 {
 // and the MAJ perf event (period 1, right after on the same CPU) moves it.
 #[btf_tracepoint(function = "count_memcg_events")]
 pub fn tp_btf_count_memcg_events(ctx: BtfTracePointContext) -> i32 {
-    memcg_event(ctx.arg::<u32>(1));
+    let _ = try_memcg_event(ctx.arg::<u32>(1));
     0
 }
 
@@ -232,26 +322,22 @@ pub fn tp_btf_count_memcg_events(ctx: BtfTracePointContext) -> i32 {
 //   field:unsigned long val; offset:24; size:8; signed:0;
 #[tracepoint(category = "memcg", name = "count_memcg_events")]
 pub fn tp_memcg_count_memcg_events(ctx: TracePointContext) -> u32 {
-    memcg_event(tp_field::<u32>(&ctx, 16));
+    let _ = try_memcg_event(tp_field::<u32>(&ctx, 16));
     0
 }
 
 #[inline(always)]
-fn memcg_event(item: u32) {
+fn try_memcg_event(item: u32) -> Option<()> {
     // memcg v1 also counts PGPGIN/PGPGOUT per charge here: filter first.
     if item.wrapping_add(1) != config().memcg_pgfault {
-        return;
+        return None;
     }
-    let Some((tgid, tid, s)) = current_stats() else {
-        return;
-    };
+    let (tgid, tid, s) = current_stats()?;
     // SAFETY: no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     // No start: a get_user_pages() fault (no exception, not a fault of the
     // task for perf or vmtrace), not a lost one.
-    let Some(start) = take_start_of(tid) else {
-        return;
-    };
+    let start = take_start_of(tid)?;
     s.minor_seen += 1;
     let ns = now.saturating_sub(start.start_ns);
     let b = hist_bucket(ns);
@@ -261,29 +347,27 @@ fn memcg_event(item: u32) {
         *h += 1;
     }
     account_end(tgid, &start, ns, false);
-    if let Some(e) = LAST_END.get_ptr_mut(0) {
-        // SAFETY: per-CPU slot; programs on one CPU do not interleave.
-        unsafe { *e = EndedFault { tid, bucket: b as u32, ns, fault: start } };
-    }
+    let e = LAST_END.get_ptr_mut(0)?;
+    // SAFETY: per-CPU slot; programs on one CPU do not interleave.
+    unsafe { *e = EndedFault { tid, bucket: b as u32, ns, fault: start } };
+    Some(())
 }
 
 /// The MAJ perf event after a memcg end: the fault this CPU just timed as
-/// minor was major. False when this CPU's last memcg end was not this
+/// minor was major. None when this CPU's last memcg end was not this
 /// thread's (no memcg end ran, or the thread migrated in between): the
 /// caller then ends the fault the usual way.
 #[inline(always)]
-fn major_after_memcg_end() -> bool {
+fn try_major_after_memcg_end() -> Option<()> {
     let tid = bpf_get_current_pid_tgid() as u32;
     // SAFETY: per-CPU slot; programs on one CPU do not interleave.
-    let Some(e) = LAST_END.get_ptr_mut(0).map(|e| unsafe { &mut *e }) else {
-        return false;
-    };
+    let e = unsafe { &mut *LAST_END.get_ptr_mut(0)? };
     if e.tid != tid || e.tid == 0 {
-        return false;
+        return None;
     }
     e.tid = 0;
     let Some((tgid, _, s)) = current_stats() else {
-        return true;
+        return Some(());
     };
     s.major += 1;
     count_total(1);
@@ -310,7 +394,7 @@ fn major_after_memcg_end() -> bool {
     if let Some(c) = fault_stack_counts(tgid, &fault) {
         c.major += 1;
     }
-    true
+    Some(())
 }
 
 /// The fault this CPU timed last at the memcg end, until the MAJ event that
@@ -333,6 +417,12 @@ static LAST_END: PerCpuArray<EndedFault> = PerCpuArray::with_max_entries(1, 0);
 // accounts exactly what mm_account_fault() (the perf events' source) does.
 #[fexit(function = "handle_mm_fault")]
 pub fn fexit_handle_mm_fault(ctx: FExitContext) -> i32 {
+    let _ = try_fexit_handle_mm_fault(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_fexit_handle_mm_fault(ctx: &FExitContext) -> Option<()> {
     let address: u64 = ctx.arg(1);
     let flags = ctx.arg::<u64>(2) as u32;
     let regs: u64 = ctx.arg(3);
@@ -340,17 +430,14 @@ pub fn fexit_handle_mm_fault(ctx: FExitContext) -> i32 {
     let cfg = config();
     // No regs: get_user_pages(), not a fault of the task.
     if regs == 0 || ret & cfg.vm_fault_unaccounted != 0 {
-        return 0;
+        return None;
     }
-    fault_end(address >> 12, ret & cfg.vm_fault_major != 0 || flags & cfg.fault_flag_tried != 0);
-    0
+    try_fault_end(address >> 12, ret & cfg.vm_fault_major != 0 || flags & cfg.fault_flag_tried != 0)
 }
 
 #[inline(always)]
-fn fault_end(page: u64, major: bool) {
-    let Some((tgid, tid, s)) = current_stats() else {
-        return;
-    };
+fn try_fault_end(page: u64, major: bool) -> Option<()> {
+    let (tgid, tid, s) = current_stats()?;
     // SAFETY: no preconditions; the binding is merely declared unsafe.
     let now = unsafe { bpf_ktime_get_ns() };
     if major {
@@ -361,7 +448,7 @@ fn fault_end(page: u64, major: bool) {
     }
     let Some(start) = take_start(tid, page) else {
         count_drop(DropKind::FaultUntimed);
-        return;
+        return None;
     };
     let ns = now.saturating_sub(start.start_ns);
     let b = hist_bucket(ns);
@@ -379,19 +466,20 @@ fn fault_end(page: u64, major: bool) {
         }
     }
     account_end(tgid, &start, ns, major);
+    Some(())
 }
 
-/// A timed fault's share of its region granule and its sampled stack.
+/// A timed fault's share of its region granule and its stack.
 #[inline(always)]
 fn account_end(tgid: u32, start: &InflightFault, ns: u64, major: bool) {
     if config().regions != 0 {
         if let Some(g) = granule_counts(tgid, start.page << 12) {
             g.major += u64::from(major);
             g.time_ns += ns;
+            g.timed += 1;
             if major {
                 g.major_time_ns += ns;
             }
-            g.timed += 1;
             if let Some(h) = g.hist.get_mut(granule_bucket(ns)) {
                 *h += 1;
             }
@@ -404,10 +492,10 @@ fn account_end(tgid: u32, start: &InflightFault, ns: u64, major: bool) {
     }
 }
 
-/// Counts of the stack sampled at this fault's start, if one was.
+/// Counts of the stack taken for this fault, if one was.
 #[inline(always)]
 fn fault_stack_counts(tgid: u32, f: &InflightFault) -> Option<&'static mut StackCounts> {
-    if f.user_stack == -1 && f.kernel_stack == -1 {
+    if f.user_stack == STACK_ID_NONE && f.kernel_stack == STACK_ID_NONE {
         return None;
     }
     let stratum = if f.flags & INFLIGHT_EXACT_STACK != 0 { STRATUM_EXACT } else { STRATUM_SAMPLED };
@@ -416,45 +504,9 @@ fn fault_stack_counts(tgid: u32, f: &InflightFault) -> Option<&'static mut Stack
         user_stack: f.user_stack,
         kernel_stack: f.kernel_stack,
         stratum,
-        granule: granule(f.page << 12),
+        leaf_block: leaf_block(f.page << 12),
     };
     stack_counts(&key)
-}
-
-/// This thread's in-flight fault, whatever its page: the memcg end has no
-/// address (a thread has one fault in flight at a time).
-#[inline(always)]
-fn take_start_of(tid: u32) -> Option<InflightFault> {
-    if let Some(slot) = FAULT_SLOT.get_ptr_mut(0) {
-        // SAFETY: per-CPU slot.
-        let slot = unsafe { &mut *slot };
-        if slot.tid == tid {
-            slot.tid = 0;
-            return Some(*slot);
-        }
-    }
-    // SAFETY: copied out before removal.
-    let parked = unsafe { FAULT_PARKED.get(&tid) }.copied()?;
-    let _ = FAULT_PARKED.remove(&tid);
-    Some(parked)
-}
-
-/// This thread's in-flight fault on `page`: from this CPU's slot, or parked
-/// when the thread slept mid-fault.
-#[inline(always)]
-fn take_start(tid: u32, page: u64) -> Option<InflightFault> {
-    if let Some(slot) = FAULT_SLOT.get_ptr_mut(0) {
-        // SAFETY: per-CPU slot.
-        let slot = unsafe { &mut *slot };
-        if slot.tid == tid && slot.page == page {
-            slot.tid = 0;
-            return Some(*slot);
-        }
-    }
-    // SAFETY: copied out before removal.
-    let parked = unsafe { FAULT_PARKED.get(&tid) }.copied()?;
-    let _ = FAULT_PARKED.remove(&tid);
-    (parked.page == page).then_some(parked)
 }
 
 // TP_PROTO(struct page *page, unsigned int order, gfp_t gfp_flags, int migratetype).
@@ -465,7 +517,7 @@ fn take_start(tid: u32, page: u64) -> Option<InflightFault> {
 #[btf_tracepoint(function = "mm_page_alloc")]
 pub fn tp_btf_mm_page_alloc(ctx: BtfTracePointContext) -> i32 {
     if ctx.arg::<u32>(1) >= PMD_ORDER {
-        huge_alloc(&ctx);
+        let _ = try_huge_alloc(&ctx);
     }
     0
 }
@@ -478,7 +530,7 @@ pub fn tp_btf_mm_page_alloc(ctx: BtfTracePointContext) -> i32 {
 #[tracepoint(category = "kmem", name = "mm_page_alloc")]
 pub fn tp_kmem_mm_page_alloc(ctx: TracePointContext) -> u32 {
     if tp_field::<u32>(&ctx, 16) >= PMD_ORDER {
-        huge_alloc(&ctx);
+        let _ = try_huge_alloc(&ctx);
     }
     0
 }
@@ -487,28 +539,22 @@ pub fn tp_kmem_mm_page_alloc(ctx: TracePointContext) -> u32 {
 /// thread: when it has a fault in flight, that fault is served by a huge page.
 /// Counted once per fault.
 #[inline(always)]
-pub fn huge_alloc<C: StackIdContext>(ctx: &C) {
+pub fn try_huge_alloc<C: StackIdContext>(ctx: &C) -> Option<()> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
     // Only a fault of this very thread on this CPU (the allocation cannot sleep
     // without parking it, and a parked fault is looked up as well).
-    let slot = match FAULT_SLOT.get_ptr_mut(0) {
-        Some(s) if unsafe { (*s).tid } == tid => s,
-        _ => match FAULT_PARKED.get_ptr_mut(&tid) {
-            Some(p) => p,
-            None => return,
-        },
-    };
+    let slot = current_fault(tid)?;
     // SAFETY: this CPU's slot, or a live entry of this thread, which only this
     // thread's programs touch (it runs on one CPU at a time).
     let slot = unsafe { &mut *slot };
     if slot.flags & INFLIGHT_HUGE != 0 {
-        return;
+        return None;
     }
     slot.flags |= INFLIGHT_HUGE;
     exact_stack(ctx, tgid, slot);
     let page = slot.page;
-    let Some(p) = FAULT_STATS.get_ptr_mut(&tgid) else { return };
+    let p = FAULT_STATS.get_ptr_mut(tgid)?;
     // SAFETY: this CPU's value of a live entry.
     unsafe { (*p).huge += 1 };
     if config().regions != 0 {
@@ -516,50 +562,28 @@ pub fn huge_alloc<C: StackIdContext>(ctx: &C) {
             g.huge += 1;
         }
     }
+    Some(())
 }
 
 /// A fault that turned out slow gets a stack of the exact stratum, unless
 /// it was sampled at its start.
 #[inline(always)]
 fn exact_stack<C: StackIdContext>(ctx: &C, tgid: u32, slot: &mut InflightFault) {
-    if config().stack_mode == 0 || slot.user_stack != -1 || slot.kernel_stack != -1 {
+    if config().stack_mode == 0 || slot.user_stack != STACK_ID_NONE || slot.kernel_stack != STACK_ID_NONE {
         return;
     }
     (slot.user_stack, slot.kernel_stack) = take_stacks(ctx, tgid, slot.page << 12, STRATUM_EXACT);
     slot.flags |= INFLIGHT_EXACT_STACK;
 }
 
-// TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
-// Runs as `prev`, so the current tid is the one leaving the CPU.
-#[btf_tracepoint(function = "sched_switch")]
-pub fn tp_btf_sched_switch(ctx: BtfTracePointContext) -> i32 {
-    park_inflight(&ctx);
-    0
-}
-
-#[tracepoint(category = "sched", name = "sched_switch")]
-pub fn tp_sched_sched_switch(ctx: TracePointContext) -> u32 {
-    park_inflight(&ctx);
-    0
-}
-
+/// Before the leaving thread's fault is parked (`sched_switch`): a fault that
+/// sleeps is a slow one (I/O, a lock, reclaim), so it takes an exact stack.
 #[inline(always)]
-fn park_inflight<C: StackIdContext>(ctx: &C) {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tid = pid_tgid as u32;
-    mm_park(tid);
-    let Some(slot) = FAULT_SLOT.get_ptr_mut(0) else {
-        return;
-    };
+pub fn before_park<C: StackIdContext>(ctx: &C, pid_tgid: u64) {
+    let Some(slot) = FAULT_SLOT.get_ptr_mut(0) else { return };
     // SAFETY: per-CPU slot, preemption off in __schedule.
     let slot = unsafe { &mut *slot };
-    if slot.tid == 0 || slot.tid != tid {
-        return;
+    if slot.tid != 0 && slot.tid == pid_tgid as u32 {
+        exact_stack(ctx, (pid_tgid >> 32) as u32, slot);
     }
-    // A fault that sleeps is a slow one (I/O, a lock, reclaim).
-    exact_stack(ctx, (pid_tgid >> 32) as u32, slot);
-    let parked: InflightFault = *slot;
-    slot.tid = 0;
-    // LRU map: insertion cannot fail for lack of room.
-    let _ = FAULT_PARKED.insert(&parked.tid, &parked, 0);
 }

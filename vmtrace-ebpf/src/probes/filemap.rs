@@ -1,12 +1,22 @@
 //! Page-cache additions by traced processes, per file: the pages readahead
 //! brought in around the faults (and reads) that asked for them.
-use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{
+    helpers::bpf_get_current_pid_tgid,
+    macros::{map, tracepoint},
+    maps::PerCpuHashMap,
+    programs::TracePointContext,
+};
 use vmtrace_common::{FileKey, PMD_ORDER};
 
+use super::fault::try_huge_alloc;
 use crate::{
-    maps::{config, is_traced, tp_field, FILE_CACHE},
-    probes::fault::huge_alloc,
+    globals::config,
+    shared::{is_traced, tp_field},
 };
+
+/// Pages added to the page cache per file by traced processes (readahead).
+#[map]
+static FILE_CACHE: PerCpuHashMap<FileKey, u64> = PerCpuHashMap::with_max_entries(16_384, 0);
 
 // /sys/kernel/tracing/events/filemap/mm_filemap_add_to_page_cache/format:
 //   field:unsigned long pfn;   offset:8;  size:8; signed:0;
@@ -16,24 +26,30 @@ use crate::{
 //   field:unsigned char order; offset:36; size:1; signed:0;
 #[tracepoint(category = "filemap", name = "mm_filemap_add_to_page_cache")]
 pub fn tp_filemap_mm_filemap_add_to_page_cache(ctx: TracePointContext) -> u32 {
+    let _ = try_add_to_page_cache(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_add_to_page_cache(ctx: &TracePointContext) -> Option<()> {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if config().regions == 0 || !is_traced(tgid) {
-        return 0;
+        return None;
     }
-    let (ino, dev, order) = (tp_field::<u64>(&ctx, 16), tp_field::<u32>(&ctx, 32), tp_field::<u8>(&ctx, 36));
+    let (ino, dev, order) = (tp_field::<u64>(ctx, 16), tp_field::<u32>(ctx, 32), tp_field::<u8>(ctx, 36));
     let key = FileKey { dev, _pad: 0, ino };
     if u32::from(order) >= PMD_ORDER {
         // A PMD-order folio: page-cache folios reach it on filesystems with
         // large folios whatever transparent_hugepage/enabled says, so the
         // huge-page hook on every allocation is not needed to see them.
-        huge_alloc(&ctx);
+        let _ = try_huge_alloc(ctx);
     }
     let pages = 1u64 << (order & 15);
-    if let Some(p) = FILE_CACHE.get_ptr_mut(&key) {
+    if let Some(p) = FILE_CACHE.get_ptr_mut(key) {
         // SAFETY: this CPU's value of a live entry.
         unsafe { *p += pages };
     } else {
-        let _ = FILE_CACHE.insert(&key, &pages, 1);
+        let _ = FILE_CACHE.insert(key, pages, 1);
     }
-    0
+    Some(())
 }

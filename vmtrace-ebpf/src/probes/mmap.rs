@@ -5,18 +5,127 @@
 //! `/proc/PID/maps` are still known to userspace.
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
-    macros::tracepoint,
+    macros::{map, tracepoint},
+    maps::{LruHashMap, PerCpuArray, PerCpuHashMap},
     programs::TracePointContext,
     EbpfContext as _,
 };
 use vmtrace_common::{
-    DropKind, EventHeader, EventKind, MmCall, MmEvent, MmInflight, MmStackCounts, MmStackKey, ADVICE_SLOTS, STACK_USER,
+    DropKind, EventHeader, EventKind, MmCall, MmEvent, MmInflight, MmStackCounts, MmStackKey, MmStats, ADVICE_SLOTS,
+    STACK_ID_NONE, STACK_USER,
 };
 
-use crate::maps::{
-    batched_wakeup, config, count_drop, get_or_insert, is_traced, mm_begin, mm_end, mm_stats, tp_field, user_stack_id,
-    EVENTS, MM_STACKS, WAKE_NOW,
+use crate::{
+    globals::config,
+    shared::{batched_wakeup, count_drop, get_or_insert, is_traced, tp_field, EVENTS, WAKE_NOW},
+    stacks::user_stack_id,
 };
+
+/// Per-process mmap-family and TLB aggregate, keyed by tgid (processes in the
+/// traced set only). Userspace takes an exited process's entry, as for faults.
+#[map]
+static MM_STATS: PerCpuHashMap<u32, MmStats> = PerCpuHashMap::with_max_entries(16_384, 0);
+
+/// All-zero `MmStats` to insert from (too big for the BPF stack).
+#[map]
+static ZERO_MM: PerCpuArray<MmStats> = PerCpuArray::with_max_entries(1, 0);
+
+/// This CPU's aggregate for `tgid`, created on first use.
+#[inline(always)]
+pub fn mm_stats(tgid: u32) -> Option<&'static mut MmStats> {
+    let m = get_or_insert(&MM_STATS, &tgid, ZERO_MM.get(0)?);
+    if m.is_none() {
+        count_drop(DropKind::MmStatsFull);
+    }
+    m
+}
+
+/// Calls and IPIs per (process, syscall, user call site).
+#[map]
+static MM_STACKS: PerCpuHashMap<MmStackKey, MmStackCounts> = PerCpuHashMap::with_max_entries(16_384, 0);
+
+pub fn stack_key(tgid: u32, call: u32, user_stack: i32) -> MmStackKey {
+    MmStackKey { tgid, call, user_stack, _pad: 0 }
+}
+
+pub fn mm_stack_counts(key: &MmStackKey) -> Option<&'static mut MmStackCounts> {
+    get_or_insert(&MM_STACKS, key, &MmStackCounts::default())
+}
+
+/// The memory-management syscall in flight on this CPU (`tid` 0: none): TLB
+/// IPIs sent meanwhile are blamed on it and its call site. A per-CPU slot, as
+/// for faults: a hash insert and delete per call would cost more than the
+/// rest of the hook.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MmSlot {
+    pub tid: u32,
+    pub _pad: u32,
+    pub call: MmInflight,
+}
+
+#[map]
+static MM_SLOT: PerCpuArray<MmSlot> = PerCpuArray::with_max_entries(1, 0);
+
+/// Calls whose thread was switched out mid-call (they sleep on locks and
+/// I/O), by tid. LRU: a call that never returns (its task was killed) ages out.
+#[map]
+static MM_PARKED: LruHashMap<u32, MmInflight> = LruHashMap::with_max_entries(16_384, 0);
+
+/// Starts `call` on thread `tid`.
+#[inline(always)]
+fn mm_begin(tid: u32, call: &MmInflight) {
+    if let Some(s) = MM_SLOT.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot; programs on one CPU do not interleave.
+        unsafe { *s = MmSlot { tid, _pad: 0, call: *call } };
+    }
+}
+
+/// Ends thread `tid`'s call in flight and returns it.
+#[inline(always)]
+fn mm_end(tid: u32) -> Option<MmInflight> {
+    if let Some(s) = MM_SLOT.get_ptr_mut(0) {
+        // SAFETY: as above.
+        let s = unsafe { &mut *s };
+        if s.tid == tid {
+            s.tid = 0;
+            return Some(s.call);
+        }
+    }
+    // SAFETY: copied out before removal.
+    let parked = unsafe { MM_PARKED.get(tid) }.copied()?;
+    let _ = MM_PARKED.remove(tid);
+    Some(parked)
+}
+
+/// Thread `tid`'s call in flight: (call, user stack id).
+#[inline(always)]
+pub fn mm_current(tid: u32) -> Option<(u32, i32)> {
+    if let Some(s) = MM_SLOT.get_ptr(0) {
+        // SAFETY: as above.
+        let s = unsafe { &*s };
+        if s.tid == tid {
+            return Some((s.call.call, s.call.user_stack));
+        }
+    }
+    // SAFETY: a live map value, read at once.
+    MM_PARKED.get_ptr(tid).map(|p| unsafe { ((*p).call, (*p).user_stack) })
+}
+
+/// Moves the leaving thread's call in flight to `MM_PARKED` (`sched_switch`).
+#[inline(always)]
+pub fn mm_park(tid: u32) {
+    let Some(s) = MM_SLOT.get_ptr_mut(0) else { return };
+    // SAFETY: as above; preemption is off in __schedule.
+    let s = unsafe { &mut *s };
+    if s.tid != 0 && s.tid == tid {
+        s.tid = 0;
+        // LRU map: insertion cannot fail for lack of room. Inserted from the
+        // slot itself, not a copy on the BPF stack.
+        #[allow(clippy::needless_borrows_for_generic_args)]
+        let _ = MM_PARKED.insert(tid, &s.call, 0);
+    }
+}
 
 // /sys/kernel/tracing/events/syscalls/sys_enter_*/format: `int __syscall_nr`
 // at 8, then the arguments as 8-byte fields from offset 16:
@@ -44,14 +153,6 @@ fn call_of(nr: i32) -> Option<(MmCall, usize)> {
     })
 }
 
-pub fn stack_key(tgid: u32, call: u32, user_stack: i32) -> MmStackKey {
-    MmStackKey { tgid, call, user_stack, _pad: 0 }
-}
-
-pub fn mm_stack_counts(key: &MmStackKey) -> Option<&'static mut MmStackCounts> {
-    get_or_insert(&MM_STACKS, key, &MmStackCounts::default())
-}
-
 fn enter(ctx: &TracePointContext, pid_tgid: u64, call: MmCall, a: [u64; 6]) {
     let tgid = (pid_tgid >> 32) as u32;
     if let Some(m) = mm_stats(tgid) {
@@ -70,27 +171,27 @@ fn enter(ctx: &TracePointContext, pid_tgid: u64, call: MmCall, a: [u64; 6]) {
         }
     }
     // Syscalls are far rarer than faults: every call site is taken.
-    let user_stack = if config().stack_mode & STACK_USER != 0 { user_stack_id(ctx) } else { -1 };
+    let user_stack = if config().stack_mode & STACK_USER != 0 { user_stack_id(ctx) } else { STACK_ID_NONE };
     if let Some(c) = mm_stack_counts(&stack_key(tgid, call as u32, user_stack)) {
         c.calls += 1;
     }
     mm_begin(pid_tgid as u32, &MmInflight { call: call as u32, user_stack, args: a });
 }
 
-fn exit(ctx: &TracePointContext) {
+fn try_sys_exit(ctx: &TracePointContext) -> Option<()> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
-    let Some(f) = mm_end(tid) else { return };
+    let f = mm_end(tid)?;
     let ret: i64 = tp_field(ctx, EXIT_RET);
     let (addr, len) = match f.call {
         c if c == MmCall::Mmap as u32 && !(-4095..0).contains(&ret) => (ret as u64, f.args[1]),
         c if c == MmCall::Munmap as u32 && ret == 0 => (f.args[0], f.args[1]),
         c if c == MmCall::Mremap as u32 && !(-4095..0).contains(&ret) => (ret as u64, f.args[2]),
-        _ => return,
+        _ => return None,
     };
     let Some(mut slot) = EVENTS.reserve::<MmEvent>(0) else {
         count_drop(DropKind::MmEventRingFull);
-        return;
+        return None;
     };
     let is_mmap = f.call == MmCall::Mmap as u32;
     slot.write(MmEvent {
@@ -113,24 +214,29 @@ fn exit(ctx: &TracePointContext) {
     // wake the collector now. Anonymous ones can wait for its next poll.
     let file_backed = is_mmap && (f.args[4] as i64) >= 0 && f.args[3] & MAP_ANONYMOUS == 0;
     slot.submit(if file_backed { WAKE_NOW } else { batched_wakeup() });
+    Some(())
 }
 
 // One enter program on every sys_enter_* of the family (and one exit program
 // on every sys_exit_*): the verifier checks the stack walk once, not six times
-// (~45 ms each at start-up). The arguments are copied with one read: a direct
+// (each check is slow at start-up). The arguments are copied with one read: a direct
 // load past the shortest record (brk's, one argument) would keep the program
 // off that tracepoint, as the kernel compares a program's deepest context
 // load with each record's size at attach. The names below only name the
 // sections: userspace attaches each program to every tracepoint by name.
 #[tracepoint(category = "syscalls", name = "sys_enter_mmap")]
 pub fn tp_syscalls_sys_enter(ctx: TracePointContext) -> u32 {
-    let Some((call, n)) = call_of(tp_field(&ctx, SYSCALL_NR)) else {
-        return 0;
-    };
+    let _ = try_sys_enter(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_sys_enter(ctx: &TracePointContext) -> Option<()> {
+    let (call, n) = call_of(tp_field(ctx, SYSCALL_NR))?;
     // Every process's calls come here: the copy below is for traced ones only.
     let pid_tgid = bpf_get_current_pid_tgid();
     if !is_traced((pid_tgid >> 32) as u32) {
-        return 0;
+        return None;
     }
     // SAFETY: the record lies in the kernel's per-CPU trace buffer, which
     // extends past the shortest record; a failed read leaves zeros.
@@ -141,12 +247,12 @@ pub fn tp_syscalls_sys_enter(ctx: TracePointContext) -> u32 {
             *v = 0;
         }
     }
-    enter(&ctx, pid_tgid, call, a);
-    0
+    enter(ctx, pid_tgid, call, a);
+    Some(())
 }
 
 #[tracepoint(category = "syscalls", name = "sys_exit_mmap")]
 pub fn tp_syscalls_sys_exit(ctx: TracePointContext) -> u32 {
-    exit(&ctx);
+    let _ = try_sys_exit(&ctx);
     0
 }

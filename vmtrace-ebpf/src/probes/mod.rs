@@ -4,5 +4,6 @@ pub mod fault;
 pub mod filemap;
 pub mod mmap;
 pub mod oom;
+pub mod sched;
 pub mod task;
 pub mod tlb;

@@ -12,13 +12,16 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, FEntryContext, ProbeContext, TracePointContext},
     EbpfContext,
 };
-use vmtrace_common::{DropKind, EventHeader, EventKind, OomEvent, COMM_LEN};
+use vmtrace_common::{DropKind, EventHeader, EventKind, KernelOffsets, OomEvent, COMM_LEN};
 
-use crate::maps::{count_drop, current_stats, is_traced, koffsets, EVENTS, WAKE_NOW};
+use crate::{
+    globals::koffsets,
+    shared::{count_drop, current_stats, is_traced, EVENTS, WAKE_NOW},
+};
 
 /// The 8 bytes at `base + off`, or None for a null base or an offset this kernel lacks.
 fn read_ptr(base: *const u8, off: u32) -> Option<*const u8> {
-    if base.is_null() || off == vmtrace_common::KernelOffsets::MISSING {
+    if base.is_null() || off == KernelOffsets::MISSING {
         return None;
     }
     // SAFETY: bpf_probe_read_kernel faults safely on a bad address.
@@ -45,40 +48,35 @@ static OOM_DOMAIN: HashMap<u32, [u64; 2]> = HashMap::with_max_entries(256, 0);
 
 /// `oom_kill_process(struct oom_control *oc, const char *message)`: the
 /// kernel's own constraint and, for a memcg OOM, the cgroup that ran out.
-fn oom_kill_process(oc: *const u8) {
+fn try_oom_kill_process(oc: *const u8) -> Option<()> {
     let o = koffsets();
-    let Some(chosen) = read_ptr(oc, o.oom_chosen) else { return };
-    if o.task_pid == vmtrace_common::KernelOffsets::MISSING
-        || o.oom_constraint == vmtrace_common::KernelOffsets::MISSING
-    {
-        return;
+    let chosen = read_ptr(oc, o.oom_chosen)?;
+    if o.task_pid == KernelOffsets::MISSING || o.oom_constraint == KernelOffsets::MISSING {
+        return None;
     }
     // SAFETY: bpf_probe_read_kernel faults safely.
-    let Ok(pid) = (unsafe { bpf_probe_read_kernel(chosen.add(o.task_pid as usize).cast::<i32>()) }) else { return };
+    let pid = unsafe { bpf_probe_read_kernel(chosen.add(o.task_pid as usize).cast::<i32>()) }.ok()?;
     // SAFETY: as above; `enum oom_constraint` is an int.
-    let Ok(constraint) = (unsafe { bpf_probe_read_kernel(oc.add(o.oom_constraint as usize).cast::<u32>()) }) else {
-        return;
-    };
+    let constraint = unsafe { bpf_probe_read_kernel(oc.add(o.oom_constraint as usize).cast::<u32>()) }.ok()?;
     // mem_cgroup.css is its first member on every kernel, but read the offset anyway.
     let memcg = read_ptr(oc, o.oom_memcg)
-        .filter(|m| !m.is_null() && o.memcg_css != vmtrace_common::KernelOffsets::MISSING)
+        .filter(|m| !m.is_null() && o.memcg_css != KernelOffsets::MISSING)
         // SAFETY: pointer arithmetic only; reads go through bpf_probe_read_kernel.
         .and_then(|m| css_id(unsafe { m.add(o.memcg_css as usize) }))
         .unwrap_or(0);
-    let _ = OOM_DOMAIN.insert(&(pid as u32), &[u64::from(constraint) + 1, memcg], 0);
+    let _ = OOM_DOMAIN.insert(pid as u32, [u64::from(constraint) + 1, memcg], 0);
+    Some(())
 }
 
 #[fentry(function = "oom_kill_process")]
 pub fn fentry_oom_kill_process(ctx: FEntryContext) -> i32 {
-    oom_kill_process(ctx.arg(0));
+    let _ = try_oom_kill_process(ctx.arg(0));
     0
 }
 
 #[kprobe]
 pub fn kprobe_oom_kill_process(ctx: ProbeContext) -> u32 {
-    if let Some(oc) = ctx.arg::<*const u8>(0) {
-        oom_kill_process(oc);
-    }
+    let _ = ctx.arg::<*const u8>(0).and_then(try_oom_kill_process);
     0
 }
 
@@ -91,26 +89,34 @@ static VICTIM_MEMCG: HashMap<u32, u64> = HashMap::with_max_entries(256, 0);
 // hook, so it runs first on the same tracepoint.
 #[btf_tracepoint(function = "mark_victim")]
 pub fn tp_btf_mark_victim(ctx: BtfTracePointContext) -> i32 {
+    let _ = try_btf_mark_victim(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_btf_mark_victim(ctx: &BtfTracePointContext) -> Option<()> {
     let task: *const u8 = ctx.arg(0);
     let o = koffsets();
-    if o.task_pid != vmtrace_common::KernelOffsets::MISSING && !task.is_null() {
-        // SAFETY: bpf_probe_read_kernel faults safely.
-        if let Ok(pid) = unsafe { bpf_probe_read_kernel(task.add(o.task_pid as usize).cast::<i32>()) } {
-            let pid = pid as u32;
-            // The classic hook ran first and left its event: complete and send it.
-            if let Some(p) = OOM_PENDING.get_ptr_mut(&pid) {
-                // SAFETY: a live map value, sent before removal.
-                unsafe { (*p).victim_memcg_id = memcg_id(task) };
-                if EVENTS.output::<OomEvent>(unsafe { &*p }, WAKE_NOW).is_err() {
-                    count_drop(DropKind::OomRingFull);
-                }
-                let _ = OOM_PENDING.remove(&pid);
-            } else {
-                let _ = VICTIM_MEMCG.insert(&pid, &memcg_id(task), 0);
-            }
-        }
+    if o.task_pid == KernelOffsets::MISSING || task.is_null() {
+        return None;
     }
-    0
+    // SAFETY: bpf_probe_read_kernel faults safely.
+    let pid = unsafe { bpf_probe_read_kernel(task.add(o.task_pid as usize).cast::<i32>()) }.ok()? as u32;
+    // The classic hook ran first and left its event: complete and send it.
+    if let Some(p) = OOM_PENDING.get_ptr_mut(pid) {
+        // SAFETY: a live map value, sent before removal.
+        unsafe { (*p).victim_memcg_id = memcg_id(task) };
+        // SAFETY: as above. Sent from map memory by reference: by value, the
+        // event would first be copied onto the 512-byte BPF stack.
+        #[allow(clippy::needless_borrows_for_generic_args)]
+        if EVENTS.output::<OomEvent>(unsafe { &*p }, WAKE_NOW).is_err() {
+            count_drop(DropKind::OomRingFull);
+        }
+        let _ = OOM_PENDING.remove(pid);
+    } else {
+        let _ = VICTIM_MEMCG.insert(pid, memcg_id(task), 0);
+    }
+    Some(())
 }
 
 // /sys/kernel/tracing/events/oom/mark_victim/format:
@@ -166,10 +172,10 @@ fn try_tp_oom_mark_victim(ctx: &TracePointContext) -> Result<(), i32> {
     // Map keys from the stack: 6.1's verifier refuses ring-buffer memory as a key.
     let victim = out.victim_pid;
     // SAFETY: copied out before removal.
-    if let Some([constraint, memcg]) = unsafe { OOM_DOMAIN.get(&victim) }.copied() {
+    if let Some([constraint, memcg]) = unsafe { OOM_DOMAIN.get(victim) }.copied() {
         out.constraint = constraint as u32;
         out.oom_memcg_id = memcg;
-        let _ = OOM_DOMAIN.remove(&victim);
+        let _ = OOM_DOMAIN.remove(victim);
     }
     // __data_loc: low 16 bits the offset of the string in the record, high 16 its length.
     // SAFETY: offset from the format; the helper bounds the copy.
@@ -178,9 +184,9 @@ fn try_tp_oom_mark_victim(ctx: &TracePointContext) -> Result<(), i32> {
         let _ = unsafe { bpf_probe_read_kernel_str_bytes(src, &mut out.victim_comm) };
     }
     // SAFETY: copied out before removal.
-    if let Some(id) = unsafe { VICTIM_MEMCG.get(&victim) }.copied() {
+    if let Some(id) = unsafe { VICTIM_MEMCG.get(victim) }.copied() {
         out.victim_memcg_id = id;
-        let _ = VICTIM_MEMCG.remove(&victim);
+        let _ = VICTIM_MEMCG.remove(victim);
     } else if OOM_HELPER.get(0).is_some_and(|&on| on != 0) {
         // The tp_btf hook has not run yet on this call: another tracer's
         // classic probe on mark_victim registered before it, so ours runs
@@ -188,8 +194,9 @@ fn try_tp_oom_mark_victim(ctx: &TracePointContext) -> Result<(), i32> {
         if let Some(p) = OOM_SCRATCH.get_ptr_mut(0) {
             // SAFETY: this CPU's scratch; copied so that 6.1's verifier sees map memory.
             unsafe { *p = *out };
-            // SAFETY: as above.
-            if OOM_PENDING.insert(&victim, unsafe { &*p }, 0).is_ok() {
+            // SAFETY: as above. A reference into map memory, not a copy on the stack.
+            #[allow(clippy::needless_borrows_for_generic_args)]
+            if OOM_PENDING.insert(victim, unsafe { &*p }, 0).is_ok() {
                 slot.discard(0);
                 return Ok(());
             }
@@ -222,20 +229,20 @@ fn reclaim_begin() {
     if is_traced((pid_tgid >> 32) as u32) {
         // SAFETY: no preconditions.
         let now = unsafe { bpf_ktime_get_ns() };
-        let _ = RECLAIM_START.insert(&(pid_tgid as u32), &now, 0);
+        let _ = RECLAIM_START.insert(pid_tgid as u32, now, 0);
     }
 }
 
-fn reclaim_end() {
+fn try_reclaim_end() -> Option<()> {
     let tid = bpf_get_current_pid_tgid() as u32;
     // SAFETY: the value is copied out before removal.
-    let Some(start) = (unsafe { RECLAIM_START.get(&tid) }).copied() else { return };
-    let _ = RECLAIM_START.remove(&tid);
-    if let Some((_, _, s)) = current_stats() {
-        s.reclaim += 1;
-        // SAFETY: no preconditions.
-        s.reclaim_ns += unsafe { bpf_ktime_get_ns() }.saturating_sub(start);
-    }
+    let start = unsafe { RECLAIM_START.get(tid) }.copied()?;
+    let _ = RECLAIM_START.remove(tid);
+    let (_, _, s) = current_stats()?;
+    s.reclaim += 1;
+    // SAFETY: no preconditions.
+    s.reclaim_ns += unsafe { bpf_ktime_get_ns() }.saturating_sub(start);
+    Some(())
 }
 
 // Formats: direct_reclaim_begin / memcg_reclaim_begin {int order; unsigned long gfp_flags},
@@ -246,13 +253,13 @@ macro_rules! reclaim_hooks {
     ($($btf:ident, $tp:ident, $name:literal, $f:ident;)+) => {$(
         #[btf_tracepoint(function = $name)]
         pub fn $btf(_ctx: BtfTracePointContext) -> i32 {
-            $f();
+            let _ = $f();
             0
         }
 
         #[tracepoint(category = "vmscan", name = $name)]
         pub fn $tp(_ctx: TracePointContext) -> u32 {
-            $f();
+            let _ = $f();
             0
         }
     )+};
@@ -262,9 +269,9 @@ reclaim_hooks!(
     tp_btf_mm_vmscan_direct_reclaim_begin, tp_vmscan_mm_vmscan_direct_reclaim_begin,
         "mm_vmscan_direct_reclaim_begin", reclaim_begin;
     tp_btf_mm_vmscan_direct_reclaim_end, tp_vmscan_mm_vmscan_direct_reclaim_end,
-        "mm_vmscan_direct_reclaim_end", reclaim_end;
+        "mm_vmscan_direct_reclaim_end", try_reclaim_end;
     tp_btf_mm_vmscan_memcg_reclaim_begin, tp_vmscan_mm_vmscan_memcg_reclaim_begin,
         "mm_vmscan_memcg_reclaim_begin", reclaim_begin;
     tp_btf_mm_vmscan_memcg_reclaim_end, tp_vmscan_mm_vmscan_memcg_reclaim_end,
-        "mm_vmscan_memcg_reclaim_end", reclaim_end;
+        "mm_vmscan_memcg_reclaim_end", try_reclaim_end;
 );

@@ -12,7 +12,11 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use vmtrace_common::{DropKind, EventHeader, EventKind, KernelOffsets, TaskEvent, COMM_LEN};
 
-use crate::maps::{add_traced, config, count_drop, is_traced, koffsets, EVENTS, FAULT_PARKED, FAULT_STATS, WAKE_NOW};
+use crate::{
+    globals::{config, koffsets},
+    inflight::forget_parked,
+    shared::{add_traced, count_drop, is_traced, EVENTS, FAULT_STATS, WAKE_NOW},
+};
 
 /// Reads a `T` at `base + off`, or `None` when the offset is unknown on this kernel.
 #[inline(always)]
@@ -55,31 +59,37 @@ fn task_event(kind: EventKind) -> TaskEvent {
 }
 
 /// Follows a new process (not a new thread: threads share their group's tgid).
-fn on_fork<C: EbpfContext>(ctx: &C, parent_tgid: u32, child_pid: u32, child_tgid: u32) {
+fn try_fork<C: EbpfContext>(ctx: &C, parent_tgid: u32, child_pid: u32, child_tgid: u32) -> Option<()> {
     if !is_traced(parent_tgid) || child_pid != child_tgid {
-        return;
+        return None;
     }
     if config().trace_all == 0 && !add_traced(child_tgid) {
         count_drop(DropKind::TracedFull);
         warn!(ctx, "FAULT_STATS full: child {} of {} is not followed", child_tgid, parent_tgid);
-        return;
+        return None;
     }
     let mut ev = task_event(EventKind::TaskFork);
     ev.pid = child_pid;
     ev.tgid = child_tgid;
     ev.ppid = parent_tgid;
     emit(ev);
+    Some(())
 }
 
 // TP_PROTO(struct task_struct *parent, struct task_struct *child); runs as the parent.
 #[btf_tracepoint(function = "sched_process_fork")]
 pub fn tp_btf_sched_process_fork(ctx: BtfTracePointContext) -> i32 {
+    let _ = try_btf_sched_process_fork(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_btf_sched_process_fork(ctx: &BtfTracePointContext) -> Option<()> {
     let child: *const u8 = ctx.arg(1);
     let off = koffsets();
-    if let (Some(pid), Some(tgid)) = (read_field::<u32>(child, off.task_pid), read_field::<u32>(child, off.task_tgid)) {
-        on_fork(&ctx, (bpf_get_current_pid_tgid() >> 32) as u32, pid, tgid);
-    }
-    0
+    let pid = read_field::<u32>(child, off.task_pid)?;
+    let tgid = read_field::<u32>(child, off.task_tgid)?;
+    try_fork(ctx, (bpf_get_current_pid_tgid() >> 32) as u32, pid, tgid)
 }
 
 // /sys/kernel/tracing/events/sched/sched_process_fork/format:
@@ -92,38 +102,43 @@ pub fn tp_btf_sched_process_fork(ctx: BtfTracePointContext) -> i32 {
 // for a thread that entry is harmless and is removed when the thread exits.
 #[tracepoint(category = "sched", name = "sched_process_fork")]
 pub fn tp_sched_sched_process_fork(ctx: TracePointContext) -> u32 {
-    // SAFETY: offset from the format above.
-    if let Ok(child_pid) = unsafe { ctx.read_at::<i32>(20) } {
-        let parent_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-        on_fork(&ctx, parent_tgid, child_pid as u32, child_pid as u32);
-    }
+    let _ = try_sched_process_fork(&ctx);
     0
+}
+
+#[inline(always)]
+fn try_sched_process_fork(ctx: &TracePointContext) -> Option<()> {
+    // SAFETY: offset from the format above.
+    let child_pid = unsafe { ctx.read_at::<i32>(20) }.ok()?;
+    let parent_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    try_fork(ctx, parent_tgid, child_pid as u32, child_pid as u32)
 }
 
 // TP_PROTO(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm); runs as p,
 // after the new comm is set.
 #[btf_tracepoint(function = "sched_process_exec")]
 pub fn tp_btf_sched_process_exec(_ctx: BtfTracePointContext) -> i32 {
-    on_exec();
+    let _ = try_exec();
     0
 }
 
 #[tracepoint(category = "sched", name = "sched_process_exec")]
 pub fn tp_sched_sched_process_exec(_ctx: TracePointContext) -> u32 {
-    on_exec();
+    let _ = try_exec();
     0
 }
 
-fn on_exec() {
+fn try_exec() -> Option<()> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     if !is_traced(tgid) {
-        return;
+        return None;
     }
     let mut ev = task_event(EventKind::TaskExec);
     ev.pid = pid_tgid as u32;
     ev.tgid = tgid;
     emit(ev);
+    Some(())
 }
 
 // TP_PROTO(struct task_struct *p[, bool group_dead]); runs as p, after
@@ -132,7 +147,7 @@ fn on_exec() {
 #[btf_tracepoint(function = "sched_process_exit")]
 pub fn tp_btf_sched_process_exit(ctx: BtfTracePointContext) -> i32 {
     let task: *const u8 = ctx.arg(0);
-    on_exit(task);
+    let _ = try_exit(task);
     0
 }
 
@@ -142,26 +157,26 @@ pub fn tp_btf_sched_process_exit(ctx: BtfTracePointContext) -> i32 {
 pub fn tp_sched_sched_process_exit(_ctx: TracePointContext) -> u32 {
     // SAFETY: no preconditions; the pointer is only read through bpf_probe_read_kernel.
     let task = unsafe { bpf_get_current_task() } as *const u8;
-    on_exit(task);
+    let _ = try_exit(task);
     0
 }
 
-fn on_exit(task: *const u8) {
+fn try_exit(task: *const u8) -> Option<()> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let pid = pid_tgid as u32;
-    let _ = FAULT_PARKED.remove(&pid);
-    if pid != tgid && FAULT_STATS.remove(&pid).is_ok() {
+    forget_parked(pid);
+    if pid != tgid && FAULT_STATS.remove(pid).is_ok() {
         // Only the fallback fork hook gives a thread an entry of its own (it
         // cannot tell threads from processes): tell userspace it was a thread.
         let mut ev = task_event(EventKind::TaskExit);
         ev.pid = pid;
         ev.tgid = tgid;
         emit(ev);
-        return;
+        return Some(());
     }
     if !is_traced(tgid) {
-        return;
+        return None;
     }
     let off = koffsets();
     let signal: Option<u64> = read_field(task, off.task_signal);
@@ -173,7 +188,7 @@ fn on_exit(task: *const u8) {
         None => pid == tgid,
     };
     if !group_dead {
-        return;
+        return None;
     }
     let mut ev = task_event(EventKind::TaskExit);
     ev.pid = pid;
@@ -187,4 +202,5 @@ fn on_exit(task: *const u8) {
     ev.kernel_min_flt = tmin + smin;
     ev.kernel_maj_flt = tmaj + smaj;
     emit(ev);
+    Some(())
 }

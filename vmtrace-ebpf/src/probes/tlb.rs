@@ -8,17 +8,20 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, TracePointContext},
     EbpfContext as _,
 };
-use vmtrace_common::{MM_CALLS, MM_IPI_FROM_FLUSH, TLB_REASONS};
+use vmtrace_common::{MM_CALLS, MM_IPI_FROM_FLUSH, STACK_ID_NONE, TLB_REASONS};
 
-use super::mmap::{mm_stack_counts, stack_key};
-use crate::maps::{config, is_traced, mm_current, mm_stats, tp_field};
+use super::mmap::{mm_current, mm_stack_counts, mm_stats, stack_key};
+use crate::{
+    globals::config,
+    shared::{is_traced, tp_field},
+};
 
 // TP_PROTO(int reason, unsigned long pages)
 // reason: 0 TLB_FLUSH_ON_TASK_SWITCH, 1 TLB_REMOTE_SHOOTDOWN (received),
 // 2 TLB_LOCAL_SHOOTDOWN, 3 TLB_LOCAL_MM_SHOOTDOWN, 4 TLB_REMOTE_SEND_IPI.
 #[btf_tracepoint(function = "tlb_flush")]
 pub fn tp_btf_tlb_flush(ctx: BtfTracePointContext) -> i32 {
-    tlb_flush(ctx.arg::<i32>(0), ctx.arg::<u64>(1));
+    let _ = try_tlb_flush(ctx.arg::<i32>(0), ctx.arg::<u64>(1));
     0
 }
 
@@ -27,15 +30,15 @@ pub fn tp_btf_tlb_flush(ctx: BtfTracePointContext) -> i32 {
 //   field:unsigned long pages; offset:16; size:8; signed:0;
 #[tracepoint(category = "tlb", name = "tlb_flush")]
 pub fn tp_tlb_tlb_flush(ctx: TracePointContext) -> u32 {
-    tlb_flush(tp_field(&ctx, 8), tp_field(&ctx, 16));
+    let _ = try_tlb_flush(tp_field(&ctx, 8), tp_field(&ctx, 16));
     0
 }
 
 #[inline(always)]
-fn tlb_flush(reason: i32, pages: u64) {
+fn try_tlb_flush(reason: i32, pages: u64) -> Option<()> {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if !is_traced(tgid) {
-        return;
+        return None;
     }
     if let Some(m) = mm_stats(tgid) {
         if (0..TLB_REASONS as i32).contains(&reason) {
@@ -49,6 +52,7 @@ fn tlb_flush(reason: i32, pages: u64) {
     if reason == 4 && config().mm & MM_IPI_FROM_FLUSH != 0 {
         ipis_sent(1);
     }
+    Some(())
 }
 
 /// Counts `n` TLB-flush IPIs sent by the current thread.
@@ -60,7 +64,7 @@ fn ipis_sent(n: u64) {
     }
     // Only the two fields, each with a defined default: a copied-out
     // Option<MmInflight> leaves registers the verifier rejects as uninitialized.
-    let (call, user_stack) = mm_current(pid_tgid as u32).unwrap_or((MM_CALLS as u32, -1));
+    let (call, user_stack) = mm_current(pid_tgid as u32).unwrap_or((MM_CALLS as u32, STACK_ID_NONE));
     if let Some(m) = mm_stats(tgid) {
         m.ipis_sent += n;
         if let Some(c) = m.ipis_by_call.get_mut((call as usize).min(MM_CALLS)) {

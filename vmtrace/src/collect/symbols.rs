@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use vmtrace_common::{StackCounts, StackKey, LEAF_GRANULE_SHIFT, MM_CALL_NAMES};
+use vmtrace_common::{StackCounts, StackKey, LEAF_BLOCK_SHIFT, MM_CALL_NAMES, STACK_ID_LOST};
 
 use super::{process::ProcessTable, source::AggregateSource, storms::RawStorm, MmSite};
 use crate::{
@@ -91,12 +91,12 @@ pub fn build_stacks(table: &mut ProcessTable, source: &impl AggregateSource) -> 
                 counts,
                 stratum: k.stratum,
                 estimate: stacks::weight::Estimate::default(),
-                user_missing: k.user_stack == -2,
+                user_missing: k.user_stack == STACK_ID_LOST,
                 user_cut,
-                leaf: (k.granule != 0).then(|| {
-                    let a = k.granule << LEAF_GRANULE_SHIFT;
-                    let end = a + (1 << LEAF_GRANULE_SHIFT) - 1;
-                    // A region may start inside the granule: try its last byte too.
+                leaf: (k.leaf_block != 0).then(|| {
+                    let a = k.leaf_block << LEAF_BLOCK_SHIFT;
+                    let end = a + (1 << LEAF_BLOCK_SHIFT) - 1;
+                    // A region may start inside the block: try its last byte too.
                     let leaf = stacks::region_leaf(&info.maps, &info.mapped, a);
                     if leaf == "[unmapped region]" {
                         stacks::region_leaf(&info.maps, &info.mapped, end)
@@ -124,7 +124,7 @@ pub fn site_frames(
     let info = table.ensure(tgid);
     names.prepare_user(&ips, &info.maps);
     let (mut frames, _) = stacks::user_frames(&ips, names, &info.maps, &info.mapped, None);
-    if user_stack == -2 {
+    if user_stack == STACK_ID_LOST {
         frames.push("[no user stack]".into());
     }
     frames.push(format!("[{}]", call_name(call)));

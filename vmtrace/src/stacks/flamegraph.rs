@@ -31,7 +31,7 @@ fn clean(frame: &str) -> String {
 /// weighted by its estimate (`weight::weigh`), so a graph adds up to the
 /// process table.
 pub fn folded(stacks: &[Stack], weight: Weight) -> String {
-    // Identical frames (e.g. one stack over several granules of one region) merge.
+    // Identical frames (e.g. one stack over several address blocks of one region) merge.
     let mut merged: std::collections::BTreeMap<String, f64> = std::collections::BTreeMap::new();
     for s in stacks {
         let w = match weight {

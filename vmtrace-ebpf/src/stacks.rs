@@ -1,29 +1,56 @@
-//! User stacks walked by the programs themselves through frame pointers.
+//! Stack capture: the kernel's stack map (`STACKS`, kernel stacks and the
+//! user stacks of 32-bit tasks) and the user stacks the programs walk
+//! themselves through frame pointers (`USER_STACKS`).
 //!
-//! Why not `bpf_get_stackid(BPF_F_USER_STACK)`: the kernel's walker
-//! (`perf_callchain_user`) reads the frame at address 0 that ends every chain
-//! (`_start` clears rbp), which takes a page fault and its exception fixup on
-//! every walk — ~1 µs here, most of the walk's cost. This walk stops there.
-//! From 6.12 it reads the stack a window at a time (a read's cost is mostly
-//! the helper call, and a window usually holds several frames); before, a
-//! read per frame, as 6.1's verifier gives up on the windowed loop.
+//! Why walk user stacks here rather than `bpf_get_stackid(BPF_F_USER_STACK)`:
+//! the kernel's walker (`perf_callchain_user`) reads the frame at address 0
+//! that ends every chain (`_start` clears rbp), which takes a page fault and
+//! its exception fixup on every walk, most of the walk's cost. This walk stops
+//! there. From 6.12 it reads the stack a window at a time (a read's cost is
+//! mostly the helper call, and a window usually holds several frames); before,
+//! a read per frame, as 6.1's verifier gives up on the windowed loop.
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    bindings::pt_regs,
+    bindings::{pt_regs, BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{bpf_get_current_task_btf, bpf_probe_read_user, bpf_task_pt_regs, generated},
     macros::map,
-    maps::{HashMap, PerCpuArray},
+    maps::{HashMap, PerCpuArray, StackTrace},
+    programs::tracing::StackIdContext,
 };
-use vmtrace_common::{UserStack, OWN_STACK_ID, USER_STACK_DEPTH, USER_WALK_WINDOWS};
+use vmtrace_common::{UserStack, OWN_STACK_ID, STACK_ID_LOST, USER_STACK_DEPTH, USER_WALK_WINDOWS};
 
-use crate::maps::config;
+use crate::{
+    globals::config,
+    inflight::{set_walking, FAULT_SLOT},
+};
+
+/// Call stacks (user and kernel) of sampled faults, by id.
+#[map]
+pub static STACKS: StackTrace = StackTrace::with_max_entries(16_384, 0);
+
+/// The current user stack's id: in `USER_STACKS` where the programs walk it
+/// themselves (`Config::user_walk`), else in `STACKS`; `STACK_ID_LOST` when it
+/// cannot be stored. The walk reads user memory through frame pointers and may
+/// fault; those nested faults re-enter the fault hooks, which skip them while
+/// this CPU's slot says it is walking (the kernel never accounts them).
+#[inline(always)]
+pub fn user_stack_id<C: StackIdContext>(ctx: &C) -> i32 {
+    let slot = FAULT_SLOT.get_ptr_mut(0);
+    set_walking(slot, true);
+    // A constant of the frozen CONFIG: the verifier drops the branch not
+    // taken, so kernels without bpf_task_pt_regs load the other.
+    let own = if config().user_walk != 0 { walk() } else { None };
+    let id = own
+        .unwrap_or_else(|| ctx.get_stackid(&STACKS, u64::from(BPF_F_USER_STACK)).map_or(STACK_ID_LOST, |id| id as i32));
+    set_walking(slot, false);
+    id
+}
 
 /// Walked user stacks by id (30 bits of their hash; see `store`). Not
 /// preallocated: 16k stacks of 1 KiB would pin 16 MiB up front.
 #[map]
-pub static USER_STACKS: HashMap<u32, UserStack> =
-    HashMap::with_max_entries(16_384, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
+pub static USER_STACKS: HashMap<u32, UserStack> = HashMap::with_max_entries(16_384, BPF_F_NO_PREALLOC);
 
 /// This CPU's stack being walked (too big for the BPF stack).
 #[map]
@@ -66,19 +93,19 @@ const USER_END: u64 = 1 << 56;
 const USER_CS_64: u64 = 0x33;
 
 /// Walks the current task's user stack and stores it: `Some(id)` in
-/// `USER_STACKS`, `Some(-2)` when it cannot be read or stored, `None` for a
+/// `USER_STACKS`, `Some(STACK_ID_LOST)` when it cannot be read or stored, `None` for a
 /// 32-bit task (the caller takes the kernel's walker, which knows them).
 #[inline(always)]
-pub fn walk() -> Option<i32> {
-    let Some(s) = SCRATCH.get_ptr_mut(0) else { return Some(-2) };
+fn walk() -> Option<i32> {
+    let Some(s) = SCRATCH.get_ptr_mut(0) else { return Some(STACK_ID_LOST) };
     // SAFETY: this CPU's scratch; programs on one CPU do not interleave.
     let s = unsafe { &mut *s };
     // SAFETY: the current task is valid for the program's run; the user-mode
     // registers saved at kernel entry are at the top of its kernel stack.
     let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
     // SAFETY: the helper returns a BTF pointer to `struct pt_regs`: the
-    // verifier turns these loads into fault-safe ones, without the helper
-    // call of bpf_probe_read_kernel (~40 ns each here).
+    // verifier turns these loads into fault-safe ones, without a helper call
+    // of bpf_probe_read_kernel each.
     let (ip, cs, fp) = unsafe {
         (
             core::ptr::read_volatile(&raw const (*regs).rip),
@@ -93,7 +120,7 @@ pub fn walk() -> Option<i32> {
     let h = mix(0x9e37_79b9_7f4a_7c15 ^ ip);
     // A constant of the frozen CONFIG: the verifier sees one loop only.
     let (h, nr) = if config().user_walk == USER_WALK_WINDOWS {
-        let Some(r) = by_windows(s, fp, h) else { return Some(-2) };
+        let Some(r) = by_windows(s, fp, h) else { return Some(STACK_ID_LOST) };
         r
     } else {
         by_frames(s, fp, h)
@@ -152,8 +179,8 @@ fn by_frames(s: &mut UserStack, fp: u64, h: u64) -> (u64, usize) {
 }
 
 /// The frames above `fp`, read a window of `WINDOW_BYTES` at a time: a read
-/// costs ~40 ns here whatever its size up to 1 KiB, and a window usually
-/// holds several frames. `None` when this CPU's window is missing.
+/// costs about the same whatever its size up to 1 KiB (mostly the helper
+/// call), and a window usually holds several frames. `None` when this CPU's window is missing.
 #[inline(always)]
 fn by_windows(s: &mut UserStack, fp: u64, h: u64) -> Option<(u64, usize)> {
     // SAFETY: this CPU's window, as for the scratch.
@@ -163,7 +190,7 @@ fn by_windows(s: &mut UserStack, fp: u64, h: u64) -> Option<(u64, usize)> {
     Some(chain(s, fp, h, |fp| {
         if fp < base || fp + 16 > end {
             // The stack above a frame is mapped and present up to its top, so
-            // only a window past the top fails (a fault, ~1 µs); then read up
+            // only a window past the top fails (a fault and its fixup); then read up
             // to the end of the frame's page, which is present.
             let dst = win.as_mut_ptr().cast();
             let mut n = WINDOW_BYTES;
@@ -200,22 +227,22 @@ fn store(s: &UserStack) -> i32 {
     for probe in 0..4u32 {
         let id = (base.wrapping_add(probe) & 0x3fff_ffff) | OWN_STACK_ID;
         // SAFETY: read-only look at a live value.
-        if let Some(v) = unsafe { USER_STACKS.get(&id) } {
+        if let Some(v) = unsafe { USER_STACKS.get(id) } {
             if v.hash == s.hash {
                 return id as i32;
             }
             continue;
         }
-        if USER_STACKS.insert(&id, s, u64::from(aya_ebpf::bindings::BPF_NOEXIST)).is_ok() {
+        if USER_STACKS.insert(id, s, u64::from(BPF_NOEXIST)).is_ok() {
             return id as i32;
         }
         // Taken meanwhile on another CPU (same stack or not), or the map is full.
         // SAFETY: as above.
-        match unsafe { USER_STACKS.get(&id) } {
+        match unsafe { USER_STACKS.get(id) } {
             Some(v) if v.hash == s.hash => return id as i32,
             Some(_) => continue,
-            None => return -2,
+            None => return STACK_ID_LOST,
         }
     }
-    -2
+    STACK_ID_LOST
 }

@@ -1,0 +1,61 @@
+//! Read-only globals the loader sets before load (`CONFIG`, `KOFFSETS`) and
+//! the one control word userspace writes while the programs run (`CONTROL`).
+use aya_ebpf::{macros::map, maps::Array};
+use vmtrace_common::{Config, KernelOffsets, CONTROL_RUNNING, CONTROL_STOPPED};
+
+/// Written by userspace, `CONTROL_*`: the window every aggregate covers, the
+/// same as the kernel's own counters' (opened at its start, read at its end).
+#[map]
+pub static CONTROL: Array<u32> = Array::with_max_entries(1, 0);
+
+#[inline(always)]
+fn control() -> u32 {
+    CONTROL.get(0).copied().unwrap_or(CONTROL_STOPPED)
+}
+
+#[inline(always)]
+pub fn stopped() -> bool {
+    control() == CONTROL_STOPPED
+}
+
+/// `-a` counts a process only inside the window; a traced target is counted
+/// from the moment it is added, which userspace does inside it.
+#[inline(always)]
+pub fn system_wide_counting() -> bool {
+    config().trace_all != 0 && control() == CONTROL_RUNNING
+}
+
+/// Set by the loader before load; never written here.
+#[unsafe(no_mangle)]
+static CONFIG: Config = Config {
+    trace_all: 0,
+    minor_period: 1,
+    stack_mode: 0,
+    stack_period: 1,
+    leaf_region: 0,
+    mm: 0,
+    flush_tlb_func: 0,
+    regions: 0,
+    vm_fault_unaccounted: 0,
+    vm_fault_major: 0,
+    fault_flag_tried: 0,
+    user_walk: 0,
+    memcg_pgfault: 0,
+};
+
+/// Kernel struct offsets from BTF, set by the loader.
+#[unsafe(no_mangle)]
+static KOFFSETS: KernelOffsets = KernelOffsets::UNKNOWN;
+
+#[inline(always)]
+pub fn config() -> Config {
+    // SAFETY: a global the loader rewrites before load; volatile so the compiler
+    // does not fold the default value in.
+    unsafe { core::ptr::read_volatile(&raw const CONFIG) }
+}
+
+#[inline(always)]
+pub fn koffsets() -> KernelOffsets {
+    // SAFETY: as for `config`.
+    unsafe { core::ptr::read_volatile(&raw const KOFFSETS) }
+}

@@ -1,0 +1,124 @@
+//! Maps and helpers every probe family uses: the traced set with its
+//! per-process fault aggregate, drop counters, the event ring, and reading
+//! tracepoint records.
+use aya_ebpf::{
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    helpers::bpf_get_current_pid_tgid,
+    macros::map,
+    maps::{PerCpuArray, PerCpuHashMap, RingBuf},
+    programs::TracePointContext,
+    EbpfContext,
+};
+use vmtrace_common::{DropKind, FaultStats, DROP_KINDS};
+
+use crate::globals::{stopped, system_wide_counting};
+
+/// Field at `offset` of a classic tracepoint's record. A tracepoint program
+/// may load from its context at constant offsets; `read_at` instead calls
+/// `bpf_probe_read_kernel`, a helper call per field.
+#[inline(always)]
+pub fn tp_field<T: Copy>(ctx: &TracePointContext, offset: usize) -> T {
+    // SAFETY: offsets come from the tracepoint formats; the verifier checks
+    // that the load is inside the record and aligned.
+    unsafe { core::ptr::read_volatile(ctx.as_ptr().cast::<u8>().add(offset).cast::<T>()) }
+}
+
+/// Per-process fault aggregates, keyed by tgid. It is also the traced set: a
+/// tgid is traced iff it has an entry (userspace adds the target, the fork hook
+/// every descendant), so the hot path does one lookup, not two. Userspace reads
+/// and deletes a process's entry when it exits. With `-a`, entries are created
+/// on a process's first fault.
+#[map]
+pub static FAULT_STATS: PerCpuHashMap<u32, FaultStats> = PerCpuHashMap::with_max_entries(32_768, 0);
+
+/// All-zero value to insert from: a `FaultStats` is too big for the 512-byte BPF stack.
+#[map]
+static ZERO_STATS: PerCpuArray<FaultStats> = PerCpuArray::with_max_entries(1, 0);
+
+/// Adds a zeroed aggregate for `tgid` (BPF_NOEXIST: an existing one is kept).
+#[inline(always)]
+pub fn add_traced(tgid: u32) -> bool {
+    let Some(zero) = ZERO_STATS.get(0) else { return false };
+    FAULT_STATS.insert(tgid, zero, 1).is_ok() || FAULT_STATS.get_ptr(tgid).is_some()
+}
+
+#[inline(always)]
+pub fn is_traced(tgid: u32) -> bool {
+    !stopped() && (system_wide_counting() || FAULT_STATS.get_ptr(tgid).is_some())
+}
+
+/// The current task's (tgid, tid) and this CPU's aggregate of its process,
+/// when it is traced.
+#[inline(always)]
+pub fn current_stats() -> Option<(u32, u32, &'static mut FaultStats)> {
+    if stopped() {
+        return None;
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let tid = pid_tgid as u32;
+    if let Some(p) = FAULT_STATS.get_ptr_mut(tgid) {
+        // SAFETY: this CPU's value of a live entry; no other writer on this CPU.
+        return Some((tgid, tid, unsafe { &mut *p }));
+    }
+    // With -a every process is traced from its first fault (pid 0: idle/kernel).
+    if !system_wide_counting() || tgid == 0 {
+        return None;
+    }
+    if !add_traced(tgid) {
+        count_drop(DropKind::FaultStatsFull);
+        return None;
+    }
+    // SAFETY: as above.
+    FAULT_STATS.get_ptr_mut(tgid).map(|p| (tgid, tid, unsafe { &mut *p }))
+}
+
+/// This CPU's value for `key` in a per-CPU hash, inserted from `init` when
+/// missing (BPF_NOEXIST: another CPU may have created it meanwhile).
+#[inline(always)]
+pub fn get_or_insert<K, V>(map: &PerCpuHashMap<K, V>, key: &K, init: &V) -> Option<&'static mut V> {
+    if let Some(p) = map.get_ptr_mut(key) {
+        // SAFETY: this CPU's value of a live entry; no other writer on this CPU.
+        return Some(unsafe { &mut *p });
+    }
+    let _ = map.insert(key, init, 1);
+    // SAFETY: as above.
+    map.get_ptr_mut(key).map(|p| unsafe { &mut *p })
+}
+
+/// Per-CPU drop counters, indexed by `DropKind`.
+#[map]
+pub static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(DROP_KINDS, 0);
+
+#[inline(always)]
+pub fn count_drop(kind: DropKind) {
+    if let Some(p) = DROPS.get_ptr_mut(kind as u32) {
+        // SAFETY: per-CPU value, no concurrent writer on this CPU.
+        unsafe { *p += 1 };
+    }
+}
+
+const EVENTS_BYTES: u32 = 1024 * 1024;
+
+/// Events for userspace: task life cycle, mapping changes, OOM kills.
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
+
+/// Submit flags for frequent events (mapping changes). Waking the collector
+/// on every one costs a context switch on a busy CPU; it polls every 100 ms
+/// anyway, so it is woken only once a quarter of the ring waits (~3,000
+/// events: headroom for ~100k events/s).
+#[inline(always)]
+pub fn batched_wakeup() -> u64 {
+    if EVENTS.query(u64::from(BPF_RB_AVAIL_DATA)) > u64::from(EVENTS_BYTES / 4) {
+        u64::from(BPF_RB_FORCE_WAKEUP)
+    } else {
+        u64::from(BPF_RB_NO_WAKEUP)
+    }
+}
+
+/// Submit flags for task and OOM events: wake the collector now (a new task
+/// is told from a thread by reading /proc while it lives; an OOM victim's
+/// /proc is gone soon). Forced, because after unwoken records the kernel's
+/// default wakes nobody (it wakes only when the reader had caught up).
+pub const WAKE_NOW: u64 = BPF_RB_FORCE_WAKEUP as u64;
