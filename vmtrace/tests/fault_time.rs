@@ -55,15 +55,7 @@ fn check_invariants(run: &Run, what: &str) {
 #[test]
 fn cold_checkpoint_load_is_timed_in_full_and_adds_up() {
     privileged!();
-    let dir = disk_dir();
-    let path = dir.path().join("model.safetensors");
-    assert!(vmtrace()
-        .args(["workload", "make-safetensors"])
-        .arg(&path)
-        .args(["--mib", "64"])
-        .status()
-        .unwrap()
-        .success());
+    let (_dir, path) = safetensors_on_disk(64);
     let p = path.to_str().unwrap();
     // Sequential and cold: a few slow minor faults wait on readahead I/O and
     // carry most of the time; sampling 1 in 16 missed or multiplied them.

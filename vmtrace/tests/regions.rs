@@ -174,15 +174,7 @@ fn unmapped_mapping_and_short_lived_child_keep_their_faults() {
 #[test]
 fn safetensors_faults_land_on_their_tensors() {
     privileged!();
-    let dir = disk_dir();
-    let path = dir.path().join("model.safetensors");
-    assert!(vmtrace()
-        .args(["workload", "make-safetensors"])
-        .arg(&path)
-        .args(["--mib", "32"])
-        .status()
-        .unwrap()
-        .success());
+    let (_dir, path) = safetensors_on_disk(32);
     let p = path.to_str().unwrap();
     let run = record(&[], &strs(&workload(&["file-read", p, "--random", "--stride", "4", "--cold"])));
     assert_eq!(run.code(), Some(0), "{}", run.stderr());

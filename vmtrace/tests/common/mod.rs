@@ -185,6 +185,16 @@ pub fn disk_dir() -> tempfile::TempDir {
     tempfile::Builder::new().prefix("vmtrace-test-").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("create test dir")
 }
 
+/// A safetensors checkpoint of about `mib` MiB (`vmtrace workload
+/// make-safetensors`) in a fresh directory on disk, removed with the dir.
+pub fn safetensors_on_disk(mib: u32) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = disk_dir();
+    let path = dir.path().join("model.safetensors");
+    let ok = vmtrace().args(["workload", "make-safetensors"]).arg(&path).args(["--mib", &mib.to_string()]).status();
+    assert!(ok.is_ok_and(|s| s.success()), "cannot write {}", path.display());
+    (dir, path)
+}
+
 /// Runs `cmd` as user nobody (for the unprivileged-user test).
 pub fn as_nobody(c: &mut Command) -> &mut Command {
     c.uid(65_534).gid(65_534)
