@@ -341,9 +341,9 @@ pub enum DropKind {
     MmStatsFull = 7,
     /// The ring buffer was full when a mapping change was reported.
     MmEventRingFull = 8,
-    /// No longer counted: syscalls in flight are in a per-CPU slot, parked in an
-    /// LRU map when their thread sleeps (kept so the numbering stays).
-    MmInflightFull = 9,
+    /// Retired, never counted: syscalls in flight are in a per-CPU slot, parked
+    /// in an LRU map when their thread sleeps. The number is not reused.
+    RetiredMmInflightFull = 9,
     /// `REGION_STATS` was full: a fault was counted, but not per region.
     RegionStatsFull = 10,
 }

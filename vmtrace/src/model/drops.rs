@@ -63,7 +63,7 @@ impl DropCounts {
         let d = |k| self.get(k);
         Drops {
             task_events: d(DropKind::TaskEventRingFull) + d(DropKind::OomRingFull) + self.malformed_events,
-            mm: d(DropKind::MmStatsFull) + d(DropKind::MmEventRingFull) + d(DropKind::MmInflightFull),
+            mm: d(DropKind::MmStatsFull) + d(DropKind::MmEventRingFull),
             region_stats_full: d(DropKind::RegionStatsFull),
             fault_stats_full: d(DropKind::FaultStatsFull),
             traced_full: d(DropKind::TracedFull),

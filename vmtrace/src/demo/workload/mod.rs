@@ -443,6 +443,19 @@ pub fn fault_loop(mib: usize, seconds: f64, rate: Option<u64>) -> Result<(), Str
 mod tests {
     use super::*;
 
+    /// The demo's checkpoint is one the regions' safetensors reader reads.
+    #[test]
+    fn make_safetensors_writes_what_the_reader_reads() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("m.safetensors");
+        make_safetensors(&p, 8).unwrap();
+        let t = crate::regions::safetensors::tensors(&p).unwrap();
+        assert_eq!(t.len(), 8);
+        assert_eq!(t.last().unwrap().name, "lm_head.weight");
+        assert_eq!(t[0].start % 8, 0, "data 8-byte aligned");
+        assert_eq!(t.last().unwrap().end, std::fs::metadata(&p).unwrap().len());
+    }
+
     #[test]
     fn first_touch_faults_match_rusage_delta() {
         // This thread only: other tests run beside it.
