@@ -13,7 +13,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 use vmtrace_common::OomEvent;
 
-pub use crate::model::{oom::render, HeldRegion, OomRecord};
+use crate::model::{HeldRegion, OomRecord};
 use crate::{model::comm_str, procmaps};
 
 /// The memory-cgroup hierarchy a path belongs to.

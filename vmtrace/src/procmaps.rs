@@ -2,7 +2,7 @@
 //! users ask about them (heap, stack, file, anon, …), and address lookup.
 use serde::{Deserialize, Serialize};
 
-pub use crate::model::RegionKind;
+use crate::model::RegionKind;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Region {

@@ -12,12 +12,9 @@ use crate::{
     collect::{install_stop_handlers, stop_signal, Finished, Session, SessionOptions},
     kernel::preflight,
     loader::{Families, LoadError, LoadOptions, Probes},
-    perf::{sampling::DataSampler, Counters, FaultEnd, PerfSummary, Scope},
-    report::{
-        self,
-        summary::{KernelAccounting, TargetInfo},
-        Summary,
-    },
+    model::{KernelAccounting, PerfSummary, Summary, TargetInfo},
+    perf::{sampling::DataSampler, Counters, FaultEnd, Scope},
+    report,
     stacks::StackMode,
     target::{check_pid, pid_alive, resolve_program, wait_exit_usage, GatedChild, Target, TargetError},
 };

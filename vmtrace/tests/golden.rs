@@ -7,7 +7,10 @@
 //! of output, and commit the difference with why.
 use std::{fs, path::Path};
 
-use vmtrace::report::{html, text, Summary};
+use vmtrace::{
+    model::Summary,
+    report::{html, text},
+};
 
 fn golden(name: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name)

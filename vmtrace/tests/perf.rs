@@ -7,8 +7,8 @@ use common::*;
 use perf_event::events::Software;
 use vmtrace::{
     kernel::preflight::{perf_event_available, HW_CACHE_DTLB_LOAD_MISS, PERF_TYPE_HW_CACHE},
+    model::RegionKind,
     perf::{sampling::DataSampler, Scope},
-    procmaps::RegionKind,
     target::{wait_exit, GatedChild},
 };
 

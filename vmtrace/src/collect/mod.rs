@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 pub use session::{live, Session, SessionOptions};
 pub use source::AggregateSource;
 
-pub use crate::model::MmSite;
+use crate::model::MmSite;
 use crate::{model::Summary, stacks::Stack};
 
 /// Last SIGINT/SIGTERM received (0 = none).

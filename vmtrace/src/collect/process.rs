@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, fs};
 
 use vmtrace_common::{EventKind, FaultStats, TaskEvent};
 
-pub use crate::model::comm_str;
+use crate::model::comm_str;
 use crate::{model::KernelAccounting, target::shell_status};
 
 #[derive(Clone, Debug)]
@@ -169,7 +169,7 @@ impl ProcessTable {
 /// A region as an mmap/mremap event describes it (the path of a file mapping
 /// is read from /proc/PID/fd while it is still open).
 pub fn region_from_event(ev: &vmtrace_common::MmEvent) -> crate::procmaps::Region {
-    use crate::procmaps::{Region, RegionKind};
+    use crate::{model::RegionKind, procmaps::Region};
     let shared = ev.flags & libc::MAP_SHARED as u64 != 0;
     let anon = ev.fd == u64::MAX || ev.flags & libc::MAP_ANONYMOUS as u64 != 0;
     let (kind, path) = if anon {
@@ -245,7 +245,7 @@ mod tests {
 
     #[test]
     fn regions_gone_from_a_later_maps_read_stay_known() {
-        use crate::procmaps::{Region, RegionKind};
+        use crate::{model::RegionKind, procmaps::Region};
         let mut t = ProcessTable::default();
         let pid = std::process::id();
         let gone =

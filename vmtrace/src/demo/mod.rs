@@ -18,8 +18,9 @@ use serde::Serialize;
 
 use crate::{
     cli::EventFamily,
+    model::{fmt_ns, oom::render, Summary},
     record::{record, RecordError, RecordOptions},
-    report::{html, summary::Summary, text::fmt_ns},
+    report::html,
     stacks::StackMode,
     target::Target,
 };
@@ -237,7 +238,7 @@ pub fn run(out: &Path) -> Result<i32, DemoError> {
             let what = "a hog grows in a 64 MiB memory cgroup";
             let (mut row, s) = run_one("5. OOM kill", "oom-64mib-cgroup", what, cg.run_inside(&hog), out)?;
             if let Some(o) = s.oom.as_ref().and_then(|v| v.first()) {
-                row.note = crate::oom::render(o);
+                row.note = render(o);
             }
             sections.push(("oom-64mib-cgroup".into(), what.into(), s));
             rows.push(row);

@@ -3,7 +3,7 @@
 //! cross-check of vmtrace's counts against the kernel's accounting.
 pub mod sampling;
 
-pub use crate::model::PerfSummary;
+use crate::model::PerfSummary;
 use perf_event::{
     events::{Cache, CacheId, CacheOp, CacheResult, Event, Hardware, Raw, Software},
     Builder, Counter,

@@ -12,7 +12,7 @@ use perf_event::{
 };
 
 use super::Scope;
-pub use crate::model::RegionSamples;
+use crate::model::RegionSamples;
 use crate::procmaps::{self, Region};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

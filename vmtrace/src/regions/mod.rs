@@ -10,10 +10,11 @@ use std::collections::{BTreeMap, HashMap};
 
 use vmtrace_common::{GranuleCounts, GranuleKey, GRANULE_HIST, GRANULE_PAGES, REGION_GRANULE_SHIFT};
 
-pub use crate::model::{FileSummary, RegionSummary, TensorSummary};
+use crate::model::{FileSummary, RegionSummary, TensorSummary};
 use crate::{
+    model::RegionKind,
     model::{scale, Faults, Hist},
-    procmaps::{self, Region, RegionKind},
+    procmaps::{self, Region},
 };
 
 /// Counts of a share of a granule, accumulated per region.

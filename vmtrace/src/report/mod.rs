@@ -1,15 +1,12 @@
 //! What a trace leaves behind: `summary.json` (for tools) and `summary.txt` (for people).
 pub mod html;
 pub mod stream;
-pub mod summary;
 pub mod text;
 
 use std::{fs, io, path::Path};
 
-pub use summary::Summary;
-
 use crate::{
-    model::{fmt_ns, MmSite, Sampling, StacksSummary},
+    model::{fmt_ns, MmSite, Sampling, StacksSummary, Summary},
     stacks::{
         flamegraph::{self, Weight},
         Stack,

@@ -1,7 +1,7 @@
 //! `summary.txt`: the summary for people, also printed at exit.
 use std::fmt::Write as _;
 
-pub use crate::model::fmt_ns;
+use crate::model::fmt_ns;
 use crate::model::{bytes, Faults, Hist, Summary, BROKEN_CHAIN};
 
 /// Upper bound of a latency bucket, as "≤2.0 µs" ("-" when empty, ">1.07 s" for +inf).

@@ -8,7 +8,7 @@ pub mod weight;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::model::{StacksSummary, BROKEN_CHAIN};
+use crate::model::BROKEN_CHAIN;
 use vmtrace_common::{StackCounts, StackKey};
 
 /// Which stacks `--stacks` collects.
@@ -140,7 +140,10 @@ pub fn shallow_pct(stacks: &[Stack]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::procmaps::{MappedRegions, Region, RegionKind};
+    use crate::{
+        model::RegionKind,
+        procmaps::{MappedRegions, Region},
+    };
 
     fn region(start: u64, end: u64, perms: &str, kind: RegionKind) -> Region {
         Region { start, end, perms: perms.into(), offset: 0, kind, path: None }

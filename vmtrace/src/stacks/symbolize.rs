@@ -10,7 +10,10 @@ use blazesym::symbolize::{
     Input, Symbolized, Symbolizer,
 };
 
-use crate::procmaps::{self, Region, RegionKind};
+use crate::{
+    model::RegionKind,
+    procmaps::{self, Region},
+};
 
 /// A `/tmp/perf-PID.map` of a JIT (e.g. Python 3.12+ with `-X perf`):
 /// "START SIZE name" per line, hex without 0x.

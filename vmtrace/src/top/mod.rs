@@ -12,9 +12,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::model::live::{Cum, RateKeeper, Rates};
 use crossterm::event::{Event, EventStream, KeyCode, KeyEventKind, KeyModifiers};
 use futures_util::StreamExt as _;
-use model::{Cum, ProcRow, RateKeeper, Rates, RegionRow, Snapshot};
+use model::{ProcRow, RegionRow, Snapshot};
 use tokio::io::{unix::AsyncFd, Interest};
 use view::{Pane, ViewState};
 

@@ -1,7 +1,7 @@
 //! What `vmtrace top` shows: rates over the last refresh, computed from the
 //! cumulative counters the kernel keeps. No terminal here, so it is tested
 //! without one.
-pub use crate::model::live::{Cum, RateKeeper, Rates};
+use crate::model::live::Rates;
 
 /// The rate a table is sorted by.
 fn key_of(r: &Rates, k: SortKey) -> f64 {

@@ -206,7 +206,7 @@ mod tests {
     use ratatui::{backend::TestBackend, Terminal};
 
     use super::*;
-    use crate::top::model::{ProcRow, Rates};
+    use crate::{model::live::Rates, top::model::ProcRow};
 
     fn screen(s: &Snapshot, v: ViewState) -> String {
         let mut term = Terminal::new(TestBackend::new(80, 24)).unwrap();

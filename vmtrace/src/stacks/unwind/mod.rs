@@ -27,7 +27,7 @@ use framehop::{
 pub use elf::LoadError;
 use elf::{Bytes, ObjectInfo};
 
-use crate::procmaps::{Region, RegionKind};
+use crate::{model::RegionKind, procmaps::Region};
 
 /// User registers at the sampled instant.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
