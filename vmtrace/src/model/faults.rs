@@ -106,6 +106,20 @@ impl<'de> Deserialize<'de> for Hist {
     }
 }
 
+/// Rounds `vals` to whole numbers whose sum is their sum rounded (largest
+/// remainder): shares of a total, rounded, still add up to it.
+pub fn largest_remainder(vals: &mut [f64]) {
+    let want = vals.iter().sum::<f64>().round();
+    let floors: Vec<f64> = vals.iter().map(|v| v.floor()).collect();
+    let left = (want - floors.iter().sum::<f64>()).round().max(0.0) as usize;
+    let mut order: Vec<usize> = (0..vals.len()).collect();
+    order.sort_by(|&a, &b| (vals[b] - floors[b]).total_cmp(&(vals[a] - floors[a])).then(a.cmp(&b)));
+    let up: std::collections::HashSet<usize> = order.into_iter().take(left).collect();
+    for (i, v) in vals.iter_mut().enumerate() {
+        *v = floors[i] + if up.contains(&i) { 1.0 } else { 0.0 };
+    }
+}
+
 /// Scales a sum measured on `timed` of `count` events up to all of them. The
 /// one rule for fault time everywhere (processes, regions, files, tensors,
 /// live views): minor time is scaled by its own sample, majors (all timed)

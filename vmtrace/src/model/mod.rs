@@ -15,7 +15,7 @@ pub mod summary;
 pub mod timeline;
 
 pub use drops::{DropCounts, Drops};
-pub use faults::{scale, Faults, Hist};
+pub use faults::{largest_remainder, scale, Faults, Hist};
 pub use format::{bytes, comm_str, fmt_ns};
 pub use live::{Cum, LiveProcess, LiveSnapshot, RateKeeper, Rates};
 pub use oom::{HeldRegion, OomRecord};

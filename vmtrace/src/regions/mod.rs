@@ -13,7 +13,7 @@ use vmtrace_common::{GranuleCounts, GranuleKey, GRANULE_HIST, GRANULE_PAGES, REG
 use crate::model::{FileSummary, RegionSummary, TensorSummary};
 use crate::{
     model::RegionKind,
-    model::{scale, Faults, Hist},
+    model::{largest_remainder, scale, Faults, Hist},
     procmaps::{self, Region},
 };
 
@@ -235,19 +235,6 @@ fn apportion_per_process(acc: &mut BTreeMap<(u32, u64, u64), (Region, Acc)>) {
             a.faults = f;
             a.major = m.min(f);
         }
-    }
-}
-
-/// Rounds `vals` to whole numbers whose sum is their sum rounded.
-fn largest_remainder(vals: &mut [f64]) {
-    let want = vals.iter().sum::<f64>().round();
-    let floors: Vec<f64> = vals.iter().map(|v| v.floor()).collect();
-    let left = (want - floors.iter().sum::<f64>()).round().max(0.0) as usize;
-    let mut order: Vec<usize> = (0..vals.len()).collect();
-    order.sort_by(|&a, &b| (vals[b] - floors[b]).total_cmp(&(vals[a] - floors[a])).then(a.cmp(&b)));
-    let up: std::collections::HashSet<usize> = order.into_iter().take(left).collect();
-    for (i, v) in vals.iter_mut().enumerate() {
-        *v = floors[i] + if up.contains(&i) { 1.0 } else { 0.0 };
     }
 }
 

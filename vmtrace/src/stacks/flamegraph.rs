@@ -52,9 +52,12 @@ pub fn folded(stacks: &[Stack], weight: Weight) -> String {
         }
         *merged.entry(line).or_default() += w;
     }
+    // Rounded so that the lines still add up to the estimated total.
+    let mut weights: Vec<f64> = merged.values().copied().collect();
+    crate::model::largest_remainder(&mut weights);
     let mut out = String::new();
-    for (line, w) in merged {
-        let w = w.round() as u64;
+    for (line, w) in merged.keys().zip(weights) {
+        let w = w as u64;
         if w > 0 {
             let _ = writeln!(out, "{line} {w}");
         }
@@ -137,6 +140,20 @@ mod tests {
         assert_eq!(total(&f), 16);
         assert_eq!(folded(&s, Weight::TimeNs), "train;main;load:weights 1000\n");
         assert_eq!(folded(&s, Weight::Major), "");
+    }
+
+    #[test]
+    fn small_shares_still_add_up_to_the_total() {
+        // Ten stacks of 0.4 faults each: rounding each alone would draw none.
+        let s: Vec<Stack> = (0..10)
+            .map(|i| Stack {
+                comm: "tar".into(),
+                user: vec![format!("f{i}")],
+                estimate: super::super::weight::Estimate { faults: 0.4, ..Default::default() },
+                ..Stack::default()
+            })
+            .collect();
+        assert_eq!(total(&folded(&s, Weight::Faults)), 4);
     }
 
     #[test]
