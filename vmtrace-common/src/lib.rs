@@ -315,6 +315,22 @@ pub struct FileKey {
 }
 const _: () = assert!(core::mem::size_of::<FileKey>() == 16);
 
+/// Key of page-cache additions per chunk of a file (`FILE_CHUNKS`): which
+/// parts of a file came from disk, so a checkpoint's tensors can say how
+/// much of each was read.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FileChunkKey {
+    pub dev: u32,
+    /// Page index in the file `>> FILE_CHUNK_SHIFT`.
+    pub chunk: u32,
+    pub ino: u64,
+}
+const _: () = assert!(core::mem::size_of::<FileChunkKey>() == 16);
+
+/// `FileChunkKey::chunk`: 256 pages, 1 MiB.
+pub const FILE_CHUNK_SHIFT: u32 = 8;
+
 /// Which stacks to collect (`Config::stack_mode` bits).
 pub const STACK_USER: u32 = 1;
 pub const STACK_KERNEL: u32 = 2;
@@ -346,8 +362,11 @@ pub enum DropKind {
     RetiredMmInflightFull = 9,
     /// `REGION_STATS` was full: a fault was counted, but not per region.
     RegionStatsFull = 10,
+    /// `FILE_CHUNKS` was full: a page-cache addition counted for its file, not
+    /// for the part of the file it was.
+    FileChunksFull = 11,
 }
-pub const DROP_KINDS: u32 = 11;
+pub const DROP_KINDS: u32 = 12;
 
 /// Event kinds in the stream. Ranges per family; a retired number is never reused.
 /// 1..=99 tasks, 100..=199 faults, 200..=299 mmap, 300..=399 tlb, 400..=499 oom.
@@ -731,6 +750,7 @@ mod pod {
     unsafe impl aya::Pod for super::GranuleCounts {}
     unsafe impl aya::Pod for super::GranuleCur {}
     unsafe impl aya::Pod for super::FileKey {}
+    unsafe impl aya::Pod for super::FileChunkKey {}
     unsafe impl aya::Pod for super::MmStackKey {}
     unsafe impl aya::Pod for super::MmStackCounts {}
     unsafe impl aya::Pod for super::MmEvent {}

@@ -74,6 +74,10 @@ fn cold_checkpoint_load_is_timed_in_full_and_adds_up() {
     assert!(u(&f["from_disk_bytes"]) * 10 >= size * 9, "most of the cold file came from disk: {f:#}");
     let tensors: u64 = f["tensors"].as_array().unwrap().iter().map(|t| u(&t["time_ns"])).sum();
     assert_close("tensors' time vs the file's", tensors, u(&f["faults"]["time_ns"]), 5.0);
+    // A cold sequential read brings every tensor in from disk: each says so.
+    for t in f["tensors"].as_array().unwrap() {
+        assert!(u(&t["from_disk_bytes"]) * 10 >= u(&t["bytes"]) * 9, "tensor read from disk: {t:#}");
+    }
     assert!(u(&run.summary["stacks"]["exact_faults"]) > 0, "slow faults carry their own stacks");
 }
 

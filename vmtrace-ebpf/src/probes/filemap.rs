@@ -6,17 +6,21 @@ use aya_ebpf::{
     maps::PerCpuHashMap,
     programs::TracePointContext,
 };
-use vmtrace_common::{FileKey, PMD_ORDER};
+use vmtrace_common::{DropKind, FileChunkKey, FileKey, FILE_CHUNK_SHIFT, PMD_ORDER};
 
 use super::fault::try_huge_alloc;
 use crate::{
     globals::config,
-    shared::{is_traced, tp_field},
+    shared::{count_drop, is_traced, tp_field},
 };
 
 /// Pages added to the page cache per file by traced processes (readahead).
 #[map]
 static FILE_CACHE: PerCpuHashMap<FileKey, u64> = PerCpuHashMap::with_max_entries(16_384, 0);
+
+/// The same per 1 MiB chunk of a file (64 GiB of file data in all).
+#[map]
+static FILE_CHUNKS: PerCpuHashMap<FileChunkKey, u64> = PerCpuHashMap::with_max_entries(65_536, 0);
 
 // /sys/kernel/tracing/events/filemap/mm_filemap_add_to_page_cache/format:
 //   field:unsigned long pfn;   offset:8;  size:8; signed:0;
@@ -36,7 +40,8 @@ fn try_add_to_page_cache(ctx: &TracePointContext) -> Option<()> {
     if config().regions == 0 || !is_traced(tgid) {
         return None;
     }
-    let (ino, dev, order) = (tp_field::<u64>(ctx, 16), tp_field::<u32>(ctx, 32), tp_field::<u8>(ctx, 36));
+    let (ino, index, dev, order) =
+        (tp_field::<u64>(ctx, 16), tp_field::<u64>(ctx, 24), tp_field::<u32>(ctx, 32), tp_field::<u8>(ctx, 36));
     let key = FileKey { dev, _pad: 0, ino };
     if u32::from(order) >= PMD_ORDER {
         // A PMD-order folio: page-cache folios reach it on filesystems with
@@ -50,6 +55,19 @@ fn try_add_to_page_cache(ctx: &TracePointContext) -> Option<()> {
         unsafe { *p += pages };
     } else {
         let _ = FILE_CACHE.insert(key, pages, 1);
+    }
+    // A folio lies inside one chunk: folios are naturally aligned, and at most
+    // PMD-order (512 pages), counted in its first chunk.
+    let chunk = FileChunkKey { dev, chunk: (index >> FILE_CHUNK_SHIFT) as u32, ino };
+    if let Some(p) = FILE_CHUNKS.get_ptr_mut(chunk) {
+        // SAFETY: this CPU's value of a live entry.
+        unsafe { *p += pages };
+    } else if FILE_CHUNKS.insert(chunk, pages, 1).is_err() {
+        match FILE_CHUNKS.get_ptr_mut(chunk) {
+            // SAFETY: as above (inserted meanwhile on another CPU).
+            Some(p) => unsafe { *p += pages },
+            None => count_drop(DropKind::FileChunksFull),
+        }
     }
     Some(())
 }

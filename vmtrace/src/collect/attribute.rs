@@ -1,7 +1,9 @@
 //! Region attribution: the kernel's per-granule fault counts placed in the
 //! regions each process had mapped, then summed per file.
 use super::{process::ProcessTable, source::AggregateSource};
-use crate::regions::{self, Attributed, ProcessRegions};
+use std::collections::HashMap;
+
+use crate::regions::{self, Attributed, PageCache, ProcessRegions};
 
 /// Faults per region of every process, then per file and tensor; the
 /// regions costliest in fault time first.
@@ -16,10 +18,18 @@ pub fn build_regions(table: &mut ProcessTable, source: &impl AggregateSource) ->
         }
     }
     let table = &*table;
+    let mut chunks: HashMap<(u32, u64), Vec<(u64, u64)>> = HashMap::new();
+    for (k, pages) in source.page_cache_chunks() {
+        chunks.entry((k.dev, k.ino)).or_default().push((u64::from(k.chunk), pages));
+    }
     let mut a = regions::attribute(
         &granules,
         |pid| table.procs.get(&pid).map(|p| ProcessRegions { maps: &p.maps, mapped: &p.mapped }),
-        |path| regions::kernel_dev_ino(path).and_then(|(dev, ino)| source.page_cache_added(dev, ino)),
+        |path| {
+            let (dev, ino) = regions::kernel_dev_ino(path)?;
+            let added = source.page_cache_added(dev, ino)?;
+            Some(PageCache { added, chunks: chunks.get(&(dev, ino)).cloned().unwrap_or_default() })
+        },
     );
     a.regions.sort_by(|x, y| y.faults.time_ns.cmp(&x.faults.time_ns).then(y.faults.total.cmp(&x.faults.total)));
     a.files.sort_by_key(|f| std::cmp::Reverse(f.faults.time_ns));

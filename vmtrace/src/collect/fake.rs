@@ -167,6 +167,10 @@ impl AggregateSource for FakeSource {
         self.granules.clone()
     }
 
+    fn page_cache_chunks(&self) -> Vec<(vmtrace_common::FileChunkKey, u64)> {
+        Vec::new()
+    }
+
     fn page_cache_added(&self, _dev: u32, _ino: u64) -> Option<u64> {
         None
     }

@@ -4,7 +4,7 @@
 use std::{os::fd::AsRawFd as _, time::Duration};
 
 use vmtrace_common::{
-    FaultStats, GranuleCounts, GranuleKey, MmStackCounts, MmStackKey, MmStats, StackCounts, StackKey,
+    FaultStats, FileChunkKey, GranuleCounts, GranuleKey, MmStackCounts, MmStackKey, MmStats, StackCounts, StackKey,
 };
 
 use crate::{loader::Probes, model::ProbeInfo};
@@ -52,6 +52,8 @@ pub trait AggregateSource {
     fn all_granules(&self) -> Vec<(GranuleKey, GranuleCounts)>;
     /// Pages the traced processes added to the page cache for a file.
     fn page_cache_added(&self, dev: u32, ino: u64) -> Option<u64>;
+    /// Pages added to the page cache per file chunk (`FILE_CHUNK_SHIFT`).
+    fn page_cache_chunks(&self) -> Vec<(FileChunkKey, u64)>;
 }
 
 impl AggregateSource for Probes {
@@ -141,5 +143,9 @@ impl AggregateSource for Probes {
 
     fn page_cache_added(&self, dev: u32, ino: u64) -> Option<u64> {
         Probes::page_cache_added(self, dev, ino)
+    }
+
+    fn page_cache_chunks(&self) -> Vec<(FileChunkKey, u64)> {
+        Probes::page_cache_chunks(self)
     }
 }

@@ -30,6 +30,7 @@ pub struct Maps {
     stack_cur: PerCpuArray<MapData, StackCur>,
     control: aya::maps::Array<MapData, u32>,
     file_cache: PerCpuHashMap<MapData, FileKey, u64>,
+    file_chunks: PerCpuHashMap<MapData, vmtrace_common::FileChunkKey, u64>,
 }
 
 impl Maps {
@@ -51,6 +52,7 @@ impl Maps {
             stack_cur: take_map(ebpf, "STACK_CUR")?,
             control: take_map(ebpf, "CONTROL")?,
             file_cache: take_map(ebpf, "FILE_CACHE")?,
+            file_chunks: take_map(ebpf, "FILE_CHUNKS")?,
         })
     }
 }
@@ -165,6 +167,11 @@ impl Probes {
     }
 
     /// Pages the traced processes added to the page cache for a file.
+    /// Page-cache additions per file chunk, summed over CPUs.
+    pub fn page_cache_chunks(&self) -> Vec<(vmtrace_common::FileChunkKey, u64)> {
+        self.maps.file_chunks.iter().filter_map(Result::ok).map(|(k, v)| (k, v.iter().sum())).collect()
+    }
+
     pub fn page_cache_added(&self, dev: u32, ino: u64) -> Option<u64> {
         self.maps.file_cache.get(&FileKey { dev, _pad: 0, ino }, 0).ok().map(|v| v.iter().sum())
     }

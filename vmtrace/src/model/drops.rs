@@ -15,6 +15,10 @@ pub struct Drops {
     /// mmap/TLB counts or mapping events lost (map or ring buffer full).
     #[serde(default)]
     pub mm: u64,
+    /// Page-cache additions counted for their file but not for the part of
+    /// it they were (chunk map full): tensors' `from_disk_bytes` fall short.
+    #[serde(default)]
+    pub file_chunks_full: u64,
 }
 
 /// The kernel's drop counters (indexed by `DropKind`, summed over CPUs) and
@@ -35,8 +39,13 @@ impl DropCounts {
     /// in a region are counted, just with less detail: they have their own
     /// `drops` entries.
     pub fn lost(&self) -> u64 {
-        let not_lost =
-            [DropKind::FaultUntimed, DropKind::StackLost, DropKind::StackCountsFull, DropKind::RegionStatsFull];
+        let not_lost = [
+            DropKind::FaultUntimed,
+            DropKind::StackLost,
+            DropKind::StackCountsFull,
+            DropKind::RegionStatsFull,
+            DropKind::FileChunksFull,
+        ];
         let dropped: u64 = self
             .by_kind
             .iter()
@@ -65,6 +74,7 @@ impl DropCounts {
             task_events: d(DropKind::TaskEventRingFull) + d(DropKind::OomRingFull) + self.malformed_events,
             mm: d(DropKind::MmStatsFull) + d(DropKind::MmEventRingFull),
             region_stats_full: d(DropKind::RegionStatsFull),
+            file_chunks_full: d(DropKind::FileChunksFull),
             fault_stats_full: d(DropKind::FaultStatsFull),
             traced_full: d(DropKind::TracedFull),
             untimed_faults: d(DropKind::FaultUntimed),

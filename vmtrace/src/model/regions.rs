@@ -44,6 +44,10 @@ pub struct TensorSummary {
     pub major: u64,
     pub time_ns: u64,
     pub pages_touched: u64,
+    /// Of its bytes, those the traced processes brought in from disk during
+    /// the recording (readahead included): how much of the tensor was read.
+    #[serde(default)]
+    pub from_disk_bytes: u64,
 }
 
 /// One file across processes in summary.json `files[]`.

@@ -8,7 +8,7 @@ pub mod safetensors;
 
 use std::collections::{BTreeMap, HashMap};
 
-use vmtrace_common::{GranuleCounts, GranuleKey, GRANULE_HIST, GRANULE_PAGES, REGION_GRANULE_SHIFT};
+use vmtrace_common::{GranuleCounts, GranuleKey, FILE_CHUNK_SHIFT, GRANULE_HIST, GRANULE_PAGES, REGION_GRANULE_SHIFT};
 
 use crate::model::{FileSummary, RegionSummary, TensorSummary};
 use crate::{
@@ -123,7 +123,7 @@ pub struct Attributed {
 pub fn attribute<'a>(
     granules: &[(GranuleKey, GranuleCounts)],
     regions_of: impl Fn(u32) -> Option<ProcessRegions<'a>>,
-    page_cache: impl Fn(&str) -> Option<u64>,
+    page_cache: impl Fn(&str) -> Option<PageCache>,
 ) -> Attributed {
     let unknown = |pid: u32, addr: u64| Region {
         start: addr >> REGION_GRANULE_SHIFT << REGION_GRANULE_SHIFT,
@@ -202,8 +202,9 @@ pub fn attribute<'a>(
         .into_iter()
         .map(|(path, a)| {
             let faults = a.faults();
-            let added = page_cache(&path).unwrap_or(0);
-            let tensors = tensor_view(&path, &file_pages);
+            let cache = page_cache(&path).unwrap_or_default();
+            let added = cache.added;
+            let tensors = tensor_view(&path, &file_pages, &cache.chunks);
             FileSummary {
                 cold_fraction: if faults.total > 0 { faults.major as f64 / faults.total as f64 } else { 0.0 },
                 readahead_pages: added.saturating_sub(faults.major),
@@ -238,8 +239,33 @@ fn apportion_per_process(acc: &mut BTreeMap<(u32, u64, u64), (Region, Acc)>) {
     }
 }
 
-/// Per-tensor faults of a safetensors file, from the file pages that faulted.
-fn tensor_view(path: &str, hits: &[(GranuleCounts, FileHit)]) -> Vec<TensorSummary> {
+/// What the traced processes brought into the page cache for one file.
+#[derive(Clone, Debug, Default)]
+pub struct PageCache {
+    /// Pages in all.
+    pub added: u64,
+    /// (chunk, pages) per `FILE_CHUNK_SHIFT` chunk of the file.
+    pub chunks: Vec<(u64, u64)>,
+}
+
+/// Bytes of `chunks` (see `PageCache`) that fall in `[start, end)` of the
+/// file, a chunk's pages spread evenly over it.
+fn from_disk_in(chunks: &[(u64, u64)], start: u64, end: u64) -> u64 {
+    let size = 4096u64 << FILE_CHUNK_SHIFT;
+    let bytes: f64 = chunks
+        .iter()
+        .map(|&(c, pages)| {
+            let (lo, hi) = (c * size, (c + 1) * size);
+            let overlap = hi.min(end).saturating_sub(lo.max(start));
+            (pages * 4096) as f64 * overlap as f64 / size as f64
+        })
+        .sum();
+    bytes.round() as u64
+}
+
+/// Per-tensor faults of a safetensors file, from the file pages that faulted,
+/// and how much of each came from disk (`chunks`).
+fn tensor_view(path: &str, hits: &[(GranuleCounts, FileHit)], chunks: &[(u64, u64)]) -> Vec<TensorSummary> {
     if std::path::Path::new(path).extension().is_none_or(|e| e != "safetensors") {
         return Vec::new();
     }
@@ -263,6 +289,7 @@ fn tensor_view(path: &str, hits: &[(GranuleCounts, FileHit)]) -> Vec<TensorSumma
                 major: f.major,
                 time_ns: f.time_ns,
                 pages_touched: a.pages,
+                from_disk_bytes: from_disk_in(chunks, t.start, t.end),
             }
         })
         .collect()
@@ -331,6 +358,17 @@ mod tests {
     }
 
     #[test]
+    fn tensors_get_the_chunks_that_came_from_disk() {
+        let mib = 1u64 << 20;
+        // Chunk 0 fully read (256 pages), chunk 1 half (128 pages).
+        let chunks = [(0, 256), (1, 128)];
+        assert_eq!(from_disk_in(&chunks, 0, mib), mib);
+        assert_eq!(from_disk_in(&chunks, mib, 2 * mib), mib / 2);
+        assert_eq!(from_disk_in(&chunks, mib / 2, mib + mib / 2), mib / 2 + mib / 4);
+        assert_eq!(from_disk_in(&chunks, 2 * mib, 3 * mib), 0);
+    }
+
+    #[test]
     fn shares_are_rounded_so_a_process_adds_up() {
         let mut v = [1.5, 1.5, 1.0 / 3.0, 2.0 / 3.0];
         largest_remainder(&mut v);
@@ -353,7 +391,7 @@ mod tests {
         let a = attribute(
             &keys,
             |_| Some(ProcessRegions { maps: &maps, mapped: &none }),
-            |p| (p == "/ckpt/x.bin").then_some(40),
+            |p| (p == "/ckpt/x.bin").then(|| PageCache { added: 40, chunks: vec![] }),
         );
         assert_eq!(a.files.len(), 1);
         let f = &a.files[0];

@@ -196,19 +196,20 @@ pub fn recording_body(s: &Summary, dir: &Path, flame_prefix: &str) -> String {
     for f in s.files.iter().flatten().filter(|f| !f.tensors.is_empty()) {
         let _ = write!(
             b,
-            "<h3>Tensors of {}</h3><table><tr><th class='l'>tensor</th><th>faults</th><th>major</th><th>fault time</th><th>pages faulted in</th><th>pages</th></tr>",
+            "<h3>Tensors of {}</h3><table><tr><th class='l'>tensor</th><th>faults</th><th>major</th><th>fault time</th><th>pages faulted in</th><th>from disk</th><th>size</th></tr>",
             escape(&f.path)
         );
         for t in &f.tensors {
             let _ = write!(
                 b,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 escape(&t.name),
                 t.faults,
                 t.major,
                 fmt_ns(t.time_ns),
                 t.pages_touched,
-                t.bytes.div_ceil(4096)
+                crate::model::bytes(t.from_disk_bytes),
+                crate::model::bytes(t.bytes)
             );
         }
         b.push_str("</table>");

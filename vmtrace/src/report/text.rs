@@ -425,13 +425,13 @@ fn files_section(out: &mut String, s: &Summary) {
         for t in tensors.iter().take(8) {
             let _ = writeln!(
                 out,
-                "      tensor {:<32} {:>8} faults {:>7} major {:>10}  {} touched of {}",
+                "      tensor {:<32} {:>8} faults {:>7} major {:>10}  {} of {} from disk",
                 t.name,
                 t.faults,
                 t.major,
                 fmt_ns(t.time_ns),
-                t.pages_touched,
-                t.bytes.div_ceil(4096)
+                bytes(t.from_disk_bytes),
+                bytes(t.bytes)
             );
         }
     }
