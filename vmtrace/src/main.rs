@@ -21,7 +21,7 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {
             eprintln!("vmtrace: error: {e:#}");
-            ExitCode::from(1)
+            ExitCode::from(failure_status(&e))
         }
     }
 }
@@ -116,5 +116,17 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             r.map_err(anyhow::Error::msg)?;
             Ok(0)
         }
+    }
+}
+
+/// vmtrace's own failures exit 1, except a command that cannot be started:
+/// 127 when it is not found, 126 when it cannot be executed, as a shell does.
+fn failure_status(e: &anyhow::Error) -> u8 {
+    use vmtrace::{record::RecordError, target::TargetError};
+    match e.downcast_ref::<RecordError>() {
+        Some(RecordError::Target(TargetError::NotFound(_))) => 127,
+        Some(RecordError::Target(TargetError::Exec(_, err))) if err.raw_os_error() == Some(libc::ENOENT) => 127,
+        Some(RecordError::Target(TargetError::Exec(..))) => 126,
+        _ => 1,
     }
 }

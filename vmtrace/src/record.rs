@@ -180,12 +180,13 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
             report::text::render(&summary),
             opts.out.display()
         );
-        // With --stream, stdout carries only the JSON lines.
-        if opts.stream_interval.is_some() {
-            eprint!("{text}");
-        } else {
-            print!("{text}");
-        }
+        // stdout is the traced command's (or the JSON stream's), as for
+        // `time` and `perf stat`: the summary goes to stderr.
+        eprint!("{text}");
+    }
+    if let (Some(c), None, None) = (child.as_ref(), summary.target.exit_status, signalled) {
+        // --duration ended the trace, not the command: it goes on, untraced.
+        eprintln!("vmtrace: --duration reached: tracing stopped; the command goes on running untraced (pid {})", c.pid);
     }
     let exit_status = match (summary.target.exit_status, signalled) {
         (Some(st), _) => st,

@@ -122,6 +122,13 @@ fn bad_input_gets_a_clear_error() {
     // These fail before anything is loaded: no privileges needed.
     let run = record(&[], &["no-such-command-vmtrace"]);
     expect_error(&run, "command not found: no-such-command-vmtrace");
+    assert_eq!(run.code(), Some(127), "as a shell exits for a command not found");
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("not-executable");
+    std::fs::write(&script, "#!/bin/sh\n").unwrap();
+    let run = record(&[], &[script.to_str().unwrap()]);
+    expect_error(&run, "cannot execute");
+    assert_eq!(run.code(), Some(126), "as a shell exits for a command it cannot execute");
 
     let out = tempfile::tempdir().unwrap();
     let vm = vmtrace().args(["record", "-p", "999999999", "--out"]).arg(out.path()).output().unwrap();
@@ -178,4 +185,35 @@ fn stream_json_prints_one_object_per_interval_with_rates() {
     assert!(rates.iter().any(|&r| r > 5000.0), "the workload's fault rate shows: {rates:?}");
     assert!(!stdout.contains("Page faults by process"), "with --stream the summary goes to stderr");
     assert!(run.stderr().contains("Page faults by process"));
+}
+
+#[test]
+fn duration_with_a_command_stops_tracing_and_leaves_it_running() {
+    privileged!();
+    let out = tempfile::tempdir().unwrap();
+    let t0 = std::time::Instant::now();
+    // Files, not pipes: the command inherits them and would hold a pipe open.
+    let logs = tempfile::tempdir().unwrap();
+    let (o, e) = (logs.path().join("out"), logs.path().join("err"));
+    let status = vmtrace()
+        .args(["record", "--duration", "1", "--out"])
+        .arg(out.path())
+        .args(["--", "sleep", "20"])
+        .stdout(std::fs::File::create(&o).unwrap())
+        .stderr(std::fs::File::create(&e).unwrap())
+        .status()
+        .unwrap();
+    let output =
+        std::process::Output { status, stdout: std::fs::read(&o).unwrap(), stderr: std::fs::read(&e).unwrap() };
+    let run = finish(out, output);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert!(t0.elapsed() < Duration::from_secs(15), "vmtrace returned at the duration, not the command's end");
+    assert!(run.stderr().contains("goes on running untraced"), "the user is told: {}", run.stderr());
+    let pid = run.summary["target"]["pid"].as_u64().unwrap() as i32;
+    assert_eq!(run.summary["target"]["exit_status"], serde_json::Value::Null);
+    // SAFETY: probing and then ending the command vmtrace left running.
+    unsafe {
+        assert_eq!(libc::kill(pid, 0), 0, "the command still runs");
+        libc::kill(pid, libc::SIGKILL);
+    }
 }
