@@ -361,7 +361,11 @@ fn load_perf_prog<'a>(ebpf: &'a mut Ebpf, name: &str, event: &'static str) -> Re
 
 /// A fault-end row's (what, target); `on` says where the events are.
 fn perf_end_row(label: &str, period: u64, on: &str) -> (&'static str, String) {
-    let what = if period == 1 { "fault end (every fault)" } else { "fault end (sampled)" };
+    let what = match (label, period) {
+        ("PAGE_FAULTS_MAJ", _) => "major-fault end (every major)",
+        (_, 1) => "minor-fault end (every minor)",
+        _ => "minor-fault end (sampled)",
+    };
     (what, format!("sw {label} period {period} on {on}"))
 }
 

@@ -8,7 +8,7 @@ use crate::stacks::StackMode;
 pub fn probe_selection() -> Result<Vec<Attachment>, LoadError> {
     let probes = Probes::load(&LoadOptions {
         trace_all: false,
-        minor_period: 16,
+        minor_period: 1,
         force_tracepoints: false,
         families: Families { oom: true, mmap: true, tlb: true, regions: true },
         stacks: StackMode::User,
@@ -24,9 +24,9 @@ pub fn render_selection(attached: &[Attachment]) -> String {
     use std::fmt::Write as _;
     let mut out = String::from("\nprobe selection on this kernel (hook: program type → target):\n");
     for a in attached {
-        let _ = writeln!(out, "  {:<28} {:<11} {}", a.what, a.program_type(), a.target);
+        let _ = writeln!(out, "  {:<30} {:<11} {}", a.what, a.program_type(), a.target);
         if let Some(why) = a.fallback_reason() {
-            let _ = writeln!(out, "  {:<28} {:<11} fallback: {why}", "", "");
+            let _ = writeln!(out, "  {:<30} {:<11} fallback: {why}", "", "");
         }
     }
     out
@@ -57,9 +57,9 @@ mod tests {
         assert_eq!(
             render_selection(&rows),
             "\nprobe selection on this kernel (hook: program type → target):\n\
-             \x20 exec                         tp_btf      sched_process_exec\n\
-             \x20 exit                         tracepoint  sched:sched_process_exit\n\
-             \x20                                          fallback: disabled by --force-tracepoints\n"
+             \x20 exec                           tp_btf      sched_process_exec\n\
+             \x20 exit                           tracepoint  sched:sched_process_exit\n\
+             \x20                                            fallback: disabled by --force-tracepoints\n"
         );
     }
 }

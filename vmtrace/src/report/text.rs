@@ -82,16 +82,22 @@ fn header(out: &mut String, s: &Summary) {
     if let Some(st) = s.target.exit_status {
         let _ = writeln!(out, "exit status: {}", exit_text(Some(st)));
     }
-    let fallbacks: Vec<_> = s.probes.iter().filter(|p| p.fallback_reason.is_some()).map(|p| p.what.as_str()).collect();
-    let _ = writeln!(
-        out,
-        "probes: {}",
-        if fallbacks.is_empty() {
-            "preferred program types".to_string()
-        } else {
-            format!("a fallback or a note for {} (`probes` in summary.json says why)", fallbacks.join(", "))
+    // Only what differs from the preferred probes, each once, in words.
+    let mut fallbacks: Vec<String> = Vec::new();
+    for p in s.probes.iter().filter(|p| p.fallback_reason.is_some()) {
+        let used = if p.program_type == "none" { "not attached".to_string() } else { format!("via {}", p.program_type) };
+        let item = format!("{} {used}", p.what);
+        if !fallbacks.contains(&item) {
+            fallbacks.push(item);
         }
-    );
+    }
+    if !fallbacks.is_empty() {
+        let _ = writeln!(
+            out,
+            "probes: this kernel needs fallbacks for {} (`vmtrace check` and `probes` in summary.json say why)",
+            fallbacks.join("; ")
+        );
+    }
     if s.sampling.minor_latency_period == 0 {
         let _ = writeln!(out, "latency: minor faults not timed (--latency-sample 0): TIME is major faults only");
     } else if s.sampling.minor_latency_period > 1 {
