@@ -85,7 +85,8 @@ fn header(out: &mut String, s: &Summary) {
     // Only what differs from the preferred probes, each once, in words.
     let mut fallbacks: Vec<String> = Vec::new();
     for p in s.probes.iter().filter(|p| p.fallback_reason.is_some()) {
-        let used = if p.program_type == "none" { "not attached".to_string() } else { format!("via {}", p.program_type) };
+        let used =
+            if p.program_type == "none" { "not attached".to_string() } else { format!("via {}", p.program_type) };
         let item = format!("{} {used}", p.what);
         if !fallbacks.contains(&item) {
             fallbacks.push(item);
