@@ -34,14 +34,17 @@ pub fn set_walking(slot: Option<*mut InflightFault>, on: bool) {
     }
 }
 
-/// This thread's in-flight fault on `page`: from this CPU's slot, or parked
-/// when the thread slept mid-fault. Taken: the slot is freed.
+/// This thread's in-flight fault: from this CPU's slot, or parked when the
+/// thread slept mid-fault. Taken: the slot is freed. `page`, where the end
+/// hook knows the faulting address, must match; the memcg end has none (a
+/// thread has one fault in flight at a time).
 #[inline(always)]
-pub fn take_start(tid: u32, page: u64) -> Option<InflightFault> {
+pub fn take_start(tid: u32, page: Option<u64>) -> Option<InflightFault> {
+    let matches = |f: &InflightFault| page.is_none_or(|p| f.page == p);
     if let Some(slot) = FAULT_SLOT.get_ptr_mut(0) {
         // SAFETY: per-CPU slot.
         let slot = unsafe { &mut *slot };
-        if slot.tid == tid && slot.page == page {
+        if slot.tid == tid && matches(slot) {
             slot.tid = 0;
             return Some(*slot);
         }
@@ -49,25 +52,7 @@ pub fn take_start(tid: u32, page: u64) -> Option<InflightFault> {
     // SAFETY: copied out before removal.
     let parked = unsafe { FAULT_PARKED.get(tid) }.copied()?;
     let _ = FAULT_PARKED.remove(tid);
-    (parked.page == page).then_some(parked)
-}
-
-/// This thread's in-flight fault, whatever its page: the memcg end has no
-/// address (a thread has one fault in flight at a time). Taken.
-#[inline(always)]
-pub fn take_start_of(tid: u32) -> Option<InflightFault> {
-    if let Some(slot) = FAULT_SLOT.get_ptr_mut(0) {
-        // SAFETY: per-CPU slot.
-        let slot = unsafe { &mut *slot };
-        if slot.tid == tid {
-            slot.tid = 0;
-            return Some(*slot);
-        }
-    }
-    // SAFETY: copied out before removal.
-    let parked = unsafe { FAULT_PARKED.get(tid) }.copied()?;
-    let _ = FAULT_PARKED.remove(tid);
-    Some(parked)
+    matches(&parked).then_some(parked)
 }
 
 /// Thread `tid`'s fault in flight, left in place: this CPU's slot when the
@@ -82,9 +67,9 @@ pub fn current_fault(tid: u32) -> Option<*mut InflightFault> {
 }
 
 /// Moves the leaving thread's fault in flight from this CPU's slot to
-/// `FAULT_PARKED` (`sched_switch`).
+/// `FAULT_PARKED` (`sched_switch`), after `before` has seen it.
 #[inline(always)]
-pub fn park_fault(tid: u32) {
+pub fn park_fault(tid: u32, before: impl FnOnce(&mut InflightFault)) {
     let Some(slot) = FAULT_SLOT.get_ptr_mut(0) else {
         return;
     };
@@ -93,6 +78,7 @@ pub fn park_fault(tid: u32) {
     if slot.tid == 0 || slot.tid != tid {
         return;
     }
+    before(slot);
     let parked: InflightFault = *slot;
     slot.tid = 0;
     // LRU map: insertion cannot fail for lack of room.

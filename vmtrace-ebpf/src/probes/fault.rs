@@ -30,7 +30,7 @@ use vmtrace_common::{
 
 use crate::{
     globals::config,
-    inflight::{current_fault, nofault_read, take_start, take_start_of, FAULT_SLOT},
+    inflight::{current_fault, nofault_read, take_start, FAULT_SLOT},
     shared::{count_drop, current_stats, get_or_insert, tp_field, FAULT_STATS},
     stacks::{user_stack_id, STACKS},
 };
@@ -337,7 +337,7 @@ fn try_memcg_event(item: u32) -> Option<()> {
     let now = unsafe { bpf_ktime_get_ns() };
     // No start: a get_user_pages() fault (no exception, not a fault of the
     // task for perf or vmtrace), not a lost one.
-    let start = take_start_of(tid)?;
+    let start = take_start(tid, None)?;
     s.minor_seen += 1;
     let ns = now.saturating_sub(start.start_ns);
     let b = hist_bucket(ns);
@@ -446,7 +446,7 @@ fn try_fault_end(page: u64, major: bool) -> Option<()> {
     } else {
         s.minor_seen += 1;
     }
-    let Some(start) = take_start(tid, page) else {
+    let Some(start) = take_start(tid, Some(page)) else {
         count_drop(DropKind::FaultUntimed);
         return None;
     };
@@ -565,25 +565,13 @@ pub fn try_huge_alloc<C: StackIdContext>(ctx: &C) -> Option<()> {
     Some(())
 }
 
-/// A fault that turned out slow gets a stack of the exact stratum, unless
-/// it was sampled at its start.
+/// A fault that turned out slow (it slept, or a huge page) gets a stack of
+/// the exact stratum, unless it was sampled at its start.
 #[inline(always)]
-fn exact_stack<C: StackIdContext>(ctx: &C, tgid: u32, slot: &mut InflightFault) {
+pub fn exact_stack<C: StackIdContext>(ctx: &C, tgid: u32, slot: &mut InflightFault) {
     if config().stack_mode == 0 || slot.user_stack != STACK_ID_NONE || slot.kernel_stack != STACK_ID_NONE {
         return;
     }
     (slot.user_stack, slot.kernel_stack) = take_stacks(ctx, tgid, slot.page << 12, STRATUM_EXACT);
     slot.flags |= INFLIGHT_EXACT_STACK;
-}
-
-/// Before the leaving thread's fault is parked (`sched_switch`): a fault that
-/// sleeps is a slow one (I/O, a lock, reclaim), so it takes an exact stack.
-#[inline(always)]
-pub fn before_park<C: StackIdContext>(ctx: &C, pid_tgid: u64) {
-    let Some(slot) = FAULT_SLOT.get_ptr_mut(0) else { return };
-    // SAFETY: per-CPU slot, preemption off in __schedule.
-    let slot = unsafe { &mut *slot };
-    if slot.tid != 0 && slot.tid == pid_tgid as u32 {
-        exact_stack(ctx, (pid_tgid >> 32) as u32, slot);
-    }
 }

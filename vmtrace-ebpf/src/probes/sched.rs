@@ -7,7 +7,7 @@ use aya_ebpf::{
     programs::{tracing::StackIdContext, BtfTracePointContext, TracePointContext},
 };
 
-use super::{fault::before_park, mmap::mm_park};
+use super::{fault::exact_stack, mmap::mm_park};
 use crate::inflight::park_fault;
 
 // TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
@@ -31,6 +31,6 @@ fn park_inflight<C: StackIdContext>(ctx: &C) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
     mm_park(tid);
-    before_park(ctx, pid_tgid);
-    park_fault(tid);
+    // A fault that sleeps is a slow one (I/O, a lock, reclaim).
+    park_fault(tid, |slot| exact_stack(ctx, (pid_tgid >> 32) as u32, slot));
 }
