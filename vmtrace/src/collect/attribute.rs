@@ -26,9 +26,12 @@ pub fn build_regions(table: &mut ProcessTable, source: &impl AggregateSource) ->
         &granules,
         |pid| table.procs.get(&pid).map(|p| ProcessRegions { maps: &p.maps, mapped: &p.mapped }),
         |path| {
-            let (dev, ino) = regions::kernel_dev_ino(path)?;
-            let added = source.page_cache_added(dev, ino)?;
-            Some(PageCache { added, chunks: chunks.get(&(dev, ino)).cloned().unwrap_or_default() })
+            let (dev, ino, file_bytes) = regions::kernel_dev_ino(path)?;
+            Some(PageCache {
+                added: source.page_cache_added(dev, ino).unwrap_or(0),
+                chunks: chunks.get(&(dev, ino)).cloned().unwrap_or_default(),
+                file_bytes,
+            })
         },
     );
     a.regions.sort_by(|x, y| y.faults.time_ns.cmp(&x.faults.time_ns).then(y.faults.total.cmp(&x.faults.total)));

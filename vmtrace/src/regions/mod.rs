@@ -209,7 +209,7 @@ pub fn attribute<'a>(
                 cold_fraction: if faults.total > 0 { faults.major as f64 / faults.total as f64 } else { 0.0 },
                 readahead_pages: added.saturating_sub(faults.major),
                 page_cache_added: added,
-                file_bytes: std::fs::metadata(&path).map_or(0, |m| m.len()),
+                file_bytes: cache.file_bytes,
                 from_disk_bytes: added * 4096,
                 pages_touched: a.pages_faulted_in(),
                 faults,
@@ -246,6 +246,8 @@ pub struct PageCache {
     pub added: u64,
     /// (chunk, pages) per `FILE_CHUNK_SHIFT` chunk of the file.
     pub chunks: Vec<(u64, u64)>,
+    /// The file's size now (0: gone).
+    pub file_bytes: u64,
 }
 
 /// Bytes of `chunks` (see `PageCache`) that fall in `[start, end)` of the
@@ -295,13 +297,14 @@ fn tensor_view(path: &str, hits: &[(GranuleCounts, FileHit)], chunks: &[(u64, u6
         .collect()
 }
 
-/// The kernel's dev_t of a file (major << 20 | minor), as tracepoints report it.
-pub fn kernel_dev_ino(path: &str) -> Option<(u32, u64)> {
+/// The kernel's dev_t of a file (major << 20 | minor), as tracepoints report
+/// it, its inode and its size.
+pub fn kernel_dev_ino(path: &str) -> Option<(u32, u64, u64)> {
     use std::os::unix::fs::MetadataExt as _;
     let m = std::fs::metadata(path).ok()?;
     let dev = m.dev();
     let (major, minor) = (libc::major(dev), libc::minor(dev));
-    Some(((major << 20) | minor, m.ino()))
+    Some(((major << 20) | minor, m.ino(), m.len()))
 }
 
 #[cfg(test)]
@@ -391,7 +394,7 @@ mod tests {
         let a = attribute(
             &keys,
             |_| Some(ProcessRegions { maps: &maps, mapped: &none }),
-            |p| (p == "/ckpt/x.bin").then(|| PageCache { added: 40, chunks: vec![] }),
+            |p| (p == "/ckpt/x.bin").then(|| PageCache { added: 40, ..PageCache::default() }),
         );
         assert_eq!(a.files.len(), 1);
         let f = &a.files[0];
