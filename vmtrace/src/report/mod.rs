@@ -35,10 +35,11 @@ pub fn write_flamegraphs(
     let n = u64::from(st.sample_period.max(1));
     // Say plainly what the total is and where it is an estimate.
     let how = if n > 1 {
-        format!(
-            "estimated: stacks of all {} slow faults (slept or huge), the rest from 1 in {n} faults",
-            st.exact_faults
-        )
+        let slow = match st.exact_faults {
+            1 => "the 1 slow fault (slept or huge) with its own stack".to_string(),
+            k => format!("all {k} slow faults (slept or huge) with their own stacks"),
+        };
+        format!("estimated: {slow}, the rest from 1 in {n} faults")
     } else {
         "a stack on every fault".to_string()
     };
