@@ -30,7 +30,8 @@ pub struct RegionSummary {
     pub offset: u64,
     pub faults: Faults,
     /// Pages faulted in: 4 KiB pages that took a fault, a huge page counting
-    /// all 512 it maps. Pages mapped around a fault (fault-around) are not.
+    /// all 512 it maps, at most the region's pages. Pages mapped around a
+    /// fault (fault-around) are not.
     pub pages_touched: u64,
 }
 

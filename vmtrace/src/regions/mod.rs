@@ -194,7 +194,9 @@ pub fn attribute<'a>(
                 path: r.path.clone(),
                 offset: r.offset,
                 faults,
-                pages_touched: a.pages_faulted_in(),
+                // A huge page freed and faulted again counts again: never
+                // more pages than the region has.
+                pages_touched: a.pages_faulted_in().min((r.end - r.start) / 4096),
             }
         })
         .collect();
