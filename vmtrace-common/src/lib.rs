@@ -225,7 +225,9 @@ const _: () = assert!(GRANULE_PAGES <= 64, "GranuleCounts::touched has a bit per
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct GranuleKey {
     pub tgid: u32,
-    pub _pad: u32,
+    /// The process's address-space generation when the faults happened
+    /// (`MAP_GEN_SLOTS`), so that each is placed in the mapping of its time.
+    pub gen: u32,
     /// `address >> REGION_GRANULE_SHIFT`.
     pub granule: u64,
 }
@@ -424,7 +426,9 @@ pub struct TaskEvent {
     pub exit_code: u32,
     /// Exit: 1 when this was the last thread of its group.
     pub group_dead: u32,
-    pub _pad: u32,
+    /// Fork: the parent's address-space generation, which the child's
+    /// generation 0 continues; exec: the generation of the new address space.
+    pub gen: u32,
     /// Exit with `group_dead`: the group's fault counters as the kernel keeps them
     /// (`signal->{min,maj}_flt` + the last thread's), the getrusage ground truth.
     pub kernel_min_flt: u64,
@@ -525,8 +529,11 @@ pub struct MmInflight {
     pub user_stack: i32,
     /// Arguments: addr, len, prot/advice/new_len, flags, fd, offset.
     pub args: [u64; 6],
+    /// The process's address-space generation after the call's enter bump.
+    pub gen: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<MmInflight>() == 56);
+const _: () = assert!(core::mem::size_of::<MmInflight>() == 64);
 
 /// Key of call-site stacks of memory-management syscalls (`MM_STACKS`).
 #[repr(C)]
@@ -563,18 +570,41 @@ impl Merge for MmStackCounts {
 pub struct MmEvent {
     pub hdr: EventHeader,
     pub tgid: u32,
-    /// An `MmCall` (mmap, munmap or mremap).
+    /// An `MmCall` (mmap, munmap, mremap, mprotect or brk).
     pub call: u32,
-    /// Resulting start (mmap/mremap return value), or the unmapped start.
+    /// Resulting start (mmap/mremap return value), the unmapped or
+    /// protected start; brk: the new break.
     pub addr: u64,
+    /// Bytes; brk: 0.
     pub len: u64,
+    /// mmap and mprotect.
     pub prot: u64,
+    /// mmap and mremap.
     pub flags: u64,
     /// `fd` as passed (u64::MAX for -1).
     pub fd: u64,
     pub offset: u64,
+    /// mremap: the old start and length; brk: the requested break.
+    pub old_addr: u64,
+    pub old_len: u64,
+    /// Address-space generations before and after the change took effect
+    /// (bumped at the call's enter and exit): a fault counted at a generation
+    /// in `[gen_enter, gen_exit)` raced it.
+    pub gen_enter: u32,
+    pub gen_exit: u32,
+    /// mmap of a file: its device (major << 20 | minor) and inode, read in
+    /// the kernel while the fd is open; 0 when unknown.
+    pub dev: u32,
+    pub _pad: u32,
+    pub ino: u64,
 }
-const _: () = assert!(core::mem::size_of::<MmEvent>() == 16 + 8 + 48);
+const _: () = assert!(core::mem::size_of::<MmEvent>() == 16 + 8 + 64 + 8 + 16);
+
+/// Slots of the address-space generation array (`MAP_GEN`), indexed by
+/// tgid modulo this; a process whose slot is taken uses an overflow hash.
+pub const MAP_GEN_SLOTS: u32 = 1 << 16;
+/// Generation of a fault whose process's counter was lost.
+pub const GEN_UNKNOWN: u32 = u32::MAX;
 
 /// An OOM kill, from `oom:mark_victim`, which runs in the task that invoked
 /// the OOM killer: the trigger. Sizes are in kB, as the tracepoint reports them.
@@ -638,8 +668,20 @@ pub struct KernelOffsets {
     pub oom_chosen: u32,
     /// `mem_cgroup.css`.
     pub memcg_css: u32,
+    /// The file behind an fd: `task_struct.files`, `files_struct.fdt`,
+    /// `fdtable.fd` and `.max_fds`, `file.f_inode`, `inode.i_ino` and
+    /// `.i_sb`, `super_block.s_dev` (names a mapped file whose fd is closed
+    /// or reused by the time userspace looks).
+    pub task_files: u32,
+    pub files_fdt: u32,
+    pub fdtable_fd: u32,
+    pub fdtable_max_fds: u32,
+    pub file_inode: u32,
+    pub inode_ino: u32,
+    pub inode_sb: u32,
+    pub sb_dev: u32,
 }
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 72);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 104);
 
 impl KernelOffsets {
     pub const MISSING: u32 = u32::MAX;
@@ -662,6 +704,14 @@ impl KernelOffsets {
         oom_constraint: Self::MISSING,
         oom_chosen: Self::MISSING,
         memcg_css: Self::MISSING,
+        task_files: Self::MISSING,
+        files_fdt: Self::MISSING,
+        fdtable_fd: Self::MISSING,
+        fdtable_max_fds: Self::MISSING,
+        file_inode: Self::MISSING,
+        inode_ino: Self::MISSING,
+        inode_sb: Self::MISSING,
+        sb_dev: Self::MISSING,
     };
 }
 

@@ -1,13 +1,17 @@
 //! vmtrace kernel programs. One module per probe family under `probes/`,
 //! each with the maps only it uses. Below them, with no cycles:
 //! `globals` (loader-set config and BTF offsets) ← `shared` (traced set, drop
-//! counters, event ring) and `inflight` (faults in flight) ← `stacks` (stack
+//! counters, event ring), `mapgen` (address-space generations) and
+//! `inflight` (faults in flight) ← `stacks` (stack
 //! ids and the user-stack walk) ← `probes`.
 #![no_std]
 #![no_main]
+// An atomic add (mapgen.rs): core's atomics have no read-modify-write on BPF.
+#![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
 mod globals;
 mod inflight;
+mod mapgen;
 mod probes;
 mod shared;
 mod stacks;

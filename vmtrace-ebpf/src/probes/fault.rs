@@ -31,6 +31,7 @@ use vmtrace_common::{
 use crate::{
     globals::config,
     inflight::{current_fault, nofault_read, take_start, FAULT_SLOT},
+    mapgen::map_gen,
     shared::{count_drop, current_stats, get_or_insert, tp_field, FAULT_STATS},
     stacks::{user_stack_id, STACKS},
 };
@@ -99,7 +100,7 @@ static GRANULE_CUR: PerCpuArray<GranuleCur> = PerCpuArray::with_max_entries(1, 0
 /// One hash operation per run of faults in a granule instead of one per fault.
 #[inline(always)]
 fn granule_counts(tgid: u32, address: u64) -> Option<&'static mut GranuleCounts> {
-    let key = GranuleKey { tgid, _pad: 0, granule: address >> REGION_GRANULE_SHIFT };
+    let key = GranuleKey { tgid, gen: map_gen(tgid), granule: address >> REGION_GRANULE_SHIFT };
     // SAFETY: this CPU's slot; BPF programs on one CPU do not interleave.
     let cur = unsafe { &mut *GRANULE_CUR.get_ptr_mut(0)? };
     if cur.key != key {

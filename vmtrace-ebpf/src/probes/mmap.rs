@@ -1,10 +1,10 @@
 //! Memory-management syscalls of traced processes: counts, advice, bytes
 //! unmapped, call-site stacks, and a bracket (enter → exit) per thread so TLB
 //! shootdowns sent meanwhile are blamed on the call (see `tlb.rs`). Mapping
-//! changes are streamed: regions that live between two reads of
-//! `/proc/PID/maps` are still known to userspace.
+//! changes are streamed with their address-space generations (`mapgen`), so
+//! userspace knows which mapping covered each address at each generation.
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{map, tracepoint},
     maps::{LruHashMap, PerCpuArray, PerCpuHashMap},
     programs::TracePointContext,
@@ -16,7 +16,9 @@ use vmtrace_common::{
 };
 
 use crate::{
-    globals::config,
+    globals::{config, koffsets},
+    mapgen::bump_gen,
+    probes::task::read_field,
     shared::{batched_wakeup, count_drop, get_or_insert, is_traced, tp_field, EVENTS, WAKE_NOW},
     stacks::user_stack_id,
 };
@@ -132,7 +134,7 @@ pub fn mm_park(tid: u32) {
 //   mmap(addr, len, prot, flags, fd, off)      munmap(addr, len)
 //   mremap(addr, old_len, new_len, flags, new_addr)
 //   madvise(start, len_in, behavior)           mprotect(start, len, prot)
-//   brk(brk)
+//   brk(brk)                                   pkey_mprotect(start, len, prot, pkey)
 // sys_exit_*: `long ret` at 16.
 const SYSCALL_NR: usize = 8;
 const ARG0: usize = 16;
@@ -149,6 +151,8 @@ fn call_of(nr: i32) -> Option<(MmCall, usize)> {
         12 => (MmCall::Brk, 1),
         25 => (MmCall::Mremap, 5),
         28 => (MmCall::Madvise, 3),
+        // Counted as mprotect: the same change to the address space.
+        329 => (MmCall::Mprotect, 4),
         _ => return None,
     })
 }
@@ -175,25 +179,41 @@ fn enter(ctx: &TracePointContext, pid_tgid: u64, call: MmCall, a: [u64; 6]) {
     if let Some(c) = mm_stack_counts(&stack_key(tgid, call as u32, user_stack)) {
         c.calls += 1;
     }
-    mm_begin(pid_tgid as u32, &MmInflight { call: call as u32, user_stack, args: a });
+    // Every call but madvise may change the mappings: faults of other threads
+    // from here to the exit are marked as racing it (see `mapgen`).
+    let gen = if call == MmCall::Madvise { 0 } else { bump_gen(tgid) };
+    mm_begin(pid_tgid as u32, &MmInflight { call: call as u32, user_stack, args: a, gen, _pad: 0 });
 }
 
 fn try_sys_exit(ctx: &TracePointContext) -> Option<()> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
+    let tgid = (pid_tgid >> 32) as u32;
     let f = mm_end(tid)?;
+    if f.call == MmCall::Madvise as u32 {
+        return None;
+    }
+    let gen_exit = bump_gen(tgid);
     let ret: i64 = tp_field(ctx, EXIT_RET);
-    let (addr, len) = match f.call {
-        c if c == MmCall::Mmap as u32 && !(-4095..0).contains(&ret) => (ret as u64, f.args[1]),
-        c if c == MmCall::Munmap as u32 && ret == 0 => (f.args[0], f.args[1]),
-        c if c == MmCall::Mremap as u32 && !(-4095..0).contains(&ret) => (ret as u64, f.args[2]),
+    let ok = !(-4095..0).contains(&ret);
+    let a = f.args;
+    // (addr, len, prot, flags, fd, offset, old_addr, old_len)
+    let change = match f.call {
+        c if c == MmCall::Mmap as u32 && ok => (ret as u64, a[1], a[2], a[3], a[4], a[5], 0, 0),
+        c if c == MmCall::Munmap as u32 && ret == 0 => (a[0], a[1], 0, 0, u64::MAX, 0, 0, 0),
+        c if c == MmCall::Mremap as u32 && ok => (ret as u64, a[2], 0, a[3], u64::MAX, 0, a[0], a[1]),
+        c if c == MmCall::Mprotect as u32 && ret == 0 => (a[0], a[1], a[2], 0, u64::MAX, 0, 0, 0),
+        // brk returns the break in force, moved or not.
+        c if c == MmCall::Brk as u32 => (ret as u64, 0, 0, 0, u64::MAX, 0, a[0], 0),
         _ => return None,
     };
     let Some(mut slot) = EVENTS.reserve::<MmEvent>(0) else {
         count_drop(DropKind::MmEventRingFull);
         return None;
     };
-    let is_mmap = f.call == MmCall::Mmap as u32;
+    let (addr, len, prot, flags, fd, offset, old_addr, old_len) = change;
+    let file_backed = f.call == MmCall::Mmap as u32 && (fd as i64) >= 0 && flags & MAP_ANONYMOUS == 0;
+    let (dev, ino) = if file_backed { file_of(fd as u32).unwrap_or((0, 0)) } else { (0, 0) };
     slot.write(MmEvent {
         hdr: EventHeader {
             kind: EventKind::MmMapChange as u32,
@@ -201,20 +221,48 @@ fn try_sys_exit(ctx: &TracePointContext) -> Option<()> {
             // SAFETY: no preconditions.
             ts_ns: unsafe { bpf_ktime_get_ns() },
         },
-        tgid: (pid_tgid >> 32) as u32,
+        tgid,
         call: f.call,
         addr,
         len,
-        prot: if is_mmap { f.args[2] } else { 0 },
-        flags: if is_mmap { f.args[3] } else { 0 },
-        fd: if is_mmap { f.args[4] } else { u64::MAX },
-        offset: if is_mmap { f.args[5] } else { 0 },
+        prot,
+        flags,
+        fd,
+        offset,
+        old_addr,
+        old_len,
+        gen_enter: f.gen,
+        gen_exit,
+        dev,
+        _pad: 0,
+        ino,
     });
     // A file mapping is named from /proc/PID/fd/FD while the fd is open:
-    // wake the collector now. Anonymous ones can wait for its next poll.
-    let file_backed = is_mmap && (f.args[4] as i64) >= 0 && f.args[3] & MAP_ANONYMOUS == 0;
+    // wake the collector now. Other changes can wait for its next poll.
     slot.submit(if file_backed { WAKE_NOW } else { batched_wakeup() });
     Some(())
+}
+
+/// (dev, inode) of the current task's open file `fd`, as `stat` reports
+/// them: userspace checks that /proc/PID/fd/FD still names that file.
+#[inline(always)]
+fn file_of(fd: u32) -> Option<(u32, u64)> {
+    let off = koffsets();
+    // SAFETY: no preconditions; the pointer is only read through bpf_probe_read_kernel.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let files: u64 = read_field(task, off.task_files)?;
+    let fdt: u64 = read_field(files as *const u8, off.files_fdt)?;
+    let max: u32 = read_field(fdt as *const u8, off.fdtable_max_fds)?;
+    if fd >= max {
+        return None;
+    }
+    let fds: u64 = read_field(fdt as *const u8, off.fdtable_fd)?;
+    let file: u64 = read_field((fds + u64::from(fd) * 8) as *const u8, 0)?;
+    let inode: u64 = read_field(file as *const u8, off.file_inode)?;
+    let ino: u64 = read_field(inode as *const u8, off.inode_ino)?;
+    let sb: u64 = read_field(inode as *const u8, off.inode_sb)?;
+    let dev: u32 = read_field(sb as *const u8, off.sb_dev)?;
+    Some((dev, ino))
 }
 
 // One enter program on every sys_enter_* of the family (and one exit program

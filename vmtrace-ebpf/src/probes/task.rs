@@ -15,12 +15,13 @@ use vmtrace_common::{DropKind, EventHeader, EventKind, KernelOffsets, TaskEvent,
 use crate::{
     globals::{config, koffsets},
     inflight::forget_parked,
+    mapgen::{bump_gen, map_gen, release_gen, reset_gen},
     shared::{add_traced, count_drop, is_traced, EVENTS, FAULT_STATS, WAKE_NOW},
 };
 
 /// Reads a `T` at `base + off`, or `None` when the offset is unknown on this kernel.
 #[inline(always)]
-fn read_field<T: Copy>(base: *const u8, off: u32) -> Option<T> {
+pub fn read_field<T: Copy>(base: *const u8, off: u32) -> Option<T> {
     if off == KernelOffsets::MISSING || base.is_null() {
         return None;
     }
@@ -51,7 +52,7 @@ fn task_event(kind: EventKind) -> TaskEvent {
         ppid: 0,
         exit_code: 0,
         group_dead: 0,
-        _pad: 0,
+        gen: 0,
         kernel_min_flt: 0,
         kernel_maj_flt: 0,
         comm: bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]),
@@ -68,10 +69,12 @@ fn try_fork<C: EbpfContext>(ctx: &C, parent_tgid: u32, child_pid: u32, child_tgi
         warn!(ctx, "FAULT_STATS full: child {} of {} is not followed", child_tgid, parent_tgid);
         return None;
     }
+    reset_gen(child_tgid);
     let mut ev = task_event(EventKind::TaskFork);
     ev.pid = child_pid;
     ev.tgid = child_tgid;
     ev.ppid = parent_tgid;
+    ev.gen = map_gen(parent_tgid);
     emit(ev);
     Some(())
 }
@@ -137,6 +140,7 @@ fn try_exec() -> Option<()> {
     let mut ev = task_event(EventKind::TaskExec);
     ev.pid = pid_tgid as u32;
     ev.tgid = tgid;
+    ev.gen = bump_gen(tgid);
     emit(ev);
     Some(())
 }
@@ -190,6 +194,7 @@ fn try_exit(task: *const u8) -> Option<()> {
     if !group_dead {
         return None;
     }
+    release_gen(tgid);
     let mut ev = task_event(EventKind::TaskExit);
     ev.pid = pid;
     ev.tgid = tgid;

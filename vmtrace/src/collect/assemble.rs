@@ -121,6 +121,11 @@ pub fn assemble(mut i: Inputs) -> Finished {
         storms: i.storms,
         timeline: Some(i.timeline),
         regions: i.attributed.as_ref().map(|a| a.regions.clone()),
+        region_placement: i.attributed.as_ref().map(|a| {
+            let p = &a.placement;
+            let r = |v: f64| v.round().max(0.0) as u64;
+            crate::model::RegionPlacement { exact: r(p.exact), approximate: r(p.approximate), unplaced: r(p.unplaced) }
+        }),
         files: i.attributed.map(|a| a.files),
     };
     Finished { summary, stacks: i.stacks, mm_sites: i.mm_sites }

@@ -3,7 +3,21 @@
 use super::{process::ProcessTable, source::AggregateSource};
 use std::collections::HashMap;
 
-use crate::regions::{self, Attributed, PageCache, ProcessRegions};
+use crate::{
+    procmaps::Region,
+    regions::{self, Attributed, PageCache, ProcessInput},
+};
+
+/// The address space `pid` started from: its parent's at the fork, replayed
+/// (a chain of forks at most `depth` long).
+fn start_of(table: &ProcessTable, pid: u32, depth: u32) -> Option<Vec<Region>> {
+    let (ppid, gen) = table.procs.get(&pid)?.history.forked_from?;
+    let parent = table.procs.get(&ppid)?;
+    if depth == 0 || parent.history.is_empty() {
+        return None;
+    }
+    Some(regions::regions_at(&parent.history, start_of(table, ppid, depth - 1), gen))
+}
 
 /// Faults per region of every process, then per file and tensor; the
 /// regions costliest in fault time first.
@@ -24,7 +38,13 @@ pub fn build_regions(table: &mut ProcessTable, source: &impl AggregateSource) ->
     }
     let mut a = regions::attribute(
         &granules,
-        |pid| table.procs.get(&pid).map(|p| ProcessRegions { maps: &p.maps, mapped: &p.mapped }),
+        |pid| {
+            table.procs.get(&pid).map(|p| ProcessInput {
+                history: &p.history,
+                start: start_of(table, pid, 16),
+                final_maps: &p.maps,
+            })
+        },
         |path| {
             let (dev, ino, file_bytes) = regions::kernel_dev_ino(path)?;
             Some(PageCache {

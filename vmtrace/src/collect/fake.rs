@@ -60,7 +60,7 @@ pub fn task(kind: EventKind, pid: u32, tgid: u32, ppid: u32, name: &str) -> Task
         ppid,
         exit_code: 0,
         group_dead: 0,
-        _pad: 0,
+        gen: 0,
         kernel_min_flt: 0,
         kernel_maj_flt: 0,
         comm: comm(name),

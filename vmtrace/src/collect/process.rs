@@ -29,6 +29,9 @@ pub struct ProcInfo {
     pub mapped: crate::procmaps::MappedRegions,
     /// mmap/TLB aggregate taken from the kernel when it exited.
     pub mm: Option<vmtrace_common::MmStats>,
+    /// Its mapping changes and maps reads, by address-space generation: where
+    /// each fault is placed (regions/history.rs).
+    pub history: crate::regions::history::History,
 }
 
 impl Default for ProcInfo {
@@ -46,6 +49,7 @@ impl Default for ProcInfo {
             first_seen: std::time::Instant::now(),
             mapped: crate::procmaps::MappedRegions::default(),
             mm: None,
+            history: crate::regions::history::History::default(),
         }
     }
 }
@@ -83,9 +87,22 @@ impl ProcessTable {
     /// Reads `pid`'s memory map now if it lives; a child without one of its own
     /// yet starts from its parent's (fork copies the address space).
     pub fn snapshot_maps(&mut self, pid: u32) {
-        match crate::procmaps::read(pid) {
+        self.snapshot_maps_at(pid, &|_| None);
+    }
+
+    /// As `snapshot_maps`; the read is also logged in the process's history
+    /// when `gen_of` gives the same address-space generation before and
+    /// after it (no mapping change was in flight).
+    pub fn snapshot_maps_at(&mut self, pid: u32, gen_of: &dyn Fn(u32) -> Option<u32>) {
+        let before = gen_of(pid);
+        let read = crate::procmaps::read(pid);
+        let after = gen_of(pid);
+        match read {
             Ok(m) if !m.is_empty() => {
                 let p = self.procs.entry(pid).or_default();
+                if let (Some(b), Some(a)) = (before, after) {
+                    p.history.snapshot(a, &m, a == b);
+                }
                 // Regions gone since the last read are history, not forgotten:
                 // faults taken in them must still find them.
                 for old in std::mem::replace(&mut p.maps, m) {
@@ -116,10 +133,12 @@ impl ProcessTable {
                 let p = self.procs.entry(ev.tgid).or_default();
                 p.ppid = Some(ev.ppid);
                 p.comm = comm_str(&ev.comm);
+                p.history.forked_from = Some((ev.ppid, ev.gen));
             }
             EventKind::TaskExec => {
                 let p = self.procs.entry(ev.tgid).or_default();
                 p.comm = comm_str(&ev.comm);
+                p.history.push(ev.gen, ev.gen, crate::regions::history::Change::Exec);
                 // Read now, while it lives: after exit /proc has nothing.
                 p.cmdline = read_cmdline(ev.tgid).or_else(|| p.cmdline.take());
             }
@@ -175,8 +194,13 @@ pub fn region_from_event(ev: &vmtrace_common::MmEvent) -> crate::procmaps::Regio
     let (kind, path) = if anon {
         (if shared { RegionKind::Shmem } else { RegionKind::Anon }, None)
     } else {
-        let path = fs::read_link(format!("/proc/{}/fd/{}", ev.tgid, ev.fd))
-            .map_or_else(|_| format!("[fd {}]", ev.fd as i64), |p| p.display().to_string());
+        // The fd may be closed, or reused for another file, by now: the kernel
+        // said which file it was; a name that is not that file is not used.
+        let named = fs::read_link(format!("/proc/{}/fd/{}", ev.tgid, ev.fd)).ok().map(|p| p.display().to_string());
+        let same = |p: &String| {
+            ev.ino == 0 || crate::regions::kernel_dev_ino(p).is_some_and(|(dev, ino, _)| (dev, ino) == (ev.dev, ev.ino))
+        };
+        let path = named.filter(same).unwrap_or_else(|| format!("[fd {}]", ev.fd as i64));
         (RegionKind::File, Some(path))
     };
     let p = |bit: i32, c: char| if ev.prot & bit as u64 != 0 { c } else { '-' };
@@ -191,9 +215,36 @@ pub fn region_from_event(ev: &vmtrace_common::MmEvent) -> crate::procmaps::Regio
 }
 
 impl ProcessTable {
-    /// Remembers a region a process mapped (mmap, mremap).
-    pub fn note_mapping(&mut self, tgid: u32, r: crate::procmaps::Region) {
-        self.procs.entry(tgid).or_default().mapped.insert(r);
+    /// Logs a mapping change; remembers a region mapped (mmap, mremap) for
+    /// symbolization.
+    pub fn note_change(&mut self, ev: &vmtrace_common::MmEvent) {
+        use crate::regions::history::Change;
+        use vmtrace_common::MmCall;
+        let change = match ev.call {
+            c if c == MmCall::Mmap as u32 => {
+                let r = region_from_event(ev);
+                self.procs.entry(ev.tgid).or_default().mapped.insert(r.clone());
+                Change::Map { region: r, flags: ev.flags }
+            }
+            c if c == MmCall::Munmap as u32 => Change::Unmap { start: ev.addr, end: ev.addr + ev.len },
+            c if c == MmCall::Mprotect as u32 => {
+                let p = |bit: i32, c: char| if ev.prot & bit as u64 != 0 { c } else { '-' };
+                let perms =
+                    format!("{}{}{}", p(libc::PROT_READ, 'r'), p(libc::PROT_WRITE, 'w'), p(libc::PROT_EXEC, 'x'));
+                Change::Protect { start: ev.addr, end: ev.addr + ev.len, perms }
+            }
+            c if c == MmCall::Mremap as u32 => {
+                let p = self.procs.entry(ev.tgid).or_default();
+                if let Some(old) = p.mapped.find(ev.old_addr).cloned() {
+                    let r = crate::procmaps::Region { start: ev.addr, end: ev.addr + ev.len, ..old };
+                    p.mapped.insert(r);
+                }
+                Change::Remap { old_start: ev.old_addr, old_len: ev.old_len, new_start: ev.addr, new_len: ev.len }
+            }
+            c if c == MmCall::Brk as u32 => Change::Brk { brk: ev.addr },
+            _ => return,
+        };
+        self.procs.entry(ev.tgid).or_default().history.push(ev.gen_exit, ev.gen_enter, change);
     }
 }
 
@@ -212,7 +263,7 @@ mod tests {
             ppid: 1,
             exit_code: 0,
             group_dead: 1,
-            _pad: 0,
+            gen: 0,
             kernel_min_flt: 0,
             kernel_maj_flt: 0,
             comm,

@@ -6,9 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use vmtrace_common::{
-    EventHeader, EventKind, FaultStats, Merge, MmCall, MmEvent, MmStackKey, MmStats, OomEvent, TaskEvent,
-};
+use vmtrace_common::{EventHeader, EventKind, FaultStats, Merge, MmEvent, MmStackKey, MmStats, OomEvent, TaskEvent};
 
 use super::{
     assemble::{self, Inputs},
@@ -115,10 +113,7 @@ impl Batch {
                 table.apply(&ev);
             }
             Some(EventKind::MmMapChange) => match read_event::<MmEvent>(bytes) {
-                Some(ev) if ev.call != MmCall::Munmap as u32 => {
-                    table.note_mapping(ev.tgid, process::region_from_event(&ev));
-                }
-                Some(_) => {}
+                Some(ev) => table.note_change(&ev),
                 None => self.malformed += 1,
             },
             Some(EventKind::OomMarkVictim) => match read_event::<OomEvent>(bytes) {
@@ -232,8 +227,9 @@ impl<S: AggregateSource> Session<S> {
             self.tick(now);
         }
         self.record_history(now);
-        if self.opts.stacks.is_some() {
-            self.maps_refresh.run(now, &mut self.table);
+        if self.opts.stacks.is_some() || self.opts.families.regions {
+            let source = &self.source;
+            self.maps_refresh.run(now, &mut self.table, &|pid| source.map_gen(pid));
         }
     }
 
@@ -314,9 +310,10 @@ impl<S: AggregateSource> Session<S> {
         // same batch, is gone from the table: reading its /proc now would fail
         // and give it back an entry (its parent's maps) as a process.
         born.retain(|tgid| self.table.procs.contains_key(tgid));
-        if self.opts.stacks.is_some() {
+        if self.opts.stacks.is_some() || self.opts.families.regions {
+            let source = &self.source;
             for &tgid in &born {
-                self.table.snapshot_maps(tgid);
+                self.table.snapshot_maps_at(tgid, &|pid| source.map_gen(pid));
             }
         }
         if self.opts.families.oom {

@@ -50,6 +50,10 @@ pub trait AggregateSource {
 
     /// Per-granule fault counts.
     fn all_granules(&self) -> Vec<(GranuleKey, GranuleCounts)>;
+    /// A process's address-space generation now; `None` when not counting.
+    fn map_gen(&self, _tgid: u32) -> Option<u32> {
+        None
+    }
     /// Pages the traced processes added to the page cache for a file.
     fn page_cache_added(&self, dev: u32, ino: u64) -> Option<u64>;
     /// Pages added to the page cache per file chunk (`FILE_CHUNK_SHIFT`).
@@ -139,6 +143,10 @@ impl AggregateSource for Probes {
 
     fn all_granules(&self) -> Vec<(GranuleKey, GranuleCounts)> {
         Probes::all_granules(self)
+    }
+
+    fn map_gen(&self, tgid: u32) -> Option<u32> {
+        Probes::map_gen(self, tgid)
     }
 
     fn page_cache_added(&self, dev: u32, ino: u64) -> Option<u64> {

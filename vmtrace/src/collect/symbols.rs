@@ -18,7 +18,8 @@ use crate::{
     },
 };
 
-/// How often memory maps of live processes are re-read for symbolization.
+/// How often memory maps of live processes are re-read (symbolization,
+/// changes to the address space no event reports).
 const MAPS_REFRESH: Duration = Duration::from_secs(1);
 /// Processes younger than this have their maps re-read on every poll.
 const YOUNG: Duration = Duration::from_secs(2);
@@ -35,7 +36,8 @@ impl MapsRefresh {
 
     /// Re-reads the maps of live traced processes: libraries load after exec,
     /// so young processes are re-read on every poll, older ones every second.
-    pub fn run(&mut self, now: Instant, table: &mut ProcessTable) {
+    /// `gen_of`: a process's address-space generation (for region history).
+    pub fn run(&mut self, now: Instant, table: &mut ProcessTable, gen_of: &dyn Fn(u32) -> Option<u32>) {
         let all_due = now.saturating_duration_since(self.last) >= MAPS_REFRESH;
         if all_due {
             self.last = now;
@@ -47,7 +49,7 @@ impl MapsRefresh {
             .map(|(pid, _)| *pid)
             .collect();
         for pid in due {
-            table.snapshot_maps(pid);
+            table.snapshot_maps_at(pid, gen_of);
         }
     }
 }

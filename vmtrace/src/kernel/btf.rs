@@ -85,6 +85,14 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         oom_constraint: o("oom_control", "constraint")?,
         oom_chosen: o("oom_control", "chosen")?,
         memcg_css: o("mem_cgroup", "css")?,
+        task_files: o("task_struct", "files")?,
+        files_fdt: o("files_struct", "fdt")?,
+        fdtable_fd: o("fdtable", "fd")?,
+        fdtable_max_fds: o("fdtable", "max_fds")?,
+        file_inode: o("file", "f_inode")?,
+        inode_ino: o("inode", "i_ino")?,
+        inode_sb: o("inode", "i_sb")?,
+        sb_dev: o("super_block", "s_dev")?,
     })
 }
 

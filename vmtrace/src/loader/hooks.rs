@@ -283,7 +283,7 @@ pub const HOOKS: &[Hook] = &[
 
 /// mmap-family syscalls: per-syscall tracepoints, so nothing runs on other
 /// syscalls; one enter and one exit program serve them all.
-pub const MMAP_HOOKS: [[Hook; 2]; 6] = [
+pub const MMAP_HOOKS: [[Hook; 2]; 7] = [
     syscall_pair!(
         "mmap",
         doc(
@@ -296,6 +296,7 @@ pub const MMAP_HOOKS: [[Hook; 2]; 6] = [
     syscall_pair!("madvise"),
     syscall_pair!("mprotect"),
     syscall_pair!("brk"),
+    syscall_pair!("pkey_mprotect"),
 ];
 
 /// The OOM domain (the kernel's constraint, the memcg that ran out).

@@ -31,6 +31,8 @@ pub struct Maps {
     control: aya::maps::Array<MapData, u32>,
     file_cache: PerCpuHashMap<MapData, FileKey, u64>,
     file_chunks: PerCpuHashMap<MapData, vmtrace_common::FileChunkKey, u64>,
+    map_gen: aya::maps::Array<MapData, u64>,
+    map_gen_overflow: aya::maps::HashMap<MapData, u32, u32>,
 }
 
 impl Maps {
@@ -53,6 +55,8 @@ impl Maps {
             control: take_map(ebpf, "CONTROL")?,
             file_cache: take_map(ebpf, "FILE_CACHE")?,
             file_chunks: take_map(ebpf, "FILE_CHUNKS")?,
+            map_gen: take_map(ebpf, "MAP_GEN")?,
+            map_gen_overflow: take_map(ebpf, "MAP_GEN_OVERFLOW")?,
         })
     }
 }
@@ -166,7 +170,19 @@ impl Probes {
         all.into_iter().collect()
     }
 
-    /// Pages the traced processes added to the page cache for a file.
+    /// `tgid`'s address-space generation now (see vmtrace-ebpf/src/mapgen.rs);
+    /// `None` once counting stopped, when changes go unseen.
+    pub fn map_gen(&self, tgid: u32) -> Option<u32> {
+        if self.maps.control.get(&0, 0).ok()? == vmtrace_common::CONTROL_STOPPED {
+            return None;
+        }
+        let v = self.maps.map_gen.get(&(tgid & (vmtrace_common::MAP_GEN_SLOTS - 1)), 0).ok()?;
+        if (v >> 32) as u32 == tgid {
+            return Some(v as u32);
+        }
+        Some(self.maps.map_gen_overflow.get(&tgid, 0).unwrap_or(0))
+    }
+
     /// Page-cache additions per file chunk, summed over CPUs.
     pub fn page_cache_chunks(&self) -> Vec<(vmtrace_common::FileChunkKey, u64)> {
         self.maps.file_chunks.iter().filter_map(Result::ok).map(|(k, v)| (k, v.iter().sum())).collect()

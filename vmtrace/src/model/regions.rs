@@ -82,3 +82,16 @@ impl RegionSummary {
         p(&self.end).saturating_sub(p(&self.start))
     }
 }
+
+/// summary.json `region_placement`: faults (of `regions`) by how their
+/// mapping was found (docs/design.md, "Regions through time").
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RegionPlacement {
+    /// In the mapping that covered the address at the fault's generation.
+    pub exact: u64,
+    /// A mapping change raced the fault or was seen late: placed in the
+    /// nearest mapping in time that could serve it.
+    pub approximate: u64,
+    /// No mapping known: in `[unknown region of PID]` rows.
+    pub unplaced: u64,
+}

@@ -2,7 +2,9 @@
 //! (../shared/spec/vmtrace-contract.md). Fields are added, never renamed.
 use serde::{Deserialize, Serialize};
 
-use super::{Drops, Faults, FileSummary, OomRecord, PerfSummary, RegionSummary, StacksSummary, Storm, Timeline};
+use super::{
+    Drops, Faults, FileSummary, OomRecord, PerfSummary, RegionPlacement, RegionSummary, StacksSummary, Storm, Timeline,
+};
 
 pub const SUMMARY_VERSION: u32 = 1;
 
@@ -33,6 +35,9 @@ pub struct Summary {
     /// Faults per memory region of each process (`--events regions`), by fault time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub regions: Option<Vec<RegionSummary>>,
+    /// How surely `regions` places each fault in the mapping of its time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region_placement: Option<RegionPlacement>,
     /// Faults per file across processes, with readahead and tensors.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files: Option<Vec<FileSummary>>,

@@ -1,25 +1,27 @@
 //! Which memory region took each fault: the kernel counts faults per 256 KiB
-//! granule of each process (with a bitmap of the pages touched); here each
-//! touched page is placed in the region (VMA) that held it — from the last
-//! read of `/proc/PID/maps`, else from the mapping events (regions gone by
-//! the end) — and counts follow the pages. Then per file across processes,
-//! and per tensor of a safetensors checkpoint.
+//! granule of each process and address-space generation (with a bitmap of
+//! the pages touched); each touched page is placed in the mapping that held
+//! it at that generation (`place.rs`, replaying `history.rs`), and counts
+//! follow the pages. Then per file across processes, and per tensor of a
+//! safetensors checkpoint.
+pub mod history;
+mod place;
 pub mod safetensors;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
-use vmtrace_common::{GranuleCounts, GranuleKey, FILE_CHUNK_SHIFT, GRANULE_HIST, GRANULE_PAGES, REGION_GRANULE_SHIFT};
+use vmtrace_common::{GranuleCounts, GranuleKey, FILE_CHUNK_SHIFT, GRANULE_HIST};
 
 use crate::model::{FileSummary, RegionSummary, TensorSummary};
 use crate::{
     model::RegionKind,
     model::{largest_remainder, scale, Faults, Hist},
-    procmaps::{self, Region},
+    procmaps::Region,
 };
 
 /// Counts of a share of a granule, accumulated per region.
 #[derive(Clone, Debug, Default)]
-struct Acc {
+pub struct Acc {
     faults: f64,
     major: f64,
     write: f64,
@@ -34,7 +36,7 @@ struct Acc {
 }
 
 impl Acc {
-    fn add_share(&mut self, g: &GranuleCounts, share: f64, pages: u64) {
+    pub fn add_share(&mut self, g: &GranuleCounts, share: f64, pages: u64) {
         self.faults += g.faults as f64 * share;
         self.major += g.major as f64 * share;
         self.write += g.write as f64 * share;
@@ -88,23 +90,7 @@ impl Acc {
     }
 }
 
-/// The regions of one process to place its pages in.
-pub struct ProcessRegions<'a> {
-    pub maps: &'a [Region],
-    pub mapped: &'a procmaps::MappedRegions,
-}
-
-/// How far below its start, as last read, a stack may have grown (the default
-/// RLIMIT_STACK).
-const STACK_GROWTH: u64 = 8 << 20;
-
-impl ProcessRegions<'_> {
-    fn find(&self, addr: u64) -> Option<&Region> {
-        procmaps::find(self.maps, addr).or_else(|| self.mapped.find(addr)).or_else(|| {
-            self.maps.iter().find(|r| r.kind == RegionKind::Stack && addr < r.start && r.start - addr <= STACK_GROWTH)
-        })
-    }
-}
+pub use place::{regions_at, Placement, ProcessInput};
 
 /// Where each file page that faulted went, for the file and tensor views.
 struct FileHit {
@@ -116,54 +102,44 @@ struct FileHit {
 pub struct Attributed {
     pub regions: Vec<RegionSummary>,
     pub files: Vec<FileSummary>,
+    /// How sure the placement of the faults in regions is.
+    pub placement: Placement,
 }
 
-/// Places every granule's faults in regions, then sums files and tensors.
-/// `page_cache` gives pages added per file path (readahead).
+/// Places every process's faults in its regions (`place.rs`), then sums
+/// files and tensors. `page_cache` gives pages added per file path (readahead).
 pub fn attribute<'a>(
     granules: &[(GranuleKey, GranuleCounts)],
-    regions_of: impl Fn(u32) -> Option<ProcessRegions<'a>>,
+    input_of: impl Fn(u32) -> Option<ProcessInput<'a>>,
     page_cache: impl Fn(&str) -> Option<PageCache>,
 ) -> Attributed {
-    let unknown = |pid: u32, addr: u64| Region {
-        start: addr >> REGION_GRANULE_SHIFT << REGION_GRANULE_SHIFT,
-        end: (addr >> REGION_GRANULE_SHIFT << REGION_GRANULE_SHIFT) + (1 << REGION_GRANULE_SHIFT),
-        perms: "----".into(),
-        offset: 0,
-        kind: RegionKind::Other,
-        path: Some(format!("[unknown region of {pid}]")),
-    };
-    let mut acc: BTreeMap<(u32, u64, u64), (Region, Acc)> = BTreeMap::new();
-    let mut file_pages: Vec<(GranuleCounts, FileHit)> = Vec::new();
+    let mut by_pid: BTreeMap<u32, Vec<(GranuleKey, GranuleCounts)>> = BTreeMap::new();
     for (k, g) in granules {
-        let base = k.granule << REGION_GRANULE_SHIFT;
-        let regs = regions_of(k.tgid);
-        let pages: Vec<u64> =
-            (0..GRANULE_PAGES).filter(|i| g.touched & (1 << i) != 0).map(|i| base + i * 4096).collect();
-        let n = pages.len().max(1) as f64;
-        let mut per_region: HashMap<(u64, u64), (Region, u64)> = HashMap::new();
-        for &addr in &pages {
-            let r = regs.as_ref().and_then(|rs| rs.find(addr)).cloned().unwrap_or_else(|| unknown(k.tgid, addr));
-            if r.kind == RegionKind::File {
-                if let Some(path) = &r.path {
-                    file_pages.push((
-                        *g,
-                        FileHit { path: path.clone(), file_offset: r.offset + (addr - r.start), share: 1.0 / n },
-                    ));
+        by_pid.entry(k.tgid).or_default().push((*k, *g));
+    }
+    let empty = history::History::default();
+    let mut placement = Placement::default();
+    let mut acc: Vec<(u32, Region, Acc)> = Vec::new();
+    let mut file_pages: Vec<(GranuleCounts, FileHit)> = Vec::new();
+    for (pid, gs) in &by_pid {
+        let input = input_of(*pid).unwrap_or(ProcessInput { history: &empty, start: None, final_maps: &[] });
+        let (rows, how) = place::place(*pid, gs, &input);
+        placement.add(&how);
+        for row in rows {
+            if let (RegionKind::File, Some(path)) = (row.region.kind, &row.region.path) {
+                for (g, off, share) in row.file_hits {
+                    file_pages.push((g, FileHit { path: path.clone(), file_offset: off, share }));
                 }
             }
-            per_region.entry((r.start, r.end)).or_insert_with(|| (r, 0)).1 += 1;
-        }
-        for ((start, end), (r, cnt)) in per_region {
-            let e = acc.entry((k.tgid, start, end)).or_insert_with(|| (r, Acc::default()));
-            e.1.add_share(g, cnt as f64 / n, cnt);
+            acc.push((*pid, row.region, row.acc));
         }
     }
+    acc.sort_by_key(|a| (a.0, a.1.start, a.1.end));
     apportion_per_process(&mut acc);
     let mut files: BTreeMap<String, Acc> = BTreeMap::new();
     let regions: Vec<RegionSummary> = acc
         .into_iter()
-        .map(|((pid, _, _), (r, a))| {
+        .map(|(pid, r, a)| {
             if let (RegionKind::File, Some(p)) = (r.kind, &r.path) {
                 let f = files.entry(p.clone()).or_default();
                 f.faults += a.faults;
@@ -220,23 +196,21 @@ pub fn attribute<'a>(
             }
         })
         .collect();
-    Attributed { regions, files }
+    Attributed { regions, files, placement }
 }
 
 /// Rounds each region's share of faults and majors so that a process's
 /// regions add up to its granules' counts exactly (largest remainder): a
 /// granule split between regions gives each a fraction.
-fn apportion_per_process(acc: &mut BTreeMap<(u32, u64, u64), (Region, Acc)>) {
-    let pids: std::collections::BTreeSet<u32> = acc.keys().map(|k| k.0).collect();
-    for pid in pids {
-        let mine = || (pid, 0, 0)..=(pid, u64::MAX, u64::MAX);
-        let mut faults: Vec<f64> = acc.range(mine()).map(|(_, v)| v.1.faults).collect();
-        let mut major: Vec<f64> = acc.range(mine()).map(|(_, v)| v.1.major).collect();
+fn apportion_per_process(acc: &mut [(u32, Region, Acc)]) {
+    for rows in acc.chunk_by_mut(|a, b| a.0 == b.0) {
+        let mut faults: Vec<f64> = rows.iter().map(|r| r.2.faults).collect();
+        let mut major: Vec<f64> = rows.iter().map(|r| r.2.major).collect();
         largest_remainder(&mut faults);
         largest_remainder(&mut major);
-        for ((_, (_, a)), (f, m)) in acc.range_mut(mine()).zip(faults.into_iter().zip(major)) {
-            a.faults = f;
-            a.major = m.min(f);
+        for (r, (f, m)) in rows.iter_mut().zip(faults.into_iter().zip(major)) {
+            r.2.faults = f;
+            r.2.major = m.min(f);
         }
     }
 }
@@ -314,7 +288,13 @@ mod tests {
     use super::*;
 
     /// Start of granule 1.
-    const G: u64 = 1 << REGION_GRANULE_SHIFT;
+    const G: u64 = 1 << vmtrace_common::REGION_GRANULE_SHIFT;
+
+    /// A process known only from a maps read.
+    fn input(maps: &[Region]) -> ProcessInput<'_> {
+        static EMPTY: std::sync::LazyLock<history::History> = std::sync::LazyLock::new(history::History::default);
+        ProcessInput { history: &EMPTY, start: None, final_maps: maps }
+    }
 
     fn region(start: u64, end: u64, kind: RegionKind, path: Option<&str>) -> Region {
         Region { start, end, perms: "rw-p".into(), offset: 0, kind, path: path.map(Into::into) }
@@ -337,9 +317,8 @@ mod tests {
             hist: [16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
             ..Default::default()
         };
-        let key = GranuleKey { tgid: 5, _pad: 0, granule: 1 };
-        let none = procmaps::MappedRegions::default();
-        let a = attribute(&[(key, g)], |_| Some(ProcessRegions { maps: &maps, mapped: &none }), |_| None);
+        let key = GranuleKey { tgid: 5, gen: 0, granule: 1 };
+        let a = attribute(&[(key, g)], |_| Some(input(&maps)), |_| None);
         assert_eq!(a.regions.len(), 2);
         let anon = a.regions.iter().find(|r| r.kind == RegionKind::Anon).unwrap();
         let heap = a.regions.iter().find(|r| r.kind == RegionKind::Heap).unwrap();
@@ -352,14 +331,18 @@ mod tests {
 
     #[test]
     fn unmapped_regions_come_from_mapping_events_and_unknown_is_kept() {
-        let mapped = procmaps::MappedRegions::from(vec![region(4 * G, 4 * G + 0x10000, RegionKind::Anon, None)]);
+        use history::Change;
+        let mut h = history::History::default();
+        h.push(2, 1, Change::Map { region: region(4 * G, 4 * G + 0x10000, RegionKind::Anon, None), flags: 0 });
+        h.push(4, 3, Change::Unmap { start: 4 * G, end: 4 * G + 0x10000 });
         let g = GranuleCounts { faults: 16, touched: 0xffff, ..Default::default() };
-        let keys = [(GranuleKey { tgid: 1, _pad: 0, granule: 4 }, g), (GranuleKey { tgid: 1, _pad: 0, granule: 9 }, g)];
-        let a = attribute(&keys, |_| Some(ProcessRegions { maps: &[], mapped: &mapped }), |_| None);
+        let keys = [(GranuleKey { tgid: 1, gen: 2, granule: 4 }, g), (GranuleKey { tgid: 1, gen: 2, granule: 9 }, g)];
+        let a = attribute(&keys, |_| Some(ProcessInput { history: &h, start: None, final_maps: &[] }), |_| None);
         assert_eq!(a.regions.len(), 2);
         assert_eq!(a.regions[0].kind, RegionKind::Anon);
         assert_eq!(a.regions[0].faults.total, 16);
         assert_eq!(a.regions[1].kind, RegionKind::Other, "faults outside every known region are kept, not dropped");
+        assert_eq!((a.placement.exact.round() as u64, a.placement.unplaced.round() as u64), (16, 16));
     }
 
     #[test]
@@ -391,11 +374,10 @@ mod tests {
         r.offset = 0x1000;
         let maps = vec![r];
         let g = GranuleCounts { faults: 16, major: 4, touched: 0xffff, ..Default::default() };
-        let keys = [(GranuleKey { tgid: 1, _pad: 0, granule: 1 }, g), (GranuleKey { tgid: 2, _pad: 0, granule: 1 }, g)];
-        let none = procmaps::MappedRegions::default();
+        let keys = [(GranuleKey { tgid: 1, gen: 0, granule: 1 }, g), (GranuleKey { tgid: 2, gen: 0, granule: 1 }, g)];
         let a = attribute(
             &keys,
-            |_| Some(ProcessRegions { maps: &maps, mapped: &none }),
+            |_| Some(input(&maps)),
             |p| (p == "/ckpt/x.bin").then(|| PageCache { added: 40, ..PageCache::default() }),
         );
         assert_eq!(a.files.len(), 1);

@@ -1,0 +1,153 @@
+use super::*;
+use crate::regions::place::{place, ProcessInput};
+use vmtrace_common::{GranuleCounts, GranuleKey, REGION_GRANULE_SHIFT};
+
+const MIB: u64 = 1 << 20;
+
+fn anon(start: u64, end: u64, perms: &str) -> Region {
+    Region { start, end, perms: perms.into(), offset: 0, kind: RegionKind::Anon, path: None }
+}
+
+fn file(start: u64, end: u64, path: &str) -> Region {
+    Region { start, end, perms: "r--p".into(), offset: 0, kind: RegionKind::File, path: Some(path.into()) }
+}
+
+/// One fault on each page of `[start, end)` at `gen` (whole granules only).
+fn faults(start: u64, end: u64, gen: u32) -> Vec<(GranuleKey, GranuleCounts)> {
+    let mut v = Vec::new();
+    let mut at = start;
+    while at < end {
+        let granule = at >> REGION_GRANULE_SHIFT;
+        let g_end = ((granule + 1) << REGION_GRANULE_SHIFT).min(end);
+        let pages = (g_end - at) / 4096;
+        let first = (at >> 12) & 63;
+        let touched = if pages == 64 { u64::MAX } else { ((1u64 << pages) - 1) << first };
+        v.push((
+            GranuleKey { tgid: 7, gen, granule },
+            GranuleCounts { faults: pages, write: pages, touched, ..Default::default() },
+        ));
+        at = g_end;
+    }
+    v
+}
+
+fn run(h: &History, granules: &[(GranuleKey, GranuleCounts)]) -> (Vec<(Region, u64)>, super::super::Placement) {
+    let (rows, how) = place(7, granules, &ProcessInput { history: h, start: None, final_maps: &[] });
+    let mut out: Vec<(Region, u64)> = rows.into_iter().map(|r| (r.region, r.acc.faults.round() as u64)).collect();
+    out.sort_by_key(|(r, _)| (r.start, r.perms.clone()));
+    (out, how)
+}
+
+#[test]
+fn a_malloc_arena_grown_by_mprotect_takes_its_faults_in_read_write_rows() {
+    // glibc new_heap: reserve 128 MiB, trim to an aligned 64 MiB, open 4 MiB at a time.
+    let base = 0x7f00_0000_0000u64;
+    let mut h = History::default();
+    h.push(2, 1, Change::Map { region: anon(base - 32 * MIB, base + 96 * MIB, "---p"), flags: MAP_NORESERVE });
+    h.push(4, 3, Change::Unmap { start: base - 32 * MIB, end: base });
+    h.push(6, 5, Change::Unmap { start: base + 64 * MIB, end: base + 96 * MIB });
+    let mut granules = Vec::new();
+    let mut gen = 6;
+    for step in 0..4u64 {
+        h.push(
+            gen + 2,
+            gen + 1,
+            Change::Protect { start: base, end: base + (step + 1) * 4 * MIB, perms: "rw-".into() },
+        );
+        gen += 2;
+        granules.extend(faults(base + step * 4 * MIB, base + (step + 1) * 4 * MIB, gen));
+    }
+    let (rows, how) = run(&h, &granules);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let (r, n) = &rows[0];
+    assert_eq!((r.perms.as_str(), r.kind, r.path.as_deref()), ("rw-p", RegionKind::Heap, Some("[malloc arena]")));
+    assert_eq!((r.start, r.end, *n), (base, base + 16 * MIB, 4096));
+    assert_eq!((how.exact.round() as u64, how.approximate.round() as u64, how.unplaced.round() as u64), (4096, 0, 0));
+}
+
+#[test]
+fn a_mapping_at_reused_addresses_is_a_row_of_its_own() {
+    let at = 0x5000_0000u64;
+    let mut h = History::default();
+    h.push(2, 1, Change::Map { region: anon(at, at + MIB, "rw-p"), flags: 0 });
+    h.push(4, 3, Change::Unmap { start: at, end: at + MIB });
+    h.push(6, 5, Change::Map { region: file(at, at + MIB, "/data/x"), flags: 0 });
+    // MAP_FIXED over the second half.
+    h.push(8, 7, Change::Map { region: anon(at + MIB / 2, at + MIB, "rw-p"), flags: 0 });
+    let mut g = faults(at, at + MIB, 2);
+    g.extend(faults(at, at + MIB, 6));
+    g.extend(faults(at + MIB / 2, at + MIB, 8));
+    let (rows, how) = run(&h, &g);
+    let summary: Vec<(u64, u64, &str, u64)> =
+        rows.iter().map(|(r, n)| (r.start - at, r.end - at, r.perms.as_str(), *n)).collect();
+    assert_eq!(
+        summary,
+        vec![(0, MIB / 2, "r--p", 256), (0, MIB, "rw-p", 256), (MIB / 2, MIB, "rw-p", 128)],
+        "three mappings, three rows (the file row spans what is left of it): {rows:?}"
+    );
+    assert!(how.approximate + how.unplaced < 1e-9, "{how:?}");
+}
+
+#[test]
+fn mremap_moves_a_mappings_pages_and_brk_grows_the_heap() {
+    let mut h = History::default();
+    h.push(2, 1, Change::Map { region: anon(0x1000_0000, 0x1000_0000 + MIB, "rw-p"), flags: 0 });
+    h.push(4, 3, Change::Remap { old_start: 0x1000_0000, old_len: MIB, new_start: 0x2000_0000, new_len: 2 * MIB });
+    h.push(5, 5, Change::Brk { brk: 0x4000_0000 });
+    h.push(7, 6, Change::Brk { brk: 0x4000_0000 + MIB });
+    let mut g = faults(0x1000_0000, 0x1000_0000 + MIB, 2);
+    g.extend(faults(0x2000_0000, 0x2000_0000 + 2 * MIB, 4));
+    g.extend(faults(0x4000_0000, 0x4000_0000 + MIB, 7));
+    let (rows, how) = run(&h, &g);
+    assert_eq!(rows.len(), 2, "the moved mapping is one row: {rows:?}");
+    assert_eq!(rows[0].1, 256 + 512);
+    assert_eq!((rows[1].0.kind, rows[1].0.path.as_deref(), rows[1].1), (RegionKind::Heap, Some("[heap]"), 256));
+    assert_eq!(how.exact.round() as u64, 1024);
+}
+
+#[test]
+fn exec_mappings_read_later_are_there_from_the_exec() {
+    let bin = file(0x5555_0000_0000, 0x5555_0000_0000 + MIB, "/usr/bin/x");
+    let stack = Region {
+        kind: RegionKind::Stack,
+        path: Some("[stack]".into()),
+        ..anon(0x7ffd_0000_0000, 0x7ffd_0010_0000, "rw-p")
+    };
+    let mut h = History::default();
+    h.push(1, 1, Change::Exec);
+    h.push(3, 2, Change::Map { region: anon(0x7f00_0000_0000, 0x7f00_0000_0000 + MIB, "rw-p"), flags: 0 });
+    h.snapshot(3, &[bin.clone(), anon(0x7f00_0000_0000, 0x7f00_0000_0000 + MIB, "rw-p"), stack.clone()], true);
+    // The stack grew below what the read showed.
+    let mut g = faults(bin.start, bin.end, 1);
+    g.extend(faults(stack.start - MIB, stack.start, 3));
+    let (rows, how) = run(&h, &g);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!((rows[0].0.path.as_deref(), rows[0].1), (Some("/usr/bin/x"), 256));
+    assert_eq!((rows[1].0.kind, rows[1].1), (RegionKind::Stack, 256));
+    assert_eq!(how.exact.round() as u64, 512, "{how:?}");
+}
+
+#[test]
+fn a_fault_racing_a_change_is_counted_approximate_and_never_in_a_mapping_without_access() {
+    let at = 0x6000_0000u64;
+    let mut h = History::default();
+    h.push(2, 1, Change::Map { region: anon(at, at + MIB, "---p"), flags: 0 });
+    // Another thread's fault at gen 3 ran while mprotect (enter 3, exit 4) opened it.
+    h.push(4, 3, Change::Protect { start: at, end: at + MIB, perms: "rw-".into() });
+    let (rows, how) = run(&h, &faults(at, at + MIB, 3));
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].0.perms, "rw-p");
+    assert_eq!((how.exact.round() as u64, how.approximate.round() as u64), (0, 256));
+}
+
+#[test]
+fn thread_stacks_and_jit_code_are_named() {
+    let mut h = History::default();
+    h.push(2, 1, Change::Map { region: anon(0x7000_0000, 0x7000_0000 + 8 * MIB, "rw-p"), flags: MAP_STACK });
+    h.push(4, 3, Change::Map { region: anon(0x7100_0000, 0x7100_0000 + MIB, "rwxp"), flags: 0 });
+    let mut g = faults(0x7000_0000, 0x7000_0000 + MIB, 2);
+    g.extend(faults(0x7100_0000, 0x7100_0000 + MIB, 4));
+    let (rows, _) = run(&h, &g);
+    assert_eq!((rows[0].0.kind, rows[0].0.path.as_deref()), (RegionKind::Stack, Some("[thread stack]")));
+    assert_eq!(rows[1].0.path.as_deref(), Some("[jit code]"));
+}

@@ -1,0 +1,274 @@
+//! Places one process's faults (per granule and address-space generation)
+//! in its regions by replaying its mapping history (`history.rs`) in
+//! generation order alongside them.
+use std::collections::HashMap;
+
+use vmtrace_common::{GranuleCounts, GranuleKey, GEN_UNKNOWN, GRANULE_PAGES, REGION_GRANULE_SHIFT};
+
+use super::{
+    history::{self, History, Placed, Replay},
+    Acc,
+};
+use crate::{model::RegionKind, procmaps::Region};
+
+/// Faults by how sure their placement is (summary.json `region_placement`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Placement {
+    /// In the mapping that covered the address at the fault's generation.
+    pub exact: f64,
+    /// A mapping change raced the fault or was seen late (a read of
+    /// /proc/PID/maps disagreed with the changes seen): the nearest mapping
+    /// in time that could serve it.
+    pub approximate: f64,
+    /// No mapping known at the address: an "[unknown region]" row.
+    pub unplaced: f64,
+}
+
+impl Placement {
+    pub fn add(&mut self, o: &Placement) {
+        self.exact += o.exact;
+        self.approximate += o.approximate;
+        self.unplaced += o.unplaced;
+    }
+}
+
+/// Where a row comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum RowRef {
+    Replay(usize),
+    /// A region of the last maps read (no history covers the page).
+    Final(usize),
+    /// Nothing known: one row per granule.
+    Unknown(u64),
+}
+
+/// A region with its faults and, for file regions, the file offsets hit.
+pub struct PlacedRegion {
+    pub region: Region,
+    pub acc: Acc,
+    /// (granule counts, file offset, share) per file page.
+    pub file_hits: Vec<(GranuleCounts, u64, f64)>,
+}
+
+/// One process's inputs.
+pub struct ProcessInput<'a> {
+    pub history: &'a History,
+    /// The address space it started from (its parent's at the fork), if known.
+    pub start: Option<Vec<Region>>,
+    /// The last read of its maps (after the recording if it still lived).
+    pub final_maps: &'a [Region],
+}
+
+/// Replays `history` up to `gen` (inclusive) from `start`: a parent's
+/// address space at the moment of a fork.
+pub fn regions_at(history: &History, start: Option<Vec<Region>>, gen: u32) -> Vec<Region> {
+    let mut r = start.map_or_else(Replay::default, |s| Replay::from_regions(&s));
+    for (g, _, c) in history::ordered(history) {
+        if g > gen {
+            break;
+        }
+        r.apply(g, c);
+    }
+    r.regions()
+}
+
+/// Changes whose making spans generations (`[from, gen)`): faults and maps
+/// reads at those generations raced them.
+struct Races {
+    /// (from, gen, start, end), by `from`.
+    windows: Vec<(u32, u32, u64, u64)>,
+    widest: u32,
+}
+
+impl Races {
+    fn new(log: &[(u32, u32, &history::Change)]) -> Self {
+        let mut windows: Vec<(u32, u32, u64, u64)> = log
+            .iter()
+            .filter(|(g, from, _)| from < g)
+            .filter_map(|(g, from, c)| history::change_range(c).map(|(a, b)| (*from, *g, a, b)))
+            .collect();
+        windows.sort_unstable();
+        let widest = windows.iter().map(|w| w.1 - w.0).max().unwrap_or(0);
+        Self { windows, widest }
+    }
+
+    /// The windows open at `gen`.
+    fn open_at(&self, gen: u32) -> impl Iterator<Item = &(u32, u32, u64, u64)> {
+        let lo = self.windows.partition_point(|w| w.0 < gen.saturating_sub(self.widest));
+        self.windows[lo..].iter().take_while(move |w| w.0 <= gen).filter(move |w| gen < w.1)
+    }
+
+    fn covers(&self, addr: u64, gen: u32) -> bool {
+        self.open_at(gen).any(|w| w.2 <= addr && addr < w.3)
+    }
+}
+
+/// Rows with their faults and file pages, as pages are placed.
+/// A file page hit: its granule's counts, file offset and share of them.
+type FileHits = Vec<(GranuleCounts, u64, f64)>;
+
+#[derive(Default)]
+struct Rows {
+    out: HashMap<RowRef, (Acc, FileHits)>,
+    how: Placement,
+}
+
+impl Rows {
+    /// One page of granule `g` (`n` pages touched) in `row`.
+    fn add(&mut self, row: RowRef, g: &GranuleCounts, n: u64, file_offset: Option<u64>) {
+        let share = 1.0 / n as f64;
+        let e = self.out.entry(row).or_default();
+        e.0.add_share(g, share, 1);
+        if let Some(off) = file_offset {
+            e.1.push((*g, off, share));
+        }
+    }
+}
+
+fn file_offset(replay: &Replay, row: usize, addr: u64) -> Option<u64> {
+    let r = &replay.rows[row].region;
+    (r.kind == RegionKind::File).then(|| r.offset + addr.saturating_sub(r.start))
+}
+
+/// Places `granules` (all of one process) in its regions.
+pub fn place(
+    pid: u32,
+    granules: &[(GranuleKey, GranuleCounts)],
+    input: &ProcessInput<'_>,
+) -> (Vec<PlacedRegion>, Placement) {
+    let mut replay = input.start.as_deref().map_or_else(Replay::default, Replay::from_regions);
+    let log = history::ordered(input.history);
+    let races = Races::new(&log);
+    // A maps read made while a change was in flight may show it half done.
+    let apply = |replay: &mut Replay, (g, _, c): &(u32, u32, &history::Change)| {
+        if races.open_at(*g).next().is_some() {
+            replay.apply_raced(*g, c);
+        } else {
+            replay.apply(*g, c);
+        }
+    };
+    let mut order: Vec<usize> = (0..granules.len()).collect();
+    order.sort_by_key(|&i| granules[i].0.gen);
+    let mut next = 0;
+    let mut rows = Rows::default();
+    // Pages no mapping held at their generation: (granule, page, gen, epoch).
+    let mut pending: Vec<(usize, u64, u32, u32)> = Vec::new();
+    for &i in &order {
+        let (key, g) = &granules[i];
+        let unknown_gen = key.gen == GEN_UNKNOWN;
+        let gen = if unknown_gen { u32::MAX - 1 } else { key.gen };
+        while next < log.len() && log[next].0 <= gen {
+            apply(&mut replay, &log[next]);
+            next += 1;
+        }
+        let n = u64::from(g.touched.count_ones()).max(1);
+        let share = g.faults as f64 / n as f64;
+        for addr in pages(key, g) {
+            let Some((row, off)) = replay.find(addr).or_else(|| replay.grown_stack(addr).map(|r| (r, 0))) else {
+                pending.push((i, addr, gen, replay.epoch()));
+                continue;
+            };
+            let file = (replay.rows[row].region.kind == RegionKind::File).then_some(off);
+            rows.add(RowRef::Replay(row), g, n, file);
+            if unknown_gen || races.covers(addr, gen) {
+                rows.how.approximate += share;
+            } else {
+                rows.how.exact += share;
+            }
+        }
+    }
+    for entry in &log[next..] {
+        apply(&mut replay, entry);
+    }
+    // The last read (after the recording, for a process still alive): its
+    // mappings over addresses no change touched since the last exec were
+    // there all along.
+    replay.backdate(input.final_maps);
+    for (i, addr, gen, epoch) in pending {
+        place_late(&mut rows, &replay, input, &granules[i], addr, gen, epoch);
+    }
+    let regions = rows
+        .out
+        .into_iter()
+        .map(|(row, (acc, file_hits))| {
+            let region = match row {
+                RowRef::Replay(i) => {
+                    let r = &replay.rows[i];
+                    let (kind, path) = history::label(r);
+                    Region { kind, path, ..r.region.clone() }
+                }
+                RowRef::Final(i) => input.final_maps[i].clone(),
+                RowRef::Unknown(granule) => unknown(pid, granule),
+            };
+            PlacedRegion { region, acc, file_hits }
+        })
+        .collect();
+    (regions, rows.how)
+}
+
+fn pages(key: &GranuleKey, g: &GranuleCounts) -> impl Iterator<Item = u64> {
+    let base = key.granule << REGION_GRANULE_SHIFT;
+    let touched = g.touched;
+    (0..GRANULE_PAGES).filter(move |b| touched & (1 << b) != 0).map(move |b| base + b * 4096)
+}
+
+/// A page no mapping held at its generation: one that turned out to be
+/// there all along, else the nearest later one, else the last maps read
+/// (approximate unless that is all there is), else unknown.
+fn place_late(
+    rows: &mut Rows,
+    replay: &Replay,
+    input: &ProcessInput<'_>,
+    (key, g): &(GranuleKey, GranuleCounts),
+    addr: u64,
+    gen: u32,
+    epoch: u32,
+) {
+    let n = u64::from(g.touched.count_ones()).max(1);
+    let share = g.faults as f64 / n as f64;
+    match replay.later(addr, gen, epoch) {
+        Some(Placed::Exact(row)) => {
+            rows.how.exact += share;
+            rows.add(RowRef::Replay(row), g, n, file_offset(replay, row, addr));
+        }
+        Some(Placed::Approximate(row)) => {
+            log::debug!("{addr:#x} (generation {gen}) placed late in {:?}", replay.rows[row].region);
+            rows.how.approximate += share;
+            rows.add(RowRef::Replay(row), g, n, file_offset(replay, row, addr));
+        }
+        None => {
+            // Not from the same exec as the last read: its mappings are not this page's.
+            let same_exec = epoch == replay.epoch() || input.history.is_empty();
+            let maps = input.final_maps;
+            let found = maps.partition_point(|r| r.start <= addr).checked_sub(1).filter(|&i| maps[i].contains(addr));
+            if let Some(i) = found.filter(|_| same_exec) {
+                // Without any history (e.g. -a, a process never read while
+                // it ran) the last read is all there is.
+                if input.history.is_empty() {
+                    rows.how.exact += share;
+                } else {
+                    rows.how.approximate += share;
+                }
+                let r = &maps[i];
+                let file = (r.kind == RegionKind::File).then(|| r.offset + (addr - r.start));
+                rows.add(RowRef::Final(i), g, n, file);
+            } else {
+                log::debug!("region of {addr:#x} (generation {gen}, exec {epoch}) unknown");
+                rows.how.unplaced += share;
+                rows.add(RowRef::Unknown(key.granule), g, n, None);
+            }
+        }
+    }
+}
+
+fn unknown(pid: u32, granule: u64) -> Region {
+    let start = granule << REGION_GRANULE_SHIFT;
+    Region {
+        start,
+        end: start + (1 << REGION_GRANULE_SHIFT),
+        perms: "----".into(),
+        offset: 0,
+        kind: crate::model::RegionKind::Other,
+        path: Some(format!("[unknown region of {pid}]")),
+    }
+}
