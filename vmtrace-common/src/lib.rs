@@ -600,6 +600,19 @@ pub struct MmEvent {
 }
 const _: () = assert!(core::mem::size_of::<MmEvent>() == 16 + 8 + 64 + 8 + 16);
 
+/// One process's address-space generation (`MAP_GEN`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MapGenSlot {
+    /// `tgid << 32 | generation`; 0: free.
+    pub tag_gen: u64,
+    /// 1: a fault was counted at the current generation. A mapping change
+    /// bumps the generation only then: changes with no fault between them
+    /// share one, and churn without faults makes no new granule keys.
+    pub dirty: u32,
+    pub _pad: u32,
+}
+
 /// Slots of the address-space generation array (`MAP_GEN`), indexed by
 /// tgid modulo this; a process whose slot is taken uses an overflow hash.
 pub const MAP_GEN_SLOTS: u32 = 1 << 16;
@@ -799,6 +812,7 @@ mod pod {
     unsafe impl aya::Pod for super::GranuleKey {}
     unsafe impl aya::Pod for super::GranuleCounts {}
     unsafe impl aya::Pod for super::GranuleCur {}
+    unsafe impl aya::Pod for super::MapGenSlot {}
     unsafe impl aya::Pod for super::FileKey {}
     unsafe impl aya::Pod for super::FileChunkKey {}
     unsafe impl aya::Pod for super::MmStackKey {}

@@ -23,15 +23,15 @@ use aya_ebpf::{
 };
 use vmtrace_common::{
     granule_bucket, hist_bucket, pf, DropKind, GranuleCounts, GranuleCur, GranuleKey, InflightFault, Merge,
-    StackCounts, StackCur, StackKey, GRANULE_PAGES, INFLIGHT_EXACT_STACK, INFLIGHT_HUGE, LEAF_BLOCK_SHIFT, PMD_ORDER,
-    REGION_GRANULE_SHIFT, STACK_CUR_SLOTS, STACK_ID_LOST, STACK_ID_NONE, STACK_KERNEL, STACK_USER, STRATUM_EXACT,
-    STRATUM_SAMPLED,
+    StackCounts, StackCur, StackKey, GEN_UNKNOWN, GRANULE_PAGES, INFLIGHT_EXACT_STACK, INFLIGHT_HUGE, LEAF_BLOCK_SHIFT,
+    PMD_ORDER, REGION_GRANULE_SHIFT, STACK_CUR_SLOTS, STACK_ID_LOST, STACK_ID_NONE, STACK_KERNEL, STACK_USER,
+    STRATUM_EXACT, STRATUM_SAMPLED,
 };
 
 use crate::{
     globals::config,
     inflight::{current_fault, nofault_read, take_start, FAULT_SLOT},
-    mapgen::map_gen,
+    mapgen::fault_gen,
     shared::{count_drop, current_stats, get_or_insert, tp_field, FAULT_STATS},
     stacks::{user_stack_id, STACKS},
 };
@@ -91,6 +91,12 @@ fn stack_counts(key: &StackKey) -> Option<&'static mut StackCounts> {
 #[map]
 static REGION_STATS: PerCpuHashMap<GranuleKey, GranuleCounts> = PerCpuHashMap::with_max_entries(262_144, 0);
 
+/// Faults per (process, granule) of any generation, once `REGION_STATS` is
+/// full (a process changing its mappings faster than anything can keep):
+/// sized by the loader, a sixteenth of it.
+#[map]
+static REGION_LATE: PerCpuHashMap<GranuleKey, GranuleCounts> = PerCpuHashMap::with_max_entries(16_384, 0);
+
 /// The granule this CPU counts into; see `GranuleCur`.
 #[map]
 static GRANULE_CUR: PerCpuArray<GranuleCur> = PerCpuArray::with_max_entries(1, 0);
@@ -100,7 +106,7 @@ static GRANULE_CUR: PerCpuArray<GranuleCur> = PerCpuArray::with_max_entries(1, 0
 /// One hash operation per run of faults in a granule instead of one per fault.
 #[inline(always)]
 fn granule_counts(tgid: u32, address: u64) -> Option<&'static mut GranuleCounts> {
-    let key = GranuleKey { tgid, gen: map_gen(tgid), granule: address >> REGION_GRANULE_SHIFT };
+    let key = GranuleKey { tgid, gen: fault_gen(tgid), granule: address >> REGION_GRANULE_SHIFT };
     // SAFETY: this CPU's slot; BPF programs on one CPU do not interleave.
     let cur = unsafe { &mut *GRANULE_CUR.get_ptr_mut(0)? };
     if cur.key != key {
@@ -115,17 +121,33 @@ fn granule_counts(tgid: u32, address: u64) -> Option<&'static mut GranuleCounts>
 
 #[inline(always)]
 fn flush_granule(key: &GranuleKey, counts: &GranuleCounts) {
-    if let Some(p) = REGION_STATS.get_ptr_mut(key) {
-        // SAFETY: this CPU's value of a live entry.
-        unsafe { (*p).merge(counts) };
+    if merge_or_insert(&REGION_STATS, key, counts) {
         return;
     }
-    if REGION_STATS.insert(key, counts, 1).is_err() {
-        match REGION_STATS.get_ptr_mut(key) {
-            // SAFETY: as above (inserted meanwhile on another CPU).
-            Some(p) => unsafe { (*p).merge(counts) },
-            None => count_drop(DropKind::RegionStatsFull),
+    // Full: the granule's faults of every later generation share one entry
+    // of a map kept for this, placed approximately (userspace counts them so).
+    if !merge_or_insert(&REGION_LATE, &GranuleKey { gen: GEN_UNKNOWN, ..*key }, counts) {
+        count_drop(DropKind::RegionStatsFull);
+    }
+}
+
+#[inline(always)]
+fn merge_or_insert(map: &PerCpuHashMap<GranuleKey, GranuleCounts>, key: &GranuleKey, counts: &GranuleCounts) -> bool {
+    if let Some(p) = map.get_ptr_mut(key) {
+        // SAFETY: this CPU's value of a live entry.
+        unsafe { (*p).merge(counts) };
+        return true;
+    }
+    if map.insert(key, counts, 1).is_ok() {
+        return true;
+    }
+    match map.get_ptr_mut(key) {
+        // SAFETY: as above (inserted meanwhile on another CPU).
+        Some(p) => {
+            unsafe { (*p).merge(counts) };
+            true
         }
+        None => false,
     }
 }
 

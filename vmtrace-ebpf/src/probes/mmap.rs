@@ -17,7 +17,7 @@ use vmtrace_common::{
 
 use crate::{
     globals::{config, koffsets},
-    mapgen::bump_gen,
+    mapgen::{bump_gen, map_gen, mark_gen},
     probes::task::read_field,
     shared::{batched_wakeup, count_drop, get_or_insert, is_traced, tp_field, EVENTS, WAKE_NOW},
     stacks::user_stack_id,
@@ -180,8 +180,15 @@ fn enter(ctx: &TracePointContext, pid_tgid: u64, call: MmCall, a: [u64; 6]) {
         c.calls += 1;
     }
     // Every call but madvise may change the mappings: faults of other threads
-    // from here to the exit are marked as racing it (see `mapgen`).
-    let gen = if call == MmCall::Madvise { 0 } else { bump_gen(tgid) };
+    // from here to the exit are marked as racing it (see `mapgen`). Not an
+    // munmap (no fault can follow it in what it removed), nor an mmap likely
+    // to make again what the last munmap removed (see `same_again`).
+    let gen = match call {
+        MmCall::Madvise => 0,
+        MmCall::Munmap => map_gen(tgid),
+        MmCall::Mmap if same_again(pid_tgid as u32, &a, None) => map_gen(tgid),
+        _ => bump_gen(tgid, false),
+    };
     mm_begin(pid_tgid as u32, &MmInflight { call: call as u32, user_stack, args: a, gen, _pad: 0 });
 }
 
@@ -193,10 +200,30 @@ fn try_sys_exit(ctx: &TracePointContext) -> Option<()> {
     if f.call == MmCall::Madvise as u32 {
         return None;
     }
-    let gen_exit = bump_gen(tgid);
     let ret: i64 = tp_field(ctx, EXIT_RET);
     let ok = !(-4095..0).contains(&ret);
     let a = f.args;
+    let gen_exit = if f.call == MmCall::Munmap as u32 {
+        if ret == 0 {
+            note_unmap(tid, a[0], a[1]);
+        }
+        mark_gen(tgid);
+        f.gen
+    } else if f.call == MmCall::Mmap as u32 && ok && same_again(tid, &a, Some(ret as u64)) {
+        // The same mapping made again where the last munmap removed it: its
+        // faults are the old one's row anyway; no new granule keys (a
+        // churning allocator would fill the map).
+        note_map(tid, ret as u64, &a);
+        f.gen
+    } else {
+        if f.call == MmCall::Mmap as u32 && ok {
+            note_map(tid, ret as u64, &a);
+        } else {
+            forget_map(tid);
+        }
+        // Forced when the enter did not bump (it guessed "the same again").
+        bump_gen(tgid, f.call == MmCall::Mmap as u32 && f.gen == map_gen(tgid))
+    };
     // (addr, len, prot, flags, fd, offset, old_addr, old_len)
     let change = match f.call {
         c if c == MmCall::Mmap as u32 && ok => (ret as u64, a[1], a[2], a[3], a[4], a[5], 0, 0),
@@ -263,6 +290,60 @@ fn file_of(fd: u32) -> Option<(u32, u64)> {
     let sb: u64 = read_field(inode as *const u8, off.inode_sb)?;
     let dev: u32 = read_field(sb as *const u8, off.sb_dev)?;
     Some((dev, ino))
+}
+
+/// The last anonymous private mapping a thread made, and whether its munmap
+/// removed exactly it since (per thread: threads of an allocator churn on
+/// their own).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct LastMap {
+    addr: u64,
+    len: u64,
+    prot: u64,
+    flags: u64,
+    unmapped: u64,
+}
+
+#[map]
+static LAST_MAP: LruHashMap<u32, LastMap> = LruHashMap::with_max_entries(16_384, 0);
+
+/// Whether mmap arguments `a` (and its result, once known) make again the
+/// anonymous private mapping the last munmap removed.
+#[inline(always)]
+fn same_again(tid: u32, a: &[u64; 6], ret: Option<u64>) -> bool {
+    if a[3] & MAP_ANONYMOUS == 0 || a[3] & 0x3 != 0x2 {
+        return false;
+    }
+    // SAFETY: a live map value, read at once.
+    let Some(l) = LAST_MAP.get_ptr(tid).map(|p| unsafe { *p }) else { return false };
+    l.unmapped != 0 && l.len == a[1] && l.prot == a[2] && l.flags == a[3] && ret.is_none_or(|r| r == l.addr)
+}
+
+#[inline(always)]
+fn note_map(tid: u32, addr: u64, a: &[u64; 6]) {
+    if a[3] & MAP_ANONYMOUS != 0 && a[3] & 0x3 == 0x2 {
+        let _ = LAST_MAP.insert(tid, LastMap { addr, len: a[1], prot: a[2], flags: a[3], unmapped: 0 }, 0);
+    } else {
+        forget_map(tid);
+    }
+}
+
+#[inline(always)]
+fn note_unmap(tid: u32, addr: u64, len: u64) {
+    if let Some(l) = LAST_MAP.get_ptr_mut(tid) {
+        // SAFETY: a live map value.
+        let l = unsafe { &mut *l };
+        l.unmapped = u64::from(l.addr == addr && l.len == len);
+    }
+}
+
+#[inline(always)]
+fn forget_map(tid: u32) {
+    if let Some(l) = LAST_MAP.get_ptr_mut(tid) {
+        // SAFETY: a live map value.
+        unsafe { (*l).unmapped = 0 };
+    }
 }
 
 // One enter program on every sys_enter_* of the family (and one exit program

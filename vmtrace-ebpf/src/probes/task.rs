@@ -140,7 +140,7 @@ fn try_exec() -> Option<()> {
     let mut ev = task_event(EventKind::TaskExec);
     ev.pid = pid_tgid as u32;
     ev.tgid = tgid;
-    ev.gen = bump_gen(tgid);
+    ev.gen = bump_gen(tgid, true);
     emit(ev);
     Some(())
 }

@@ -161,9 +161,20 @@ fn processes(i: &Inputs) -> (Vec<Process>, Faults) {
             exit_code,
             faults,
             kernel_accounting: info.kernel,
+            cow_from: cow_of(i, pid),
         });
     }
     (out, totals)
+}
+
+/// A process's COW faults by what was copied, from its regions.
+fn cow_of(i: &Inputs, pid: u32) -> Option<crate::model::CowFrom> {
+    let regions = &i.attributed.as_ref()?.regions;
+    let mut sum = crate::model::CowFrom::default();
+    for c in regions.iter().filter(|r| r.pid == pid).filter_map(|r| r.cow_from.as_ref()) {
+        sum.add(c);
+    }
+    (sum.total() > 0).then_some(sum)
 }
 
 const ADVICE_NAMES: [(usize, &str); 20] = [

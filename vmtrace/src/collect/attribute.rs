@@ -8,6 +8,12 @@ use crate::{
     regions::{self, Attributed, PageCache, ProcessInput},
 };
 
+/// Whether `pid` forked a traced child, or was forked and did not exec since.
+fn shares_after_fork(table: &ProcessTable, pid: u32) -> bool {
+    let p = &table.procs[&pid];
+    (p.history.forked_from.is_some() && !p.history.execed()) || table.procs.values().any(|c| c.ppid == Some(pid))
+}
+
 /// The address space `pid` started from: its parent's at the fork, replayed
 /// (a chain of forks at most `depth` long).
 fn start_of(table: &ProcessTable, pid: u32, depth: u32) -> Option<Vec<Region>> {
@@ -43,6 +49,7 @@ pub fn build_regions(table: &mut ProcessTable, source: &impl AggregateSource) ->
                 history: &p.history,
                 start: start_of(table, pid, 16),
                 final_maps: &p.maps,
+                shares_after_fork: shares_after_fork(table, pid),
             })
         },
         |path| {

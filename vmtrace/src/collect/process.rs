@@ -200,7 +200,15 @@ pub fn region_from_event(ev: &vmtrace_common::MmEvent) -> crate::procmaps::Regio
         let same = |p: &String| {
             ev.ino == 0 || crate::regions::kernel_dev_ino(p).is_some_and(|(dev, ino, _)| (dev, ino) == (ev.dev, ev.ino))
         };
-        let path = named.filter(same).unwrap_or_else(|| format!("[fd {}]", ev.fd as i64));
+        let path = named.filter(same).unwrap_or_else(|| {
+            if ev.ino == 0 {
+                format!("[fd {}]", ev.fd as i64)
+            } else {
+                // Closed before it could be named (a later maps read names it
+                // if it is still mapped): what `find -inum` needs.
+                format!("[file {}:{} inode {}]", ev.dev >> 20, ev.dev & 0xf_ffff, ev.ino)
+            }
+        });
         (RegionKind::File, Some(path))
     };
     let p = |bit: i32, c: char| if ev.prot & bit as u64 != 0 { c } else { '-' };

@@ -26,12 +26,13 @@ pub struct Maps {
     mm_stacks: PerCpuHashMap<MapData, MmStackKey, MmStackCounts>,
     totals: PerCpuArray<MapData, u64>,
     region_stats: PerCpuHashMap<MapData, GranuleKey, GranuleCounts>,
+    region_late: PerCpuHashMap<MapData, GranuleKey, GranuleCounts>,
     granule_cur: PerCpuArray<MapData, GranuleCur>,
     stack_cur: PerCpuArray<MapData, StackCur>,
     control: aya::maps::Array<MapData, u32>,
     file_cache: PerCpuHashMap<MapData, FileKey, u64>,
     file_chunks: PerCpuHashMap<MapData, vmtrace_common::FileChunkKey, u64>,
-    map_gen: aya::maps::Array<MapData, u64>,
+    map_gen: aya::maps::Array<MapData, vmtrace_common::MapGenSlot>,
     map_gen_overflow: aya::maps::HashMap<MapData, u32, u32>,
 }
 
@@ -50,6 +51,7 @@ impl Maps {
             mm_stacks: take_map(ebpf, "MM_STACKS")?,
             totals: take_map(ebpf, "TOTALS")?,
             region_stats: take_map(ebpf, "REGION_STATS")?,
+            region_late: take_map(ebpf, "REGION_LATE")?,
             granule_cur: take_map(ebpf, "GRANULE_CUR")?,
             stack_cur: take_map(ebpf, "STACK_CUR")?,
             control: take_map(ebpf, "CONTROL")?,
@@ -159,7 +161,7 @@ impl Probes {
     /// is still counting into.
     pub fn all_granules(&self) -> Vec<(GranuleKey, GranuleCounts)> {
         let mut all: std::collections::BTreeMap<GranuleKey, GranuleCounts> = std::collections::BTreeMap::new();
-        for (k, v) in self.maps.region_stats.iter().filter_map(Result::ok) {
+        for (k, v) in self.maps.region_stats.iter().chain(self.maps.region_late.iter()).filter_map(Result::ok) {
             all.entry(k).or_default().merge(&sum_cpus(v.iter()));
         }
         if let Ok(cur) = self.maps.granule_cur.get(&0, 0) {
@@ -176,7 +178,7 @@ impl Probes {
         if self.maps.control.get(&0, 0).ok()? == vmtrace_common::CONTROL_STOPPED {
             return None;
         }
-        let v = self.maps.map_gen.get(&(tgid & (vmtrace_common::MAP_GEN_SLOTS - 1)), 0).ok()?;
+        let v = self.maps.map_gen.get(&(tgid & (vmtrace_common::MAP_GEN_SLOTS - 1)), 0).ok()?.tag_gen;
         if (v >> 32) as u32 == tgid {
             return Some(v as u32);
         }

@@ -145,6 +145,7 @@ impl Probes {
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
             .map_max_entries("REGION_STATS", region_map_entries())
+            .map_max_entries("REGION_LATE", (region_map_entries() / 16).max(1024))
             .override_global("CONFIG", &config, true)
             .override_global("KOFFSETS", &offsets, true)
             .load(crate::EBPF_OBJECT)?;

@@ -20,7 +20,7 @@ pub use format::{bytes, comm_str, fmt_ns};
 pub use live::{Cum, LiveProcess, LiveSnapshot, RateKeeper, Rates};
 pub use oom::{HeldRegion, OomRecord};
 pub use perf::{PerfSummary, RegionSamples};
-pub use regions::{FileSummary, RegionKind, RegionPlacement, RegionSummary, TensorSummary};
+pub use regions::{CowFrom, FileSummary, RegionKind, RegionPlacement, RegionSummary, TensorSummary};
 pub use stacks::{MmSite, StacksSummary, BROKEN_CHAIN};
 pub use summary::{
     KernelAccounting, MmapCounts, ProbeInfo, Process, Reclaim, Sampling, Summary, TargetInfo, TlbCounts,

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::Faults;
 
 /// What a region holds, as users ask about it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RegionKind {
     Anon,
@@ -33,6 +33,38 @@ pub struct RegionSummary {
     /// all 512 it maps, at most the region's pages. Pages mapped around a
     /// fault (fault-around) are not.
     pub pages_touched: u64,
+    /// Its COW (write-protect) faults by what was copied; absent without any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cow_from: Option<CowFrom>,
+}
+
+/// COW faults (writes to a present, write-protected page) by what the kernel
+/// had to do, inferred per region (docs/design.md, "What COW copied").
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CowFrom {
+    /// Copied the zero page: anonymous memory written after it was first read.
+    pub zero_page: u64,
+    /// Copied a page shared with a parent or child since a fork.
+    pub fork: u64,
+    /// Copied a page of a privately mapped file (a library's data, a
+    /// MAP_PRIVATE file written to).
+    pub file: u64,
+    /// No copy: write access given back on a page the process holds alone
+    /// (after mprotect, after a forked child exited, dirty tracking).
+    pub reused: u64,
+}
+
+impl CowFrom {
+    pub fn add(&mut self, o: &CowFrom) {
+        self.zero_page += o.zero_page;
+        self.fork += o.fork;
+        self.file += o.file;
+        self.reused += o.reused;
+    }
+
+    pub fn total(&self) -> u64 {
+        self.zero_page + self.fork + self.file + self.reused
+    }
 }
 
 /// One tensor of a safetensors file.

@@ -105,6 +105,10 @@ pub struct Process {
     /// (what getrusage reports), when the kernel exposed them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel_accounting: Option<KernelAccounting>,
+    /// Its COW faults by what was copied, summed over its regions
+    /// (`--events regions`); absent without any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cow_from: Option<super::CowFrom>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]

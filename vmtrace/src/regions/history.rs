@@ -49,6 +49,8 @@ pub enum Change {
     /// A read that raced a change: only its mappings over addresses no
     /// change touched since the exec are used (they were there all along).
     Backdate(Vec<Region>),
+    /// An munmap whose mapping was made again as it was (see `History::push`).
+    Nothing,
 }
 
 #[derive(Clone, Debug)]
@@ -67,16 +69,54 @@ pub struct History {
     /// (parent, parent's generation at the fork).
     pub forked_from: Option<(u32, u32)>,
     last_snapshot: Option<Vec<Region>>,
+    /// The generation of the first change not logged (the log was full):
+    /// faults from it on are placed approximately.
+    pub truncated_at: Option<u32>,
+    /// The last mapping made at each start address, and the munmap that
+    /// removed it (its generation and log index), to see it made again.
+    last_map: HashMap<u64, (Region, u64)>,
+    unmapped: HashMap<u64, (u64, u32, usize)>,
 }
 
-/// Entries kept per process; past it, older changes still count, newer ones
-/// are dropped and their faults placed approximately.
-const LOG_CAP: usize = 1 << 20;
+/// Entries kept per process (~100 bytes each): a process that changes its
+/// mappings hundreds of thousands of times keeps the first ones; faults after
+/// are placed in the address space as last logged, counted approximate.
+const LOG_CAP: usize = 100_000;
 
 impl History {
+    /// An munmap and an mmap that makes the same mapping again at the same
+    /// generation (the kernel does not bump it for that: an allocator
+    /// churning one size) are dropped: placing faults in the old mapping or
+    /// the new one gives the same row, and the log stays small.
     pub fn push(&mut self, gen: u32, race_from: u32, change: Change) {
-        if self.log.len() < LOG_CAP {
+        match &change {
+            Change::Map { region, flags } => {
+                if let Some(&(end, at, i)) = self.unmapped.get(&region.start) {
+                    let same = self.last_map.get(&region.start).is_some_and(|(r, f)| r == region && f == flags);
+                    let logged = self.log.get(i).is_some_and(
+                        |l| matches!(l.change, Change::Unmap { start, end: e } if start == region.start && e == end),
+                    );
+                    if same && end == region.end && at == gen && logged {
+                        self.log[i].change = Change::Nothing;
+                        self.unmapped.remove(&region.start);
+                        while self.log.last().is_some_and(|l| matches!(l.change, Change::Nothing)) {
+                            self.log.pop();
+                        }
+                        return;
+                    }
+                }
+                self.unmapped.remove(&region.start);
+                self.last_map.insert(region.start, (region.clone(), *flags));
+            }
+            Change::Unmap { start, end } if self.last_map.get(start).is_some_and(|(r, _)| r.end == *end) => {
+                self.unmapped.insert(*start, (*end, gen, self.log.len()));
+            }
+            _ => {}
+        }
+        if self.log.len() < LOG_CAP && self.truncated_at.is_none() {
             self.log.push(Logged { gen, race_from, change });
+        } else {
+            self.truncated_at.get_or_insert(race_from);
         }
     }
 
@@ -95,6 +135,11 @@ impl History {
 
     pub fn is_empty(&self) -> bool {
         self.log.is_empty()
+    }
+
+    /// Whether it exec'd while traced.
+    pub fn execed(&self) -> bool {
+        self.log.iter().any(|l| matches!(l.change, Change::Exec))
     }
 }
 
@@ -169,6 +214,10 @@ const MAP_ANONYMOUS: u64 = 0x20;
 pub const MAP_NORESERVE: u64 = 0x4000;
 pub const MAP_STACK: u64 = 0x20000;
 
+/// Births looked at after a page's generation before it is given up on (a
+/// churning process maps the same chunk again and again).
+const LATER_SCAN: usize = 4096;
+
 /// Address chunk of the birth index: 2 MiB.
 const BIRTH_CHUNK_SHIFT: u32 = 21;
 
@@ -192,7 +241,7 @@ fn same_class(a: RegionKind, b: RegionKind) -> bool {
 
 /// The name of a mapped file whose path was not known when it was mapped.
 fn placeholder(path: &str) -> bool {
-    path.starts_with("[fd ")
+    path.starts_with("[fd ") || path.starts_with("[file ")
 }
 
 fn can_serve(perms: &str) -> bool {
@@ -213,6 +262,8 @@ pub struct Replay {
     births: Vec<Birth>,
     /// Births by `BIRTH_CHUNK_SHIFT` chunk of address, and those too large to index.
     birth_index: HashMap<u64, Vec<usize>>,
+    /// Births backdated to the exec (mappings there all along), by chunk.
+    backdated_index: HashMap<u64, Vec<usize>>,
     big_births: Vec<usize>,
     /// The generation of each exec: epoch i + 1 began at `resets[i]`.
     resets: Vec<u32>,
@@ -379,6 +430,7 @@ impl Replay {
             }
             Change::Snapshot(regions) => self.reconcile(gen, regions),
             Change::Backdate(regions) => self.backdate_gaps(regions),
+            Change::Nothing => {}
         }
     }
 
@@ -622,33 +674,44 @@ impl Replay {
 
     fn later_in(&self, addr: u64, gen: u32, epoch: u32) -> Option<Placed> {
         let chunk = addr >> BIRTH_CHUNK_SHIFT;
-        let near = self.birth_index.get(&chunk).into_iter().flatten().chain(&self.big_births);
-        let covering: Vec<&Birth> = near
-            .map(|&i| &self.births[i])
-            .filter(|b| {
-                b.epoch == epoch && b.start <= addr && addr < b.end && can_serve(&self.rows[b.row].region.perms)
-            })
-            .collect();
-        if let Some(b) = covering.iter().find(|b| b.exact_from.is_some_and(|f| f <= gen)) {
+        let fits = |b: &Birth| {
+            b.epoch == epoch && b.start <= addr && addr < b.end && can_serve(&self.rows[b.row].region.perms)
+        };
+        let backdated = self.backdated_index.get(&chunk).into_iter().flatten().chain(&self.big_births);
+        if let Some(b) = backdated.map(|&i| &self.births[i]).find(|b| fits(b) && b.exact_from.is_some_and(|f| f <= gen))
+        {
             return Some(Placed::Exact(b.row));
         }
-        covering.iter().filter(|b| b.gen > gen).min_by_key(|b| b.gen).map(|b| Placed::Approximate(b.row))
+        // Births are in generation order: the first after `gen` that fits.
+        let later = |list: &[usize]| {
+            let from = list.partition_point(|&i| self.births[i].gen <= gen);
+            list[from..].iter().take(LATER_SCAN).map(|&i| &self.births[i]).find(|b| fits(b)).map(|b| (b.gen, b.row))
+        };
+        let near = self.birth_index.get(&chunk).and_then(|l| later(l));
+        let big = later(&self.big_births);
+        [near, big].into_iter().flatten().min_by_key(|(g, _)| *g).map(|(_, row)| Placed::Approximate(row))
     }
 
     /// Indexes the births by address for `later` (call once, at the end).
     fn index_births(&mut self) {
         self.birth_index.clear();
+        self.backdated_index.clear();
         self.big_births.clear();
         for (i, b) in self.births.iter().enumerate() {
             let (first, last) = (b.start >> BIRTH_CHUNK_SHIFT, (b.end - 1) >> BIRTH_CHUNK_SHIFT);
+            let index = if b.exact_from.is_some() { &mut self.backdated_index } else { &mut self.birth_index };
             if last - first > 512 {
                 self.big_births.push(i);
                 continue;
             }
             for c in first..=last {
-                self.birth_index.entry(c).or_default().push(i);
+                index.entry(c).or_default().push(i);
             }
         }
+        // Births are pushed as the replay goes, in generation order, but
+        // backdated ones carry their earlier generation.
+        let births = &self.births;
+        self.big_births.sort_by_key(|&i| births[i].gen);
     }
 
     pub fn epoch(&self) -> u32 {
@@ -656,12 +719,25 @@ impl Replay {
     }
 }
 
-/// The log in replay order: by generation, changes before a read made at
-/// the same generation.
+/// The log in replay order: by generation; within one, the changes the
+/// generation began with, then (`after_faults`) munmaps, which do not bump
+/// it, and maps reads.
 pub fn ordered(h: &History) -> Vec<(u32, u32, &Change)> {
     let mut v: Vec<(u32, u32, &Change)> = h.log.iter().map(|l| (l.gen, l.race_from, &l.change)).collect();
-    v.sort_by_key(|(g, _, c)| (*g, matches!(c, Change::Snapshot(_))));
+    let class = |c: &Change| match c {
+        Change::Unmap { .. } => 1,
+        Change::Snapshot(_) | Change::Backdate(_) => 2,
+        _ => 0,
+    };
+    v.sort_by_key(|(g, _, c)| (*g, class(c)));
     v
+}
+
+/// Applied after the faults counted at its generation: an munmap (the
+/// kernel does not bump the generation for it: nothing can fault in what
+/// it removed) and a maps read (faults of its generation may precede it).
+pub fn after_faults(c: &Change) -> bool {
+    matches!(c, Change::Unmap { .. } | Change::Snapshot(_) | Change::Backdate(_))
 }
 
 /// The address range a change touches, for faults that raced it.
@@ -673,7 +749,7 @@ pub fn change_range(c: &Change) -> Option<(u64, u64)> {
             let (a, b) = (*old_start.min(new_start), page_up((old_start + old_len).max(new_start + new_len)));
             Some((a, b))
         }
-        Change::Brk { .. } | Change::Exec | Change::Snapshot(_) | Change::Backdate(_) => None,
+        Change::Brk { .. } | Change::Exec | Change::Snapshot(_) | Change::Backdate(_) | Change::Nothing => None,
     }
 }
 

@@ -32,7 +32,8 @@ fn faults(start: u64, end: u64, gen: u32) -> Vec<(GranuleKey, GranuleCounts)> {
 }
 
 fn run(h: &History, granules: &[(GranuleKey, GranuleCounts)]) -> (Vec<(Region, u64)>, super::super::Placement) {
-    let (rows, how) = place(7, granules, &ProcessInput { history: h, start: None, final_maps: &[] });
+    let (rows, how) =
+        place(7, granules, &ProcessInput { history: h, start: None, final_maps: &[], shares_after_fork: false });
     let mut out: Vec<(Region, u64)> = rows.into_iter().map(|r| (r.region, r.acc.faults.round() as u64)).collect();
     out.sort_by_key(|(r, _)| (r.start, r.perms.clone()));
     (out, how)
@@ -150,4 +151,25 @@ fn thread_stacks_and_jit_code_are_named() {
     let (rows, _) = run(&h, &g);
     assert_eq!((rows[0].0.kind, rows[0].0.path.as_deref()), (RegionKind::Stack, Some("[thread stack]")));
     assert_eq!(rows[1].0.path.as_deref(), Some("[jit code]"));
+}
+
+#[test]
+fn the_same_mapping_made_again_is_one_row_and_is_not_logged_again() {
+    let at = 0x7000_0000u64;
+    let mut h = History::default();
+    let mut g = Vec::new();
+    h.push(2, 1, Change::Map { region: anon(at, at + MIB, "rw-p"), flags: 0x22 });
+    for _ in 0..1000 {
+        // The kernel does not bump the generation for a munmap, nor for an
+        // mmap that makes the same mapping again.
+        h.push(2, 2, Change::Unmap { start: at, end: at + MIB });
+        h.push(2, 2, Change::Map { region: anon(at, at + MIB, "rw-p"), flags: 0x22 });
+    }
+    assert!(h.log.len() <= 3, "{} entries", h.log.len());
+    g.extend(faults(at, at + MIB, 2));
+    h.push(2, 2, Change::Unmap { start: at, end: at + MIB });
+    let (rows, how) = run(&h, &g);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].1, 256);
+    assert_eq!(how.exact.round() as u64, 256);
 }

@@ -52,6 +52,22 @@ impl Acc {
         self.pages += pages;
     }
 
+    pub fn merge(&mut self, o: &Acc) {
+        self.faults += o.faults;
+        self.major += o.major;
+        self.write += o.write;
+        self.exec += o.exec;
+        self.cow += o.cow;
+        self.huge += o.huge;
+        self.time_ns += o.time_ns;
+        self.timed += o.timed;
+        self.major_time_ns += o.major_time_ns;
+        for (x, y) in self.hist.iter_mut().zip(o.hist.iter()) {
+            *x += y;
+        }
+        self.pages += o.pages;
+    }
+
     /// Pages faulted in: those that took a fault, a huge page's 511 others too.
     fn pages_faulted_in(&self) -> u64 {
         self.pages + (self.huge.round().max(0.0) as u64) * 511
@@ -120,9 +136,18 @@ pub fn attribute<'a>(
     let empty = history::History::default();
     let mut placement = Placement::default();
     let mut acc: Vec<(u32, Region, Acc)> = Vec::new();
+    let mut shares_after_fork = std::collections::BTreeSet::new();
     let mut file_pages: Vec<(GranuleCounts, FileHit)> = Vec::new();
     for (pid, gs) in &by_pid {
-        let input = input_of(*pid).unwrap_or(ProcessInput { history: &empty, start: None, final_maps: &[] });
+        let input = input_of(*pid).unwrap_or(ProcessInput {
+            history: &empty,
+            start: None,
+            final_maps: &[],
+            shares_after_fork: false,
+        });
+        if input.shares_after_fork {
+            shares_after_fork.insert(*pid);
+        }
         let (rows, how) = place::place(*pid, gs, &input);
         placement.add(&how);
         for row in rows {
@@ -141,20 +166,7 @@ pub fn attribute<'a>(
         .into_iter()
         .map(|(pid, r, a)| {
             if let (RegionKind::File, Some(p)) = (r.kind, &r.path) {
-                let f = files.entry(p.clone()).or_default();
-                f.faults += a.faults;
-                f.major += a.major;
-                f.write += a.write;
-                f.exec += a.exec;
-                f.cow += a.cow;
-                f.huge += a.huge;
-                f.time_ns += a.time_ns;
-                f.timed += a.timed;
-                f.major_time_ns += a.major_time_ns;
-                for (x, y) in f.hist.iter_mut().zip(a.hist.iter()) {
-                    *x += y;
-                }
-                f.pages += a.pages;
+                files.entry(p.clone()).or_default().merge(&a);
             }
             let mut faults = a.faults();
             if r.kind == RegionKind::Hugetlb {
@@ -173,6 +185,7 @@ pub fn attribute<'a>(
                 // A huge page freed and faulted again counts again: never
                 // more pages than the region has.
                 pages_touched: a.pages_faulted_in().min((r.end - r.start) / 4096),
+                cow_from: cow_from(&r, &a, shares_after_fork.contains(&pid)),
             }
         })
         .collect();
@@ -197,6 +210,37 @@ pub fn attribute<'a>(
         })
         .collect();
     Attributed { regions, files, placement }
+}
+
+/// What a region's COW faults copied. The kernel does not say; each fault
+/// says read or write and whether the page was present. A read fault on
+/// anonymous memory maps the zero page, so a later write copies it: as many
+/// COW faults as there were reads are zero-page copies. The rest copied a
+/// page shared since a fork when the process forked or was forked (and did
+/// not exec since); otherwise nothing was copied. In a private file mapping
+/// every one copied a file page.
+fn cow_from(r: &Region, a: &Acc, shares_after_fork: bool) -> Option<crate::model::CowFrom> {
+    let round = |v: f64| v.round().max(0.0) as u64;
+    let cow = round(a.cow);
+    if cow == 0 {
+        return None;
+    }
+    let mut c = crate::model::CowFrom::default();
+    match r.kind {
+        RegionKind::File => c.file = cow,
+        RegionKind::Anon | RegionKind::Heap | RegionKind::Stack | RegionKind::Other => {
+            let reads = round(a.faults - a.write - a.exec);
+            c.zero_page = reads.min(cow);
+            if shares_after_fork {
+                c.fork = cow - c.zero_page;
+            } else {
+                c.reused = cow - c.zero_page;
+            }
+        }
+        // Shared memory is never copied: a write fault there is dirty tracking.
+        _ => c.reused = cow,
+    }
+    Some(c)
 }
 
 /// Rounds each region's share of faults and majors so that a process's
@@ -293,7 +337,7 @@ mod tests {
     /// A process known only from a maps read.
     fn input(maps: &[Region]) -> ProcessInput<'_> {
         static EMPTY: std::sync::LazyLock<history::History> = std::sync::LazyLock::new(history::History::default);
-        ProcessInput { history: &EMPTY, start: None, final_maps: maps }
+        ProcessInput { history: &EMPTY, start: None, final_maps: maps, shares_after_fork: false }
     }
 
     fn region(start: u64, end: u64, kind: RegionKind, path: Option<&str>) -> Region {
@@ -337,7 +381,11 @@ mod tests {
         h.push(4, 3, Change::Unmap { start: 4 * G, end: 4 * G + 0x10000 });
         let g = GranuleCounts { faults: 16, touched: 0xffff, ..Default::default() };
         let keys = [(GranuleKey { tgid: 1, gen: 2, granule: 4 }, g), (GranuleKey { tgid: 1, gen: 2, granule: 9 }, g)];
-        let a = attribute(&keys, |_| Some(ProcessInput { history: &h, start: None, final_maps: &[] }), |_| None);
+        let a = attribute(
+            &keys,
+            |_| Some(ProcessInput { history: &h, start: None, final_maps: &[], shares_after_fork: false }),
+            |_| None,
+        );
         assert_eq!(a.regions.len(), 2);
         assert_eq!(a.regions[0].kind, RegionKind::Anon);
         assert_eq!(a.regions[0].faults.total, 16);

@@ -57,6 +57,9 @@ pub struct ProcessInput<'a> {
     pub start: Option<Vec<Region>>,
     /// The last read of its maps (after the recording if it still lived).
     pub final_maps: &'a [Region],
+    /// It forked, or was forked and did not exec since: its anonymous pages
+    /// may be shared with another process until written.
+    pub shares_after_fork: bool,
 }
 
 /// Replays `history` up to `gen` (inclusive) from `start`: a parent's
@@ -73,11 +76,14 @@ pub fn regions_at(history: &History, start: Option<Vec<Region>>, gen: u32) -> Ve
 }
 
 /// Changes whose making spans generations (`[from, gen)`): faults and maps
-/// reads at those generations raced them.
+/// reads at those generations raced them. Queried at nondecreasing
+/// generations, so the windows open are kept as a sweep goes.
 struct Races {
     /// (from, gen, start, end), by `from`.
     windows: Vec<(u32, u32, u64, u64)>,
-    widest: u32,
+    next: usize,
+    open: Vec<(u32, u32, u64, u64)>,
+    at: u32,
 }
 
 impl Races {
@@ -88,22 +94,35 @@ impl Races {
             .filter_map(|(g, from, c)| history::change_range(c).map(|(a, b)| (*from, *g, a, b)))
             .collect();
         windows.sort_unstable();
-        let widest = windows.iter().map(|w| w.1 - w.0).max().unwrap_or(0);
-        Self { windows, widest }
+        Self { windows, next: 0, open: Vec::new(), at: 0 }
     }
 
-    /// The windows open at `gen`.
-    fn open_at(&self, gen: u32) -> impl Iterator<Item = &(u32, u32, u64, u64)> {
-        let lo = self.windows.partition_point(|w| w.0 < gen.saturating_sub(self.widest));
-        self.windows[lo..].iter().take_while(move |w| w.0 <= gen).filter(move |w| gen < w.1)
+    /// Moves the sweep to `gen` (never back).
+    fn advance(&mut self, gen: u32) {
+        self.at = self.at.max(gen);
+        while self.next < self.windows.len() && self.windows[self.next].0 <= self.at {
+            self.open.push(self.windows[self.next]);
+            self.next += 1;
+        }
+        let at = self.at;
+        self.open.retain(|w| at < w.1);
     }
 
-    fn covers(&self, addr: u64, gen: u32) -> bool {
-        self.open_at(gen).any(|w| w.2 <= addr && addr < w.3)
+    fn any_open(&mut self, gen: u32) -> bool {
+        self.advance(gen);
+        !self.open.is_empty()
+    }
+
+    fn covers(&mut self, addr: u64, gen: u32) -> bool {
+        self.advance(gen);
+        self.open.iter().any(|w| w.2 <= addr && addr < w.3)
     }
 }
 
 /// Rows with their faults and file pages, as pages are placed.
+/// What makes two rows the same row: range, permissions, kind, name, offset.
+type RowKey = (u64, u64, String, RegionKind, Option<String>, u64);
+
 /// A file page hit: its granule's counts, file offset and share of them.
 type FileHits = Vec<(GranuleCounts, u64, f64)>;
 
@@ -138,10 +157,14 @@ pub fn place(
 ) -> (Vec<PlacedRegion>, Placement) {
     let mut replay = input.start.as_deref().map_or_else(Replay::default, Replay::from_regions);
     let log = history::ordered(input.history);
-    let races = Races::new(&log);
+    let mut races = Races::new(&log);
     // A maps read made while a change was in flight may show it half done.
-    let apply = |replay: &mut Replay, (g, _, c): &(u32, u32, &history::Change)| {
-        if races.open_at(*g).next().is_some() {
+    // An munmap does not bump the generation: a read at the generation of
+    // one may have been made before it or after.
+    let unmap_gens: std::collections::HashSet<u32> =
+        log.iter().filter(|(_, _, c)| matches!(c, history::Change::Unmap { .. })).map(|(g, _, _)| *g).collect();
+    let apply = |replay: &mut Replay, races: &mut Races, (g, _, c): &(u32, u32, &history::Change)| {
+        if races.any_open(*g) || unmap_gens.contains(g) {
             replay.apply_raced(*g, c);
         } else {
             replay.apply(*g, c);
@@ -157,8 +180,8 @@ pub fn place(
         let (key, g) = &granules[i];
         let unknown_gen = key.gen == GEN_UNKNOWN;
         let gen = if unknown_gen { u32::MAX - 1 } else { key.gen };
-        while next < log.len() && log[next].0 <= gen {
-            apply(&mut replay, &log[next]);
+        while next < log.len() && (log[next].0 < gen || (log[next].0 == gen && !history::after_faults(log[next].2))) {
+            apply(&mut replay, &mut races, &log[next]);
             next += 1;
         }
         let n = u64::from(g.touched.count_ones()).max(1);
@@ -170,7 +193,8 @@ pub fn place(
             };
             let file = (replay.rows[row].region.kind == RegionKind::File).then_some(off);
             rows.add(RowRef::Replay(row), g, n, file);
-            if unknown_gen || races.covers(addr, gen) {
+            let late = input.history.truncated_at.is_some_and(|t| gen >= t);
+            if unknown_gen || late || races.covers(addr, gen) {
                 rows.how.approximate += share;
             } else {
                 rows.how.exact += share;
@@ -178,7 +202,7 @@ pub fn place(
         }
     }
     for entry in &log[next..] {
-        apply(&mut replay, entry);
+        apply(&mut replay, &mut races, entry);
     }
     // The last read (after the recording, for a process still alive): its
     // mappings over addresses no change touched since the last exec were
@@ -187,22 +211,32 @@ pub fn place(
     for (i, addr, gen, epoch) in pending {
         place_late(&mut rows, &replay, input, &granules[i], addr, gen, epoch);
     }
-    let regions = rows
-        .out
-        .into_iter()
-        .map(|(row, (acc, file_hits))| {
-            let region = match row {
-                RowRef::Replay(i) => {
-                    let r = &replay.rows[i];
-                    let (kind, path) = history::label(r);
-                    Region { kind, path, ..r.region.clone() }
-                }
-                RowRef::Final(i) => input.final_maps[i].clone(),
-                RowRef::Unknown(granule) => unknown(pid, granule),
-            };
-            PlacedRegion { region, acc, file_hits }
-        })
-        .collect();
+    // The same mapping made again at the same place (an allocator churning
+    // one size) is one row: thousands of identical rows say nothing more.
+    let mut merged: HashMap<RowKey, PlacedRegion> = HashMap::new();
+    for (row, (acc, file_hits)) in rows.out {
+        let region = match row {
+            RowRef::Replay(i) => {
+                let r = &replay.rows[i];
+                let (kind, path) = history::label(r);
+                Region { kind, path, ..r.region.clone() }
+            }
+            RowRef::Final(i) => input.final_maps[i].clone(),
+            RowRef::Unknown(granule) => unknown(pid, granule),
+        };
+        let key = (region.start, region.end, region.perms.clone(), region.kind, region.path.clone(), region.offset);
+        match merged.entry(key) {
+            std::collections::hash_map::Entry::Occupied(mut e) => {
+                let p = e.get_mut();
+                p.acc.merge(&acc);
+                p.file_hits.extend(file_hits);
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(PlacedRegion { region, acc, file_hits });
+            }
+        }
+    }
+    let regions = merged.into_values().collect();
     (regions, rows.how)
 }
 
@@ -226,7 +260,9 @@ fn place_late(
 ) {
     let n = u64::from(g.touched.count_ones()).max(1);
     let share = g.faults as f64 / n as f64;
-    match replay.later(addr, gen, epoch) {
+    // A stack grows down with no event: below a stack seen later.
+    let grown = || (epoch == replay.epoch()).then(|| replay.grown_stack(addr)).flatten().map(Placed::Exact);
+    match replay.later(addr, gen, epoch).or_else(grown) {
         Some(Placed::Exact(row)) => {
             rows.how.exact += share;
             rows.add(RowRef::Replay(row), g, n, file_offset(replay, row, addr));

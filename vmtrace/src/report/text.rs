@@ -140,6 +140,22 @@ fn process_table(out: &mut String, s: &Summary) {
     if procs.len() > 1 {
         row(out, "all", &format!("{} processes", procs.len()), &s.totals, "");
     }
+    let mut cow = crate::model::CowFrom::default();
+    for c in s.processes.iter().filter_map(|p| p.cow_from.as_ref()) {
+        cow.add(c);
+    }
+    cow_line(out, &cow);
+}
+
+/// What the COW faults copied (docs/design.md, "What COW copied").
+fn cow_line(out: &mut String, c: &crate::model::CowFrom) {
+    if c.total() > 0 {
+        let _ = writeln!(
+            out,
+            "  COW: {} zero-page copies (anonymous memory read, then written), {} copies of pages shared since a fork, {} of private file pages, {} without a copy (write access given back)",
+            c.zero_page, c.fork, c.file, c.reused
+        );
+    }
 }
 
 /// Gap between vmtrace's count and the kernel's, in percent of the kernel's.
@@ -373,6 +389,15 @@ pub fn regions_table(out: &mut String, s: &Summary, limit: usize) {
     }
     if regions.len() > limit {
         let _ = writeln!(out, "{:>7}  ({} more regions)", "…", regions.len() - limit);
+    }
+    if let Some(p) = &s.region_placement {
+        if p.approximate + p.unplaced > 0 {
+            let _ = writeln!(
+                out,
+                "  placement: {} faults in the mapping of their time, {} approximately (a mapping change raced them or was seen late), {} in no known mapping",
+                p.exact, p.approximate, p.unplaced
+            );
+        }
     }
 }
 
