@@ -80,8 +80,11 @@ pub enum RecordError {
 pub struct RecordOutcome {
     pub summary: Summary,
     /// What `vmtrace record` exits with: the traced command's status, or
-    /// 128+signal when vmtrace itself was stopped by one.
+    /// 128+signal when vmtrace itself was stopped by one; 1 when the command
+    /// succeeded but an output could not be written.
     pub exit_status: i32,
+    /// Outputs that could not be written (each named on stderr).
+    pub write_failures: Vec<report::WriteFailure>,
 }
 
 /// Creates `dir` and proves it writable before anything runs.
@@ -166,34 +169,61 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     session.source_mut().detach_all(opts.detach == Detach::Parallel);
     let Finished { mut summary, stacks, mm_sites } = session.finish(info);
     summary.perf = perf;
-    let out_err = |err| RecordError::OutDir { path: opts.out.clone(), err };
     if let Some(st) = summary.stacks.as_mut() {
-        st.files = report::write_flamegraphs(&opts.out, &stacks, st, &summary.sampling).map_err(out_err)?;
+        st.files = report::flamegraph_files();
     }
-    if opts.has(EventFamily::Mmap) {
-        report::write_mm_flamegraphs(&opts.out, &mm_sites).map_err(out_err)?;
-    }
-    report::write_all(&opts.out, &summary).map_err(out_err)?;
+    let stack_outputs = report::StackOutputs {
+        faults: summary.stacks.is_some().then_some(stacks.as_slice()),
+        mm_sites: opts.has(EventFamily::Mmap).then_some(mm_sites.as_slice()),
+    };
+    let write_failures = report::write_recording(&opts.out, &summary, &stack_outputs);
     if opts.print_summary {
-        let text = format!(
-            "{}\nwritten: {}/summary.json, summary.txt, report.html\n",
-            report::text::render(&summary),
-            opts.out.display()
-        );
+        let main_files = ["summary.json", "summary.txt", "report.html"];
+        let ok: Vec<&str> = main_files.into_iter().filter(|f| write_failures.iter().all(|w| w.file != *f)).collect();
+        let written = if ok.is_empty() {
+            String::new()
+        } else {
+            format!("\nwritten: {}/{}\n", opts.out.display(), ok.join(", "))
+        };
         // stdout is the traced command's (or the JSON stream's), as for
         // `time` and `perf stat`: the summary goes to stderr.
-        eprint!("{text}");
+        eprint!("{}{written}", report::text::render(&summary));
     }
     if let (Some(c), None, None) = (child.as_ref(), summary.target.exit_status, signalled) {
         // --duration ended the trace, not the command: it goes on, untraced.
         eprintln!("vmtrace: --duration reached: tracing stopped; the command goes on running untraced (pid {})", c.pid);
     }
-    let exit_status = match (summary.target.exit_status, signalled) {
+    let command_status = match (summary.target.exit_status, signalled) {
         (Some(st), _) => st,
         (None, Some(sig)) => 128 + sig,
         (None, None) => 0,
     };
-    Ok(RecordOutcome { summary, exit_status })
+    let exit_status = report_write_failures(&opts.out, &write_failures, command_status);
+    Ok(RecordOutcome { summary, exit_status, write_failures })
+}
+
+/// Names each output that could not be written, on stderr, and returns the
+/// exit status: the command's, or 1 when the command succeeded but vmtrace
+/// did not (the contract: vmtrace's own failure exits non-zero).
+fn report_write_failures(dir: &Path, failures: &[report::WriteFailure], command_status: i32) -> i32 {
+    if failures.is_empty() {
+        return command_status;
+    }
+    for f in failures {
+        eprintln!("vmtrace: error: cannot write {}/{f}", dir.display());
+    }
+    let out_of_space = failures.iter().any(|f| f.err.raw_os_error() == Some(libc::ENOSPC));
+    eprintln!(
+        "vmtrace: error: {} output file(s) not written (the others were){}; the command exited with status {command_status}",
+        failures.len(),
+        if out_of_space { ", the disk is full" } else { "" },
+    );
+    eprintln!("hint: free space or choose another directory with --out DIR");
+    if command_status == 0 {
+        1
+    } else {
+        command_status
+    }
 }
 
 /// Perf counters, and data-address sampling where the PMU allows it.
@@ -348,5 +378,23 @@ fn wait_for_end(
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return None;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_output_fails_vmtrace_but_keeps_the_commands_own_failure() {
+        let full = || {
+            vec![report::WriteFailure { file: "mmap.svg".into(), err: std::io::Error::from_raw_os_error(libc::ENOSPC) }]
+        };
+        let dir = Path::new("/x");
+        assert_eq!(report_write_failures(dir, &[], 0), 0);
+        assert_eq!(report_write_failures(dir, &[], 3), 3);
+        assert_eq!(report_write_failures(dir, &full(), 0), 1);
+        assert_eq!(report_write_failures(dir, &full(), 3), 3);
+        assert_eq!(report_write_failures(dir, &full(), 130), 130);
     }
 }
