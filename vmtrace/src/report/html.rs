@@ -126,7 +126,7 @@ fn process_table(s: &Summary) -> String {
     procs.sort_by_key(|p| std::cmp::Reverse(p.faults.time_ns));
     for p in procs.iter().take(30) {
         let f = &p.faults;
-        let q = |q: f64| f.latency_hist_ns.quantile_bound(q).map_or("-".into(), fmt_ns);
+        let q = |q: f64| f.latency_hist_ns.table_quantile_bound(q).map_or("-".into(), fmt_ns);
         let _ = write!(
             t,
             "<tr><td>{}</td><td class='l'>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\

@@ -2,6 +2,7 @@
 pub mod html;
 pub mod stream;
 pub mod text;
+pub mod words;
 
 use std::{fs, io, path::Path};
 
