@@ -59,6 +59,9 @@ pub struct Session<S: AggregateSource = Probes> {
     /// Ring-buffer records too short for their kind.
     malformed_events: u64,
     started: Instant,
+    /// When the trace proper ended (see [`Self::stop_clock`]); until then the
+    /// summary's duration runs to when it is built.
+    stopped: Option<Instant>,
     /// CLOCK_MONOTONIC at `started`, the clock of kernel event timestamps.
     started_mono_ns: u64,
     /// 1 in how many minor faults is timed, as the kernel programs were attached.
@@ -140,6 +143,7 @@ impl<S: AggregateSource> Session<S> {
             table: ProcessTable::default(),
             malformed_events: 0,
             started: now,
+            stopped: None,
             started_mono_ns: monotonic_ns(),
             flight: FlightRecorder::new(now),
             maps_refresh: MapsRefresh::new(now),
@@ -208,6 +212,12 @@ impl<S: AggregateSource> Session<S> {
         self.started = Instant::now();
         self.timeline.restart(self.started, self.source.totals());
         self.started_mono_ns = monotonic_ns();
+    }
+
+    /// Marks the end of the trace proper: the summary's duration is from
+    /// `start_clock` to here, not to the end of detaching and report building.
+    pub fn stop_clock(&mut self) {
+        self.stopped = Some(Instant::now());
     }
 
     /// Seconds since the start for a kernel timestamp.
@@ -389,7 +399,7 @@ impl<S: AggregateSource> Session<S> {
         });
         let attributed = families.regions.then(|| self.build_regions());
         let mm = self.mm_totals();
-        let duration_s = self.seconds_at(now());
+        let duration_s = self.seconds_at(self.stopped.unwrap_or_else(&now));
         let stats = self.stats_totals();
         let drops = self.source.drops();
         let pids = assemble::summary_pids(

@@ -178,3 +178,12 @@ fn an_oom_kill_carries_the_flight_recorders_rate() {
     assert!(r.fault_rate_per_s.is_some_and(|v| (v - 400.0).abs() < 1e-6), "{:?}", r.fault_rate_per_s);
     assert_eq!(r.victim_faults, Some(400));
 }
+
+#[test]
+fn the_duration_ends_when_tracing_stopped_not_after_the_reports() {
+    let mut s = session(FakeSource::new(16), SessionOptions::new(Families::default()));
+    s.stopped = Some(s.started + ms(250));
+    // Detaching and building the summary took another 700 ms.
+    let f = finish_at(s, ms(950));
+    assert!((f.summary.duration_s - 0.25).abs() < 1e-9, "{}", f.summary.duration_s);
+}
