@@ -382,7 +382,8 @@ fn wait_for_end(
     let mut rates = crate::model::RateKeeper::default();
     let mut next_line = opts.stream_interval.map(|i| session.started() + i);
     loop {
-        session.poll(Duration::from_millis(100));
+        // Often enough for every point of the fault-rate timeline.
+        session.poll(crate::collect::timeline::TICK);
         if let (Some(at), Some(every)) = (next_line, opts.stream_interval) {
             if Instant::now() >= at {
                 let snap = session.live_snapshot(crate::collect::live::LiveScope::Running);

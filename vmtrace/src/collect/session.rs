@@ -29,6 +29,9 @@ use crate::{
     stacks::{symbolize::Names, StackMode},
 };
 
+/// The storm detector's window: IPIs per second are judged over this.
+const STORM_TICK: Duration = Duration::from_millis(100);
+
 /// The live snapshot: a child module, for the session's private state.
 #[path = "live.rs"]
 pub mod live;
@@ -69,6 +72,8 @@ pub struct Session<S: AggregateSource = Probes> {
     flight: FlightRecorder,
     maps_refresh: MapsRefresh,
     storms: StormDetector,
+    /// The storm detector's last window.
+    last_storm_tick: Instant,
     /// IPIs per call site at the last tick (for storm culprits).
     last_sites: HashMap<MmStackKey, u64>,
     timeline: TimelineRecorder,
@@ -148,6 +153,7 @@ impl<S: AggregateSource> Session<S> {
             flight: FlightRecorder::new(now),
             maps_refresh: MapsRefresh::new(now),
             storms: StormDetector::new(opts.storm_threshold),
+            last_storm_tick: now,
             last_sites: HashMap::new(),
             timeline: TimelineRecorder::new(now),
         }
@@ -211,6 +217,7 @@ impl<S: AggregateSource> Session<S> {
     pub fn start_clock(&mut self) {
         self.started = Instant::now();
         self.timeline.restart(self.started, self.source.totals());
+        self.last_storm_tick = self.started;
         self.started_mono_ns = monotonic_ns();
     }
 
@@ -239,7 +246,11 @@ impl<S: AggregateSource> Session<S> {
     fn step(&mut self, now: Instant) {
         self.drain_at(now);
         if self.timeline.due(now) {
-            self.tick(now);
+            self.timeline.push(now, self.source.totals());
+        }
+        if self.opts.families.tlb && now.saturating_duration_since(self.last_storm_tick) >= STORM_TICK {
+            self.last_storm_tick = now;
+            self.storm_tick(self.seconds_at(now));
         }
         self.record_history(now);
         if self.opts.stacks.is_some() {
@@ -247,7 +258,7 @@ impl<S: AggregateSource> Session<S> {
         }
     }
 
-    /// Every 100 ms: the fault-rate timeline and the storm window.
+    /// The last timeline point and storm window (at the end of the trace).
     fn tick(&mut self, now: Instant) {
         self.timeline.push(now, self.source.totals());
         if self.opts.families.tlb {

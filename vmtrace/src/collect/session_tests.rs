@@ -112,16 +112,17 @@ fn drops_and_malformed_records_are_counted() {
 fn timeline_bins_are_faults_per_tick() {
     let mut s = session(FakeSource::new(16), SessionOptions::new(Families::default()));
     let t0 = s.started;
-    for (at, totals) in [(100, (50, 1)), (150, (60, 1)), (200, (80, 2)), (300, (80, 2))] {
+    // Ticks every 20 ms (`timeline::TICK`).
+    for (at, totals) in [(20, (50, 1)), (30, (60, 1)), (40, (80, 2)), (60, (80, 2))] {
         s.source_mut().totals = totals;
         s.step(t0 + ms(at));
     }
     s.source_mut().totals = (95, 5);
-    let tl = finish_at(s, ms(330)).summary.timeline.expect("timeline");
-    // 150 ms was not a tick: its faults land in the 200 ms bin; the last bin is partial.
+    let tl = finish_at(s, ms(66)).summary.timeline.expect("timeline");
+    // 30 ms was not a tick: its faults land in the 40 ms bin; the last bin is partial.
     assert_eq!(tl.faults, [50, 30, 0, 15]);
     assert_eq!(tl.major, [1, 1, 0, 3]);
-    assert!((tl.interval_s - 0.1).abs() < 1e-12);
+    assert!((tl.interval_s - 0.02).abs() < 1e-12);
 }
 
 #[test]
