@@ -1,4 +1,5 @@
 //! What a trace leaves behind: `summary.json` (for tools) and `summary.txt` (for people).
+pub mod charts;
 pub mod html;
 pub mod stream;
 pub mod text;
@@ -87,7 +88,7 @@ pub fn write_recording(dir: &Path, s: &Summary, stacks: &StackOutputs) -> Vec<Wr
 
 const FAULT_GRAPHS: [(Weight, &str, &str); 3] = [
     (Weight::Faults, "Page faults by call stack", "faults"),
-    (Weight::TimeNs, "Time in the fault handler by call stack", "ns"),
+    (Weight::TimeNs, "Fault-handler time by call stack", "ns"),
     (Weight::Major, "Major faults by call stack", "faults"),
 ];
 
@@ -105,6 +106,7 @@ fn write_flamegraphs(w: &mut Writer, stacks: &[Stack], st: &StacksSummary, sampl
     // Say plainly what the total is and where it is an estimate.
     let how = if n > 1 {
         let slow = match st.exact_faults {
+            0 => "no slow faults".to_string(),
             1 => "the 1 slow fault (slept or huge) with its own stack".to_string(),
             k => format!("all {k} slow faults (slept or huge) with their own stacks"),
         };
@@ -120,7 +122,13 @@ fn write_flamegraphs(w: &mut Writer, stacks: &[Stack], st: &StacksSummary, sampl
     for (weight, title, unit) in FAULT_GRAPHS {
         let f = flamegraph::folded(stacks, weight);
         let total = flamegraph::total(&f);
-        let total_text = if weight == Weight::TimeNs { fmt_ns(total) } else { format!("{total} {unit}") };
+        // A scaled total is an estimate: say so in the number too.
+        let total_text = match (weight, n > 1) {
+            (Weight::TimeNs, true) => format!("≈{}", fmt_ns(total)),
+            (Weight::TimeNs, false) => fmt_ns(total),
+            (_, true) => format!("{} {unit}", words::approx(total)),
+            (_, false) => format!("{total} {unit}"),
+        };
         let extra = if weight == Weight::TimeNs { format!("{timing}{how}") } else { how.clone() };
         w.flamegraph(weight.file_stem(), &f, &format!("{title} — {total_text} ({extra})"), unit);
     }

@@ -1,5 +1,6 @@
 //! Plain words for what the tables and the report say about a recording:
-//! probes that differ from the preferred ones, long command lines.
+//! probes that differ from the preferred ones, long command lines, counts
+//! and estimates.
 use crate::model::Summary;
 
 /// What differs from the preferred probes on this kernel, each once, and
@@ -70,6 +71,31 @@ pub fn short_cmdline(cmdline: &str, max: usize) -> String {
     format!("{start}…{end}")
 }
 
+/// 65710 → "65,710": counts people read.
+pub fn thousands(v: u64) -> String {
+    let digits = v.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// An estimate, to the precision it has: 66752 → "≈66.8k", 742 → "≈742".
+pub fn approx(v: u64) -> String {
+    let f = v as f64;
+    if f >= 1e6 {
+        format!("≈{:.1}M", f / 1e6)
+    } else if f >= 1e4 {
+        format!("≈{:.1}k", f / 1e3)
+    } else {
+        format!("≈{v}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,6 +133,16 @@ mod tests {
                 "  OOM constraint and memcg: not hooked; derived from the cgroup instead",
             ]
         );
+    }
+
+    #[test]
+    fn numbers_in_words() {
+        assert_eq!(thousands(65_710), "65,710");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1_000_000), "1,000,000");
+        assert_eq!(approx(66_752), "≈66.8k");
+        assert_eq!(approx(742), "≈742");
+        assert_eq!(approx(2_500_000), "≈2.5M");
     }
 
     #[test]
