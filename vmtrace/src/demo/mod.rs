@@ -277,7 +277,8 @@ pub fn run(out: &Path) -> Result<i32, DemoError> {
 const GETRUSAGE_NOTE: &str =
     "GETRUSAGE: the faults each workload process counted itself (getrusage), read when it reports,\n\
      just before it exits; writing that report and exiting fault a little more, so FAULTS is a\n\
-     few faults higher per process (more in the COW rows: three processes each).";
+     few faults higher per process. In the COW rows ~100 higher: three processes, and a forked\n\
+     worker shares its pages with its parent, so even writing its report copies pages.";
 
 fn find<'a>(rows: &'a [Row], name: &str) -> Option<&'a Row> {
     rows.iter().find(|r| r.scenario == name)
@@ -365,7 +366,7 @@ pub fn comparison(rows: &[Row]) -> String {
 }
 
 fn demo_html(rows: &[Row], sections: &[(String, String, Summary)], out: &Path) -> String {
-    let mut b = String::from("<h2>Scenarios</h2><table><tr><th class='l'>scenario</th><th class='l'>what</th><th>faults</th><th>major</th><th>COW</th><th>fault time</th><th>shootdown IPIs</th><th>storms</th><th>getrusage</th></tr>");
+    let mut b = String::from("<h2>Scenarios</h2><div class='scroll'><table><tr><th class='l'>scenario</th><th class='l'>what</th><th>faults</th><th>major</th><th>COW</th><th>fault time</th><th>shootdown IPIs</th><th>storms</th><th>getrusage</th></tr>");
     for r in rows {
         let cells = r.cells().iter().fold(String::new(), |mut acc, c| {
             let _ = write!(acc, "<td>{}</td>", html::escape(c));
@@ -380,7 +381,7 @@ fn demo_html(rows: &[Row], sections: &[(String, String, Summary)], out: &Path) -
     }
     let _ = write!(
         b,
-        "</table><p class='note'>{}</p><h3>What it shows</h3><pre>{}</pre>",
+        "</table></div><p class='note'>{}</p><h3>What it shows</h3><pre class='wrap'>{}</pre>",
         html::escape(&GETRUSAGE_NOTE.replace('\n', " ")),
         html::escape(comparison(rows).split("What it shows:").nth(1).unwrap_or("").trim_start_matches('\n'))
     );

@@ -42,7 +42,7 @@ h3{font-size:15px}.scroll{overflow-x:auto}\
 table{border-collapse:collapse;margin:8px 0}td,th{padding:3px 9px;border-bottom:1px solid #eee;text-align:right;\
 vertical-align:top}td{white-space:nowrap}td:first-child,th:first-child,td.l,th.l{text-align:left}\
 th{background:#f4f4f4}td.w{white-space:normal;overflow-wrap:anywhere;min-width:16em;max-width:40em}\
-pre{background:#f8f8f8;padding:10px;overflow-x:auto;font-size:12px}img.flame{width:100%;border:1px solid #ddd}\
+pre{background:#f8f8f8;padding:10px;overflow-x:auto;font-size:12px}pre.wrap{white-space:pre-wrap}img.flame{width:100%;border:1px solid #ddd}\
 svg.chart{width:100%;max-width:1100px;height:auto}li.w{overflow-wrap:anywhere}details p{overflow-wrap:anywhere;font-family:monospace;font-size:12px}\
 .note{color:#666}.bad{color:#b00;font-weight:bold}";
 
@@ -138,11 +138,30 @@ fn process_section(s: &Summary) -> String {
             ]
         })
         .collect();
+    let mut head = vec![
+        "pid",
+        "l comm",
+        "faults",
+        "minor",
+        "major",
+        "write",
+        "COW",
+        "fault time",
+        "p50",
+        "p99",
+        "exit",
+        "l command",
+    ];
+    let mut rows = rows;
+    // No shared names: no command column.
+    if rows.iter().all(|r| r.last().is_some_and(String::is_empty)) {
+        head.pop();
+        for r in &mut rows {
+            r.pop();
+        }
+    }
     let mut out = String::from("<h2>Processes</h2>");
-    out.push_str(&table(
-        &["pid", "l comm", "faults", "minor", "major", "write", "COW", "fault time", "p50", "p99", "exit", "l command"],
-        &rows,
-    ));
+    out.push_str(&table(&head, &rows));
     if procs.len() > 30 {
         let _ = write!(out, "<p class='note'>{} more processes in summary.json.</p>", procs.len() - 30);
     }
