@@ -29,7 +29,8 @@ use crate::{
     stacks::{symbolize::Names, StackMode},
 };
 
-/// The storm detector's window: IPIs per second are judged over this.
+/// The storm detector's window (IPIs per second are judged over it), and the
+/// cadence of the other housekeeping (flight recorder, maps of young processes).
 const STORM_TICK: Duration = Duration::from_millis(100);
 
 /// The live snapshot: a child module, for the session's private state.
@@ -72,7 +73,7 @@ pub struct Session<S: AggregateSource = Probes> {
     flight: FlightRecorder,
     maps_refresh: MapsRefresh,
     storms: StormDetector,
-    /// The storm detector's last window.
+    /// The storm detector's last window, and the last housekeeping.
     last_storm_tick: Instant,
     /// IPIs per call site at the last tick (for storm culprits).
     last_sites: HashMap<MmStackKey, u64>,
@@ -248,8 +249,13 @@ impl<S: AggregateSource> Session<S> {
         if self.timeline.due(now) {
             self.timeline.push(now, self.source.totals());
         }
-        if self.opts.families.tlb && now.saturating_duration_since(self.last_storm_tick) >= STORM_TICK {
-            self.last_storm_tick = now;
+        // The rest keeps its 100 ms cadence however often `record` polls for
+        // the timeline: the maps of young processes are re-read on each of these.
+        if now.saturating_duration_since(self.last_storm_tick) < STORM_TICK {
+            return;
+        }
+        self.last_storm_tick = now;
+        if self.opts.families.tlb {
             self.storm_tick(self.seconds_at(now));
         }
         self.record_history(now);
