@@ -215,7 +215,8 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
 /// would otherwise wait for the prompt. The programs no longer count
 /// (`stop_counting`); the child holds their file descriptors, so vmtrace's
 /// own closes are cheap, and the last close (the slow one) is the child's.
-/// Where fork fails, the detach happens at vmtrace's exit as before.
+/// Where fork fails, the programs are detached as vmtrace drops them (one by
+/// one, the slowest way, but still detached).
 fn detach_after_exit() {
     let mut pipe = [0i32; 2];
     // SAFETY: pipe2 fills the two-int array it is given.
