@@ -51,7 +51,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 storm_threshold: a.storm_threshold,
                 stream_interval: a.stream.map(|_| a.interval),
                 print_summary: true,
-                detach: record::Detach::Parallel,
+                detach: record::Detach::AfterExit,
             })?;
             Ok(outcome.exit_status)
         }

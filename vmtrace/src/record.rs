@@ -48,11 +48,14 @@ pub struct RecordOptions {
 /// is forked after the recording: glibc keeps finished threads' stacks and
 /// arenas, and a later child touches them all before its exec, in faults the
 /// kernel counts and vmtrace cannot see. Measured in docs/performance.md
-/// ("Exit after the command").
+/// ("Exit after the command"). `AfterExit` (the CLI): the programs, stopped,
+/// are detached by a child process once vmtrace has exited, so the shell
+/// gets its prompt back without waiting ~0.6 s for RCU grace periods.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Detach {
     Sequential,
     Parallel,
+    AfterExit,
 }
 
 impl RecordOptions {
@@ -80,8 +83,11 @@ pub enum RecordError {
 pub struct RecordOutcome {
     pub summary: Summary,
     /// What `vmtrace record` exits with: the traced command's status, or
-    /// 128+signal when vmtrace itself was stopped by one.
+    /// 128+signal when vmtrace itself was stopped by one; 1 when the command
+    /// succeeded but an output could not be written.
     pub exit_status: i32,
+    /// Outputs that could not be written (each named on stderr).
+    pub write_failures: Vec<report::WriteFailure>,
 }
 
 /// Creates `dir` and proves it writable before anything runs.
@@ -155,6 +161,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     let signalled = wait_for_end(&mut session, opts, child.as_ref(), &mut info, perf.as_mut(), &mut usage);
     // Exit events of the last processes may still be in flight.
     session.poll(Duration::from_millis(10));
+    session.stop_clock();
     // The command's own counts, read before reaping it, replace the exit hook's read.
     if let (Some(c), Some((minor, major))) = (child.as_ref(), usage) {
         session.set_kernel_accounting(c.pid, KernelAccounting { minor, major });
@@ -163,37 +170,113 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     // counters (processes may go on faulting while the reports are built).
     session.source_mut().stop_counting();
     let perf = perf.map(PerfProbe::finish);
-    session.source_mut().detach_all(opts.detach == Detach::Parallel);
+    match opts.detach {
+        Detach::AfterExit => detach_after_exit(),
+        d => session.source_mut().detach_all(d == Detach::Parallel),
+    }
     let Finished { mut summary, stacks, mm_sites } = session.finish(info);
     summary.perf = perf;
-    let out_err = |err| RecordError::OutDir { path: opts.out.clone(), err };
     if let Some(st) = summary.stacks.as_mut() {
-        st.files = report::write_flamegraphs(&opts.out, &stacks, st, &summary.sampling).map_err(out_err)?;
+        st.files = report::flamegraph_files();
     }
-    if opts.has(EventFamily::Mmap) {
-        report::write_mm_flamegraphs(&opts.out, &mm_sites).map_err(out_err)?;
-    }
-    report::write_all(&opts.out, &summary).map_err(out_err)?;
+    let stack_outputs = report::StackOutputs {
+        faults: summary.stacks.is_some().then_some(stacks.as_slice()),
+        mm_sites: opts.has(EventFamily::Mmap).then_some(mm_sites.as_slice()),
+    };
+    let write_failures = report::write_recording(&opts.out, &summary, &stack_outputs);
     if opts.print_summary {
-        let text = format!(
-            "{}\nwritten: {}/summary.json, summary.txt, report.html\n",
-            report::text::render(&summary),
-            opts.out.display()
-        );
+        let main_files = ["summary.json", "summary.txt", "report.html"];
+        let ok: Vec<&str> = main_files.into_iter().filter(|f| write_failures.iter().all(|w| w.file != *f)).collect();
+        let written = if ok.is_empty() {
+            String::new()
+        } else {
+            format!("\nwritten: {}/{}\n", opts.out.display(), ok.join(", "))
+        };
         // stdout is the traced command's (or the JSON stream's), as for
         // `time` and `perf stat`: the summary goes to stderr.
-        eprint!("{text}");
+        eprint!("{}{written}", report::text::render(&summary));
     }
     if let (Some(c), None, None) = (child.as_ref(), summary.target.exit_status, signalled) {
         // --duration ended the trace, not the command: it goes on, untraced.
         eprintln!("vmtrace: --duration reached: tracing stopped; the command goes on running untraced (pid {})", c.pid);
     }
-    let exit_status = match (summary.target.exit_status, signalled) {
+    let command_status = match (summary.target.exit_status, signalled) {
         (Some(st), _) => st,
         (None, Some(sig)) => 128 + sig,
         (None, None) => 0,
     };
-    Ok(RecordOutcome { summary, exit_status })
+    let exit_status = report_write_failures(&opts.out, &write_failures, command_status);
+    Ok(RecordOutcome { summary, exit_status, write_failures })
+}
+
+/// Leaves the detaching of every program to a child process that waits for
+/// vmtrace to exit: a classic tracepoint's detach waits for RCU grace periods
+/// under a kernel mutex (~0.6 s for the syscall hooks here), time the user
+/// would otherwise wait for the prompt. The programs no longer count
+/// (`stop_counting`); the child holds their file descriptors, so vmtrace's
+/// own closes are cheap, and the last close (the slow one) is the child's.
+/// Where fork fails, the programs are detached as vmtrace drops them (one by
+/// one, the slowest way, but still detached).
+fn detach_after_exit() {
+    let mut pipe = [0i32; 2];
+    // SAFETY: pipe2 fills the two-int array it is given.
+    if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return;
+    }
+    // SAFETY: /dev/null opened before the fork; the child only makes
+    // async-signal-safe calls (setsid, dup2, close, read, close_range, _exit).
+    let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    // SAFETY: see above.
+    match unsafe { libc::fork() } {
+        0 => unsafe {
+            libc::setsid();
+            if null >= 0 {
+                for fd in 0..3 {
+                    libc::dup2(null, fd);
+                }
+            }
+            libc::close(pipe[1]);
+            // EOF once vmtrace (the only holder of the write end) has exited.
+            let mut b = 0u8;
+            while libc::read(pipe[0], (&raw mut b).cast(), 1) < 0 && *libc::__errno_location() == libc::EINTR {}
+            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+            libc::_exit(0);
+        },
+        pid if pid < 0 => log::debug!("fork for the detach failed: {}", std::io::Error::last_os_error()),
+        _ => {}
+    }
+    // SAFETY: closing fds this function opened; the write end stays open
+    // (close-on-exec) until vmtrace exits.
+    unsafe {
+        libc::close(pipe[0]);
+        if null >= 0 {
+            libc::close(null);
+        }
+    }
+}
+
+/// Names each output that could not be written, on stderr, and returns the
+/// exit status: the command's, or 1 when the command succeeded but vmtrace
+/// did not (the contract: vmtrace's own failure exits non-zero).
+fn report_write_failures(dir: &Path, failures: &[report::WriteFailure], command_status: i32) -> i32 {
+    if failures.is_empty() {
+        return command_status;
+    }
+    for f in failures {
+        eprintln!("vmtrace: error: cannot write {}/{f}", dir.display());
+    }
+    let out_of_space = failures.iter().any(|f| f.err.raw_os_error() == Some(libc::ENOSPC));
+    eprintln!(
+        "vmtrace: error: {} output file(s) not written (the others were){}; the command exited with status {command_status}",
+        failures.len(),
+        if out_of_space { ", the disk is full" } else { "" },
+    );
+    eprintln!("hint: free space or choose another directory with --out DIR");
+    if command_status == 0 {
+        1
+    } else {
+        command_status
+    }
 }
 
 /// Perf counters, and data-address sampling where the PMU allows it.
@@ -300,7 +383,8 @@ fn wait_for_end(
     let mut rates = crate::model::RateKeeper::default();
     let mut next_line = opts.stream_interval.map(|i| session.started() + i);
     loop {
-        session.poll(Duration::from_millis(100));
+        // Often enough for every point of the fault-rate timeline.
+        session.poll(crate::collect::timeline::TICK);
         if let (Some(at), Some(every)) = (next_line, opts.stream_interval) {
             if Instant::now() >= at {
                 let snap = session.live_snapshot(crate::collect::live::LiveScope::Running);
@@ -348,5 +432,23 @@ fn wait_for_end(
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return None;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_output_fails_vmtrace_but_keeps_the_commands_own_failure() {
+        let full = || {
+            vec![report::WriteFailure { file: "mmap.svg".into(), err: std::io::Error::from_raw_os_error(libc::ENOSPC) }]
+        };
+        let dir = Path::new("/x");
+        assert_eq!(report_write_failures(dir, &[], 0), 0);
+        assert_eq!(report_write_failures(dir, &[], 3), 3);
+        assert_eq!(report_write_failures(dir, &full(), 0), 1);
+        assert_eq!(report_write_failures(dir, &full(), 3), 3);
+        assert_eq!(report_write_failures(dir, &full(), 130), 130);
     }
 }

@@ -51,7 +51,9 @@ fn demo_runs_every_scenario_and_reports_what_it_shows() {
         html.contains("data:image/svg+xml;base64,") && html.contains("<polyline"),
         "flamegraphs and timeline inline"
     );
-    render_in_chromium(&out.join("report.html"));
+    // A wide screen and a narrow one.
+    render_in_chromium(&out.join("report.html"), 1400);
+    render_in_chromium(&out.join("report.html"), 800);
 }
 
 /// `file://` URL of a path, percent-encoded: a checkout path may hold spaces.
@@ -69,13 +71,14 @@ fn file_url(path: &std::path::Path) -> String {
     url
 }
 
-/// Opens the page in headless Chromium: no console errors, a non-blank screenshot.
-fn render_in_chromium(page: &std::path::Path) {
+/// Opens the page in headless Chromium `width` pixels wide: no console
+/// errors, a non-blank screenshot.
+fn render_in_chromium(page: &std::path::Path, width: u32) {
     let browser = ["chromium", "chromium-browser", "google-chrome"]
         .into_iter()
         .find(|b| Command::new(b).arg("--version").output().is_ok_and(|o| o.status.success()))
         .expect("headless Chromium is needed to check report.html (cargo xtask test installs the Debian package `chromium`)");
-    let shot = page.with_file_name("report.png");
+    let shot = page.with_file_name(format!("report-{width}.png"));
     let profile = tempfile::tempdir().unwrap();
     let out = Command::new(browser)
         .args([
@@ -88,8 +91,8 @@ fn render_in_chromium(page: &std::path::Path) {
             "--no-first-run",
             "--enable-logging=stderr",
             "--v=0",
-            "--window-size=1280,2400",
         ])
+        .arg(format!("--window-size={width},2400"))
         .arg(format!("--user-data-dir={}", profile.path().display()))
         .arg(format!("--screenshot={}", shot.display()))
         .arg(file_url(page))

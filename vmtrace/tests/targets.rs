@@ -217,3 +217,54 @@ fn duration_with_a_command_stops_tracing_and_leaves_it_running() {
         libc::kill(pid, libc::SIGKILL);
     }
 }
+
+/// A tmpfs of `kib` KiB mounted on a fresh directory, unmounted on drop.
+struct TinyDisk(tempfile::TempDir);
+
+impl TinyDisk {
+    fn mount(kib: u32) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={kib}k"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mounting a {kib} KiB tmpfs");
+        Self(dir)
+    }
+}
+
+impl Drop for TinyDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+#[test]
+fn a_full_disk_keeps_the_summary_and_names_every_file_it_lost() {
+    privileged!();
+    // summary.json takes ~50-70 KiB, the whole set ~250 KiB: the summary
+    // fits, the flamegraphs and report.html do not all.
+    for (cmd, want) in [("exit 0", 1), ("exit 3", 3)] {
+        let disk = TinyDisk::mount(160);
+        let out = disk.0.path().join("out");
+        let vm = vmtrace().args(["record", "--out"]).arg(&out).args(["--", "sh", "-c", cmd]).output().unwrap();
+        let err = String::from_utf8_lossy(&vm.stderr).into_owned();
+        assert!(!err.contains("panicked"), "{err}");
+        // The command's failure stays its own; a command that succeeded gets
+        // 1 for vmtrace's failure (the contract: non-zero, said on stderr).
+        assert_eq!(vm.status.code(), Some(want), "{cmd}:\n{err}");
+        assert!(err.contains("Page faults by process"), "the summary is still printed:\n{err}");
+        assert!(err.contains("output file(s) not written") && err.contains("the disk is full"), "{err}");
+        let json = std::fs::read_to_string(out.join("summary.json")).expect("summary.json is written first");
+        let _: serde_json::Value = serde_json::from_str(&json).expect("and whole");
+        assert!(out.join("summary.txt").exists(), "summary.txt comes second:\n{err}");
+        let all = ["regions.txt", "faults.svg", "faults.folded", "fault-time.svg", "mmap.svg", "report.html"];
+        let lost: Vec<&str> = all.iter().copied().filter(|f| !out.join(f).exists()).collect();
+        assert!(!lost.is_empty(), "160 KiB cannot hold every output");
+        for f in lost {
+            assert!(err.contains(&format!("cannot write {}/{f}: ", out.display())), "{f} is named:\n{err}");
+        }
+    }
+}

@@ -1,4 +1,5 @@
-//! `vmtrace top` in a real pseudo-terminal: tmux runs it at 80×24, the test
+//! `vmtrace top` in a real pseudo-terminal: tmux runs it at 80×24 (and 60 or
+//! 200 columns), the test
 //! reads the screen with capture-pane and drives it with send-keys (privileged).
 mod common;
 
@@ -20,13 +21,30 @@ struct Tmux {
 impl Tmux {
     /// Runs `vmtrace ARGS` in an 80×24 window; its exit status lands in a file.
     fn start(name: &str, args: &[&str]) -> Self {
+        Self::start_sized(name, 80, args)
+    }
+
+    /// The same in a window `width` columns wide.
+    fn start_sized(name: &str, width: u16, args: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let socket = format!("vmtrace-test-{name}-{}", std::process::id());
         let status = dir.path().join("status");
         let quoted: Vec<String> = std::iter::once(BIN).chain(args.iter().copied()).map(|a| format!("'{a}'")).collect();
         let script = format!("{}; echo $? > '{}'; sleep 600", quoted.join(" "), status.display());
         let ok = Command::new("tmux")
-            .args(["-L", &socket, "-f", "/dev/null", "new-session", "-d", "-x", "80", "-y", "24", &script])
+            .args([
+                "-L",
+                &socket,
+                "-f",
+                "/dev/null",
+                "new-session",
+                "-d",
+                "-x",
+                &width.to_string(),
+                "-y",
+                "24",
+                &script,
+            ])
             .env("TERM", "xterm-256color")
             .status()
             .expect("tmux is needed for this test (apt-get install tmux)")
@@ -153,22 +171,41 @@ fn top_shows_a_running_workloads_pid_and_fault_rate_and_answers_keys() {
     assert!(vmtrace::target::pid_alive(pid), "top must not stop a process it only watches");
 }
 
+/// The table row whose second cell is `comm`.
+fn row_named<'a>(screen: &'a str, comm: &str) -> Option<Vec<&'a str>> {
+    screen.lines().map(|l| l.split_whitespace().collect::<Vec<_>>()).find(|w| w.get(1) == Some(&comm))
+}
+
 #[test]
 fn top_runs_a_command_and_says_when_it_ended() {
     privileged!();
-    let tmux = Tmux::start("cmd", &["top", "--", BIN, "workload", "touch", "--mib", "64"]);
-    let screen =
-        tmux.wait_for("the end banner", Duration::from_secs(20), |s| s.contains("command exited with status 0"));
-    assert!(screen.contains("vmtrace workload touch"), "the title names the command:\n{screen}");
-    // Its faults stay counted once it is gone: 64 MiB is 16,384 pages.
-    let total = screen
-        .lines()
-        .next()
-        .and_then(|l| l.split(" · ").find(|p| p.ends_with(" faults")))
-        .map_or(0.0, |p| parse_human(p.trim_end_matches(" faults")));
-    assert!(total >= 16_300.0, "total faults in the title: {total}\n{screen}");
-    tmux.keys("q");
-    assert_eq!(tmux.exit_status(Duration::from_secs(20)), 0);
+    for width in [60, 200] {
+        let tmux =
+            Tmux::start_sized(&format!("cmd{width}"), width, &["top", "--", BIN, "workload", "touch", "--mib", "64"]);
+        let screen =
+            tmux.wait_for("the end banner", Duration::from_secs(20), |s| s.contains("command exited with status 0"));
+        assert!(screen.contains("vmtrace workload touch"), "the title names the command:\n{screen}");
+        // Its faults stay counted once it is gone: 64 MiB is 16,384 pages.
+        // (At 60 columns the title takes two lines.)
+        let total = screen
+            .lines()
+            .take(2)
+            .flat_map(|l| l.split(" · "))
+            .find(|p| p.trim_end().ends_with(" faults"))
+            .map(str::trim_end)
+            .map_or(0.0, |p| parse_human(p.trim_end_matches(" faults")));
+        assert!(total >= 16_300.0, "total faults in the title: {total}\n{screen}");
+        // The final table stays: the command's row, with its whole count in
+        // the last column, refresh after refresh.
+        sleep(Duration::from_millis(2500));
+        let screen = tmux.screen();
+        let row = row_named(&screen, "vmtrace").unwrap_or_else(|| panic!("{width} columns: no final row:\n{screen}"));
+        let faults = row.last().map_or(0.0, |c| parse_human(c));
+        assert!(faults >= 16_300.0, "{width} columns: the final FAULTS {faults}:\n{screen}");
+        assert!(screen.lines().all(|l| l.chars().count() <= usize::from(width)), "{screen}");
+        tmux.keys("q");
+        assert_eq!(tmux.exit_status(Duration::from_secs(20)), 0);
+    }
 }
 
 #[test]

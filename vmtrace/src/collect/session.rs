@@ -27,6 +27,10 @@ use crate::{
     stacks::{symbolize::Names, StackMode},
 };
 
+/// The storm detector's window (IPIs per second are judged over it), and the
+/// cadence of the other housekeeping (flight recorder, maps of young processes).
+const STORM_TICK: Duration = Duration::from_millis(100);
+
 /// The live snapshot: a child module, for the session's private state.
 #[path = "live.rs"]
 pub mod live;
@@ -57,6 +61,9 @@ pub struct Session<S: AggregateSource = Probes> {
     /// Ring-buffer records too short for their kind.
     malformed_events: u64,
     started: Instant,
+    /// When the trace proper ended (see [`Self::stop_clock`]); until then the
+    /// summary's duration runs to when it is built.
+    stopped: Option<Instant>,
     /// CLOCK_MONOTONIC at `started`, the clock of kernel event timestamps.
     started_mono_ns: u64,
     /// 1 in how many minor faults is timed, as the kernel programs were attached.
@@ -64,6 +71,8 @@ pub struct Session<S: AggregateSource = Probes> {
     flight: FlightRecorder,
     maps_refresh: MapsRefresh,
     storms: StormDetector,
+    /// The storm detector's last window, and the last housekeeping.
+    last_storm_tick: Instant,
     /// IPIs per call site at the last tick (for storm culprits).
     last_sites: HashMap<MmStackKey, u64>,
     timeline: TimelineRecorder,
@@ -135,10 +144,12 @@ impl<S: AggregateSource> Session<S> {
             table: ProcessTable::default(),
             malformed_events: 0,
             started: now,
+            stopped: None,
             started_mono_ns: monotonic_ns(),
             flight: FlightRecorder::new(now),
             maps_refresh: MapsRefresh::new(now),
             storms: StormDetector::new(opts.storm_threshold),
+            last_storm_tick: now,
             last_sites: HashMap::new(),
             timeline: TimelineRecorder::new(now),
         }
@@ -202,7 +213,14 @@ impl<S: AggregateSource> Session<S> {
     pub fn start_clock(&mut self) {
         self.started = Instant::now();
         self.timeline.restart(self.started, self.source.totals());
+        self.last_storm_tick = self.started;
         self.started_mono_ns = monotonic_ns();
+    }
+
+    /// Marks the end of the trace proper: the summary's duration is from
+    /// `start_clock` to here, not to the end of detaching and report building.
+    pub fn stop_clock(&mut self) {
+        self.stopped = Some(Instant::now());
     }
 
     /// Seconds since the start for a kernel timestamp.
@@ -224,7 +242,16 @@ impl<S: AggregateSource> Session<S> {
     fn step(&mut self, now: Instant) {
         self.drain_at(now);
         if self.timeline.due(now) {
-            self.tick(now);
+            self.timeline.push(now, self.source.totals());
+        }
+        // The rest keeps its 100 ms cadence however often `record` polls for
+        // the timeline: the maps of young processes are re-read on each of these.
+        if now.saturating_duration_since(self.last_storm_tick) < STORM_TICK {
+            return;
+        }
+        self.last_storm_tick = now;
+        if self.opts.families.tlb {
+            self.storm_tick(self.seconds_at(now));
         }
         self.record_history(now);
         if self.opts.stacks.is_some() || self.opts.families.regions {
@@ -233,7 +260,7 @@ impl<S: AggregateSource> Session<S> {
         }
     }
 
-    /// Every 100 ms: the fault-rate timeline and the storm window.
+    /// The last timeline point and storm window (at the end of the trace).
     fn tick(&mut self, now: Instant) {
         self.timeline.push(now, self.source.totals());
         if self.opts.families.tlb {
@@ -386,7 +413,7 @@ impl<S: AggregateSource> Session<S> {
         });
         let attributed = families.regions.then(|| self.build_regions());
         let mm = self.mm_totals();
-        let duration_s = self.seconds_at(now());
+        let duration_s = self.seconds_at(self.stopped.unwrap_or_else(&now));
         let stats = self.stats_totals();
         let drops = self.source.drops();
         let pids = assemble::summary_pids(

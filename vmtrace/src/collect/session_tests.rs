@@ -112,16 +112,17 @@ fn drops_and_malformed_records_are_counted() {
 fn timeline_bins_are_faults_per_tick() {
     let mut s = session(FakeSource::new(16), SessionOptions::new(Families::default()));
     let t0 = s.started;
-    for (at, totals) in [(100, (50, 1)), (150, (60, 1)), (200, (80, 2)), (300, (80, 2))] {
+    // Ticks every 20 ms (`timeline::TICK`).
+    for (at, totals) in [(20, (50, 1)), (30, (60, 1)), (40, (80, 2)), (60, (80, 2))] {
         s.source_mut().totals = totals;
         s.step(t0 + ms(at));
     }
     s.source_mut().totals = (95, 5);
-    let tl = finish_at(s, ms(330)).summary.timeline.expect("timeline");
-    // 150 ms was not a tick: its faults land in the 200 ms bin; the last bin is partial.
+    let tl = finish_at(s, ms(66)).summary.timeline.expect("timeline");
+    // 30 ms was not a tick: its faults land in the 40 ms bin; the last bin is partial.
     assert_eq!(tl.faults, [50, 30, 0, 15]);
     assert_eq!(tl.major, [1, 1, 0, 3]);
-    assert!((tl.interval_s - 0.1).abs() < 1e-12);
+    assert!((tl.interval_s - 0.02).abs() < 1e-12);
 }
 
 #[test]
@@ -177,4 +178,13 @@ fn an_oom_kill_carries_the_flight_recorders_rate() {
     // (400 - 100) faults over 0.75 s since the window's oldest sample.
     assert!(r.fault_rate_per_s.is_some_and(|v| (v - 400.0).abs() < 1e-6), "{:?}", r.fault_rate_per_s);
     assert_eq!(r.victim_faults, Some(400));
+}
+
+#[test]
+fn the_duration_ends_when_tracing_stopped_not_after_the_reports() {
+    let mut s = session(FakeSource::new(16), SessionOptions::new(Families::default()));
+    s.stopped = Some(s.started + ms(250));
+    // Detaching and building the summary took another 700 ms.
+    let f = finish_at(s, ms(950));
+    assert!((f.summary.duration_s - 0.25).abs() < 1e-9, "{}", f.summary.duration_s);
 }

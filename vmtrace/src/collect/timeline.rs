@@ -4,8 +4,9 @@ use std::time::{Duration, Instant};
 
 use crate::model::Timeline;
 
-/// Timeline and storm window.
-pub const TICK: Duration = Duration::from_millis(100);
+/// One timeline point: fine enough that a run of a fraction of a second
+/// still draws a curve (`record` polls at least this often).
+pub const TICK: Duration = Duration::from_millis(20);
 
 pub struct TimelineRecorder {
     /// Totals at the last tick.
@@ -55,12 +56,12 @@ mod tests {
         let t0 = Instant::now();
         let mut r = TimelineRecorder::new(t0);
         r.restart(t0, (10, 1));
-        assert!(!r.due(t0 + Duration::from_millis(99)));
+        assert!(!r.due(t0 + TICK / 2));
         assert!(r.due(t0 + TICK));
         r.push(t0 + TICK, (110, 3));
         r.push(t0 + 2 * TICK, (110, 3));
         r.push(t0 + 3 * TICK, (150, 4));
         let t = r.take();
-        assert_eq!((t.faults, t.major, t.interval_s), (vec![100, 0, 40], vec![2, 0, 1], 0.1));
+        assert_eq!((t.faults, t.major, t.interval_s), (vec![100, 0, 40], vec![2, 0, 1], TICK.as_secs_f64()));
     }
 }

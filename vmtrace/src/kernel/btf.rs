@@ -1,6 +1,11 @@
 //! Kernel struct field offsets from the running kernel's BTF, handed to the
-//! eBPF programs as the read-only global `KOFFSETS` (no CO-RE in aya-ebpf 0.2).
-use btf_rs::{Btf, Type};
+//! eBPF programs as the read-only global `KOFFSETS` (no CO-RE in aya-ebpf 0.2),
+//! and the few other facts the loader asks of it.
+//!
+//! A reader of its own rather than a BTF library: the loader asks ~40
+//! questions of 100k+ types, and a full parse (btf-rs) took ~190 ms of the
+//! start-up here and held tens of MiB; this one indexes the raw bytes (the
+//! file, ~6 MiB, plus 12 bytes a type) in ~10 ms and answers by name.
 use vmtrace_common::KernelOffsets;
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -15,31 +20,141 @@ pub enum BtfError {
     NoStruct(String),
 }
 
-/// Byte offset of `field` in `struct name`, looking through anonymous members.
-pub fn field_offset(btf: &Btf, name: &str, field: &str) -> Result<Option<u32>, BtfError> {
-    let types = btf.resolve_types_by_name(name).map_err(|_| BtfError::NoStruct(name.into()))?;
-    let st = types
-        .into_iter()
-        .find_map(|t| match t {
-            Type::Struct(s) if !s.members.is_empty() => Some(s),
-            _ => None,
-        })
-        .ok_or_else(|| BtfError::NoStruct(name.into()))?;
-    Ok(find_member(btf, &st.members, field, 0, 0))
+// BTF kinds (include/uapi/linux/btf.h) this reader looks at or must skip over.
+const INT: u32 = 1;
+const ARRAY: u32 = 3;
+const STRUCT: u32 = 4;
+const UNION: u32 = 5;
+const ENUM: u32 = 6;
+const TYPEDEF: u32 = 8;
+const VOLATILE: u32 = 9;
+const CONST: u32 = 10;
+const FUNC_PROTO: u32 = 13;
+const VAR: u32 = 14;
+const DATASEC: u32 = 15;
+const DECL_TAG: u32 = 17;
+const TYPE_TAG: u32 = 18;
+const ENUM64: u32 = 19;
+
+/// One type's header, where its kind-specific data starts, and its name.
+#[derive(Clone, Copy)]
+struct TypeRef {
+    kind: u32,
+    vlen: u32,
+    kind_flag: bool,
+    name_off: u32,
+    /// `type` of a typedef or modifier (the third word of the header).
+    size_or_type: u32,
+    /// Byte offset of the data after the 12-byte header.
+    data: usize,
 }
 
-fn find_member(btf: &Btf, members: &[btf_rs::Member], field: &str, base_bits: u32, depth: u32) -> Option<u32> {
-    for m in members {
-        let name = btf.resolve_name(m).unwrap_or_default();
-        let bits = base_bits + m.bit_offset();
-        if name == field {
+/// The kernel's BTF as bytes, with the start of every type indexed.
+pub struct Btf {
+    data: Vec<u8>,
+    strings: std::ops::Range<usize>,
+    /// Type id `i` is `types[i - 1]` (id 0 is void).
+    types: Vec<TypeRef>,
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+impl Btf {
+    pub fn parse(data: Vec<u8>) -> Result<Self, BtfError> {
+        let bad = |what: &str| BtfError::Read(format!("malformed BTF: {what}"));
+        let magic = data.get(0..2).map(|m| u16::from_le_bytes([m[0], m[1]]));
+        if magic != Some(0xeb9f) {
+            return Err(bad("bad magic (not little-endian BTF)"));
+        }
+        let word = |at| u32_at(&data, at).map(|v| v as usize).ok_or_else(|| bad("short header"));
+        let (hdr_len, type_off, type_len, str_off, str_len) = (word(4)?, word(8)?, word(12)?, word(16)?, word(20)?);
+        let types_at = hdr_len + type_off..hdr_len + type_off + type_len;
+        let strings = hdr_len + str_off..hdr_len + str_off + str_len;
+        if types_at.end > data.len() || strings.end > data.len() {
+            return Err(bad("sections past the end"));
+        }
+        let mut types = Vec::with_capacity(type_len / 24);
+        let mut at = types_at.start;
+        while at < types_at.end {
+            let (Some(name_off), Some(info), Some(size_or_type)) =
+                (u32_at(&data, at), u32_at(&data, at + 4), u32_at(&data, at + 8))
+            else {
+                return Err(bad("truncated type"));
+            };
+            let (kind, vlen) = ((info >> 24) & 0x1f, info & 0xffff);
+            let extra = match kind {
+                INT | VAR | DECL_TAG => 4,
+                ARRAY => 12,
+                STRUCT | UNION | DATASEC | ENUM64 => 12 * vlen as usize,
+                ENUM | FUNC_PROTO => 8 * vlen as usize,
+                _ => 0,
+            };
+            types.push(TypeRef { kind, vlen, kind_flag: info >> 31 == 1, name_off, size_or_type, data: at + 12 });
+            at += 12 + extra;
+        }
+        Ok(Self { data, strings, types })
+    }
+
+    fn name(&self, off: u32) -> &[u8] {
+        let start = self.strings.start + off as usize;
+        let s = self.data.get(start..self.strings.end).unwrap_or_default();
+        &s[..s.iter().position(|&b| b == 0).unwrap_or(s.len())]
+    }
+
+    fn by_id(&self, id: u32) -> Option<&TypeRef> {
+        self.types.get((id as usize).checked_sub(1)?)
+    }
+
+    /// Every type named `name`.
+    fn named<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a TypeRef> + 'a {
+        self.types.iter().filter(move |t| t.name_off != 0 && self.name(t.name_off) == name.as_bytes())
+    }
+
+    /// (name offset, type id, bit offset) of each member of a struct or union.
+    fn members(&self, t: &TypeRef) -> impl Iterator<Item = (u32, u32, u32)> + '_ {
+        let (data, flag) = (t.data, t.kind_flag);
+        (0..t.vlen as usize).filter_map(move |i| {
+            let at = data + 12 * i;
+            let off = u32_at(&self.data, at + 8)?;
+            // With kind_flag set, the top 8 bits are a bitfield's size.
+            let bits = if flag { off & 0x00ff_ffff } else { off };
+            Some((u32_at(&self.data, at)?, u32_at(&self.data, at + 4)?, bits))
+        })
+    }
+
+    /// The struct or union a member's type is, through typedefs and modifiers.
+    fn resolve_composite(&self, mut id: u32) -> Option<&TypeRef> {
+        for _ in 0..8 {
+            let t = self.by_id(id)?;
+            match t.kind {
+                STRUCT | UNION => return Some(t),
+                TYPEDEF | VOLATILE | CONST | TYPE_TAG => id = t.size_or_type,
+                _ => return None,
+            }
+        }
+        None
+    }
+}
+
+/// Byte offset of `field` in `struct name`, looking through anonymous members.
+pub fn field_offset(btf: &Btf, name: &str, field: &str) -> Result<Option<u32>, BtfError> {
+    let st = btf.named(name).find(|t| t.kind == STRUCT && t.vlen > 0).ok_or_else(|| BtfError::NoStruct(name.into()))?;
+    Ok(find_member(btf, st, field, 0, 0))
+}
+
+fn find_member(btf: &Btf, st: &TypeRef, field: &str, base_bits: u32, depth: u32) -> Option<u32> {
+    for (name_off, ty, bit_off) in btf.members(st) {
+        let name = if name_off == 0 { &[][..] } else { btf.name(name_off) };
+        let bits = base_bits + bit_off;
+        if name == field.as_bytes() {
             return Some(bits / 8);
         }
         if name.is_empty() && depth < 4 {
             // Anonymous struct/union: its members sit at this member's offset.
-            let inner = btf.resolve_chained_type(m).ok()?;
-            if let Type::Struct(s) | Type::Union(s) = inner {
-                if let Some(off) = find_member(btf, &s.members, field, bits, depth + 1) {
+            if let Some(inner) = btf.resolve_composite(ty) {
+                if let Some(off) = find_member(btf, inner, field, bits, depth + 1) {
                     return Some(off);
                 }
             }
@@ -48,12 +163,11 @@ fn find_member(btf: &Btf, members: &[btf_rs::Member], field: &str, base_bits: u3
     None
 }
 
-/// Parsed from the file, not from memory, although btf-rs then asks its
-/// `BufReader<File>` for its position once per type: parsing from bytes holds
-/// them beside the parse, and peak RSS counts more than start-up time
-/// (docs/performance.md).
+/// Read from the file in one go and indexed ([`Btf`]); the bytes are freed
+/// when the loader drops it, before aya parses its own copy.
 pub fn load_vmlinux() -> Result<Btf, BtfError> {
-    Btf::from_file(VMLINUX_BTF).map_err(|e| BtfError::Read(e.to_string()))
+    let data = std::fs::read(VMLINUX_BTF).map_err(|e| BtfError::Read(e.to_string()))?;
+    Btf::parse(data)
 }
 
 /// Offsets of every field the task probes read; a field this kernel lacks is `MISSING`.
@@ -98,15 +212,101 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
 
 /// Value of enumerator `name` in `enum ty` (e.g. a cgroup subsystem's index).
 pub fn enum_value(btf: &Btf, ty: &str, name: &str) -> Option<u32> {
-    btf.resolve_types_by_name(ty).ok()?.into_iter().find_map(|t| match t {
-        Type::Enum(e) => {
-            e.members.iter().find(|m| btf.resolve_name(*m).is_ok_and(|n| n == name)).map(btf_rs::EnumMember::val)
-        }
-        _ => None,
+    btf.named(ty).filter(|t| t.kind == ENUM).find_map(|t| {
+        (0..t.vlen as usize).find_map(|i| {
+            let at = t.data + 8 * i;
+            let n = u32_at(&btf.data, at)?;
+            (btf.name(n) == name.as_bytes()).then(|| u32_at(&btf.data, at + 4)).flatten()
+        })
     })
 }
 
 /// Whether BTF names `btf_trace_<tp>`, the typedef every tp_btf target has.
 pub fn has_btf_tracepoint(btf: &Btf, tp: &str) -> bool {
-    btf.resolve_ids_by_name(&format!("btf_trace_{tp}")).is_ok_and(|ids| !ids.is_empty())
+    btf.named(&format!("btf_trace_{tp}")).next().is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn walk(b: &btf_rs::Btf, ms: &[btf_rs::Member], f: &str, base: u32, d: u32) -> Option<u32> {
+        for m in ms {
+            let n = b.resolve_name(m).unwrap_or_default();
+            let bits = base + m.bit_offset();
+            if n == f {
+                return Some(bits / 8);
+            }
+            if n.is_empty() && d < 4 {
+                if let Ok(btf_rs::Type::Struct(s) | btf_rs::Type::Union(s)) = b.resolve_chained_type(m) {
+                    if let Some(o) = walk(b, &s.members, f, bits, d + 1) {
+                        return Some(o);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// The same answers as btf-rs, the library this reader replaced, on the
+    /// running kernel's BTF (skipped where there is none).
+    #[test]
+    fn agrees_with_btf_rs_on_this_kernel() {
+        let Ok(data) = std::fs::read(VMLINUX_BTF) else { return };
+        let ours = Btf::parse(data).unwrap();
+        let theirs = btf_rs::Btf::from_file(VMLINUX_BTF).unwrap();
+        let their_offset = |s: &str, f: &str| -> Option<u32> {
+            let st = theirs.resolve_types_by_name(s).ok()?.into_iter().find_map(|t| match t {
+                btf_rs::Type::Struct(s) if !s.members.is_empty() => Some(s),
+                _ => None,
+            })?;
+            walk(&theirs, &st.members, f, 0, 0)
+        };
+        for (s, f) in [
+            ("task_struct", "pid"),
+            ("task_struct", "tgid"),
+            ("task_struct", "signal"),
+            ("task_struct", "cgroups"),
+            ("task_struct", "maj_flt"),
+            ("signal_struct", "live"),
+            ("css_set", "subsys"),
+            ("cgroup", "kn"),
+            ("kernfs_node", "id"),
+            ("oom_control", "chosen"),
+            ("mem_cgroup", "css"),
+            ("mm_struct", "mmap_base"),
+        ] {
+            assert_eq!(field_offset(&ours, s, f).unwrap(), their_offset(s, f), "{s}.{f}");
+        }
+        assert!(field_offset(&ours, "task_struct", "no_such_field").unwrap().is_none());
+        assert!(field_offset(&ours, "no_such_struct_vmtrace", "x").is_err());
+        let their_enum = |t: &str, n: &str| {
+            theirs.resolve_types_by_name(t).ok()?.into_iter().find_map(|ty| match ty {
+                btf_rs::Type::Enum(e) => e
+                    .members
+                    .iter()
+                    .find(|m| theirs.resolve_name(*m).is_ok_and(|x| x == n))
+                    .map(btf_rs::EnumMember::val),
+                _ => None,
+            })
+        };
+        for (t, n) in [
+            ("vm_fault_reason", "VM_FAULT_MAJOR"),
+            ("vm_fault_reason", "VM_FAULT_RETRY"),
+            ("fault_flag", "FAULT_FLAG_TRIED"),
+            ("bpf_func_id", "BPF_FUNC_task_pt_regs"),
+            ("vm_event_item", "PGFAULT"),
+            ("cgroup_subsys_id", "memory_cgrp_id"),
+        ] {
+            assert_eq!(enum_value(&ours, t, n), their_enum(t, n), "{t}::{n}");
+        }
+        assert!(has_btf_tracepoint(&ours, "sched_switch"));
+        assert!(!has_btf_tracepoint(&ours, "no_such_tracepoint_vmtrace"));
+    }
+
+    #[test]
+    fn rejects_what_is_not_btf() {
+        assert!(Btf::parse(b"not btf at all, not at all".to_vec()).is_err());
+        assert!(Btf::parse(vec![0x9f, 0xeb, 1, 0]).is_err(), "a header cut short");
+    }
 }

@@ -1,4 +1,4 @@
-//! What the loader needs from the kernel's BTF (parsed by btf-rs, through
+//! What the loader needs from the kernel's BTF (read by
 //! `kernel::btf`).
 use std::collections::HashSet;
 
@@ -17,7 +17,7 @@ pub struct BtfFacts {
     pub pgfault: Option<u32>,
 }
 
-/// Reads the facts, then drops btf-rs's parse before aya parses its own copy:
+/// Reads the facts, then drops the BTF bytes before aya parses its own copy:
 /// holding both at once set the collector's peak RSS.
 pub fn btf_facts() -> Result<BtfFacts, LoadError> {
     let kbtf = kbtf::load_vmlinux()?;
@@ -48,7 +48,7 @@ pub fn btf_facts() -> Result<BtfFacts, LoadError> {
 }
 
 /// OR of `vm_fault_reason` bits from kernel BTF (0 for names it lacks).
-fn vm_fault_bits(btf: &btf_rs::Btf, names: &[&str]) -> u32 {
+fn vm_fault_bits(btf: &kbtf::Btf, names: &[&str]) -> u32 {
     names.iter().filter_map(|n| kbtf::enum_value(btf, "vm_fault_reason", n)).fold(0, |a, b| a | b)
 }
 

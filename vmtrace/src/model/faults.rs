@@ -74,6 +74,16 @@ impl Hist {
         None
     }
 
+    /// The bound [`Hist::quantile_bound`] gives, on the scale every table
+    /// shows p50/p99 in: 4× buckets (≤1.0, 4.1, 16.4, 65.5 µs …), the finest
+    /// the per-region counts keep, so the same faults read the same in the
+    /// process, region and file tables. `None` when empty or past 1.07 s.
+    pub fn table_quantile_bound(&self, q: f64) -> Option<u64> {
+        let fine = self.quantile_bound(q)?.trailing_zeros().checked_sub(HIST_MIN_SHIFT)? as usize;
+        // Fine bucket 2k is the upper end of 4× bucket k.
+        Self::bucket_bound(fine.div_ceil(2) * 2)
+    }
+
     fn add(&mut self, o: &Hist) {
         for (a, b) in self.0.iter_mut().zip(o.0.iter()) {
             *a += b;
@@ -260,6 +270,22 @@ mod tests {
         assert_eq!(v["latency_hist_ns"].as_object().unwrap().len(), HIST_BUCKETS);
         let back: Faults = serde_json::from_value(v).unwrap();
         assert_eq!(back, f);
+    }
+
+    #[test]
+    fn table_quantiles_use_the_4x_buckets_of_the_regions() {
+        let mut h = Hist::default();
+        // Fine buckets ≤1.0 µs, ≤2.0 µs, ≤4.1 µs, ≤8.2 µs.
+        h.0[..4].copy_from_slice(&[10, 50, 10, 30]);
+        assert_eq!(h.quantile_bound(0.5), Some(2048));
+        assert_eq!(h.table_quantile_bound(0.5), Some(4096));
+        assert_eq!(h.table_quantile_bound(0.99), Some(16_384));
+        assert_eq!(h.table_quantile_bound(0.05), Some(1024));
+        let mut far = Hist::default();
+        far.0[HIST_BUCKETS - 2] = 1;
+        assert_eq!(far.table_quantile_bound(0.5), Some(1 << 30));
+        far.0[HIST_BUCKETS - 1] = 9;
+        assert_eq!(far.table_quantile_bound(0.5), None, "the overflow bucket");
     }
 
     #[test]

@@ -1,10 +1,19 @@
-//! `report.html`: one self-contained page (no network loads, no scripts):
-//! tables, latency histograms and the fault-rate timeline as inline SVG, the
-//! flamegraphs as embedded images, and summary.txt in full.
+//! `report.html`: one self-contained page (no network loads, no scripts): a
+//! section per finding (processes, OOM kills, storms, the fault rate,
+//! latency, regions, files and tensors, flamegraphs) as real tables and
+//! inline SVG charts ([`super::charts`]), the flamegraphs as embedded images,
+//! and summary.txt in full at the end, folded.
 use std::{fmt::Write as _, path::Path};
 
-use super::text;
-use crate::model::{fmt_ns, Hist, Summary, Timeline};
+use super::{
+    charts::{histogram_svg, timeline_svg},
+    text,
+    words::{self, approx, short_cmdline, thousands},
+};
+use crate::{
+    model::{bytes, fmt_ns, Summary},
+    stacks::flamegraph,
+};
 
 pub fn escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
@@ -27,82 +36,15 @@ fn base64(data: &[u8]) -> String {
     out
 }
 
-pub const STYLE: &str = "body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1280px;color:#222}\
-h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}\
-table{border-collapse:collapse;margin:8px 0}td,th{padding:3px 9px;border-bottom:1px solid #eee;text-align:right}\
-td:first-child,th:first-child,td.l,th.l{text-align:left}th{background:#f4f4f4}\
-pre{background:#f8f8f8;padding:10px;overflow-x:auto;font-size:12px}img.flame{width:100%;border:1px solid #ddd}\
+pub const STYLE: &str = "body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1280px;padding:0 16px;color:#222}\
+h1{font-size:22px;overflow-wrap:anywhere}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}\
+h3{font-size:15px}.scroll{overflow-x:auto}\
+table{border-collapse:collapse;margin:8px 0}td,th{padding:3px 9px;border-bottom:1px solid #eee;text-align:right;\
+vertical-align:top}td{white-space:nowrap}td:first-child,th:first-child,td.l,th.l{text-align:left}\
+th{background:#f4f4f4}td.w{white-space:normal;overflow-wrap:anywhere;min-width:16em;max-width:40em}\
+pre{background:#f8f8f8;padding:10px;overflow-x:auto;font-size:12px}pre.wrap{white-space:pre-wrap}img.flame{width:100%;border:1px solid #ddd}\
+svg.chart{width:100%;max-width:1100px;height:auto}li.w{overflow-wrap:anywhere}details p{overflow-wrap:anywhere;font-family:monospace;font-size:12px}\
 .note{color:#666}.bad{color:#b00;font-weight:bold}";
-
-/// Bars of a log2 latency histogram.
-pub fn histogram_svg(h: &Hist, title: &str) -> String {
-    let n = h.count();
-    if n == 0 {
-        return String::new();
-    }
-    let first = h.0.iter().position(|&c| c > 0).unwrap_or(0);
-    let last = h.0.iter().rposition(|&c| c > 0).unwrap_or(0);
-    let max = h.0.iter().copied().max().unwrap_or(1).max(1);
-    let (bw, hgt) = (56.0, 140.0);
-    let width = (last - first + 1) as f64 * bw + 20.0;
-    let mut svg = format!(
-        "<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{}' role='img'><title>{}</title>",
-        hgt + 40.0,
-        escape(title)
-    );
-    for (k, i) in (first..=last).enumerate() {
-        let c = h.0[i];
-        let bh = c as f64 / max as f64 * hgt;
-        let x = 10.0 + k as f64 * bw;
-        let label = Hist::bucket_bound(i).map_or_else(|| "more".into(), |b| format!("≤{}", fmt_ns(b)));
-        let _ = write!(
-            svg,
-            "<rect x='{x}' y='{}' width='{}' height='{bh}' fill='#e8743b'><title>{label}: {c}</title></rect>\
-             <text x='{}' y='{}' font-size='9' text-anchor='middle'>{}</text>\
-             <text x='{}' y='{}' font-size='9' text-anchor='middle'>{c}</text>",
-            10.0 + hgt - bh,
-            bw - 6.0,
-            x + bw / 2.0 - 3.0,
-            hgt + 24.0,
-            escape(&label),
-            x + bw / 2.0 - 3.0,
-            (10.0 + hgt - bh - 2.0).max(9.0),
-        );
-    }
-    svg.push_str("</svg>");
-    svg
-}
-
-/// Faults per second over the trace, as a line.
-pub fn timeline_svg(t: &Timeline) -> String {
-    if t.faults.is_empty() || t.faults.iter().all(|&f| f == 0) {
-        return String::new();
-    }
-    let rate: Vec<f64> = t.faults.iter().map(|&f| f as f64 / t.interval_s).collect();
-    let max = rate.iter().copied().fold(1.0, f64::max);
-    let (w, h) = (1100.0, 160.0);
-    let step = w / rate.len().max(2).saturating_sub(1) as f64;
-    let pts: Vec<String> = rate
-        .iter()
-        .enumerate()
-        .map(|(i, r)| format!("{:.1},{:.1}", 50.0 + i as f64 * step, 10.0 + h - r / max * h))
-        .collect();
-    format!(
-        "<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{}' role='img'><title>faults per second</title>\
-         <polyline fill='none' stroke='#3b7be8' stroke-width='1.5' points='{}'/>\
-         <text x='2' y='16' font-size='10'>{:.0}/s</text><text x='2' y='{}' font-size='10'>0</text>\
-         <text x='50' y='{}' font-size='10'>0 s</text><text x='{}' y='{}' font-size='10' text-anchor='end'>{:.1} s</text></svg>",
-        w + 60.0,
-        h + 34.0,
-        pts.join(" "),
-        max,
-        h + 10.0,
-        h + 28.0,
-        w + 50.0,
-        h + 28.0,
-        rate.len() as f64 * t.interval_s
-    )
-}
 
 /// A flamegraph SVG of `dir` as an embedded image (static; the .svg beside it is interactive).
 pub fn flame_img(dir: &Path, file: &str) -> String {
@@ -117,114 +59,418 @@ pub fn flame_img(dir: &Path, file: &str) -> String {
     }
 }
 
-fn process_table(s: &Summary) -> String {
-    let mut t = String::from(
-        "<table><tr><th class='l'>pid</th><th class='l'>comm</th><th>faults</th><th>minor</th><th>major</th>\
-         <th>write</th><th>COW</th><th>fault time</th><th>p50</th><th>p99</th><th>exit</th></tr>",
-    );
+/// A table: header cells (an `l ` prefix: left-aligned text), then rows of
+/// preformatted, escaped cells (a cell starting with `\u{1}` wraps).
+fn table(head: &[&str], rows: &[Vec<String>]) -> String {
+    let mut t = String::from("<div class='scroll'><table><tr>");
+    for h in head {
+        match h.strip_prefix("l ") {
+            Some(name) => {
+                let _ = write!(t, "<th class='l'>{name}</th>");
+            }
+            None => {
+                let _ = write!(t, "<th>{h}</th>");
+            }
+        }
+    }
+    t.push_str("</tr>");
+    for r in rows {
+        t.push_str("<tr>");
+        for (i, c) in r.iter().enumerate() {
+            let left = head.get(i).is_some_and(|h| h.starts_with("l "));
+            match (c.strip_prefix('\u{1}'), left) {
+                (Some(w), _) => {
+                    let _ = write!(t, "<td class='l w'>{w}</td>");
+                }
+                (None, true) => {
+                    let _ = write!(t, "<td class='l'>{c}</td>");
+                }
+                (None, false) => {
+                    let _ = write!(t, "<td>{c}</td>");
+                }
+            }
+        }
+        t.push_str("</tr>");
+    }
+    t.push_str("</table></div>");
+    t
+}
+
+/// Text for a cell that may be long (paths, command lines): wraps anywhere.
+fn wrapping(s: &str) -> String {
+    format!("\u{1}{}", escape(s))
+}
+
+fn exit_text(code: Option<i32>) -> String {
+    match code {
+        None => "running".into(),
+        Some(c) if c > 128 => format!("{c} (signal {})", c - 128),
+        Some(c) => c.to_string(),
+    }
+}
+
+fn process_section(s: &Summary) -> String {
+    let shared = |comm: &str| s.processes.iter().filter(|p| p.comm == comm).nth(1).is_some();
     let mut procs: Vec<_> = s.processes.iter().collect();
-    procs.sort_by_key(|p| std::cmp::Reverse(p.faults.time_ns));
-    for p in procs.iter().take(30) {
-        let f = &p.faults;
-        let q = |q: f64| f.latency_hist_ns.quantile_bound(q).map_or("-".into(), fmt_ns);
+    procs.sort_by(|a, b| b.faults.time_ns.cmp(&a.faults.time_ns).then(a.pid.cmp(&b.pid)));
+    let rows: Vec<Vec<String>> = procs
+        .iter()
+        .take(30)
+        .map(|p| {
+            let f = &p.faults;
+            let cmd = match (&p.cmdline, shared(&p.comm)) {
+                (Some(c), true) => wrapping(&short_cmdline(c, 100)),
+                _ => String::new(),
+            };
+            vec![
+                p.pid.to_string(),
+                escape(&p.comm),
+                thousands(f.total),
+                thousands(f.minor),
+                thousands(f.major),
+                thousands(f.write),
+                thousands(f.cow),
+                fmt_ns(f.time_ns),
+                escape(&text::fmt_bound(&f.latency_hist_ns, 0.5)),
+                escape(&text::fmt_bound(&f.latency_hist_ns, 0.99)),
+                exit_text(p.exit_code),
+                cmd,
+            ]
+        })
+        .collect();
+    let mut head = vec![
+        "pid",
+        "l comm",
+        "faults",
+        "minor",
+        "major",
+        "write",
+        "COW",
+        "fault time",
+        "p50",
+        "p99",
+        "exit",
+        "l command",
+    ];
+    let mut rows = rows;
+    // No shared names: no command column.
+    if rows.iter().all(|r| r.last().is_some_and(String::is_empty)) {
+        head.pop();
+        for r in &mut rows {
+            r.pop();
+        }
+    }
+    let mut out = String::from("<h2>Processes</h2>");
+    out.push_str(&table(&head, &rows));
+    if procs.len() > 30 {
+        let _ = write!(out, "<p class='note'>{} more processes in summary.json.</p>", procs.len() - 30);
+    }
+    out.push_str(
+        "<p class='note'>p50/p99: upper bounds of 4× latency buckets, the same scale as the regions'. \
+         The command line is shown where processes share a name.</p>",
+    );
+    out
+}
+
+fn oom_section(s: &Summary) -> String {
+    let Some(ooms) = s.oom.as_ref().filter(|o| !o.is_empty()) else { return String::new() };
+    let mib = |kb: u64| format!("{:.1} MiB", kb as f64 / 1024.0);
+    let rows: Vec<Vec<String>> = ooms
+        .iter()
+        .map(|o| {
+            vec![
+                format!("{:.2} s", o.time_s),
+                format!("{} ({})", o.victim_pid, escape(&o.victim_comm)),
+                format!("{} ({})", o.trigger_pid, escape(&o.trigger_comm)),
+                escape(&o.constraint),
+                wrapping(o.cgroup.as_deref().unwrap_or("")),
+                o.cgroup_limit_bytes.map_or_else(String::new, bytes),
+                mib(o.anon_rss_kb),
+                mib(o.file_rss_kb),
+                mib(o.shmem_rss_kb),
+                o.oom_score_adj.to_string(),
+                if o.in_target { "yes" } else { "no" }.into(),
+            ]
+        })
+        .collect();
+    let mut out = format!("<h2>OOM kills: {}</h2>", ooms.len());
+    out.push_str(&table(
+        &[
+            "l at",
+            "l victim (killed)",
+            "l triggered by",
+            "l constraint",
+            "l memory cgroup",
+            "limit",
+            "anon",
+            "file",
+            "shmem",
+            "oom_score_adj",
+            "l traced",
+        ],
+        &rows,
+    ));
+    // What each victim held, largest first: a list, too long for a cell.
+    out.push_str("<ul>");
+    for o in ooms {
+        let held: Vec<String> = o
+            .top_regions
+            .iter()
+            .flatten()
+            .map(|r| format!("{} {}", r.path.as_deref().unwrap_or("[anon]"), mib(r.rss_kb)))
+            .collect();
+        if !held.is_empty() {
+            let _ = write!(
+                out,
+                "<li class='w'>pid {} ({}) held: {}</li>",
+                o.victim_pid,
+                escape(&o.victim_comm),
+                escape(&held.join(", "))
+            );
+        }
+    }
+    out.push_str("</ul>");
+    out
+}
+
+fn storms_section(s: &Summary) -> String {
+    let Some(storms) = s.storms.as_ref().filter(|v| !v.is_empty()) else { return String::new() };
+    let rows: Vec<Vec<String>> = storms
+        .iter()
+        .map(|st| {
+            vec![
+                format!("{} ({})", st.pid, escape(&st.comm)),
+                format!("{:.2}–{:.2} s", st.start_s, st.end_s),
+                thousands(st.peak_per_s),
+                thousands(st.shootdowns),
+                format!("{} ({:.0}%)", escape(&st.top_call), st.top_share * 100.0),
+                wrapping(&st.top_stack.iter().rev().take(4).cloned().collect::<Vec<_>>().join(" ← ")),
+            ]
+        })
+        .collect();
+    format!(
+        "<h2>Shootdown storms: {}</h2>{}",
+        storms.len(),
+        table(&["l process", "l when", "peak IPIs/s", "IPIs", "l from", "l call site (innermost first)"], &rows)
+    )
+}
+
+fn regions_section(s: &Summary) -> String {
+    let Some(regions) = s.regions.as_ref().filter(|r| !r.is_empty()) else { return String::new() };
+    let comm = |pid: u32| s.processes.iter().find(|p| p.pid == pid).map_or("?", |p| p.comm.as_str());
+    let rows: Vec<Vec<String>> = regions
+        .iter()
+        .take(15)
+        .map(|r| {
+            let f = &r.faults;
+            vec![
+                r.pid.to_string(),
+                escape(comm(r.pid)),
+                format!("{:?}", r.kind).to_lowercase(),
+                bytes(r.size()),
+                escape(&r.perms),
+                thousands(f.total),
+                thousands(f.major),
+                thousands(f.cow),
+                f.huge.map_or_else(|| "-".into(), thousands),
+                thousands(r.pages_touched),
+                fmt_ns(f.time_ns),
+                escape(&text::fmt_bound(&f.latency_hist_ns, 0.5)),
+                escape(&text::fmt_bound(&f.latency_hist_ns, 0.99)),
+                wrapping(r.path.as_deref().unwrap_or("")),
+            ]
+        })
+        .collect();
+    let more = if regions.len() > 15 {
+        format!("<p class='note'>{} more in regions.txt.</p>", regions.len() - 15)
+    } else {
+        String::new()
+    };
+    format!(
+        "<h2>Regions by fault time</h2>{}{more}",
+        table(
+            &[
+                "pid",
+                "l comm",
+                "l kind",
+                "size",
+                "l perms",
+                "faults",
+                "major",
+                "COW",
+                "huge",
+                "pages faulted in",
+                "fault time",
+                "p50",
+                "p99",
+                "l path",
+            ],
+            &rows
+        )
+    )
+}
+
+fn files_section(s: &Summary) -> String {
+    let Some(files) = s.files.as_ref().filter(|f| !f.is_empty()) else { return String::new() };
+    let rows: Vec<Vec<String>> = files
+        .iter()
+        .take(20)
+        .map(|f| {
+            let disk = if f.file_bytes > 0 {
+                let pct = (f.from_disk_bytes as f64 * 100.0 / f.file_bytes as f64).min(100.0);
+                format!("{} ({pct:.0}%)", bytes(f.from_disk_bytes))
+            } else {
+                bytes(f.from_disk_bytes)
+            };
+            vec![
+                wrapping(&f.path),
+                thousands(f.faults.total),
+                thousands(f.faults.major),
+                thousands(f.pages_touched),
+                thousands(f.readahead_pages),
+                fmt_ns(f.faults.time_ns),
+                disk,
+            ]
+        })
+        .collect();
+    let mut out = format!(
+        "<h2>Files (all processes)</h2>{}",
+        table(&["l path", "faults", "major", "pages faulted in", "readahead pages", "fault time", "from disk"], &rows)
+    );
+    for f in files.iter().filter(|f| !f.tensors.is_empty()) {
+        let mut tensors: Vec<_> = f.tensors.iter().collect();
+        tensors.sort_by(|a, b| b.time_ns.cmp(&a.time_ns).then(b.faults.cmp(&a.faults)));
+        let rows: Vec<Vec<String>> = tensors
+            .iter()
+            .take(40)
+            .map(|t| {
+                vec![
+                    wrapping(&t.name),
+                    thousands(t.faults),
+                    thousands(t.major),
+                    fmt_ns(t.time_ns),
+                    thousands(t.pages_touched),
+                    bytes(t.from_disk_bytes),
+                    bytes(t.bytes),
+                ]
+            })
+            .collect();
         let _ = write!(
-            t,
-            "<tr><td>{}</td><td class='l'>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
-             <td>≤{}</td><td>≤{}</td><td>{}</td></tr>",
-            p.pid,
-            escape(&p.comm),
-            f.total,
-            f.minor,
-            f.major,
-            f.write,
-            f.cow,
-            fmt_ns(f.time_ns),
-            q(0.5),
-            q(0.99),
-            p.exit_code.map_or("running".into(), |c| c.to_string())
+            out,
+            "<h3>Tensors of {}</h3>{}",
+            escape(&f.path),
+            table(&["l tensor", "faults", "major", "fault time", "pages faulted in", "from disk", "size"], &rows)
         );
     }
-    t.push_str("</table>");
-    t
+    out
+}
+
+/// "— ≈66.8k faults (estimated from 1 in 16 stacks; 65,710 counted)": what
+/// the picture's total is, and how much of it is measured.
+fn flame_heading(s: &Summary, dir: &Path, file: &str, title: &str) -> String {
+    let folded = std::fs::read_to_string(dir.join(file.replace(".svg", ".folded"))).unwrap_or_default();
+    let total = flamegraph::total(&folded);
+    let period = s.stacks.as_ref().map_or(1, |st| st.sample_period.max(1));
+    let what = match file {
+        "fault-time.svg" if period > 1 => format!("≈{}", fmt_ns(total)),
+        "fault-time.svg" => fmt_ns(total),
+        "shootdowns.svg" => format!("{} IPIs", thousands(total)),
+        _ if period > 1 => format!("{} faults", approx(total)),
+        _ => format!("{} faults", thousands(total)),
+    };
+    let how = match file {
+        "shootdowns.svg" => String::new(),
+        _ if period > 1 => {
+            let counted = if file == "fault-time.svg" {
+                format!("{} measured", fmt_ns(s.totals.time_ns))
+            } else {
+                format!("{} counted", thousands(s.totals.total))
+            };
+            format!(" (estimated from 1 in {period} stacks; {counted})")
+        }
+        _ => " (a stack on every fault)".into(),
+    };
+    format!("{title} — {what}{how}")
 }
 
 /// The body of one recording: everything about it, for its own page or a demo section.
 pub fn recording_body(s: &Summary, dir: &Path, flame_prefix: &str) -> String {
     let mut b = String::new();
+    let status = s.target.exit_status.map(|c| format!(" · exit status {}", exit_text(Some(c)))).unwrap_or_default();
+    let _ = write!(
+        b,
+        "<p>{:.2} s of tracing{status} · {} faults · kernel {} · lost events: {}</p>",
+        s.duration_s,
+        thousands(s.totals.total),
+        escape(&s.kernel),
+        s.lost_events
+    );
     if s.lost_events > 0 {
         let _ = write!(b, "<p class='bad'>{} events were lost (see drops in summary.json)</p>", s.lost_events);
     }
-    b.push_str(&process_table(s));
+    let probes = words::probe_lines(s);
+    if let Some((head, items)) = probes.split_first() {
+        let _ = write!(b, "<p class='note'>{}</p><ul class='note'>", escape(head));
+        for i in items {
+            let _ = write!(b, "<li>{}</li>", escape(i.trim()));
+        }
+        b.push_str("</ul>");
+    }
+    if s.sampling.minor_latency_period > 1 {
+        let _ = write!(
+            b,
+            "<p class='note'>Minor faults timed 1 in {} (fault time scaled up); majors timed every one.</p>",
+            s.sampling.minor_latency_period
+        );
+    }
+    b.push_str(&process_section(s));
+    b.push_str(&oom_section(s));
+    b.push_str(&storms_section(s));
     if let Some(t) = &s.timeline {
         let svg = timeline_svg(t);
         if !svg.is_empty() {
-            let _ = write!(b, "<h3>Fault rate</h3>{svg}");
+            let _ = write!(b, "<h2>Fault rate</h2>{svg}");
         }
     }
     let minor = histogram_svg(&s.totals.minor_latency_hist_ns, "minor-fault latency");
     let major = histogram_svg(&s.totals.major_latency_hist_ns, "major-fault latency");
     if !minor.is_empty() || !major.is_empty() {
-        let _ = write!(b, "<h3>Fault latency</h3><p>minor faults</p>{minor}");
+        b.push_str("<h2>Fault latency</h2>");
+        if !minor.is_empty() {
+            let _ =
+                write!(b, "<h3>Minor faults ({} timed)</h3>{minor}", thousands(s.totals.minor_latency_hist_ns.count()));
+        }
         if !major.is_empty() {
-            let _ = write!(b, "<p>major faults</p>{major}");
+            let _ =
+                write!(b, "<h3>Major faults ({} timed)</h3>{major}", thousands(s.totals.major_latency_hist_ns.count()));
         }
     }
-    if let Some(regions) = s.regions.as_ref().filter(|r| !r.is_empty()) {
-        let _ = write!(
-            b,
-            "<h3>Top regions</h3><table><tr><th class='l'>pid</th><th class='l'>range</th><th class='l'>kind</th>\
-             <th>faults</th><th>major</th><th>COW</th><th>pages faulted in</th><th>fault time</th><th class='l'>path</th></tr>"
-        );
-        for r in regions.iter().take(15) {
-            let _ = write!(
-                b,
-                "<tr><td>{}</td><td class='l'>{}-{}</td><td class='l'>{:?}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class='l'>{}</td></tr>",
-                r.pid,
-                r.start,
-                r.end,
-                r.kind,
-                r.faults.total,
-                r.faults.major,
-                r.faults.cow,
-                r.pages_touched,
-                fmt_ns(r.faults.time_ns),
-                escape(r.path.as_deref().unwrap_or(""))
-            );
-        }
-        b.push_str("</table>");
-    }
-    for f in s.files.iter().flatten().filter(|f| !f.tensors.is_empty()) {
-        let _ = write!(
-            b,
-            "<h3>Tensors of {}</h3><table><tr><th class='l'>tensor</th><th>faults</th><th>major</th><th>fault time</th><th>pages faulted in</th><th>from disk</th><th>size</th></tr>",
-            escape(&f.path)
-        );
-        for t in &f.tensors {
-            let _ = write!(
-                b,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                escape(&t.name),
-                t.faults,
-                t.major,
-                fmt_ns(t.time_ns),
-                t.pages_touched,
-                crate::model::bytes(t.from_disk_bytes),
-                crate::model::bytes(t.bytes)
-            );
-        }
-        b.push_str("</table>");
-    }
+    b.push_str(&regions_section(s));
+    b.push_str(&files_section(s));
+    let mut flames = String::new();
     for (file, title) in [
         ("faults.svg", "Page faults by call stack"),
         ("fault-time.svg", "Time in the fault handler by call stack"),
-        ("shootdowns.svg", "TLB shootdowns by initiating call site"),
+        ("shootdowns.svg", "TLB shootdown IPIs by initiating call site"),
     ] {
         let img = flame_img(dir, file);
         if !img.is_empty() {
-            let _ = write!(b, "<h3>{title}</h3>{}", img.replace(file, &format!("{flame_prefix}{file}")));
+            let _ = write!(
+                flames,
+                "<h3>{}</h3>{}",
+                escape(&flame_heading(s, dir, file, title)),
+                img.replace(file, &format!("{flame_prefix}{file}"))
+            );
         }
     }
-    let _ = write!(b, "<h3>Summary</h3><pre>{}</pre>", escape(&text::render(s)));
+    if !flames.is_empty() {
+        let _ = write!(b, "<h2>Flamegraphs</h2>{flames}");
+    }
+    let _ = write!(
+        b,
+        "<details><summary>The text summary (summary.txt)</summary><pre>{}</pre></details>",
+        escape(&text::render(s))
+    );
     b
 }
 
@@ -238,14 +484,28 @@ pub fn page(title: &str, body: &str) -> String {
     )
 }
 
-/// `report.html` of one recording directory.
+/// `report.html` of one recording directory. A long command line is elided
+/// in the title, and shown whole (wrapped) in a fold below it.
 pub fn render(s: &Summary, dir: &Path) -> String {
-    let target = match s.target.kind.as_str() {
-        "command" => s.target.command.as_deref().unwrap_or_default().join(" "),
-        "pid" => format!("pid {}", s.target.pid.unwrap_or(0)),
-        _ => "the whole system".into(),
+    let (target, full) = match s.target.kind.as_str() {
+        "command" => {
+            let cmd = s.target.command.as_deref().unwrap_or_default().join(" ");
+            (short_cmdline(&cmd, 100), (cmd.chars().count() > 100).then_some(cmd))
+        }
+        "pid" => (format!("pid {}", s.target.pid.unwrap_or(0)), None),
+        _ => ("the whole system".into(), None),
     };
-    page(&format!("vmtrace: {target} ({:.2} s)", s.duration_s), &recording_body(s, dir, ""))
+    let mut body = String::new();
+    if let Some(cmd) = full {
+        let _ = write!(
+            body,
+            "<details><summary>The whole command line ({} characters)</summary><p>{}</p></details>",
+            cmd.chars().count(),
+            escape(&cmd)
+        );
+    }
+    body.push_str(&recording_body(s, dir, ""));
+    page(&format!("vmtrace: {target} ({:.2} s)", s.duration_s), &body)
 }
 
 #[cfg(test)]
@@ -259,17 +519,5 @@ mod tests {
         assert_eq!(base64(b"fo"), "Zm8=");
         assert_eq!(base64(b"foo"), "Zm9v");
         assert_eq!(base64(b"foobar"), "Zm9vYmFy");
-    }
-
-    #[test]
-    fn charts_are_empty_without_data_and_escape_text() {
-        assert!(histogram_svg(&Hist::default(), "x").is_empty());
-        assert!(timeline_svg(&Timeline::default()).is_empty());
-        let mut h = Hist::default();
-        h.0[1] = 5;
-        let svg = histogram_svg(&h, "a<b");
-        assert!(svg.contains("a&lt;b") && svg.contains("<rect"));
-        let t = Timeline { interval_s: 0.1, faults: vec![10, 20, 0], major: vec![0, 0, 0] };
-        assert!(timeline_svg(&t).contains("polyline"));
     }
 }

@@ -1,7 +1,9 @@
 //! What a trace leaves behind: `summary.json` (for tools) and `summary.txt` (for people).
+pub mod charts;
 pub mod html;
 pub mod stream;
 pub mod text;
+pub mod words;
 
 use std::{fs, io, path::Path};
 
@@ -13,29 +15,98 @@ use crate::{
     },
 };
 
-/// Writes every output of a recording into `dir`.
-pub fn write_all(dir: &Path, s: &Summary) -> io::Result<()> {
-    let json = serde_json::to_string_pretty(s).map_err(io::Error::other)?;
-    fs::write(dir.join("summary.json"), json + "\n")?;
-    fs::write(dir.join("summary.txt"), text::render(s))?;
-    if s.regions.is_some() {
-        fs::write(dir.join("regions.txt"), text::render_regions(s))?;
-    }
-    fs::write(dir.join("report.html"), html::render(s, dir))?;
-    Ok(())
+/// An output file that could not be written; the others still were.
+#[derive(Debug)]
+pub struct WriteFailure {
+    pub file: String,
+    pub err: io::Error,
 }
 
-/// Writes the folded stacks and flamegraphs of a recording; returns the file names.
-pub fn write_flamegraphs(
-    dir: &Path,
-    stacks: &[Stack],
-    st: &StacksSummary,
-    sampling: &Sampling,
-) -> io::Result<Vec<String>> {
+impl std::fmt::Display for WriteFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.file, self.err)
+    }
+}
+
+/// Writes files one by one, keeping going past a failure.
+struct Writer<'a> {
+    dir: &'a Path,
+    failed: Vec<WriteFailure>,
+}
+
+impl Writer<'_> {
+    fn put(&mut self, file: &str, write: impl FnOnce(&Path) -> io::Result<()>) {
+        if let Err(err) = write(&self.dir.join(file)) {
+            // A half-written file would read as a whole one.
+            let _ = fs::remove_file(self.dir.join(file));
+            self.failed.push(WriteFailure { file: file.to_string(), err });
+        }
+    }
+
+    fn text(&mut self, file: &str, content: &str) {
+        self.put(file, |p| fs::write(p, content));
+    }
+
+    fn flamegraph(&mut self, stem: &str, folded: &str, title: &str, unit: &str) {
+        self.text(&format!("{stem}.folded"), folded);
+        self.put(&format!("{stem}.svg"), |p| flamegraph::write_svg(p, folded, title, unit));
+    }
+}
+
+/// The stacks behind a recording's flamegraphs.
+pub struct StackOutputs<'a> {
+    /// Fault stacks, when stacks were taken.
+    pub faults: Option<&'a [Stack]>,
+    /// mmap-family call sites, when mmap was traced.
+    pub mm_sites: Option<&'a [MmSite]>,
+}
+
+/// Writes every output of a recording into `dir`, most important first:
+/// `summary.json`, `summary.txt`, `regions.txt`, the flamegraphs, then
+/// `report.html` (which embeds them). A file that fails is reported by name
+/// and the rest are still attempted: on a full disk the summary survives.
+/// `s.stacks.files` must already name the flamegraph files ([`flamegraph_files`]).
+pub fn write_recording(dir: &Path, s: &Summary, stacks: &StackOutputs) -> Vec<WriteFailure> {
+    let mut w = Writer { dir, failed: Vec::new() };
+    match serde_json::to_string_pretty(s) {
+        Ok(json) => w.text("summary.json", &(json + "\n")),
+        Err(e) => w.failed.push(WriteFailure { file: "summary.json".into(), err: io::Error::other(e) }),
+    }
+    w.text("summary.txt", &text::render(s));
+    if s.regions.is_some() {
+        w.text("regions.txt", &text::render_regions(s));
+    }
+    if let (Some(faults), Some(st)) = (stacks.faults, &s.stacks) {
+        write_flamegraphs(&mut w, faults, st, &s.sampling);
+    }
+    if let Some(sites) = stacks.mm_sites {
+        write_mm_flamegraphs(&mut w, sites);
+    }
+    w.text("report.html", &html::render(s, dir));
+    w.failed
+}
+
+const FAULT_GRAPHS: [(Weight, &str, &str); 3] = [
+    (Weight::Faults, "Page faults by call stack", "faults"),
+    (Weight::TimeNs, "Fault-handler time by call stack", "ns"),
+    (Weight::Major, "Major faults by call stack", "faults"),
+];
+
+/// The files the fault flamegraphs are written to, for summary.json.
+pub fn flamegraph_files() -> Vec<String> {
+    FAULT_GRAPHS
+        .iter()
+        .flat_map(|(w, ..)| [format!("{}.svg", w.file_stem()), format!("{}.folded", w.file_stem())])
+        .collect()
+}
+
+/// The folded stacks and flamegraphs of a recording.
+fn write_flamegraphs(w: &mut Writer, stacks: &[Stack], st: &StacksSummary, sampling: &Sampling) {
     let n = u64::from(st.sample_period.max(1));
     // Say plainly what the total is and where it is an estimate.
     let how = if n > 1 {
         let slow = match st.exact_faults {
+            0 => "no slow faults".to_string(),
             1 => "the 1 slow fault (slept or huge) with its own stack".to_string(),
             k => format!("all {k} slow faults (slept or huge) with their own stacks"),
         };
@@ -48,26 +119,24 @@ pub fn write_flamegraphs(
         1 => "every fault timed; ".to_string(),
         p => format!("minor latency timed 1 in {p}; "),
     };
-    let mut files = Vec::new();
-    for (w, title, unit) in [
-        (Weight::Faults, "Page faults by call stack", "faults"),
-        (Weight::TimeNs, "Time in the fault handler by call stack", "ns"),
-        (Weight::Major, "Major faults by call stack", "faults"),
-    ] {
-        let f = flamegraph::folded(stacks, w);
+    for (weight, title, unit) in FAULT_GRAPHS {
+        let f = flamegraph::folded(stacks, weight);
         let total = flamegraph::total(&f);
-        let total_text = if w == Weight::TimeNs { fmt_ns(total) } else { format!("{total} {unit}") };
-        let extra = if w == Weight::TimeNs { format!("{timing}{how}") } else { how.clone() };
-        flamegraph::write(dir, w.file_stem(), &f, &format!("{title} — {total_text} ({extra})"), unit)?;
-        files.push(format!("{}.svg", w.file_stem()));
-        files.push(format!("{}.folded", w.file_stem()));
+        // A scaled total is an estimate: say so in the number too.
+        let total_text = match (weight, n > 1) {
+            (Weight::TimeNs, true) => format!("≈{}", fmt_ns(total)),
+            (Weight::TimeNs, false) => fmt_ns(total),
+            (_, true) => format!("{} {unit}", words::approx(total)),
+            (_, false) => format!("{total} {unit}"),
+        };
+        let extra = if weight == Weight::TimeNs { format!("{timing}{how}") } else { how.clone() };
+        w.flamegraph(weight.file_stem(), &f, &format!("{title} — {total_text} ({extra})"), unit);
     }
-    Ok(files)
 }
 
 /// `mmap.{svg,folded}` (call sites of mmap-family syscalls by calls) and
 /// `shootdowns.{svg,folded}` (by TLB-flush IPIs sent while the call ran).
-pub fn write_mm_flamegraphs(dir: &Path, sites: &[MmSite]) -> io::Result<()> {
+fn write_mm_flamegraphs(w: &mut Writer, sites: &[MmSite]) {
     for (stem, title, unit) in [
         ("mmap", "mmap-family calls by call site", "calls"),
         ("shootdowns", "TLB shootdown IPIs sent, by initiating call site", "IPIs"),
@@ -78,31 +147,57 @@ pub fn write_mm_flamegraphs(dir: &Path, sites: &[MmSite]) -> io::Result<()> {
         });
         let f = flamegraph::folded_lines(lines);
         let total = flamegraph::total(&f);
-        flamegraph::write(dir, stem, &f, &format!("{title} — {total} {unit}"), unit)?;
+        w.flamegraph(stem, &f, &format!("{title} — {total} {unit}"), unit);
     }
-    Ok(())
 }
 
-/// Rebuilds the human outputs of a recorded directory from its `summary.json`.
+/// Rebuilds the human outputs of a recorded directory from its `summary.json`,
+/// each file attempted even when one before it failed.
 pub fn rebuild(dir: &Path) -> Result<Summary, String> {
     let path = dir.join("summary.json");
     let data = fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let s: Summary =
         serde_json::from_str(&data).map_err(|e| format!("{} is not a vmtrace summary: {e}", path.display()))?;
-    fs::write(dir.join("summary.txt"), text::render(&s)).map_err(|e| format!("cannot write {}: {e}", dir.display()))?;
+    let mut w = Writer { dir, failed: Vec::new() };
+    w.text("summary.txt", &text::render(&s));
     if s.regions.is_some() {
-        fs::write(dir.join("regions.txt"), text::render_regions(&s))
-            .map_err(|e| format!("cannot write regions.txt: {e}"))?;
+        w.text("regions.txt", &text::render_regions(&s));
     }
     // Flamegraphs from the folded stacks saved beside them.
-    for w in [Weight::Faults, Weight::TimeNs, Weight::Major] {
-        let folded_path = dir.join(format!("{}.folded", w.file_stem()));
-        if let Ok(f) = fs::read_to_string(&folded_path) {
-            let unit = if w == Weight::TimeNs { "ns" } else { "faults" };
-            let title = format!("{} — {} {unit} (rebuilt by vmtrace report)", w.file_stem(), flamegraph::total(&f));
-            flamegraph::write(dir, w.file_stem(), &f, &title, unit)
-                .map_err(|e| format!("cannot write flamegraph: {e}"))?;
+    for (weight, ..) in FAULT_GRAPHS {
+        let stem = weight.file_stem();
+        if let Ok(f) = fs::read_to_string(dir.join(format!("{stem}.folded"))) {
+            let unit = if weight == Weight::TimeNs { "ns" } else { "faults" };
+            let title = format!("{stem} — {} {unit} (rebuilt by vmtrace report)", flamegraph::total(&f));
+            w.put(&format!("{stem}.svg"), |p| flamegraph::write_svg(p, &f, &title, unit));
         }
     }
-    Ok(s)
+    if w.failed.is_empty() {
+        Ok(s)
+    } else {
+        let names: Vec<String> = w.failed.iter().map(|f| format!("cannot write {}/{f}", dir.display())).collect();
+        Err(names.join("\n"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_that_fails_is_named_and_the_rest_are_still_written() {
+        let dir = tempfile::tempdir().unwrap();
+        // A directory where summary.txt goes: writing it fails, alone.
+        fs::create_dir(dir.path().join("summary.txt")).unwrap();
+        let s: Summary = serde_json::from_str(
+            &fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/summary.json")).unwrap(),
+        )
+        .unwrap();
+        let failed = write_recording(dir.path(), &s, &StackOutputs { faults: None, mm_sites: None });
+        assert_eq!(failed.iter().map(|f| f.file.as_str()).collect::<Vec<_>>(), ["summary.txt"]);
+        assert!(failed[0].to_string().starts_with("summary.txt: "), "{}", failed[0]);
+        for f in ["summary.json", "regions.txt", "report.html"] {
+            assert!(dir.path().join(f).is_file(), "{f} still written");
+        }
+    }
 }

@@ -4,12 +4,13 @@ use std::fmt::Write as _;
 use crate::model::fmt_ns;
 use crate::model::{bytes, Faults, Hist, Summary, BROKEN_CHAIN};
 
-/// Upper bound of a latency bucket, as "≤2.0 µs" ("-" when empty, ">1.07 s" for +inf).
-fn fmt_bound(h: &Hist, q: f64) -> String {
+/// Upper bound of the 4× latency bucket holding quantile `q`, as "≤4.1 µs"
+/// ("-" when empty, ">1.07 s" for +inf): one scale in every table.
+pub(crate) fn fmt_bound(h: &Hist, q: f64) -> String {
     if h.count() == 0 {
         "-".into()
     } else {
-        match h.quantile_bound(q) {
+        match h.table_quantile_bound(q) {
             Some(b) => format!("≤{}", fmt_ns(b)),
             None => format!(">{}", fmt_ns(Hist::bucket_bound(h.0.len() - 2).unwrap_or(0))),
         }
@@ -25,8 +26,7 @@ fn exit_text(code: Option<i32>) -> String {
 }
 
 fn row(out: &mut String, pid: &str, comm: &str, f: &Faults, exit: &str) {
-    let _ = writeln!(
-        out,
+    let line = format!(
         "{pid:>7}  {comm:<16} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10} {:>9} {:>9}  {exit}",
         f.total,
         f.minor,
@@ -37,6 +37,7 @@ fn row(out: &mut String, pid: &str, comm: &str, f: &Faults, exit: &str) {
         fmt_bound(&f.latency_hist_ns, 0.5),
         fmt_bound(&f.latency_hist_ns, 0.99),
     );
+    let _ = writeln!(out, "{}", line.trim_end());
 }
 
 fn histogram(out: &mut String, title: &str, h: &Hist) {
@@ -82,22 +83,8 @@ fn header(out: &mut String, s: &Summary) {
     if let Some(st) = s.target.exit_status {
         let _ = writeln!(out, "exit status: {}", exit_text(Some(st)));
     }
-    // Only what differs from the preferred probes, each once, in words.
-    let mut fallbacks: Vec<String> = Vec::new();
-    for p in s.probes.iter().filter(|p| p.fallback_reason.is_some()) {
-        let used =
-            if p.program_type == "none" { "not attached".to_string() } else { format!("via {}", p.program_type) };
-        let item = format!("{} {used}", p.what);
-        if !fallbacks.contains(&item) {
-            fallbacks.push(item);
-        }
-    }
-    if !fallbacks.is_empty() {
-        let _ = writeln!(
-            out,
-            "probes: this kernel needs fallbacks for {} (`vmtrace check` and `probes` in summary.json say why)",
-            fallbacks.join("; ")
-        );
+    for line in super::words::probe_lines(s) {
+        let _ = writeln!(out, "{line}");
     }
     if s.sampling.minor_latency_period == 0 {
         let _ = writeln!(out, "latency: minor faults not timed (--latency-sample 0): TIME is major faults only");
@@ -123,16 +110,34 @@ fn header(out: &mut String, s: &Summary) {
 }
 
 fn process_table(out: &mut String, s: &Summary) {
-    let _ = writeln!(out, "\nPage faults by process");
-    let _ = writeln!(
-        out,
-        "{:>7}  {:<16} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10} {:>9} {:>9}  EXIT",
-        "PID", "COMM", "FAULTS", "MINOR", "MAJOR", "WRITE", "COW", "TIME", "p50", "p99"
-    );
+    let _ = writeln!(out, "\nPage faults by process (p50/p99: upper bounds of 4× latency buckets)");
     let mut procs: Vec<_> = s.processes.iter().collect();
     procs.sort_by(|a, b| b.faults.time_ns.cmp(&a.faults.time_ns).then(a.pid.cmp(&b.pid)));
+    procs.truncate(MAX_ROWS.max(procs.len()));
+    // Nine rows that all say `git`: their command lines tell them apart.
+    let shared = |comm: &str| s.processes.iter().filter(|p| p.comm == comm).nth(1).is_some();
+    let any_shared = procs.iter().take(MAX_ROWS).any(|p| shared(&p.comm));
+    let _ = writeln!(
+        out,
+        "{:>7}  {:<16} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10} {:>9} {:>9}  {}",
+        "PID",
+        "COMM",
+        "FAULTS",
+        "MINOR",
+        "MAJOR",
+        "WRITE",
+        "COW",
+        "TIME",
+        "p50",
+        "p99",
+        if any_shared { format!("{:<14}  COMMAND", "EXIT") } else { "EXIT".into() }
+    );
     for p in procs.iter().take(MAX_ROWS) {
-        row(out, &p.pid.to_string(), &p.comm, &p.faults, &exit_text(p.exit_code));
+        let exit = match (&p.cmdline, shared(&p.comm)) {
+            (Some(cmd), true) => format!("{:<14}  {}", exit_text(p.exit_code), super::words::short_cmdline(cmd, 60)),
+            _ => exit_text(p.exit_code),
+        };
+        row(out, &p.pid.to_string(), &p.comm, &p.faults, &exit);
     }
     if procs.len() > MAX_ROWS {
         let _ = writeln!(out, "{:>7}  ({} more processes in summary.json)", "…", procs.len() - MAX_ROWS);
@@ -413,7 +418,7 @@ fn regions_section(out: &mut String, s: &Summary, limit: usize) {
 /// regions.txt: every region, by fault time.
 pub fn render_regions(s: &Summary) -> String {
     let mut out = String::from(
-        "Faults per memory region, by time in the fault handler (p50/p99: bucket bounds; HUGE: faults served by a transparent huge page; FAULTED: pages faulted in, a huge page counting its 512, fault-around pages not)\n",
+        "Faults per memory region, by time in the fault handler (p50/p99: upper bounds of 4× latency buckets; HUGE: faults served by a transparent huge page; FAULTED: pages faulted in, a huge page counting its 512, fault-around pages not)\n",
     );
     regions_table(&mut out, s, usize::MAX);
     out

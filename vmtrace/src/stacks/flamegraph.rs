@@ -89,11 +89,15 @@ pub fn total(folded: &str) -> u64 {
 /// Writes `stem.folded` and `stem.svg` into `dir`.
 pub fn write(dir: &Path, stem: &str, folded: &str, title: &str, count_name: &str) -> io::Result<()> {
     std::fs::write(dir.join(format!("{stem}.folded")), folded)?;
+    write_svg(&dir.join(format!("{stem}.svg")), folded, title, count_name)
+}
+
+/// The SVG alone (the folded file written apart, so a failure names its file).
+pub fn write_svg(svg: &Path, folded: &str, title: &str, count_name: &str) -> io::Result<()> {
     let mut opts = inferno::flamegraph::Options::default();
     title.clone_into(&mut opts.title);
     count_name.clone_into(&mut opts.count_name);
     opts.deterministic = true;
-    let svg = dir.join(format!("{stem}.svg"));
     if folded.is_empty() {
         // inferno refuses empty input; an empty picture that says so is better than none.
         let msg = format!(
@@ -104,7 +108,10 @@ pub fn write(dir: &Path, stem: &str, folded: &str, title: &str, count_name: &str
         return std::fs::write(svg, msg);
     }
     let file = std::fs::File::create(svg)?;
-    inferno::flamegraph::from_lines(&mut opts, folded.lines(), io::BufWriter::new(file)).map_err(io::Error::other)
+    let mut out = io::BufWriter::new(file);
+    inferno::flamegraph::from_lines(&mut opts, folded.lines(), &mut out).map_err(io::Error::other)?;
+    // A full disk may only show when the buffer is flushed: say so, not drop it.
+    io::Write::flush(&mut out)
 }
 
 fn escape(s: &str) -> String {

@@ -3,6 +3,7 @@
 //! `record`); every refresh reads them, turns them into rates ([`model`]) and
 //! draws a frame ([`view`]). One tokio task multiplexes the ring-buffer
 //! drain, the refresh timer and the keyboard.
+pub mod layout;
 pub mod model;
 pub mod view;
 
@@ -96,10 +97,19 @@ impl Model {
         }
     }
 
-    fn refresh(&mut self, session: &mut Session, perf: Option<&mut PerfProbe>, sort: model::SortKey) -> Snapshot {
+    /// `ended`: the target is gone, and the table keeps every process of the
+    /// trace with its final count (those that exited at rate 0) instead of
+    /// emptying as they leave the kernel's maps.
+    fn refresh(
+        &mut self,
+        session: &mut Session,
+        perf: Option<&mut PerfProbe>,
+        sort: model::SortKey,
+        ended: bool,
+    ) -> Snapshot {
         let dt = self.last.elapsed().as_secs_f64();
         self.last = Instant::now();
-        let mut snap = session.live_snapshot(LiveScope::Running);
+        let mut snap = session.live_snapshot(if ended { LiveScope::WholeTrace } else { LiveScope::Running });
         session.name_processes(&mut snap, |_| true);
         let rates = snap.rates(&mut self.procs, dt);
         let mut procs: Vec<ProcRow> = snap
@@ -109,7 +119,11 @@ impl Model {
             .map(|(p, (_, rates))| ProcRow {
                 pid: p.pid,
                 comm: p.comm.clone().unwrap_or_default(),
-                rates,
+                rates: if ended && session.known(p.pid).is_some_and(|k| k.exit_code.is_some()) {
+                    Rates::default()
+                } else {
+                    rates
+                },
                 total_faults: p.faults.total,
             })
             .collect();
@@ -364,7 +378,7 @@ impl App {
         let mut keys = EventStream::new();
         let mut drain = tokio::time::interval(Duration::from_millis(100));
         // A baseline reading now, the first rates one interval later.
-        self.model.refresh(&mut self.session, self.perf.as_mut(), self.view.sort);
+        self.model.refresh(&mut self.session, self.perf.as_mut(), self.view.sort, false);
         self.shown.target = describe(&self.target);
         self.shown.dtlb = "dTLB: measuring…".into();
         terminal.draw(|f| view::draw(f, &self.shown, self.view))?;
@@ -386,7 +400,8 @@ impl App {
                     }
                 }
                 _ = refresh.tick() => {
-                    let mut snap = self.model.refresh(&mut self.session, self.perf.as_mut(), self.view.sort);
+                    let ended = self.ended.is_some();
+                    let mut snap = self.model.refresh(&mut self.session, self.perf.as_mut(), self.view.sort, ended);
                     snap.target = describe(&self.target);
                     snap.ended.clone_from(&self.ended);
                     if !self.view.paused {
@@ -439,11 +454,11 @@ impl App {
             if let Some(st) = wait_exit(c.pid, false) {
                 self.exit_status = Some(st);
                 let log = self.log.as_ref().map(|p| format!(", output in {}", p.display())).unwrap_or_default();
-                self.ended = Some(format!("command exited with status {st}{log} — q to quit"));
+                self.ended = Some(format!("command exited with status {st}{log} — final counts below; q to quit"));
             }
         } else if let Target::Pid(pid) = self.target {
             if !pid_alive(pid) {
-                self.ended = Some(format!("pid {pid} exited — q to quit"));
+                self.ended = Some(format!("pid {pid} exited — final counts below; q to quit"));
             }
         }
     }

@@ -9,7 +9,10 @@ use ratatui::{
     Frame,
 };
 
-use super::model::{human, RegionRow, Snapshot, SortKey};
+use super::{
+    layout,
+    model::{human, RegionRow, Snapshot, SortKey},
+};
 use crate::model::bytes;
 
 /// Which table is on screen (`r` switches).
@@ -36,169 +39,253 @@ fn pct(v: f64) -> String {
     }
 }
 
-fn banner(text: &str, bg: Color) -> Line<'static> {
-    Line::from(Span::styled(format!(" {text} "), Style::default().fg(Color::White).bg(bg).add_modifier(Modifier::BOLD)))
-}
-
-/// The end of `s` in at most `room` columns: of a path, the file name
-/// matters most.
-fn keep_tail(s: &str, room: usize) -> String {
-    let n = s.chars().count();
-    if n <= room {
-        return s.to_string();
-    }
-    let tail: String = s.chars().skip(n - room + 1).collect();
-    format!("…{tail}")
-}
-
 /// Right-aligned numeric cell of `w` columns.
 fn num(s: &str, w: usize) -> Cell<'static> {
     Cell::from(format!("{s:>w$}"))
 }
 
-pub fn draw(frame: &mut Frame, snap: &Snapshot, view: ViewState) {
-    let banners = banners(snap);
-    let [head, ban, table, keys] = Layout::vertical([
-        Constraint::Length(3),
-        Constraint::Length(banners.len() as u16),
-        Constraint::Min(3),
-        Constraint::Length(1),
-    ])
-    .areas(frame.area());
-    frame.render_widget(Paragraph::new(header(snap, view)), head);
-    frame.render_widget(Paragraph::new(banners), ban);
-    match (view.pane, &snap.regions) {
-        (Pane::Processes, _) => frame.render_widget(process_table(snap), table),
-        (Pane::Regions, None) => frame.render_widget(Paragraph::new("regions are not traced"), table),
-        (Pane::Regions, Some(regions)) => frame.render_widget(region_table(regions, table.width), table),
+/// One piece of a header line: it moves to the next line whole.
+type Part = Vec<Span<'static>>;
+
+fn plain(s: String) -> Part {
+    vec![Span::raw(s)]
+}
+
+/// `parts` joined by `sep`, broken into lines of at most `room` columns. A
+/// part that starts a line drops a leading "· " (it only joins).
+fn lines_of(parts: &[Part], sep: &'static str, room: usize) -> Vec<Line<'static>> {
+    let width = |p: &Part| p.iter().map(Span::width).sum::<usize>();
+    let widths: Vec<usize> = parts.iter().map(width).collect();
+    let mut out = Vec::new();
+    for range in layout::pack(&widths, sep.chars().count(), room) {
+        let mut spans: Vec<Span<'static>> = Vec::new();
+        for (i, part) in parts[range.clone()].iter().enumerate() {
+            if i > 0 {
+                spans.push(Span::raw(sep));
+            }
+            for (j, sp) in part.iter().enumerate() {
+                let mut sp = sp.clone();
+                if i == 0 && j == 0 {
+                    if let Some(rest) = sp.content.strip_prefix("· ") {
+                        sp.content = rest.to_string().into();
+                    }
+                }
+                spans.push(sp);
+            }
+        }
+        let line = Line::from(spans);
+        if line.width() <= room {
+            out.push(line);
+        } else {
+            // One part wider than the screen: its words wrap, in its first style.
+            let style = line.spans.first().map(|s| s.style).unwrap_or_default();
+            let text: String = line.spans.iter().map(|s| s.content.as_ref()).collect();
+            out.extend(layout::wrap(&text, room).into_iter().map(|l| Line::from(Span::styled(l, style))));
+        }
     }
-    frame.render_widget(Paragraph::new(keys_line(view)), keys);
+    out
+}
+
+pub fn draw(frame: &mut Frame, snap: &Snapshot, view: ViewState) {
+    let area = frame.area();
+    let room = usize::from(area.width);
+    let head = header(snap, view, room);
+    let mut banners = banners(snap, room);
+    let keys = keys_lines(view, room);
+    let fixed = head.len() + keys.len();
+    // The table keeps 3 lines (header and 2 rows); banners past that wait.
+    banners.truncate(usize::from(area.height).saturating_sub(fixed + 3));
+    let table = match (view.pane, &snap.regions) {
+        (Pane::Processes, _) => process_table(snap, room).map(Some),
+        (Pane::Regions, None) => Some(None),
+        (Pane::Regions, Some(regions)) => region_table(regions, room).map(Some),
+    };
+    let (Some(table), true) = (table, area.width >= layout::MIN_WIDTH && usize::from(area.height) >= fixed + 3) else {
+        let msg = format!(
+            "terminal too small ({}×{}): vmtrace top needs at least {} columns and {} lines",
+            area.width,
+            area.height,
+            layout::MIN_WIDTH,
+            fixed + 3
+        );
+        let lines: Vec<Line> = layout::wrap(&msg, room.max(1)).into_iter().map(Line::from).collect();
+        frame.render_widget(Paragraph::new(lines), area);
+        return;
+    };
+    let as_u16 = |n: usize| u16::try_from(n).unwrap_or(u16::MAX);
+    let [head_a, ban_a, table_a, keys_a] = Layout::vertical([
+        Constraint::Length(as_u16(head.len())),
+        Constraint::Length(as_u16(banners.len())),
+        Constraint::Min(3),
+        Constraint::Length(as_u16(keys.len())),
+    ])
+    .areas(area);
+    frame.render_widget(Paragraph::new(head), head_a);
+    frame.render_widget(Paragraph::new(banners), ban_a);
+    match table {
+        Some(t) => frame.render_widget(t, table_a),
+        None => frame.render_widget(Paragraph::new("regions are not traced"), table_a),
+    }
+    frame.render_widget(Paragraph::new(keys), keys_a);
 }
 
 fn bold() -> Style {
     Style::default().add_modifier(Modifier::BOLD)
 }
 
-fn banners(snap: &Snapshot) -> Vec<Line<'static>> {
+fn banners(snap: &Snapshot, room: usize) -> Vec<Line<'static>> {
     let mut out = Vec::new();
+    let mut add = |text: &str, bg: Color| {
+        let style = Style::default().fg(Color::White).bg(bg).add_modifier(Modifier::BOLD);
+        for l in layout::wrap(text, room.saturating_sub(2).max(1)) {
+            out.push(Line::from(Span::styled(format!(" {l} "), style)));
+        }
+    };
     if let Some(e) = &snap.ended {
-        out.push(banner(e, Color::Blue));
+        add(e, Color::Blue);
     }
     for st in &snap.storms {
-        out.push(banner(st, Color::Red));
+        add(st, Color::Red);
     }
     if let Some(o) = &snap.oom {
-        out.push(banner(o, Color::Magenta));
+        add(o, Color::Magenta);
     }
     out
 }
 
-fn header(snap: &Snapshot, view: ViewState) -> Vec<Line<'static>> {
+fn header(snap: &Snapshot, view: ViewState, room: usize) -> Vec<Line<'static>> {
     let mut title = vec![
-        Span::styled("vmtrace top", bold()),
-        Span::raw(format!(
-            " · {} · up {:.0}s · {} faults · sort {}",
-            snap.target,
-            snap.uptime_s,
-            human(snap.total_faults as f64),
-            view.sort.label()
-        )),
+        vec![Span::styled("vmtrace top", bold())],
+        plain(snap.target.clone()),
+        plain(format!("up {:.0}s", snap.uptime_s)),
+        plain(format!("{} faults", human(snap.total_faults as f64))),
+        plain(format!("sort {}", view.sort.label())),
     ];
     if view.paused {
-        title.push(Span::styled(" · PAUSED", Style::default().add_modifier(Modifier::REVERSED)));
+        title.push(vec![Span::styled("PAUSED", Style::default().add_modifier(Modifier::REVERSED))]);
     }
     let total = &snap.total;
-    vec![
-        Line::from(title),
-        Line::from(format!(
-            "per s: faults {} maj {} COW {} munmap {} IPI {} · handler {}",
-            human(total.faults),
-            human(total.major),
-            human(total.cow),
-            human(total.munmap),
-            human(total.ipis),
-            pct(total.fault_pct)
-        )),
-        Line::from(format!("lost {} · {}", snap.lost_events, snap.dtlb)),
-    ]
+    let per_s = vec![
+        plain(format!("per s: faults {}", human(total.faults))),
+        plain(format!("maj {}", human(total.major))),
+        plain(format!("COW {}", human(total.cow))),
+        plain(format!("munmap {}", human(total.munmap))),
+        plain(format!("IPI {}", human(total.ipis))),
+        plain(format!("· handler {}", pct(total.fault_pct))),
+    ];
+    let mut out = lines_of(&title, " · ", room);
+    out.extend(lines_of(&per_s, " ", room));
+    out.extend(lines_of(&[plain(format!("lost {}", snap.lost_events)), plain(snap.dtlb.clone())], " · ", room));
+    out
 }
 
-/// The header row: names right-aligned over numbers, `text_col` left.
-fn head_row(names: &[&'static str], widths: &[usize], text_col: usize) -> Row<'static> {
-    Row::new(names.iter().zip(widths).enumerate().map(
-        |(i, (name, w))| {
-            if i == text_col {
-                Cell::from(*name)
-            } else {
-                num(name, *w)
+/// The text column of a table and how it is cut when narrowed.
+struct TextCol {
+    index: usize,
+    shrink_to: usize,
+    elide: fn(&str, usize) -> String,
+}
+
+/// A table of `names` over `rows` of preformatted cells, fitted to `room`
+/// columns by [`layout::fit`]; None when not even its essentials fit.
+fn fitted_table(
+    names: &[&'static str],
+    drop_order: &[u8],
+    text: &TextCol,
+    rows: &[Vec<String>],
+    room: usize,
+) -> Option<Table<'static>> {
+    let cols: Vec<layout::Col> = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            // Numbers get 6 columns at least ("999.9k"), so widths hold still
+            // from one refresh to the next.
+            let floor = if i == text.index { 0 } else { 6 };
+            let widest = rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0);
+            layout::Col {
+                natural: widest.max(name.len()).max(floor),
+                drop_order: drop_order[i],
+                shrink_to: (i == text.index).then_some(text.shrink_to),
             }
-        },
-    ))
-    .style(Style::default().add_modifier(Modifier::REVERSED))
+        })
+        .collect();
+    let widths = layout::fit(&cols, room)?;
+    let shown: Vec<(usize, usize)> = widths.iter().enumerate().filter_map(|(i, w)| w.map(|w| (i, w))).collect();
+    let cell = |i: usize, w: usize, s: &str| {
+        if i == text.index {
+            Cell::from((text.elide)(s, w))
+        } else {
+            num(s, w)
+        }
+    };
+    let head = Row::new(shown.iter().map(|&(i, w)| cell(i, w, names[i])))
+        .style(Style::default().add_modifier(Modifier::REVERSED));
+    let body: Vec<Row> = rows.iter().map(|r| Row::new(shown.iter().map(|&(i, w)| cell(i, w, &r[i])))).collect();
+    let constraints: Vec<Constraint> =
+        shown.iter().map(|&(_, w)| Constraint::Length(u16::try_from(w).unwrap_or(u16::MAX))).collect();
+    Some(Table::new(body, constraints).header(head).column_spacing(1))
 }
 
-fn process_table(snap: &Snapshot) -> Table<'static> {
-    let widths = [7, 14, 8, 7, 6, 7, 8, 7, 8];
-    let head =
-        head_row(&["PID", "COMM", "FAULT/s", "MAJ/s", "TIME%", "COW/s", "UNMAP/s", "IPI/s", "FAULTS"], &widths, 1);
-    let rows: Vec<Row> = snap
+fn process_table(snap: &Snapshot, room: usize) -> Option<Table<'static>> {
+    let names = ["PID", "COMM", "FAULT/s", "MAJ/s", "TIME%", "COW/s", "UNMAP/s", "IPI/s", "FAULTS"];
+    // What goes first when narrow: munmap and COW rates, then IPIs, majors,
+    // the time share, the total; pid, name and fault rate stay.
+    let drop_order = [0, 0, 0, 3, 2, 5, 6, 4, 1];
+    let rows: Vec<Vec<String>> = snap
         .procs
         .iter()
         .map(|p| {
             let r = &p.rates;
-            Row::new([
-                num(&p.pid.to_string(), widths[0]),
-                Cell::from(p.comm.clone()),
-                num(&human(r.faults), widths[2]),
-                num(&human(r.major), widths[3]),
-                num(&pct(r.fault_pct), widths[4]),
-                num(&human(r.cow), widths[5]),
-                num(&human(r.munmap), widths[6]),
-                num(&human(r.ipis), widths[7]),
-                num(&human(p.total_faults as f64), widths[8]),
-            ])
+            vec![
+                p.pid.to_string(),
+                p.comm.clone(),
+                human(r.faults),
+                human(r.major),
+                pct(r.fault_pct),
+                human(r.cow),
+                human(r.munmap),
+                human(r.ipis),
+                human(p.total_faults as f64),
+            ]
         })
         .collect();
-    Table::new(rows, widths.map(|w| Constraint::Length(w as u16))).header(head).column_spacing(1)
+    let text = TextCol { index: 1, shrink_to: 8, elide: layout::keep_head };
+    fitted_table(&names, &drop_order, &text, &rows, room)
 }
 
-fn region_table(regions: &[RegionRow], width: u16) -> Table<'static> {
-    // 0 = the region's name takes what is left.
-    let widths = [7, 0, 9, 8, 7, 6, 8];
-    let head = head_row(&["PID", "REGION", "SIZE", "FAULT/s", "MAJ/s", "TIME%", "FAULTS"], &widths, 1);
-    let fixed: usize = widths.iter().sum::<usize>() + widths.len() - 1;
-    let room = usize::from(width).saturating_sub(fixed).max(8);
-    let rows: Vec<Row> = regions
+fn region_table(regions: &[RegionRow], room: usize) -> Option<Table<'static>> {
+    let names = ["PID", "REGION", "SIZE", "FAULT/s", "MAJ/s", "TIME%", "FAULTS"];
+    let drop_order = [0, 0, 3, 0, 4, 2, 1];
+    let rows: Vec<Vec<String>> = regions
         .iter()
         .map(|g| {
             let r = &g.rates;
-            Row::new([
-                num(&g.pid.to_string(), widths[0]),
-                Cell::from(keep_tail(&format!("{} {}", g.comm, g.name), room)),
-                num(&bytes(g.size), widths[2]),
-                num(&human(r.faults), widths[3]),
-                num(&human(r.major), widths[4]),
-                num(&pct(r.fault_pct), widths[5]),
-                num(&human(g.total_faults as f64), widths[6]),
-            ])
+            vec![
+                g.pid.to_string(),
+                format!("{} {}", g.comm, g.name),
+                bytes(g.size),
+                human(r.faults),
+                human(r.major),
+                pct(r.fault_pct),
+                human(g.total_faults as f64),
+            ]
         })
         .collect();
-    let constraints = widths.map(|w| if w == 0 { Constraint::Fill(1) } else { Constraint::Length(w as u16) });
-    Table::new(rows, constraints).header(head).column_spacing(1)
+    let text = TextCol { index: 1, shrink_to: 10, elide: layout::keep_tail };
+    fitted_table(&names, &drop_order, &text, &rows, room)
 }
 
-fn keys_line(view: ViewState) -> Line<'static> {
+fn keys_lines(view: ViewState, room: usize) -> Vec<Line<'static>> {
     let other = if view.pane == Pane::Processes { "regions" } else { "processes" };
-    Line::from(vec![
-        Span::styled("q", bold()),
-        Span::raw(" quit  "),
-        Span::styled("s", bold()),
-        Span::raw(format!(" sort ({})  ", view.sort.next().label())),
-        Span::styled("p", bold()),
-        Span::raw(if view.paused { " resume  " } else { " pause  " }),
-        Span::styled("r", bold()),
-        Span::raw(format!(" {other}")),
-    ])
+    let key = |k: &'static str, what: String| vec![Span::styled(k, bold()), Span::raw(format!(" {what}"))];
+    let parts = vec![
+        key("q", "quit".into()),
+        key("s", format!("sort ({})", view.sort.next().label())),
+        key("p", (if view.paused { "resume" } else { "pause" }).into()),
+        key("r", other.into()),
+    ];
+    lines_of(&parts, "  ", room)
 }
 
 #[cfg(test)]
@@ -208,17 +295,22 @@ mod tests {
     use super::*;
     use crate::{model::live::Rates, top::model::ProcRow};
 
-    fn screen(s: &Snapshot, v: ViewState) -> String {
-        let mut term = Terminal::new(TestBackend::new(80, 24)).unwrap();
+    fn screen_at(s: &Snapshot, v: ViewState, w: u16, h: u16) -> String {
+        let mut term = Terminal::new(TestBackend::new(w, h)).unwrap();
         term.draw(|f| draw(f, s, v)).unwrap();
         let buf = term.backend().buffer().clone();
-        (0..24).map(|y| (0..80).map(|x| buf[(x, y)].symbol().to_string()).collect::<String>() + "\n").collect()
+        (0..h).map(|y| (0..w).map(|x| buf[(x, y)].symbol().to_string()).collect::<String>() + "\n").collect()
+    }
+
+    fn screen(s: &Snapshot, v: ViewState) -> String {
+        screen_at(s, v, 80, 24)
     }
 
     fn snapshot() -> Snapshot {
         Snapshot {
             target: "pid 4242".into(),
             uptime_s: 12.0,
+            total_faults: 7_000_000,
             total: Rates {
                 faults: 612_300.0,
                 major: 12_300.0,
@@ -228,12 +320,28 @@ mod tests {
                 ipis: 12_300.0,
                 ..Rates::default()
             },
-            procs: vec![ProcRow {
-                pid: 4242,
-                comm: "python3".into(),
-                rates: Rates { faults: 612_300.0, major: 3.0, fault_pct: 43.0, ipis: 15_200.0, ..Rates::default() },
-                total_faults: 7_000_000,
-            }],
+            procs: vec![
+                ProcRow {
+                    pid: 4242,
+                    comm: "python3".into(),
+                    rates: Rates { faults: 612_300.0, major: 3.0, fault_pct: 43.0, ipis: 15_200.0, ..Rates::default() },
+                    total_faults: 7_000_000,
+                },
+                ProcRow {
+                    pid: 4_194_303,
+                    comm: "pt_data_worker7".into(),
+                    rates: Rates {
+                        faults: 999_900.0,
+                        major: 9_999.0,
+                        fault_pct: 1234.0,
+                        cow: 123_456.0,
+                        munmap: 54_321.0,
+                        ipis: 98_765.0,
+                        ..Rates::default()
+                    },
+                    total_faults: 123_456_789,
+                },
+            ],
             regions: Some(vec![RegionRow {
                 pid: 4242,
                 comm: "python3".into(),
@@ -242,10 +350,18 @@ mod tests {
                 rates: Rates { faults: 1000.0, ..Rates::default() },
                 total_faults: 5000,
             }]),
-            storms: vec!["STORM pid 4242 (python3)".into()],
+            storms: vec!["STORM pid 4242 (python3) 15.2k IPIs/s peak, for 3 s: munmap ← free ← worker_loop".into()],
             dtlb: "dTLB misses: unsupported".into(),
             ..Snapshot::default()
         }
+    }
+
+    /// The cells of the table row that starts with `pid`, and the header.
+    fn row(text: &str, pid: &str) -> (Vec<String>, Vec<String>) {
+        let words = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+        let head = text.lines().find(|l| l.trim_start().starts_with("PID")).map(words).unwrap_or_default();
+        let row = text.lines().find(|l| l.split_whitespace().next() == Some(pid)).map(words).unwrap_or_default();
+        (head, row)
     }
 
     #[test]
@@ -259,10 +375,67 @@ mod tests {
         assert!(text.lines().last().unwrap().contains("q quit"), "{text}");
     }
 
+    /// Whatever the width, a number on screen is whole: every cell of a row
+    /// is the value it stands for, and columns drop (lowest priority first)
+    /// rather than cut.
     #[test]
-    fn long_names_keep_their_end() {
-        assert_eq!(keep_tail("python3 /a/b/model.safetensors", 12), "…safetensors");
-        assert_eq!(keep_tail("short", 12), "short");
+    fn no_number_is_ever_cut_at_60_80_or_200_columns() {
+        let snap = snapshot();
+        let whole = [
+            ("PID", "4194303"),
+            ("COMM", "pt_data_worker7"),
+            ("FAULT/s", "999.9k"),
+            ("MAJ/s", "9999"),
+            ("TIME%", "1234%"),
+            ("COW/s", "123.5k"),
+            ("UNMAP/s", "54.3k"),
+            ("IPI/s", "98.8k"),
+            ("FAULTS", "123M"),
+        ];
+        for (w, dropped) in [(200, 0), (80, 0), (60, 1), (50, 3)] {
+            let text = screen_at(&snap, ViewState::default(), w, 24);
+            let (head, row) = row(&text, "4194303");
+            assert_eq!(head.len(), whole.len() - dropped, "{w} columns:\n{text}");
+            assert_eq!(head.len(), row.len(), "{w} columns:\n{text}");
+            for (name, cell) in head.iter().zip(&row) {
+                let (_, want) = whole.iter().find(|(n, _)| n == name).unwrap();
+                // A narrowed name ends in an ellipsis; numbers never change.
+                let ok = cell == want
+                    || (*name == "COMM" && cell.ends_with('…') && want.starts_with(cell.trim_end_matches('…')));
+                assert!(ok, "{w} columns: {name} shows {cell:?}, not {want:?}:\n{text}");
+            }
+            for line in text.lines() {
+                assert!(line.trim_end().chars().count() <= usize::from(w), "{line}");
+            }
+            // The header lines break between parts, never inside one.
+            assert!(text.contains("handler 143%") && text.contains("7.0M faults"), "{w} columns:\n{text}");
+        }
+        // The least important columns are the ones gone: at 60 the munmap
+        // rate, at 50 the COW and IPI rates too.
+        let heads = |w| row(&screen_at(&snap, ViewState::default(), w, 24), "4194303").0.join(" ");
+        assert_eq!(heads(60), "PID COMM FAULT/s MAJ/s TIME% COW/s IPI/s FAULTS");
+        assert_eq!(heads(50), "PID COMM FAULT/s MAJ/s TIME% FAULTS");
+    }
+
+    #[test]
+    fn the_regions_pane_fits_narrow_screens_too() {
+        let v = ViewState { pane: Pane::Regions, ..ViewState::default() };
+        for w in [60, 80, 200] {
+            let text = screen_at(&snapshot(), v, w, 24);
+            let (head, row) = row(&text, "4242");
+            assert!(head.contains(&"FAULTS".to_string()), "{w}:\n{text}");
+            assert_eq!(row.last().map(String::as_str), Some("5000"), "{w}:\n{text}");
+            assert!(text.contains("safetensors"), "{w}: the file name survives:\n{text}");
+        }
+    }
+
+    #[test]
+    fn below_the_minimum_a_message_says_how_big() {
+        let text = screen_at(&snapshot(), ViewState::default(), 30, 24);
+        assert!(text.contains("terminal too small (30×24)"), "{text}");
+        assert!(!text.contains("4242"), "no table at all rather than a cut one:\n{text}");
+        let text = screen_at(&snapshot(), ViewState::default(), 80, 6);
+        assert!(text.contains("too small"), "{text}");
     }
 
     #[test]
