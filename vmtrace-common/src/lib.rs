@@ -365,11 +365,15 @@ pub enum DropKind {
     /// `FILE_CHUNKS` was full: a page-cache addition counted for its file, not
     /// for the part of the file it was.
     FileChunksFull = 11,
+    /// The stack-sample ring buffer was full: a user stack kept only its
+    /// frame-pointer walk (not unwound through code without frame pointers).
+    StackSampleRingFull = 12,
 }
-pub const DROP_KINDS: u32 = 12;
+pub const DROP_KINDS: u32 = 13;
 
 /// Event kinds in the stream. Ranges per family; a retired number is never reused.
-/// 1..=99 tasks, 100..=199 faults, 200..=299 mmap, 300..=399 tlb, 400..=499 oom.
+/// 1..=99 tasks, 100..=199 faults, 200..=299 mmap, 300..=399 tlb, 400..=499 oom,
+/// 500..=599 stacks.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventKind {
@@ -378,6 +382,7 @@ pub enum EventKind {
     TaskExit = 3,
     MmMapChange = 200,
     OomMarkVictim = 400,
+    StackSample = 500,
 }
 
 impl EventKind {
@@ -389,6 +394,7 @@ impl EventKind {
             3 => Some(Self::TaskExit),
             200 => Some(Self::MmMapChange),
             400 => Some(Self::OomMarkVictim),
+            500 => Some(Self::StackSample),
             _ => None,
         }
     }
@@ -699,8 +705,12 @@ pub struct Config {
     /// `PGFAULT`'s value in the kernel's `enum vm_event_item`, plus one; 0 when
     /// the fault end is not `memcg:count_memcg_events` (see the fault probes).
     pub memcg_pgfault: u32,
+    /// Bytes of user stack copied with the registers where a frame-pointer
+    /// walk did not end cleanly (`StackSample`), one of `STACK_WINDOWS`; 0 = none.
+    pub stack_window: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 56);
+const _: () = assert!(core::mem::size_of::<Config>() == 64);
 
 /// `Config::user_walk`: a 16-byte read per frame.
 pub const USER_WALK_FRAMES: u32 = 1;
@@ -735,6 +745,42 @@ pub struct UserStack {
 }
 const _: () = assert!(core::mem::size_of::<UserStack>() == 1032);
 
+/// Window sizes `Config::stack_window` may take: the kernel reserves a
+/// constant-size record per size.
+pub const STACK_WINDOWS: [u32; 3] = [8192, 16384, 32768];
+/// The default window: enough for CPython re-entering numpy two or three
+/// times (docs/unwind-spike.md).
+pub const STACK_WINDOW_DEFAULT: u32 = 16384;
+
+/// What precedes the copied stack in a `StackSample`: the user registers of
+/// a task whose stack was taken, and which frame-pointer stack it refines.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StackSampleHead {
+    pub hdr: EventHeader,
+    pub tgid: u32,
+    pub tid: u32,
+    /// The id the frame-pointer walk stored (`USER_STACKS`): every event
+    /// counted under it in this process shares its unwound stacks.
+    pub user_stack: i32,
+    /// Bytes of `StackSample::stack` copied from `sp` (0: registers only).
+    pub len: u32,
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+const _: () = assert!(core::mem::size_of::<StackSampleHead>() == 16 + 16 + 24);
+
+/// A user stack to unwind in userspace: registers and up to `N` bytes of the
+/// stack from `sp` (`EventKind::StackSample`, on its own ring).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct StackSample<const N: usize> {
+    pub head: StackSampleHead,
+    pub stack: [u8; N],
+}
+const _: () = assert!(core::mem::size_of::<StackSample<16384>>() == 56 + 16384);
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: all are repr(C), made only of integers, with no implicit padding
@@ -757,6 +803,7 @@ mod pod {
     unsafe impl aya::Pod for super::EventHeader {}
     unsafe impl aya::Pod for super::TaskEvent {}
     unsafe impl aya::Pod for super::OomEvent {}
+    unsafe impl aya::Pod for super::StackSampleHead {}
     unsafe impl aya::Pod for super::KernelOffsets {}
     unsafe impl aya::Pod for super::Config {}
 }
@@ -799,6 +846,7 @@ mod tests {
             EventKind::TaskExit,
             EventKind::MmMapChange,
             EventKind::OomMarkVictim,
+            EventKind::StackSample,
         ] {
             assert_eq!(EventKind::from_u32(k as u32), Some(k));
         }

@@ -1,14 +1,15 @@
 //! vmtrace kernel programs. One module per probe family under `probes/`,
 //! each with the maps only it uses. Below them, with no cycles:
 //! `globals` (loader-set config and BTF offsets) ← `shared` (traced set, drop
-//! counters, event ring) and `inflight` (faults in flight) ← `stacks` (stack
-//! ids and the user-stack walk) ← `probes`.
+//! counters, event ring) and `inflight` (faults in flight) ← `samples` (copied
+//! user stacks) ← `stacks` (stack ids and the user-stack walk) ← `probes`.
 #![no_std]
 #![no_main]
 
 mod globals;
 mod inflight;
 mod probes;
+mod samples;
 mod shared;
 mod stacks;
 

@@ -1,0 +1,112 @@
+//! Copied user stacks (`STACK_SAMPLES`): the registers and a window of the
+//! stack from sp, for userspace to unwind through code built without frame
+//! pointers with the objects' call-frame information (framehop). Sent only
+//! where a stack is taken already (sampled faults, slow faults, mmap-family
+//! call sites) and its frame-pointer walk did not end cleanly: a copy costs
+//! microseconds, far more than the walk (docs/design.md, "Native stacks").
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    bindings::{pt_regs, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_ktime_get_ns, bpf_task_pt_regs, generated},
+    macros::map,
+    maps::RingBuf,
+};
+use vmtrace_common::{DropKind, EventHeader, EventKind, StackSample, StackSampleHead};
+
+use crate::{globals::config, shared::count_drop};
+
+const SAMPLES_BYTES: u32 = 8 * 1024 * 1024;
+
+/// Copied stacks for userspace; apart from `EVENTS` so a burst of them never
+/// crowds out task and mapping events. 8 MiB: 500 samples of 16 KiB, five
+/// times what 1 in 64 faults at 100k faults/s sends between two polls.
+#[map]
+pub static STACK_SAMPLES: RingBuf = RingBuf::with_byte_size(SAMPLES_BYTES, 0);
+
+const PAGE: u64 = 4096;
+
+/// Sends the current task's user registers and stack window as the sample of
+/// the frame-pointer stack `id`. A constant of the frozen CONFIG picks the
+/// record size: the verifier keeps one branch.
+#[inline(always)]
+pub fn send_sample(id: i32) {
+    match config().stack_window {
+        8192 => send::<8192>(id),
+        16384 => send::<16384>(id),
+        32768 => send::<32768>(id),
+        _ => {}
+    }
+}
+
+#[inline(always)]
+fn read_user(dst: *mut u8, n: u32, src: u64) -> bool {
+    // SAFETY: bpf_probe_read_user faults safely; callers keep `n` within `dst`.
+    unsafe { generated::bpf_probe_read_user(dst.cast::<c_void>(), n, src as *const c_void) == 0 }
+}
+
+#[inline(always)]
+fn send<const N: usize>(id: i32) {
+    let Some(mut e) = STACK_SAMPLES.reserve::<StackSample<N>>(0) else {
+        count_drop(DropKind::StackSampleRingFull);
+        return;
+    };
+    // SAFETY: the current task is valid for the program's run; its user-mode
+    // registers are at the top of its kernel stack (BTF pointer: the verifier
+    // makes these loads fault-safe).
+    let (ip, sp, bp) = unsafe {
+        let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const pt_regs;
+        (
+            core::ptr::read_volatile(&raw const (*regs).rip),
+            core::ptr::read_volatile(&raw const (*regs).rsp),
+            core::ptr::read_volatile(&raw const (*regs).rbp),
+        )
+    };
+    // SAFETY: reserved ring memory of the record's size, written before submit.
+    let s = unsafe { &mut *e.as_mut_ptr() };
+    let dst = s.stack.as_mut_ptr();
+    let mut len = N as u32;
+    if !read_user(dst, N as u32, sp) {
+        // The window crosses the top of the stack (or a page is not present):
+        // read page by page up to it, so a short stack still gives its frames.
+        // The first read ends at sp's page end, the others are whole pages;
+        // the window's last partial page is left out, which keeps every read
+        // inside the buffer for the verifier.
+        len = 0;
+        let first = PAGE - (sp & (PAGE - 1));
+        if read_user(dst, first as u32, sp) {
+            len = first as u32;
+            for k in 0..(N as u64 / PAGE - 1) {
+                let off = first + k * PAGE;
+                // SAFETY: off + PAGE <= PAGE + (N / PAGE - 1) * PAGE = N.
+                if !read_user(unsafe { dst.add(off as usize) }, PAGE as u32, sp + off) {
+                    break;
+                }
+                len = (off + PAGE) as u32;
+            }
+        }
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    s.head = StackSampleHead {
+        hdr: EventHeader {
+            kind: EventKind::StackSample as u32,
+            size: core::mem::size_of::<StackSample<N>>() as u32,
+            // SAFETY: no preconditions.
+            ts_ns: unsafe { bpf_ktime_get_ns() },
+        },
+        tgid: (pid_tgid >> 32) as u32,
+        tid: pid_tgid as u32,
+        user_stack: id,
+        len,
+        ip,
+        sp,
+        bp,
+    };
+    // The collector polls every 100 ms: wake it early only once a quarter waits.
+    let wake = if STACK_SAMPLES.query(u64::from(BPF_RB_AVAIL_DATA)) > u64::from(SAMPLES_BYTES / 4) {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    e.submit(u64::from(wake));
+}
