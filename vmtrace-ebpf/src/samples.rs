@@ -10,7 +10,7 @@ use aya_ebpf::{
     bindings::{pt_regs, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_ktime_get_ns, bpf_task_pt_regs, generated},
     macros::map,
-    maps::RingBuf,
+    maps::{LruHashMap, RingBuf},
 };
 use vmtrace_common::{DropKind, EventHeader, EventKind, StackSample, StackSampleHead};
 
@@ -25,6 +25,14 @@ const SAMPLES_BYTES: u32 = 8 * 1024 * 1024;
 pub static STACK_SAMPLES: RingBuf = RingBuf::with_byte_size(SAMPLES_BYTES, 0);
 
 const PAGE: u64 = 4096;
+
+/// The top of each thread's stack, as far as a copy could read, by tid: a
+/// read past it fails only after a page fault and its exception fixup, and
+/// then the copy goes page by page, several helper calls. Once known, a copy
+/// is one read of `min(window, top - sp)`. A stale entry (tid reused) makes
+/// that read fail, and the copy learns the top again.
+#[map]
+static STACK_TOPS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(16_384, 0);
 
 /// Sends the current task's user registers and stack window as the sample of
 /// the frame-pointer stack `id`. A constant of the frozen CONFIG picks the
@@ -65,14 +73,26 @@ fn send<const N: usize>(id: i32) {
     // SAFETY: reserved ring memory of the record's size, written before submit.
     let s = unsafe { &mut *e.as_mut_ptr() };
     let dst = s.stack.as_mut_ptr();
-    let mut len = N as u32;
-    if !read_user(dst, N as u32, sp) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
+    // SAFETY: a plain value read.
+    let top = unsafe { STACK_TOPS.get(tid) }.copied().unwrap_or(0);
+    let mut len = 0;
+    if top > sp {
+        let n = if top - sp > N as u64 { N as u32 } else { (top - sp) as u32 };
+        if read_user(dst, n, sp) {
+            len = n;
+        }
+    }
+    if len == 0 && read_user(dst, N as u32, sp) {
+        len = N as u32;
+    } else if len == 0 {
         // The window crosses the top of the stack (or a page is not present):
         // read page by page up to it, so a short stack still gives its frames.
         // The first read ends at sp's page end, the others are whole pages;
         // the window's last partial page is left out, which keeps every read
-        // inside the buffer for the verifier.
-        len = 0;
+        // inside the buffer for the verifier. Where the reads stopped short
+        // of the window is the top (`STACK_TOPS`).
         let first = PAGE - (sp & (PAGE - 1));
         if read_user(dst, first as u32, sp) {
             len = first as u32;
@@ -84,9 +104,11 @@ fn send<const N: usize>(id: i32) {
                 }
                 len = (off + PAGE) as u32;
             }
+            if (len as usize) < N - PAGE as usize {
+                let _ = STACK_TOPS.insert(tid, sp + u64::from(len), 0);
+            }
         }
     }
-    let pid_tgid = bpf_get_current_pid_tgid();
     s.head = StackSampleHead {
         hdr: EventHeader {
             kind: EventKind::StackSample as u32,

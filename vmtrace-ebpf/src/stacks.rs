@@ -143,8 +143,10 @@ fn walk() -> Option<(i32, bool)> {
         by_frames(s, fp, h)
     };
     // Code without frame pointers uses rbp as a general register: a chain
-    // that does not start on the stack, just above sp, read data.
-    let clean = root && fp >= sp && fp - sp < FIRST_FRAME_MAX;
+    // that does not start on the stack, just above sp, read data; and a
+    // pointer to a zeroed local reads as a one-frame chain "ending" at once
+    // (seen in numpy's copy loops), while a real one passes main and its caller.
+    let clean = root && nr >= 3 && fp >= sp && fp - sp < FIRST_FRAME_MAX;
     // SAFETY: this CPU's slot, as for the scratch.
     let recent = RECENT.get_ptr_mut(h as u32 & (RECENT_SLOTS - 1)).map(|r| unsafe { &mut *r });
     if let Some(r) = &recent {
