@@ -24,6 +24,7 @@ use crate::{
 /// from them may read them again: a JIT process would otherwise read its maps
 /// on every sample.
 const MAPS_RETRY: Duration = Duration::from_millis(250);
+const MAPS_RETRY_YOUNG: Duration = Duration::from_millis(5);
 
 impl ProcessMaps for ProcessTable {
     fn maps(&mut self, tgid: u32) -> (&[Region], Option<Instant>) {
@@ -35,7 +36,11 @@ impl ProcessMaps for ProcessTable {
     }
 
     fn refresh(&mut self, tgid: u32) {
-        let recent = self.procs.get(&tgid).and_then(|p| p.maps_read).is_some_and(|t| t.elapsed() < MAPS_RETRY);
+        // A young process maps its libraries (exec, ld.so, dlopen) faster
+        // than the polls re-read its maps.
+        let young = self.procs.get(&tgid).is_some_and(|p| p.first_seen.elapsed() < YOUNG);
+        let retry = if young { MAPS_RETRY_YOUNG } else { MAPS_RETRY };
+        let recent = self.procs.get(&tgid).and_then(|p| p.maps_read).is_some_and(|t| t.elapsed() < retry);
         if !recent {
             self.snapshot_maps(tgid);
         }
@@ -129,14 +134,18 @@ pub fn build_stacks(table: &mut ProcessTable, source: &impl AggregateSource, nat
         let all_kernel: Vec<u64> = entries.iter().flat_map(|e| e.3.iter().copied()).collect();
         names.prepare_kernel(&all_kernel);
         for (k, counts, user, kernel, unwound) in entries {
-            let (user, user_cut) = match &unwound {
-                None => stacks::user_frames(&user, &names, &info.maps, &info.mapped, jit.as_ref()),
+            let (user, user_cut, unwound) = match &unwound {
+                None => {
+                    let (frames, cut) = stacks::user_frames(&user, &names, &info.maps, &info.mapped, jit.as_ref());
+                    (frames, cut, None)
+                }
                 Some(cut) => {
-                    (stacks::native_frames(&user, cut.as_ref(), &names, &info.maps, jit.as_ref()), cut.is_some())
+                    let (frames, why) = stacks::native_frames(&user, cut.as_ref(), &names, &info.maps, jit.as_ref());
+                    (frames, why.is_some(), Some(why))
                 }
             };
             out.push(Stack {
-                unwound: unwound.map(|c| c.map(|c| c.reason)),
+                unwound,
                 pid,
                 comm: info.comm.clone(),
                 user,
@@ -181,7 +190,7 @@ pub fn site_frames(
     let info = table.ensure(tgid);
     names.prepare_user(&ips, &info.maps);
     let mut frames = match native {
-        Some(n) => stacks::native_frames(&ips, n.cut.as_ref(), names, &info.maps, None),
+        Some(n) => stacks::native_frames(&ips, n.cut.as_ref(), names, &info.maps, None).0,
         None => stacks::user_frames(&ips, names, &info.maps, &info.mapped, None).0,
     };
     if user_stack == STACK_ID_LOST {
@@ -191,8 +200,10 @@ pub fn site_frames(
     frames
 }
 
+/// The syscall of a call site; `other` for IPIs sent outside any (call
+/// `MM_CALLS`: a fault, migration, reclaim), as `ipis_by_call` names them.
 fn call_name(call: u32) -> &'static str {
-    MM_CALL_NAMES.get(call as usize).copied().unwrap_or("?")
+    MM_CALL_NAMES.get(call as usize).copied().unwrap_or("other")
 }
 
 /// Call sites of mmap-family syscalls, symbolized, with calls and IPIs sent

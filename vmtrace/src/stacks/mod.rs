@@ -113,17 +113,27 @@ pub fn user_frames(
     (frames.chain(ips[..keep].iter().rev().map(|&a| names.user(a, maps, jit))).collect(), cut)
 }
 
+/// Functions that begin a thread's stack: a program's entry (`_start`, or
+/// ld.so's before it), and glibc's thread start.
+const THREAD_ROOTS: [&str; 6] = ["_start", "_dl_start_user", "clone3", "__clone3", "clone", "start_thread"];
+
 /// An unwound user stack's frames (innermost first in `ips`), outermost
-/// first, under the marker of its cut if it did not reach a thread root.
+/// first, under the marker of its cut if it did not reach a thread root; and
+/// why it was cut. A walk that went on past a thread root (an entry point
+/// whose CFI does not end the stack: framehop tries frame pointers there)
+/// reached it all the same.
 pub fn native_frames(
     ips: &[u64],
     cut: Option<&native::Cut>,
     names: &symbolize::Names,
     maps: &[crate::procmaps::Region],
     jit: Option<&symbolize::PerfMap>,
-) -> Vec<String> {
+) -> (Vec<String>, Option<&'static str>) {
+    let named: Vec<String> = ips.iter().rev().map(|&a| names.user(a, maps, jit)).collect();
+    let at_root = named.first().is_some_and(|f| THREAD_ROOTS.contains(&f.as_str()));
+    let cut = cut.filter(|_| !at_root);
     let marker = cut.map(|c| c.marker.clone()).into_iter();
-    marker.chain(ips.iter().rev().map(|&a| names.user(a, maps, jit))).collect()
+    (marker.chain(named).collect(), cut.map(|c| c.reason))
 }
 
 /// How the sampled faults' user stacks ended, for summary.json's `stacks`:
