@@ -143,3 +143,39 @@ fn stack_window_zero_copies_nothing() {
     assert_eq!(u(&run.summary["stacks"]["unwound_samples"]), 0, "{}", run.summary["stacks"]);
     assert_eq!(u(&run.summary["stacks"]["reached_root"]), 0, "{}", run.summary["stacks"]);
 }
+
+/// numpy temporaries freed in two threads with a fixed mmap threshold: every
+/// free unmaps, and each munmap sends a shootdown to the other thread's CPU.
+/// The storm is blamed through numpy's own C code (`array_dealloc`), past
+/// libc's `free` and `munmap` wrappers.
+#[test]
+fn numpy_munmap_storm_is_blamed_through_numpys_c_functions() {
+    privileged!();
+    let python = python_with(&["numpy"]);
+    let script = "import threading, numpy as np\n\
+                  def work():\n    for _ in range(4000):\n        a = np.ones(40000)\n        b = a * 2.0\n        del a, b\n\
+                  ts = [threading.Thread(target=work) for _ in range(2)]\n\
+                  [t.start() for t in ts]\n[t.join() for t in ts]\n";
+    let threshold = (200 / scale()).to_string();
+    let run = record(
+        &["--storm-threshold", &threshold],
+        &["env", "MALLOC_MMAP_THRESHOLD_=131072", python.to_str().unwrap(), "-c", script],
+    );
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let storms = run.summary["storms"].as_array().expect("storms");
+    assert!(!storms.is_empty(), "no storm: {}", run.summary["processes"]);
+    for s in storms {
+        let stack: Vec<&str> = s["top_stack"].as_array().unwrap().iter().filter_map(|f| f.as_str()).collect();
+        assert!(s["top_share"].as_f64().unwrap() > 0.0, "{s:#}");
+        assert!(stack.iter().any(|f| f.contains("array_dealloc")), "culprit names numpy's C code: {stack:?}");
+        // The frame under the syscall is a caller, not libc's wrapper of it.
+        let caller = stack.iter().rev().nth(1).copied().unwrap_or("");
+        assert!(!caller.contains("munmap"), "culprit starts at a syscall wrapper: {stack:?}");
+    }
+    // Every IPI sent has a call site in the shootdown flamegraph.
+    let folded = folded(&run, "shootdowns.folded");
+    let sent: u64 =
+        run.summary["processes"].as_array().unwrap().iter().map(|p| p["tlb"]["ipis_sent"].as_u64().unwrap_or(0)).sum();
+    let total = vmtrace::stacks::flamegraph::total(&folded);
+    assert!(total * 100 >= sent * 95, "shootdowns.folded holds {total} of {sent} IPIs:\n{folded}");
+}

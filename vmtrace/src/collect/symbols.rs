@@ -298,3 +298,35 @@ pub fn name_storms(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(frames: &[&str]) -> Vec<String> {
+        frames.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn a_culprit_starts_past_libcs_syscall_wrappers() {
+        let f = v(&["main", "array_dealloc", "__GI___libc_free", "__GI_munmap", "[munmap]"]);
+        assert_eq!(culprit_frames(f), v(&["main", "array_dealloc", "__GI___libc_free", "[munmap]"]));
+        let f = v(&["main", "outer", "__GI___mmap64", "[mmap]"]);
+        assert_eq!(culprit_frames(f), v(&["main", "outer", "[mmap]"]));
+        let f = v(&["worker", "__GI_mprotect", "[mprotect]"]);
+        assert_eq!(culprit_frames(f), v(&["worker", "[mprotect]"]));
+        // Nothing but the wrapper: kept, rather than an empty culprit.
+        assert_eq!(culprit_frames(v(&["__GI_munmap", "[munmap]"])), v(&["__GI_munmap", "[munmap]"]));
+        assert_eq!(culprit_frames(Vec::new()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn counts_are_shared_out_whole() {
+        let c = StackCounts { faults: 10, major: 1, time_ns: 1001, timed: 10 };
+        let parts = split_counts(&c, &[3, 1]);
+        assert_eq!(parts.iter().map(|p| p.faults).sum::<u64>(), 10);
+        assert_eq!(parts.iter().map(|p| p.time_ns).sum::<u64>(), 1001);
+        assert_eq!(parts.iter().map(|p| p.major).sum::<u64>(), 1);
+        assert_eq!(parts[0].faults, 8);
+    }
+}

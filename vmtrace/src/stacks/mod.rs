@@ -221,6 +221,23 @@ mod tests {
     }
 
     #[test]
+    fn endings_count_roots_cuts_and_frame_pointer_stacks_by_faults() {
+        let s = |unwound, user_cut, faults| Stack {
+            user: vec!["main".into()],
+            unwound,
+            user_cut,
+            counts: StackCounts { faults, ..Default::default() },
+            ..Stack::default()
+        };
+        let stacks =
+            [s(Some(None), false, 5), s(Some(Some("window_exhausted")), true, 2), s(None, true, 3), s(None, false, 7)];
+        let (root, cut, fp) = endings(&stacks);
+        assert_eq!((root, fp), (5, 7));
+        assert_eq!(cut.get("window_exhausted"), Some(&2));
+        assert_eq!(cut.get("frame_chain_broken"), Some(&3));
+    }
+
+    #[test]
     fn mapping_events_and_jit_code_count_as_code_and_no_map_cuts_nothing() {
         let mut mapped = MappedRegions::default();
         mapped.insert(region(0x50000, 0x60000, "r-xp", RegionKind::File));
