@@ -53,6 +53,29 @@ fn read_user(dst: *mut u8, n: u32, src: u64) -> bool {
     unsafe { generated::bpf_probe_read_user(dst.cast::<c_void>(), n, src as *const c_void) == 0 }
 }
 
+/// Copies the whole window: `N` bytes, or 0 when the read fails.
+#[inline(always)]
+fn read_full<const N: usize>(dst: *mut u8, sp: u64) -> u32 {
+    if read_user(dst, N as u32, sp) {
+        N as u32
+    } else {
+        0
+    }
+}
+
+/// Copies `n` (< `N`) bytes; 0 when the read fails or `n` is not below `N`.
+/// The mask is for the verifier, at the call: a bound checked before the
+/// value was spilled to the stack is lost on 6.1.
+#[inline(always)]
+fn read_part<const N: usize>(dst: *mut u8, n: u64, sp: u64) -> u32 {
+    let n = (n as u32) & (N as u32 - 1);
+    if n != 0 && read_user(dst, n, sp) {
+        n
+    } else {
+        0
+    }
+}
+
 #[inline(always)]
 fn send<const N: usize>(id: i32) {
     let Some(mut e) = STACK_SAMPLES.reserve::<StackSample<N>>(0) else {
@@ -79,33 +102,24 @@ fn send<const N: usize>(id: i32) {
     let top = unsafe { STACK_TOPS.get(tid) }.copied().unwrap_or(0);
     let mut len = 0;
     if top > sp {
-        let n = if top - sp > N as u64 { N as u32 } else { (top - sp) as u32 };
-        if read_user(dst, n, sp) {
-            len = n;
-        }
+        let d = top - sp;
+        len = if d >= N as u64 { read_full::<N>(dst, sp) } else { read_part::<N>(dst, d, sp) };
     }
-    if len == 0 && read_user(dst, N as u32, sp) {
-        len = N as u32;
-    } else if len == 0 {
-        // The window crosses the top of the stack (or a page is not present):
-        // read page by page up to it, so a short stack still gives its frames.
-        // The first read ends at sp's page end, the others are whole pages;
-        // the window's last partial page is left out, which keeps every read
-        // inside the buffer for the verifier. Where the reads stopped short
-        // of the window is the top (`STACK_TOPS`).
-        let first = PAGE - (sp & (PAGE - 1));
-        if read_user(dst, first as u32, sp) {
-            len = first as u32;
-            for k in 0..(N as u64 / PAGE - 1) {
-                let off = first + k * PAGE;
-                // SAFETY: off + PAGE <= PAGE + (N / PAGE - 1) * PAGE = N.
-                if !read_user(unsafe { dst.add(off as usize) }, PAGE as u32, sp + off) {
-                    break;
-                }
-                len = (off + PAGE) as u32;
-            }
-            if (len as usize) < N - PAGE as usize {
+    if len == 0 {
+        len = read_full::<N>(dst, sp);
+    }
+    if len == 0 {
+        // The window crosses the top of the stack (a read past it fails): the
+        // longest read that ends on a page boundary and succeeds is up to the
+        // top, which is remembered (`STACK_TOPS`), so this costs a few failed
+        // reads once per thread. Every read starts at the buffer's start: a
+        // variable offset into it is more than 6.1's verifier follows.
+        let first = ((!sp) & (PAGE - 1)) + 1;
+        for j in (0..N as u64 / PAGE).rev() {
+            len = read_part::<N>(dst, first + j * PAGE, sp);
+            if len != 0 {
                 let _ = STACK_TOPS.insert(tid, sp + u64::from(len), 0);
+                break;
             }
         }
     }
