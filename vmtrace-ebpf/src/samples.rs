@@ -8,7 +8,10 @@ use core::ffi::c_void;
 
 use aya_ebpf::{
     bindings::{pt_regs, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_ktime_get_ns, bpf_task_pt_regs, generated},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_task_pt_regs,
+        generated,
+    },
     macros::map,
     maps::{LruHashMap, RingBuf},
 };
@@ -34,15 +37,42 @@ const PAGE: u64 = 4096;
 #[map]
 static STACK_TOPS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(16_384, 0);
 
+/// Copies sent per frame-pointer stack id.
+#[map]
+static COPIES: LruHashMap<u32, u32> = LruHashMap::with_max_entries(16_384, 0);
+
+/// Copies of an id sent at every event before thinning starts.
+const COPIES_WHOLE: u32 = 64;
+/// Thinning stops at 1 copy in 2^this.
+const THIN_MAX_SHIFT: u32 = 10;
+
 /// Sends the current task's user registers and stack window as the sample of
-/// the frame-pointer stack `id`. A constant of the frozen CONFIG picks the
-/// record size: the verifier keeps one branch.
+/// the frame-pointer stack `id`. A call site taken on every call, or a fault
+/// loop, repeats one id: after `COPIES_WHOLE` copies an id's copies are
+/// thinned at random, 1 in 2 until twice as many, 1 in 4 until four times as
+/// many, and so on, and each copy carries its weight (2^k): the shares
+/// userspace gives the id's unwound stacks stay unbiased however the mix of
+/// stacks behind one id changes over time. A constant of the frozen CONFIG
+/// picks the record size: the verifier keeps one branch.
 #[inline(always)]
 pub fn send_sample(id: i32) {
+    let key = id as u32;
+    // SAFETY: a plain value read.
+    let copies = unsafe { COPIES.get(key) }.copied().unwrap_or(0);
+    let mut weight = 1u32;
+    if copies >= COPIES_WHOLE {
+        let shift = (32 - (copies / COPIES_WHOLE).leading_zeros()).min(THIN_MAX_SHIFT);
+        weight = 1 << shift;
+        // SAFETY: no preconditions.
+        if unsafe { bpf_get_prandom_u32() } & (weight - 1) != 0 {
+            return;
+        }
+    }
+    let _ = COPIES.insert(key, copies + 1, 0);
     match config().stack_window {
-        8192 => send::<8192>(id),
-        16384 => send::<16384>(id),
-        32768 => send::<32768>(id),
+        8192 => send::<8192>(id, weight),
+        16384 => send::<16384>(id, weight),
+        32768 => send::<32768>(id, weight),
         _ => {}
     }
 }
@@ -77,7 +107,7 @@ fn read_part<const N: usize>(dst: *mut u8, n: u64, sp: u64) -> u32 {
 }
 
 #[inline(always)]
-fn send<const N: usize>(id: i32) {
+fn send<const N: usize>(id: i32, weight: u32) {
     let Some(mut e) = STACK_SAMPLES.reserve::<StackSample<N>>(0) else {
         count_drop(DropKind::StackSampleRingFull);
         return;
@@ -137,6 +167,8 @@ fn send<const N: usize>(id: i32) {
         ip,
         sp,
         bp,
+        weight,
+        _pad: 0,
     };
     // The collector polls every 100 ms: wake it early only once a quarter waits.
     let wake = if STACK_SAMPLES.query(u64::from(BPF_RB_AVAIL_DATA)) > u64::from(SAMPLES_BYTES / 4) {

@@ -110,9 +110,10 @@ impl NativeStacks {
         };
         let native = NativeStack { frames: unwound.frames, cut };
         let seen = self.by_id.entry((head.tgid, head.user_stack)).or_default();
+        let weight = u64::from(head.weight.max(1));
         match seen.iter_mut().find(|(s, _)| *s == native) {
-            Some((_, n)) => *n += 1,
-            None => seen.push((native, 1)),
+            Some((_, n)) => *n += weight,
+            None => seen.push((native, weight)),
         }
     }
 
@@ -134,7 +135,7 @@ impl NativeStacks {
     }
 
     /// The unwound stacks counted under `user_stack` in `tgid`, with how many
-    /// samples gave each; empty when none arrived (a whole frame-pointer
+    /// events their samples stand for (`StackSampleHead::weight`); empty when none arrived (a whole frame-pointer
     /// chain, copies off, or every sample dropped).
     pub fn variants(&self, tgid: u32, user_stack: i32) -> &[(NativeStack, u64)] {
         if user_stack == STACK_ID_LOST {
@@ -201,8 +202,15 @@ mod tests {
     }
 
     fn record(tgid: u32, id: i32, ip: u64, stack: &[u8]) -> Vec<u8> {
-        let head =
-            StackSampleHead { tgid, user_stack: id, len: stack.len() as u32, ip, sp: 0x1000, ..Default::default() };
+        let head = StackSampleHead {
+            tgid,
+            user_stack: id,
+            len: stack.len() as u32,
+            ip,
+            sp: 0x1000,
+            weight: 1,
+            ..Default::default()
+        };
         // SAFETY: a Pod value viewed as its bytes.
         let bytes = unsafe {
             std::slice::from_raw_parts((&raw const head).cast::<u8>(), std::mem::size_of::<StackSampleHead>())
