@@ -5,6 +5,9 @@
 //! The `user` feature adds `aya::Pod` impls for userspace.
 #![no_std]
 
+mod samples;
+pub use samples::*;
+
 /// Latency histogram: bucket `i` counts samples with `ns <= 2^(HIST_MIN_SHIFT + i)`,
 /// the last bucket everything above `2^(HIST_MIN_SHIFT + HIST_BUCKETS - 2)` ns.
 pub const HIST_MIN_SHIFT: u32 = 10;
@@ -367,11 +370,15 @@ pub enum DropKind {
     /// `FILE_CHUNKS` was full: a page-cache addition counted for its file, not
     /// for the part of the file it was.
     FileChunksFull = 11,
+    /// The stack-sample ring buffer was full: a user stack kept only its
+    /// frame-pointer walk (not unwound through code without frame pointers).
+    StackSampleRingFull = 12,
 }
-pub const DROP_KINDS: u32 = 12;
+pub const DROP_KINDS: u32 = 13;
 
 /// Event kinds in the stream. Ranges per family; a retired number is never reused.
-/// 1..=99 tasks, 100..=199 faults, 200..=299 mmap, 300..=399 tlb, 400..=499 oom.
+/// 1..=99 tasks, 100..=199 faults, 200..=299 mmap, 300..=399 tlb, 400..=499 oom,
+/// 500..=599 stacks.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventKind {
@@ -380,6 +387,7 @@ pub enum EventKind {
     TaskExit = 3,
     MmMapChange = 200,
     OomMarkVictim = 400,
+    StackSample = 500,
 }
 
 impl EventKind {
@@ -391,6 +399,7 @@ impl EventKind {
             3 => Some(Self::TaskExit),
             200 => Some(Self::MmMapChange),
             400 => Some(Self::OomMarkVictim),
+            500 => Some(Self::StackSample),
             _ => None,
         }
     }
@@ -762,8 +771,12 @@ pub struct Config {
     /// `PGFAULT`'s value in the kernel's `enum vm_event_item`, plus one; 0 when
     /// the fault end is not `memcg:count_memcg_events` (see the fault probes).
     pub memcg_pgfault: u32,
+    /// Bytes of user stack copied with the registers where a frame-pointer
+    /// walk did not end cleanly (`StackSample`), one of `STACK_WINDOWS`; 0 = none.
+    pub stack_window: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 56);
+const _: () = assert!(core::mem::size_of::<Config>() == 64);
 
 /// `Config::user_walk`: a 16-byte read per frame.
 pub const USER_WALK_FRAMES: u32 = 1;
@@ -821,6 +834,7 @@ mod pod {
     unsafe impl aya::Pod for super::EventHeader {}
     unsafe impl aya::Pod for super::TaskEvent {}
     unsafe impl aya::Pod for super::OomEvent {}
+    unsafe impl aya::Pod for super::StackSampleHead {}
     unsafe impl aya::Pod for super::KernelOffsets {}
     unsafe impl aya::Pod for super::Config {}
 }
@@ -863,6 +877,7 @@ mod tests {
             EventKind::TaskExit,
             EventKind::MmMapChange,
             EventKind::OomMarkVictim,
+            EventKind::StackSample,
         ] {
             assert_eq!(EventKind::from_u32(k as u32), Some(k));
         }

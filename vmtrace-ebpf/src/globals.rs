@@ -41,6 +41,8 @@ static CONFIG: Config = Config {
     fault_flag_tried: 0,
     user_walk: 0,
     memcg_pgfault: 0,
+    stack_window: 0,
+    _pad: 0,
 };
 
 /// Kernel struct offsets from BTF, set by the loader.

@@ -2,8 +2,8 @@
 //! each with the maps only it uses. Below them, with no cycles:
 //! `globals` (loader-set config and BTF offsets) ← `shared` (traced set, drop
 //! counters, event ring), `mapgen` (address-space generations) and
-//! `inflight` (faults in flight) ← `stacks` (stack
-//! ids and the user-stack walk) ← `probes`.
+//! `inflight` (faults in flight) ← `samples` (copied user stacks) ← `stacks`
+//! (stack ids and the user-stack walk) ← `probes`.
 #![no_std]
 #![no_main]
 // An atomic add (mapgen.rs): core's atomics have no read-modify-write on BPF.
@@ -13,6 +13,7 @@ mod globals;
 mod inflight;
 mod mapgen;
 mod probes;
+mod samples;
 mod shared;
 mod stacks;
 

@@ -1,6 +1,8 @@
 //! Stack capture: the kernel's stack map (`STACKS`, kernel stacks and the
 //! user stacks of 32-bit tasks) and the user stacks the programs walk
-//! themselves through frame pointers (`USER_STACKS`).
+//! themselves through frame pointers (`USER_STACKS`), and, where that walk
+//! did not end cleanly, a copy of the stack and registers for userspace to
+//! unwind with the objects' call-frame information (`STACK_SAMPLES`).
 //!
 //! Why walk user stacks here rather than `bpf_get_stackid(BPF_F_USER_STACK)`:
 //! the kernel's walker (`perf_callchain_user`) reads the frame at address 0
@@ -23,6 +25,7 @@ use vmtrace_common::{UserStack, OWN_STACK_ID, STACK_ID_LOST, USER_STACK_DEPTH, U
 use crate::{
     globals::config,
     inflight::{set_walking, FAULT_SLOT},
+    samples::send_sample,
 };
 
 /// Call stacks (user and kernel) of sampled faults, by id.
@@ -41,8 +44,26 @@ pub fn user_stack_id<C: StackIdContext>(ctx: &C) -> i32 {
     // A constant of the frozen CONFIG: the verifier drops the branch not
     // taken, so kernels without bpf_task_pt_regs load the other.
     let own = if config().user_walk != 0 { walk() } else { None };
-    let id = own
-        .unwrap_or_else(|| ctx.get_stackid(&STACKS, u64::from(BPF_F_USER_STACK)).map_or(STACK_ID_LOST, |id| id as i32));
+    let id = match own {
+        Some((id, clean)) => {
+            // Frame pointers are the fast path where their chain is whole;
+            // elsewhere userspace unwinds a copy (samples.rs). `clean` goes
+            // through a map value: the verifier then forgets how the walk's
+            // loop ended, and its exits converge instead of each verifying
+            // the copy again (1M instructions on 6.18 otherwise).
+            if let Some(c) = WALK_CLEAN.get_ptr_mut(0) {
+                // SAFETY: this CPU's value.
+                unsafe { core::ptr::write_volatile(c, u32::from(clean)) };
+                // SAFETY: as above.
+                let clean = unsafe { core::ptr::read_volatile(c) } != 0;
+                if !clean && id >= 0 && config().stack_window != 0 {
+                    send_sample(id);
+                }
+            }
+            id
+        }
+        None => ctx.get_stackid(&STACKS, u64::from(BPF_F_USER_STACK)).map_or(STACK_ID_LOST, |id| id as i32),
+    };
     set_walking(slot, false);
     id
 }
@@ -51,6 +72,10 @@ pub fn user_stack_id<C: StackIdContext>(ctx: &C) -> i32 {
 /// preallocated: 16k stacks of 1 KiB would pin 16 MiB up front.
 #[map]
 pub static USER_STACKS: HashMap<u32, UserStack> = HashMap::with_max_entries(16_384, BPF_F_NO_PREALLOC);
+
+/// Whether this CPU's last walk ended cleanly (see `user_stack_id`).
+#[map]
+static WALK_CLEAN: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
 /// This CPU's stack being walked (too big for the BPF stack).
 #[map]
@@ -62,7 +87,8 @@ static SCRATCH: PerCpuArray<UserStack> = PerCpuArray::with_max_entries(1, 0);
 pub struct RecentStack {
     hash: u64,
     id: u32,
-    _pad: u32,
+    /// 1: the walk ended cleanly (see `walk`).
+    clean: u32,
 }
 
 const RECENT_SLOTS: u32 = 8;
@@ -92,12 +118,15 @@ const USER_END: u64 = 1 << 56;
 /// task, whose 4-byte frames this walk does not read.
 const USER_CS_64: u64 = 0x33;
 
-/// Walks the current task's user stack and stores it: `Some(id)` in
-/// `USER_STACKS`, `Some(STACK_ID_LOST)` when it cannot be read or stored, `None` for a
-/// 32-bit task (the caller takes the kernel's walker, which knows them).
+/// Walks the current task's user stack and stores it: `Some((id, clean))`
+/// with its id in `USER_STACKS`, or `STACK_ID_LOST` when it cannot be read or
+/// stored; `None` for a 32-bit task (the caller takes the kernel's walker,
+/// which knows them). `clean`: the chain started on the stack and ended at a
+/// zero frame pointer, as thread roots leave it (`_start`, `clone3`), so no
+/// frame was skipped by code without frame pointers.
 #[inline(always)]
-fn walk() -> Option<i32> {
-    let Some(s) = SCRATCH.get_ptr_mut(0) else { return Some(STACK_ID_LOST) };
+fn walk() -> Option<(i32, bool)> {
+    let Some(s) = SCRATCH.get_ptr_mut(0) else { return Some((STACK_ID_LOST, false)) };
     // SAFETY: this CPU's scratch; programs on one CPU do not interleave.
     let s = unsafe { &mut *s };
     // SAFETY: the current task is valid for the program's run; the user-mode
@@ -106,11 +135,12 @@ fn walk() -> Option<i32> {
     // SAFETY: the helper returns a BTF pointer to `struct pt_regs`: the
     // verifier turns these loads into fault-safe ones, without a helper call
     // of bpf_probe_read_kernel each.
-    let (ip, cs, fp) = unsafe {
+    let (ip, cs, fp, sp) = unsafe {
         (
             core::ptr::read_volatile(&raw const (*regs).rip),
             core::ptr::read_volatile(&raw const (*regs).cs),
             core::ptr::read_volatile(&raw const (*regs).rbp),
+            core::ptr::read_volatile(&raw const (*regs).rsp),
         )
     };
     if cs & 0xffff != USER_CS_64 {
@@ -119,17 +149,22 @@ fn walk() -> Option<i32> {
     s.ips[0] = ip;
     let h = mix(0x9e37_79b9_7f4a_7c15 ^ ip);
     // A constant of the frozen CONFIG: the verifier sees one loop only.
-    let (h, nr) = if config().user_walk == USER_WALK_WINDOWS {
-        let Some(r) = by_windows(s, fp, h) else { return Some(STACK_ID_LOST) };
+    let (h, nr, root) = if config().user_walk == USER_WALK_WINDOWS {
+        let Some(r) = by_windows(s, fp, h) else { return Some((STACK_ID_LOST, false)) };
         r
     } else {
         by_frames(s, fp, h)
     };
+    // Code without frame pointers uses rbp as a general register: a chain
+    // that does not start on the stack, just above sp, read data; and a
+    // pointer to a zeroed local reads as a one-frame chain "ending" at once
+    // (seen in numpy's copy loops), while a real one passes main and its caller.
+    let clean = root && nr >= 3 && fp >= sp && fp - sp < FIRST_FRAME_MAX;
     // SAFETY: this CPU's slot, as for the scratch.
     let recent = RECENT.get_ptr_mut(h as u32 & (RECENT_SLOTS - 1)).map(|r| unsafe { &mut *r });
     if let Some(r) = &recent {
         if r.hash == h && r.id != 0 {
-            return Some(r.id as i32);
+            return Some((r.id as i32, r.clean != 0));
         }
     }
     s.nr = nr as u64;
@@ -137,17 +172,28 @@ fn walk() -> Option<i32> {
     let id = store(s);
     if let Some(r) = recent {
         if id >= 0 {
-            (r.hash, r.id) = (h, id as u32);
+            (r.hash, r.id, r.clean) = (h, id as u32, u32::from(clean));
         }
     }
-    Some(id)
+    Some((id, clean))
 }
 
+/// Farthest the first frame record may lie above sp for a chain to count as
+/// clean: any real frame of the faulting function is much nearer.
+const FIRST_FRAME_MAX: u64 = 1 << 20;
+
 /// The frames above `fp`, each read by `read(fp)` as [saved fp, return
-/// address]: `(hash, depth)`.
+/// address]: `(hash, depth, root)`; `root`: the chain ended at a zero saved
+/// frame pointer.
 #[inline(always)]
-fn chain(s: &mut UserStack, mut fp: u64, mut h: u64, mut read: impl FnMut(u64) -> Option<[u64; 2]>) -> (u64, usize) {
+fn chain(
+    s: &mut UserStack,
+    mut fp: u64,
+    mut h: u64,
+    mut read: impl FnMut(u64) -> Option<[u64; 2]>,
+) -> (u64, usize, bool) {
     let mut nr = 1;
+    let mut root = false;
     for i in 1..USER_STACK_DEPTH {
         if fp == 0 || fp & 7 != 0 || fp >= USER_END {
             break;
@@ -164,16 +210,17 @@ fn chain(s: &mut UserStack, mut fp: u64, mut h: u64, mut read: impl FnMut(u64) -
         // A frame chain climbs the stack; anything else is not a chain (code
         // without frame pointers leaves rbp as a general register).
         if next <= fp {
+            root = next == 0;
             break;
         }
         fp = next;
     }
-    (h, nr)
+    (h, nr, root)
 }
 
 /// The frames above `fp`, read 16 bytes at a time.
 #[inline(always)]
-fn by_frames(s: &mut UserStack, fp: u64, h: u64) -> (u64, usize) {
+fn by_frames(s: &mut UserStack, fp: u64, h: u64) -> (u64, usize, bool) {
     // SAFETY: bpf_probe_read_user faults safely.
     chain(s, fp, h, |fp| unsafe { bpf_probe_read_user(fp as *const [u64; 2]) }.ok())
 }
@@ -182,7 +229,7 @@ fn by_frames(s: &mut UserStack, fp: u64, h: u64) -> (u64, usize) {
 /// costs about the same whatever its size up to 1 KiB (mostly the helper
 /// call), and a window usually holds several frames. `None` when this CPU's window is missing.
 #[inline(always)]
-fn by_windows(s: &mut UserStack, fp: u64, h: u64) -> Option<(u64, usize)> {
+fn by_windows(s: &mut UserStack, fp: u64, h: u64) -> Option<(u64, usize, bool)> {
     // SAFETY: this CPU's window, as for the scratch.
     let win = unsafe { &mut *WINDOW.get_ptr_mut(0)? };
     // The user stack bytes in `win`: [base, end).

@@ -114,6 +114,12 @@ pub struct RecordArgs {
     /// N). A user-stack walk costs ~0.2-0.5 µs (deeper stacks more): 1 = every fault.
     #[arg(long, default_value_t = 64, value_parser = parse_stack_period)]
     pub stack_sample: u32,
+    /// KiB of user stack copied with the registers at each stack taken whose
+    /// frame-pointer chain is not whole, to unwind code built without frame
+    /// pointers (distro libraries, CPython) with its `.eh_frame`: 8, 16 or 32;
+    /// 0 = frame pointers only. A copy costs a few µs, on sampled events only.
+    #[arg(long, default_value_t = 16, value_parser = parse_stack_window)]
+    pub stack_window: u32,
     /// Extra leaf frame in flamegraphs: `region` adds the faulting memory
     /// region (file, heap, anon, stack…), so one picture shows code → mapping.
     #[arg(long, value_enum, default_value = "none")]
@@ -271,6 +277,15 @@ pub fn parse_stack_period(s: &str) -> Result<u32, String> {
     }
 }
 
+/// `--stack-window` in KiB, returned in bytes.
+pub fn parse_stack_window(s: &str) -> Result<u32, String> {
+    match s.trim_end_matches("KiB").parse::<u32>() {
+        Ok(0) => Ok(0),
+        Ok(k) if vmtrace_common::STACK_WINDOWS.contains(&(k * 1024)) => Ok(k * 1024),
+        _ => Err(format!("`{s}`: give 8, 16 or 32 (KiB of stack copied), or 0 for frame pointers only")),
+    }
+}
+
 pub fn parse_period(s: &str) -> Result<u32, String> {
     match s.parse::<u32>() {
         Ok(n) if n <= 1_000_000 => Ok(n),
@@ -282,6 +297,15 @@ pub fn parse_period(s: &str) -> Result<u32, String> {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn stack_windows_are_the_kernel_sizes_or_off() {
+        assert_eq!(parse_stack_window("16"), Ok(16384));
+        assert_eq!(parse_stack_window("32KiB"), Ok(32768));
+        assert_eq!(parse_stack_window("0"), Ok(0));
+        assert!(parse_stack_window("12").is_err());
+        assert!(parse_stack_window("x").is_err());
+    }
 
     #[test]
     fn cli_is_consistent() {

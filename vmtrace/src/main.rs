@@ -47,6 +47,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 events: a.events,
                 stacks: a.stacks,
                 stack_period: a.stack_sample,
+                stack_window: a.stack_window,
                 leaf_region: a.leaf == Leaf::Region,
                 storm_threshold: a.storm_threshold,
                 stream_interval: a.stream.map(|_| a.interval),

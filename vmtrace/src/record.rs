@@ -32,6 +32,8 @@ pub struct RecordOptions {
     pub stacks: StackMode,
     /// Take a stack on 1 in N faults.
     pub stack_period: u32,
+    /// Bytes of user stack copied for userspace unwinding (0: frame pointers only).
+    pub stack_window: u32,
     /// Add the faulting memory region as the flamegraphs' leaf frame.
     pub leaf_region: bool,
     /// TLB-flush IPIs per second above which a process is in a shootdown storm.
@@ -142,6 +144,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
         families,
         stacks: opts.stacks,
         stack_period: opts.stack_period,
+        stack_window: opts.stack_window,
         leaf_region: opts.leaf_region,
         end_on_tasks: !matches!(opts.target, Target::System),
     })?;

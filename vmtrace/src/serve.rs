@@ -179,6 +179,7 @@ pub fn serve(opts: &ServeOptions) -> Result<i32, ServeError> {
         families,
         stacks: StackMode::None,
         stack_period: 1,
+        stack_window: 0,
         leaf_region: false,
         end_on_tasks: false,
     })?;

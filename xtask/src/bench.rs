@@ -47,6 +47,9 @@ enum Tracer {
     Bpftrace,
     /// `perf trace -F all`: one line per fault.
     PerfTrace,
+    /// `perf record -e page-faults -c 1 --call-graph dwarf`: a copied user
+    /// stack (8 KiB) on every fault, the peer of vmtrace's copied stacks.
+    PerfDwarf,
 }
 
 struct Variant {
@@ -119,6 +122,21 @@ fn variants(breakdown: bool) -> Vec<Variant> {
                 "vmtrace lean",
                 "`--events faults --stacks none --latency-sample 0`: per-process counts (minor/major/write/COW), majors timed — the nearest to the bpftrace one-liner",
                 Tracer::Vmtrace(&["--events", "faults", "--stacks", "none", "--latency-sample", "0"]),
+            ),
+            variant(
+                "vmtrace --stack-window 0",
+                "default with frame-pointer stacks only: no stack copied where a chain is not whole (before 2026-12-01)",
+                Tracer::Vmtrace(&["--stack-window", "0"]),
+            ),
+            variant(
+                "vmtrace --stack-sample 1 --stack-window 0",
+                "a frame-pointer stack on every fault, none copied",
+                Tracer::Vmtrace(&["--stack-sample", "1", "--stack-window", "0"]),
+            ),
+            variant(
+                "perf record --call-graph dwarf",
+                "`perf record -e page-faults -c 1 --call-graph dwarf`: an 8 KiB stack copy on every fault, unwound later by `perf report`",
+                Tracer::PerfDwarf,
             ),
             variant(
                 "vmtrace --force-tracepoints",
@@ -207,6 +225,10 @@ impl Env {
             }
             Tracer::Bpftrace => s(&["bpftrace", "-q", "-e", bt]),
             Tracer::PerfTrace => s(&["perf", "trace", "-F", "all", "--no-syscalls", "-o", "/dev/null"]),
+            Tracer::PerfDwarf => {
+                let data = self.out.join("perf.data").display().to_string();
+                s(&["perf", "record", "-q", "-o", &data, "-e", "page-faults", "-c", "1", "--call-graph", "dwarf"])
+            }
         };
         match (t, argv.is_empty()) {
             (_, true) => v.push("-a".into()),

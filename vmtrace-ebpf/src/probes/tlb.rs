@@ -5,15 +5,16 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel},
     macros::{btf_tracepoint, tracepoint},
-    programs::{BtfTracePointContext, TracePointContext},
+    programs::{tracing::StackIdContext, BtfTracePointContext, TracePointContext},
     EbpfContext as _,
 };
-use vmtrace_common::{MM_CALLS, MM_IPI_FROM_FLUSH, STACK_ID_NONE, TLB_REASONS};
+use vmtrace_common::{MM_CALLS, MM_IPI_FROM_FLUSH, STACK_ID_NONE, STACK_USER, TLB_REASONS};
 
 use super::mmap::{mm_current, mm_stack_counts, mm_stats, stack_key};
 use crate::{
     globals::config,
     shared::{is_traced, tp_field},
+    stacks::user_stack_id,
 };
 
 // TP_PROTO(int reason, unsigned long pages)
@@ -21,7 +22,7 @@ use crate::{
 // 2 TLB_LOCAL_SHOOTDOWN, 3 TLB_LOCAL_MM_SHOOTDOWN, 4 TLB_REMOTE_SEND_IPI.
 #[btf_tracepoint(function = "tlb_flush")]
 pub fn tp_btf_tlb_flush(ctx: BtfTracePointContext) -> i32 {
-    let _ = try_tlb_flush(ctx.arg::<i32>(0), ctx.arg::<u64>(1));
+    let _ = try_tlb_flush(&ctx, ctx.arg::<i32>(0), ctx.arg::<u64>(1));
     0
 }
 
@@ -30,12 +31,12 @@ pub fn tp_btf_tlb_flush(ctx: BtfTracePointContext) -> i32 {
 //   field:unsigned long pages; offset:16; size:8; signed:0;
 #[tracepoint(category = "tlb", name = "tlb_flush")]
 pub fn tp_tlb_tlb_flush(ctx: TracePointContext) -> u32 {
-    let _ = try_tlb_flush(tp_field(&ctx, 8), tp_field(&ctx, 16));
+    let _ = try_tlb_flush(&ctx, tp_field(&ctx, 8), tp_field(&ctx, 16));
     0
 }
 
 #[inline(always)]
-fn try_tlb_flush(reason: i32, pages: u64) -> Option<()> {
+fn try_tlb_flush<C: StackIdContext>(ctx: &C, reason: i32, pages: u64) -> Option<()> {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if !is_traced(tgid) {
         return None;
@@ -50,13 +51,17 @@ fn try_tlb_flush(reason: i32, pages: u64) -> Option<()> {
     }
     // Without csd_queue_cpu (before 6.6), a flush that sends IPIs stands for one.
     if reason == 4 && config().mm & MM_IPI_FROM_FLUSH != 0 {
-        ipis_sent(1);
+        ipis_sent(ctx, 1);
     }
     Some(())
 }
 
-/// Counts `n` TLB-flush IPIs sent by the current thread.
-fn ipis_sent(n: u64) {
+/// Counts `n` TLB-flush IPIs sent by the current thread. Outside an
+/// mmap-family call (a COW fault of a threaded process, NUMA migration,
+/// direct reclaim) the sender's user stack is taken, under call `MM_CALLS`:
+/// every IPI then has a call site to be blamed on.
+#[inline(always)]
+fn ipis_sent<C: StackIdContext>(ctx: &C, n: u64) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     if n == 0 || !is_traced(tgid) {
@@ -71,10 +76,15 @@ fn ipis_sent(n: u64) {
             *c += n;
         }
     }
-    if (call as usize) < MM_CALLS {
-        if let Some(c) = mm_stack_counts(&stack_key(tgid, call, user_stack)) {
-            c.ipis += n;
-        }
+    let user_stack = if (call as usize) < MM_CALLS {
+        user_stack
+    } else if config().stack_mode & STACK_USER != 0 {
+        user_stack_id(ctx)
+    } else {
+        STACK_ID_NONE
+    };
+    if let Some(c) = mm_stack_counts(&stack_key(tgid, call, user_stack)) {
+        c.ipis += n;
     }
 }
 
@@ -89,7 +99,7 @@ pub fn tp_btf_csd_queue_cpu(ctx: BtfTracePointContext) -> i32 {
     // ("arg2 type FUNC_PROTO is not a struct"): copy the slot instead.
     // SAFETY: the context is an array of the tracepoint's u64 arguments.
     let func = unsafe { bpf_probe_read_kernel(ctx.as_ptr().cast::<u64>().add(2)) }.unwrap_or(0);
-    csd_queued(func);
+    csd_queued(&ctx, func);
     0
 }
 
@@ -100,13 +110,13 @@ pub fn tp_btf_csd_queue_cpu(ctx: BtfTracePointContext) -> i32 {
 //   field:void * csd;       offset:32; size:8; signed:0;
 #[tracepoint(category = "csd", name = "csd_queue_cpu")]
 pub fn tp_csd_csd_queue_cpu(ctx: TracePointContext) -> u32 {
-    csd_queued(tp_field(&ctx, 24));
+    csd_queued(&ctx, tp_field(&ctx, 24));
     0
 }
 
 #[inline(always)]
-fn csd_queued(func: u64) {
+fn csd_queued<C: StackIdContext>(ctx: &C, func: u64) {
     if func != 0 && func == config().flush_tlb_func {
-        ipis_sent(1);
+        ipis_sent(ctx, 1);
     }
 }

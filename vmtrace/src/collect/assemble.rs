@@ -41,6 +41,8 @@ pub struct Inputs {
     pub drops: Vec<u64>,
     /// Ring-buffer records too short for their kind.
     pub malformed_events: u64,
+    /// Copied user stacks unwound (`stacks::native`).
+    pub unwound_samples: u64,
     pub probes: Vec<ProbeInfo>,
     /// The kernel release.
     pub kernel: String,
@@ -90,6 +92,7 @@ pub fn assemble(mut i: Inputs) -> Finished {
         })
         .collect();
     let (exact_faults, _) = stacks::weight::strata(&i.stacks);
+    let (reached_root, cut, frame_pointer_only) = stacks::endings(&i.stacks);
     let sampled_faults = i.stacks.iter().map(|s| s.counts.faults).sum();
     stacks::weight::weigh(&mut i.stacks, &by_pid);
     let stacks_summary = i.stack_mode.map(|(mode, period)| StacksSummary {
@@ -101,6 +104,10 @@ pub fn assemble(mut i: Inputs) -> Finished {
         lost: drop_counts.stacks_lost(),
         shallow_user_stacks_pct: stacks::shallow_pct(&i.stacks),
         broken_chain_pct: stacks::broken_pct(&i.stacks),
+        reached_root,
+        cut,
+        frame_pointer_only,
+        unwound_samples: i.unwound_samples,
         files: Vec::new(),
     });
     let summary = Summary {

@@ -107,6 +107,7 @@ fn inputs() -> Inputs {
         timeline: Timeline { interval_s: 0.1, faults: vec![600, 400], major: vec![4, 6] },
         drops,
         malformed_events: 1,
+        unwound_samples: 0,
         probes: Vec::new(),
         kernel: "6.1.0-test".into(),
     }

@@ -24,7 +24,7 @@ use crate::{
     model::{DropCounts, KernelAccounting, OomRecord, TargetInfo},
     oom,
     regions::Attributed,
-    stacks::{symbolize::Names, StackMode},
+    stacks::{native::NativeStacks, symbolize::Names, StackMode},
 };
 
 /// The storm detector's window (IPIs per second are judged over it), and the
@@ -76,6 +76,8 @@ pub struct Session<S: AggregateSource = Probes> {
     /// IPIs per call site at the last tick (for storm culprits).
     last_sites: HashMap<MmStackKey, u64>,
     timeline: TimelineRecorder,
+    /// Copied user stacks, unwound as they arrive.
+    native: NativeStacks,
 }
 
 fn monotonic_ns() -> u64 {
@@ -102,8 +104,9 @@ struct Batch {
 
 impl Batch {
     /// Decodes one record; task and mapping events go to the table at once,
-    /// in ring order.
-    fn take(&mut self, bytes: &[u8], table: &mut ProcessTable) {
+    /// in ring order; copied stacks are unwound at once, while their
+    /// process's maps are there to read.
+    fn take(&mut self, bytes: &[u8], table: &mut ProcessTable, native: &mut NativeStacks) {
         let Some(hdr) = read_event::<EventHeader>(bytes) else {
             self.malformed += 1;
             return;
@@ -129,6 +132,7 @@ impl Batch {
                 Some(ev) => self.ooms.push(ev),
                 None => self.malformed += 1,
             },
+            Some(EventKind::StackSample) => native.add(bytes, table),
             None => self.malformed += 1,
         }
     }
@@ -152,6 +156,7 @@ impl<S: AggregateSource> Session<S> {
             last_storm_tick: now,
             last_sites: HashMap::new(),
             timeline: TimelineRecorder::new(now),
+            native: NativeStacks::default(),
         }
     }
 
@@ -326,9 +331,10 @@ impl<S: AggregateSource> Session<S> {
 
     fn drain_at(&mut self, now: Instant) {
         let mut batch = Batch::default();
-        let table = &mut self.table;
-        self.source.drain_events(&mut |bytes| batch.take(bytes, table));
-        self.malformed_events += batch.malformed;
+        let (table, native) = (&mut self.table, &mut self.native);
+        let malformed_samples = native.malformed;
+        self.source.drain_events(&mut |bytes| batch.take(bytes, table, native));
+        self.malformed_events += batch.malformed + (self.native.malformed - malformed_samples);
         for ev in &batch.ooms {
             self.on_oom(ev, now);
         }
@@ -353,6 +359,7 @@ impl<S: AggregateSource> Session<S> {
         // Take an exited process's aggregate out of the kernel map: it is final,
         // and the map stays bounded however many processes come and go.
         for tgid in batch.exited {
+            self.native.forget_space(tgid);
             if let Some(m) = self.source.take_mm(tgid) {
                 self.table.procs.entry(tgid).or_default().mm.get_or_insert_with(MmStats::default).merge(&m);
             }
@@ -390,7 +397,14 @@ impl<S: AggregateSource> Session<S> {
 
     /// Frames of a call site, outermost first, the syscall as leaf.
     pub(crate) fn site_frames(&mut self, names: &mut Names, tgid: u32, call: u32, user_stack: i32) -> Vec<String> {
-        symbols::site_frames(&mut self.table, &self.source, names, tgid, call, user_stack)
+        let native = self.native.dominant(tgid, user_stack);
+        symbols::site_frames(&mut self.table, &self.source, names, (tgid, call, user_stack), native)
+    }
+
+    /// A storm's culprit: its call site's frames without libc's syscall
+    /// wrappers (`symbols::culprit_frames`).
+    pub(crate) fn culprit_frames(&mut self, names: &mut Names, tgid: u32, call: u32, user_stack: i32) -> Vec<String> {
+        symbols::culprit_frames(self.site_frames(names, tgid, call, user_stack))
     }
 
     /// Reads the aggregates one last time and builds the summary.
@@ -404,12 +418,17 @@ impl<S: AggregateSource> Session<S> {
         // The last, partial interval.
         self.tick(now());
         let families = self.opts.families;
-        let stacks =
-            if self.opts.stacks.is_some() { symbols::build_stacks(&mut self.table, &self.source) } else { Vec::new() };
-        let mm_sites = if families.mmap { symbols::build_mm_sites(&mut self.table, &self.source) } else { Vec::new() };
+        let native = &self.native;
+        let stacks = if self.opts.stacks.is_some() {
+            symbols::build_stacks(&mut self.table, &self.source, native)
+        } else {
+            Vec::new()
+        };
+        let mm_sites =
+            if families.mmap { symbols::build_mm_sites(&mut self.table, &self.source, native) } else { Vec::new() };
         let storms = families.tlb.then(|| {
             let raw = std::mem::replace(&mut self.storms, StormDetector::new(f64::MAX)).finish();
-            symbols::name_storms(&mut self.table, &self.source, raw)
+            symbols::name_storms(&mut self.table, &self.source, native, raw)
         });
         let attributed = families.regions.then(|| self.build_regions());
         let mm = self.mm_totals();
@@ -440,6 +459,7 @@ impl<S: AggregateSource> Session<S> {
             timeline: self.timeline.take(),
             drops,
             malformed_events: self.malformed_events,
+            unwound_samples: self.native.samples,
             probes: self.source.probe_info(),
             kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().into(),
         })

@@ -62,13 +62,20 @@ pub trait AggregateSource {
 
 impl AggregateSource for Probes {
     fn wait_for_events(&self, timeout: Duration) {
-        let mut pfd = libc::pollfd { fd: self.ring_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd; EINTR (a stop signal) simply returns early.
-        unsafe { libc::poll(&raw mut pfd, 1, timeout.as_millis() as i32) };
+        let mut pfd = [
+            libc::pollfd { fd: self.ring_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: self.samples_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        ];
+        // SAFETY: two valid pollfds; EINTR (a stop signal) simply returns early.
+        unsafe { libc::poll(pfd.as_mut_ptr(), 2, timeout.as_millis() as i32) };
     }
 
     fn drain_events(&mut self, on_event: &mut dyn FnMut(&[u8])) {
         while let Some(item) = self.next_event() {
+            on_event(&item);
+        }
+        // After the events: a sample's process is known (and its maps read) first.
+        while let Some(item) = self.next_sample() {
             on_event(&item);
         }
     }

@@ -11,12 +11,41 @@ use vmtrace_common::{StackCounts, StackKey, LEAF_BLOCK_SHIFT, MM_CALL_NAMES, STA
 use super::{process::ProcessTable, source::AggregateSource, storms::RawStorm, MmSite};
 use crate::{
     model::Storm,
+    procmaps::Region,
     stacks::{
         self,
+        native::{shares, NativeStack, NativeStacks, ProcessMaps},
         symbolize::{Names, PerfMap},
         Stack,
     },
 };
+
+/// How long after a read of a process's maps a sample whose code is missing
+/// from them may read them again: a JIT process would otherwise read its maps
+/// on every sample.
+const MAPS_RETRY: Duration = Duration::from_millis(250);
+const MAPS_RETRY_YOUNG: Duration = Duration::from_millis(5);
+
+impl ProcessMaps for ProcessTable {
+    fn maps(&mut self, tgid: u32) -> (&[Region], Option<Instant>) {
+        ensure_maps(self, tgid);
+        match self.procs.get(&tgid) {
+            Some(p) => (&p.maps, p.maps_read),
+            None => (&[], None),
+        }
+    }
+
+    fn refresh(&mut self, tgid: u32) {
+        // A young process maps its libraries (exec, ld.so, dlopen) faster
+        // than the polls re-read its maps.
+        let young = self.procs.get(&tgid).is_some_and(|p| p.first_seen.elapsed() < YOUNG);
+        let retry = if young { MAPS_RETRY_YOUNG } else { MAPS_RETRY };
+        let recent = self.procs.get(&tgid).and_then(|p| p.maps_read).is_some_and(|t| t.elapsed() < retry);
+        if !recent {
+            self.snapshot_maps(tgid);
+        }
+    }
+}
 
 /// How often memory maps of live processes are re-read (symbolization,
 /// changes to the address space no event reports).
@@ -61,19 +90,42 @@ fn ensure_maps(table: &mut ProcessTable, pid: u32) {
     }
 }
 
-/// One aggregated stack before symbolization: key, counts, user and kernel IPs.
-type RawStack = (StackKey, StackCounts, Vec<u64>, Vec<u64>);
+/// One aggregated stack before symbolization: key, counts, user and kernel
+/// IPs, and how the user stack ended when it was unwound from a copy
+/// (`None`: frame pointers only).
+type RawStack = (StackKey, StackCounts, Vec<u64>, Vec<u64>, Option<Option<stacks::native::Cut>>);
 
-/// Symbolizes the in-kernel stack aggregate.
-pub fn build_stacks(table: &mut ProcessTable, source: &impl AggregateSource) -> Vec<Stack> {
+/// The counts of one frame-pointer stack shared out over the unwound
+/// stacks its samples gave (`native::shares`).
+fn split_counts(c: &StackCounts, weights: &[u64]) -> Vec<StackCounts> {
+    let [faults, major, time, timed] = [c.faults, c.major, c.time_ns, c.timed].map(|v| shares(v, weights));
+    (0..weights.len())
+        .map(|i| StackCounts { faults: faults[i], major: major[i], time_ns: time[i], timed: timed[i] })
+        .collect()
+}
+
+/// Symbolizes the in-kernel stack aggregate; user stacks with copied samples
+/// are replaced by their unwound stacks.
+pub fn build_stacks(table: &mut ProcessTable, source: &impl AggregateSource, native: &NativeStacks) -> Vec<Stack> {
     let raw = source.all_stack_counts();
     let mut names = Names::default();
     let mut out = Vec::new();
     let mut by_pid: HashMap<u32, Vec<RawStack>> = HashMap::new();
     for (k, c) in raw {
-        let user = if k.user_stack >= 0 { source.user_stack_ips(k.user_stack).unwrap_or_default() } else { vec![] };
         let kernel = if k.kernel_stack >= 0 { source.stack_ips(k.kernel_stack).unwrap_or_default() } else { vec![] };
-        by_pid.entry(k.tgid).or_default().push((k, c, user, kernel));
+        let variants = native.variants(k.tgid, k.user_stack);
+        if variants.is_empty() {
+            let user = if k.user_stack >= 0 { source.user_stack_ips(k.user_stack).unwrap_or_default() } else { vec![] };
+            by_pid.entry(k.tgid).or_default().push((k, c, user, kernel, None));
+            continue;
+        }
+        let weights: Vec<u64> = variants.iter().map(|(_, n)| *n).collect();
+        for ((v, _), counts) in variants.iter().zip(split_counts(&c, &weights)) {
+            if counts.faults | counts.timed | counts.major == 0 {
+                continue;
+            }
+            by_pid.entry(k.tgid).or_default().push((k, counts, v.frames.clone(), kernel.clone(), Some(v.cut.clone())));
+        }
     }
     for (pid, entries) in by_pid {
         ensure_maps(table, pid);
@@ -83,9 +135,19 @@ pub fn build_stacks(table: &mut ProcessTable, source: &impl AggregateSource) -> 
         names.prepare_user(&all_user, &info.maps);
         let all_kernel: Vec<u64> = entries.iter().flat_map(|e| e.3.iter().copied()).collect();
         names.prepare_kernel(&all_kernel);
-        for (k, counts, user, kernel) in entries {
-            let (user, user_cut) = stacks::user_frames(&user, &names, &info.maps, &info.mapped, jit.as_ref());
+        for (k, counts, user, kernel, unwound) in entries {
+            let (user, user_cut, unwound) = match &unwound {
+                None => {
+                    let (frames, cut) = stacks::user_frames(&user, &names, &info.maps, &info.mapped, jit.as_ref());
+                    (frames, cut, None)
+                }
+                Some(cut) => {
+                    let (frames, why) = stacks::native_frames(&user, cut.as_ref(), &names, &info.maps, jit.as_ref());
+                    (frames, why.is_some(), Some(why))
+                }
+            };
             out.push(Stack {
+                unwound,
                 pid,
                 comm: info.comm.clone(),
                 user,
@@ -112,20 +174,27 @@ pub fn build_stacks(table: &mut ProcessTable, source: &impl AggregateSource) -> 
     out
 }
 
-/// Frames of a call site, outermost first, the syscall as leaf.
+/// Frames of a call site, outermost first, the syscall as leaf: the unwound
+/// stack `native` when its samples gave one, else the frame-pointer stack.
 pub fn site_frames(
     table: &mut ProcessTable,
     source: &impl AggregateSource,
     names: &mut Names,
-    tgid: u32,
-    call: u32,
-    user_stack: i32,
+    (tgid, call, user_stack): (u32, u32, i32),
+    native: Option<&NativeStack>,
 ) -> Vec<String> {
     ensure_maps(table, tgid);
-    let ips = if user_stack >= 0 { source.user_stack_ips(user_stack).unwrap_or_default() } else { vec![] };
+    let ips = match native {
+        Some(n) => n.frames.clone(),
+        None if user_stack >= 0 => source.user_stack_ips(user_stack).unwrap_or_default(),
+        None => vec![],
+    };
     let info = table.ensure(tgid);
     names.prepare_user(&ips, &info.maps);
-    let (mut frames, _) = stacks::user_frames(&ips, names, &info.maps, &info.mapped, None);
+    let mut frames = match native {
+        Some(n) => stacks::native_frames(&ips, n.cut.as_ref(), names, &info.maps, None).0,
+        None => stacks::user_frames(&ips, names, &info.maps, &info.mapped, None).0,
+    };
     if user_stack == STACK_ID_LOST {
         frames.push("[no user stack]".into());
     }
@@ -133,32 +202,84 @@ pub fn site_frames(
     frames
 }
 
+/// The syscall of a call site; `other` for IPIs sent outside any (call
+/// `MM_CALLS`: a fault, migration, reclaim), as `ipis_by_call` names them.
 fn call_name(call: u32) -> &'static str {
-    MM_CALL_NAMES.get(call as usize).copied().unwrap_or("?")
+    MM_CALL_NAMES.get(call as usize).copied().unwrap_or("other")
 }
 
-/// Call sites of mmap-family syscalls, symbolized, with calls and IPIs sent.
-pub fn build_mm_sites(table: &mut ProcessTable, source: &impl AggregateSource) -> Vec<MmSite> {
+/// Call sites of mmap-family syscalls, symbolized, with calls and IPIs sent
+/// (shared out over the unwound stacks of a frame-pointer stack).
+pub fn build_mm_sites(table: &mut ProcessTable, source: &impl AggregateSource, native: &NativeStacks) -> Vec<MmSite> {
     let raw = source.all_mm_stacks();
     let mut names = Names::default();
     let mut out = Vec::new();
     for (k, c) in raw {
-        let frames = site_frames(table, source, &mut names, k.tgid, k.call, k.user_stack);
         let comm = table.ensure(k.tgid).comm.clone();
-        out.push(MmSite { comm, frames, calls: c.calls, ipis: c.ipis });
+        let variants = native.variants(k.tgid, k.user_stack);
+        if variants.is_empty() {
+            let frames = site_frames(table, source, &mut names, (k.tgid, k.call, k.user_stack), None);
+            out.push(MmSite { comm, frames, calls: c.calls, ipis: c.ipis });
+            continue;
+        }
+        let weights: Vec<u64> = variants.iter().map(|(_, n)| *n).collect();
+        let (calls, ipis) = (shares(c.calls, &weights), shares(c.ipis, &weights));
+        for (i, (v, _)) in variants.iter().enumerate() {
+            if calls[i] | ipis[i] == 0 {
+                continue;
+            }
+            let frames = site_frames(table, source, &mut names, (k.tgid, k.call, k.user_stack), Some(v));
+            out.push(MmSite { comm: comm.clone(), frames, calls: calls[i], ipis: ipis[i] });
+        }
     }
     out
 }
 
+/// A call site's frames as a storm culprit: the syscall, then the first
+/// callers that are not libc's wrappers of it (`__GI_munmap`, `mmap64`, …),
+/// which say nothing about who called.
+pub fn culprit_frames(frames: Vec<String>) -> Vec<String> {
+    let Some((leaf, callers)) = frames.split_last() else { return frames };
+    let mut keep: Vec<String> = callers.to_vec();
+    while keep.last().is_some_and(|f| is_syscall_wrapper(f)) {
+        keep.pop();
+    }
+    if keep.is_empty() {
+        return frames;
+    }
+    keep.push(leaf.clone());
+    keep
+}
+
+/// libc's thin wrappers of the mmap-family syscalls, by name.
+fn is_syscall_wrapper(frame: &str) -> bool {
+    let name = frame.trim_start_matches('_');
+    let name = name.strip_prefix("GI_").unwrap_or(name).trim_start_matches('_');
+    let name = name.strip_prefix("libc_").unwrap_or(name);
+    let name = name.trim_end_matches("64");
+    MM_CALL_NAMES.contains(&name) || matches!(name, "syscall" | "sbrk" | "mmap_internal")
+}
+
 /// Storms as summary.json reports them: each with its busiest call site.
-pub fn name_storms(table: &mut ProcessTable, source: &impl AggregateSource, raw: Vec<RawStorm>) -> Vec<Storm> {
+pub fn name_storms(
+    table: &mut ProcessTable,
+    source: &impl AggregateSource,
+    native: &NativeStacks,
+    raw: Vec<RawStorm>,
+) -> Vec<Storm> {
     let mut names = Names::default();
     raw.into_iter()
         .map(|s| {
             let top = s.sites.iter().max_by_key(|(_, n)| **n).map(|(site, n)| (*site, *n));
             let (top_stack, top_call, top_share) = match top {
                 Some(((call, stack), n)) => (
-                    site_frames(table, source, &mut names, s.pid, call, stack),
+                    culprit_frames(site_frames(
+                        table,
+                        source,
+                        &mut names,
+                        (s.pid, call, stack),
+                        native.dominant(s.pid, stack),
+                    )),
                     call_name(call).to_string(),
                     // Call-site and process totals are read a moment apart.
                     (n as f64 / s.ipis.max(1) as f64).min(1.0),
@@ -178,4 +299,36 @@ pub fn name_storms(table: &mut ProcessTable, source: &impl AggregateSource, raw:
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(frames: &[&str]) -> Vec<String> {
+        frames.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn a_culprit_starts_past_libcs_syscall_wrappers() {
+        let f = v(&["main", "array_dealloc", "__GI___libc_free", "__GI_munmap", "[munmap]"]);
+        assert_eq!(culprit_frames(f), v(&["main", "array_dealloc", "__GI___libc_free", "[munmap]"]));
+        let f = v(&["main", "outer", "__GI___mmap64", "[mmap]"]);
+        assert_eq!(culprit_frames(f), v(&["main", "outer", "[mmap]"]));
+        let f = v(&["worker", "__GI_mprotect", "[mprotect]"]);
+        assert_eq!(culprit_frames(f), v(&["worker", "[mprotect]"]));
+        // Nothing but the wrapper: kept, rather than an empty culprit.
+        assert_eq!(culprit_frames(v(&["__GI_munmap", "[munmap]"])), v(&["__GI_munmap", "[munmap]"]));
+        assert_eq!(culprit_frames(Vec::new()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn counts_are_shared_out_whole() {
+        let c = StackCounts { faults: 10, major: 1, time_ns: 1001, timed: 10 };
+        let parts = split_counts(&c, &[3, 1]);
+        assert_eq!(parts.iter().map(|p| p.faults).sum::<u64>(), 10);
+        assert_eq!(parts.iter().map(|p| p.time_ns).sum::<u64>(), 1001);
+        assert_eq!(parts.iter().map(|p| p.major).sum::<u64>(), 1);
+        assert_eq!(parts[0].faults, 8);
+    }
 }

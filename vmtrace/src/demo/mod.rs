@@ -185,6 +185,7 @@ fn options(target: Target, out: PathBuf) -> RecordOptions {
         ],
         stacks: StackMode::User,
         stack_period: 16,
+        stack_window: vmtrace_common::STACK_WINDOW_DEFAULT,
         leaf_region: true,
         storm_threshold: 1000.0,
         stream_interval: None,

@@ -13,6 +13,7 @@ pub fn probe_selection() -> Result<Vec<Attachment>, LoadError> {
         families: Families { oom: true, mmap: true, tlb: true, regions: true },
         stacks: StackMode::User,
         stack_period: 64,
+        stack_window: vmtrace_common::STACK_WINDOW_DEFAULT,
         leaf_region: false,
         end_on_tasks: false,
     })?;

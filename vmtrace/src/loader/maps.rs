@@ -18,6 +18,8 @@ pub struct Maps {
     fault_stats: PerCpuHashMap<MapData, u32, FaultStats>,
     drops: PerCpuArray<MapData, u64>,
     events: RingBuf<MapData>,
+    /// Copied user stacks (`StackSample`), to unwind.
+    stack_samples: RingBuf<MapData>,
     fault_stacks: PerCpuHashMap<MapData, StackKey, StackCounts>,
     stack_traces: StackTraceMap<MapData>,
     /// User stacks walked by the programs; `None`: they are in `stack_traces`.
@@ -44,6 +46,7 @@ impl Maps {
             fault_stats: take_map(ebpf, "FAULT_STATS")?,
             drops: take_map(ebpf, "DROPS")?,
             events: take_map(ebpf, "EVENTS")?,
+            stack_samples: take_map(ebpf, "STACK_SAMPLES")?,
             fault_stacks: take_map(ebpf, "FAULT_STACKS")?,
             stack_traces: take_map(ebpf, "STACKS")?,
             user_stacks: if own_user_stacks { Some(take_map(ebpf, "USER_STACKS")?) } else { None },
@@ -229,6 +232,16 @@ impl Probes {
     /// The next record of the event ring, if one is there.
     pub fn next_event(&mut self) -> Option<RingBufItem<'_>> {
         self.maps.events.next()
+    }
+
+    /// The stack-sample ring's fd, to poll.
+    pub fn samples_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.maps.stack_samples.as_fd()
+    }
+
+    /// The next copied user stack, if one is there.
+    pub fn next_sample(&mut self) -> Option<RingBufItem<'_>> {
+        self.maps.stack_samples.next()
     }
 }
 

@@ -55,6 +55,9 @@ pub struct LoadOptions {
     pub stacks: StackMode,
     /// Take a stack on 1 in N faults.
     pub stack_period: u32,
+    /// Bytes of user stack copied with the registers where a frame-pointer
+    /// walk is not whole (`vmtrace_common::STACK_WINDOWS`), 0 = none.
+    pub stack_window: u32,
     /// Key stacks by address granule, for the region as leaf frame.
     pub leaf_region: bool,
     /// Where fexit is refused: put the fault-end perf events on the target's
@@ -141,6 +144,13 @@ impl Probes {
             fault_flag_tried: fault_bits.2,
             user_walk,
             memcg_pgfault: memcg_end_item(opts, pgfault, &tp_btf),
+            // The copy needs the user registers (bpf_task_pt_regs), as the own walk does.
+            stack_window: if user_walk != 0 && opts.stacks.bits() & vmtrace_common::STACK_USER != 0 {
+                opts.stack_window
+            } else {
+                0
+            },
+            _pad: 0,
         };
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))

@@ -19,6 +19,10 @@ pub struct Drops {
     /// it they were (chunk map full): tensors' `from_disk_bytes` fall short.
     #[serde(default)]
     pub file_chunks_full: u64,
+    /// Copied user stacks dropped (ring full): their stacks kept only the
+    /// frame-pointer walk.
+    #[serde(default)]
+    pub stack_samples: u64,
 }
 
 /// The kernel's drop counters (indexed by `DropKind`, summed over CPUs) and
@@ -45,6 +49,7 @@ impl DropCounts {
             DropKind::StackCountsFull,
             DropKind::RegionStatsFull,
             DropKind::FileChunksFull,
+            DropKind::StackSampleRingFull,
         ];
         let dropped: u64 = self
             .by_kind
@@ -78,6 +83,7 @@ impl DropCounts {
             fault_stats_full: d(DropKind::FaultStatsFull),
             traced_full: d(DropKind::TracedFull),
             untimed_faults: d(DropKind::FaultUntimed),
+            stack_samples: d(DropKind::StackSampleRingFull),
         }
     }
 }

@@ -25,6 +25,26 @@ pub struct StacksSummary {
     /// executable memory: code built without frame pointers.
     #[serde(default)]
     pub broken_chain_pct: f64,
+    /// Sampled faults whose user stack was unwound (from a copy of the stack,
+    /// with the objects' call-frame information) up to a thread root
+    /// (`_start`, `clone3`/`start_thread`).
+    #[serde(default)]
+    pub reached_root: u64,
+    /// Sampled faults whose user stack was cut, by why: `window_exhausted`
+    /// (deeper than `--stack-window`), `jit_code` / `no_unwind_info` / `vdso`
+    /// (code without unwind information), `left_code`, `unmapped_code`,
+    /// `unwind_error`, `too_many_frames`, `frame_chain_broken` (frame
+    /// pointers only, the chain ran into data).
+    #[serde(default)]
+    pub cut: std::collections::BTreeMap<String, u64>,
+    /// Sampled faults whose user stack came from frame pointers alone and
+    /// looks whole: a chain that ended at a zero frame pointer, or one whose
+    /// copy was not made (`--stack-window 0`, ring full: `drops.stack_samples`).
+    #[serde(default)]
+    pub frame_pointer_only: u64,
+    /// Copied user stacks unwound in userspace.
+    #[serde(default)]
+    pub unwound_samples: u64,
     pub files: Vec<String>,
 }
 

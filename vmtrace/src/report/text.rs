@@ -284,6 +284,37 @@ fn stacks_section(out: &mut String, s: &Summary) {
              missing (C/C++: -fno-omit-frame-pointer; Rust: -C force-frame-pointers=yes).",
             st.broken_chain_pct, BROKEN_CHAIN, st.shallow_user_stacks_pct
         );
+        if st.unwound_samples == 0 {
+            let _ = writeln!(out, "  Copied stacks unwind them with their .eh_frame: --stack-window 16 (the default).");
+        }
+    }
+    native_stacks_line(out, st);
+}
+
+/// How the unwound stacks ended: thread roots reached, cuts by why.
+fn native_stacks_line(out: &mut String, st: &crate::model::StacksSummary) {
+    if st.unwound_samples == 0 {
+        return;
+    }
+    let pct = |n: u64| n as f64 * 100.0 / st.sampled_faults.max(1) as f64;
+    let mut cuts: Vec<(&String, &u64)> = st.cut.iter().collect();
+    cuts.sort_by_key(|(_, n)| std::cmp::Reverse(**n));
+    let why: Vec<String> = cuts.iter().map(|(k, n)| format!("{k} {:.1}%", pct(**n))).collect();
+    let _ = writeln!(
+        out,
+        "  user stacks: {:.1}% unwound to a thread root{}{} ({} copied stacks unwound)",
+        pct(st.reached_root),
+        if why.is_empty() { String::new() } else { format!("; cut: {}", why.join(", ")) },
+        if st.frame_pointer_only > 0 {
+            format!("; {:.1}% by frame pointers alone", pct(st.frame_pointer_only))
+        } else {
+            String::new()
+        },
+        st.unwound_samples
+    );
+    if pct(st.cut.get("window_exhausted").copied().unwrap_or(0)) >= 5.0 {
+        let _ =
+            writeln!(out, "  hint: stacks deeper than the copied window lose their outer frames: --stack-window 32");
     }
 }
 

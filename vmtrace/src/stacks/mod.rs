@@ -2,6 +2,7 @@
 //! stack, kernel stack); here they are symbolized and written as folded stacks
 //! and flamegraphs (`faults`, `fault-time`, `major-faults`).
 pub mod flamegraph;
+pub mod native;
 pub mod symbolize;
 pub mod unwind;
 pub mod weight;
@@ -45,6 +46,10 @@ pub struct Stack {
     /// The frame chain left executable memory: its outer frames were dropped
     /// and `user` starts with `BROKEN_CHAIN` (see `plausible_len`).
     pub user_cut: bool,
+    /// How the user stack was found: `None` by frame pointers alone, else
+    /// unwound from a copied stack, `Some(None)` up to a thread root,
+    /// `Some(Some(why))` cut (`native::Cut::reason`).
+    pub unwound: Option<Option<&'static str>>,
     /// The faulting memory region, with `--leaf region`.
     pub leaf: Option<String>,
     /// `vmtrace_common::STRATUM_*`: how its faults were chosen.
@@ -106,6 +111,46 @@ pub fn user_frames(
     let cut = keep < ips.len();
     let frames = cut.then(|| BROKEN_CHAIN.to_string()).into_iter();
     (frames.chain(ips[..keep].iter().rev().map(|&a| names.user(a, maps, jit))).collect(), cut)
+}
+
+/// Functions that begin a thread's stack: a program's entry (`_start`, or
+/// ld.so's before it), and glibc's thread start.
+const THREAD_ROOTS: [&str; 6] = ["_start", "_dl_start_user", "clone3", "__clone3", "clone", "start_thread"];
+
+/// An unwound user stack's frames (innermost first in `ips`), outermost
+/// first, under the marker of its cut if it did not reach a thread root; and
+/// why it was cut. A walk that went on past a thread root (an entry point
+/// whose CFI does not end the stack: framehop tries frame pointers there)
+/// reached it all the same.
+pub fn native_frames(
+    ips: &[u64],
+    cut: Option<&native::Cut>,
+    names: &symbolize::Names,
+    maps: &[crate::procmaps::Region],
+    jit: Option<&symbolize::PerfMap>,
+) -> (Vec<String>, Option<&'static str>) {
+    let named: Vec<String> = ips.iter().rev().map(|&a| names.user(a, maps, jit)).collect();
+    let at_root = named.first().is_some_and(|f| THREAD_ROOTS.contains(&f.as_str()));
+    let cut = cut.filter(|_| !at_root);
+    let marker = cut.map(|c| c.marker.clone()).into_iter();
+    (marker.chain(named).collect(), cut.map(|c| c.reason))
+}
+
+/// How the sampled faults' user stacks ended, for summary.json's `stacks`:
+/// faults whose stack was unwound to a thread root, cut (by why), and found
+/// by frame pointers alone (whole chains, or samples not copied).
+pub fn endings(stacks: &[Stack]) -> (u64, std::collections::BTreeMap<String, u64>, u64) {
+    let (mut root, mut cut, mut fp) = (0, std::collections::BTreeMap::new(), 0);
+    for s in stacks {
+        match s.unwound {
+            Some(None) => root += s.counts.faults,
+            Some(Some(why)) => *cut.entry(why.to_string()).or_insert(0) += s.counts.faults,
+            None if s.user_cut => *cut.entry("frame_chain_broken".to_string()).or_insert(0) += s.counts.faults,
+            None if !s.user.is_empty() => fp += s.counts.faults,
+            None => {}
+        }
+    }
+    (root, cut, fp)
 }
 
 /// Share of stacks (by faults) whose user part was cut at a broken frame chain.
@@ -173,6 +218,23 @@ mod tests {
         // The faulting instruction is never judged; a return address just past
         // the end of the code follows a call that was its last instruction.
         assert_eq!(plausible_len(&[0x10040, 0x2000], &maps(), &none, None), 2);
+    }
+
+    #[test]
+    fn endings_count_roots_cuts_and_frame_pointer_stacks_by_faults() {
+        let s = |unwound, user_cut, faults| Stack {
+            user: vec!["main".into()],
+            unwound,
+            user_cut,
+            counts: StackCounts { faults, ..Default::default() },
+            ..Stack::default()
+        };
+        let stacks =
+            [s(Some(None), false, 5), s(Some(Some("window_exhausted")), true, 2), s(None, true, 3), s(None, false, 7)];
+        let (root, cut, fp) = endings(&stacks);
+        assert_eq!((root, fp), (5, 7));
+        assert_eq!(cut.get("window_exhausted"), Some(&2));
+        assert_eq!(cut.get("frame_chain_broken"), Some(&3));
     }
 
     #[test]

@@ -206,13 +206,13 @@ impl Model {
             let site = s.sites.iter().max_by_key(|(_, n)| **n).map(|(&(call, stack), _)| {
                 let key = (s.pid, call, stack);
                 if !self.sites.contains_key(&key) {
-                    let frames = session.site_frames(&mut self.names, s.pid, call, stack);
+                    let frames = session.culprit_frames(&mut self.names, s.pid, call, stack);
                     // Leaf (the syscall) first, then its nearest callers.
                     let label = frames
                         .iter()
                         .rev()
                         .take(3)
-                        .map(|f| f.trim_start_matches('[').trim_end_matches(']'))
+                        .map(|f| f.strip_prefix('[').and_then(|f| f.strip_suffix(']')).unwrap_or(f))
                         .collect::<Vec<_>>()
                         .join(" ← ");
                     self.sites.insert(key, label);
@@ -307,6 +307,7 @@ pub fn run(opts: &TopOptions) -> Result<i32, TopError> {
         families,
         stacks: StackMode::User,
         stack_period: FAULT_STACK_PERIOD,
+        stack_window: vmtrace_common::STACK_WINDOW_DEFAULT,
         leaf_region: false,
         end_on_tasks: !matches!(opts.target, Target::System),
     })?;

@@ -5,7 +5,7 @@
 //! a fallback where an object has no CFI, and a chain built from them is kept
 //! only while it stays in executable code.
 //!
-//! Not wired into recording yet: nothing calls this outside its tests.
+//! Recording feeds it through `stacks::native`.
 mod elf;
 #[cfg(test)]
 mod measure;
@@ -125,6 +125,11 @@ impl AddressSpace {
         let i = self.code.partition_point(|c| c.start <= addr).checked_sub(1)?;
         let c = &self.code[i];
         (addr < c.end).then_some(c.code)
+    }
+
+    /// Whether `addr` lies in executable code this space knows.
+    pub fn covers(&self, addr: u64) -> bool {
+        self.code_at(addr).is_some()
     }
 
     /// Executable ranges and whether each has CFI (for tests and reports).

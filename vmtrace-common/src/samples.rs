@@ -1,0 +1,43 @@
+//! Copied user stacks: what the kernel sends where a frame-pointer walk is
+//! not whole, for userspace to unwind (`EventKind::StackSample`).
+use crate::EventHeader;
+
+/// Window sizes `Config::stack_window` may take: the kernel reserves a
+/// constant-size record per size.
+pub const STACK_WINDOWS: [u32; 3] = [8192, 16384, 32768];
+/// The default window: enough for CPython re-entering numpy two or three
+/// times (docs/unwind-spike.md).
+pub const STACK_WINDOW_DEFAULT: u32 = 16384;
+
+/// What precedes the copied stack in a `StackSample`: the user registers of
+/// a task whose stack was taken, and which frame-pointer stack it refines.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StackSampleHead {
+    pub hdr: EventHeader,
+    pub tgid: u32,
+    pub tid: u32,
+    /// The id the frame-pointer walk stored (`USER_STACKS`): every event
+    /// counted under it in this process shares its unwound stacks.
+    pub user_stack: i32,
+    /// Bytes of `StackSample::stack` copied from `sp` (0: registers only).
+    pub len: u32,
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// How many events of its id this copy stands for: 1, then 2^k once the
+    /// id had many copies (the kernel thins them at random, `samples.rs`).
+    pub weight: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<StackSampleHead>() == 16 + 16 + 32);
+
+/// A user stack to unwind in userspace: registers and up to `N` bytes of the
+/// stack from `sp` (`EventKind::StackSample`, on its own ring).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct StackSample<const N: usize> {
+    pub head: StackSampleHead,
+    pub stack: [u8; N],
+}
+const _: () = assert!(core::mem::size_of::<StackSample<16384>>() == 64 + 16384);

@@ -1,0 +1,239 @@
+//! Native stacks: the kernel's copied user stacks (`StackSample` records),
+//! unwound as they arrive with the objects' call-frame information
+//! (`unwind`), while the process and its maps are still there.
+//!
+//! A sample refines the frame-pointer stack id the kernel counted its event
+//! under: one id can stand for many real stacks (code without frame pointers
+//! ends the walk at its leaf), so each id keeps how often each unwound stack
+//! was seen, and the counts of the id are shared out in those proportions
+//! (`shares`): exact in events for the faults and calls whose sample arrived,
+//! an estimate for latency and majors when an id mixes several stacks.
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    time::Instant,
+};
+
+use vmtrace_common::{StackSampleHead, STACK_ID_LOST};
+
+use super::unwind::{AddressSpace, Regs, Sample, Stop, Unwinder};
+use crate::procmaps::Region;
+
+/// How an unwound stack ended: `None` at a thread root, else why it was cut
+/// (a name for summary.json and a marker frame).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Cut {
+    pub reason: &'static str,
+    pub marker: String,
+}
+
+/// The why of a cut, as summary.json's `stacks.cut` counts it.
+fn reason(stop: &Stop) -> &'static str {
+    use super::unwind::Code;
+    match stop {
+        Stop::Root => "root",
+        Stop::WindowEnd { .. } => "window_exhausted",
+        Stop::NoUnwindInfo { code: Code::Anonymous, .. } => "jit_code",
+        Stop::NoUnwindInfo { code: Code::Vdso, .. } => "vdso",
+        Stop::NoUnwindInfo { .. } => "no_unwind_info",
+        Stop::LeftCode { .. } => "left_code",
+        Stop::Error(_) => "unwind_error",
+        Stop::MaxFrames => "too_many_frames",
+    }
+}
+
+/// One unwound user stack: return addresses innermost first (`frames[0]` the
+/// instruction pointer), and how it ended.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct NativeStack {
+    pub frames: Vec<u64>,
+    pub cut: Option<Cut>,
+}
+
+/// An address space built from the maps read at `maps_read`.
+struct Space {
+    maps_read: Option<Instant>,
+    space: AddressSpace,
+}
+
+/// Unwound stacks of every traced process, by (tgid, frame-pointer id).
+#[derive(Default)]
+pub struct NativeStacks {
+    unwinder: Option<Unwinder>,
+    spaces: HashMap<u32, Space>,
+    by_id: HashMap<(u32, i32), Vec<(NativeStack, u64)>>,
+    /// Samples unwound, and records too short to read.
+    pub samples: u64,
+    pub malformed: u64,
+}
+
+/// What `add` needs of a process: its maps and when they were read, and a
+/// way to read them again (a library loaded since).
+pub trait ProcessMaps {
+    fn maps(&mut self, tgid: u32) -> (&[Region], Option<Instant>);
+    fn refresh(&mut self, tgid: u32);
+}
+
+impl NativeStacks {
+    /// Unwinds one `StackSample` record and counts its stack under its id.
+    pub fn add(&mut self, bytes: &[u8], procs: &mut impl ProcessMaps) {
+        let head_len = std::mem::size_of::<StackSampleHead>();
+        let Some(head) = bytes.get(..head_len).map(|b| {
+            // SAFETY: length checked; the head is Pod (plain integers).
+            unsafe { std::ptr::read_unaligned(b.as_ptr().cast::<StackSampleHead>()) }
+        }) else {
+            self.malformed += 1;
+            return;
+        };
+        let Some(stack) = bytes.get(head_len..head_len + head.len as usize) else {
+            self.malformed += 1;
+            return;
+        };
+        if head.user_stack < 0 {
+            return;
+        }
+        let sample = Sample { regs: Regs { ip: head.ip, sp: head.sp, bp: head.bp }, stack };
+        let (mut unwound, mut covered) = self.unwind(head.tgid, &sample, procs);
+        // Code mapped since the maps were read (a library loaded, JIT code)
+        // is missing from the space: read them again (`refresh` limits how
+        // often) and retry.
+        if !covered || matches!(unwound.stop, Stop::NoUnwindInfo { .. } | Stop::LeftCode { .. }) {
+            procs.refresh(head.tgid);
+            (unwound, covered) = self.unwind(head.tgid, &sample, procs);
+        }
+        self.samples += 1;
+        let stop = unwound.stop;
+        let cut = if covered {
+            (stop != Stop::Root).then(|| Cut { reason: reason(&stop), marker: stop.marker().unwrap_or_default() })
+        } else {
+            Some(Cut { reason: "unmapped_code", marker: "[unmapped code]".into() })
+        };
+        let native = NativeStack { frames: unwound.frames, cut };
+        let seen = self.by_id.entry((head.tgid, head.user_stack)).or_default();
+        let weight = u64::from(head.weight.max(1));
+        match seen.iter_mut().find(|(s, _)| *s == native) {
+            Some((_, n)) => *n += weight,
+            None => seen.push((native, weight)),
+        }
+    }
+
+    /// The unwound sample, and whether its leaf is in code the maps know.
+    fn unwind(&mut self, tgid: u32, sample: &Sample, procs: &mut impl ProcessMaps) -> (super::unwind::Unwound, bool) {
+        let unwinder = self.unwinder.get_or_insert_with(Unwinder::new);
+        let (maps, maps_read) = procs.maps(tgid);
+        let stale = self.spaces.get(&tgid).is_none_or(|s| s.maps_read != maps_read);
+        if stale {
+            // Paths in the maps are the process's own: through its root when
+            // it lives in another mount namespace (gone once it exited).
+            let proc_root = PathBuf::from(format!("/proc/{tgid}/root"));
+            let root = if proc_root.exists() { proc_root } else { PathBuf::from("/") };
+            let space = unwinder.address_space(maps, Path::new(&root));
+            self.spaces.insert(tgid, Space { maps_read, space });
+        }
+        let space = &self.spaces[&tgid].space;
+        (unwinder.unwind(space, sample), space.covers(sample.regs.ip))
+    }
+
+    /// The unwound stacks counted under `user_stack` in `tgid`, with how many
+    /// events their samples stand for (`StackSampleHead::weight`); empty when none arrived (a whole frame-pointer
+    /// chain, copies off, or every sample dropped).
+    pub fn variants(&self, tgid: u32, user_stack: i32) -> &[(NativeStack, u64)] {
+        if user_stack == STACK_ID_LOST {
+            return &[];
+        }
+        self.by_id.get(&(tgid, user_stack)).map_or(&[], Vec::as_slice)
+    }
+
+    /// The stack seen most often under `user_stack` (a storm's culprit).
+    pub fn dominant(&self, tgid: u32, user_stack: i32) -> Option<&NativeStack> {
+        self.variants(tgid, user_stack).iter().max_by_key(|(_, n)| *n).map(|(s, _)| s)
+    }
+
+    /// Forgets a process's address space (it exited: its stacks are unwound
+    /// already and keep their addresses; its maps stay in the process table
+    /// for symbolization).
+    pub fn forget_space(&mut self, tgid: u32) {
+        self.spaces.remove(&tgid);
+    }
+}
+
+/// `total` shared out in proportion to `weights`, the parts summing to it
+/// (largest remainders get the leftover units).
+pub fn shares(total: u64, weights: &[u64]) -> Vec<u64> {
+    let sum: u64 = weights.iter().sum();
+    if sum == 0 {
+        return vec![0; weights.len()];
+    }
+    let exact: Vec<u128> = weights.iter().map(|&w| u128::from(total) * u128::from(w)).collect();
+    let mut parts: Vec<u64> = exact.iter().map(|&e| (e / u128::from(sum)) as u64).collect();
+    let mut left = total - parts.iter().sum::<u64>();
+    let mut order: Vec<usize> = (0..weights.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(exact[i] % u128::from(sum)));
+    for i in order {
+        if left == 0 {
+            break;
+        }
+        parts[i] += 1;
+        left -= 1;
+    }
+    parts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_sum_to_the_total_in_proportion() {
+        assert_eq!(shares(10, &[1, 1]), vec![5, 5]);
+        assert_eq!(shares(10, &[3, 1]).iter().sum::<u64>(), 10);
+        assert_eq!(shares(7, &[1, 1, 1]).iter().sum::<u64>(), 7);
+        assert_eq!(shares(1000, &[3, 1]), vec![750, 250]);
+        assert_eq!(shares(5, &[0, 0]), vec![0, 0]);
+        assert_eq!(shares(0, &[2, 3]), vec![0, 0]);
+    }
+
+    struct NoMaps(Vec<Region>);
+    impl ProcessMaps for NoMaps {
+        fn maps(&mut self, _: u32) -> (&[Region], Option<Instant>) {
+            (&self.0, None)
+        }
+        fn refresh(&mut self, _: u32) {}
+    }
+
+    fn record(tgid: u32, id: i32, ip: u64, stack: &[u8]) -> Vec<u8> {
+        let head = StackSampleHead {
+            tgid,
+            user_stack: id,
+            len: stack.len() as u32,
+            ip,
+            sp: 0x1000,
+            weight: 1,
+            ..Default::default()
+        };
+        // SAFETY: a Pod value viewed as its bytes.
+        let bytes = unsafe {
+            std::slice::from_raw_parts((&raw const head).cast::<u8>(), std::mem::size_of::<StackSampleHead>())
+        };
+        [bytes, stack].concat()
+    }
+
+    #[test]
+    fn samples_of_one_id_are_counted_per_unwound_stack_and_short_records_are_malformed() {
+        let mut n = NativeStacks::default();
+        let mut maps = NoMaps(Vec::new());
+        n.add(&record(7, 5, 0x400_000, &[0; 64]), &mut maps);
+        n.add(&record(7, 5, 0x400_000, &[0; 64]), &mut maps);
+        n.add(&record(7, 5, 0x500_000, &[0; 64]), &mut maps);
+        n.add(&record(7, 5, 0x500_000, &[0; 8])[..60], &mut maps);
+        assert_eq!((n.samples, n.malformed), (3, 1));
+        let v = n.variants(7, 5);
+        assert_eq!(v.len(), 2);
+        assert_eq!(n.dominant(7, 5).map(|s| s.frames[0]), Some(0x400_000));
+        // No code mapped at all: the leaf is kept, the stack is marked cut.
+        assert!(v
+            .iter()
+            .all(|(s, _)| s.frames.len() == 1 && s.cut.as_ref().is_some_and(|c| c.reason == "unmapped_code")));
+        assert!(n.variants(7, 6).is_empty());
+    }
+}
