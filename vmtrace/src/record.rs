@@ -353,6 +353,7 @@ pub(crate) fn start_target(
             let counters = perf_for(Scope::Tasks(vec![c.pid]))?;
             session.source_mut().trace_pid(c.pid).map_err(|e| RecordError::Trace(c.pid, e))?;
             session.set_parent(c.pid, std::process::id());
+            session.read_maps(c.pid);
             c.release()?;
             let info =
                 TargetInfo { kind: "command".into(), command: Some(argv.clone()), pid: Some(c.pid), exit_status: None };

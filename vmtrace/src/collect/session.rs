@@ -204,6 +204,14 @@ impl<S: AggregateSource> Session<S> {
         self.table.ensure(pid)
     }
 
+    /// Reads `pid`'s maps now, into its region history: a command vmtrace
+    /// holds before its exec, whose faults until the exec are in this
+    /// address space.
+    pub fn read_maps(&mut self, pid: u32) {
+        let source = &self.source;
+        self.table.snapshot_maps_at(pid, &|p| source.map_gen(p));
+    }
+
     /// Records who started `pid` (a command vmtrace spawned).
     pub fn set_parent(&mut self, pid: u32, ppid: u32) {
         self.table.procs.entry(pid).or_default().ppid = Some(ppid);
