@@ -1,0 +1,97 @@
+//! Python frames in user stacks (privileged): pyenv's CPythons (built
+//! without frame pointers, no `-X perf`) running a script whose faults come
+//! from one known function; its faults are named by that function's line,
+//! with its callers' lines beneath.
+mod common;
+
+use std::path::PathBuf;
+
+use common::*;
+
+/// Share of the folded weight whose line passes `pred`.
+fn share_where(folded: &str, pred: impl Fn(&str) -> bool) -> f64 {
+    let weight = |l: &str| l.rsplit_once(' ').and_then(|(_, w)| w.parse::<u64>().ok()).unwrap_or(0);
+    let total: u64 = folded.lines().map(weight).sum();
+    let hit: u64 = folded.lines().filter(|l| pred(l)).map(weight).sum();
+    hit as f64 / total.max(1) as f64
+}
+
+/// pyenv's Python `minor` (3.x), or `None` when it is not installed.
+fn pyenv_python(minor: u32) -> Option<PathBuf> {
+    let root = std::env::var("PYENV_ROOT").unwrap_or_else(|_| "/root/.pyenv".into());
+    let dir = std::fs::read_dir(format!("{root}/versions")).ok()?;
+    let mut found: Vec<PathBuf> = dir
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&format!("3.{minor}.")))
+        .map(|e| e.path().join(format!("bin/python3.{minor}")))
+        .filter(|p| p.exists())
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+/// Line 5 takes the faults; `main` calls it at line 10, the module `main` at 14.
+const FILL: &str = "\
+import sys
+
+def fill_buffers(n):
+    bufs = []
+    for _ in range(n): bufs.append(bytearray(4 << 20))
+    return bufs
+
+def main(rounds):
+    for _ in range(rounds):
+        b = fill_buffers(40)
+        del b
+
+if __name__ == '__main__':
+    main(int(sys.argv[1]))
+";
+
+/// The chain every fill_buffers fault should show.
+const CHAIN: &str = "<module> (fill.py:14);main (fill.py:10);fill_buffers (fill.py:5)";
+
+fn record_fill(minor: u32) -> Option<(Run, String)> {
+    let Some(python) = pyenv_python(minor) else {
+        eprintln!("SKIPPED: pyenv has no Python 3.{minor}");
+        return None;
+    };
+    let dir = disk_dir();
+    let script = dir.path().join("fill.py");
+    std::fs::write(&script, FILL).unwrap();
+    let rounds = (12 / scale()).max(2).to_string();
+    let run = record(
+        &["--stacks", "user", "--stack-sample", "4"],
+        &[python.to_str().unwrap(), script.to_str().unwrap(), &rounds],
+    );
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let f = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();
+    Some((run, f))
+}
+
+fn fill_buffers_is_named(minor: u32) {
+    let Some((_run, f)) = record_fill(minor) else { return };
+    let named = share_where(&f, |l| l.contains(CHAIN));
+    assert!(named >= 0.9, "3.{minor}: {:.1}% of fault weight under {CHAIN}:\n{f}", named * 100.0);
+    // Python frames replace the evaluation loop's, not add to them.
+    let doubled = share_where(&f, |l| l.contains("fill_buffers (") && l.contains("_PyEval_EvalFrameDefault;"));
+    assert!(doubled < 0.05, "3.{minor}: evaluation-loop frames left among Python ones:\n{f}");
+}
+
+#[test]
+fn python_3_11_faults_are_named_by_line() {
+    privileged!();
+    fill_buffers_is_named(11);
+}
+
+#[test]
+fn python_3_12_faults_are_named_by_line() {
+    privileged!();
+    fill_buffers_is_named(12);
+}
+
+#[test]
+fn python_3_13_faults_are_named_by_line() {
+    privileged!();
+    fill_buffers_is_named(13);
+}
