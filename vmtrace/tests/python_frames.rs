@@ -51,14 +51,39 @@ if __name__ == '__main__':
 /// The chain every fill_buffers fault should show.
 const CHAIN: &str = "<module> (fill.py:14);main (fill.py:10);fill_buffers (fill.py:5)";
 
+/// `FILL`'s functions run in a thread, then in two forked workers.
+const SPREAD: &str = "\
+import sys, threading, multiprocessing as mp
+
+def fill_buffers(n):
+    bufs = []
+    for _ in range(n): bufs.append(bytearray(4 << 20))
+    return bufs
+
+def main(rounds):
+    for _ in range(rounds):
+        b = fill_buffers(40)
+        del b
+
+if __name__ == '__main__':
+    rounds = int(sys.argv[1])
+    t = threading.Thread(target=main, args=(rounds,)); t.start(); t.join()
+    ps = [mp.get_context('fork').Process(target=main, args=(rounds,)) for _ in range(2)]
+    [p.start() for p in ps]; [p.join() for p in ps]
+";
+
 fn record_fill(minor: u32) -> Option<(Run, String)> {
+    record_script(minor, FILL)
+}
+
+fn record_script(minor: u32, text: &str) -> Option<(Run, String)> {
     let Some(python) = pyenv_python(minor) else {
         eprintln!("SKIPPED: pyenv has no Python 3.{minor}");
         return None;
     };
     let dir = disk_dir();
     let script = dir.path().join("fill.py");
-    std::fs::write(&script, FILL).unwrap();
+    std::fs::write(&script, text).unwrap();
     let rounds = (12 / scale()).max(2).to_string();
     let run = record(
         &["--stacks", "user", "--stack-sample", "4"],
@@ -94,4 +119,48 @@ fn python_3_12_faults_are_named_by_line() {
 fn python_3_13_faults_are_named_by_line() {
     privileged!();
     fill_buffers_is_named(13);
+}
+
+/// A thread's faults and forked workers' faults, each under their own
+/// Python frames: the thread's beneath `Thread.run`, the workers' beneath
+/// `Process._bootstrap`.
+fn threads_and_workers_are_named(minor: u32) {
+    let Some((run, f)) = record_script(minor, SPREAD) else { return };
+    let inner = "main (fill.py:10);fill_buffers (fill.py:5)";
+    let named = share_where(&f, |l| l.contains(inner));
+    assert!(named >= 0.85, "3.{minor}: {:.1}% of fault weight under {inner}:\n{f}", named * 100.0);
+    let thread = share_where(&f, |l| l.contains("Thread.run (threading.py:") && l.contains(inner));
+    let workers = share_where(&f, |l| l.contains("Process._bootstrap (process.py:") && l.contains(inner));
+    assert!(thread >= 0.2, "3.{minor}: {:.1}% under the thread's frames:\n{f}", thread * 100.0);
+    assert!(workers >= 0.4, "3.{minor}: {:.1}% under the workers' frames:\n{f}", workers * 100.0);
+    let st = &run.summary["stacks"];
+    assert!(u(&st["python_faults"]) * 10 >= u(&st["sampled_faults"]) * 8, "{st}");
+}
+
+#[test]
+fn python_3_11_threads_and_forked_workers_are_named() {
+    privileged!();
+    threads_and_workers_are_named(11);
+}
+
+#[test]
+fn python_3_12_threads_and_forked_workers_are_named() {
+    privileged!();
+    threads_and_workers_are_named(12);
+}
+
+#[test]
+fn python_3_13_threads_and_forked_workers_are_named() {
+    privileged!();
+    threads_and_workers_are_named(13);
+}
+
+/// 3.10 has no table here: native stacks only, and summary.json says so.
+#[test]
+fn python_3_10_stays_native_with_a_note() {
+    privileged!();
+    let Some((run, f)) = record_fill(10) else { return };
+    assert!(!f.contains("fill_buffers ("), "{f}");
+    let note = run.summary["stacks"]["python_native_only"].to_string();
+    assert!(note.contains("python3.10"), "{}", run.summary["stacks"]);
 }

@@ -83,6 +83,8 @@ enum ObjInfo {
         runtime: u64,
         version: Option<(u8, u8)>,
         absolute: bool,
+        /// The first words of `_PyRuntime`'s initializer (`_Py_DebugOffsets` from 3.13).
+        debug: Option<Vec<u64>>,
     },
 }
 
@@ -113,7 +115,7 @@ impl Detector {
             }
             seen.push(path);
             let info = self.objs.entry(path.to_string()).or_insert_with(|| read_obj(path)).clone();
-            let ObjInfo::Python { runtime, version, absolute } = info else { continue };
+            let ObjInfo::Python { runtime, version, absolute, debug } = info else { continue };
             let Some(version) = version else { return Detected::Unknown(path.to_string()) };
             let bias = if absolute {
                 0
@@ -123,13 +125,52 @@ impl Detector {
                     None => continue,
                 }
             };
-            return match layout(version, bias + runtime) {
-                Some((proc, code)) => Detected::Known(Found { version, proc, code }),
-                None => Detected::Unknown(format!("{path} (Python {}.{})", version.0, version.1)),
-            };
+            let unknown = || Detected::Unknown(format!("{path} (Python {}.{})", version.0, version.1));
+            let Some((mut proc, code)) = layout(version, bias + runtime) else { return unknown() };
+            if version >= (3, 13) {
+                // The interpreter's own description wins over the table; a
+                // free-threaded build (other layouts) or a missing one has none.
+                match debug.as_deref().and_then(|d| from_debug_offsets(d, version)) {
+                    Some(p) => proc = PyProc { runtime: proc.runtime, ..p },
+                    None => return unknown(),
+                }
+            }
+            return Detected::Known(Found { version, proc, code });
         }
         Detected::None
     }
+}
+
+/// Words of `_Py_DebugOffsets` (3.13's layout) read here.
+const DEBUG_WORDS: usize = 44;
+
+/// 3.13's `_Py_DebugOffsets`, the first bytes of `_PyRuntime` (as words):
+/// the offsets the kernel needs, or `None` when the cookie, version or
+/// build (free-threaded) is not the one this layout is for.
+fn from_debug_offsets(d: &[u64], version: (u8, u8)) -> Option<PyProc> {
+    if d.len() < DEBUG_WORDS || d[0].to_le_bytes() != *b"xdebugpy" || version != (3, 13) {
+        return None;
+    }
+    let hex = d[1];
+    if ((hex >> 24) as u8, (hex >> 16) as u8) != version || d[2] != 0 {
+        return None;
+    }
+    let w = |i: usize| u32::try_from(d[i]).ok();
+    Some(PyProc {
+        runtime: 0,
+        interp_head: w(5)?,
+        threads_head: w(9)?,
+        tstate_next: w(21)?,
+        native_tid: w(25)?,
+        tstate_frame: w(23)?,
+        cframe_frame: PY_OFF_NONE,
+        frame_code: w(30)?,
+        frame_previous: w(29)?,
+        frame_instr: w(31)?,
+        frame_owner: w(33)?,
+        frame_is_entry: PY_OFF_NONE,
+        _pad: 0,
+    })
 }
 
 fn looks_like_python(path: &str) -> bool {
@@ -142,9 +183,18 @@ fn read_obj(path: &str) -> ObjInfo {
     let Ok(file) = object::File::parse(&*data) else { return ObjInfo::NotPython };
     let mut runtime = None;
     let mut version = None;
+    let mut debug = None;
     for sym in file.symbols().chain(file.dynamic_symbols()) {
         match sym.name() {
-            Ok("_PyRuntime") => runtime = Some(sym.address()),
+            Ok("_PyRuntime") => {
+                runtime = Some(sym.address());
+                debug = sym.section_index().and_then(|i| file.section_by_index(i).ok()).and_then(|s| {
+                    let d = s.data().ok()?;
+                    let at = usize::try_from(sym.address().checked_sub(s.address())?).ok()?;
+                    let bytes = d.get(at..at + DEBUG_WORDS * 8)?;
+                    Some(bytes.chunks_exact(8).filter_map(|c| c.try_into().ok().map(u64::from_le_bytes)).collect())
+                });
+            }
             Ok("Py_Version") => {
                 let hex = sym.section_index().and_then(|i| file.section_by_index(i).ok()).and_then(|s| {
                     let d = s.data().ok()?;
@@ -157,7 +207,9 @@ fn read_obj(path: &str) -> ObjInfo {
         }
     }
     match runtime {
-        Some(runtime) => ObjInfo::Python { runtime, version, absolute: file.kind() == object::ObjectKind::Executable },
+        Some(runtime) => {
+            ObjInfo::Python { runtime, version, absolute: file.kind() == object::ObjectKind::Executable, debug }
+        }
         None => ObjInfo::NotPython,
     }
 }

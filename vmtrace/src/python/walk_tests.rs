@@ -89,3 +89,24 @@ fn python_3_12_offsets_walk_a_live_interpreter() {
 fn python_3_13_offsets_walk_a_live_interpreter() {
     walk_live(13);
 }
+
+/// 3.13's own offsets (`_Py_DebugOffsets`) agree with the table's row.
+#[test]
+fn python_3_13_debug_offsets_agree_with_the_table() {
+    let lib = std::path::Path::new("/root/.pyenv/versions/3.13.0/lib/libpython3.13.so.1.0");
+    if !lib.exists() {
+        eprintln!("SKIPPED: no pyenv 3.13.0");
+        return;
+    }
+    let maps = [crate::procmaps::Region {
+        start: 0x1000,
+        end: 0x2000,
+        offset: 0,
+        perms: "r--p".into(),
+        kind: crate::model::RegionKind::File,
+        path: Some(lib.to_string_lossy().into_owned()),
+    }];
+    let Detected::Known(found) = Detector::default().detect(&maps) else { panic!("3.13 not detected") };
+    let (table, _) = super::detect::layout((3, 13), found.proc.runtime).expect("row");
+    assert_eq!(found.proc, table);
+}
