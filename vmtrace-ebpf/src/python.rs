@@ -21,6 +21,25 @@ pub static PY_PROCS: HashMap<u32, PyProc> = HashMap::with_max_entries(4096, 0);
 #[map]
 static PY_TSTATES: LruHashMap<u32, u64> = LruHashMap::with_max_entries(16_384, 0);
 
+/// A forked child runs its parent's interpreter at the same addresses: its
+/// frames are taken from its first fault, before userspace has seen it.
+#[inline(always)]
+pub fn on_fork(parent: u32, child: u32) {
+    // SAFETY: a plain value read.
+    if let Some(p) = unsafe { PY_PROCS.get(parent) } {
+        let p = *p;
+        let _ = PY_PROCS.insert(child, p, 0);
+    }
+}
+
+/// After an exec the process runs another program: its old offsets would
+/// read whatever now lies there. Userspace registers it again if it is a
+/// Python.
+#[inline(always)]
+pub fn on_exec(tgid: u32) {
+    let _ = PY_PROCS.remove(tgid);
+}
+
 /// Thread states looked at per interpreter at most.
 const THREADS_MAX: u32 = 64;
 

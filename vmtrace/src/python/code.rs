@@ -46,6 +46,10 @@ impl CodeCache {
         self.layouts.insert(tgid, layout);
     }
 
+    pub fn has_layout(&self, tgid: u32) -> bool {
+        self.layouts.contains_key(&tgid)
+    }
+
     /// Whether any process was registered.
     pub fn any(&self) -> bool {
         !self.layouts.is_empty()

@@ -2,7 +2,7 @@
 //! processes as their maps are read, registers them with the programs, and
 //! reads the code objects of new stacks while their processes live.
 use std::{
-    collections::HashSet,
+    collections::HashMap,
     time::{Duration, Instant},
 };
 
@@ -20,8 +20,13 @@ const LOOK_FOR: Duration = Duration::from_secs(3);
 pub struct Tracker {
     detector: Detector,
     pub codes: CodeCache,
-    /// Processes settled: registered, unknown, or not Python.
-    settled: HashSet<u32>,
+    /// Per process: the name it had when last looked at, since when it has
+    /// been looked at, and whether that is settled (registered, unknown, or
+    /// not Python). An exec renames it, and it is looked at again.
+    seen: HashMap<u32, (String, Instant, bool)>,
+    /// Stacks of processes not registered yet (a forked child the kernel
+    /// follows before this tick found it): read once they are.
+    pending: Vec<(Instant, crate::python::PyStack)>,
     /// Pythons this build has no offsets for (for summary.json).
     pub unknown: Vec<String>,
 }
@@ -30,7 +35,14 @@ impl Tracker {
     /// Looks for new Pythons, then reads the code objects of new stacks.
     pub fn tick(&mut self, now: Instant, table: &ProcessTable, source: &mut impl AggregateSource) {
         for (&pid, p) in &table.procs {
-            if self.settled.contains(&pid) || p.exit_code.is_some() || p.maps.is_empty() {
+            if p.exit_code.is_some() || p.maps.is_empty() {
+                continue;
+            }
+            let entry = self.seen.entry(pid).or_insert_with(|| (p.comm.clone(), now, false));
+            if entry.0 != p.comm {
+                *entry = (p.comm.clone(), now, false);
+            }
+            if entry.2 {
                 continue;
             }
             match self.detector.detect(&p.maps) {
@@ -38,25 +50,28 @@ impl Tracker {
                     if source.register_python(pid, &f.proc) {
                         self.codes.set_layout(pid, f.code);
                     }
-                    self.settled.insert(pid);
+                    entry.2 = true;
                 }
                 Detected::Unknown(what) => {
                     if !self.unknown.contains(&what) {
                         log::info!("python frames: no offsets for {what}; its stacks stay native");
                         self.unknown.push(what);
                     }
-                    self.settled.insert(pid);
+                    entry.2 = true;
                 }
-                Detected::None => {
-                    if now.saturating_duration_since(p.first_seen) > LOOK_FOR {
-                        self.settled.insert(pid);
-                    }
-                }
+                Detected::None => entry.2 = now.saturating_duration_since(entry.1) > LOOK_FOR,
             }
         }
-        if self.codes.any() {
-            for s in source.new_python_stacks() {
+        if !self.codes.any() {
+            return;
+        }
+        let fresh = source.new_python_stacks().into_iter().map(|s| (now, s));
+        let all: Vec<_> = std::mem::take(&mut self.pending).into_iter().chain(fresh).collect();
+        for (since, s) in all {
+            if self.codes.has_layout(s.tgid) {
                 self.codes.resolve(&s);
+            } else if now.saturating_duration_since(since) < LOOK_FOR {
+                self.pending.push((since, s));
             }
         }
     }
