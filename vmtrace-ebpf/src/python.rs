@@ -108,19 +108,24 @@ pub fn walk(s: &mut UserStack, mut h: u64) -> u64 {
         let Some(cf) = read_u64(f + u64::from(p.cframe_frame)) else { return h };
         f = cf;
     }
-    let mut nr = 0usize;
-    let mut ends = 0u32;
+    // The depth and entry bits live in the map value, not in registers: the
+    // verifier then does not tell apart the paths by which bits were set,
+    // and the loop's iterations converge (1M instructions otherwise).
+    let nr_p = &raw mut s.py_nr;
+    let ends_p = &raw mut s.py_ends;
     for _ in 0..PY_DEPTH + 8 {
+        // SAFETY: fields of this CPU's scratch value.
+        let nr = unsafe { core::ptr::read_volatile(nr_p) } as usize;
         if f == 0 || nr >= PY_DEPTH {
             break;
         }
         // SAFETY: bpf_probe_read_user faults safely.
         let Ok(buf) = (unsafe { bpf_probe_read_user(f as *const [u64; PY_FRAME_READ / 8]) }) else { break };
-        let owner = byte_at(&buf, p.frame_owner);
-        if owner == OWNED_BY_CSTACK {
+        let mut bit = 0u32;
+        if byte_at(&buf, p.frame_owner) == OWNED_BY_CSTACK {
             // The frame below it was the first of an eval call.
             if nr > 0 {
-                ends |= 1 << ((nr - 1) & 31);
+                bit = 1 << ((nr - 1) & 31);
             }
         } else {
             let code = word_at(&buf, p.frame_code);
@@ -129,14 +134,15 @@ pub fn walk(s: &mut UserStack, mut h: u64) -> u64 {
                 *slot = PyFrame { code, instr };
             }
             if p.frame_is_entry != PY_OFF_NONE && byte_at(&buf, p.frame_is_entry) != 0 {
-                ends |= 1 << (nr & 31);
+                bit = 1 << (nr & 31);
             }
             h = crate::stacks::mix(h ^ code ^ instr.rotate_left(32));
-            nr += 1;
+            // SAFETY: as above.
+            unsafe { core::ptr::write_volatile(nr_p, nr as u32 + 1) };
         }
+        // SAFETY: as above.
+        unsafe { core::ptr::write_volatile(ends_p, core::ptr::read_volatile(ends_p) | bit) };
         f = word_at(&buf, p.frame_previous);
     }
-    s.py_nr = nr as u32;
-    s.py_ends = ends;
     h
 }
