@@ -164,3 +164,15 @@ fn python_3_10_stays_native_with_a_note() {
     let note = run.summary["stacks"]["python_native_only"].to_string();
     assert!(note.contains("python3.10"), "{}", run.summary["stacks"]);
 }
+
+/// Workers started by `multiprocessing`'s spawn (a fresh Python, exec'd):
+/// found as their maps are read, their faults under their own frames.
+#[test]
+fn python_3_12_spawned_workers_are_named() {
+    privileged!();
+    let text = SPREAD.replace("mp.get_context('fork')", "mp.get_context('spawn')");
+    let Some((_run, f)) = record_script(12, &text) else { return };
+    let inner = "main (fill.py:10);fill_buffers (fill.py:5)";
+    let workers = share_where(&f, |l| l.contains("Process._bootstrap (process.py:") && l.contains(inner));
+    assert!(workers >= 0.4, "{:.1}% under the spawned workers' frames:\n{f}", workers * 100.0);
+}
