@@ -47,6 +47,21 @@ pub fn splice(native: Vec<String>, segments: &[Vec<String>]) -> Vec<String> {
     out
 }
 
+/// Whether a named frame is a Python one (`function (file:line)`).
+pub fn is_python_frame(frame: &str) -> bool {
+    let Some(inner) = frame.strip_suffix(')').and_then(|f| f.rsplit_once(" (")).map(|(_, loc)| loc) else {
+        return false;
+    };
+    let file = inner.rsplit_once(':').map_or(inner, |(f, _)| f);
+    std::path::Path::new(file).extension().is_some_and(|e| e.eq_ignore_ascii_case("py")) || file.starts_with('<')
+}
+
+/// The innermost Python frame of a stack (outermost first), to name a
+/// culprit by the Python code behind it.
+pub fn innermost_python(frames: &[String]) -> Option<&str> {
+    frames.iter().rev().find(|f| is_python_frame(f)).map(String::as_str)
+}
+
 fn is_eval(frame: &str) -> bool {
     frame == EVAL_FRAME
         || frame.starts_with("_PyEval_EvalFrameDefault ")
@@ -69,6 +84,14 @@ mod tests {
             splice(native, &segs),
             v(&["_start", "main", "<module> (a.py:9)", "call", "f (a.py:2)", "g (a.py:5)", "memset"])
         );
+    }
+
+    #[test]
+    fn python_frames_are_told_from_native_ones() {
+        let f = v(&["main", "<module> (a.py:9)", "f (<string>:2)", "g (x.py)", "array_dealloc", "[munmap]"]);
+        assert_eq!(innermost_python(&f), Some("g (x.py)"));
+        assert!(!is_python_frame("operator() (int)"));
+        assert_eq!(innermost_python(&v(&["main", "[munmap]"])), None);
     }
 
     #[test]
