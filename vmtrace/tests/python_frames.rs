@@ -176,3 +176,32 @@ fn python_3_12_spawned_workers_are_named() {
     let workers = share_where(&f, |l| l.contains("Process._bootstrap (process.py:") && l.contains(inner));
     assert!(workers >= 0.4, "{:.1}% under the spawned workers' frames:\n{f}", workers * 100.0);
 }
+
+/// numpy temporaries freed in two threads (`MALLOC_MMAP_THRESHOLD_`: every
+/// free unmaps): the storm's culprit names the Python function that makes them.
+#[test]
+fn numpy_munmap_storm_is_blamed_on_the_python_function() {
+    privileged!();
+    let python = python_with(&["numpy"]);
+    let dir = disk_dir();
+    let script = dir.path().join("temps.py");
+    let text = "import threading, numpy as np\n\
+                def work():\n    for _ in range(4000):\n        a = np.ones(40000)\n        b = a * 2.0\n        del a, b\n\
+                ts = [threading.Thread(target=work) for _ in range(2)]\n\
+                [t.start() for t in ts]\n[t.join() for t in ts]\n";
+    std::fs::write(&script, text).unwrap();
+    let threshold = (200 / scale()).to_string();
+    let run = record(
+        &["--storm-threshold", &threshold],
+        &["env", "MALLOC_MMAP_THRESHOLD_=131072", python.to_str().unwrap(), script.to_str().unwrap()],
+    );
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let storms = run.summary["storms"].as_array().expect("storms");
+    assert!(!storms.is_empty(), "no storm: {}", run.summary["processes"]);
+    for s in storms {
+        let stack: Vec<&str> = s["top_stack"].as_array().unwrap().iter().filter_map(|f| f.as_str()).collect();
+        assert!(stack.iter().any(|f| f.starts_with("work (temps.py:")), "culprit names the Python function: {stack:?}");
+    }
+    let text = std::fs::read_to_string(run.out.path().join("summary.txt")).unwrap_or_default();
+    assert!(text.contains("work (temps.py:"), "the storm line names it: {text}");
+}
