@@ -249,6 +249,9 @@ impl<S: AggregateSource> Session<S> {
     /// Everything a poll does once the wait is over, as of `now`.
     fn step(&mut self, now: Instant) {
         self.drain_at(now);
+        if self.opts.stacks.is_some() {
+            self.python.look_at_young(now, &mut self.table, &mut self.source);
+        }
         if self.timeline.due(now) {
             self.timeline.push(now, self.source.totals());
         }

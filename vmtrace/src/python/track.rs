@@ -32,10 +32,38 @@ pub struct Tracker {
 }
 
 impl Tracker {
+    /// On every poll: re-reads the maps of processes named like a Python
+    /// that are not registered yet, and looks at them. The loader maps
+    /// libpython within milliseconds of the exec, and the script faults soon
+    /// after: waiting for the 100 ms tick left a few % of a short script's
+    /// faults without Python frames.
+    pub fn look_at_young(&mut self, now: Instant, table: &mut ProcessTable, source: &mut impl AggregateSource) {
+        let due: Vec<u32> = table
+            .procs
+            .iter()
+            .filter(|(_, p)| p.exit_code.is_none() && p.comm.starts_with("python"))
+            .filter(|(pid, p)| match self.seen.get(pid) {
+                Some((comm, _, settled)) => comm != &p.comm || !settled,
+                None => true,
+            })
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in due {
+            table.snapshot_maps(pid);
+            self.look(now, table, source, Some(pid));
+        }
+    }
+
     /// Looks for new Pythons, then reads the code objects of new stacks.
     pub fn tick(&mut self, now: Instant, table: &ProcessTable, source: &mut impl AggregateSource) {
+        self.look(now, table, source, None);
+        self.read_codes(now, source);
+    }
+
+    /// Looks at `only`, or at every process not settled.
+    fn look(&mut self, now: Instant, table: &ProcessTable, source: &mut impl AggregateSource, only: Option<u32>) {
         for (&pid, p) in &table.procs {
-            if p.exit_code.is_some() || p.maps.is_empty() {
+            if only.is_some_and(|o| o != pid) || p.exit_code.is_some() || p.maps.is_empty() {
                 continue;
             }
             let entry = self.seen.entry(pid).or_insert_with(|| (p.comm.clone(), now, false));
@@ -62,6 +90,10 @@ impl Tracker {
                 Detected::None => entry.2 = now.saturating_duration_since(entry.1) > LOOK_FOR,
             }
         }
+    }
+
+    /// Reads the code objects of the stacks stored since the last call.
+    fn read_codes(&mut self, now: Instant, source: &mut impl AggregateSource) {
         if !self.codes.any() {
             return;
         }
