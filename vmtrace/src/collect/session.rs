@@ -249,7 +249,7 @@ impl<S: AggregateSource> Session<S> {
     /// Everything a poll does once the wait is over, as of `now`.
     fn step(&mut self, now: Instant) {
         self.drain_at(now);
-        if self.opts.stacks.is_some() {
+        if self.wants_python() {
             self.python.look_at_young(now, &mut self.table, &mut self.source);
         }
         if self.timeline.due(now) {
@@ -268,10 +268,16 @@ impl<S: AggregateSource> Session<S> {
         if self.opts.stacks.is_some() || self.opts.families.regions {
             let source = &self.source;
             self.maps_refresh.run(now, &mut self.table, &|pid| source.map_gen(pid));
-            if self.opts.stacks.is_some() {
-                self.python.tick(now, &self.table, &mut self.source);
-            }
         }
+        if self.wants_python() {
+            self.python.tick(now, &self.table, &mut self.source);
+        }
+    }
+
+    /// Whether any user stack is symbolized: fault stacks, or the call sites
+    /// of mmap-family calls and shootdowns (`top`'s banners take those).
+    fn wants_python(&self) -> bool {
+        self.opts.stacks.is_some() || self.opts.families.mmap || self.opts.families.tlb
     }
 
     /// The last timeline point and storm window (at the end of the trace).
@@ -428,7 +434,7 @@ impl<S: AggregateSource> Session<S> {
         // The last, partial interval.
         self.tick(now());
         let families = self.opts.families;
-        if self.opts.stacks.is_some() {
+        if self.wants_python() {
             self.python.tick(now(), &self.table, &mut self.source);
         }
         let native = &self.native;
