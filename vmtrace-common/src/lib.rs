@@ -5,7 +5,9 @@
 //! The `user` feature adds `aya::Pod` impls for userspace.
 #![no_std]
 
+mod python;
 mod samples;
+pub use python::*;
 pub use samples::*;
 
 /// Latency histogram: bucket `i` counts samples with `ns <= 2^(HIST_MIN_SHIFT + i)`,
@@ -808,8 +810,19 @@ pub struct UserStack {
     pub nr: u64,
     /// Innermost first: the faulting instruction, then return addresses.
     pub ips: [u64; USER_STACK_DEPTH],
+    /// The process whose Python frames these are (the first to store the
+    /// stack): where userspace reads their code objects.
+    pub py_tgid: u32,
+    pub _pad: u32,
+    /// Python frames recorded in `py` (0: none, or not a known interpreter).
+    pub py_nr: u32,
+    /// Bit i: `py[i]` is the outermost Python frame of its
+    /// `_PyEval_EvalFrameDefault` call.
+    pub py_ends: u32,
+    /// Innermost first.
+    pub py: [PyFrame; PY_DEPTH],
 }
-const _: () = assert!(core::mem::size_of::<UserStack>() == 1032);
+const _: () = assert!(core::mem::size_of::<UserStack>() == 1032 + 16 + 16 * PY_DEPTH);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -818,6 +831,7 @@ mod pod {
     unsafe impl aya::Pod for super::FaultStats {}
     unsafe impl aya::Pod for super::InflightFault {}
     unsafe impl aya::Pod for super::UserStack {}
+    unsafe impl aya::Pod for super::PyProc {}
     unsafe impl aya::Pod for super::StackKey {}
     unsafe impl aya::Pod for super::StackCounts {}
     unsafe impl aya::Pod for super::StackCur {}

@@ -13,6 +13,7 @@ mod globals;
 mod inflight;
 mod mapgen;
 mod probes;
+mod python;
 mod samples;
 mod shared;
 mod stacks;

@@ -160,6 +160,7 @@ fn walk() -> Option<(i32, bool)> {
     // pointer to a zeroed local reads as a one-frame chain "ending" at once
     // (seen in numpy's copy loops), while a real one passes main and its caller.
     let clean = root && nr >= 3 && fp >= sp && fp - sp < FIRST_FRAME_MAX;
+    let h = crate::python::walk(s, h);
     // SAFETY: this CPU's slot, as for the scratch.
     let recent = RECENT.get_ptr_mut(h as u32 & (RECENT_SLOTS - 1)).map(|r| unsafe { &mut *r });
     if let Some(r) = &recent {
@@ -258,7 +259,7 @@ fn by_windows(s: &mut UserStack, fp: u64, h: u64) -> Option<(u64, usize, bool)> 
 }
 
 #[inline(always)]
-fn mix(mut h: u64) -> u64 {
+pub fn mix(mut h: u64) -> u64 {
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^ (h >> 33)

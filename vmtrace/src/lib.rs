@@ -16,6 +16,7 @@ pub mod model;
 pub mod oom;
 pub mod perf;
 pub mod procmaps;
+pub mod python;
 pub mod record;
 pub mod regions;
 pub mod report;

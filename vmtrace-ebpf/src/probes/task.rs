@@ -70,6 +70,7 @@ fn try_fork<C: EbpfContext>(ctx: &C, parent_tgid: u32, child_pid: u32, child_tgi
         return None;
     }
     reset_gen(child_tgid);
+    crate::python::on_fork(parent_tgid, child_tgid);
     let mut ev = task_event(EventKind::TaskFork);
     ev.pid = child_pid;
     ev.tgid = child_tgid;
@@ -137,6 +138,7 @@ fn try_exec() -> Option<()> {
     if !is_traced(tgid) {
         return None;
     }
+    crate::python::on_exec(tgid);
     let mut ev = task_event(EventKind::TaskExec);
     ev.pid = pid_tgid as u32;
     ev.tgid = tgid;

@@ -43,6 +43,8 @@ pub struct Inputs {
     pub malformed_events: u64,
     /// Copied user stacks unwound (`stacks::native`).
     pub unwound_samples: u64,
+    /// Pythons seen without known structure offsets.
+    pub python_native_only: Vec<String>,
     pub probes: Vec<ProbeInfo>,
     /// The kernel release.
     pub kernel: String,
@@ -108,6 +110,8 @@ pub fn assemble(mut i: Inputs) -> Finished {
         cut,
         frame_pointer_only,
         unwound_samples: i.unwound_samples,
+        python_faults: i.stacks.iter().filter(|s| s.python).map(|s| s.counts.faults).sum(),
+        python_native_only: i.python_native_only.clone(),
         files: Vec::new(),
     });
     let summary = Summary {

@@ -108,6 +108,7 @@ fn inputs() -> Inputs {
         drops,
         malformed_events: 1,
         unwound_samples: 0,
+        python_native_only: Vec::new(),
         probes: Vec::new(),
         kernel: "6.1.0-test".into(),
     }

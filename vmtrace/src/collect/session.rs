@@ -78,6 +78,8 @@ pub struct Session<S: AggregateSource = Probes> {
     timeline: TimelineRecorder,
     /// Copied user stacks, unwound as they arrive.
     native: NativeStacks,
+    /// Python processes and the code objects of their frames.
+    python: crate::python::Tracker,
 }
 
 fn monotonic_ns() -> u64 {
@@ -157,6 +159,7 @@ impl<S: AggregateSource> Session<S> {
             last_sites: HashMap::new(),
             timeline: TimelineRecorder::new(now),
             native: NativeStacks::default(),
+            python: crate::python::Tracker::default(),
         }
     }
 
@@ -254,6 +257,9 @@ impl<S: AggregateSource> Session<S> {
     /// Everything a poll does once the wait is over, as of `now`.
     fn step(&mut self, now: Instant) {
         self.drain_at(now);
+        if self.wants_python() {
+            self.python.look_at_young(now, &mut self.table, &mut self.source);
+        }
         if self.timeline.due(now) {
             self.timeline.push(now, self.source.totals());
         }
@@ -271,6 +277,15 @@ impl<S: AggregateSource> Session<S> {
             let source = &self.source;
             self.maps_refresh.run(now, &mut self.table, &|pid| source.map_gen(pid));
         }
+        if self.wants_python() {
+            self.python.tick(now, &self.table, &mut self.source);
+        }
+    }
+
+    /// Whether any user stack is symbolized: fault stacks, or the call sites
+    /// of mmap-family calls and shootdowns (`top`'s banners take those).
+    fn wants_python(&self) -> bool {
+        self.opts.stacks.is_some() || self.opts.families.mmap || self.opts.families.tlb
     }
 
     /// The last timeline point and storm window (at the end of the trace).
@@ -406,7 +421,8 @@ impl<S: AggregateSource> Session<S> {
     /// Frames of a call site, outermost first, the syscall as leaf.
     pub(crate) fn site_frames(&mut self, names: &mut Names, tgid: u32, call: u32, user_stack: i32) -> Vec<String> {
         let native = self.native.dominant(tgid, user_stack);
-        symbols::site_frames(&mut self.table, &self.source, names, (tgid, call, user_stack), native)
+        let py = &self.python.codes;
+        symbols::site_frames(&mut self.table, &self.source, names, (tgid, call, user_stack), native, py)
     }
 
     /// A storm's culprit: its call site's frames without libc's syscall
@@ -426,17 +442,21 @@ impl<S: AggregateSource> Session<S> {
         // The last, partial interval.
         self.tick(now());
         let families = self.opts.families;
+        if self.wants_python() {
+            self.python.tick(now(), &self.table, &mut self.source);
+        }
         let native = &self.native;
+        let py = &self.python.codes;
         let stacks = if self.opts.stacks.is_some() {
-            symbols::build_stacks(&mut self.table, &self.source, native)
+            symbols::build_stacks(&mut self.table, &self.source, native, py)
         } else {
             Vec::new()
         };
         let mm_sites =
-            if families.mmap { symbols::build_mm_sites(&mut self.table, &self.source, native) } else { Vec::new() };
+            if families.mmap { symbols::build_mm_sites(&mut self.table, &self.source, native, py) } else { Vec::new() };
         let storms = families.tlb.then(|| {
             let raw = std::mem::replace(&mut self.storms, StormDetector::new(f64::MAX)).finish();
-            symbols::name_storms(&mut self.table, &self.source, native, raw)
+            symbols::name_storms(&mut self.table, &self.source, native, py, raw)
         });
         let attributed = families.regions.then(|| self.build_regions());
         let mm = self.mm_totals();
@@ -468,6 +488,7 @@ impl<S: AggregateSource> Session<S> {
             drops,
             malformed_events: self.malformed_events,
             unwound_samples: self.native.samples,
+            python_native_only: std::mem::take(&mut self.python.unknown),
             probes: self.source.probe_info(),
             kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().into(),
         })

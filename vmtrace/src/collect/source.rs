@@ -48,6 +48,21 @@ pub trait AggregateSource {
     /// A user stack's instruction pointers, innermost first.
     fn user_stack_ips(&self, id: i32) -> Option<Vec<u64>>;
 
+    /// Has the programs take `tgid`'s Python frames; false where they cannot.
+    fn register_python(&mut self, _tgid: u32, _p: &vmtrace_common::PyProc) -> bool {
+        false
+    }
+    /// Stops taking `tgid`'s Python frames.
+    fn forget_python(&mut self, _tgid: u32) {}
+    /// Python frames of the user stacks stored since the last call.
+    fn new_python_stacks(&mut self) -> Vec<crate::python::PyStack> {
+        Vec::new()
+    }
+    /// The Python frames of user stack `id`.
+    fn python_stack(&self, _id: i32) -> Option<crate::python::PyStack> {
+        None
+    }
+
     /// Per-granule fault counts.
     fn all_granules(&self) -> Vec<(GranuleKey, GranuleCounts)>;
     /// A process's address-space generation now; `None` when not counting.
@@ -150,6 +165,22 @@ impl AggregateSource for Probes {
 
     fn all_granules(&self) -> Vec<(GranuleKey, GranuleCounts)> {
         Probes::all_granules(self)
+    }
+
+    fn register_python(&mut self, tgid: u32, p: &vmtrace_common::PyProc) -> bool {
+        Probes::register_python(self, tgid, p)
+    }
+
+    fn forget_python(&mut self, tgid: u32) {
+        Probes::forget_python(self, tgid);
+    }
+
+    fn new_python_stacks(&mut self) -> Vec<crate::python::PyStack> {
+        Probes::new_python_stacks(self)
+    }
+
+    fn python_stack(&self, id: i32) -> Option<crate::python::PyStack> {
+        Probes::python_stack(self, id)
     }
 
     fn map_gen(&self, tgid: u32) -> Option<u32> {

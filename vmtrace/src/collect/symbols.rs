@@ -12,6 +12,7 @@ use super::{process::ProcessTable, source::AggregateSource, storms::RawStorm, Mm
 use crate::{
     model::Storm,
     procmaps::Region,
+    python::{CodeCache, PyStack},
     stacks::{
         self,
         native::{shares, NativeStack, NativeStacks, ProcessMaps},
@@ -106,7 +107,12 @@ fn split_counts(c: &StackCounts, weights: &[u64]) -> Vec<StackCounts> {
 
 /// Symbolizes the in-kernel stack aggregate; user stacks with copied samples
 /// are replaced by their unwound stacks.
-pub fn build_stacks(table: &mut ProcessTable, source: &impl AggregateSource, native: &NativeStacks) -> Vec<Stack> {
+pub fn build_stacks(
+    table: &mut ProcessTable,
+    source: &impl AggregateSource,
+    native: &NativeStacks,
+    py: &CodeCache,
+) -> Vec<Stack> {
     let raw = source.all_stack_counts();
     let mut names = Names::default();
     let mut out = Vec::new();
@@ -146,6 +152,9 @@ pub fn build_stacks(table: &mut ProcessTable, source: &impl AggregateSource, nat
                     (frames, why.is_some(), Some(why))
                 }
             };
+            let py_stack = source.python_stack(k.user_stack);
+            let python = py_stack.is_some();
+            let user = with_python(user, py, pid, py_stack.as_ref());
             out.push(Stack {
                 unwound,
                 pid,
@@ -155,6 +164,7 @@ pub fn build_stacks(table: &mut ProcessTable, source: &impl AggregateSource, nat
                 counts,
                 stratum: k.stratum,
                 estimate: stacks::weight::Estimate::default(),
+                python,
                 user_missing: k.user_stack == STACK_ID_LOST,
                 user_cut,
                 leaf: (k.leaf_block != 0).then(|| {
@@ -182,6 +192,7 @@ pub fn site_frames(
     names: &mut Names,
     (tgid, call, user_stack): (u32, u32, i32),
     native: Option<&NativeStack>,
+    py: &CodeCache,
 ) -> Vec<String> {
     ensure_maps(table, tgid);
     let ips = match native {
@@ -195,11 +206,20 @@ pub fn site_frames(
         Some(n) => stacks::native_frames(&ips, n.cut.as_ref(), names, &info.maps, None).0,
         None => stacks::user_frames(&ips, names, &info.maps, &info.mapped, None).0,
     };
+    frames = with_python(frames, py, tgid, source.python_stack(user_stack).as_ref());
     if user_stack == STACK_ID_LOST {
         frames.push("[no user stack]".into());
     }
     frames.push(format!("[{}]", call_name(call)));
     frames
+}
+
+/// Native frames with the Python frames of their stack spliced in.
+fn with_python(frames: Vec<String>, py: &CodeCache, tgid: u32, stack: Option<&PyStack>) -> Vec<String> {
+    match stack {
+        Some(s) => crate::python::splice(frames, &py.segments(tgid, s)),
+        None => frames,
+    }
 }
 
 /// The syscall of a call site; `other` for IPIs sent outside any (call
@@ -210,7 +230,12 @@ fn call_name(call: u32) -> &'static str {
 
 /// Call sites of mmap-family syscalls, symbolized, with calls and IPIs sent
 /// (shared out over the unwound stacks of a frame-pointer stack).
-pub fn build_mm_sites(table: &mut ProcessTable, source: &impl AggregateSource, native: &NativeStacks) -> Vec<MmSite> {
+pub fn build_mm_sites(
+    table: &mut ProcessTable,
+    source: &impl AggregateSource,
+    native: &NativeStacks,
+    py: &CodeCache,
+) -> Vec<MmSite> {
     let raw = source.all_mm_stacks();
     let mut names = Names::default();
     let mut out = Vec::new();
@@ -218,7 +243,7 @@ pub fn build_mm_sites(table: &mut ProcessTable, source: &impl AggregateSource, n
         let comm = table.ensure(k.tgid).comm.clone();
         let variants = native.variants(k.tgid, k.user_stack);
         if variants.is_empty() {
-            let frames = site_frames(table, source, &mut names, (k.tgid, k.call, k.user_stack), None);
+            let frames = site_frames(table, source, &mut names, (k.tgid, k.call, k.user_stack), None, py);
             out.push(MmSite { comm, frames, calls: c.calls, ipis: c.ipis });
             continue;
         }
@@ -228,7 +253,7 @@ pub fn build_mm_sites(table: &mut ProcessTable, source: &impl AggregateSource, n
             if calls[i] | ipis[i] == 0 {
                 continue;
             }
-            let frames = site_frames(table, source, &mut names, (k.tgid, k.call, k.user_stack), Some(v));
+            let frames = site_frames(table, source, &mut names, (k.tgid, k.call, k.user_stack), Some(v), py);
             out.push(MmSite { comm: comm.clone(), frames, calls: calls[i], ipis: ipis[i] });
         }
     }
@@ -265,6 +290,7 @@ pub fn name_storms(
     table: &mut ProcessTable,
     source: &impl AggregateSource,
     native: &NativeStacks,
+    py: &CodeCache,
     raw: Vec<RawStorm>,
 ) -> Vec<Storm> {
     let mut names = Names::default();
@@ -279,6 +305,7 @@ pub fn name_storms(
                         &mut names,
                         (s.pid, call, stack),
                         native.dominant(s.pid, stack),
+                        py,
                     )),
                     call_name(call).to_string(),
                     // Call-site and process totals are read a moment apart.

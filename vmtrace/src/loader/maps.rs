@@ -36,6 +36,10 @@ pub struct Maps {
     file_chunks: PerCpuHashMap<MapData, vmtrace_common::FileChunkKey, u64>,
     map_gen: aya::maps::Array<MapData, vmtrace_common::MapGenSlot>,
     map_gen_overflow: aya::maps::HashMap<MapData, u32, u32>,
+    /// Python processes the programs take frames of (`PY_PROCS`).
+    py_procs: aya::maps::HashMap<MapData, u32, vmtrace_common::PyProc>,
+    /// `USER_STACKS` ids already looked at for Python frames.
+    py_seen: std::collections::HashSet<u32>,
 }
 
 impl Maps {
@@ -62,6 +66,8 @@ impl Maps {
             file_chunks: take_map(ebpf, "FILE_CHUNKS")?,
             map_gen: take_map(ebpf, "MAP_GEN")?,
             map_gen_overflow: take_map(ebpf, "MAP_GEN_OVERFLOW")?,
+            py_procs: take_map(ebpf, "PY_PROCS")?,
+            py_seen: std::collections::HashSet::new(),
         })
     }
 }
@@ -160,6 +166,37 @@ impl Probes {
         Some(s.ips[..(s.nr as usize).min(s.ips.len())].to_vec())
     }
 
+    /// Has the programs take the Python frames of `tgid`.
+    pub fn register_python(&mut self, tgid: u32, p: &vmtrace_common::PyProc) -> bool {
+        self.maps.user_stacks.is_some() && self.maps.py_procs.insert(tgid, *p, 0).is_ok()
+    }
+
+    /// Stops taking the Python frames of `tgid` (it exited or exec'd).
+    pub fn forget_python(&mut self, tgid: u32) {
+        let _ = self.maps.py_procs.remove(&tgid);
+    }
+
+    /// The Python frames of stacks stored since the last call.
+    pub fn new_python_stacks(&mut self) -> Vec<crate::python::PyStack> {
+        let Some(map) = self.maps.user_stacks.as_ref() else { return Vec::new() };
+        let fresh: Vec<u32> = map.keys().filter_map(Result::ok).filter(|k| !self.maps.py_seen.contains(k)).collect();
+        let mut out = Vec::new();
+        for id in fresh {
+            let Ok(s) = map.get(&id, 0) else { continue };
+            self.maps.py_seen.insert(id);
+            if let Some(p) = py_stack(&s) {
+                out.push(p);
+            }
+        }
+        out
+    }
+
+    /// The Python frames stored with user stack `id`.
+    pub fn python_stack(&self, id: i32) -> Option<crate::python::PyStack> {
+        let id = u32::try_from(id).ok().filter(|id| id & vmtrace_common::OWN_STACK_ID != 0)?;
+        py_stack(&self.maps.user_stacks.as_ref()?.get(&id, 0).ok()?)
+    }
+
     /// Every granule's counts, summed over CPUs, with the granules each CPU
     /// is still counting into.
     pub fn all_granules(&self) -> Vec<(GranuleKey, GranuleCounts)> {
@@ -243,6 +280,11 @@ impl Probes {
     pub fn next_sample(&mut self) -> Option<RingBufItem<'_>> {
         self.maps.stack_samples.next()
     }
+}
+
+fn py_stack(s: &vmtrace_common::UserStack) -> Option<crate::python::PyStack> {
+    let nr = (s.py_nr as usize).min(s.py.len());
+    (nr > 0).then(|| crate::python::PyStack { tgid: s.py_tgid, frames: s.py[..nr].to_vec(), ends: s.py_ends })
 }
 
 /// One aggregate summed over the CPUs (or entries) it was kept on.

@@ -45,6 +45,13 @@ pub struct StacksSummary {
     /// Copied user stacks unwound in userspace.
     #[serde(default)]
     pub unwound_samples: u64,
+    /// Sampled faults whose user stack has Python frames.
+    #[serde(default)]
+    pub python_faults: u64,
+    /// Pythons seen whose version vmtrace has no structure offsets for:
+    /// their stacks are native only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub python_native_only: Vec<String>,
     pub files: Vec<String>,
 }
 

@@ -373,6 +373,12 @@ fn tlb_section(out: &mut String, s: &Summary) {
                 st.top_call,
                 st.top_stack.iter().rev().skip(1).take(4).cloned().collect::<Vec<_>>().join(" <- ")
             );
+            // Past the native callers shown: the Python code behind them.
+            if let Some(py) = crate::python::innermost_python(&st.top_stack) {
+                if !st.top_stack.iter().rev().skip(1).take(4).any(|f| f == py) {
+                    let _ = writeln!(out, "      in Python: {py}");
+                }
+            }
         }
     }
 }

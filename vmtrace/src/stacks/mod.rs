@@ -56,6 +56,8 @@ pub struct Stack {
     pub stratum: u32,
     /// What it stands for in its process (`weight::weigh`).
     pub estimate: weight::Estimate,
+    /// Python frames were spliced into `user`.
+    pub python: bool,
 }
 
 /// The leaf frame naming the region that holds `addr`: in the last map read

@@ -215,6 +215,10 @@ impl Model {
                         .map(|f| f.strip_prefix('[').and_then(|f| f.strip_suffix(']')).unwrap_or(f))
                         .collect::<Vec<_>>()
                         .join(" ← ");
+                    let label = match crate::python::innermost_python(&frames) {
+                        Some(py) if !label.contains(py) => format!("{label} ← … {py}"),
+                        _ => label,
+                    };
                     self.sites.insert(key, label);
                 }
                 self.sites[&key].clone()

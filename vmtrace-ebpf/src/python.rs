@@ -1,0 +1,148 @@
+//! The current thread's CPython frames, taken with its user stack: from
+//! `_PyRuntime` (its address and the version's offsets come from userspace,
+//! `PY_PROCS`) to the thread's `PyThreadState` (matched by native thread id,
+//! remembered per thread), then up the `_PyInterpreterFrame` chain. Each
+//! frame gives its code object and instruction pointer; userspace names them
+//! (docs/design.md, "Python frames").
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
+    macros::map,
+    maps::{HashMap, LruHashMap},
+};
+use vmtrace_common::{PyFrame, PyProc, UserStack, PY_DEPTH, PY_FRAME_READ, PY_OFF_NONE};
+
+/// Python processes by tgid (set by userspace once it found `_PyRuntime`).
+#[map]
+pub static PY_PROCS: HashMap<u32, PyProc> = HashMap::with_max_entries(4096, 0);
+
+/// Each thread's `PyThreadState`, by tid: the list walk that finds it is
+/// done once per thread; a stale entry (tid reused, thread state freed) no
+/// longer matches its native thread id and is looked up again.
+#[map]
+static PY_TSTATES: LruHashMap<u32, u64> = LruHashMap::with_max_entries(16_384, 0);
+
+/// A forked child runs its parent's interpreter at the same addresses: its
+/// frames are taken from its first fault, before userspace has seen it.
+#[inline(always)]
+pub fn on_fork(parent: u32, child: u32) {
+    // SAFETY: a plain value read.
+    if let Some(p) = unsafe { PY_PROCS.get(parent) } {
+        let p = *p;
+        let _ = PY_PROCS.insert(child, p, 0);
+    }
+}
+
+/// After an exec the process runs another program: its old offsets would
+/// read whatever now lies there. Userspace registers it again if it is a
+/// Python.
+#[inline(always)]
+pub fn on_exec(tgid: u32) {
+    let _ = PY_PROCS.remove(tgid);
+}
+
+/// Thread states looked at per interpreter at most.
+const THREADS_MAX: u32 = 64;
+
+/// A frame owned by the C stack: the shim that starts a
+/// `_PyEval_EvalFrameDefault` call (3.12+).
+const OWNED_BY_CSTACK: u64 = 3;
+
+#[inline(always)]
+fn read_u64(addr: u64) -> Option<u64> {
+    // SAFETY: bpf_probe_read_user faults safely.
+    unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
+}
+
+/// The current thread's `PyThreadState` in process `p`.
+#[inline(always)]
+fn tstate(p: &PyProc, tid: u32) -> Option<u64> {
+    // SAFETY: a plain value read.
+    if let Some(&t) = unsafe { PY_TSTATES.get(tid) } {
+        if read_u64(t + u64::from(p.native_tid)) == Some(u64::from(tid)) {
+            return Some(t);
+        }
+    }
+    let interp = read_u64(p.runtime + u64::from(p.interp_head))?;
+    let mut t = read_u64(interp + u64::from(p.threads_head))?;
+    for _ in 0..THREADS_MAX {
+        if t == 0 {
+            return None;
+        }
+        if read_u64(t + u64::from(p.native_tid))? == u64::from(tid) {
+            let _ = PY_TSTATES.insert(tid, t, 0);
+            return Some(t);
+        }
+        t = read_u64(t + u64::from(p.tstate_next))?;
+    }
+    None
+}
+
+/// The byte at `off` of a frame read as words.
+#[inline(always)]
+fn byte_at(buf: &[u64; PY_FRAME_READ / 8], off: u32) -> u64 {
+    let w = buf.get((off as usize / 8) & 15).copied().unwrap_or(0);
+    (w >> ((off & 7) * 8)) & 0xff
+}
+
+#[inline(always)]
+fn word_at(buf: &[u64; PY_FRAME_READ / 8], off: u32) -> u64 {
+    buf.get((off as usize / 8) & 15).copied().unwrap_or(0)
+}
+
+/// Records the current thread's Python frames in `s` (none where the process
+/// is not a known Python or the thread runs none) and mixes them into `h`.
+#[inline(always)]
+pub fn walk(s: &mut UserStack, mut h: u64) -> u64 {
+    s.py_nr = 0;
+    s.py_ends = 0;
+    let pid_tgid = bpf_get_current_pid_tgid();
+    s.py_tgid = (pid_tgid >> 32) as u32;
+    // SAFETY: a plain value read.
+    let Some(p) = (unsafe { PY_PROCS.get((pid_tgid >> 32) as u32) }) else { return h };
+    let Some(t) = tstate(p, pid_tgid as u32) else { return h };
+    let Some(mut f) = read_u64(t + u64::from(p.tstate_frame)) else { return h };
+    if p.cframe_frame != PY_OFF_NONE {
+        if f == 0 {
+            return h;
+        }
+        let Some(cf) = read_u64(f + u64::from(p.cframe_frame)) else { return h };
+        f = cf;
+    }
+    // The depth and entry bits live in the map value, not in registers: the
+    // verifier then does not tell apart the paths by which bits were set,
+    // and the loop's iterations converge (1M instructions otherwise).
+    let nr_p = &raw mut s.py_nr;
+    let ends_p = &raw mut s.py_ends;
+    for _ in 0..PY_DEPTH + 8 {
+        // SAFETY: fields of this CPU's scratch value.
+        let nr = unsafe { core::ptr::read_volatile(nr_p) } as usize;
+        if f == 0 || nr >= PY_DEPTH {
+            break;
+        }
+        // SAFETY: bpf_probe_read_user faults safely.
+        let Ok(buf) = (unsafe { bpf_probe_read_user(f as *const [u64; PY_FRAME_READ / 8]) }) else { break };
+        let mut bit = 0u32;
+        if byte_at(&buf, p.frame_owner) == OWNED_BY_CSTACK {
+            // The frame below it was the first of an eval call.
+            if nr > 0 {
+                bit = 1 << ((nr - 1) & 31);
+            }
+        } else {
+            let code = word_at(&buf, p.frame_code);
+            let instr = word_at(&buf, p.frame_instr);
+            if let Some(slot) = s.py.get_mut(nr & (PY_DEPTH - 1)) {
+                *slot = PyFrame { code, instr };
+            }
+            if p.frame_is_entry != PY_OFF_NONE && byte_at(&buf, p.frame_is_entry) != 0 {
+                bit = 1 << (nr & 31);
+            }
+            h = crate::stacks::mix(h ^ code ^ instr.rotate_left(32));
+            // SAFETY: as above.
+            unsafe { core::ptr::write_volatile(nr_p, nr as u32 + 1) };
+        }
+        // SAFETY: as above.
+        unsafe { core::ptr::write_volatile(ends_p, core::ptr::read_volatile(ends_p) | bit) };
+        f = word_at(&buf, p.frame_previous);
+    }
+    h
+}

@@ -1,0 +1,227 @@
+//! Code objects read from a live process's memory (`/proc/PID/mem`): name,
+//! file, first line and line table, cached per process and address, so
+//! stacks of a process that has exited are still named; and the line of an
+//! instruction from the line table (CPython 3.11+ location table).
+use std::{collections::HashMap, os::unix::fs::FileExt as _};
+
+use vmtrace_common::PyFrame;
+
+use super::detect::CodeLayout;
+
+/// A code object as read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Code {
+    pub name: String,
+    /// The file's name without its directory.
+    pub file: String,
+    pub firstlineno: i64,
+    pub linetable: Vec<u8>,
+    /// Address of its first instruction.
+    pub first_instr: u64,
+}
+
+/// The Python frames recorded with one user stack.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PyStack {
+    pub tgid: u32,
+    /// Innermost first.
+    pub frames: Vec<PyFrame>,
+    /// Bit i: frame i is the outermost of its evaluation-loop call.
+    pub ends: u32,
+}
+
+/// Code objects by (process, address).
+#[derive(Default)]
+pub struct CodeCache {
+    codes: HashMap<(u32, u64), Option<Code>>,
+    /// Layout of each Python process's code objects.
+    layouts: HashMap<u32, CodeLayout>,
+}
+
+/// Longest string or line table read.
+const MAX_READ: u64 = 64 * 1024;
+
+impl CodeCache {
+    pub fn set_layout(&mut self, tgid: u32, layout: CodeLayout) {
+        self.layouts.insert(tgid, layout);
+    }
+
+    pub fn has_layout(&self, tgid: u32) -> bool {
+        self.layouts.contains_key(&tgid)
+    }
+
+    /// Whether any process was registered.
+    pub fn any(&self) -> bool {
+        !self.layouts.is_empty()
+    }
+
+    /// Reads the code objects of `stack` not read yet (the process must be alive).
+    pub fn resolve(&mut self, stack: &PyStack) {
+        let Some(layout) = self.layouts.get(&stack.tgid).copied() else { return };
+        let mut mem = None;
+        for f in &stack.frames {
+            if f.code == 0 || self.codes.contains_key(&(stack.tgid, f.code)) {
+                continue;
+            }
+            if mem.is_none() {
+                mem = std::fs::File::open(format!("/proc/{}/mem", stack.tgid)).ok();
+            }
+            let Some(m) = &mem else { return };
+            let code = read_code(m, f.code, &layout);
+            self.codes.insert((stack.tgid, f.code), code);
+        }
+    }
+
+    /// The code object at `addr` as process `tgid` (or, failing that, a
+    /// process forked with it, which shares its addresses) had it.
+    fn code(&self, tgid: u32, addr: u64) -> Option<&Code> {
+        if let Some(c) = self.codes.get(&(tgid, addr)) {
+            return c.as_ref();
+        }
+        self.codes.iter().find(|((_, a), c)| *a == addr && c.is_some()).and_then(|(_, c)| c.as_ref())
+    }
+
+    /// `stack`'s frames as `function (file:line)`, split into the frames of
+    /// each evaluation-loop call, outermost first; `tgid`: the process the
+    /// stack was counted in.
+    pub fn segments(&self, tgid: u32, stack: &PyStack) -> Vec<Vec<String>> {
+        let mut segs: Vec<Vec<String>> = Vec::new();
+        let mut cur: Vec<String> = Vec::new();
+        for (i, f) in stack.frames.iter().enumerate().rev() {
+            let name = match self.code(tgid, f.code).or_else(|| self.code(stack.tgid, f.code)) {
+                Some(c) => {
+                    let idx = f.instr.checked_sub(c.first_instr).map(|b| b / 2);
+                    match idx.and_then(|i| line_of(&c.linetable, c.firstlineno, i)) {
+                        Some(line) => format!("{} ({}:{line})", c.name, c.file),
+                        None => format!("{} ({})", c.name, c.file),
+                    }
+                }
+                None => "[unknown python]".to_string(),
+            };
+            // Outermost first: a frame that ends a call (bit set) starts a segment.
+            if stack.ends & (1 << (i as u32 & 31)) != 0 && !cur.is_empty() {
+                segs.push(std::mem::take(&mut cur));
+            }
+            cur.push(name);
+        }
+        if !cur.is_empty() {
+            segs.push(cur);
+        }
+        segs
+    }
+}
+
+fn read_at(m: &std::fs::File, addr: u64, len: u64) -> Option<Vec<u8>> {
+    let mut buf = vec![0u8; usize::try_from(len).ok()?];
+    m.read_exact_at(&mut buf, addr).ok()?;
+    Some(buf)
+}
+
+fn u64_at(b: &[u8], off: u64) -> Option<u64> {
+    let o = usize::try_from(off).ok()?;
+    Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?))
+}
+
+fn read_code(m: &std::fs::File, addr: u64, l: &CodeLayout) -> Option<Code> {
+    let head = read_at(m, addr, l.adaptive)?;
+    let name = read_str(m, u64_at(&head, l.qualname)?, l).or_else(|| read_str(m, u64_at(&head, l.name)?, l))?;
+    let path = read_str(m, u64_at(&head, l.filename)?, l)?;
+    let file = path.rsplit('/').next().unwrap_or(&path).to_string();
+    let firstlineno = i64::from(u64_at(&head, l.firstlineno)? as u32 as i32);
+    let table = u64_at(&head, l.linetable)?;
+    // A bytes object: its size at 16, its bytes from 32.
+    let size = u64_at(&read_at(m, table, 24)?, 16)?.min(MAX_READ);
+    let linetable = read_at(m, table + 32, size)?;
+    Some(Code { name, file, firstlineno, linetable, first_instr: addr + l.adaptive })
+}
+
+/// A compact ASCII string (every identifier and most paths); `None` for others.
+fn read_str(m: &std::fs::File, addr: u64, l: &CodeLayout) -> Option<String> {
+    let head = read_at(m, addr, l.ascii_data)?;
+    let len = u64_at(&head, 16)?.min(MAX_READ);
+    let state = u32::from_le_bytes(head.get(32..36)?.try_into().ok()?);
+    // state: interned (2 bits, 3.11; 3.12+ as well), kind (3 bits), compact, ascii.
+    let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1);
+    if kind != 1 || compact != 1 || ascii != 1 {
+        return None;
+    }
+    String::from_utf8(read_at(m, addr + l.ascii_data, len)?).ok()
+}
+
+/// The line of code unit `index` from a 3.11+ location table
+/// (Objects/locations.md in CPython); `None` when the table has none.
+pub fn line_of(table: &[u8], firstlineno: i64, index: u64) -> Option<i64> {
+    let mut line = firstlineno;
+    let mut addr = 0u64;
+    let mut i = 0;
+    while i < table.len() {
+        let b = table[i];
+        i += 1;
+        let code = (b >> 3) & 15;
+        let len = u64::from(b & 7) + 1;
+        let delta = match code {
+            15 => None,
+            14 => {
+                let d = svarint(table, &mut i)?;
+                for _ in 0..3 {
+                    varint(table, &mut i)?;
+                }
+                Some(d)
+            }
+            13 => Some(svarint(table, &mut i)?),
+            10..=12 => {
+                i += 2;
+                Some(i64::from(code) - 10)
+            }
+            _ => {
+                i += 1;
+                Some(0)
+            }
+        };
+        if let Some(d) = delta {
+            line += d;
+        }
+        if index < addr + len {
+            return delta.map(|_| line);
+        }
+        addr += len;
+    }
+    None
+}
+
+fn varint(t: &[u8], i: &mut usize) -> Option<u64> {
+    let mut v = 0u64;
+    let mut shift = 0;
+    loop {
+        let b = *t.get(*i)?;
+        *i += 1;
+        v |= u64::from(b & 63) << shift;
+        shift += 6;
+        if b & 64 == 0 || shift > 60 {
+            return Some(v);
+        }
+    }
+}
+
+fn svarint(t: &[u8], i: &mut usize) -> Option<i64> {
+    let v = varint(t, i)?;
+    Some(if v & 1 != 0 { -((v >> 1) as i64) } else { (v >> 1) as i64 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_follow_the_location_table() {
+        // RESUME (no column form, line +0), then a one-line form +1 over 2
+        // units, then a long form +3 over 1 unit, then "no location".
+        let t = [0x80 | (13 << 3), 0, 0x80 | (11 << 3) | 1, 4, 9, 0x80 | (14 << 3), 6, 0, 1, 2, 0x80 | (15 << 3)];
+        assert_eq!(line_of(&t, 10, 0), Some(10));
+        assert_eq!(line_of(&t, 10, 1), Some(11));
+        assert_eq!(line_of(&t, 10, 2), Some(11));
+        assert_eq!(line_of(&t, 10, 3), Some(14));
+        assert_eq!(line_of(&t, 10, 4), None);
+        assert_eq!(line_of(&t, 10, 9), None);
+    }
+}

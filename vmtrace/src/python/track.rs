@@ -1,0 +1,110 @@
+//! The session's side of Python frames: finds the Pythons among traced
+//! processes as their maps are read, registers them with the programs, and
+//! reads the code objects of new stacks while their processes live.
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use super::{
+    detect::{Detected, Detector},
+    CodeCache,
+};
+use crate::collect::{process::ProcessTable, AggregateSource};
+
+/// How long a process is looked at again for a Python after it was first
+/// seen: the loader maps libpython shortly after exec.
+const LOOK_FOR: Duration = Duration::from_secs(3);
+
+#[derive(Default)]
+pub struct Tracker {
+    detector: Detector,
+    pub codes: CodeCache,
+    /// Per process: the name it had when last looked at, since when it has
+    /// been looked at, and whether that is settled (registered, unknown, or
+    /// not Python). An exec renames it, and it is looked at again.
+    seen: HashMap<u32, (String, Instant, bool)>,
+    /// Stacks of processes not registered yet (a forked child the kernel
+    /// follows before this tick found it): read once they are.
+    pending: Vec<(Instant, crate::python::PyStack)>,
+    /// Pythons this build has no offsets for (for summary.json).
+    pub unknown: Vec<String>,
+}
+
+impl Tracker {
+    /// On every poll: re-reads the maps of processes named like a Python
+    /// that are not registered yet, and looks at them. The loader maps
+    /// libpython within milliseconds of the exec, and the script faults soon
+    /// after: waiting for the 100 ms tick left a few % of a short script's
+    /// faults without Python frames.
+    pub fn look_at_young(&mut self, now: Instant, table: &mut ProcessTable, source: &mut impl AggregateSource) {
+        let due: Vec<u32> = table
+            .procs
+            .iter()
+            .filter(|(_, p)| p.exit_code.is_none() && p.comm.starts_with("python"))
+            .filter(|(pid, p)| match self.seen.get(pid) {
+                Some((comm, _, settled)) => comm != &p.comm || !settled,
+                None => true,
+            })
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in due {
+            table.snapshot_maps(pid);
+            self.look(now, table, source, Some(pid));
+        }
+    }
+
+    /// Looks for new Pythons, then reads the code objects of new stacks.
+    pub fn tick(&mut self, now: Instant, table: &ProcessTable, source: &mut impl AggregateSource) {
+        self.look(now, table, source, None);
+        self.read_codes(now, source);
+    }
+
+    /// Looks at `only`, or at every process not settled.
+    fn look(&mut self, now: Instant, table: &ProcessTable, source: &mut impl AggregateSource, only: Option<u32>) {
+        for (&pid, p) in &table.procs {
+            if only.is_some_and(|o| o != pid) || p.exit_code.is_some() || p.maps.is_empty() {
+                continue;
+            }
+            let entry = self.seen.entry(pid).or_insert_with(|| (p.comm.clone(), now, false));
+            if entry.0 != p.comm {
+                *entry = (p.comm.clone(), now, false);
+            }
+            if entry.2 {
+                continue;
+            }
+            match self.detector.detect(&p.maps) {
+                Detected::Known(f) => {
+                    if source.register_python(pid, &f.proc) {
+                        self.codes.set_layout(pid, f.code);
+                    }
+                    entry.2 = true;
+                }
+                Detected::Unknown(what) => {
+                    if !self.unknown.contains(&what) {
+                        log::info!("python frames: no offsets for {what}; its stacks stay native");
+                        self.unknown.push(what);
+                    }
+                    entry.2 = true;
+                }
+                Detected::None => entry.2 = now.saturating_duration_since(entry.1) > LOOK_FOR,
+            }
+        }
+    }
+
+    /// Reads the code objects of the stacks stored since the last call.
+    fn read_codes(&mut self, now: Instant, source: &mut impl AggregateSource) {
+        if !self.codes.any() {
+            return;
+        }
+        let fresh = source.new_python_stacks().into_iter().map(|s| (now, s));
+        let all: Vec<_> = std::mem::take(&mut self.pending).into_iter().chain(fresh).collect();
+        for (since, s) in all {
+            if self.codes.has_layout(s.tgid) {
+                self.codes.resolve(&s);
+            } else if now.saturating_duration_since(since) < LOOK_FOR {
+                self.pending.push((since, s));
+            }
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! The kernel's walk (vmtrace-ebpf/src/python.rs) done from userspace on a
+//! live pyenv Python, through /proc/PID/mem: checks each version's offsets
+//! without loading BPF. Skipped (with a note) where pyenv lacks the version.
+use std::os::unix::fs::FileExt as _;
+
+use vmtrace_common::{PyFrame, PY_OFF_NONE};
+
+use super::{
+    detect::{Detected, Detector},
+    CodeCache, PyStack,
+};
+
+fn word(m: &std::fs::File, addr: u64) -> u64 {
+    let mut b = [0u8; 8];
+    m.read_exact_at(&mut b, addr).map_or(0, |()| u64::from_le_bytes(b))
+}
+
+fn byte(m: &std::fs::File, addr: u64) -> u8 {
+    let mut b = [0u8; 1];
+    m.read_exact_at(&mut b, addr).map_or(0, |()| b[0])
+}
+
+const SCRIPT: &str = "import sys, time\n\ndef sleeper():\n    sys.stdout.write('ready\\n'); sys.stdout.flush()\n    time.sleep(30)\n\ndef outer():\n    sleeper()\n\nouter()\n";
+
+fn walk_live(minor: u32) {
+    let root = std::env::var("PYENV_ROOT").unwrap_or_else(|_| "/root/.pyenv".into());
+    let Some(python) = std::fs::read_dir(format!("{root}/versions")).ok().and_then(|d| {
+        d.filter_map(Result::ok)
+            .find(|e| e.file_name().to_string_lossy().starts_with(&format!("3.{minor}.")))
+            .map(|e| e.path().join(format!("bin/python3.{minor}")))
+    }) else {
+        eprintln!("SKIPPED: no pyenv Python 3.{minor}");
+        return;
+    };
+    let mut child = std::process::Command::new(python)
+        .args(["-c", SCRIPT])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python starts");
+    let mut line = String::new();
+    let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().expect("stdout")), &mut line);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let pid = child.id();
+    let maps = crate::procmaps::read(pid).expect("maps");
+    let Detected::Known(found) = Detector::default().detect(&maps) else { panic!("3.{minor} not detected") };
+    let p = found.proc;
+    let m = std::fs::File::open(format!("/proc/{pid}/mem")).expect("mem");
+    let interp = word(&m, p.runtime + u64::from(p.interp_head));
+    let mut t = word(&m, interp + u64::from(p.threads_head));
+    while t != 0 && word(&m, t + u64::from(p.native_tid)) != u64::from(pid) {
+        t = word(&m, t + u64::from(p.tstate_next));
+    }
+    assert_ne!(t, 0, "3.{minor}: no thread state for the main thread");
+    let mut f = word(&m, t + u64::from(p.tstate_frame));
+    if p.cframe_frame != PY_OFF_NONE {
+        f = word(&m, f + u64::from(p.cframe_frame));
+    }
+    let mut frames = Vec::new();
+    while f != 0 && frames.len() < 32 {
+        if byte(&m, f + u64::from(p.frame_owner)) != 3 {
+            frames.push(PyFrame {
+                code: word(&m, f + u64::from(p.frame_code)),
+                instr: word(&m, f + u64::from(p.frame_instr)),
+            });
+        }
+        f = word(&m, f + u64::from(p.frame_previous));
+    }
+    let stack = PyStack { tgid: pid, frames, ends: 0 };
+    let mut codes = CodeCache::default();
+    codes.set_layout(pid, found.code);
+    codes.resolve(&stack);
+    let _ = child.kill();
+    let _ = child.wait();
+    let names: Vec<String> = codes.segments(pid, &stack).concat();
+    assert_eq!(names, ["<module> (<string>:10)", "outer (<string>:8)", "sleeper (<string>:5)"], "3.{minor}");
+}
+
+#[test]
+fn python_3_11_offsets_walk_a_live_interpreter() {
+    walk_live(11);
+}
+
+#[test]
+fn python_3_12_offsets_walk_a_live_interpreter() {
+    walk_live(12);
+}
+
+#[test]
+fn python_3_13_offsets_walk_a_live_interpreter() {
+    walk_live(13);
+}
+
+/// 3.13's own offsets (`_Py_DebugOffsets`) agree with the table's row.
+#[test]
+fn python_3_13_debug_offsets_agree_with_the_table() {
+    let lib = std::path::Path::new("/root/.pyenv/versions/3.13.0/lib/libpython3.13.so.1.0");
+    if !lib.exists() {
+        eprintln!("SKIPPED: no pyenv 3.13.0");
+        return;
+    }
+    let maps = [crate::procmaps::Region {
+        start: 0x1000,
+        end: 0x2000,
+        offset: 0,
+        perms: "r--p".into(),
+        kind: crate::model::RegionKind::File,
+        path: Some(lib.to_string_lossy().into_owned()),
+    }];
+    let Detected::Known(found) = Detector::default().detect(&maps) else { panic!("3.13 not detected") };
+    let (table, _) = super::detect::layout((3, 13), found.proc.runtime).expect("row");
+    assert_eq!(found.proc, table);
+}
