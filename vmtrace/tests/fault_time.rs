@@ -73,7 +73,12 @@ fn cold_checkpoint_load_is_timed_in_full_and_adds_up() {
     let size = u(&f["file_bytes"]);
     assert!(u(&f["from_disk_bytes"]) * 10 >= size * 9, "most of the cold file came from disk: {f:#}");
     let tensors: u64 = f["tensors"].as_array().unwrap().iter().map(|t| u(&t["time_ns"])).sum();
-    assert_close("tensors' time vs the file's", tensors, u(&f["faults"]["time_ns"]), 5.0);
+    // The header's page is the file's, no tensor's: placed by time, its own
+    // cold fault (the read's first, waiting on the disk) is no longer spread
+    // over the granule's other pages.
+    let file_time = u(&f["faults"]["time_ns"]);
+    assert!(tensors <= file_time + file_time / 100, "tensors' time {tensors} within the file's {file_time}");
+    assert!(tensors * 100 >= file_time * 85, "tensors' time {tensors} is most of the file's {file_time}");
     // A cold sequential read brings every tensor in from disk: each says so.
     for t in f["tensors"].as_array().unwrap() {
         assert!(u(&t["from_disk_bytes"]) * 10 >= u(&t["bytes"]) * 9, "tensor read from disk: {t:#}");
