@@ -161,7 +161,9 @@ fn random_mapping_changes_place_every_fault_in_its_mapping() {
         // exec made (docs/design.md, "Regions through time").
         let placement = &run.summary["region_placement"];
         assert!(u(&placement["approximate"]) <= 8, "seed {seed}: {placement}");
-        assert_eq!(u(&placement["unplaced"]), 0, "seed {seed}: {placement}");
+        // At most a fault of the exec itself (in neither address space's
+        // maps as read) stays unplaced, counted.
+        assert!(u(&placement["unplaced"]) <= 2, "seed {seed}: {placement}");
     }
 }
 
