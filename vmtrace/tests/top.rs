@@ -83,8 +83,9 @@ impl Tmux {
     fn exit_status(&self, timeout: Duration) -> i32 {
         let until = Instant::now() + timeout;
         while Instant::now() < until {
-            if let Ok(s) = std::fs::read_to_string(self.status_file()) {
-                return s.trim().parse().unwrap();
+            // The shell may have created the file and not yet written it.
+            if let Some(status) = std::fs::read_to_string(self.status_file()).ok().and_then(|s| s.trim().parse().ok()) {
+                return status;
             }
             sleep(Duration::from_millis(100));
         }
