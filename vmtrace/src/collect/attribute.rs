@@ -1,17 +1,18 @@
 //! Region attribution: the kernel's per-granule fault counts placed in the
 //! regions each process had mapped, then summed per file.
 use super::{process::ProcessTable, source::AggregateSource};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::{
     procmaps::Region,
     regions::{self, Attributed, PageCache, ProcessInput},
 };
 
-/// Whether `pid` forked a traced child, or was forked and did not exec since.
-fn shares_after_fork(table: &ProcessTable, pid: u32) -> bool {
+/// Whether `pid` forked a traced child (`parents`), or was forked and did
+/// not exec since.
+fn shares_after_fork(table: &ProcessTable, parents: &HashSet<u32>, pid: u32) -> bool {
     let p = &table.procs[&pid];
-    (p.history.forked_from.is_some() && !p.history.execed()) || table.procs.values().any(|c| c.ppid == Some(pid))
+    (p.history.forked_from.is_some() && !p.history.execed()) || parents.contains(&pid)
 }
 
 /// The address space `pid` started from: its parent's at the fork, replayed
@@ -38,6 +39,7 @@ pub fn build_regions(table: &mut ProcessTable, source: &impl AggregateSource) ->
         }
     }
     let table = &*table;
+    let parents: HashSet<u32> = table.procs.values().filter_map(|p| p.ppid).collect();
     let mut chunks: HashMap<(u32, u64), Vec<(u64, u64)>> = HashMap::new();
     for (k, pages) in source.page_cache_chunks() {
         chunks.entry((k.dev, k.ino)).or_default().push((u64::from(k.chunk), pages));
@@ -49,7 +51,7 @@ pub fn build_regions(table: &mut ProcessTable, source: &impl AggregateSource) ->
                 history: &p.history,
                 start: start_of(table, pid, 16),
                 final_maps: &p.maps,
-                shares_after_fork: shares_after_fork(table, pid),
+                shares_after_fork: shares_after_fork(table, &parents, pid),
             })
         },
         |path| {

@@ -185,6 +185,12 @@ impl ProcessTable {
     }
 }
 
+/// "rwx" flags of mmap/mprotect `prot`, as /proc/PID/maps shows them.
+fn rwx(prot: u64) -> String {
+    let p = |bit: i32, c: char| if prot & bit as u64 != 0 { c } else { '-' };
+    format!("{}{}{}", p(libc::PROT_READ, 'r'), p(libc::PROT_WRITE, 'w'), p(libc::PROT_EXEC, 'x'))
+}
+
 /// A region as an mmap/mremap event describes it (the path of a file mapping
 /// is read from /proc/PID/fd while it is still open).
 pub fn region_from_event(ev: &vmtrace_common::MmEvent) -> crate::procmaps::Region {
@@ -211,14 +217,7 @@ pub fn region_from_event(ev: &vmtrace_common::MmEvent) -> crate::procmaps::Regio
         });
         (RegionKind::File, Some(path))
     };
-    let p = |bit: i32, c: char| if ev.prot & bit as u64 != 0 { c } else { '-' };
-    let perms = format!(
-        "{}{}{}{}",
-        p(libc::PROT_READ, 'r'),
-        p(libc::PROT_WRITE, 'w'),
-        p(libc::PROT_EXEC, 'x'),
-        if shared { 's' } else { 'p' }
-    );
+    let perms = format!("{}{}", rwx(ev.prot), if shared { 's' } else { 'p' });
     Region { start: ev.addr, end: ev.addr + ev.len, perms, offset: ev.offset, kind, path }
 }
 
@@ -236,10 +235,7 @@ impl ProcessTable {
             }
             c if c == MmCall::Munmap as u32 => Change::Unmap { start: ev.addr, end: ev.addr + ev.len },
             c if c == MmCall::Mprotect as u32 => {
-                let p = |bit: i32, c: char| if ev.prot & bit as u64 != 0 { c } else { '-' };
-                let perms =
-                    format!("{}{}{}", p(libc::PROT_READ, 'r'), p(libc::PROT_WRITE, 'w'), p(libc::PROT_EXEC, 'x'));
-                Change::Protect { start: ev.addr, end: ev.addr + ev.len, perms }
+                Change::Protect { start: ev.addr, end: ev.addr + ev.len, perms: rwx(ev.prot) }
             }
             c if c == MmCall::Mremap as u32 => {
                 let p = self.procs.entry(ev.tgid).or_default();

@@ -209,8 +209,6 @@ impl RangeSet {
 }
 
 const PAGE: u64 = 4096;
-const MAP_SHARED: u64 = 0x01;
-const MAP_ANONYMOUS: u64 = 0x20;
 pub const MAP_NORESERVE: u64 = 0x4000;
 pub const MAP_STACK: u64 = 0x20000;
 
@@ -775,19 +773,6 @@ pub fn label(row: &Row) -> (RegionKind, Option<String>) {
         return (RegionKind::Heap, Some(name.into()));
     }
     (r.kind, None)
-}
-
-/// The kind of an anonymous or file mapping made by mmap.
-pub fn mmap_kind(flags: u64, anon: bool) -> RegionKind {
-    match (anon, flags & MAP_SHARED != 0) {
-        (true, true) => RegionKind::Shmem,
-        (true, false) => RegionKind::Anon,
-        (false, _) => RegionKind::File,
-    }
-}
-
-pub fn is_anon(flags: u64, fd: u64) -> bool {
-    fd == u64::MAX || flags & MAP_ANONYMOUS != 0
 }
 
 #[cfg(test)]
