@@ -32,6 +32,8 @@ pub struct ProcInfo {
     /// Its mapping changes and maps reads, by address-space generation: where
     /// each fault is placed (regions/history.rs).
     pub history: crate::regions::history::History,
+    /// Execs seen while traced: what ran before one is another program.
+    pub execs: u32,
 }
 
 impl Default for ProcInfo {
@@ -50,6 +52,7 @@ impl Default for ProcInfo {
             mapped: crate::procmaps::MappedRegions::default(),
             mm: None,
             history: crate::regions::history::History::default(),
+            execs: 0,
         }
     }
 }
@@ -138,6 +141,7 @@ impl ProcessTable {
             EventKind::TaskExec => {
                 let p = self.procs.entry(ev.tgid).or_default();
                 p.comm = comm_str(&ev.comm);
+                p.execs += 1;
                 p.history.push(ev.gen, ev.gen, crate::regions::history::Change::Exec);
                 // Read now, while it lives: after exit /proc has nothing.
                 p.cmdline = read_cmdline(ev.tgid).or_else(|| p.cmdline.take());

@@ -46,6 +46,13 @@ impl CodeCache {
         self.layouts.insert(tgid, layout);
     }
 
+    /// Drops what was read of `tgid` (it exec'd: the same addresses now
+    /// hold other objects).
+    pub fn forget(&mut self, tgid: u32) {
+        self.layouts.remove(&tgid);
+        self.codes.retain(|(t, _), _| *t != tgid);
+    }
+
     pub fn has_layout(&self, tgid: u32) -> bool {
         self.layouts.contains_key(&tgid)
     }

@@ -16,14 +16,19 @@ use crate::collect::{process::ProcessTable, AggregateSource};
 /// seen: the loader maps libpython shortly after exec.
 const LOOK_FOR: Duration = Duration::from_secs(3);
 
+/// What a process runs: its name and how many execs it made while traced.
+type Program = (String, u32);
+
 #[derive(Default)]
 pub struct Tracker {
     detector: Detector,
     pub codes: CodeCache,
-    /// Per process: the name it had when last looked at, since when it has
-    /// been looked at, and whether that is settled (registered, unknown, or
-    /// not Python). An exec renames it, and it is looked at again.
-    seen: HashMap<u32, (String, Instant, bool)>,
+    /// Per process: the program it ran when last looked at, since when it
+    /// has been looked at, and whether that is settled (registered, unknown,
+    /// or not Python). After an exec it is looked at again, even under the
+    /// same name: a spawned worker is a Python forked and exec'd into
+    /// Python, and what was registered between is the parent's layout.
+    seen: HashMap<u32, (Program, Instant, bool)>,
     /// Stacks of processes not registered yet (a forked child the kernel
     /// follows before this tick found it): read once they are.
     pending: Vec<(Instant, crate::python::PyStack)>,
@@ -43,7 +48,7 @@ impl Tracker {
             .iter()
             .filter(|(_, p)| p.exit_code.is_none() && p.comm.starts_with("python"))
             .filter(|(pid, p)| match self.seen.get(pid) {
-                Some((comm, _, settled)) => comm != &p.comm || !settled,
+                Some((prog, _, settled)) => prog.0 != p.comm || prog.1 != p.execs || !settled,
                 None => true,
             })
             .map(|(pid, _)| *pid)
@@ -66,9 +71,16 @@ impl Tracker {
             if only.is_some_and(|o| o != pid) || p.exit_code.is_some() || p.maps.is_empty() {
                 continue;
             }
-            let entry = self.seen.entry(pid).or_insert_with(|| (p.comm.clone(), now, false));
-            if entry.0 != p.comm {
-                *entry = (p.comm.clone(), now, false);
+            let prog = (p.comm.clone(), p.execs);
+            let entry = self.seen.entry(pid).or_insert_with(|| (prog.clone(), now, false));
+            if entry.0 != prog {
+                if entry.2 {
+                    // The old program's registration would read the new one's
+                    // memory at the old addresses.
+                    source.forget_python(pid);
+                    self.codes.forget(pid);
+                }
+                *entry = (prog, now, false);
             }
             if entry.2 {
                 continue;
