@@ -107,10 +107,12 @@ pub fn assemble(mut i: Inputs) -> Finished {
         shallow_user_stacks_pct: stacks::shallow_pct(&i.stacks),
         broken_chain_pct: stacks::broken_pct(&i.stacks),
         reached_root,
+        reached_root_pct: stacks::reached_root_pct(&i.stacks),
         cut,
         frame_pointer_only,
         unwound_samples: i.unwound_samples,
         python_faults: i.stacks.iter().filter(|s| s.python).map(|s| s.counts.faults).sum(),
+        python_pct: stacks::python_pct(&i.stacks),
         python_native_only: i.python_native_only.clone(),
         files: Vec::new(),
     });
