@@ -6,7 +6,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use vmtrace_common::{EventHeader, EventKind, FaultStats, Merge, MmEvent, MmStackKey, MmStats, OomEvent, TaskEvent};
+use vmtrace_common::{
+    EventHeader, EventKind, FaultStats, Merge, MmEvent, MmStackKey, MmStats, OomEvent, PyStackEvent, TaskEvent,
+};
 
 use super::{
     assemble::{self, Inputs},
@@ -101,6 +103,8 @@ struct Batch {
     exited: Vec<u32>,
     born: Vec<u32>,
     ooms: Vec<OomEvent>,
+    /// User stacks with Python frames, new in the map.
+    py_stored: Vec<u32>,
     malformed: u64,
 }
 
@@ -135,6 +139,10 @@ impl Batch {
                 None => self.malformed += 1,
             },
             Some(EventKind::StackSample) => native.add(bytes, table),
+            Some(EventKind::PyStackStored) => match read_event::<PyStackEvent>(bytes) {
+                Some(ev) => self.py_stored.push(ev.id),
+                None => self.malformed += 1,
+            },
             None => self.malformed += 1,
         }
     }
@@ -360,6 +368,9 @@ impl<S: AggregateSource> Session<S> {
         self.malformed_events += batch.malformed + (self.native.malformed - malformed_samples);
         for ev in &batch.ooms {
             self.on_oom(ev, now);
+        }
+        if !batch.py_stored.is_empty() {
+            self.python.read_stored(now, &batch.py_stored, &mut self.source);
         }
         let mut born = batch.born;
         // A thread the fallback fork hook reported, and whose exit came in the
