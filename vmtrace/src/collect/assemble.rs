@@ -126,6 +126,7 @@ pub fn assemble(mut i: Inputs) -> Finished {
         sampling: Sampling { minor_latency_period: i.minor_period, time_estimated },
         drops,
         probes: i.probes,
+        program_stats: None,
         kernel: i.kernel,
         vmtrace_version: env!("CARGO_PKG_VERSION").into(),
         perf: None,

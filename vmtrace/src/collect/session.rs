@@ -47,12 +47,14 @@ pub struct SessionOptions {
     pub stacks: Option<(StackMode, u32)>,
     /// TLB-flush IPIs per second above which a process is in a storm.
     pub storm_threshold: f64,
+    /// Python frames are walked in the stacks taken (`--no-python-frames`).
+    pub python_frames: bool,
 }
 
 impl SessionOptions {
     /// No stacks, and no storm ever.
     pub fn new(families: Families) -> Self {
-        Self { families, stacks: None, storm_threshold: f64::MAX }
+        Self { families, stacks: None, storm_threshold: f64::MAX, python_frames: true }
     }
 }
 
@@ -293,7 +295,7 @@ impl<S: AggregateSource> Session<S> {
     /// Whether any user stack is symbolized: fault stacks, or the call sites
     /// of mmap-family calls and shootdowns (`top`'s banners take those).
     fn wants_python(&self) -> bool {
-        self.opts.stacks.is_some() || self.opts.families.mmap || self.opts.families.tlb
+        self.opts.python_frames && (self.opts.stacks.is_some() || self.opts.families.mmap || self.opts.families.tlb)
     }
 
     /// The last timeline point and storm window (at the end of the trace).

@@ -315,8 +315,10 @@ pub fn run(opts: &TopOptions) -> Result<i32, TopError> {
         leaf_region: false,
         end_on_tasks: !matches!(opts.target, Target::System),
     })?;
-    let mut session =
-        Session::new(probes, SessionOptions { families, stacks: None, storm_threshold: opts.storm_threshold });
+    let mut session = Session::new(
+        probes,
+        SessionOptions { families, stacks: None, storm_threshold: opts.storm_threshold, python_frames: true },
+    );
     install_stop_handlers();
     let log = match &opts.target {
         Target::Command(_) => {
