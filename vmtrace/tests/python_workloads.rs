@@ -125,3 +125,18 @@ fn python_3_13_cold_safetensors_load_is_blamed_on_the_loading_line() {
     privileged!();
     cold_safetensors_load_is_blamed_on_the_loading_line(13);
 }
+
+/// `--no-python-frames`: native stacks only, from the same interpreter.
+#[test]
+fn python_frames_can_be_left_out() {
+    privileged!();
+    let Some(python) = pyenv_python(12) else { return };
+    let text = "def fill():\n    return [bytearray(4 << 20) for _ in range(20)]\nfill()\n";
+    let run = record(&["--no-python-frames", "--stack-sample", "4"], &[python.to_str().unwrap(), "-c", text]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let st = &run.summary["stacks"];
+    assert!(u(&st["sampled_faults"]) > 1000, "{st}");
+    assert_eq!(u(&st["python_faults"]), 0, "{st}");
+    let f = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();
+    assert!(f.contains("_PyEval_EvalFrameDefault"), "native frames stay:\n{f}");
+}
