@@ -91,6 +91,7 @@ pub enum EventFamily {
 
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("target").required(true).args(["pid", "all", "command"])))]
+#[allow(clippy::struct_excessive_bools, reason = "command-line switches")]
 pub struct RecordArgs {
     /// Output directory.
     #[arg(short, long, default_value = "vmtrace-out")]

@@ -20,6 +20,7 @@ use crate::{
 };
 
 #[derive(Clone, Debug)]
+#[allow(clippy::struct_excessive_bools, reason = "independent switches of one recording")]
 pub struct RecordOptions {
     pub target: Target,
     pub out: PathBuf,

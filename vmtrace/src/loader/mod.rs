@@ -144,7 +144,7 @@ impl Probes {
                 })
             })
             .collect();
-        v.sort_by(|a, b| b.run_time_ns.cmp(&a.run_time_ns));
+        v.sort_by_key(|p| std::cmp::Reverse(p.run_time_ns));
         v
     }
 
