@@ -61,13 +61,12 @@ pub fn command(dir: &Path) -> Result<Vec<String>> {
         .filter(|p| p.exists())
         .collect();
     found.sort();
-    let python = match found.pop() {
-        Some(p) => p.display().to_string(),
-        None => {
-            let out = Command::new("python3").args(["-c", "import sys; print(sys.executable)"]).output();
-            let out = out.context("the python scenario needs pyenv's 3.12 or python3")?;
-            String::from_utf8_lossy(&out.stdout).trim().to_string()
-        }
+    let python = if let Some(p) = found.pop() {
+        p.display().to_string()
+    } else {
+        let out = Command::new("python3").args(["-c", "import sys; print(sys.executable)"]).output();
+        let out = out.context("the python scenario needs pyenv's 3.12 or python3")?;
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
     Ok(vec![python, script.display().to_string(), PY_ROUNDS.to_string()])
 }
