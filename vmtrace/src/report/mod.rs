@@ -8,6 +8,7 @@ pub mod words;
 use std::{fs, io, path::Path};
 
 use crate::{
+    export::pprof,
     model::{fmt_ns, MmSite, Sampling, StacksSummary, Summary},
     stacks::{
         flamegraph::{self, Weight},
@@ -51,6 +52,10 @@ impl Writer<'_> {
         self.text(&format!("{stem}.folded"), folded);
         self.put(&format!("{stem}.svg"), |p| flamegraph::write_svg(p, folded, title, unit));
     }
+
+    fn pprof(&mut self, kind: pprof::Kind, profile: &pprof::Profile) {
+        self.put(&kind.file(), |p| pprof::write(p, profile));
+    }
 }
 
 /// The stacks behind a recording's flamegraphs.
@@ -62,7 +67,8 @@ pub struct StackOutputs<'a> {
 }
 
 /// Writes every output of a recording into `dir`, most important first:
-/// `summary.json`, `summary.txt`, `regions.txt`, the flamegraphs, then
+/// `summary.json`, `summary.txt`, `regions.txt`, the flamegraphs (each with
+/// its pprof profile), then
 /// `report.html` (which embeds them). A file that fails is reported by name
 /// and the rest are still attempted: on a full disk the summary survives.
 /// `s.stacks.files` must already name the flamegraph files ([`flamegraph_files`]).
@@ -77,19 +83,19 @@ pub fn write_recording(dir: &Path, s: &Summary, stacks: &StackOutputs) -> Vec<Wr
         w.text("regions.txt", &text::render_regions(s));
     }
     if let (Some(faults), Some(st)) = (stacks.faults, &s.stacks) {
-        write_flamegraphs(&mut w, faults, st, &s.sampling);
+        write_flamegraphs(&mut w, faults, st, s);
     }
     if let Some(sites) = stacks.mm_sites {
-        write_mm_flamegraphs(&mut w, sites);
+        write_mm_flamegraphs(&mut w, sites, s.duration_s);
     }
     w.text("report.html", &html::render(s, dir));
     w.failed
 }
 
-const FAULT_GRAPHS: [(Weight, &str, &str); 3] = [
-    (Weight::Faults, "Page faults by call stack", "faults"),
-    (Weight::TimeNs, "Fault-handler time by call stack", "ns"),
-    (Weight::Major, "Major faults by call stack", "faults"),
+const FAULT_GRAPHS: [(Weight, &str, &str, pprof::Kind); 3] = [
+    (Weight::Faults, "Page faults by call stack", "faults", pprof::FAULTS),
+    (Weight::TimeNs, "Fault-handler time by call stack", "ns", pprof::FAULT_TIME),
+    (Weight::Major, "Major faults by call stack", "faults", pprof::MAJOR_FAULTS),
 ];
 
 /// The files the fault flamegraphs are written to, for summary.json.
@@ -100,8 +106,9 @@ pub fn flamegraph_files() -> Vec<String> {
         .collect()
 }
 
-/// The folded stacks and flamegraphs of a recording.
-fn write_flamegraphs(w: &mut Writer, stacks: &[Stack], st: &StacksSummary, sampling: &Sampling) {
+/// The folded stacks, flamegraphs and pprof profiles of a recording.
+fn write_flamegraphs(w: &mut Writer, stacks: &[Stack], st: &StacksSummary, s: &Summary) {
+    let sampling: &Sampling = &s.sampling;
     let n = u64::from(st.sample_period.max(1));
     // Say plainly what the total is and where it is an estimate.
     let how = if n > 1 {
@@ -119,8 +126,10 @@ fn write_flamegraphs(w: &mut Writer, stacks: &[Stack], st: &StacksSummary, sampl
         1 => "every fault timed; ".to_string(),
         p => format!("minor latency timed 1 in {p}; "),
     };
-    for (weight, title, unit) in FAULT_GRAPHS {
-        let f = flamegraph::folded(stacks, weight);
+    for (weight, title, unit, kind) in FAULT_GRAPHS {
+        // One split feeds both: the profile's samples add up to the folded lines.
+        let parts = flamegraph::folded_by_pid(stacks, weight);
+        let f = flamegraph::fold(&parts);
         let total = flamegraph::total(&f);
         // A scaled total is an estimate: say so in the number too.
         let total_text = match (weight, n > 1) {
@@ -130,24 +139,39 @@ fn write_flamegraphs(w: &mut Writer, stacks: &[Stack], st: &StacksSummary, sampl
             (_, false) => format!("{total} {unit}"),
         };
         let extra = if weight == Weight::TimeNs { format!("{timing}{how}") } else { how.clone() };
-        w.flamegraph(weight.file_stem(), &f, &format!("{title} — {total_text} ({extra})"), unit);
+        let title = format!("{title} — {total_text} ({extra})");
+        w.flamegraph(weight.file_stem(), &f, &title, unit);
+        let samples =
+            parts.iter().map(|p| pprof::sample(kind, &p.line, Some(p.pid), p.region.as_deref(), vec![p.weight as i64]));
+        w.pprof(kind, &pprof::profile(kind, n, &title, s.duration_s, samples));
     }
 }
 
-/// `mmap.{svg,folded}` (call sites of mmap-family syscalls by calls) and
-/// `shootdowns.{svg,folded}` (by TLB-flush IPIs sent while the call ran).
-fn write_mm_flamegraphs(w: &mut Writer, sites: &[MmSite]) {
-    for (stem, title, unit) in [
-        ("mmap", "mmap-family calls by call site", "calls"),
-        ("shootdowns", "TLB shootdown IPIs sent, by initiating call site", "IPIs"),
+/// `mmap.{svg,folded,pb.gz}` (call sites of mmap-family syscalls by calls)
+/// and `shootdowns.{svg,folded,pb.gz}` (by TLB-flush IPIs sent while the
+/// call ran; the profile also has the calls that sent them).
+fn write_mm_flamegraphs(w: &mut Writer, sites: &[MmSite], duration_s: f64) {
+    let frames = |s: &MmSite| std::iter::once(s.comm.clone()).chain(s.frames.iter().cloned()).collect::<Vec<_>>();
+    let calls = flamegraph::folded_lines_by_pid(sites.iter().map(|s| (s.pid, frames(s), s.calls)));
+    let ipis = flamegraph::folded_lines_by_pid(sites.iter().map(|s| (s.pid, frames(s), s.ipis)));
+    let calls_of: std::collections::HashMap<(&str, u32), u64> =
+        calls.iter().map(|p| ((p.line.as_str(), p.pid), p.weight)).collect();
+    for (kind, parts, title, unit) in [
+        (pprof::MMAP, &calls, "mmap-family calls by call site", "calls"),
+        (pprof::SHOOTDOWNS, &ipis, "TLB shootdown IPIs sent, by initiating call site", "IPIs"),
     ] {
-        let lines = sites.iter().map(|s| {
-            let w = if stem == "mmap" { s.calls } else { s.ipis };
-            (std::iter::once(s.comm.clone()).chain(s.frames.iter().cloned()).collect::<Vec<_>>(), w)
-        });
-        let f = flamegraph::folded_lines(lines);
+        let f = flamegraph::fold(parts);
         let total = flamegraph::total(&f);
-        w.flamegraph(stem, &f, &format!("{title} — {total} {unit}"), unit);
+        let title = format!("{title} — {total} {unit}");
+        w.flamegraph(kind.stem, &f, &title, unit);
+        let samples = parts.iter().map(|p| {
+            let mut values = vec![p.weight as i64];
+            if kind == pprof::SHOOTDOWNS {
+                values.push(calls_of.get(&(p.line.as_str(), p.pid)).copied().unwrap_or(0) as i64);
+            }
+            pprof::sample(kind, &p.line, Some(p.pid), None, values)
+        });
+        w.pprof(kind, &pprof::profile(kind, 1, &title, duration_s, samples));
     }
 }
 
@@ -172,11 +196,36 @@ pub fn rebuild(dir: &Path) -> Result<Summary, String> {
             w.put(&format!("{stem}.svg"), |p| flamegraph::write_svg(p, &f, &title, unit));
         }
     }
+    rebuild_profiles(&mut w, &s);
     if w.failed.is_empty() {
         Ok(s)
     } else {
         let names: Vec<String> = w.failed.iter().map(|f| format!("cannot write {}/{f}", dir.display())).collect();
         Err(names.join("\n"))
+    }
+}
+
+/// The pprof profiles of a recorded directory, from its folded files: a
+/// process's pid where only one process had its name.
+fn rebuild_profiles(w: &mut Writer, s: &Summary) {
+    let mut pids: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
+    let mut shared: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    for p in &s.processes {
+        if pids.insert(p.comm.clone(), p.pid).is_some_and(|other| other != p.pid) {
+            shared.insert(&p.comm);
+        }
+    }
+    pids.retain(|c, _| !shared.contains(c.as_str()));
+    let calls = fs::read_to_string(w.dir.join("mmap.folded")).ok();
+    for kind in pprof::ALL {
+        let Ok(f) = fs::read_to_string(w.dir.join(format!("{}.folded", kind.stem))) else { continue };
+        let period = match kind {
+            pprof::MMAP | pprof::SHOOTDOWNS => 1,
+            _ => s.stacks.as_ref().map_or(1, |st| u64::from(st.sample_period.max(1))),
+        };
+        let samples = pprof::folded_samples(kind, &f, |c| pids.get(c).copied(), calls.as_deref());
+        let title = format!("{} — rebuilt by vmtrace report from {}.folded", kind.stem, kind.stem);
+        w.pprof(kind, &pprof::profile(kind, period, &title, s.duration_s, samples));
     }
 }
 
