@@ -175,6 +175,16 @@ impl Builder {
         self.profile.comment.push(id);
     }
 
+    /// Names what was recorded as the profile's first mapping, which pprof
+    /// shows as its `File:` (else the first library a frame named). It
+    /// holds no location. Call before any `add`.
+    pub fn main_name(&mut self, name: &str) {
+        if self.profile.mapping.is_empty() {
+            let filename = self.string(name);
+            self.profile.mapping.push(pb::Mapping { id: 1, filename, has_functions: true, ..Default::default() });
+        }
+    }
+
     /// How long the recording ran.
     pub fn duration(&mut self, seconds: f64) {
         self.profile.duration_nanos = (seconds * 1e9) as i64;
@@ -290,18 +300,23 @@ pub fn parse_folded(text: &str) -> impl Iterator<Item = (&str, u64)> {
     })
 }
 
-/// A whole profile: `samples` of `kind` taken on 1 in `period` events over
-/// `duration_s`, with `comment` (what the numbers are) shown by pprof.
-pub fn profile(
-    kind: Kind,
-    period: u64,
-    comment: &str,
-    duration_s: f64,
-    samples: impl IntoIterator<Item = Sample>,
-) -> pb::Profile {
-    let mut b = Builder::new(kind, period);
-    b.comment(comment);
-    b.duration(duration_s);
+/// What a profile says about its recording besides its samples.
+pub struct Meta<'a> {
+    /// Stacks were taken on 1 in `period` events.
+    pub period: u64,
+    /// What the numbers are, shown by pprof.
+    pub comment: &'a str,
+    pub duration_s: f64,
+    /// What was recorded (the command's name), pprof's `File:`.
+    pub main: &'a str,
+}
+
+/// A whole profile: `samples` of `kind`.
+pub fn profile(kind: Kind, meta: &Meta, samples: impl IntoIterator<Item = Sample>) -> pb::Profile {
+    let mut b = Builder::new(kind, meta.period);
+    b.main_name(meta.main);
+    b.comment(meta.comment);
+    b.duration(meta.duration_s);
     for s in samples {
         b.add(&s);
     }

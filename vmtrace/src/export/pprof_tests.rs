@@ -111,7 +111,8 @@ fn written_profiles_decode_with_their_totals() {
     let dir = tempfile::tempdir().unwrap();
     let folded = "train;main;load;[file /w.bin] 9\ntrain;main;init 3\nworker;run 5\n";
     let samples = folded_samples(FAULT_TIME, folded, |c| (c == "train").then_some(11), None);
-    let p = profile(FAULT_TIME, 4, "fault time", 1.5, samples);
+    let meta = Meta { period: 4, comment: "fault time", duration_s: 1.5, main: "train" };
+    let p = profile(FAULT_TIME, &meta, samples);
     let path = dir.path().join("fault-time.pb.gz");
     write(&path, &p).unwrap();
     let mut raw = Vec::new();
@@ -124,6 +125,9 @@ fn written_profiles_decode_with_their_totals() {
     assert_eq!(s(back.sample_type[0].unit), "nanoseconds");
     assert_eq!(back.duration_nanos, 1_500_000_000);
     assert_eq!(s(back.comment[0]), "fault time");
+    // The first mapping names the recording, and holds no location.
+    assert_eq!(s(back.mapping[0].filename), "train");
+    assert!(back.location.iter().all(|l| l.mapping_id != 1));
     let labels = |i: usize| {
         back.sample[i]
             .label

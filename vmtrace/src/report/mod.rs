@@ -86,7 +86,7 @@ pub fn write_recording(dir: &Path, s: &Summary, stacks: &StackOutputs) -> Vec<Wr
         write_flamegraphs(&mut w, faults, st, s);
     }
     if let Some(sites) = stacks.mm_sites {
-        write_mm_flamegraphs(&mut w, sites, s.duration_s);
+        write_mm_flamegraphs(&mut w, sites, s);
     }
     w.text("report.html", &html::render(s, dir));
     w.failed
@@ -143,14 +143,15 @@ fn write_flamegraphs(w: &mut Writer, stacks: &[Stack], st: &StacksSummary, s: &S
         w.flamegraph(weight.file_stem(), &f, &title, unit);
         let samples =
             parts.iter().map(|p| pprof::sample(kind, &p.line, Some(p.pid), p.region.as_deref(), vec![p.weight as i64]));
-        w.pprof(kind, &pprof::profile(kind, n, &title, s.duration_s, samples));
+        let meta = pprof::Meta { period: n, comment: &title, duration_s: s.duration_s, main: &recorded(s) };
+        w.pprof(kind, &pprof::profile(kind, &meta, samples));
     }
 }
 
 /// `mmap.{svg,folded,pb.gz}` (call sites of mmap-family syscalls by calls)
 /// and `shootdowns.{svg,folded,pb.gz}` (by TLB-flush IPIs sent while the
 /// call ran; the profile also has the calls that sent them).
-fn write_mm_flamegraphs(w: &mut Writer, sites: &[MmSite], duration_s: f64) {
+fn write_mm_flamegraphs(w: &mut Writer, sites: &[MmSite], s: &Summary) {
     let frames = |s: &MmSite| std::iter::once(s.comm.clone()).chain(s.frames.iter().cloned()).collect::<Vec<_>>();
     let calls = flamegraph::folded_lines_by_pid(sites.iter().map(|s| (s.pid, frames(s), s.calls)));
     let ipis = flamegraph::folded_lines_by_pid(sites.iter().map(|s| (s.pid, frames(s), s.ipis)));
@@ -171,7 +172,8 @@ fn write_mm_flamegraphs(w: &mut Writer, sites: &[MmSite], duration_s: f64) {
             }
             pprof::sample(kind, &p.line, Some(p.pid), None, values)
         });
-        w.pprof(kind, &pprof::profile(kind, 1, &title, duration_s, samples));
+        let meta = pprof::Meta { period: 1, comment: &title, duration_s: s.duration_s, main: &recorded(s) };
+        w.pprof(kind, &pprof::profile(kind, &meta, samples));
     }
 }
 
@@ -205,6 +207,18 @@ pub fn rebuild(dir: &Path) -> Result<Summary, String> {
     }
 }
 
+/// What a recording traced, as a profile's `File:` names it: the command's
+/// program, the traced process's name, or every process.
+fn recorded(s: &Summary) -> String {
+    let program = s.target.command.as_ref().and_then(|c| c.first()).map(|p| p.rsplit('/').next().unwrap_or(p));
+    let process = || s.target.pid.and_then(|pid| s.processes.iter().find(|p| p.pid == pid)).map(|p| p.comm.as_str());
+    match (program, s.target.kind.as_str()) {
+        (Some(p), _) => p.to_string(),
+        (None, "system") => "[all processes]".to_string(),
+        (None, _) => process().unwrap_or("[traced process]").to_string(),
+    }
+}
+
 /// The pprof profiles of a recorded directory, from its folded files: a
 /// process's pid where only one process had its name.
 fn rebuild_profiles(w: &mut Writer, s: &Summary) {
@@ -225,7 +239,8 @@ fn rebuild_profiles(w: &mut Writer, s: &Summary) {
         };
         let samples = pprof::folded_samples(kind, &f, |c| pids.get(c).copied(), calls.as_deref());
         let title = format!("{} — rebuilt by vmtrace report from {}.folded", kind.stem, kind.stem);
-        w.pprof(kind, &pprof::profile(kind, period, &title, s.duration_s, samples));
+        let meta = pprof::Meta { period, comment: &title, duration_s: s.duration_s, main: &recorded(s) };
+        w.pprof(kind, &pprof::profile(kind, &meta, samples));
     }
 }
 
