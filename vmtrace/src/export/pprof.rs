@@ -229,7 +229,10 @@ impl Builder {
             id
         } else {
             let id = self.profile.function.len() as u64 + 1;
-            let func = pb::Function { id, name, system_name: name, filename: file, start_line: 0 };
+            // No system name: pprof would take `name` for a mangled one and
+            // "simplify" it (`<module>` became `<unknown>`). Names are
+            // already demangled, as in the folded files.
+            let func = pb::Function { id, name, system_name: 0, filename: file, start_line: 0 };
             self.profile.function.push(func);
             self.functions.insert((name, file), id);
             id

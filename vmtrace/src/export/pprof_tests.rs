@@ -89,6 +89,8 @@ fn builder_keeps_each_string_function_location_and_mapping_once() {
     assert!(p.mapping[0].has_functions);
     let step = p.function.iter().find(|f| s(f.name) == "step").unwrap();
     assert_eq!(s(step.filename), "t.py");
+    // pprof leaves a name alone only without a system name (else `<module>` loses its `<…>`).
+    assert!(p.function.iter().all(|f| f.system_name == 0));
     // Leaf first: the libc frame, then step at its line, …, the process.
     let first = &p.sample[0];
     let loc = |id: u64| &p.location[id as usize - 1];

@@ -53,8 +53,20 @@ impl Writer<'_> {
         self.put(&format!("{stem}.svg"), |p| flamegraph::write_svg(p, folded, title, unit));
     }
 
-    fn pprof(&mut self, kind: pprof::Kind, profile: &pprof::Profile) {
-        self.put(&kind.file(), |p| pprof::write(p, profile));
+    /// Builds and writes a pprof profile, timed (`-vv` shows it: the cost
+    /// docs/performance.md quotes).
+    fn pprof(&mut self, kind: pprof::Kind, build: impl FnOnce() -> pprof::Profile) {
+        let t = std::time::Instant::now();
+        let profile = build();
+        self.put(&kind.file(), |p| pprof::write(p, &profile));
+        let size = fs::metadata(self.dir.join(kind.file())).map_or(0, |m| m.len());
+        log::debug!(
+            "{}: {} samples, {} locations, {size} bytes in {:.1} ms",
+            kind.file(),
+            profile.sample.len(),
+            profile.location.len(),
+            t.elapsed().as_secs_f64() * 1e3
+        );
     }
 }
 
@@ -144,7 +156,7 @@ fn write_flamegraphs(w: &mut Writer, stacks: &[Stack], st: &StacksSummary, s: &S
         let samples =
             parts.iter().map(|p| pprof::sample(kind, &p.line, Some(p.pid), p.region.as_deref(), vec![p.weight as i64]));
         let meta = pprof::Meta { period: n, comment: &title, duration_s: s.duration_s, main: &recorded(s) };
-        w.pprof(kind, &pprof::profile(kind, &meta, samples));
+        w.pprof(kind, || pprof::profile(kind, &meta, samples));
     }
 }
 
@@ -173,7 +185,7 @@ fn write_mm_flamegraphs(w: &mut Writer, sites: &[MmSite], s: &Summary) {
             pprof::sample(kind, &p.line, Some(p.pid), None, values)
         });
         let meta = pprof::Meta { period: 1, comment: &title, duration_s: s.duration_s, main: &recorded(s) };
-        w.pprof(kind, &pprof::profile(kind, &meta, samples));
+        w.pprof(kind, || pprof::profile(kind, &meta, samples));
     }
 }
 
@@ -237,10 +249,11 @@ fn rebuild_profiles(w: &mut Writer, s: &Summary) {
             pprof::MMAP | pprof::SHOOTDOWNS => 1,
             _ => s.stacks.as_ref().map_or(1, |st| u64::from(st.sample_period.max(1))),
         };
-        let samples = pprof::folded_samples(kind, &f, |c| pids.get(c).copied(), calls.as_deref());
         let title = format!("{} — rebuilt by vmtrace report from {}.folded", kind.stem, kind.stem);
         let meta = pprof::Meta { period, comment: &title, duration_s: s.duration_s, main: &recorded(s) };
-        w.pprof(kind, &pprof::profile(kind, &meta, samples));
+        w.pprof(kind, || {
+            pprof::profile(kind, &meta, pprof::folded_samples(kind, &f, |c| pids.get(c).copied(), calls.as_deref()))
+        });
     }
 }
 
