@@ -164,9 +164,9 @@ fn write_flamegraphs(w: &mut Writer, stacks: &[Stack], st: &StacksSummary, s: &S
 /// and `shootdowns.{svg,folded,pb.gz}` (by TLB-flush IPIs sent while the
 /// call ran; the profile also has the calls that sent them).
 fn write_mm_flamegraphs(w: &mut Writer, sites: &[MmSite], s: &Summary) {
-    let frames = |s: &MmSite| std::iter::once(s.comm.clone()).chain(s.frames.iter().cloned()).collect::<Vec<_>>();
-    let calls = flamegraph::folded_lines_by_pid(sites.iter().map(|s| (s.pid, frames(s), s.calls)));
-    let ipis = flamegraph::folded_lines_by_pid(sites.iter().map(|s| (s.pid, frames(s), s.ipis)));
+    let frames = |m: &MmSite| std::iter::once(m.comm.clone()).chain(m.frames.iter().cloned()).collect::<Vec<_>>();
+    let calls = flamegraph::folded_lines_by_pid(sites.iter().map(|m| (m.pid, frames(m), m.calls)));
+    let ipis = flamegraph::folded_lines_by_pid(sites.iter().map(|m| (m.pid, frames(m), m.ipis)));
     let calls_of: std::collections::HashMap<(&str, u32), u64> =
         calls.iter().map(|p| ((p.line.as_str(), p.pid), p.weight)).collect();
     for (kind, parts, title, unit) in [
