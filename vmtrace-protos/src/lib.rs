@@ -8,3 +8,22 @@
 pub mod pprof {
     include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
 }
+
+#[cfg(test)]
+mod tests {
+    use prost::Message as _;
+
+    use super::pprof;
+
+    #[test]
+    fn a_profile_round_trips_through_protobuf() {
+        let p = pprof::Profile {
+            string_table: vec![String::new(), "faults".into(), "count".into()],
+            sample_type: vec![pprof::ValueType { r#type: 1, unit: 2 }],
+            sample: vec![pprof::Sample { location_id: vec![1], value: vec![7], label: vec![] }],
+            ..Default::default()
+        };
+        let bytes = p.encode_to_vec();
+        assert_eq!(pprof::Profile::decode(bytes.as_slice()).unwrap(), p);
+    }
+}
