@@ -110,11 +110,11 @@ const FAULT_GRAPHS: [(Weight, &str, &str, pprof::Kind); 3] = [
     (Weight::Major, "Major faults by call stack", "faults", pprof::MAJOR_FAULTS),
 ];
 
-/// The files the fault flamegraphs are written to, for summary.json.
+/// The files the fault flamegraphs and profiles are written to, for summary.json.
 pub fn flamegraph_files() -> Vec<String> {
     FAULT_GRAPHS
         .iter()
-        .flat_map(|(w, ..)| [format!("{}.svg", w.file_stem()), format!("{}.folded", w.file_stem())])
+        .flat_map(|(w, .., kind)| [format!("{}.svg", w.file_stem()), format!("{}.folded", w.file_stem()), kind.file()])
         .collect()
 }
 
