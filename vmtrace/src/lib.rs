@@ -6,10 +6,11 @@
 //! → [`loader`] (attach, with per-kernel fallbacks)
 //! → [`collect`] (process table from task events, aggregates read at the end)
 //! → [`model`] (what every output reads: the summary, the live snapshot)
-//! ← [`report`] (`summary.json`, `summary.txt`), [`top`], [`serve`].
+//! ← [`report`] (`summary.json`, `summary.txt`), [`export`] (pprof), [`top`], [`serve`].
 pub mod cli;
 pub mod collect;
 pub mod demo;
+pub mod export;
 pub mod kernel;
 pub mod loader;
 pub mod model;

@@ -180,7 +180,7 @@ fn build() -> Result<()> {
     run(cmd("cargo").args(["build", "--release", "-p", "vmtrace"]))
 }
 
-const USER_CRATES: [&str; 6] = ["-p", "vmtrace", "-p", "vmtrace-common", "-p", "xtask"];
+const USER_CRATES: [&str; 8] = ["-p", "vmtrace", "-p", "vmtrace-common", "-p", "vmtrace-protos", "-p", "xtask"];
 
 fn test(extra: &[String]) -> Result<()> {
     say("checking format and lints");
@@ -220,6 +220,12 @@ fn test(extra: &[String]) -> Result<()> {
         "the report.html test",
     )?;
     ensure_tool(&["tmux"], "tmux", "the `vmtrace top` test (a real pseudo-terminal)")?;
+    if env::var("VMTRACE_SKIP_GO_PPROF").as_deref() == Ok("1") {
+        say("VMTRACE_SKIP_GO_PPROF=1: without `go`, the pprof test will report itself skipped");
+    } else {
+        let why = "the pprof test (`go tool pprof` reads every profile; VMTRACE_SKIP_GO_PPROF=1 skips it)";
+        ensure_tool_answering(&["go"], &["version"], "golang-go", why)?;
+    }
     say("running tests");
     run(cmd("cargo").args(["test", "--release"]).args(USER_CRATES).arg("--").args(extra))
 }
@@ -227,9 +233,13 @@ fn test(extra: &[String]) -> Result<()> {
 /// A tool a test drives: one of `binaries` must answer `--version` (or `-V`),
 /// else the Debian `packages` are installed.
 fn ensure_tool(binaries: &[&str], packages: &str, why: &str) -> Result<()> {
-    let answers = |b: &&str| {
-        ["--version", "-V"].iter().any(|flag| Command::new(b).arg(flag).output().is_ok_and(|o| o.status.success()))
-    };
+    ensure_tool_answering(binaries, &["--version", "-V"], packages, why)
+}
+
+/// [`ensure_tool`] for a tool that answers one of `probes` (`go version`).
+fn ensure_tool_answering(binaries: &[&str], probes: &[&str], packages: &str, why: &str) -> Result<()> {
+    let answers =
+        |b: &&str| probes.iter().any(|arg| Command::new(b).arg(arg).output().is_ok_and(|o| o.status.success()));
     if binaries.iter().any(answers) {
         return Ok(());
     }

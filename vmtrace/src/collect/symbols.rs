@@ -244,7 +244,7 @@ pub fn build_mm_sites(
         let variants = native.variants(k.tgid, k.user_stack);
         if variants.is_empty() {
             let frames = site_frames(table, source, &mut names, (k.tgid, k.call, k.user_stack), None, py);
-            out.push(MmSite { comm, frames, calls: c.calls, ipis: c.ipis });
+            out.push(MmSite { pid: k.tgid, comm, frames, calls: c.calls, ipis: c.ipis });
             continue;
         }
         let weights: Vec<u64> = variants.iter().map(|(_, n)| *n).collect();
@@ -254,7 +254,7 @@ pub fn build_mm_sites(
                 continue;
             }
             let frames = site_frames(table, source, &mut names, (k.tgid, k.call, k.user_stack), Some(v), py);
-            out.push(MmSite { comm: comm.clone(), frames, calls: calls[i], ipis: ipis[i] });
+            out.push(MmSite { pid: k.tgid, comm: comm.clone(), frames, calls: calls[i], ipis: ipis[i] });
         }
     }
     out

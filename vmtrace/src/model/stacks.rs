@@ -66,6 +66,7 @@ pub const BROKEN_CHAIN: &str = "[frame chain broken]";
 
 /// mmap/TLB call-site stacks, symbolized, for `mmap.folded` and `shootdowns.folded`.
 pub struct MmSite {
+    pub pid: u32,
     pub comm: String,
     pub frames: Vec<String>,
     pub calls: u64,

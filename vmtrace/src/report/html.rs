@@ -463,6 +463,20 @@ pub fn recording_body(s: &Summary, dir: &Path, flame_prefix: &str) -> String {
             );
         }
     }
+    let profiles: Vec<String> = crate::export::pprof::ALL
+        .iter()
+        .map(|k| k.file())
+        .filter(|f| dir.join(f).is_file())
+        .map(|f| format!("<a href='{flame_prefix}{f}'><code>{f}</code></a>"))
+        .collect();
+    if !profiles.is_empty() {
+        let _ = write!(
+            flames,
+            "<p class='note'>pprof profiles of the same stacks: {} (<code>go tool pprof -http=: faults.pb.gz</code>, \
+             or open them in speedscope, Pyroscope or Grafana).</p>",
+            profiles.join(", ")
+        );
+    }
     if !flames.is_empty() {
         let _ = write!(b, "<h2>Flamegraphs</h2>{flames}");
     }

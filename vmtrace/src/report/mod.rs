@@ -8,6 +8,7 @@ pub mod words;
 use std::{fs, io, path::Path};
 
 use crate::{
+    export::pprof,
     model::{fmt_ns, MmSite, Sampling, StacksSummary, Summary},
     stacks::{
         flamegraph::{self, Weight},
@@ -51,6 +52,22 @@ impl Writer<'_> {
         self.text(&format!("{stem}.folded"), folded);
         self.put(&format!("{stem}.svg"), |p| flamegraph::write_svg(p, folded, title, unit));
     }
+
+    /// Builds and writes a pprof profile, timed (`-vv` shows it: the cost
+    /// docs/performance.md quotes).
+    fn pprof(&mut self, kind: pprof::Kind, build: impl FnOnce() -> pprof::Profile) {
+        let t = std::time::Instant::now();
+        let profile = build();
+        self.put(&kind.file(), |p| pprof::write(p, &profile));
+        let size = fs::metadata(self.dir.join(kind.file())).map_or(0, |m| m.len());
+        log::debug!(
+            "{}: {} samples, {} locations, {size} bytes in {:.1} ms",
+            kind.file(),
+            profile.sample.len(),
+            profile.location.len(),
+            t.elapsed().as_secs_f64() * 1e3
+        );
+    }
 }
 
 /// The stacks behind a recording's flamegraphs.
@@ -62,7 +79,8 @@ pub struct StackOutputs<'a> {
 }
 
 /// Writes every output of a recording into `dir`, most important first:
-/// `summary.json`, `summary.txt`, `regions.txt`, the flamegraphs, then
+/// `summary.json`, `summary.txt`, `regions.txt`, the flamegraphs (each with
+/// its pprof profile), then
 /// `report.html` (which embeds them). A file that fails is reported by name
 /// and the rest are still attempted: on a full disk the summary survives.
 /// `s.stacks.files` must already name the flamegraph files ([`flamegraph_files`]).
@@ -77,31 +95,32 @@ pub fn write_recording(dir: &Path, s: &Summary, stacks: &StackOutputs) -> Vec<Wr
         w.text("regions.txt", &text::render_regions(s));
     }
     if let (Some(faults), Some(st)) = (stacks.faults, &s.stacks) {
-        write_flamegraphs(&mut w, faults, st, &s.sampling);
+        write_flamegraphs(&mut w, faults, st, s);
     }
     if let Some(sites) = stacks.mm_sites {
-        write_mm_flamegraphs(&mut w, sites);
+        write_mm_flamegraphs(&mut w, sites, s);
     }
     w.text("report.html", &html::render(s, dir));
     w.failed
 }
 
-const FAULT_GRAPHS: [(Weight, &str, &str); 3] = [
-    (Weight::Faults, "Page faults by call stack", "faults"),
-    (Weight::TimeNs, "Fault-handler time by call stack", "ns"),
-    (Weight::Major, "Major faults by call stack", "faults"),
+const FAULT_GRAPHS: [(Weight, &str, &str, pprof::Kind); 3] = [
+    (Weight::Faults, "Page faults by call stack", "faults", pprof::FAULTS),
+    (Weight::TimeNs, "Fault-handler time by call stack", "ns", pprof::FAULT_TIME),
+    (Weight::Major, "Major faults by call stack", "faults", pprof::MAJOR_FAULTS),
 ];
 
-/// The files the fault flamegraphs are written to, for summary.json.
+/// The files the fault flamegraphs and profiles are written to, for summary.json.
 pub fn flamegraph_files() -> Vec<String> {
     FAULT_GRAPHS
         .iter()
-        .flat_map(|(w, ..)| [format!("{}.svg", w.file_stem()), format!("{}.folded", w.file_stem())])
+        .flat_map(|(w, .., kind)| [format!("{}.svg", w.file_stem()), format!("{}.folded", w.file_stem()), kind.file()])
         .collect()
 }
 
-/// The folded stacks and flamegraphs of a recording.
-fn write_flamegraphs(w: &mut Writer, stacks: &[Stack], st: &StacksSummary, sampling: &Sampling) {
+/// The folded stacks, flamegraphs and pprof profiles of a recording.
+fn write_flamegraphs(w: &mut Writer, stacks: &[Stack], st: &StacksSummary, s: &Summary) {
+    let sampling: &Sampling = &s.sampling;
     let n = u64::from(st.sample_period.max(1));
     // Say plainly what the total is and where it is an estimate.
     let how = if n > 1 {
@@ -119,8 +138,10 @@ fn write_flamegraphs(w: &mut Writer, stacks: &[Stack], st: &StacksSummary, sampl
         1 => "every fault timed; ".to_string(),
         p => format!("minor latency timed 1 in {p}; "),
     };
-    for (weight, title, unit) in FAULT_GRAPHS {
-        let f = flamegraph::folded(stacks, weight);
+    for (weight, title, unit, kind) in FAULT_GRAPHS {
+        // One split feeds both: the profile's samples add up to the folded lines.
+        let parts = flamegraph::folded_by_pid(stacks, weight);
+        let f = flamegraph::fold(&parts);
         let total = flamegraph::total(&f);
         // A scaled total is an estimate: say so in the number too.
         let total_text = match (weight, n > 1) {
@@ -130,24 +151,41 @@ fn write_flamegraphs(w: &mut Writer, stacks: &[Stack], st: &StacksSummary, sampl
             (_, false) => format!("{total} {unit}"),
         };
         let extra = if weight == Weight::TimeNs { format!("{timing}{how}") } else { how.clone() };
-        w.flamegraph(weight.file_stem(), &f, &format!("{title} — {total_text} ({extra})"), unit);
+        let title = format!("{title} — {total_text} ({extra})");
+        w.flamegraph(weight.file_stem(), &f, &title, unit);
+        let samples =
+            parts.iter().map(|p| pprof::sample(kind, &p.line, Some(p.pid), p.region.as_deref(), vec![p.weight as i64]));
+        let meta = pprof::Meta { period: n, comment: &title, duration_s: s.duration_s, main: &recorded(s) };
+        w.pprof(kind, || pprof::profile(kind, &meta, samples));
     }
 }
 
-/// `mmap.{svg,folded}` (call sites of mmap-family syscalls by calls) and
-/// `shootdowns.{svg,folded}` (by TLB-flush IPIs sent while the call ran).
-fn write_mm_flamegraphs(w: &mut Writer, sites: &[MmSite]) {
-    for (stem, title, unit) in [
-        ("mmap", "mmap-family calls by call site", "calls"),
-        ("shootdowns", "TLB shootdown IPIs sent, by initiating call site", "IPIs"),
+/// `mmap.{svg,folded,pb.gz}` (call sites of mmap-family syscalls by calls)
+/// and `shootdowns.{svg,folded,pb.gz}` (by TLB-flush IPIs sent while the
+/// call ran; the profile also has the calls that sent them).
+fn write_mm_flamegraphs(w: &mut Writer, sites: &[MmSite], s: &Summary) {
+    let frames = |m: &MmSite| std::iter::once(m.comm.clone()).chain(m.frames.iter().cloned()).collect::<Vec<_>>();
+    let calls = flamegraph::folded_lines_by_pid(sites.iter().map(|m| (m.pid, frames(m), m.calls)));
+    let ipis = flamegraph::folded_lines_by_pid(sites.iter().map(|m| (m.pid, frames(m), m.ipis)));
+    let calls_of: std::collections::HashMap<(&str, u32), u64> =
+        calls.iter().map(|p| ((p.line.as_str(), p.pid), p.weight)).collect();
+    for (kind, parts, title, unit) in [
+        (pprof::MMAP, &calls, "mmap-family calls by call site", "calls"),
+        (pprof::SHOOTDOWNS, &ipis, "TLB shootdown IPIs sent, by initiating call site", "IPIs"),
     ] {
-        let lines = sites.iter().map(|s| {
-            let w = if stem == "mmap" { s.calls } else { s.ipis };
-            (std::iter::once(s.comm.clone()).chain(s.frames.iter().cloned()).collect::<Vec<_>>(), w)
-        });
-        let f = flamegraph::folded_lines(lines);
+        let f = flamegraph::fold(parts);
         let total = flamegraph::total(&f);
-        w.flamegraph(stem, &f, &format!("{title} — {total} {unit}"), unit);
+        let title = format!("{title} — {total} {unit}");
+        w.flamegraph(kind.stem, &f, &title, unit);
+        let samples = parts.iter().map(|p| {
+            let mut values = vec![p.weight as i64];
+            if kind == pprof::SHOOTDOWNS {
+                values.push(calls_of.get(&(p.line.as_str(), p.pid)).copied().unwrap_or(0) as i64);
+            }
+            pprof::sample(kind, &p.line, Some(p.pid), None, values)
+        });
+        let meta = pprof::Meta { period: 1, comment: &title, duration_s: s.duration_s, main: &recorded(s) };
+        w.pprof(kind, || pprof::profile(kind, &meta, samples));
     }
 }
 
@@ -172,11 +210,50 @@ pub fn rebuild(dir: &Path) -> Result<Summary, String> {
             w.put(&format!("{stem}.svg"), |p| flamegraph::write_svg(p, &f, &title, unit));
         }
     }
+    rebuild_profiles(&mut w, &s);
     if w.failed.is_empty() {
         Ok(s)
     } else {
         let names: Vec<String> = w.failed.iter().map(|f| format!("cannot write {}/{f}", dir.display())).collect();
         Err(names.join("\n"))
+    }
+}
+
+/// What a recording traced, as a profile's `File:` names it: the command's
+/// program, the traced process's name, or every process.
+fn recorded(s: &Summary) -> String {
+    let program = s.target.command.as_ref().and_then(|c| c.first()).map(|p| p.rsplit('/').next().unwrap_or(p));
+    let process = || s.target.pid.and_then(|pid| s.processes.iter().find(|p| p.pid == pid)).map(|p| p.comm.as_str());
+    match (program, s.target.kind.as_str()) {
+        (Some(p), _) => p.to_string(),
+        (None, "system") => "[all processes]".to_string(),
+        (None, _) => process().unwrap_or("[traced process]").to_string(),
+    }
+}
+
+/// The pprof profiles of a recorded directory, from its folded files: a
+/// process's pid where only one process had its name.
+fn rebuild_profiles(w: &mut Writer, s: &Summary) {
+    let mut pids: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
+    let mut shared: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    for p in &s.processes {
+        if pids.insert(p.comm.clone(), p.pid).is_some_and(|other| other != p.pid) {
+            shared.insert(&p.comm);
+        }
+    }
+    pids.retain(|c, _| !shared.contains(c.as_str()));
+    let calls = fs::read_to_string(w.dir.join("mmap.folded")).ok();
+    for kind in pprof::ALL {
+        let Ok(f) = fs::read_to_string(w.dir.join(format!("{}.folded", kind.stem))) else { continue };
+        let period = match kind {
+            pprof::MMAP | pprof::SHOOTDOWNS => 1,
+            _ => s.stacks.as_ref().map_or(1, |st| u64::from(st.sample_period.max(1))),
+        };
+        let title = format!("{} — rebuilt by vmtrace report from {}.folded", kind.stem, kind.stem);
+        let meta = pprof::Meta { period, comment: &title, duration_s: s.duration_s, main: &recorded(s) };
+        w.pprof(kind, || {
+            pprof::profile(kind, &meta, pprof::folded_samples(kind, &f, |c| pids.get(c).copied(), calls.as_deref()))
+        });
     }
 }
 

@@ -1,0 +1,356 @@
+//! pprof profiles (`faults.pb.gz`, `fault-time.pb.gz`, `major-faults.pb.gz`,
+//! `mmap.pb.gz`, `shootdowns.pb.gz`): the folded files' stacks as gzipped
+//! `perftools.profiles.Profile` messages, for `go tool pprof`, Pyroscope,
+//! Grafana and speedscope. Each sample is one folded line (of one process,
+//! where the recording knows it), so a profile's total is its folded file's.
+//! The frames are the folded files' strings, taken apart in [`parse_frame`]:
+//! the process name is the root frame, as in the folded files.
+use std::{collections::HashMap, io, io::Write as _, path::Path};
+
+use prost::Message as _;
+use vmtrace_protos::pprof as pb;
+pub use vmtrace_protos::pprof::Profile;
+
+/// What one profile holds: its file, its values and what a sample stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kind {
+    /// `faults` for `faults.pb.gz`, as for `faults.folded`.
+    pub stem: &'static str,
+    /// (type, unit) of each value of a sample; the first is the folded file's weight.
+    pub values: &'static [(&'static str, &'static str)],
+    /// (type, unit) of the events a stack was sampled among.
+    pub period_type: (&'static str, &'static str),
+}
+
+pub const FAULTS: Kind = Kind { stem: "faults", values: &[("faults", "count")], period_type: ("faults", "count") };
+pub const FAULT_TIME: Kind =
+    Kind { stem: "fault-time", values: &[("fault_time", "nanoseconds")], period_type: ("faults", "count") };
+pub const MAJOR_FAULTS: Kind =
+    Kind { stem: "major-faults", values: &[("major_faults", "count")], period_type: ("faults", "count") };
+pub const MMAP: Kind = Kind { stem: "mmap", values: &[("calls", "count")], period_type: ("calls", "count") };
+/// IPIs sent by each call site, and the calls of that site that sent them.
+pub const SHOOTDOWNS: Kind =
+    Kind { stem: "shootdowns", values: &[("ipis", "count"), ("calls", "count")], period_type: ("calls", "count") };
+
+/// Every profile, in the order they are written.
+pub const ALL: [Kind; 5] = [FAULTS, FAULT_TIME, MAJOR_FAULTS, MMAP, SHOOTDOWNS];
+
+impl Kind {
+    pub fn file(self) -> String {
+        format!("{}.pb.gz", self.stem)
+    }
+}
+
+/// A frame string as symbolization wrote it, taken apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Frame<'a> {
+    /// The function's name (Python: the code object's name), or the whole
+    /// frame where it names no function (`libc.so.6+0x1234`, markers).
+    pub function: &'a str,
+    /// The source file, for `function (file:line)` and `function (file)`.
+    pub file: Option<&'a str>,
+    /// The source line, 0 where unknown.
+    pub line: i64,
+    /// The object the code is in, for `object+0xOFF` and `[kernel] 0xADDR`.
+    pub object: Option<&'a str>,
+    /// The offset in `object` (or the address of `[unknown] 0xADDR`), 0 where unknown.
+    pub address: u64,
+}
+
+fn hex(s: &str) -> Option<u64> {
+    u64::from_str_radix(s.strip_prefix("0x")?, 16).ok()
+}
+
+/// Takes a frame apart: `function (file:line)` and `function (file)` (Python
+/// frames, and native ones symbolized with line info), `object+0xOFF` (code
+/// no symbol covers), `[kernel] 0xADDR` / `[unknown] 0xADDR`, markers in
+/// brackets (`[no unwind info]`, region leaves), and bare function names.
+pub fn parse_frame(s: &str) -> Frame<'_> {
+    let bare = Frame { function: s, file: None, line: 0, object: None, address: 0 };
+    if let Some(addr) = s.strip_prefix("[kernel] ").and_then(hex) {
+        return Frame { object: Some("[kernel]"), address: addr, ..bare };
+    }
+    if let Some(addr) = s.strip_prefix("[unknown] ").and_then(hex) {
+        return Frame { address: addr, ..bare };
+    }
+    if let Some((object, off)) = s.rsplit_once('+') {
+        if let Some(off) = hex(off).filter(|_| !object.is_empty() && !object.contains(' ')) {
+            return Frame { object: Some(object), address: off, ..bare };
+        }
+    }
+    if s.starts_with('[') && s.ends_with(']') {
+        return bare;
+    }
+    let Some((name, inner)) = s.strip_suffix(')').and_then(|r| r.rsplit_once(" (")) else { return bare };
+    if name.is_empty() || inner.is_empty() || inner.contains(['(', ')']) {
+        return bare;
+    }
+    match inner.rsplit_once(':') {
+        Some((file, line)) if !file.is_empty() && !line.is_empty() && line.bytes().all(|b| b.is_ascii_digit()) => {
+            Frame { function: name, file: Some(file), line: line.parse().unwrap_or(0), ..bare }
+        }
+        // A file without a line must look like one: `f (anonymous namespace)` is a name.
+        _ if inner.contains('/') || inner.contains(".py") => Frame { function: name, file: Some(inner), ..bare },
+        _ => bare,
+    }
+}
+
+/// The faulting region a `--leaf region` leaf frame names, as labels:
+/// `[file /path]`, `[anon 0x…-0x…]` (a mapping without a name),
+/// `[heap]`/`[stack]`/`[anon:…]` (the kernel's names), `[unmapped region]`.
+/// `None` for a frame that is no region leaf.
+pub fn region_labels(leaf: &str) -> Option<Vec<(&'static str, String)>> {
+    let inner = leaf.strip_prefix('[')?.strip_suffix(']')?;
+    let mut labels = vec![("region", leaf.to_string())];
+    if let Some(path) = inner.strip_prefix("file ") {
+        labels.push(("region_kind", "file".into()));
+        labels.push(("region_path", path.to_string()));
+    } else if inner == "unmapped region" {
+        labels.push(("region_kind", "unmapped".into()));
+    } else if let Some((kind, range)) = inner.split_once(' ') {
+        let (lo, hi) = range.split_once('-')?;
+        hex(lo)?;
+        hex(hi)?;
+        labels.push(("region_kind", kind.to_string()));
+    } else if inner == "heap" || inner == "stack" {
+        labels.push(("region_kind", inner.to_string()));
+    } else if let Some(kind) = inner.split(':').next().filter(|k| inner.contains(':') && !k.is_empty()) {
+        // `[anon:name]`, `[anon_shmem:name]`: named anonymous memory.
+        labels.push(("region_kind", kind.to_string()));
+        labels.push(("region_path", inner.to_string()));
+    } else {
+        return None;
+    }
+    Some(labels)
+}
+
+/// One sample before encoding.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Sample {
+    /// Frames outermost first, the process name first (a folded line's frames).
+    pub frames: Vec<String>,
+    /// One per `Kind::values`.
+    pub values: Vec<i64>,
+    pub pid: Option<u32>,
+    /// String labels: `comm`, `region`, `region_kind`, `region_path`, `syscall`.
+    pub labels: Vec<(&'static str, String)>,
+}
+
+/// Builds one profile: strings, functions, locations and mappings are kept
+/// once each, by content.
+pub struct Builder {
+    profile: pb::Profile,
+    strings: HashMap<String, i64>,
+    functions: HashMap<(i64, i64), u64>,
+    locations: HashMap<String, u64>,
+    mappings: HashMap<String, u64>,
+}
+
+impl Builder {
+    /// A profile of `kind` whose stacks were taken on 1 in `period` events.
+    pub fn new(kind: Kind, period: u64) -> Self {
+        let mut b = Self {
+            profile: pb::Profile::default(),
+            strings: HashMap::new(),
+            functions: HashMap::new(),
+            locations: HashMap::new(),
+            mappings: HashMap::new(),
+        };
+        // string_table[0] must be "".
+        b.string("");
+        for (t, u) in kind.values {
+            let vt = pb::ValueType { r#type: b.string(t), unit: b.string(u) };
+            b.profile.sample_type.push(vt);
+        }
+        b.profile.period_type =
+            Some(pb::ValueType { r#type: b.string(kind.period_type.0), unit: b.string(kind.period_type.1) });
+        b.profile.period = period.max(1) as i64;
+        b.profile.default_sample_type = b.string(kind.values[0].0);
+        b
+    }
+
+    /// Text pprof shows with the profile (what the numbers are, how sampled).
+    pub fn comment(&mut self, text: &str) {
+        let id = self.string(text);
+        self.profile.comment.push(id);
+    }
+
+    /// Names what was recorded as the profile's first mapping, which pprof
+    /// shows as its `File:` (else the first library a frame named). It
+    /// holds no location. Call before any `add`.
+    pub fn main_name(&mut self, name: &str) {
+        if self.profile.mapping.is_empty() {
+            let filename = self.string(name);
+            self.profile.mapping.push(pb::Mapping { id: 1, filename, has_functions: true, ..Default::default() });
+        }
+    }
+
+    /// How long the recording ran.
+    pub fn duration(&mut self, seconds: f64) {
+        self.profile.duration_nanos = (seconds * 1e9) as i64;
+    }
+
+    fn string(&mut self, s: &str) -> i64 {
+        if let Some(&i) = self.strings.get(s) {
+            return i;
+        }
+        let i = self.profile.string_table.len() as i64;
+        self.profile.string_table.push(s.to_string());
+        self.strings.insert(s.to_string(), i);
+        i
+    }
+
+    fn mapping(&mut self, object: &str, address: u64) -> u64 {
+        let id = if let Some(&id) = self.mappings.get(object) {
+            id
+        } else {
+            let id = self.profile.mapping.len() as u64 + 1;
+            // Addresses are offsets in the object; every location of the
+            // mapping already has its function, so pprof does not look for
+            // the binary to symbolize it.
+            let m = pb::Mapping { id, filename: self.string(object), has_functions: true, ..Default::default() };
+            self.profile.mapping.push(m);
+            self.mappings.insert(object.to_string(), id);
+            id
+        };
+        let m = &mut self.profile.mapping[id as usize - 1];
+        m.memory_limit = m.memory_limit.max(address.saturating_add(1));
+        id
+    }
+
+    fn location(&mut self, frame: &str) -> u64 {
+        if let Some(&id) = self.locations.get(frame) {
+            return id;
+        }
+        let f = parse_frame(frame);
+        let name = self.string(f.function);
+        let file = f.file.map_or(0, |p| self.string(p));
+        let function_id = if let Some(&id) = self.functions.get(&(name, file)) {
+            id
+        } else {
+            let id = self.profile.function.len() as u64 + 1;
+            // No system name: pprof would take `name` for a mangled one and
+            // "simplify" it (`<module>` became `<unknown>`). Names are
+            // already demangled, as in the folded files.
+            let func = pb::Function { id, name, system_name: 0, filename: file, start_line: 0 };
+            self.profile.function.push(func);
+            self.functions.insert((name, file), id);
+            id
+        };
+        let mapping_id = f.object.map_or(0, |o| self.mapping(o, f.address));
+        let id = self.profile.location.len() as u64 + 1;
+        self.profile.location.push(pb::Location {
+            id,
+            mapping_id,
+            address: f.address,
+            line: vec![pb::Line { function_id, line: f.line, column: 0 }],
+            is_folded: false,
+        });
+        self.locations.insert(frame.to_string(), id);
+        id
+    }
+
+    pub fn add(&mut self, s: &Sample) {
+        // pprof wants the leaf first.
+        let location_id = s.frames.iter().rev().map(|f| self.location(f)).collect();
+        let mut label = Vec::new();
+        if let Some(pid) = s.pid {
+            label.push(pb::Label { key: self.string("pid"), num: i64::from(pid), ..Default::default() });
+        }
+        for (k, v) in &s.labels {
+            label.push(pb::Label { key: self.string(k), str: self.string(v), ..Default::default() });
+        }
+        self.profile.sample.push(pb::Sample { location_id, value: s.values.clone(), label });
+    }
+
+    pub fn finish(self) -> pb::Profile {
+        self.profile
+    }
+}
+
+/// Writes `profile` gzipped, as pprof expects on disk.
+pub fn write(path: &Path, profile: &pb::Profile) -> io::Result<()> {
+    let file = std::fs::File::create(path)?;
+    let mut gz = flate2::write::GzEncoder::new(io::BufWriter::new(file), flate2::Compression::default());
+    gz.write_all(&profile.encode_to_vec())?;
+    // A full disk may only show when the last blocks go out: say so, not drop it.
+    gz.finish()?.flush()
+}
+
+/// A sample of a folded line (`comm;outer;…;inner`, without its weight):
+/// labelled with its process name (the root frame), its pid where known, its
+/// region (`region`, a `--leaf region` leaf) and, for `mmap`/`shootdowns`,
+/// its syscall (the leaf `[munmap]`).
+pub fn sample(kind: Kind, line: &str, pid: Option<u32>, region: Option<&str>, values: Vec<i64>) -> Sample {
+    let frames: Vec<String> = line.split(';').map(str::to_string).collect();
+    let mut labels = vec![("comm", frames[0].clone())];
+    if let Some(r) = region {
+        labels.extend(region_labels(r).unwrap_or_else(|| vec![("region", r.to_string())]));
+    }
+    if kind == MMAP || kind == SHOOTDOWNS {
+        if let Some(call) = frames.last().and_then(|f| f.strip_prefix('[')?.strip_suffix(']')) {
+            labels.push(("syscall", call.to_string()));
+        }
+    }
+    Sample { frames, values, pid, labels }
+}
+
+/// (frames, weight) of each line of a folded file.
+pub fn parse_folded(text: &str) -> impl Iterator<Item = (&str, u64)> {
+    text.lines().filter_map(|l| {
+        let (line, w) = l.rsplit_once(' ')?;
+        Some((line, w.parse().ok()?))
+    })
+}
+
+/// What a profile says about its recording besides its samples.
+pub struct Meta<'a> {
+    /// Stacks were taken on 1 in `period` events.
+    pub period: u64,
+    /// What the numbers are, shown by pprof.
+    pub comment: &'a str,
+    pub duration_s: f64,
+    /// What was recorded (the command's name), pprof's `File:`.
+    pub main: &'a str,
+}
+
+/// A whole profile: `samples` of `kind`.
+pub fn profile(kind: Kind, meta: &Meta, samples: impl IntoIterator<Item = Sample>) -> pb::Profile {
+    let mut b = Builder::new(kind, meta.period);
+    b.main_name(meta.main);
+    b.comment(meta.comment);
+    b.duration(meta.duration_s);
+    for s in samples {
+        b.add(&s);
+    }
+    b.finish()
+}
+
+/// The samples of `kind` from its folded file alone (`vmtrace report DIR`):
+/// the pid of a process name where `pid_of` knows one, the region of a
+/// line that ends in a region leaf, and for `shootdowns` the calls of each
+/// site from `mmap.folded` (`calls`), whose lines name the same sites.
+pub fn folded_samples(
+    kind: Kind,
+    folded: &str,
+    pid_of: impl Fn(&str) -> Option<u32>,
+    calls: Option<&str>,
+) -> Vec<Sample> {
+    let calls: HashMap<&str, u64> = calls.map(|c| parse_folded(c).collect()).unwrap_or_default();
+    let faults = kind != MMAP && kind != SHOOTDOWNS;
+    parse_folded(folded)
+        .map(|(line, w)| {
+            let comm = line.split(';').next().unwrap_or_default();
+            let leaf = line.rsplit(';').next().filter(|l| faults && region_labels(l).is_some());
+            let mut values = vec![w as i64];
+            if kind == SHOOTDOWNS {
+                values.push(calls.get(line).copied().unwrap_or(0) as i64);
+            }
+            sample(kind, line, pid_of(comm), leaf, values)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+#[path = "pprof_tests.rs"]
+mod tests;
