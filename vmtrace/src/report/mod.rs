@@ -53,6 +53,22 @@ impl Writer<'_> {
     }
 }
 
+/// How a recording's summary.json is bounded and laid out.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OutputOptions {
+    /// Processes and regions under this percentage of the faults and of the
+    /// time are folded into "other" rows (`model::fold`); 0 lists every row.
+    pub fold_below: f64,
+    /// Indented JSON instead of compact.
+    pub pretty: bool,
+}
+
+impl Default for OutputOptions {
+    fn default() -> Self {
+        Self { fold_below: 0.1, pretty: false }
+    }
+}
+
 /// The stacks behind a recording's flamegraphs.
 pub struct StackOutputs<'a> {
     /// Fault stacks, when stacks were taken.
@@ -67,8 +83,15 @@ pub struct StackOutputs<'a> {
 /// and the rest are still attempted: on a full disk the summary survives.
 /// `s.stacks.files` must already name the flamegraph files ([`flamegraph_files`]).
 pub fn write_recording(dir: &Path, s: &Summary, stacks: &StackOutputs) -> Vec<WriteFailure> {
+    write_recording_with(dir, s, stacks, &OutputOptions::default())
+}
+
+/// [`write_recording`], with summary.json laid out as `o` says.
+pub fn write_recording_with(dir: &Path, s: &Summary, stacks: &StackOutputs, o: &OutputOptions) -> Vec<WriteFailure> {
     let mut w = Writer { dir, failed: Vec::new() };
-    match serde_json::to_string_pretty(s) {
+    // Compact by default: indentation was 40% of a large file.
+    let json = if o.pretty { serde_json::to_string_pretty(s) } else { serde_json::to_string(s) };
+    match json {
         Ok(json) => w.text("summary.json", &(json + "\n")),
         Err(e) => w.failed.push(WriteFailure { file: "summary.json".into(), err: io::Error::other(e) }),
     }
@@ -198,6 +221,25 @@ mod tests {
         assert!(failed[0].to_string().starts_with("summary.txt: "), "{}", failed[0]);
         for f in ["summary.json", "regions.txt", "report.html"] {
             assert!(dir.path().join(f).is_file(), "{f} still written");
+        }
+    }
+
+    #[test]
+    fn report_rebuilds_a_version_1_directory_and_writes_compact_json() {
+        let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+        let dir = tempfile::tempdir().unwrap();
+        fs::copy(golden.join("summary-v1.json"), dir.path().join("summary.json")).unwrap();
+        let s = rebuild(dir.path()).expect("vmtrace report reads version 1");
+        assert_eq!(s.version, 1);
+        assert_eq!(fs::read_to_string(dir.path().join("regions.txt")).unwrap(), text::render_regions(&s));
+        // Written again by this version: compact unless asked, either way the same summary.
+        let out = tempfile::tempdir().unwrap();
+        for pretty in [false, true] {
+            let o = OutputOptions { pretty, ..Default::default() };
+            assert!(write_recording_with(out.path(), &s, &StackOutputs { faults: None, mm_sites: None }, &o).is_empty());
+            let json = fs::read_to_string(out.path().join("summary.json")).unwrap();
+            assert_eq!(json.lines().count() > 1, pretty);
+            assert_eq!(serde_json::from_str::<Summary>(&json).unwrap(), s);
         }
     }
 }
