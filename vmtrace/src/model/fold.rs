@@ -239,4 +239,4 @@ fn union_perms<'a>(perms: impl Iterator<Item = &'a str>) -> String {
 
 #[cfg(test)]
 #[path = "fold_tests.rs"]
-mod tests;
+pub(crate) mod tests;

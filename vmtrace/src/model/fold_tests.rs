@@ -43,7 +43,7 @@ fn region(pid: u32, start: u64, kind: RegionKind, path: Option<&str>, total: u64
 
 /// A target with one big region, and many small processes and regions: the
 /// shape of a long `-a` recording.
-fn summary() -> Summary {
+pub(crate) fn summary() -> Summary {
     let mut processes = vec![process(100, "trainer", 98_000)];
     let mut regions = vec![region(100, 0x1000_0000, RegionKind::Anon, None, 90_000)];
     // The target's small regions: more libraries and thread stacks than the

@@ -225,6 +225,25 @@ mod tests {
     }
 
     #[test]
+    fn folded_rows_read_as_such_and_regions_txt_stays_short() {
+        let mut s = crate::model::fold::tests::summary();
+        // Many more regions than regions.txt lists, none folded.
+        let many = s.clone();
+        let txt = text::render_regions(&many);
+        assert!(txt.lines().count() < text::REGIONS_TXT_ROWS + 10, "{} lines", txt.lines().count());
+        let more = many.regions.as_ref().unwrap().len() - text::REGIONS_TXT_ROWS;
+        assert!(txt.contains(&format!("({more} more regions)")), "{txt}");
+        crate::model::fold(&mut s, 0.1);
+        let summary = text::render(&s);
+        assert!(summary.contains("  other  481 processes"), "{summary}");
+        assert!(summary.contains("under the folding threshold: sed×321, bash×160"), "{summary}");
+        assert!(summary.contains("    all  501 processes"), "{summary}");
+        let regions = text::render_regions(&s);
+        assert!(regions.contains("(200 regions)"), "{regions}");
+        assert!(regions.contains("summed in \"(N regions)\" rows (--regions all lists each)"), "{regions}");
+    }
+
+    #[test]
     fn report_rebuilds_a_version_1_directory_and_writes_compact_json() {
         let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
         let dir = tempfile::tempdir().unwrap();
