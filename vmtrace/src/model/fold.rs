@@ -55,8 +55,11 @@ pub fn fold(s: &mut Summary, below_pct: f64) {
 }
 
 /// Whether `f` holds at least `pct` percent of the faults or of the time.
+/// A total of zero (`--latency-sample 0` leaves minor faults untimed) makes
+/// no row heavy by it.
 fn heavy(f: &Faults, total: u64, time_ns: u64, pct: f64) -> bool {
-    f.total as f64 * 100.0 >= total as f64 * pct || f.time_ns as f64 * 100.0 >= time_ns as f64 * pct
+    let share = |x: u64, of: u64| of > 0 && x as f64 * 100.0 >= of as f64 * pct;
+    share(f.total, total) || share(f.time_ns, time_ns)
 }
 
 /// Indices of the `n` heaviest rows by faults and the `n` by time.

@@ -168,6 +168,17 @@ fn zero_keeps_every_row_and_short_recordings_stay_whole() {
 }
 
 #[test]
+fn untimed_recordings_fold_by_faults_alone() {
+    let mut s = summary();
+    for f in s.processes.iter_mut().map(|p| &mut p.faults).chain(s.regions.iter_mut().flatten().map(|r| &mut r.faults))
+    {
+        f.time_ns = 0;
+    }
+    fold(&mut s, 0.1);
+    assert_eq!(s.folding.map(|f| f.processes), Some(500 - (KEEP_TOP_PROCESSES as u64 - 1)));
+}
+
+#[test]
 fn the_target_and_named_processes_are_never_folded() {
     let mut s = summary();
     s.target.pid = Some(1499);
