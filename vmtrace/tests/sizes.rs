@@ -23,8 +23,10 @@ fn many_processes_fold_into_a_small_summary_that_adds_up() {
     let procs = s["processes"].as_array().unwrap();
     let other = procs.iter().find(|p| p["pid"] == 0).unwrap_or_else(|| panic!("an other row: {procs:#?}"));
     assert_eq!(other["comm"], "other");
+    // The 20 heaviest, the target, and those with 1% of the time (a `true`
+    // that waited on a slow fault).
     let listed = procs.len() as u64 - 1;
-    assert!(listed <= 21, "the 20 heaviest and the target: {listed}");
+    assert!(listed < n / 4, "{listed} of {n} processes listed");
     assert!(u(&other["folded"]) + listed > n, "{} folded + {listed} listed", other["folded"]);
     assert_eq!(u(&s["folding"]["processes"]), u(&other["folded"]));
     assert!(u(&other["folded_comms"]["true"]) > n / 2, "{}", other["folded_comms"]);
