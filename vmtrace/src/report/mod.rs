@@ -233,6 +233,7 @@ mod tests {
         assert!(txt.lines().count() < text::REGIONS_TXT_ROWS + 10, "{} lines", txt.lines().count());
         let more = many.regions.as_ref().unwrap().len() - text::REGIONS_TXT_ROWS;
         assert!(txt.contains(&format!("({more} more regions)")), "{txt}");
+        assert!(text::render(&many).contains("Top regions by fault time (the first 500 in regions.txt)"));
         crate::model::fold(&mut s, 0.1);
         let summary = text::render(&s);
         assert!(summary.contains("  other  481 processes"), "{summary}");

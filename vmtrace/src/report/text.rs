@@ -486,7 +486,12 @@ fn regions_section(out: &mut String, s: &Summary, limit: usize) {
     if regions.is_empty() {
         return;
     }
-    let _ = writeln!(out, "\nTop regions by fault time (all in regions.txt)");
+    let all = if regions.len() > REGIONS_TXT_ROWS {
+        format!("the first {REGIONS_TXT_ROWS} in regions.txt")
+    } else {
+        "all in regions.txt".to_string()
+    };
+    let _ = writeln!(out, "\nTop regions by fault time ({all})");
     regions_table(out, s, limit);
 }
 
