@@ -245,6 +245,30 @@ mod tests {
     }
 
     #[test]
+    fn summary_txt_lists_the_largest_storms_in_time_order() {
+        let mut s = crate::model::fold::tests::summary();
+        let storm = |i: u64| crate::model::Storm {
+            pid: 100,
+            comm: "trainer".into(),
+            start_s: i as f64,
+            end_s: i as f64 + 0.5,
+            peak_per_s: 5000,
+            shootdowns: 1000 + (i * 7) % 30,
+            top_stack: vec!["main".into(), "[munmap]".into()],
+            top_call: "munmap".into(),
+            top_share: 1.0,
+        };
+        s.storms = Some((0..30).map(storm).collect());
+        let txt = text::render(&s);
+        let starts: Vec<&str> =
+            txt.lines().filter_map(|l| l.strip_prefix("STORM ")).map(|l| l.split('-').next().unwrap_or("")).collect();
+        assert_eq!(starts.len(), 20, "{txt}");
+        assert!(txt.contains("(10 more storms in summary.json)"), "{txt}");
+        let t: Vec<f64> = starts.iter().map(|x| x.parse().unwrap()).collect();
+        assert!(t.windows(2).all(|w| w[0] < w[1]), "{t:?}");
+    }
+
+    #[test]
     fn report_rebuilds_a_version_1_directory_and_writes_compact_json() {
         let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
         let dir = tempfile::tempdir().unwrap();

@@ -57,6 +57,8 @@ fn histogram(out: &mut String, title: &str, h: &Hist) {
 }
 
 const MAX_ROWS: usize = 30;
+/// Shootdown storms listed in summary.txt.
+const MAX_STORMS: usize = 20;
 /// regions.txt lists this many rows at most: a table people read.
 pub const REGIONS_TXT_ROWS: usize = 500;
 
@@ -384,7 +386,12 @@ fn tlb_section(out: &mut String, s: &Summary) {
         if storms.is_empty() {
             let _ = writeln!(out, "Shootdown storms: none");
         }
-        for st in storms {
+        // A long recording can have thousands: the largest, in time order.
+        let mut shown: Vec<&crate::model::Storm> = storms.iter().collect();
+        shown.sort_by_key(|st| std::cmp::Reverse(st.shootdowns));
+        shown.truncate(MAX_STORMS);
+        shown.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
+        for st in shown {
             let _ = writeln!(
                 out,
                 "STORM {:.2}-{:.2} s: pid {} {} sent {} TLB-flush IPIs, peak {}/s; {:.0}% from {} at {}",
@@ -404,6 +411,9 @@ fn tlb_section(out: &mut String, s: &Summary) {
                     let _ = writeln!(out, "      in Python: {py}");
                 }
             }
+        }
+        if storms.len() > MAX_STORMS {
+            let _ = writeln!(out, "{:>7}  ({} more storms in summary.json)", "…", storms.len() - MAX_STORMS);
         }
     }
 }
