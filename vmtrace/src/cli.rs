@@ -75,7 +75,7 @@ pub enum Leaf {
 pub enum RegionRows {
     /// The heaviest rows; those under `--fold-below` add into "other" rows.
     Top,
-    /// Every process and every region (a long `-a` recording: hundreds of MB).
+    /// Every process and every region (a long `-a` recording: tens of MB and more).
     All,
 }
 

@@ -48,7 +48,12 @@ pub fn fold(s: &mut Summary, below_pct: f64) {
     if let Some(regions) = s.regions.as_mut() {
         folded_regions = fold_regions(regions, below_pct, &folded_pids);
     }
-    let processes = folded_pids.len() as u64;
+    // The other row's own count: a refolded "other" row stands for many.
+    let processes = if folded_pids.is_empty() {
+        0
+    } else {
+        s.processes.iter().find(|p| p.pid == OTHER_PID).map_or(0, |p| p.folded)
+    };
     if processes + folded_regions > 0 {
         s.folding = Some(Folding { below_pct, processes, regions: folded_regions });
     }
