@@ -70,6 +70,15 @@ pub enum Leaf {
     Region,
 }
 
+/// Which rows of processes and regions summary.json lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RegionRows {
+    /// The heaviest rows; those under `--fold-below` add into "other" rows.
+    Top,
+    /// Every process and every region (a long `-a` recording: tens of MB and more).
+    All,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum EventFamily {
     /// Page faults: counts, kinds, latency (eBPF).
@@ -143,6 +152,18 @@ pub struct RecordArgs {
     /// Seconds between streamed objects.
     #[arg(long, default_value = "1", value_parser = parse_duration)]
     pub interval: Duration,
+    /// Processes and regions with less than this percentage of all faults and
+    /// of all fault time are summed into "other" rows (a process's regions
+    /// per kind; the processes into one pid-0 row): totals still add up.
+    /// The 20 heaviest processes and 100 heaviest regions are always listed.
+    #[arg(long, value_name = "PCT", default_value = "0.1", value_parser = parse_pct)]
+    pub fold_below: f64,
+    /// `all`: list every process and region (no folding, as --fold-below 0).
+    #[arg(long, value_enum, default_value = "top")]
+    pub regions: RegionRows,
+    /// Indent summary.json (it is written compact by default).
+    #[arg(long)]
+    pub pretty: bool,
     /// Take every fallback: classic tracepoints even where tp_btf is
     /// available, kprobe for the OOM domain, the kernel's user-stack walker.
     #[arg(long)]
@@ -295,6 +316,14 @@ pub fn parse_stack_window(s: &str) -> Result<u32, String> {
     }
 }
 
+/// A percentage from 0 to 100.
+pub fn parse_pct(s: &str) -> Result<f64, String> {
+    match s.trim_end_matches('%').parse::<f64>() {
+        Ok(p) if (0.0..=100.0).contains(&p) => Ok(p),
+        _ => Err(format!("`{s}`: give a percentage from 0 (keep every row) to 100")),
+    }
+}
+
 pub fn parse_period(s: &str) -> Result<u32, String> {
     match s.parse::<u32>() {
         Ok(n) if n <= 1_000_000 => Ok(n),
@@ -336,6 +365,19 @@ mod tests {
         assert_eq!(parse_period("0"), Ok(0));
         assert!(parse_period("1000001").is_err());
         assert!(parse_period("x").is_err());
+    }
+
+    #[test]
+    fn percentages() {
+        assert_eq!(parse_pct("0.1"), Ok(0.1));
+        assert_eq!(parse_pct("5%"), Ok(5.0));
+        assert_eq!(parse_pct("0"), Ok(0.0));
+        assert!(parse_pct("101").is_err());
+        assert!(parse_pct("-1").is_err());
+        assert!(parse_pct("NaN").is_err());
+        let c = Cli::try_parse_from(["vmtrace", "record", "-a"]).unwrap();
+        let Command::Record(r) = c.command else { panic!() };
+        assert_eq!((r.fold_below, r.regions, r.pretty), (0.1, RegionRows::Top, false));
     }
 
     #[test]

@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 use vmtrace::{
-    cli::{Cli, Command, EventFamily, Leaf, WorkloadCmd},
+    cli::{Cli, Command, EventFamily, Leaf, RegionRows, WorkloadCmd},
     demo::{self, workload},
     kernel::preflight,
     record, report,
@@ -54,6 +54,10 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 storm_threshold: a.storm_threshold,
                 stream_interval: a.stream.map(|_| a.interval),
                 print_summary: true,
+                output: report::OutputOptions {
+                    fold_below: if a.regions == RegionRows::All { 0.0 } else { a.fold_below },
+                    pretty: a.pretty,
+                },
                 detach: record::Detach::AfterExit,
             })?;
             Ok(outcome.exit_status)

@@ -47,6 +47,8 @@ pub struct RecordOptions {
     pub stream_interval: Option<Duration>,
     /// Print summary.txt at the end.
     pub print_summary: bool,
+    /// How large summary.json may grow, and how it is laid out.
+    pub output: report::OutputOptions,
     /// How the programs are detached at the end.
     pub detach: Detach,
 }
@@ -196,7 +198,10 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
         faults: summary.stacks.is_some().then_some(stacks.as_slice()),
         mm_sites: opts.has(EventFamily::Mmap).then_some(mm_sites.as_slice()),
     };
-    let write_failures = report::write_recording(&opts.out, &summary, &stack_outputs);
+    crate::model::fold(&mut summary, opts.output.fold_below);
+    let writing = Instant::now();
+    let write_failures = report::write_recording_with(&opts.out, &summary, &stack_outputs, &opts.output);
+    log::info!("outputs written in {:.2} s", writing.elapsed().as_secs_f64());
     if opts.print_summary {
         let main_files = ["summary.json", "summary.txt", "report.html"];
         let ok: Vec<&str> = main_files.into_iter().filter(|f| write_failures.iter().all(|w| w.file != *f)).collect();

@@ -64,3 +64,18 @@ fn report_html_is_unchanged() {
     // A directory without flamegraphs: the page links none, so it is the same wherever it is rendered.
     check("report.html", &html::render(&load().1, Path::new("/nonexistent/vmtrace-golden")));
 }
+
+#[test]
+fn a_version_1_summary_reads_as_its_version_2_form() {
+    // The golden recording as version 1 wrote it: dense histograms, every
+    // bucket and split written out, compact.
+    let v1 = fs::read_to_string(golden("summary-v1.json")).expect("tests/golden/summary-v1.json");
+    let mut old: Summary = serde_json::from_str(&v1).expect("a version-1 summary.json still loads");
+    assert_eq!(old.version, 1);
+    let (_, new) = load();
+    assert_eq!(new.version, vmtrace::model::SUMMARY_VERSION);
+    old.version = new.version;
+    assert_eq!(old, new, "the dense file and the sparse one hold the same recording");
+    assert_eq!(text::render(&old), text::render(&new));
+    assert_eq!(text::render_regions(&old), text::render_regions(&new));
+}

@@ -141,6 +141,7 @@ pub fn assemble(mut i: Inputs) -> Finished {
             crate::model::RegionPlacement { exact: r(p.exact), approximate: r(p.approximate), unplaced: r(p.unplaced) }
         }),
         files: i.attributed.map(|a| a.files),
+        folding: None,
     };
     Finished { summary, stacks: i.stacks, mm_sites: i.mm_sites }
 }
@@ -176,6 +177,8 @@ fn processes(i: &Inputs) -> (Vec<Process>, Faults) {
             faults,
             kernel_accounting: info.kernel,
             cow_from: cow_of(i, pid),
+            folded: 0,
+            folded_comms: BTreeMap::new(),
         });
     }
     (out, totals)

@@ -118,7 +118,7 @@ fn inputs() -> Inputs {
 fn the_summary_has_the_contracts_fields() {
     let finished = assemble(inputs());
     let j = serde_json::to_value(&finished.summary).unwrap();
-    assert_eq!(j["version"], 1);
+    assert_eq!(j["version"], 2);
     assert_eq!(j["target"], serde_json::json!({"kind": "command", "command": ["hog"], "pid": 10, "exit_status": 137}));
     assert_eq!(j["duration_s"], 1.25);
     // Ring full for mapping events, and one malformed record; untimed faults are not lost.
@@ -137,7 +137,7 @@ fn the_summary_has_the_contracts_fields() {
     }
     // Minor time scaled from 62 timed of 990 minors, plus the majors' own.
     assert_eq!(f0["time_ns"], 990_000 + 100_000);
-    assert!(f0["latency_hist_ns"]["le_inf"].is_u64());
+    assert!(f0["latency_hist_ns"].is_object());
     assert_eq!(
         p["mmap"],
         serde_json::json!({"mmap": 4, "munmap": 2, "munmap_bytes": 8192, "mremap": 0, "madvise": 1,

@@ -192,6 +192,7 @@ fn options(target: Target, out: PathBuf) -> RecordOptions {
         storm_threshold: 1000.0,
         stream_interval: None,
         print_summary: false,
+        output: crate::report::OutputOptions::default(),
         detach: crate::record::Detach::Sequential,
     }
 }

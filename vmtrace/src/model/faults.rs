@@ -24,11 +24,16 @@ pub struct Faults {
     /// Faults whose latency was measured: the histograms count these.
     pub timed: u64,
     pub latency_hist_ns: Hist,
+    /// The split by kind; absent when empty (regions and files have none).
+    #[serde(default, skip_serializing_if = "Hist::is_empty")]
     pub minor_latency_hist_ns: Hist,
+    #[serde(default, skip_serializing_if = "Hist::is_empty")]
     pub major_latency_hist_ns: Hist,
 }
 
-/// Log2 latency histogram as `{"le_1024": N, …, "le_inf": N}`.
+/// Log2 latency histogram as `{"le_1024": N, …, "le_inf": N}`, written
+/// sparse: only non-zero buckets (an absent bucket is zero). Version-1
+/// files, dense with every bucket, read the same.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Hist(pub [u64; HIST_BUCKETS]);
 
@@ -54,6 +59,10 @@ impl Hist {
 
     pub fn count(&self) -> u64 {
         self.0.iter().sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(|&c| c == 0)
     }
 
     /// Upper bound of the bucket holding quantile `q` (0..=1); `None` when empty
@@ -94,8 +103,10 @@ impl Hist {
 impl Serialize for Hist {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        let mut m = s.serialize_map(Some(HIST_BUCKETS))?;
-        for (i, c) in self.0.iter().enumerate() {
+        // 22 buckets per histogram, three per FAULTS object, on every region
+        // and process: zeros written out were most of a long recording's file.
+        let mut m = s.serialize_map(Some(self.0.iter().filter(|&&c| c > 0).count()))?;
+        for (i, c) in self.0.iter().enumerate().filter(|(_, &c)| c > 0) {
             m.serialize_entry(&Self::bucket_label(i), c)?;
         }
         m.end()
@@ -261,15 +272,44 @@ mod tests {
     }
 
     #[test]
-    fn histogram_serializes_with_contract_labels_and_round_trips() {
+    fn histogram_serializes_sparse_with_contract_labels_and_round_trips() {
         let f = Faults::from_stats(&stats(), 1);
         let v = serde_json::to_value(&f).unwrap();
         assert_eq!(v["latency_hist_ns"]["le_2048"], 990);
-        assert_eq!(v["latency_hist_ns"]["le_1024"], 0);
-        assert_eq!(v["latency_hist_ns"]["le_inf"], 0);
-        assert_eq!(v["latency_hist_ns"].as_object().unwrap().len(), HIST_BUCKETS);
+        assert_eq!(v["latency_hist_ns"]["le_65536"], 10);
+        // Only the non-zero buckets are written.
+        assert_eq!(v["latency_hist_ns"].as_object().unwrap().len(), 2);
+        assert!(v["latency_hist_ns"].get("le_1024").is_none());
         let back: Faults = serde_json::from_value(v).unwrap();
         assert_eq!(back, f);
+    }
+
+    #[test]
+    fn empty_split_histograms_are_left_out_and_read_back_empty() {
+        let mut s = stats();
+        s.major = 0;
+        s.major_timed = 0;
+        s.major_time_ns = 0;
+        s.major_hist = [0; HIST_BUCKETS];
+        let f = Faults::from_stats(&s, 1);
+        let v = serde_json::to_value(&f).unwrap();
+        assert!(v.get("major_latency_hist_ns").is_none(), "{v}");
+        assert_eq!(v["minor_latency_hist_ns"]["le_2048"], 990);
+        let back: Faults = serde_json::from_value(v).unwrap();
+        assert_eq!(back, f);
+        assert!(back.major_latency_hist_ns.is_empty());
+    }
+
+    #[test]
+    fn version_1_dense_histograms_still_read() {
+        let dense: serde_json::Map<String, serde_json::Value> = (0..HIST_BUCKETS)
+            .map(|i| (Hist::bucket_label(i), serde_json::Value::from(u64::from(i == 3) * 7)))
+            .collect();
+        let h: Hist = serde_json::from_value(serde_json::Value::Object(dense)).unwrap();
+        assert_eq!(h.count(), 7);
+        assert_eq!(h.0[3], 7);
+        assert_eq!(serde_json::to_string(&h).unwrap(), r#"{"le_8192":7}"#);
+        assert!(serde_json::from_str::<Hist>(r#"{"le_3":1}"#).is_err(), "an unknown bucket is an error");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! imports the other.
 pub mod drops;
 pub mod faults;
+pub mod fold;
 pub mod format;
 pub mod live;
 pub mod oom;
@@ -16,6 +17,7 @@ pub mod timeline;
 
 pub use drops::{DropCounts, Drops};
 pub use faults::{largest_remainder, scale, Faults, Hist};
+pub use fold::{fold, Folding, OTHER_PID};
 pub use format::{bytes, comm_str, fmt_ns};
 pub use live::{Cum, LiveProcess, LiveSnapshot, RateKeeper, Rates};
 pub use oom::{HeldRegion, OomRecord};

@@ -36,6 +36,10 @@ pub struct RegionSummary {
     /// Its COW (write-protect) faults by what was copied; absent without any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cow_from: Option<CowFrom>,
+    /// An "other" row: how many regions below the folding threshold it sums
+    /// (`start`/`end` "0x0"); 0 for a region of its own.
+    #[serde(default, skip_serializing_if = "super::summary::is_zero")]
+    pub folded: u64,
 }
 
 /// COW faults (writes to a present, write-protected page) by what the kernel

@@ -1,12 +1,15 @@
-//! `summary.json`, version 1: the machine-readable record of a trace
+//! `summary.json`, version 2: the machine-readable record of a trace
 //! (../shared/spec/vmtrace-contract.md). Fields are added, never renamed.
+//! Version 2 (docs/summary-json.md) writes histograms sparse and folds the
+//! smallest processes and regions into "other" rows; version-1 files still
+//! read (`vmtrace report`).
 use serde::{Deserialize, Serialize};
 
 use super::{
     Drops, Faults, FileSummary, OomRecord, PerfSummary, RegionPlacement, RegionSummary, StacksSummary, Storm, Timeline,
 };
 
-pub const SUMMARY_VERSION: u32 = 1;
+pub const SUMMARY_VERSION: u32 = 2;
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Summary {
@@ -53,6 +56,9 @@ pub struct Summary {
     /// Call stacks of faults (`--stacks`), and the files drawn from them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stacks: Option<StacksSummary>,
+    /// What was folded into "other" rows (absent: every row is listed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub folding: Option<super::Folding>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -120,6 +126,18 @@ pub struct Process {
     /// (`--events regions`); absent without any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cow_from: Option<super::CowFrom>,
+    /// The "other" row (pid 0, comm "other"): how many processes below the
+    /// folding threshold it sums (0 for a process of its own).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub folded: u64,
+    /// Of the folded processes, how many had each name (the most common ones).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub folded_comms: std::collections::BTreeMap<String, u64>,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+pub(crate) fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -133,6 +151,21 @@ pub struct MmapCounts {
     pub brk: u64,
     /// `madvise` calls by advice name (non-zero ones).
     pub madvise_by_advice: std::collections::BTreeMap<String, u64>,
+}
+
+impl MmapCounts {
+    pub fn add(&mut self, o: &MmapCounts) {
+        self.mmap += o.mmap;
+        self.munmap += o.munmap;
+        self.munmap_bytes += o.munmap_bytes;
+        self.mremap += o.mremap;
+        self.madvise += o.madvise;
+        self.mprotect += o.mprotect;
+        self.brk += o.brk;
+        for (k, v) in &o.madvise_by_advice {
+            *self.madvise_by_advice.entry(k.clone()).or_default() += v;
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -149,6 +182,21 @@ pub struct TlbCounts {
     /// TLB-flush IPIs sent (one per target CPU), and during which syscall.
     pub ipis_sent: u64,
     pub ipis_by_call: std::collections::BTreeMap<String, u64>,
+}
+
+impl TlbCounts {
+    pub fn add(&mut self, o: &TlbCounts) {
+        self.remote_shootdown += o.remote_shootdown;
+        self.local_shootdown += o.local_shootdown;
+        self.local_mm_shootdown += o.local_mm_shootdown;
+        self.remote_ipi_send += o.remote_ipi_send;
+        self.task_switch += o.task_switch;
+        self.pages += o.pages;
+        self.ipis_sent += o.ipis_sent;
+        for (k, v) in &o.ipis_by_call {
+            *self.ipis_by_call.entry(k.clone()).or_default() += v;
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]

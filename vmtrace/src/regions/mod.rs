@@ -187,6 +187,7 @@ pub fn attribute<'a>(
                 // more pages than the region has.
                 pages_touched: a.pages_faulted_in().min((r.end - r.start) / 4096),
                 cow_from: cow_from(&r, &a, shares_after_fork.contains(&pid)),
+                folded: 0,
             }
         })
         .collect();

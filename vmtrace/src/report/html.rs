@@ -267,7 +267,7 @@ fn regions_section(s: &Summary) -> String {
                 r.pid.to_string(),
                 escape(comm(r.pid)),
                 format!("{:?}", r.kind).to_lowercase(),
-                bytes(r.size()),
+                if r.folded > 0 { format!("{} regions", r.folded) } else { bytes(r.size()) },
                 escape(&r.perms),
                 thousands(f.total),
                 thousands(f.major),

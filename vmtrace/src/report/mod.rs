@@ -70,6 +70,22 @@ impl Writer<'_> {
     }
 }
 
+/// How a recording's summary.json is bounded and laid out.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OutputOptions {
+    /// Processes and regions under this percentage of the faults and of the
+    /// time are folded into "other" rows (`model::fold`); 0 lists every row.
+    pub fold_below: f64,
+    /// Indented JSON instead of compact.
+    pub pretty: bool,
+}
+
+impl Default for OutputOptions {
+    fn default() -> Self {
+        Self { fold_below: 0.1, pretty: false }
+    }
+}
+
 /// The stacks behind a recording's flamegraphs.
 pub struct StackOutputs<'a> {
     /// Fault stacks, when stacks were taken.
@@ -85,8 +101,15 @@ pub struct StackOutputs<'a> {
 /// and the rest are still attempted: on a full disk the summary survives.
 /// `s.stacks.files` must already name the flamegraph files ([`flamegraph_files`]).
 pub fn write_recording(dir: &Path, s: &Summary, stacks: &StackOutputs) -> Vec<WriteFailure> {
+    write_recording_with(dir, s, stacks, &OutputOptions::default())
+}
+
+/// [`write_recording`], with summary.json laid out as `o` says.
+pub fn write_recording_with(dir: &Path, s: &Summary, stacks: &StackOutputs, o: &OutputOptions) -> Vec<WriteFailure> {
     let mut w = Writer { dir, failed: Vec::new() };
-    match serde_json::to_string_pretty(s) {
+    // Compact by default: indentation was 40% of a large file.
+    let json = if o.pretty { serde_json::to_string_pretty(s) } else { serde_json::to_string(s) };
+    match json {
         Ok(json) => w.text("summary.json", &(json + "\n")),
         Err(e) => w.failed.push(WriteFailure { file: "summary.json".into(), err: io::Error::other(e) }),
     }
@@ -275,6 +298,69 @@ mod tests {
         assert!(failed[0].to_string().starts_with("summary.txt: "), "{}", failed[0]);
         for f in ["summary.json", "regions.txt", "report.html"] {
             assert!(dir.path().join(f).is_file(), "{f} still written");
+        }
+    }
+
+    #[test]
+    fn folded_rows_read_as_such_and_regions_txt_stays_short() {
+        let mut s = crate::model::fold::tests::summary();
+        // Many more regions than regions.txt lists, none folded.
+        let many = s.clone();
+        let txt = text::render_regions(&many);
+        assert!(txt.lines().count() < text::REGIONS_TXT_ROWS + 10, "{} lines", txt.lines().count());
+        let more = many.regions.as_ref().unwrap().len() - text::REGIONS_TXT_ROWS;
+        assert!(txt.contains(&format!("({more} more regions)")), "{txt}");
+        assert!(text::render(&many).contains("Top regions by fault time (the first 500 in regions.txt)"));
+        crate::model::fold(&mut s, 0.1);
+        let summary = text::render(&s);
+        assert!(summary.contains("  other  481 processes"), "{summary}");
+        assert!(summary.contains("under the folding threshold: sed×321, bash×160"), "{summary}");
+        assert!(summary.contains("    all  501 processes"), "{summary}");
+        let regions = text::render_regions(&s);
+        assert!(regions.contains("(200 regions)"), "{regions}");
+        assert!(regions.contains("summed in \"(N regions)\" rows (--regions all lists each)"), "{regions}");
+    }
+
+    #[test]
+    fn summary_txt_lists_the_largest_storms_in_time_order() {
+        let mut s = crate::model::fold::tests::summary();
+        let storm = |i: u64| crate::model::Storm {
+            pid: 100,
+            comm: "trainer".into(),
+            start_s: i as f64,
+            end_s: i as f64 + 0.5,
+            peak_per_s: 5000,
+            shootdowns: 1000 + (i * 7) % 30,
+            top_stack: vec!["main".into(), "[munmap]".into()],
+            top_call: "munmap".into(),
+            top_share: 1.0,
+        };
+        s.storms = Some((0..30).map(storm).collect());
+        let txt = text::render(&s);
+        let starts: Vec<&str> =
+            txt.lines().filter_map(|l| l.strip_prefix("STORM ")).map(|l| l.split('-').next().unwrap_or("")).collect();
+        assert_eq!(starts.len(), 20, "{txt}");
+        assert!(txt.contains("(10 more storms in summary.json)"), "{txt}");
+        let t: Vec<f64> = starts.iter().map(|x| x.parse().unwrap()).collect();
+        assert!(t.windows(2).all(|w| w[0] < w[1]), "{t:?}");
+    }
+
+    #[test]
+    fn report_rebuilds_a_version_1_directory_and_writes_compact_json() {
+        let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+        let dir = tempfile::tempdir().unwrap();
+        fs::copy(golden.join("summary-v1.json"), dir.path().join("summary.json")).unwrap();
+        let s = rebuild(dir.path()).expect("vmtrace report reads version 1");
+        assert_eq!(s.version, 1);
+        assert_eq!(fs::read_to_string(dir.path().join("regions.txt")).unwrap(), text::render_regions(&s));
+        // Written again by this version: compact unless asked, either way the same summary.
+        let out = tempfile::tempdir().unwrap();
+        for pretty in [false, true] {
+            let o = OutputOptions { pretty, ..Default::default() };
+            assert!(write_recording_with(out.path(), &s, &StackOutputs { faults: None, mm_sites: None }, &o).is_empty());
+            let json = fs::read_to_string(out.path().join("summary.json")).unwrap();
+            assert_eq!(json.lines().count() > 1, pretty);
+            assert_eq!(serde_json::from_str::<Summary>(&json).unwrap(), s);
         }
     }
 }

@@ -57,6 +57,29 @@ fn histogram(out: &mut String, title: &str, h: &Hist) {
 }
 
 const MAX_ROWS: usize = 30;
+/// Shootdown storms listed in summary.txt.
+const MAX_STORMS: usize = 20;
+/// regions.txt lists this many rows at most: a table people read.
+pub const REGIONS_TXT_ROWS: usize = 500;
+
+/// The PID and COMM columns of a process row; the "other" row of folded
+/// processes says how many it sums.
+fn who(p: &crate::model::Process) -> (String, String) {
+    if p.folded > 0 {
+        ("other".into(), format!("{} processes", p.folded))
+    } else {
+        (p.pid.to_string(), p.comm.clone())
+    }
+}
+
+/// The folded processes' most common names, for the other row.
+fn folded_names(p: &crate::model::Process) -> String {
+    let mut names: Vec<(&String, &u64)> = p.folded_comms.iter().collect();
+    names.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    let shown: Vec<String> = names.iter().take(6).map(|(c, n)| format!("{c}×{n}")).collect();
+    let more = if names.len() > 6 { ", …" } else { "" };
+    format!("under the folding threshold: {}{more}", shown.join(", "))
+}
 
 pub fn render(s: &Summary) -> String {
     let mut out = String::new();
@@ -134,16 +157,19 @@ fn process_table(out: &mut String, s: &Summary) {
     );
     for p in procs.iter().take(MAX_ROWS) {
         let exit = match (&p.cmdline, shared(&p.comm)) {
+            _ if p.folded > 0 => folded_names(p),
             (Some(cmd), true) => format!("{:<14}  {}", exit_text(p.exit_code), super::words::short_cmdline(cmd, 60)),
             _ => exit_text(p.exit_code),
         };
-        row(out, &p.pid.to_string(), &p.comm, &p.faults, &exit);
+        let (pid, comm) = who(p);
+        row(out, &pid, &comm, &p.faults, &exit);
     }
     if procs.len() > MAX_ROWS {
         let _ = writeln!(out, "{:>7}  ({} more processes in summary.json)", "…", procs.len() - MAX_ROWS);
     }
     if procs.len() > 1 {
-        row(out, "all", &format!("{} processes", procs.len()), &s.totals, "");
+        let n: u64 = procs.iter().map(|p| p.folded.max(1)).sum();
+        row(out, "all", &format!("{n} processes"), &s.totals, "");
     }
     let mut cow = crate::model::CowFrom::default();
     for c in s.processes.iter().filter_map(|p| p.cow_from.as_ref()) {
@@ -338,11 +364,12 @@ fn tlb_section(out: &mut String, s: &Summary) {
             continue;
         }
         let during: Vec<String> = t.ipis_by_call.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let (pid, comm) = who(p);
         let _ = writeln!(
             out,
             "{:>7}  {:<16} {:>8} {:>8} {:>10} {:>8} {:>9} {:>9} {:>10} {:>10}  {}",
-            p.pid,
-            p.comm,
+            pid,
+            comm,
             m.mmap,
             m.munmap,
             format!("{} MiB", m.munmap_bytes >> 20),
@@ -359,7 +386,12 @@ fn tlb_section(out: &mut String, s: &Summary) {
         if storms.is_empty() {
             let _ = writeln!(out, "Shootdown storms: none");
         }
-        for st in storms {
+        // A long recording can have thousands: the largest, in time order.
+        let mut shown: Vec<&crate::model::Storm> = storms.iter().collect();
+        shown.sort_by_key(|st| std::cmp::Reverse(st.shootdowns));
+        shown.truncate(MAX_STORMS);
+        shown.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
+        for st in shown {
             let _ = writeln!(
                 out,
                 "STORM {:.2}-{:.2} s: pid {} {} sent {} TLB-flush IPIs, peak {}/s; {:.0}% from {} at {}",
@@ -379,6 +411,9 @@ fn tlb_section(out: &mut String, s: &Summary) {
                     let _ = writeln!(out, "      in Python: {py}");
                 }
             }
+        }
+        if storms.len() > MAX_STORMS {
+            let _ = writeln!(out, "{:>7}  ({} more storms in summary.json)", "…", storms.len() - MAX_STORMS);
         }
     }
 }
@@ -408,13 +443,19 @@ pub fn regions_table(out: &mut String, s: &Summary, limit: usize) {
     );
     for r in regions.iter().take(limit) {
         let f = &r.faults;
+        // An "other" row has no one range: it says how many rows it sums.
+        let (range, size) = if r.folded > 0 {
+            (format!("({} regions)", r.folded), "-".to_string())
+        } else {
+            (format!("{}-{}", r.start, r.end), bytes(r.size()))
+        };
         let _ = writeln!(
             out,
             "{:>7}  {:<14} {:<29} {:>9} {:<5} {:<7} {:>9} {:>8} {:>7} {:>7} {:>6} {:>9} {:>9} {:>9} {:>9}  {}",
             r.pid,
             comm(r.pid),
-            format!("{}-{}", r.start, r.end),
-            bytes(r.size()),
+            range,
+            size,
             r.perms,
             format!("{:?}", r.kind).to_lowercase(),
             f.total,
@@ -432,6 +473,13 @@ pub fn regions_table(out: &mut String, s: &Summary, limit: usize) {
     if regions.len() > limit {
         let _ = writeln!(out, "{:>7}  ({} more regions)", "…", regions.len() - limit);
     }
+    if let Some(f) = s.folding.as_ref().filter(|f| f.regions > 0) {
+        let _ = writeln!(
+            out,
+            "  {} regions under {}% of the faults and of the time are summed in \"(N regions)\" rows (--regions all lists each)",
+            f.regions, f.below_pct
+        );
+    }
     if let Some(p) = &s.region_placement {
         if p.approximate + p.unplaced > 0 {
             let _ = writeln!(
@@ -448,16 +496,21 @@ fn regions_section(out: &mut String, s: &Summary, limit: usize) {
     if regions.is_empty() {
         return;
     }
-    let _ = writeln!(out, "\nTop regions by fault time (all in regions.txt)");
+    let all = if regions.len() > REGIONS_TXT_ROWS {
+        format!("the first {REGIONS_TXT_ROWS} in regions.txt")
+    } else {
+        "all in regions.txt".to_string()
+    };
+    let _ = writeln!(out, "\nTop regions by fault time ({all})");
     regions_table(out, s, limit);
 }
 
-/// regions.txt: every region, by fault time.
+/// regions.txt: the regions by fault time, the first [`REGIONS_TXT_ROWS`].
 pub fn render_regions(s: &Summary) -> String {
     let mut out = String::from(
         "Faults per memory region, by time in the fault handler (p50/p99: upper bounds of 4× latency buckets; HUGE: faults served by a transparent huge page; FAULTED: pages faulted in, a huge page counting its 512, fault-around pages not)\n",
     );
-    regions_table(&mut out, s, usize::MAX);
+    regions_table(&mut out, s, REGIONS_TXT_ROWS);
     out
 }
 

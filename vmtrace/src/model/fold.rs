@@ -1,0 +1,250 @@
+//! Bounded summaries for long recordings: processes and regions below a
+//! share of the faults and of the fault time are folded into "other" rows
+//! that keep their counts, so every total still adds up (a process's
+//! regions to its faults, the processes to `totals`). A ten-minute `-a`
+//! recording has thousands of processes and ~10⁵ regions; almost all of
+//! them hold a sliver of the faults (docs/performance.md, "Output sizes").
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use super::{CowFrom, Faults, KernelAccounting, Process, RegionKind, RegionSummary, Summary};
+
+/// The pid of the row the folded processes add into.
+pub const OTHER_PID: u32 = 0;
+/// The heaviest processes (by faults, and by time) are always listed, so a
+/// short recording keeps every row.
+pub const KEEP_TOP_PROCESSES: usize = 20;
+/// The same for regions.
+pub const KEEP_TOP_REGIONS: usize = 100;
+/// The names counted in the "other" process row's `folded_comms`.
+const FOLDED_COMMS: usize = 20;
+
+/// summary.json `folding`: what the "other" rows hold.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Folding {
+    /// Rows under this percentage of all faults and of all fault time were
+    /// folded (`record --fold-below`).
+    pub below_pct: f64,
+    /// Processes summed in the `pid` 0 "other" row.
+    pub processes: u64,
+    /// Regions summed in "other" rows (`folded` > 0).
+    pub regions: u64,
+}
+
+/// Folds the small processes and regions of `s` (below `below_pct` percent
+/// of the faults and of the time). Never folds the target, a process named by
+/// a storm or an OOM kill, nor a lone row (folding one row saves nothing).
+/// `below_pct` 0 keeps every row.
+pub fn fold(s: &mut Summary, below_pct: f64) {
+    if below_pct <= 0.0 {
+        return;
+    }
+    let mut pinned: BTreeSet<u32> = s.target.pid.into_iter().collect();
+    pinned.extend(s.storms.iter().flatten().map(|st| st.pid));
+    pinned.extend(s.oom.iter().flatten().flat_map(|o| [o.victim_pid, o.trigger_pid]));
+    let folded_pids = fold_processes(&mut s.processes, below_pct, &pinned);
+    let mut folded_regions = 0;
+    if let Some(regions) = s.regions.as_mut() {
+        folded_regions = fold_regions(regions, below_pct, &folded_pids);
+    }
+    // The other row's own count: a refolded "other" row stands for many.
+    let processes = if folded_pids.is_empty() {
+        0
+    } else {
+        s.processes.iter().find(|p| p.pid == OTHER_PID).map_or(0, |p| p.folded)
+    };
+    if processes + folded_regions > 0 {
+        s.folding = Some(Folding { below_pct, processes, regions: folded_regions });
+    }
+}
+
+/// Whether `f` holds at least `pct` percent of the faults or of the time.
+/// A total of zero (`--latency-sample 0` leaves minor faults untimed) makes
+/// no row heavy by it.
+fn heavy(f: &Faults, total: u64, time_ns: u64, pct: f64) -> bool {
+    let share = |x: u64, of: u64| of > 0 && x as f64 * 100.0 >= of as f64 * pct;
+    share(f.total, total) || share(f.time_ns, time_ns)
+}
+
+/// Indices of the `n` heaviest rows by faults and the `n` by time.
+fn top(faults: &[&Faults], n: usize) -> BTreeSet<usize> {
+    let mut idx: Vec<usize> = (0..faults.len()).collect();
+    let mut keep = BTreeSet::new();
+    idx.sort_by_key(|&i| std::cmp::Reverse(faults[i].total));
+    keep.extend(idx.iter().take(n));
+    idx.sort_by_key(|&i| std::cmp::Reverse(faults[i].time_ns));
+    keep.extend(idx.iter().take(n));
+    keep
+}
+
+/// Replaces the small processes by one "other" row; returns their pids.
+fn fold_processes(procs: &mut Vec<Process>, pct: f64, pinned: &BTreeSet<u32>) -> BTreeSet<u32> {
+    let all: Vec<&Faults> = procs.iter().map(|p| &p.faults).collect();
+    let (total, time_ns) = (all.iter().map(|f| f.total).sum(), all.iter().map(|f| f.time_ns).sum());
+    let keep = top(&all, KEEP_TOP_PROCESSES);
+    let mut fold: BTreeSet<u32> = procs
+        .iter()
+        .enumerate()
+        .filter(|(i, p)| !keep.contains(i) && !pinned.contains(&p.pid) && !heavy(&p.faults, total, time_ns, pct))
+        .map(|(_, p)| p.pid)
+        .collect();
+    if fold.len() < 2 {
+        return BTreeSet::new();
+    }
+    // A real row with the other row's pid would make two rows of one pid.
+    if procs.iter().any(|p| p.pid == OTHER_PID) {
+        fold.insert(OTHER_PID);
+    }
+    let (folded, kept): (Vec<Process>, Vec<Process>) =
+        std::mem::take(procs).into_iter().partition(|p| fold.contains(&p.pid));
+    *procs = kept;
+    procs.push(other_process(&folded));
+    fold
+}
+
+/// The sum of `folded` as one row: counts add, identities are dropped.
+fn other_process(folded: &[Process]) -> Process {
+    let mut o = Process {
+        pid: OTHER_PID,
+        ppid: None,
+        comm: "other".into(),
+        cmdline: None,
+        exit_code: None,
+        faults: Faults::default(),
+        reclaim: super::Reclaim::default(),
+        mmap: None,
+        tlb: None,
+        kernel_accounting: folded
+            .iter()
+            .all(|p| p.kernel_accounting.is_some())
+            .then_some(KernelAccounting { minor: 0, major: 0 }),
+        cow_from: None,
+        folded: 0,
+        folded_comms: BTreeMap::new(),
+    };
+    let mut comms: HashMap<&str, u64> = HashMap::new();
+    let mut cow = CowFrom::default();
+    for p in folded {
+        o.faults.add(&p.faults);
+        o.reclaim.stalls += p.reclaim.stalls;
+        o.reclaim.time_ns += p.reclaim.time_ns;
+        if let Some(m) = &p.mmap {
+            o.mmap.get_or_insert_with(Default::default).add(m);
+        }
+        if let Some(t) = &p.tlb {
+            o.tlb.get_or_insert_with(Default::default).add(t);
+        }
+        if let (Some(sum), Some(k)) = (o.kernel_accounting.as_mut(), p.kernel_accounting) {
+            sum.minor += k.minor;
+            sum.major += k.major;
+        }
+        if let Some(c) = &p.cow_from {
+            cow.add(c);
+        }
+        // An "other" row folded again (a refold) carries its own count.
+        o.folded += p.folded.max(1);
+        *comms.entry(p.comm.as_str()).or_default() += p.folded.max(1);
+    }
+    o.cow_from = (cow.total() > 0).then_some(cow);
+    let mut by_count: Vec<(&str, u64)> = comms.into_iter().collect();
+    by_count.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    o.folded_comms = by_count.into_iter().take(FOLDED_COMMS).map(|(c, n)| (c.to_string(), n)).collect();
+    o
+}
+
+/// The "other" row a folded region adds into: per process, per kind, and per
+/// named kind of mapping (`[thread stack]`, `[malloc arena]`, `[heap]`…);
+/// the regions of folded processes into the other process's, per kind.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct GroupKey {
+    pid: u32,
+    kind: u8,
+    label: Option<String>,
+}
+
+/// Folds the small regions into "other" rows; returns how many it folded.
+fn fold_regions(regions: &mut Vec<RegionSummary>, pct: f64, folded_pids: &BTreeSet<u32>) -> u64 {
+    let all: Vec<&Faults> = regions.iter().map(|r| &r.faults).collect();
+    let (total, time_ns) = (all.iter().map(|f| f.total).sum(), all.iter().map(|f| f.time_ns).sum());
+    let keep = top(&all, KEEP_TOP_REGIONS);
+    let mut groups: BTreeMap<GroupKey, Vec<RegionSummary>> = BTreeMap::new();
+    let mut out = Vec::new();
+    for (i, r) in std::mem::take(regions).into_iter().enumerate() {
+        let key = if folded_pids.contains(&r.pid) {
+            GroupKey { pid: OTHER_PID, kind: r.kind as u8, label: None }
+        } else if keep.contains(&i) || heavy(&r.faults, total, time_ns, pct) {
+            out.push(r);
+            continue;
+        } else {
+            let label = r.path.clone().filter(|p| p.starts_with('['));
+            GroupKey { pid: r.pid, kind: r.kind as u8, label }
+        };
+        groups.entry(key).or_default().push(r);
+    }
+    let mut folded = 0;
+    for (key, mut rows) in groups {
+        // A lone region of a listed process stays as it is.
+        if rows.len() == 1 && key.pid != OTHER_PID {
+            out.append(&mut rows);
+            continue;
+        }
+        folded += rows.iter().map(|r| r.folded.max(1)).sum::<u64>();
+        out.push(other_region(key.pid, key.label, &rows));
+    }
+    // Back in the order of the table: by fault time, then faults.
+    out.sort_by(|x, y| y.faults.time_ns.cmp(&x.faults.time_ns).then(y.faults.total.cmp(&x.faults.total)));
+    *regions = out;
+    folded
+}
+
+fn other_region(pid: u32, label: Option<String>, rows: &[RegionSummary]) -> RegionSummary {
+    let mut faults = Faults::default();
+    let mut cow = CowFrom::default();
+    let (mut pages, mut n) = (0, 0);
+    for r in rows {
+        faults.add(&r.faults);
+        pages += r.pages_touched;
+        n += r.folded.max(1);
+        if let Some(c) = &r.cow_from {
+            cow.add(c);
+        }
+    }
+    RegionSummary {
+        pid,
+        start: "0x0".into(),
+        end: "0x0".into(),
+        perms: union_perms(rows.iter().map(|r| r.perms.as_str())),
+        kind: rows.first().map_or(RegionKind::Other, |r| r.kind),
+        path: label,
+        offset: 0,
+        faults,
+        pages_touched: pages,
+        cow_from: (cow.total() > 0).then_some(cow),
+        folded: n,
+    }
+}
+
+/// The permissions any of the rows had (`rw-p` and `r-xp` give `rwxp`); the
+/// last letter `p`/`s` when all agree, else `*`.
+fn union_perms<'a>(perms: impl Iterator<Item = &'a str>) -> String {
+    let mut out = *b"---?";
+    for p in perms {
+        for (i, c) in p.bytes().take(4).enumerate() {
+            if i < 3 && c != b'-' {
+                out[i] = c;
+            } else if i == 3 {
+                out[3] = match out[3] {
+                    b'?' => c,
+                    same if same == c => c,
+                    _ => b'*',
+                };
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+#[path = "fold_tests.rs"]
+pub(crate) mod tests;
