@@ -10,6 +10,7 @@
 pub mod cli;
 pub mod collect;
 pub mod demo;
+pub mod export;
 pub mod kernel;
 pub mod loader;
 pub mod model;

@@ -20,6 +20,7 @@ use crate::{
 };
 
 #[derive(Clone, Debug)]
+#[allow(clippy::struct_excessive_bools, reason = "independent switches of one recording")]
 pub struct RecordOptions {
     pub target: Target,
     pub out: PathBuf,
@@ -44,6 +45,8 @@ pub struct RecordOptions {
     pub print_summary: bool,
     /// How the programs are detached at the end.
     pub detach: Detach,
+    /// Write `trace.perfetto-trace` (majors streamed, the event log kept).
+    pub perfetto: bool,
 }
 
 /// `Parallel` (a thread per program: the detaches overlap) only when no child
@@ -147,6 +150,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
         stack_window: opts.stack_window,
         leaf_region: opts.leaf_region,
         end_on_tasks: !matches!(opts.target, Target::System),
+        stream_majors: opts.perfetto,
     })?;
     let mut session = Session::new(
         probes,
@@ -154,6 +158,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
             families,
             stacks: (opts.stacks != StackMode::None).then(|| (opts.stacks, opts.stack_period.max(1))),
             storm_threshold: opts.storm_threshold,
+            trace_log: opts.perfetto,
         },
     );
     install_stop_handlers();
@@ -177,7 +182,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
         Detach::AfterExit => detach_after_exit(),
         d => session.source_mut().detach_all(d == Detach::Parallel),
     }
-    let Finished { mut summary, stacks, mm_sites } = session.finish(info);
+    let Finished { mut summary, stacks, mm_sites, trace } = session.finish(info);
     summary.perf = perf;
     if let Some(st) = summary.stacks.as_mut() {
         st.files = report::flamegraph_files();
@@ -186,7 +191,10 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
         faults: summary.stacks.is_some().then_some(stacks.as_slice()),
         mm_sites: opts.has(EventFamily::Mmap).then_some(mm_sites.as_slice()),
     };
-    let write_failures = report::write_recording(&opts.out, &summary, &stack_outputs);
+    // Before report.html, which links it when it is there.
+    let trace_failure = trace.and_then(|log| write_perfetto(&opts.out, &summary, &log));
+    let mut write_failures = report::write_recording(&opts.out, &summary, &stack_outputs);
+    write_failures.extend(trace_failure);
     if opts.print_summary {
         let main_files = ["summary.json", "summary.txt", "report.html"];
         let ok: Vec<&str> = main_files.into_iter().filter(|f| write_failures.iter().all(|w| w.file != *f)).collect();
@@ -210,6 +218,21 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     };
     let exit_status = report_write_failures(&opts.out, &write_failures, command_status);
     Ok(RecordOutcome { summary, exit_status, write_failures })
+}
+
+/// `trace.perfetto-trace`; a partial file is removed (report.html links the file if it is there).
+fn write_perfetto(dir: &Path, summary: &Summary, log: &crate::model::trace::TraceLog) -> Option<report::WriteFailure> {
+    let file = crate::export::perfetto::FILE;
+    match crate::export::perfetto::write(dir, summary, log) {
+        Ok(st) => {
+            log::info!("{file}: {} packets, {} bytes in {} ms", st.packets, st.bytes, st.micros / 1000);
+            None
+        }
+        Err(err) => {
+            let _ = fs::remove_file(dir.join(file));
+            Some(report::WriteFailure { file: file.into(), err })
+        }
+    }
 }
 
 /// Leaves the detaching of every program to a child process that waits for

@@ -191,6 +191,7 @@ fn options(target: Target, out: PathBuf) -> RecordOptions {
         stream_interval: None,
         print_summary: false,
         detach: crate::record::Detach::Sequential,
+        perfetto: true,
     }
 }
 

@@ -504,6 +504,14 @@ pub fn render(s: &Summary, dir: &Path) -> String {
             escape(&cmd)
         );
     }
+    if dir.join(crate::export::perfetto::FILE).is_file() {
+        let f = crate::export::perfetto::FILE;
+        let _ = write!(
+            body,
+            "<p>Timeline: <a href=\"{f}\">{f}</a> (Perfetto trace: open it in ui.perfetto.dev, \
+             “Open trace file”; see the README).</p>"
+        );
+    }
     body.push_str(&recording_body(s, dir, ""));
     page(&format!("vmtrace: {target} ({:.2} s)", s.duration_s), &body)
 }

@@ -1,0 +1,2 @@
+//! Files other tools open: sinks of the model, like `report`.
+pub mod perfetto;
