@@ -10,7 +10,8 @@ use common::*;
 use prost::Message as _;
 use serde_json::Value;
 use vmtrace_protos::perfetto::{
-    debug_annotation, trace_packet::Data, track_descriptor::StaticOrDynamicName, track_event, Trace, TrackEvent,
+    debug_annotation, stack_sample, trace_packet::Data, track_descriptor::StaticOrDynamicName, track_event, Trace,
+    TrackEvent,
 };
 
 /// What a trace holds, by track.
@@ -24,6 +25,8 @@ struct Decoded {
     events: Vec<(u64, TrackEvent)>,
     /// CLOCK_MONOTONIC when the trace was written.
     written_mono_ns: u64,
+    /// Callstack samples: (timestamp, pid, tid, frames).
+    samples: Vec<(u64, u32, u32, usize)>,
 }
 
 fn decode(path: &std::path::Path) -> Decoded {
@@ -49,6 +52,16 @@ fn decode(path: &std::path::Path) -> Decoded {
             Some(Data::TrackEvent(e)) => {
                 assert_eq!(p.timestamp_clock_id, Some(3), "events on CLOCK_MONOTONIC");
                 d.events.push((p.timestamp.expect("timestamp"), e));
+            }
+            Some(Data::StackSample(s)) => {
+                let Some(stack_sample::TaskContextField::TaskContext(task)) = s.task_context_field else {
+                    panic!("a sample names its thread")
+                };
+                let Some(stack_sample::CallstackField::Callstack(stack)) = s.callstack_field else {
+                    panic!("a sample has its callstack inline")
+                };
+                let ts = p.timestamp.expect("timestamp");
+                d.samples.push((ts, task.pid.unwrap(), task.tid.unwrap(), stack.frames.len()));
             }
             _ => {}
         }
@@ -167,6 +180,18 @@ fn trace_matches_the_summary() {
     for m in &majors {
         assert!(d.threads.contains_key(&m.0), "a major fault's slice is on a thread track");
         assert!(m.2 >= uint_arg(m.3, "duration_ns").unwrap().max(1));
+    }
+
+    // The majors' stacks (every fault that slept takes one) as callstack
+    // samples on their threads, at the fault's start.
+    let with_stack: Vec<(u64, u64)> =
+        majors.iter().filter(|m| m.3.callstack_field.is_some()).map(|m| (m.1, d.threads[&m.0].1.into())).collect();
+    assert!(!with_stack.is_empty(), "majors have stacks with --stacks user");
+    assert_eq!(d.samples.len(), with_stack.len());
+    let with_stack: BTreeSet<(u64, u64)> = with_stack.into_iter().collect();
+    for (ts, pid, tid, frames) in &d.samples {
+        assert!(with_stack.contains(&(*ts, (*tid).into())), "sample at {ts} on {tid} is a major fault's");
+        assert!(d.threads.values().any(|t| *t == (*pid, *tid)) && *frames > 0);
     }
 
     // A slice per munmap that succeeded (every one here).

@@ -59,7 +59,7 @@ impl TraceRecorder {
             group_dead: ev.group_dead != 0,
             exit_code: ev.exit_code,
         };
-        TraceLog::push(&mut self.log.tasks, &mut self.log.dropped, mark);
+        TraceLog::push(&mut self.log.tasks, &mut self.log.dropped, mark, TraceLog::MAX_PER_KIND);
     }
 
     pub fn mm_change(&mut self, ev: &MmEvent) {
@@ -73,7 +73,7 @@ impl TraceRecorder {
             addr: ev.addr,
             len: ev.len,
         };
-        TraceLog::push(&mut self.log.mm_changes, &mut self.log.dropped, change);
+        TraceLog::push(&mut self.log.mm_changes, &mut self.log.dropped, change, TraceLog::MAX_PER_KIND);
     }
 
     pub fn major(&mut self, ev: &FaultMajorEvent) {
@@ -86,7 +86,7 @@ impl TraceRecorder {
             stack: Vec::new(),
         };
         let pending = PendingMajor { fault, user_stack: ev.user_stack };
-        TraceLog::push(&mut self.majors, &mut self.log.dropped, pending);
+        TraceLog::push(&mut self.majors, &mut self.log.dropped, pending, TraceLog::MAX_PER_KIND);
     }
 
     /// One interval ending at `now_ns`: each process's growth since the last.
@@ -104,7 +104,7 @@ impl TraceRecorder {
             let delta = grown(&before, &now);
             if delta != Cum::default() {
                 let point = CounterPoint { ts_ns, dur_ns, pid: p.pid, delta };
-                TraceLog::push(&mut self.log.counters, &mut self.log.dropped, point);
+                TraceLog::push(&mut self.log.counters, &mut self.log.dropped, point, TraceLog::MAX_COUNTERS);
             }
         }
         self.last_cpu.resize(received_per_cpu.len().max(self.last_cpu.len()), 0);
@@ -115,7 +115,7 @@ impl TraceRecorder {
             *last = now;
             if received > 0 {
                 let point = CpuPoint { ts_ns, dur_ns, cpu: cpu as u32, received };
-                TraceLog::push(&mut self.log.cpu_ipis, &mut self.log.dropped, point);
+                TraceLog::push(&mut self.log.cpu_ipis, &mut self.log.dropped, point, TraceLog::MAX_PER_KIND);
             }
         }
     }
@@ -128,7 +128,7 @@ impl TraceRecorder {
             let ts_ns = self.last_ts_ns.min(now_ns);
             let point =
                 CounterPoint { ts_ns, dur_ns: now_ns.saturating_sub(ts_ns).max(1), pid: final_counts.pid, delta };
-            TraceLog::push(&mut self.log.counters, &mut self.log.dropped, point);
+            TraceLog::push(&mut self.log.counters, &mut self.log.dropped, point, TraceLog::MAX_COUNTERS);
         }
     }
 }
@@ -256,7 +256,7 @@ mod tests {
         let mut list = Vec::new();
         let mut dropped = 0;
         for i in 0..TraceLog::MAX_PER_KIND + 3 {
-            TraceLog::push(&mut list, &mut dropped, i);
+            TraceLog::push(&mut list, &mut dropped, i, TraceLog::MAX_PER_KIND);
         }
         assert_eq!((list.len(), dropped), (TraceLog::MAX_PER_KIND, 3));
     }

@@ -93,13 +93,18 @@ pub struct TraceLog {
 }
 
 impl TraceLog {
-    /// Records kept per kind: ~100 bytes each, so at most ~100 MB in all
-    /// (a 10-minute `-a` recording here stays well under, see docs/performance.md).
+    /// Events kept per kind (tasks, majors, mapping changes, per-CPU
+    /// points): 50-80 bytes each in memory, ~100 in the trace. A busy `-a`
+    /// recording here streams ~200k mapping changes a minute: the first
+    /// 250k are kept (docs/performance.md).
     pub const MAX_PER_KIND: usize = 250_000;
+    /// Counter points kept (72 bytes each): one per process that moved per
+    /// 100 ms, ~20k a minute in that recording, so 10 minutes fit.
+    pub const MAX_COUNTERS: usize = 1_000_000;
 
-    /// Appends `item` unless its kind is full (then counts it dropped).
-    pub fn push<T>(list: &mut Vec<T>, dropped: &mut u64, item: T) {
-        if list.len() < Self::MAX_PER_KIND {
+    /// Appends `item` unless `list` holds `cap` already (then counts it dropped).
+    pub fn push<T>(list: &mut Vec<T>, dropped: &mut u64, item: T, cap: usize) {
+        if list.len() < cap {
             list.push(item);
         } else {
             *dropped += 1;

@@ -18,9 +18,9 @@ use std::{
 
 use prost::Message as _;
 use vmtrace_protos::perfetto::{
-    clock_snapshot::Clock, debug_annotation, trace_packet, track_descriptor, track_event, BuiltinClock, ClockSnapshot,
-    CounterDescriptor, DebugAnnotation, ProcessDescriptor, ThreadDescriptor, Trace, TracePacket, TrackDescriptor,
-    TrackEvent,
+    clock_snapshot::Clock, debug_annotation, inline_callstack, stack_sample, trace_packet, track_descriptor,
+    track_event, BuiltinClock, ClockSnapshot, CounterDescriptor, DebugAnnotation, InlineCallstack, ProcessDescriptor,
+    StackSample, ThreadDescriptor, Trace, TracePacket, TrackDescriptor, TrackEvent,
 };
 
 use crate::model::{trace::TraceLog, Summary};
@@ -135,6 +135,15 @@ impl<W: Write> Writer<W> {
         })
     }
 
+    pub fn stack_sample(&mut self, ts_ns: u64, sample: StackSample) -> io::Result<()> {
+        self.packet(TracePacket {
+            timestamp: Some(ts_ns),
+            timestamp_clock_id: Some(BuiltinClock::Monotonic as u32),
+            data: Some(trace_packet::Data::StackSample(sample)),
+            ..TracePacket::default()
+        })
+    }
+
     pub fn finish(mut self) -> io::Result<WriteStats> {
         self.out.flush()?;
         Ok(self.stats)
@@ -199,6 +208,52 @@ pub fn slice_begin(track: u64, name: &str, args: Vec<DebugAnnotation>) -> TrackE
 
 pub fn slice_end(track: u64) -> TrackEvent {
     event(track_event::Type::SliceEnd, track, None)
+}
+
+/// `frames` (outermost first) as a slice's own callstack (none when empty).
+pub fn with_callstack(mut e: TrackEvent, frames: &[String]) -> TrackEvent {
+    if frames.is_empty() {
+        return e;
+    }
+    let frames = frames
+        .iter()
+        .map(|f| track_event::inline_callstack::Frame { function_name: Some(f.clone()), ..Default::default() })
+        .collect();
+    e.callstack_field = Some(track_event::CallstackField::Callstack(track_event::InlineCallstack { frames }));
+    e
+}
+
+/// A callstack sample of one major fault on its thread (Perfetto's
+/// `StackSample`, v58+): the timebase is page faults (weight 1), the
+/// fault's time in the handler a follower in ns, so a flamegraph over an
+/// area weighs stacks by either.
+pub fn major_fault_sample(pid: u32, tid: u32, frames: &[String], dur_ns: u64) -> StackSample {
+    use stack_sample::counter_descriptor::UnitField;
+    let counter = |name: &str, unit: stack_sample::Unit| stack_sample::CounterDescriptor {
+        name: Some(name.to_string()),
+        unit_field: Some(UnitField::Unit(unit as i32)),
+        ..Default::default()
+    };
+    let frames = frames
+        .iter()
+        .map(|f| inline_callstack::Frame { function_name: Some(f.clone()), ..Default::default() })
+        .collect();
+    StackSample {
+        task_context_field: Some(stack_sample::TaskContextField::TaskContext(stack_sample::TaskContext {
+            pid: Some(pid),
+            tid: Some(tid),
+            ..Default::default()
+        })),
+        callstack_field: Some(stack_sample::CallstackField::Callstack(InlineCallstack { frames })),
+        primary_descriptor_field: Some(stack_sample::PrimaryDescriptorField::PrimaryDescriptor(counter(
+            "major faults",
+            stack_sample::Unit::PageFaults,
+        ))),
+        primary_weight: Some(1),
+        follower_descriptors: vec![counter("major fault time", stack_sample::Unit::Nanoseconds)],
+        follower_weights: vec![dur_ns],
+        ..Default::default()
+    }
 }
 
 pub fn instant(track: u64, name: &str, args: Vec<DebugAnnotation>) -> TrackEvent {

@@ -4,7 +4,10 @@ use std::{
     io::{self, Write},
 };
 
-use super::{arg, counter, instant, named_track, process_track, slice_begin, slice_end, thread_track, Arg, Writer};
+use super::{
+    arg, counter, instant, major_fault_sample, named_track, process_track, slice_begin, slice_end, thread_track,
+    with_callstack, Arg, Writer,
+};
 use crate::model::{
     trace::{CounterPoint, TaskKind, TraceLog},
     Cum, Summary,
@@ -57,6 +60,8 @@ struct Timed {
 
 enum What {
     Major(usize),
+    /// A major fault's stack as a callstack sample.
+    Sample(usize),
     Mm(usize),
     Storm(usize),
     End(u64),
@@ -93,6 +98,9 @@ pub fn render<W: Write>(w: &mut Writer<W>, summary: &Summary, log: &TraceLog) ->
     let mut timed = Vec::new();
     for (i, m) in log.majors.iter().enumerate() {
         timed.extend(Timed::slice(m.ts_ns, m.dur_ns, thread_uuid(m.tid), What::Major(i)));
+        if !m.stack.is_empty() {
+            timed.push(Timed::point(m.ts_ns, What::Sample(i)));
+        }
     }
     for (i, m) in log.mm_changes.iter().enumerate() {
         timed.extend(Timed::slice(m.ts_ns, m.dur_ns, thread_uuid(m.tid), What::Mm(i)));
@@ -118,11 +126,13 @@ pub fn render<W: Write>(w: &mut Writer<W>, summary: &Summary, log: &TraceLog) ->
         let e = match t.what {
             What::Major(i) => {
                 let m = &log.majors[i];
-                let mut args = vec![arg("address", Arg::Pointer(m.addr)), arg("duration_ns", Arg::Uint(m.dur_ns))];
-                if !m.stack.is_empty() {
-                    args.push(arg("stack", Arg::Strings(m.stack.clone())));
-                }
-                slice_begin(thread_uuid(m.tid), "major fault", args)
+                let args = vec![arg("address", Arg::Pointer(m.addr)), arg("duration_ns", Arg::Uint(m.dur_ns))];
+                with_callstack(slice_begin(thread_uuid(m.tid), "major fault", args), &m.stack)
+            }
+            What::Sample(i) => {
+                let m = &log.majors[i];
+                w.stack_sample(t.ts, major_fault_sample(m.tgid, m.tid, &m.stack, m.dur_ns))?;
+                continue;
             }
             What::Mm(i) => {
                 let m = &log.mm_changes[i];
@@ -138,7 +148,7 @@ pub fn render<W: Write>(w: &mut Writer<W>, summary: &Summary, log: &TraceLog) ->
                     arg("top_share", Arg::Float(s.top_share)),
                     arg("culprit_stack", Arg::Strings(s.top_stack.clone())),
                 ];
-                slice_begin(STORMS | u64::from(s.pid), "shootdown storm", args)
+                with_callstack(slice_begin(STORMS | u64::from(s.pid), "shootdown storm", args), &s.top_stack)
             }
             What::End(track) => slice_end(track),
             What::Task(i) => task_instant(log, i),

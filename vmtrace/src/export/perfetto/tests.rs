@@ -1,7 +1,7 @@
 use std::collections::HashMap;
 
 use prost::Message as _;
-use vmtrace_protos::perfetto::{debug_annotation, trace_packet::Data, track_event, Trace, TrackEvent};
+use vmtrace_protos::perfetto::{trace_packet::Data, track_event, Trace, TrackEvent};
 
 use super::{render, render::COUNTERS, Writer};
 use crate::model::{
@@ -131,11 +131,25 @@ fn tracks_slices_instants_and_counters() {
     assert_eq!(ends, 3);
     let (ts, major) = events.iter().find(|(_, e)| name(e) == "major fault").expect("major");
     assert_eq!(*ts, T0 + 20_000_000);
-    let stack = major
-        .debug_annotations
+    let Some(track_event::CallstackField::Callstack(stack)) = &major.callstack_field else {
+        panic!("the major fault's slice has its callstack")
+    };
+    assert_eq!(stack.frames.len(), 2);
+    let samples: Vec<_> = trace
+        .packet
         .iter()
-        .find(|a| matches!(&a.name_field, Some(debug_annotation::NameField::Name(n)) if n == "stack"));
-    assert_eq!(stack.map(|s| s.array_values.len()), Some(2));
+        .filter_map(|p| match &p.data {
+            Some(Data::StackSample(s)) => Some((p.timestamp, s)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(samples.len(), 1, "a callstack sample per major fault with a stack");
+    assert_eq!(samples[0].0, Some(T0 + 20_000_000));
+    assert!(matches!(
+        &samples[0].1.task_context_field,
+        Some(vmtrace_protos::perfetto::stack_sample::TaskContextField::TaskContext(c)) if c.tid == Some(13785)
+    ));
+    assert_eq!((samples[0].1.primary_weight, samples[0].1.follower_weights.as_slice()), (Some(1), &[2_000_000][..]));
     let (storm_ts, _) = events.iter().find(|(_, e)| name(e) == "shootdown storm").expect("storm");
     assert_eq!(*storm_ts, T0 + 100_000_000);
     let instants: Vec<&str> = events
