@@ -240,3 +240,18 @@ fn trace_matches_the_summary() {
     let err = String::from_utf8_lossy(&again.stderr);
     assert!(err.contains("only `record --perfetto` keeps") && err.contains("is there already"), "{err}");
 }
+
+/// No root needed: `report DIR --perfetto` on a recording without the trace
+/// fails and says why and what to do.
+#[test]
+fn report_perfetto_says_the_trace_needs_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/summary.json");
+    std::fs::copy(golden, dir.path().join("summary.json")).unwrap();
+    let out = vmtrace().arg("report").arg(dir.path()).arg("--perfetto").output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "a failure, not a crash");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("only `record --perfetto` keeps"), "{err}");
+    assert!(err.contains("hint: ") && err.contains("record again with --perfetto"), "{err}");
+    assert!(!dir.path().join("trace.perfetto-trace").exists());
+}
