@@ -50,37 +50,53 @@ pub fn cpu_uuid(cpu: u32) -> u64 {
 }
 
 /// One timed event, sorted before writing: at one instant slices end before
-/// others begin, outer slices begin first and inner ones end first.
+/// others begin, outer slices begin first and inner ones end first. 32
+/// bytes, one per packet: the index the writer sorts, the events themselves
+/// stay in the log.
 struct Timed {
     ts: u64,
-    rank: u8,
     tie: i64,
     what: What,
+    rank: u8,
 }
 
+/// An event by its index in the log (or the summary's storms and OOM kills).
+#[derive(Clone, Copy)]
 enum What {
-    Major(usize),
+    Major(u32),
     /// A major fault's stack as a callstack sample.
-    Sample(usize),
-    Mm(usize),
-    Storm(usize),
-    End(u64),
-    Task(usize),
-    Oom(usize),
-    Counter(u64, f64),
+    Sample(u32),
+    Mm(u32),
+    Storm(u32),
+    EndMajor(u32),
+    EndMm(u32),
+    EndStorm(u32),
+    Task(u32),
+    Oom(u32),
+    /// `COUNTERS[k]` of a counter point, or 0 where the next interval has none.
+    Counter {
+        point: u32,
+        k: u8,
+        zero: bool,
+    },
+    Cpu {
+        point: u32,
+        zero: bool,
+    },
 }
+const _: () = assert!(std::mem::size_of::<Timed>() == 32);
 
 const END: u8 = 0;
 const POINT: u8 = 1;
 const BEGIN: u8 = 2;
 
 impl Timed {
-    fn slice(ts: u64, dur: u64, track: u64, what: What) -> [Timed; 2] {
+    fn slice(ts: u64, dur: u64, begin: What, end: What) -> [Timed; 2] {
         // A slice of no length would end before it begins in this order.
-        let end = ts + dur.max(1);
+        let end_ts = ts + dur.max(1);
         [
-            Timed { ts, rank: BEGIN, tie: -(dur as i64), what },
-            Timed { ts: end, rank: END, tie: -(ts as i64), what: What::End(track) },
+            Timed { ts, rank: BEGIN, tie: -(dur as i64), what: begin },
+            Timed { ts: end_ts, rank: END, tie: -(ts as i64), what: end },
         ]
     }
 
@@ -95,52 +111,54 @@ pub fn render<W: Write>(w: &mut Writer<W>, summary: &Summary, log: &TraceLog) ->
     let storms = summary.storms.as_deref().unwrap_or_default();
     let ooms = summary.oom.as_deref().unwrap_or_default();
     tracks(w, summary, log)?;
+    // Indices fit in u32: the log holds at most `TraceLog::MAX_COUNTERS` of a kind.
     let mut timed = Vec::new();
-    for (i, m) in log.majors.iter().enumerate() {
-        timed.extend(Timed::slice(m.ts_ns, m.dur_ns, thread_uuid(m.tid), What::Major(i)));
+    for (i, m) in (0u32..).zip(&log.majors) {
+        timed.extend(Timed::slice(m.ts_ns, m.dur_ns, What::Major(i), What::EndMajor(i)));
         if !m.stack.is_empty() {
             timed.push(Timed::point(m.ts_ns, What::Sample(i)));
         }
     }
-    for (i, m) in log.mm_changes.iter().enumerate() {
-        timed.extend(Timed::slice(m.ts_ns, m.dur_ns, thread_uuid(m.tid), What::Mm(i)));
+    for (i, m) in (0u32..).zip(&log.mm_changes) {
+        timed.extend(Timed::slice(m.ts_ns, m.dur_ns, What::Mm(i), What::EndMm(i)));
     }
-    for (i, s) in storms.iter().enumerate() {
+    for (i, s) in (0u32..).zip(storms) {
         let (start, end) = (log.at(s.start_s), log.at(s.end_s));
-        timed.extend(Timed::slice(start, end.saturating_sub(start), STORMS | u64::from(s.pid), What::Storm(i)));
+        timed.extend(Timed::slice(start, end.saturating_sub(start), What::Storm(i), What::EndStorm(i)));
     }
-    for (i, t) in log.tasks.iter().enumerate() {
+    for (i, t) in (0u32..).zip(&log.tasks) {
         timed.push(Timed::point(t.ts_ns, What::Task(i)));
     }
-    for (i, o) in ooms.iter().enumerate() {
+    for (i, o) in (0u32..).zip(ooms) {
         timed.push(Timed::point(log.at(o.time_s), What::Oom(i)));
     }
     counter_points(&mut timed, &log.counters);
-    for p in &log.cpu_ipis {
-        timed.push(Timed::point(p.ts_ns, What::Counter(cpu_uuid(p.cpu), p.received as f64 * 1e9 / p.dur_ns as f64)));
+    for (point, p) in (0u32..).zip(&log.cpu_ipis) {
+        timed.push(Timed::point(p.ts_ns, What::Cpu { point, zero: false }));
         // Back to zero where the next interval has nothing.
-        timed.push(Timed { ts: p.ts_ns + p.dur_ns, rank: END, tie: 0, what: What::Counter(cpu_uuid(p.cpu), 0.0) });
+        timed.push(Timed { ts: p.ts_ns + p.dur_ns, rank: END, tie: 0, what: What::Cpu { point, zero: true } });
     }
-    timed.sort_by_key(|t| (t.ts, t.rank, t.tie));
+    timed.sort_unstable_by_key(|t| (t.ts, t.rank, t.tie));
     for t in timed {
+        let at = |i: u32| i as usize;
         let e = match t.what {
             What::Major(i) => {
-                let m = &log.majors[i];
+                let m = &log.majors[at(i)];
                 let args = vec![arg("address", Arg::Pointer(m.addr)), arg("duration_ns", Arg::Uint(m.dur_ns))];
                 with_callstack(slice_begin(thread_uuid(m.tid), "major fault", args), &m.stack)
             }
             What::Sample(i) => {
-                let m = &log.majors[i];
+                let m = &log.majors[at(i)];
                 w.stack_sample(t.ts, major_fault_sample(m.tgid, m.tid, &m.stack, m.dur_ns))?;
                 continue;
             }
             What::Mm(i) => {
-                let m = &log.mm_changes[i];
+                let m = &log.mm_changes[at(i)];
                 let args = vec![arg("address", Arg::Pointer(m.addr)), arg("length", Arg::Uint(m.len))];
                 slice_begin(thread_uuid(m.tid), m.call, args)
             }
             What::Storm(i) => {
-                let s = &storms[i];
+                let s = &storms[at(i)];
                 let args = vec![
                     arg("shootdowns", Arg::Uint(s.shootdowns)),
                     arg("peak_per_s", Arg::Uint(s.peak_per_s)),
@@ -150,10 +168,12 @@ pub fn render<W: Write>(w: &mut Writer<W>, summary: &Summary, log: &TraceLog) ->
                 ];
                 with_callstack(slice_begin(STORMS | u64::from(s.pid), "shootdown storm", args), &s.top_stack)
             }
-            What::End(track) => slice_end(track),
-            What::Task(i) => task_instant(log, i),
+            What::EndMajor(i) => slice_end(thread_uuid(log.majors[at(i)].tid)),
+            What::EndMm(i) => slice_end(thread_uuid(log.mm_changes[at(i)].tid)),
+            What::EndStorm(i) => slice_end(STORMS | u64::from(storms[at(i)].pid)),
+            What::Task(i) => task_instant(log, at(i)),
             What::Oom(i) => {
-                let o = &ooms[i];
+                let o = &ooms[at(i)];
                 let args = vec![
                     arg("victim_pid", Arg::Uint(u64::from(o.victim_pid))),
                     arg("victim_comm", Arg::Str(o.victim_comm.clone())),
@@ -163,7 +183,17 @@ pub fn render<W: Write>(w: &mut Writer<W>, summary: &Summary, log: &TraceLog) ->
                 ];
                 instant(process_uuid(o.victim_pid), "OOM kill", args)
             }
-            What::Counter(track, v) => counter(track, v),
+            What::Counter { point, k, zero } => {
+                let p = &log.counters[at(point)];
+                let (_, _, value) = COUNTERS[usize::from(k)];
+                let per_s = if zero { 0.0 } else { value(&p.delta) * 1e9 / p.dur_ns.max(1) as f64 };
+                counter(counter_uuid(p.pid, usize::from(k)), per_s)
+            }
+            What::Cpu { point, zero } => {
+                let p = &log.cpu_ipis[at(point)];
+                let per_s = if zero { 0.0 } else { p.received as f64 * 1e9 / p.dur_ns.max(1) as f64 };
+                counter(cpu_uuid(p.cpu), per_s)
+            }
         };
         w.event(t.ts, e)?;
     }
@@ -190,23 +220,24 @@ fn task_instant(log: &TraceLog, i: usize) -> vmtrace_protos::perfetto::TrackEven
 /// interval's start, back to zero where the next interval had nothing, so
 /// the integral of each counter is the process's total.
 fn counter_points(timed: &mut Vec<Timed>, points: &[CounterPoint]) {
-    let mut by_pid: BTreeMap<u32, Vec<&CounterPoint>> = BTreeMap::new();
-    for p in points {
-        by_pid.entry(p.pid).or_default().push(p);
+    let mut by_pid: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for (i, p) in (0u32..).zip(points) {
+        by_pid.entry(p.pid).or_default().push(i);
     }
-    for (pid, mut ps) in by_pid {
-        ps.sort_by_key(|p| p.ts_ns);
-        for (k, (_, _, value)) in COUNTERS.iter().enumerate() {
-            if ps.iter().all(|p| value(&p.delta) == 0.0) {
+    let at = |i: u32| &points[i as usize];
+    for ps in by_pid.into_values() {
+        let mut ps = ps;
+        ps.sort_by_key(|&i| at(i).ts_ns);
+        for (k, (_, _, value)) in (0u8..).zip(COUNTERS.iter()) {
+            if ps.iter().all(|&i| value(&at(i).delta) == 0.0) {
                 continue;
             }
-            let track = counter_uuid(pid, k);
-            for (i, p) in ps.iter().enumerate() {
-                let per_s = value(&p.delta) * 1e9 / p.dur_ns.max(1) as f64;
-                timed.push(Timed::point(p.ts_ns, What::Counter(track, per_s)));
+            for (j, &point) in ps.iter().enumerate() {
+                let p = at(point);
+                timed.push(Timed::point(p.ts_ns, What::Counter { point, k, zero: false }));
                 let end = p.ts_ns + p.dur_ns.max(1);
-                if ps.get(i + 1).is_none_or(|n| n.ts_ns > end) {
-                    timed.push(Timed { ts: end, rank: END, tie: 0, what: What::Counter(track, 0.0) });
+                if ps.get(j + 1).is_none_or(|&n| at(n).ts_ns > end) {
+                    timed.push(Timed { ts: end, rank: END, tie: 0, what: What::Counter { point, k, zero: true } });
                 }
             }
         }
