@@ -394,6 +394,7 @@ pub enum EventKind {
     MmMapChange = 200,
     OomMarkVictim = 400,
     StackSample = 500,
+    PyStackStored = 501,
 }
 
 impl EventKind {
@@ -407,6 +408,7 @@ impl EventKind {
             200 => Some(Self::MmMapChange),
             400 => Some(Self::OomMarkVictim),
             500 => Some(Self::StackSample),
+            501 => Some(Self::PyStackStored),
             _ => None,
         }
     }
@@ -426,6 +428,18 @@ pub struct EventHeader {
 const _: () = assert!(core::mem::size_of::<EventHeader>() == 16);
 
 pub const COMM_LEN: usize = 16;
+
+/// A user stack with Python frames was stored under `id` in the user stack
+/// map: userspace reads its code objects at once, while `tgid` lives (a
+/// script that faults just before it exits left them unread).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PyStackEvent {
+    pub hdr: EventHeader,
+    pub id: u32,
+    pub tgid: u32,
+}
+const _: () = assert!(core::mem::size_of::<PyStackEvent>() == 24);
 
 /// Process life-cycle event (fork, exec, exit). Fields a kind does not use are zero.
 #[repr(C)]
@@ -879,6 +893,7 @@ mod pod {
     unsafe impl aya::Pod for super::FaultMajorEvent {}
     unsafe impl aya::Pod for super::EventHeader {}
     unsafe impl aya::Pod for super::TaskEvent {}
+    unsafe impl aya::Pod for super::PyStackEvent {}
     unsafe impl aya::Pod for super::OomEvent {}
     unsafe impl aya::Pod for super::StackSampleHead {}
     unsafe impl aya::Pod for super::KernelOffsets {}

@@ -20,12 +20,15 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray, StackTrace},
     programs::tracing::StackIdContext,
 };
-use vmtrace_common::{UserStack, OWN_STACK_ID, STACK_ID_LOST, USER_STACK_DEPTH, USER_WALK_WINDOWS};
+use vmtrace_common::{
+    EventHeader, EventKind, PyStackEvent, UserStack, OWN_STACK_ID, STACK_ID_LOST, USER_STACK_DEPTH, USER_WALK_WINDOWS,
+};
 
 use crate::{
     globals::config,
     inflight::{set_walking, FAULT_SLOT},
     samples::send_sample,
+    shared::{EVENTS, WAKE_NOW},
 };
 
 /// Call stacks (user and kernel) of sampled faults, by id.
@@ -269,6 +272,23 @@ pub fn mix(mut h: u64) -> u64 {
 /// collision; the full hash in the value tells stacks apart. Ids have bit 30
 /// set, so they never equal an id of `STACKS` (< its 16,384 entries), where
 /// the kernel's walker puts the stacks of 32-bit tasks.
+/// Tells userspace a stack with Python frames is new. Lost when the ring is
+/// full: then the map scan userspace makes every 100 ms finds it.
+#[inline(always)]
+fn announce_python(id: u32, tgid: u32) {
+    let ev = PyStackEvent {
+        hdr: EventHeader {
+            kind: EventKind::PyStackStored as u32,
+            size: core::mem::size_of::<PyStackEvent>() as u32,
+            // SAFETY: no preconditions.
+            ts_ns: unsafe { generated::bpf_ktime_get_ns() },
+        },
+        id,
+        tgid,
+    };
+    let _ = EVENTS.output::<PyStackEvent>(&ev, WAKE_NOW);
+}
+
 #[inline(always)]
 fn store(s: &UserStack) -> i32 {
     let base = (s.hash >> 34) as u32;
@@ -282,6 +302,9 @@ fn store(s: &UserStack) -> i32 {
             continue;
         }
         if USER_STACKS.insert(id, s, u64::from(BPF_NOEXIST)).is_ok() {
+            if s.py_nr > 0 {
+                announce_python(id, s.py_tgid);
+            }
             return id as i32;
         }
         // Taken meanwhile on another CPU (same stack or not), or the map is full.

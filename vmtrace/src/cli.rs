@@ -94,6 +94,7 @@ pub enum EventFamily {
 
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("target").required(true).args(["pid", "all", "command"])))]
+#[allow(clippy::struct_excessive_bools, reason = "command-line switches")]
 pub struct RecordArgs {
     /// Output directory.
     #[arg(short, long, default_value = "vmtrace-out")]
@@ -123,6 +124,14 @@ pub struct RecordArgs {
     /// 0 = frame pointers only. A copy costs a few µs, on sampled events only.
     #[arg(long, default_value_t = 16, value_parser = parse_stack_window)]
     pub stack_window: u32,
+    /// Leave Python frames out of stacks: native frames only, and no walk of
+    /// the interpreter's frames at each stack taken (to measure its cost).
+    #[arg(long)]
+    pub no_python_frames: bool,
+    /// Count each program's runs and time in them (the kernel's BPF run-time
+    /// statistics, on while recording): `program_stats` in summary.json.
+    #[arg(long)]
+    pub probe_stats: bool,
     /// Extra leaf frame in flamegraphs: `region` adds the faulting memory
     /// region (file, heap, anon, stack…), so one picture shows code → mapping.
     #[arg(long, value_enum, default_value = "none")]

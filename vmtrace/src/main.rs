@@ -48,6 +48,8 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 stacks: a.stacks,
                 stack_period: a.stack_sample,
                 stack_window: a.stack_window,
+                python_frames: !a.no_python_frames,
+                probe_stats: a.probe_stats,
                 leaf_region: a.leaf == Leaf::Region,
                 storm_threshold: a.storm_threshold,
                 stream_interval: a.stream.map(|_| a.interval),

@@ -35,6 +35,10 @@ pub struct RecordOptions {
     pub stack_period: u32,
     /// Bytes of user stack copied for userspace unwinding (0: frame pointers only).
     pub stack_window: u32,
+    /// Walk Python frames at each stack taken.
+    pub python_frames: bool,
+    /// Count each program's runs and run time (`program_stats`).
+    pub probe_stats: bool,
     /// Add the faulting memory region as the flamegraphs' leaf frame.
     pub leaf_region: bool,
     /// TLB-flush IPIs per second above which a process is in a shootdown storm.
@@ -158,9 +162,12 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
             families,
             stacks: (opts.stacks != StackMode::None).then(|| (opts.stacks, opts.stack_period.max(1))),
             storm_threshold: opts.storm_threshold,
+            python_frames: opts.python_frames,
             trace_log: opts.perfetto,
         },
     );
+    // The kernel counts programs' run time while this is held.
+    let _stats = opts.probe_stats.then(crate::loader::enable_run_stats).transpose()?;
     install_stop_handlers();
     let (mut info, child, mut perf) = start_target(&mut session, &opts.target, opts.has(EventFamily::Perf), None)?;
     session.start_clock();
@@ -177,6 +184,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     // One moment for everything: stop counting, then read the kernel's own
     // counters (processes may go on faulting while the reports are built).
     session.source_mut().stop_counting();
+    let program_stats = opts.probe_stats.then(|| session.source().program_stats());
     let perf = perf.map(PerfProbe::finish);
     match opts.detach {
         Detach::AfterExit => detach_after_exit(),
@@ -184,6 +192,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     }
     let Finished { mut summary, stacks, mm_sites, trace } = session.finish(info);
     summary.perf = perf;
+    summary.program_stats = program_stats;
     if let Some(st) = summary.stacks.as_mut() {
         st.files = report::flamegraph_files();
     }

@@ -4,31 +4,7 @@
 //! with its callers' lines beneath.
 mod common;
 
-use std::path::PathBuf;
-
 use common::*;
-
-/// Share of the folded weight whose line passes `pred`.
-fn share_where(folded: &str, pred: impl Fn(&str) -> bool) -> f64 {
-    let weight = |l: &str| l.rsplit_once(' ').and_then(|(_, w)| w.parse::<u64>().ok()).unwrap_or(0);
-    let total: u64 = folded.lines().map(weight).sum();
-    let hit: u64 = folded.lines().filter(|l| pred(l)).map(weight).sum();
-    hit as f64 / total.max(1) as f64
-}
-
-/// pyenv's Python `minor` (3.x), or `None` when it is not installed.
-fn pyenv_python(minor: u32) -> Option<PathBuf> {
-    let root = std::env::var("PYENV_ROOT").unwrap_or_else(|_| "/root/.pyenv".into());
-    let dir = std::fs::read_dir(format!("{root}/versions")).ok()?;
-    let mut found: Vec<PathBuf> = dir
-        .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&format!("3.{minor}.")))
-        .map(|e| e.path().join(format!("bin/python3.{minor}")))
-        .filter(|p| p.exists())
-        .collect();
-    found.sort();
-    found.pop()
-}
 
 /// Line 5 takes the faults; `main` calls it at line 10, the module `main` at 14.
 const FILL: &str = "\
@@ -77,10 +53,7 @@ fn record_fill(minor: u32) -> Option<(Run, String)> {
 }
 
 fn record_script(minor: u32, text: &str) -> Option<(Run, String)> {
-    let Some(python) = pyenv_python(minor) else {
-        eprintln!("SKIPPED: pyenv has no Python 3.{minor}");
-        return None;
-    };
+    let python = pyenv_python(minor)?;
     let dir = disk_dir();
     let script = dir.path().join("fill.py");
     std::fs::write(&script, text).unwrap();
@@ -96,10 +69,10 @@ fn record_script(minor: u32, text: &str) -> Option<(Run, String)> {
 
 fn fill_buffers_is_named(minor: u32) {
     let Some((_run, f)) = record_fill(minor) else { return };
-    let named = share_where(&f, |l| l.contains(CHAIN));
+    let named = folded_share(&f, |l| l.contains(CHAIN));
     assert!(named >= 0.9, "3.{minor}: {:.1}% of fault weight under {CHAIN}:\n{f}", named * 100.0);
     // Python frames replace the evaluation loop's, not add to them.
-    let doubled = share_where(&f, |l| l.contains("fill_buffers (") && l.contains("_PyEval_EvalFrameDefault;"));
+    let doubled = folded_share(&f, |l| l.contains("fill_buffers (") && l.contains("_PyEval_EvalFrameDefault;"));
     assert!(doubled < 0.05, "3.{minor}: evaluation-loop frames left among Python ones:\n{f}");
 }
 
@@ -127,10 +100,10 @@ fn python_3_13_faults_are_named_by_line() {
 fn threads_and_workers_are_named(minor: u32) {
     let Some((run, f)) = record_script(minor, SPREAD) else { return };
     let inner = "main (fill.py:10);fill_buffers (fill.py:5)";
-    let named = share_where(&f, |l| l.contains(inner));
+    let named = folded_share(&f, |l| l.contains(inner));
     assert!(named >= 0.85, "3.{minor}: {:.1}% of fault weight under {inner}:\n{f}", named * 100.0);
-    let thread = share_where(&f, |l| l.contains("Thread.run (threading.py:") && l.contains(inner));
-    let workers = share_where(&f, |l| l.contains("Process._bootstrap (process.py:") && l.contains(inner));
+    let thread = folded_share(&f, |l| l.contains("Thread.run (threading.py:") && l.contains(inner));
+    let workers = folded_share(&f, |l| l.contains("Process._bootstrap (process.py:") && l.contains(inner));
     assert!(thread >= 0.2, "3.{minor}: {:.1}% under the thread's frames:\n{f}", thread * 100.0);
     assert!(workers >= 0.4, "3.{minor}: {:.1}% under the workers' frames:\n{f}", workers * 100.0);
     let st = &run.summary["stacks"];
@@ -173,37 +146,8 @@ fn python_3_12_spawned_workers_are_named() {
     let text = SPREAD.replace("mp.get_context('fork')", "mp.get_context('spawn')");
     let Some((_run, f)) = record_script(12, &text) else { return };
     let inner = "main (fill.py:10);fill_buffers (fill.py:5)";
-    let workers = share_where(&f, |l| l.contains("Process._bootstrap (process.py:") && l.contains(inner));
+    let workers = folded_share(&f, |l| l.contains("Process._bootstrap (process.py:") && l.contains(inner));
     // A spawned worker first imports its modules again: those faults (their
     // share varies with timing, 37–60% here) are under the import machinery.
     assert!(workers >= 0.25, "{:.1}% under the spawned workers' frames:\n{f}", workers * 100.0);
-}
-
-/// numpy temporaries freed in two threads (`MALLOC_MMAP_THRESHOLD_`: every
-/// free unmaps): the storm's culprit names the Python function that makes them.
-#[test]
-fn numpy_munmap_storm_is_blamed_on_the_python_function() {
-    privileged!();
-    let python = python_with(&["numpy"]);
-    let dir = disk_dir();
-    let script = dir.path().join("temps.py");
-    let text = "import threading, numpy as np\n\
-                def work():\n    for _ in range(4000):\n        a = np.ones(40000)\n        b = a * 2.0\n        del a, b\n\
-                ts = [threading.Thread(target=work) for _ in range(2)]\n\
-                [t.start() for t in ts]\n[t.join() for t in ts]\n";
-    std::fs::write(&script, text).unwrap();
-    let threshold = (200 / scale()).to_string();
-    let run = record(
-        &["--storm-threshold", &threshold],
-        &["env", "MALLOC_MMAP_THRESHOLD_=131072", python.to_str().unwrap(), script.to_str().unwrap()],
-    );
-    assert_eq!(run.code(), Some(0), "{}", run.stderr());
-    let storms = run.summary["storms"].as_array().expect("storms");
-    assert!(!storms.is_empty(), "no storm: {}", run.summary["processes"]);
-    for s in storms {
-        let stack: Vec<&str> = s["top_stack"].as_array().unwrap().iter().filter_map(|f| f.as_str()).collect();
-        assert!(stack.iter().any(|f| f.starts_with("work (temps.py:")), "culprit names the Python function: {stack:?}");
-    }
-    let text = std::fs::read_to_string(run.out.path().join("summary.txt")).unwrap_or_default();
-    assert!(text.contains("work (temps.py:"), "the storm line names it: {text}");
 }

@@ -153,3 +153,26 @@ fn classic_tracepoint_fallback_counts_the_same() {
     assert_eq!(run.summary["processes"].as_array().unwrap().len(), 1, "{:#}", run.summary["processes"]);
     assert_close("faults of all threads", u(&run.process(r.pid)["faults"]["total"]), r.minflt, 1.0);
 }
+
+/// `--probe-stats`: the kernel's run counts of the fault programs, in
+/// summary.json, at least one run per fault the workload took.
+#[test]
+fn probe_stats_count_a_run_per_fault() {
+    privileged!();
+    let run = record(&["--probe-stats"], &strs(&workload(&["touch", "--mib", "16"])));
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let r = run.report("first-touch");
+    let stats = run.summary["program_stats"].as_array().expect("program_stats with --probe-stats");
+    let user_fault: u64 = stats
+        .iter()
+        .filter(|p| p["program"].as_str().is_some_and(|n| n.contains("page_fault_user")))
+        .map(|p| u(&p["runs"]))
+        .sum();
+    assert!(
+        user_fault >= r.minflt + r.majflt,
+        "user-fault program runs {user_fault} < the workload's faults: {stats:?}"
+    );
+    assert!(stats.iter().all(|p| u(&p["run_time_ns"]) > 0), "{stats:?}");
+    let plain = record(&[], &strs(&workload(&["touch", "--mib", "1"])));
+    assert!(plain.summary.get("program_stats").is_none(), "only with --probe-stats");
+}

@@ -7,7 +7,8 @@ use std::{
 };
 
 use vmtrace_common::{
-    EventHeader, EventKind, FaultMajorEvent, FaultStats, Merge, MmEvent, MmStackKey, MmStats, OomEvent, TaskEvent,
+    EventHeader, EventKind, FaultMajorEvent, FaultStats, Merge, MmEvent, MmStackKey, MmStats, OomEvent, PyStackEvent,
+    TaskEvent,
 };
 
 use super::{
@@ -48,6 +49,8 @@ pub struct SessionOptions {
     pub stacks: Option<(StackMode, u32)>,
     /// TLB-flush IPIs per second above which a process is in a storm.
     pub storm_threshold: f64,
+    /// Python frames are walked in the stacks taken (`--no-python-frames`).
+    pub python_frames: bool,
     /// Keep the event log of the Perfetto trace (`model::trace`).
     pub trace_log: bool,
 }
@@ -55,7 +58,7 @@ pub struct SessionOptions {
 impl SessionOptions {
     /// No stacks, and no storm ever.
     pub fn new(families: Families) -> Self {
-        Self { families, stacks: None, storm_threshold: f64::MAX, trace_log: false }
+        Self { families, stacks: None, storm_threshold: f64::MAX, python_frames: true, trace_log: false }
     }
 }
 
@@ -108,6 +111,8 @@ struct Batch {
     exited: Vec<u32>,
     born: Vec<u32>,
     ooms: Vec<OomEvent>,
+    /// User stacks with Python frames, new in the map.
+    py_stored: Vec<u32>,
     malformed: u64,
 }
 
@@ -161,6 +166,10 @@ impl Batch {
                 None => self.malformed += 1,
             },
             Some(EventKind::StackSample) => native.add(bytes, table),
+            Some(EventKind::PyStackStored) => match read_event::<PyStackEvent>(bytes) {
+                Some(ev) => self.py_stored.push(ev.id),
+                None => self.malformed += 1,
+            },
             None => self.malformed += 1,
         }
     }
@@ -316,7 +325,7 @@ impl<S: AggregateSource> Session<S> {
     /// Whether any user stack is symbolized: fault stacks, or the call sites
     /// of mmap-family calls and shootdowns (`top`'s banners take those).
     fn wants_python(&self) -> bool {
-        self.opts.stacks.is_some() || self.opts.families.mmap || self.opts.families.tlb
+        self.opts.python_frames && (self.opts.stacks.is_some() || self.opts.families.mmap || self.opts.families.tlb)
     }
 
     /// The last timeline point and storm window (at the end of the trace).
@@ -398,6 +407,9 @@ impl<S: AggregateSource> Session<S> {
         self.malformed_events += batch.malformed + (self.native.malformed - malformed_samples);
         for ev in &batch.ooms {
             self.on_oom(ev, now);
+        }
+        if !batch.py_stored.is_empty() {
+            self.python.read_stored(now, &batch.py_stored, &mut self.source);
         }
         let mut born = batch.born;
         // A thread the fallback fork hook reported, and whose exit came in the

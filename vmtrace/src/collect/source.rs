@@ -63,6 +63,11 @@ pub trait AggregateSource {
     fn new_python_stacks(&mut self) -> Vec<crate::python::PyStack> {
         Vec::new()
     }
+    /// Python frames of the user stacks `ids`, announced stored by the
+    /// programs (not returned by `new_python_stacks` again).
+    fn stored_python_stacks(&mut self, _ids: &[u32]) -> Vec<crate::python::PyStack> {
+        Vec::new()
+    }
     /// The Python frames of user stack `id`.
     fn python_stack(&self, _id: i32) -> Option<crate::python::PyStack> {
         None
@@ -186,6 +191,10 @@ impl AggregateSource for Probes {
 
     fn new_python_stacks(&mut self) -> Vec<crate::python::PyStack> {
         Probes::new_python_stacks(self)
+    }
+
+    fn stored_python_stacks(&mut self, ids: &[u32]) -> Vec<crate::python::PyStack> {
+        Probes::stored_python_stacks(self, ids)
     }
 
     fn python_stack(&self, id: i32) -> Option<crate::python::PyStack> {

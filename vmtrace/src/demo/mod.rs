@@ -186,6 +186,8 @@ fn options(target: Target, out: PathBuf) -> RecordOptions {
         stacks: StackMode::User,
         stack_period: 16,
         stack_window: vmtrace_common::STACK_WINDOW_DEFAULT,
+        python_frames: true,
+        probe_stats: false,
         leaf_region: true,
         storm_threshold: 1000.0,
         stream_interval: None,

@@ -199,6 +199,21 @@ impl Probes {
         out
     }
 
+    /// The Python frames of the stacks `ids` (the programs announced them).
+    pub fn stored_python_stacks(&mut self, ids: &[u32]) -> Vec<crate::python::PyStack> {
+        let Some(map) = self.maps.user_stacks.as_ref() else { return Vec::new() };
+        let mut out = Vec::new();
+        for &id in ids {
+            if !self.maps.py_seen.insert(id) {
+                continue;
+            }
+            if let Some(p) = map.get(&id, 0).ok().as_ref().and_then(py_stack) {
+                out.push(p);
+            }
+        }
+        out
+    }
+
     /// The Python frames stored with user stack `id`.
     pub fn python_stack(&self, id: i32) -> Option<crate::python::PyStack> {
         let id = u32::try_from(id).ok().filter(|id| id & vmtrace_common::OWN_STACK_ID != 0)?;

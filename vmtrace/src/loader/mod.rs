@@ -41,6 +41,14 @@ pub enum LoadError {
     Cpus(std::io::Error),
     #[error("hook {0} has no candidate program")]
     EmptyHook(&'static str),
+    #[error("cannot turn on the kernel's BPF run-time statistics: {0}\nhint: --probe-stats needs CAP_SYS_ADMIN and kernel 5.8+")]
+    Stats(String),
+}
+
+/// Has the kernel count every program's runs and run time while the
+/// returned fd is open (`BPF_ENABLE_STATS`; the sysctl stays as it was).
+pub fn enable_run_stats() -> Result<std::os::fd::OwnedFd, LoadError> {
+    aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|e| LoadError::Stats(e.to_string()))
 }
 
 #[allow(clippy::struct_excessive_bools, reason = "independent switches of one load")]
@@ -122,6 +130,26 @@ pub struct Probes {
 }
 
 impl Probes {
+    /// Runs and run time of each program that ran (counted only while
+    /// [`enable_run_stats`] is held).
+    pub fn program_stats(&self) -> Vec<crate::model::ProgramStats> {
+        let mut v: Vec<_> = self
+            .ebpf
+            .programs()
+            .filter_map(|(name, p)| {
+                let info = p.info().ok()?;
+                let runs = info.run_count();
+                (runs > 0).then(|| crate::model::ProgramStats {
+                    program: name.to_string(),
+                    runs,
+                    run_time_ns: info.run_time().as_nanos() as u64,
+                })
+            })
+            .collect();
+        v.sort_by_key(|p| std::cmp::Reverse(p.run_time_ns));
+        v
+    }
+
     pub fn load(opts: &LoadOptions) -> Result<Self, LoadError> {
         let btf::BtfFacts { offsets, fault_bits, tp_btf, user_walk, pgfault } = btf::btf_facts()?;
         let user_walk = user_walk_mode(user_walk && !opts.force_tracepoints);

@@ -24,7 +24,7 @@ pub use perf::{PerfSummary, RegionSamples};
 pub use regions::{CowFrom, FileSummary, RegionKind, RegionPlacement, RegionSummary, TensorSummary};
 pub use stacks::{MmSite, StacksSummary, BROKEN_CHAIN};
 pub use summary::{
-    KernelAccounting, MmapCounts, ProbeInfo, Process, Reclaim, Sampling, Summary, TargetInfo, TlbCounts,
+    KernelAccounting, MmapCounts, ProbeInfo, Process, ProgramStats, Reclaim, Sampling, Summary, TargetInfo, TlbCounts,
     SUMMARY_VERSION,
 };
 pub use timeline::{Storm, Timeline};

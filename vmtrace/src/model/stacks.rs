@@ -30,6 +30,9 @@ pub struct StacksSummary {
     /// (`_start`, `clone3`/`start_thread`).
     #[serde(default)]
     pub reached_root: u64,
+    /// `reached_root` as a share (%) of the sampled faults with a user stack.
+    #[serde(default)]
+    pub reached_root_pct: f64,
     /// Sampled faults whose user stack was cut, by why: `window_exhausted`
     /// (deeper than `--stack-window`), `jit_code` / `no_unwind_info` / `vdso`
     /// (code without unwind information), `left_code`, `unmapped_code`,
@@ -48,6 +51,9 @@ pub struct StacksSummary {
     /// Sampled faults whose user stack has Python frames.
     #[serde(default)]
     pub python_faults: u64,
+    /// `python_faults` as a share (%) of the sampled faults with a user stack.
+    #[serde(default)]
+    pub python_pct: f64,
     /// Pythons seen whose version vmtrace has no structure offsets for:
     /// their stacks are native only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

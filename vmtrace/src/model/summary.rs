@@ -24,6 +24,9 @@ pub struct Summary {
     pub drops: Drops,
     /// Which program type each hook used on this kernel.
     pub probes: Vec<ProbeInfo>,
+    /// Each program's runs and run time, busiest first (`--probe-stats`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub program_stats: Option<Vec<ProgramStats>>,
     pub kernel: String,
     pub vmtrace_version: String,
     /// Hardware TLB counters and the kernel's software fault counters (`--events perf`).
@@ -72,6 +75,14 @@ pub struct Sampling {
     pub minor_latency_period: u32,
     /// True when `time_ns` is scaled up from a sample, or lacks minor time.
     pub time_estimated: bool,
+}
+
+/// One program's runs and time in it (`--probe-stats`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ProgramStats {
+    pub program: String,
+    pub runs: u64,
+    pub run_time_ns: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

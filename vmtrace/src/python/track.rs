@@ -104,12 +104,25 @@ impl Tracker {
         }
     }
 
+    /// Reads the code objects of stacks the programs announced as stored, at
+    /// once: the process may exit within milliseconds of its last fault.
+    pub fn read_stored(&mut self, now: Instant, ids: &[u32], source: &mut impl AggregateSource) {
+        let stacks = source.stored_python_stacks(ids);
+        self.resolve(now, stacks.into_iter().map(|s| (now, s)));
+    }
+
     /// Reads the code objects of the stacks stored since the last call.
     fn read_codes(&mut self, now: Instant, source: &mut impl AggregateSource) {
         if !self.codes.any() {
             return;
         }
         let fresh = source.new_python_stacks().into_iter().map(|s| (now, s));
+        self.resolve(now, fresh);
+    }
+
+    /// Reads the code objects of `fresh` stacks and of those pending, or
+    /// keeps them pending while their process is not registered yet.
+    fn resolve(&mut self, now: Instant, fresh: impl Iterator<Item = (Instant, crate::python::PyStack)>) {
         let all: Vec<_> = std::mem::take(&mut self.pending).into_iter().chain(fresh).collect();
         for (since, s) in all {
             if self.codes.has_layout(s.tgid) {

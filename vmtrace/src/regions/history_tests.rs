@@ -1,5 +1,6 @@
 use super::*;
 use crate::regions::place::{place, ProcessInput};
+use crate::{model::RegionKind, regions::replay::*};
 use vmtrace_common::{GranuleCounts, GranuleKey, REGION_GRANULE_SHIFT};
 
 const MIB: u64 = 1 << 20;

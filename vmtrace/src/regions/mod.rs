@@ -6,6 +6,7 @@
 //! safetensors checkpoint.
 pub mod history;
 mod place;
+pub mod replay;
 pub mod safetensors;
 
 use std::collections::BTreeMap;

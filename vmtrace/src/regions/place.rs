@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use vmtrace_common::{GranuleCounts, GranuleKey, GEN_UNKNOWN, GRANULE_PAGES, REGION_GRANULE_SHIFT};
 
 use super::{
-    history::{self, History, Placed, Replay},
+    history::{self, History},
+    replay::{self, Placed, Replay},
     Acc,
 };
 use crate::{model::RegionKind, procmaps::Region};
@@ -218,7 +219,7 @@ pub fn place(
         let region = match row {
             RowRef::Replay(i) => {
                 let r = &replay.rows[i];
-                let (kind, path) = history::label(r);
+                let (kind, path) = replay::label(r);
                 Region { kind, path, ..r.region.clone() }
             }
             RowRef::Final(i) => input.final_maps[i].clone(),

@@ -160,6 +160,16 @@ pub fn broken_pct(stacks: &[Stack]) -> f64 {
     pct_of_faults(stacks, |s| !s.user.is_empty(), |s| s.user_cut)
 }
 
+/// Share of user stacks (by faults) unwound up to a thread root.
+pub fn reached_root_pct(stacks: &[Stack]) -> f64 {
+    pct_of_faults(stacks, |s| !s.user.is_empty() || s.user_missing, |s| s.unwound == Some(None))
+}
+
+/// Share of user stacks (by faults) with at least one Python frame.
+pub fn python_pct(stacks: &[Stack]) -> f64 {
+    pct_of_faults(stacks, |s| !s.user.is_empty() || s.user_missing, |s| s.python)
+}
+
 /// Of the stacks that pass `counted`, the share (in %, by faults) that pass `hit`.
 fn pct_of_faults(stacks: &[Stack], counted: impl Fn(&Stack) -> bool, hit: impl Fn(&Stack) -> bool) -> f64 {
     let (mut hits, mut all) = (0u64, 0u64);

@@ -318,7 +318,13 @@ pub fn run(opts: &TopOptions) -> Result<i32, TopError> {
     })?;
     let mut session = Session::new(
         probes,
-        SessionOptions { families, stacks: None, storm_threshold: opts.storm_threshold, trace_log: false },
+        SessionOptions {
+            families,
+            stacks: None,
+            storm_threshold: opts.storm_threshold,
+            python_frames: true,
+            trace_log: false,
+        },
     );
     install_stop_handlers();
     let log = match &opts.target {

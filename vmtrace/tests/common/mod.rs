@@ -253,27 +253,66 @@ pub fn hist_quantile(h: &Value, q: f64) -> u64 {
     u64::MAX
 }
 
-/// A Python interpreter with `packages` importable: `python3` itself when it
-/// has them, else a virtualenv made from it under the target directory (kept
-/// between runs) with the packages installed from the registry. Panics with
-/// the fix when that fails: a test that needs them never skips silently.
+/// Share of a folded file's weight whose line passes `pred`.
+pub fn folded_share(folded: &str, pred: impl Fn(&str) -> bool) -> f64 {
+    let weight = |l: &str| l.rsplit_once(' ').and_then(|(_, w)| w.parse::<u64>().ok()).unwrap_or(0);
+    let total: u64 = folded.lines().map(weight).sum();
+    let hit: u64 = folded.lines().filter(|l| pred(l)).map(weight).sum();
+    hit as f64 / total.max(1) as f64
+}
+
+/// pyenv's Python `minor` (3.x). Missing, the test fails, unless
+/// `VMTRACE_SKIP_MISSING_PYTHON=1` lets it skip (`None`) and say so.
+pub fn pyenv_python(minor: u32) -> Option<std::path::PathBuf> {
+    let root = std::env::var("PYENV_ROOT").unwrap_or_else(|_| "/root/.pyenv".into());
+    let mut found: Vec<std::path::PathBuf> = std::fs::read_dir(format!("{root}/versions"))
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&format!("3.{minor}.")))
+        .map(|e| e.path().join(format!("bin/python3.{minor}")))
+        .filter(|p| p.exists())
+        .collect();
+    found.sort();
+    if found.is_empty() {
+        let why = format!("pyenv has no Python 3.{minor} under {root}/versions");
+        assert!(
+            std::env::var("VMTRACE_SKIP_MISSING_PYTHON").as_deref() == Ok("1"),
+            "{why}: `pyenv install 3.{minor}`, or set VMTRACE_SKIP_MISSING_PYTHON=1 to skip explicitly"
+        );
+        eprintln!("SKIPPED: {why} (VMTRACE_SKIP_MISSING_PYTHON=1)");
+    }
+    found.pop()
+}
+
+/// A python with `packages` importable: `python3` itself when it has them,
+/// else a virtualenv made from it under the target dir (cached across runs).
 pub fn python_with(packages: &[&str]) -> std::path::PathBuf {
-    let imports = packages.iter().map(|p| format!("import {p}")).collect::<Vec<_>>().join("; ");
-    let has = |python: &std::path::Path| {
-        Command::new(python).args(["-c", &imports]).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
-    };
     // The interpreter itself, not a launcher script (pyenv shims are bash).
     let out = Command::new("python3").args(["-c", "import sys; print(sys.executable)"]).output();
     let system = std::path::PathBuf::from(
         String::from_utf8(out.expect("python3 is needed for this test").stdout).unwrap().trim().to_string(),
     );
-    if has(&system) {
-        return system;
+    python_from(&system, packages)
+}
+
+/// `base` when it imports `packages`, else a virtualenv made from it under
+/// the target dir (cached across runs) with them installed from the registry.
+/// Panics with the fix when that fails: a test that needs them never skips
+/// silently.
+pub fn python_from(base: &std::path::Path, packages: &[&str]) -> std::path::PathBuf {
+    let imports = packages.iter().map(|p| format!("import {p}")).collect::<Vec<_>>().join("; ");
+    let has = |python: &std::path::Path| {
+        Command::new(python).args(["-c", &imports]).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+    };
+    if has(base) {
+        return base.to_path_buf();
     }
-    let venv = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("venv-{}", packages.join("-")));
+    let version = base.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let venv = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("venv-{version}-{}", packages.join("-")));
     let python = venv.join("bin/python");
     if !has(&python) {
-        let ok = Command::new(&system).args(["-m", "venv"]).arg(&venv).status().is_ok_and(|s| s.success())
+        let ok = Command::new(base).args(["-m", "venv", "--clear"]).arg(&venv).status().is_ok_and(|s| s.success())
             && Command::new(&python)
                 .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
                 .args(packages)
@@ -281,8 +320,9 @@ pub fn python_with(packages: &[&str]) -> std::path::PathBuf {
                 .is_ok_and(|s| s.success());
         assert!(
             ok && has(&python),
-            "cannot install {packages:?} into {}: pip install them for python3",
-            venv.display()
+            "cannot install {packages:?} into {}: pip install them for {}",
+            venv.display(),
+            base.display()
         );
     }
     python

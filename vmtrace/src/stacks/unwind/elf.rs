@@ -1,6 +1,5 @@
-//! The unwind sections of one ELF object, read once and shared by every
-//! process that maps it. Only the sections are copied (never the whole
-//! file): `.eh_frame_hdr` + `.eh_frame` as compilers emit them for every
+//! The unwind sections of one ELF object, mapped once and shared by every
+//! process that maps it: `.eh_frame_hdr` + `.eh_frame` as compilers emit them for every
 //! function, `.debug_frame` where `.eh_frame` is missing (from the object or
 //! its build-id debug file).
 //!
@@ -9,7 +8,7 @@
 //! information, so it helps naming frames, not finding them.
 use std::{fs::File, ops::Range, path::Path, sync::Arc};
 
-use object::{Object, ObjectSection, ObjectSegment, ReadCache};
+use object::{Object, ObjectSection, ObjectSegment};
 
 /// Why an object's unwind sections could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -20,9 +19,51 @@ pub enum LoadError {
     Parse(#[from] object::Error),
 }
 
-/// Section bytes as framehop reads them (`Deref<Target = [u8]>`), shared
-/// between the modules built for each process.
-pub type Bytes = Arc<[u8]>;
+/// Section bytes as framehop reads them (`Deref<Target = [u8]>`): a range of
+/// the object's file, mapped read-only and shared between the modules built
+/// for each process. Mapped, not copied: only the pages an unwind touches are
+/// resident, and the kernel may drop them again (a compiler's `.eh_frame` is
+/// tens of MB, of which a few pages are read).
+#[derive(Clone)]
+pub struct Bytes {
+    file: Arc<memmap2::Mmap>,
+    range: Range<usize>,
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.file[self.range.clone()]
+    }
+}
+
+impl std::fmt::Debug for Bytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Bytes({:?})", self.range)
+    }
+}
+
+/// Maps `file` read-only.
+fn map(file: &File) -> std::io::Result<Arc<memmap2::Mmap>> {
+    // SAFETY: the map is read-only and private to vmtrace. An object is
+    // replaced by a new file on upgrade (a new inode, a new cache entry);
+    // one truncated in place while mapped would fault on access, as it would
+    // for the processes running it.
+    Ok(Arc::new(unsafe { memmap2::Mmap::map(file) }?))
+}
+
+/// The bytes of an uncompressed, non-empty section of the object in `file`.
+fn section_bytes(file: &Arc<memmap2::Mmap>, s: &object::Section<'_, '_>) -> Option<Bytes> {
+    let c = s.compressed_file_range().ok()?;
+    if c.format != object::CompressionFormat::None || c.compressed_size == 0 {
+        // Compressed `.debug_frame` (some debug files) is not read: the
+        // object crate is built without decompression.
+        return None;
+    }
+    let start = usize::try_from(c.offset).ok()?;
+    let end = start.checked_add(usize::try_from(c.compressed_size).ok()?)?;
+    (end <= file.len()).then(|| Bytes { file: file.clone(), range: start..end })
+}
 
 /// One section: its address as stated in the object (SVMA) and its bytes.
 #[derive(Clone, Debug)]
@@ -49,7 +90,7 @@ impl ObjectInfo {
         self.eh_frame.is_some() || self.debug_frame.is_some()
     }
 
-    /// Bytes held by the copied sections.
+    /// Bytes of the mapped sections (address space; resident only as read).
     pub fn bytes(&self) -> usize {
         let sec = |s: &Option<Section>| s.as_ref().map_or(0, |s| s.data.len());
         sec(&self.eh_frame) + sec(&self.eh_frame_hdr) + self.debug_frame.as_ref().map_or(0, |d| d.len())
@@ -68,21 +109,19 @@ impl ObjectInfo {
     }
 
     pub fn load(path: &Path) -> Result<Self, LoadError> {
-        let file = File::open(path)?;
-        let cache = ReadCache::new(file);
-        let obj = object::File::parse(&cache)?;
-        let mut info = Self::from_object(&obj);
+        let file = map(&File::open(path)?)?;
+        let obj = object::File::parse(&**file)?;
+        let mut info = Self::from_object(&file, &obj);
         if !info.has_cfi() {
             info.debug_frame = separate_debug_frame(&obj);
         }
         Ok(info)
     }
 
-    fn from_object<'d>(obj: &object::File<'d, &'d ReadCache<File>>) -> Self {
+    fn from_object(file: &Arc<memmap2::Mmap>, obj: &object::File<'_>) -> Self {
         let section = |name: &str| {
             let s = obj.section_by_name(name)?;
-            let data = s.data().ok()?;
-            (!data.is_empty()).then(|| Section { svma: s.address()..s.address() + s.size(), data: Bytes::from(data) })
+            Some(Section { svma: s.address()..s.address() + s.size(), data: section_bytes(file, &s)? })
         };
         let svma = |name: &str| obj.section_by_name(name).map(|s| s.address()..s.address() + s.size());
         let loads = obj
@@ -105,7 +144,7 @@ impl ObjectInfo {
 
 /// `.debug_frame` of the object's debug file under `/usr/lib/debug/.build-id`,
 /// where distributions install it (e.g. Debian's `-dbgsym` packages).
-fn separate_debug_frame<'d>(obj: &object::File<'d, &'d ReadCache<File>>) -> Option<Bytes> {
+fn separate_debug_frame(obj: &object::File<'_>) -> Option<Bytes> {
     let id = obj.build_id().ok()??;
     let (first, rest) = id.split_first()?;
     let hex = rest.iter().fold(String::new(), |mut s, b| {
@@ -114,9 +153,7 @@ fn separate_debug_frame<'d>(obj: &object::File<'d, &'d ReadCache<File>>) -> Opti
         s
     });
     let path = format!("/usr/lib/debug/.build-id/{first:02x}/{hex}.debug");
-    let file = File::open(path).ok()?;
-    let cache = ReadCache::new(file);
-    let dbg = object::File::parse(&cache).ok()?;
-    let data = dbg.section_by_name(".debug_frame")?.data().ok()?;
-    (!data.is_empty()).then(|| Bytes::from(data))
+    let file = map(&File::open(path).ok()?).ok()?;
+    let dbg = object::File::parse(&**file).ok()?;
+    section_bytes(&file, &dbg.section_by_name(".debug_frame")?)
 }

@@ -312,7 +312,12 @@ fn module(name: &str, avma: std::ops::Range<u64>, bias: u64, info: &ObjectInfo) 
         eh_frame_hdr_svma: info.eh_frame_hdr.as_ref().map(|s| s.svma.clone()),
         eh_frame_hdr: info.eh_frame_hdr.as_ref().map(|s| s.data.clone()),
         debug_frame: info.debug_frame.clone(),
-        ..Default::default()
+        text: None,
+        stubs_svma: None,
+        stub_helper_svma: None,
+        unwind_info: None,
+        text_segment_svma: None,
+        text_segment: None,
     };
     Module::new(name.to_string(), avma, bias, sections)
 }

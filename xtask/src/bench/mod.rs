@@ -14,6 +14,9 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
+mod python;
+use python::{python_variants, PY_ROUNDS};
+
 #[derive(clap::Args)]
 pub struct BenchArgs {
     /// Interleaved rounds per variant.
@@ -50,6 +53,9 @@ enum Tracer {
     /// `perf record -e page-faults -c 1 --call-graph dwarf`: a copied user
     /// stack (8 KiB) on every fault, the peer of vmtrace's copied stacks.
     PerfDwarf,
+    /// The same around a Python started with `-X perf`, so that perf can
+    /// name its functions: the peer of vmtrace's Python frames.
+    PerfDwarfXPerf,
 }
 
 struct Variant {
@@ -68,6 +74,8 @@ struct Scenario {
     what: String,
     /// Workload arguments after `vmtrace workload`.
     workload: Vec<String>,
+    /// A command of its own instead (it prints the same report line).
+    command: Option<Vec<String>>,
     /// Tracers run system-wide (`-a`) while two copies of the workload run.
     system: bool,
     /// The nearest bpftrace one-liner.
@@ -148,14 +156,15 @@ fn variants(breakdown: bool) -> Vec<Variant> {
     v
 }
 
-fn scenarios(args: &BenchArgs, file: &Path) -> Vec<Scenario> {
+fn scenarios(args: &BenchArgs, file: &Path, python: Option<Vec<String>>) -> Vec<Scenario> {
     let f = file.display().to_string();
     let s = |v: &[&str]| v.iter().map(ToString::to_string).collect::<Vec<_>>();
-    vec![
+    let mut all = vec![
         Scenario {
             name: "first touch",
             what: format!("first touch of {} MiB of anonymous memory (4 KiB pages, MADV_NOHUGEPAGE)", args.mib),
             workload: s(&["touch", "--mib", &args.mib.to_string()]),
+            command: None,
             system: false,
             bpftrace: FAULTS_BT,
             unit: "fault",
@@ -165,6 +174,7 @@ fn scenarios(args: &BenchArgs, file: &Path) -> Vec<Scenario> {
             name: "mmap checkpoint, warm",
             what: "a 256 MiB file in the page cache, mapped and read one byte per page".into(),
             workload: s(&["file-read", &f]),
+            command: None,
             system: false,
             bpftrace: FILE_BT,
             unit: "page",
@@ -174,6 +184,7 @@ fn scenarios(args: &BenchArgs, file: &Path) -> Vec<Scenario> {
             name: "mmap checkpoint, cold",
             what: "the same file evicted first (outside the timed loop): each page from disk, with readahead".into(),
             workload: s(&["file-read", &f, "--cold"]),
+            command: None,
             system: false,
             bpftrace: FILE_BT,
             unit: "page",
@@ -183,6 +194,7 @@ fn scenarios(args: &BenchArgs, file: &Path) -> Vec<Scenario> {
             name: "munmap churn, 2 threads",
             what: "20,000 × (mmap 64 KiB, touch, munmap) on CPU 0 while a second thread spins on CPU 1: every munmap sends a shootdown IPI".into(),
             workload: s(&["churn", "--threads", "2", "--iterations", "20000"]),
+            command: None,
             system: false,
             bpftrace: CHURN_BT,
             unit: "iteration",
@@ -192,12 +204,30 @@ fn scenarios(args: &BenchArgs, file: &Path) -> Vec<Scenario> {
             name: "system-wide, 2 processes",
             what: "tracers system-wide (`-a`) while two processes each first-touch 256 MiB at once".into(),
             workload: s(&["touch", "--mib", "256"]),
+            command: None,
             system: true,
             bpftrace: FAULTS_BT,
             unit: "fault",
             variants: variants(false),
         },
-    ]
+    ];
+    if let Some(cmd) = python {
+        all.push(Scenario {
+            name: "python",
+            what: format!(
+                "pyenv's CPython (no frame pointers) filling 4 MiB bytearrays in a function, {} rounds of 40: `{}`",
+                PY_ROUNDS,
+                cmd.join(" ")
+            ),
+            workload: Vec::new(),
+            command: Some(cmd),
+            system: false,
+            bpftrace: FAULTS_BT,
+            unit: "fault",
+            variants: python_variants(),
+        });
+    }
+    all
 }
 
 struct Env {
@@ -225,11 +255,16 @@ impl Env {
             }
             Tracer::Bpftrace => s(&["bpftrace", "-q", "-e", bt]),
             Tracer::PerfTrace => s(&["perf", "trace", "-F", "all", "--no-syscalls", "-o", "/dev/null"]),
-            Tracer::PerfDwarf => {
+            Tracer::PerfDwarf | Tracer::PerfDwarfXPerf => {
                 let data = self.out.join("perf.data").display().to_string();
                 s(&["perf", "record", "-q", "-o", &data, "-e", "page-faults", "-c", "1", "--call-graph", "dwarf"])
             }
         };
+        if let (Tracer::PerfDwarfXPerf, Some((python, rest))) = (t, argv.split_first()) {
+            v.extend(["--".to_string(), python.clone(), "-X".into(), "perf".into()]);
+            v.extend_from_slice(rest);
+            return v;
+        }
         match (t, argv.is_empty()) {
             (_, true) => v.push("-a".into()),
             (Tracer::Bpftrace, false) => v.extend(["-c".to_string(), argv.join(" ")]),
@@ -340,7 +375,8 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     if !Command::new(&make[0]).args(&make[1..]).stdout(Stdio::null()).status()?.success() {
         bail!("cannot write {}", file.display());
     }
-    let mut scs: Vec<Scenario> = scenarios(args, &file)
+    let py = python::command(&dir)?;
+    let mut scs: Vec<Scenario> = scenarios(args, &file, Some(py))
         .into_iter()
         .filter(|s| args.only.as_deref().is_none_or(|o| s.name.contains(o)))
         .collect();
@@ -353,7 +389,8 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
                 let per = if sc.system {
                     run_system(&env, &v.tracer, sc.bpftrace, &sc.workload)?
                 } else {
-                    run_wrapped(&env.tracer_argv(&v.tracer, sc.bpftrace, &env.workload(&sc.workload)))?
+                    let argv = sc.command.clone().unwrap_or_else(|| env.workload(&sc.workload));
+                    run_wrapped(&env.tracer_argv(&v.tracer, sc.bpftrace, &argv))?
                 };
                 v.samples.push(per);
                 if let (Tracer::Vmtrace(_), false) = (&v.tracer, sc.system) {
@@ -363,7 +400,10 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
         }
         eprintln!("xtask: bench round {}/{} done", round + 1, args.rounds);
     }
-    let text = render(&scs, args);
+    let mut text = render(&scs, args);
+    if let Some(sc) = scs.iter().find(|s| s.name == "python") {
+        text.push_str(&python::walk_cost(&env, sc.command.as_deref().unwrap_or_default())?);
+    }
     print!("{text}");
     if !args.no_write {
         write_doc(root, &text, "<!-- bench -->", "<!-- end of bench -->")?;
