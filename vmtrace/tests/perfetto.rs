@@ -255,3 +255,41 @@ fn report_perfetto_says_the_trace_needs_record() {
     assert!(err.contains("hint: ") && err.contains("record again with --perfetto"), "{err}");
     assert!(!dir.path().join("trace.perfetto-trace").exists());
 }
+
+/// An OOM kill in a scratch memory cgroup: an instant on the victim's
+/// process track, at the kill, before the victim's exit.
+#[test]
+fn oom_kill_is_an_instant_on_the_victim() {
+    privileged!();
+    let cgroup = format!("vmtrace-perfetto-oom-{}", std::process::id());
+    let cg = vmtrace::demo::cgroup::ScratchCgroup::new(&cgroup, 64 << 20)
+        .expect("a memory cgroup (v1 or v2) is needed to test OOM kills without risking a global OOM");
+    let argv = cg.run_inside(&[BIN, "workload", "touch", "--mib", "256", "--pace-ms", "5"]);
+    let run = record(&["--perfetto"], &strs(&argv));
+    assert_eq!(run.code(), Some(137), "{}", run.stderr());
+    let pid = u(&run.summary["target"]["pid"]) as u32;
+    let d = decode(&run.out.path().join("trace.perfetto-trace"));
+    let track = d.processes.iter().find(|(_, p)| **p == pid).map(|(u, _)| *u).expect("the victim's process track");
+    let at = |n: &str| {
+        d.events
+            .iter()
+            .filter(|(_, e)| is(e, track_event::Type::Instant) && name(e) == n)
+            .filter(|(_, e)| match e.track_uuid {
+                Some(t) if n == "OOM kill" => t == track,
+                Some(t) => d.threads.get(&t).is_some_and(|th| th.1 == pid),
+                None => false,
+            })
+            .map(|(ts, e)| (*ts, e.clone()))
+            .collect::<Vec<_>>()
+    };
+    let kills = at("OOM kill");
+    let in_summary = run.summary["oom"].as_array().unwrap().iter().filter(|o| o["victim_pid"] == pid).count();
+    assert_eq!((kills.len(), in_summary), (1, 1), "one kill of {pid}");
+    assert_eq!(uint_arg(&kills[0].1, "victim_pid"), Some(u64::from(pid)));
+    let exits = at("process exit");
+    assert_eq!(exits.len(), 1, "the victim's exit");
+    assert!(kills[0].0 <= exits[0].0, "killed at {}, exited at {}", kills[0].0, exits[0].0);
+    // Its memory grew until the kill: the fault counter integrates to its faults.
+    let faults = d.integral(pid, "faults/s").round() as u64;
+    assert_eq!(faults, u(&run.process(pid)["faults"]["total"]));
+}
