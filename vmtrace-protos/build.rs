@@ -4,7 +4,7 @@ use std::path::Path;
 
 /// Every `.proto` compiled, relative to `proto/` (also the include root).
 /// Add a format's files here and a module for its package in `src/lib.rs`.
-const PROTOS: &[&str] = &["pprof/profile.proto"];
+const PROTOS: &[&str] = &["pprof/profile.proto", "perfetto/perfetto_trace.proto"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = Path::new("proto");

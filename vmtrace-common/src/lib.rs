@@ -375,8 +375,11 @@ pub enum DropKind {
     /// The stack-sample ring buffer was full: a user stack kept only its
     /// frame-pointer walk (not unwound through code without frame pointers).
     StackSampleRingFull = 12,
+    /// The ring buffer was full when a major fault was to be streamed: it is
+    /// counted, but has no slice in the Perfetto trace.
+    FaultMajorRingFull = 13,
 }
-pub const DROP_KINDS: u32 = 13;
+pub const DROP_KINDS: u32 = 14;
 
 /// Event kinds in the stream. Ranges per family; a retired number is never reused.
 /// 1..=99 tasks, 100..=199 faults, 200..=299 mmap, 300..=399 tlb, 400..=499 oom,
@@ -387,6 +390,7 @@ pub enum EventKind {
     TaskFork = 1,
     TaskExec = 2,
     TaskExit = 3,
+    FaultMajor = 100,
     MmMapChange = 200,
     OomMarkVictim = 400,
     StackSample = 500,
@@ -400,6 +404,7 @@ impl EventKind {
             1 => Some(Self::TaskFork),
             2 => Some(Self::TaskExec),
             3 => Some(Self::TaskExit),
+            100 => Some(Self::FaultMajor),
             200 => Some(Self::MmMapChange),
             400 => Some(Self::OomMarkVictim),
             500 => Some(Self::StackSample),
@@ -557,8 +562,10 @@ pub struct MmInflight {
     /// The process's address-space generation after the call's enter bump.
     pub gen: u32,
     pub _pad: u32,
+    /// `bpf_ktime_get_ns()` at the syscall's enter: `MmEvent::start_ns`.
+    pub start_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<MmInflight>() == 64);
+const _: () = assert!(core::mem::size_of::<MmInflight>() == 72);
 
 /// Key of call-site stacks of memory-management syscalls (`MM_STACKS`).
 #[repr(C)]
@@ -620,10 +627,32 @@ pub struct MmEvent {
     /// mmap of a file: its device (major << 20 | minor) and inode, read in
     /// the kernel while the fd is open; 0 when unknown.
     pub dev: u32,
-    pub _pad: u32,
+    /// The thread that made the call.
+    pub tid: u32,
     pub ino: u64,
+    /// When the call entered (`hdr.ts_ns` is when it returned).
+    pub start_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<MmEvent>() == 16 + 8 + 64 + 8 + 16);
+const _: () = assert!(core::mem::size_of::<MmEvent>() == 16 + 8 + 64 + 8 + 16 + 8);
+
+/// A major fault, streamed when `Config::stream_majors` is set: majors are
+/// rare (each waits for I/O), so one record each is cheap. `hdr.ts_ns` is
+/// when the fault entered the handler.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FaultMajorEvent {
+    pub hdr: EventHeader,
+    pub tgid: u32,
+    pub tid: u32,
+    /// Time in the handler.
+    pub duration_ns: u64,
+    /// Page-aligned faulting address.
+    pub addr: u64,
+    /// The fault's user stack id (`StackKey::user_stack`; `STACK_ID_NONE`: none taken).
+    pub user_stack: i32,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<FaultMajorEvent>() == 16 + 8 + 16 + 8);
 
 /// One process's address-space generation (`MAP_GEN`).
 #[repr(C)]
@@ -790,7 +819,9 @@ pub struct Config {
     /// Bytes of user stack copied with the registers where a frame-pointer
     /// walk did not end cleanly (`StackSample`), one of `STACK_WINDOWS`; 0 = none.
     pub stack_window: u32,
-    pub _pad: u32,
+    /// 1: every major fault is streamed (`EventKind::FaultMajor`) for the
+    /// Perfetto trace; 0: majors are only counted.
+    pub stream_majors: u32,
 }
 const _: () = assert!(core::mem::size_of::<Config>() == 64);
 
@@ -859,6 +890,7 @@ mod pod {
     unsafe impl aya::Pod for super::MmStackKey {}
     unsafe impl aya::Pod for super::MmStackCounts {}
     unsafe impl aya::Pod for super::MmEvent {}
+    unsafe impl aya::Pod for super::FaultMajorEvent {}
     unsafe impl aya::Pod for super::EventHeader {}
     unsafe impl aya::Pod for super::TaskEvent {}
     unsafe impl aya::Pod for super::PyStackEvent {}
@@ -904,6 +936,7 @@ mod tests {
             EventKind::TaskFork,
             EventKind::TaskExec,
             EventKind::TaskExit,
+            EventKind::FaultMajor,
             EventKind::MmMapChange,
             EventKind::OomMarkVictim,
             EventKind::StackSample,

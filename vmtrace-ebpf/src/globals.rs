@@ -42,7 +42,7 @@ static CONFIG: Config = Config {
     user_walk: 0,
     memcg_pgfault: 0,
     stack_window: 0,
-    _pad: 0,
+    stream_majors: 0,
 };
 
 /// Kernel struct offsets from BTF, set by the loader.

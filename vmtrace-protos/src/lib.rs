@@ -2,6 +2,13 @@
 //! from the upstream `.proto` files vendored under `proto/` (each with its
 //! licence): the encoding is prost's, never hand-written.
 
+/// Perfetto's trace format (`perfetto.protos`), from
+/// `proto/perfetto/perfetto_trace.proto`.
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod perfetto {
+    include!(concat!(env!("OUT_DIR"), "/perfetto.protos.rs"));
+}
+
 /// pprof's `perftools.profiles` (google/pprof `proto/profile.proto`): the
 /// profiles `faults.pb.gz` and the others are `Profile` messages, gzipped.
 #[allow(clippy::all, clippy::pedantic, missing_docs)]

@@ -25,6 +25,9 @@ pub enum Command {
     Report {
         /// A directory written by `vmtrace record`.
         dir: PathBuf,
+        /// Write the Perfetto trace (only `record --perfetto` can: see its help).
+        #[arg(long)]
+        perfetto: bool,
     },
     /// List each prerequisite: ok, or missing with the fix.
     Check,
@@ -146,6 +149,12 @@ pub struct RecordArgs {
     /// in a shootdown storm.
     #[arg(long, default_value_t = 1000.0)]
     pub storm_threshold: f64,
+    /// Also write trace.perfetto-trace, a timeline for ui.perfetto.dev: tracks
+    /// per process and thread, fault/COW/shootdown rates every 100 ms, a slice
+    /// per major fault and per mapping change, storms, fork/exec/exit and OOM
+    /// kills, on CLOCK_MONOTONIC (lines up with perf and PyTorch profiler traces).
+    #[arg(long)]
+    pub perfetto: bool,
     /// Live output: one JSON object per interval on stdout (the summary goes to stderr).
     #[arg(long, value_enum)]
     pub stream: Option<StreamFormat>,

@@ -59,10 +59,17 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                     pretty: a.pretty,
                 },
                 detach: record::Detach::AfterExit,
+                perfetto: a.perfetto,
             })?;
             Ok(outcome.exit_status)
         }
-        Command::Report { dir } => {
+        Command::Report { dir, perfetto } => {
+            if perfetto {
+                anyhow::bail!(
+                    "{}",
+                    vmtrace::export::perfetto::not_from_summary(&dir.join(vmtrace::export::perfetto::FILE))
+                );
+            }
             let s = report::rebuild(&dir).map_err(anyhow::Error::msg)?;
             print!("{}", report::text::render(&s));
             Ok(0)

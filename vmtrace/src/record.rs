@@ -51,6 +51,8 @@ pub struct RecordOptions {
     pub output: report::OutputOptions,
     /// How the programs are detached at the end.
     pub detach: Detach,
+    /// Write `trace.perfetto-trace` (majors streamed, the event log kept).
+    pub perfetto: bool,
 }
 
 /// `Parallel` (a thread per program: the detaches overlap) only when no child
@@ -154,6 +156,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
         stack_window: opts.stack_window,
         leaf_region: opts.leaf_region,
         end_on_tasks: !matches!(opts.target, Target::System),
+        stream_majors: opts.perfetto,
     })?;
     let mut session = Session::new(
         probes,
@@ -162,6 +165,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
             stacks: (opts.stacks != StackMode::None).then(|| (opts.stacks, opts.stack_period.max(1))),
             storm_threshold: opts.storm_threshold,
             python_frames: opts.python_frames,
+            trace_log: opts.perfetto,
         },
     );
     // The kernel counts programs' run time while this is held.
@@ -188,7 +192,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
         Detach::AfterExit => detach_after_exit(),
         d => session.source_mut().detach_all(d == Detach::Parallel),
     }
-    let Finished { mut summary, stacks, mm_sites } = session.finish(info);
+    let Finished { mut summary, stacks, mm_sites, trace } = session.finish(info);
     summary.perf = perf;
     summary.program_stats = program_stats;
     if let Some(st) = summary.stacks.as_mut() {
@@ -198,9 +202,13 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
         faults: summary.stacks.is_some().then_some(stacks.as_slice()),
         mm_sites: opts.has(EventFamily::Mmap).then_some(mm_sites.as_slice()),
     };
+    // Before report.html, which links it when it is there, and from the
+    // summary before small rows are folded: the trace has every process.
+    let trace_failure = trace.and_then(|log| write_perfetto(&opts.out, &summary, &log));
     crate::model::fold(&mut summary, opts.output.fold_below);
     let writing = Instant::now();
-    let write_failures = report::write_recording_with(&opts.out, &summary, &stack_outputs, &opts.output);
+    let mut write_failures = report::write_recording_with(&opts.out, &summary, &stack_outputs, &opts.output);
+    write_failures.extend(trace_failure);
     log::info!("outputs written in {:.2} s", writing.elapsed().as_secs_f64());
     if opts.print_summary {
         let main_files = ["summary.json", "summary.txt", "report.html"];
@@ -225,6 +233,21 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     };
     let exit_status = report_write_failures(&opts.out, &write_failures, command_status);
     Ok(RecordOutcome { summary, exit_status, write_failures })
+}
+
+/// `trace.perfetto-trace`; a partial file is removed (report.html links the file if it is there).
+fn write_perfetto(dir: &Path, summary: &Summary, log: &crate::model::trace::TraceLog) -> Option<report::WriteFailure> {
+    let file = crate::export::perfetto::FILE;
+    match crate::export::perfetto::write(dir, summary, log) {
+        Ok(st) => {
+            log::info!("{file}: {} packets, {} bytes in {} ms", st.packets, st.bytes, st.micros / 1000);
+            None
+        }
+        Err(err) => {
+            let _ = fs::remove_file(dir.join(file));
+            Some(report::WriteFailure { file: file.into(), err })
+        }
+    }
 }
 
 /// Leaves the detaching of every program to a child process that waits for

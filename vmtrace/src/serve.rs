@@ -182,6 +182,7 @@ pub fn serve(opts: &ServeOptions) -> Result<i32, ServeError> {
         stack_window: 0,
         leaf_region: false,
         end_on_tasks: false,
+        stream_majors: false,
     })?;
     let mut session = Session::new(probes, SessionOptions::new(families));
     if let Target::Pid(pid) = opts.target {

@@ -33,8 +33,14 @@ pub struct VmtestArgs {
 }
 
 /// Tests run in each guest: the fault count, OOM (fentry, and kprobe via
-/// --force-tracepoints) and TLB tests.
-const TESTS: &[(&str, &str)] = &[("record", "first_touch_total_equals_getrusage"), ("oom", "memcg_oom"), ("tlb", "")];
+/// --force-tracepoints), TLB and Perfetto-trace tests.
+const TESTS: &[(&str, &str)] = &[
+    ("record", "first_touch_total_equals_getrusage"),
+    ("oom", "memcg_oom"),
+    ("tlb", ""),
+    // Loads the programs with majors streamed (`--perfetto`): their ring path verified.
+    ("perfetto", "oom_kill_is_an_instant_on_the_victim"),
+];
 
 /// Debian package name pattern per kernel series.
 fn package_pattern(series: &str) -> Result<&'static str> {

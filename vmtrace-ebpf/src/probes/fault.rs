@@ -22,17 +22,17 @@ use aya_ebpf::{
     programs::{tracing::StackIdContext, BtfTracePointContext, FExitContext, PerfEventContext, TracePointContext},
 };
 use vmtrace_common::{
-    granule_bucket, hist_bucket, pf, DropKind, GranuleCounts, GranuleCur, GranuleKey, InflightFault, Merge,
-    StackCounts, StackCur, StackKey, GEN_UNKNOWN, GRANULE_PAGES, INFLIGHT_EXACT_STACK, INFLIGHT_HUGE, LEAF_BLOCK_SHIFT,
-    PMD_ORDER, REGION_GRANULE_SHIFT, STACK_CUR_SLOTS, STACK_ID_LOST, STACK_ID_NONE, STACK_KERNEL, STACK_USER,
-    STRATUM_EXACT, STRATUM_SAMPLED,
+    granule_bucket, hist_bucket, pf, DropKind, EventHeader, EventKind, FaultMajorEvent, GranuleCounts, GranuleCur,
+    GranuleKey, InflightFault, Merge, StackCounts, StackCur, StackKey, GEN_UNKNOWN, GRANULE_PAGES,
+    INFLIGHT_EXACT_STACK, INFLIGHT_HUGE, LEAF_BLOCK_SHIFT, PMD_ORDER, REGION_GRANULE_SHIFT, STACK_CUR_SLOTS,
+    STACK_ID_LOST, STACK_ID_NONE, STACK_KERNEL, STACK_USER, STRATUM_EXACT, STRATUM_SAMPLED,
 };
 
 use crate::{
     globals::config,
     inflight::{current_fault, nofault_read, take_start, FAULT_SLOT},
     mapgen::fault_gen,
-    shared::{count_drop, current_stats, get_or_insert, tp_field, FAULT_STATS},
+    shared::{batched_wakeup, count_drop, current_stats, get_or_insert, tp_field, EVENTS, FAULT_STATS},
     stacks::{user_stack_id, STACKS},
 };
 
@@ -408,6 +408,7 @@ fn try_major_after_memcg_end() -> Option<()> {
         *h += 1;
     }
     let fault = e.fault;
+    stream_major(tgid, tid, &fault, ns);
     if config().regions != 0 {
         if let Some(g) = granule_counts(tgid, fault.page << 12) {
             g.major += 1;
@@ -488,8 +489,40 @@ fn try_fault_end(page: u64, major: bool) -> Option<()> {
             *h += 1;
         }
     }
+    if major {
+        stream_major(tgid, tid, &start, ns);
+    }
     account_end(tgid, &start, ns, major);
     Some(())
+}
+
+/// One record per timed major fault, for the Perfetto trace's slices
+/// (`Config::stream_majors`). Majors wait for I/O: a ring record each is
+/// noise beside them. The stack id is the exact stratum's, which every fault
+/// that slept has.
+#[inline(always)]
+fn stream_major(tgid: u32, tid: u32, f: &InflightFault, ns: u64) {
+    if config().stream_majors == 0 {
+        return;
+    }
+    let Some(mut slot) = EVENTS.reserve::<FaultMajorEvent>(0) else {
+        count_drop(DropKind::FaultMajorRingFull);
+        return;
+    };
+    slot.write(FaultMajorEvent {
+        hdr: EventHeader {
+            kind: EventKind::FaultMajor as u32,
+            size: core::mem::size_of::<FaultMajorEvent>() as u32,
+            ts_ns: f.start_ns,
+        },
+        tgid,
+        tid,
+        duration_ns: ns,
+        addr: f.page << 12,
+        user_stack: f.user_stack,
+        _pad: 0,
+    });
+    slot.submit(batched_wakeup());
 }
 
 /// A timed fault's share of its region granule and its stack.

@@ -189,7 +189,9 @@ fn enter(ctx: &TracePointContext, pid_tgid: u64, call: MmCall, a: [u64; 6]) {
         MmCall::Mmap if same_again(pid_tgid as u32, &a, None) => map_gen(tgid),
         _ => bump_gen(tgid, false),
     };
-    mm_begin(pid_tgid as u32, &MmInflight { call: call as u32, user_stack, args: a, gen, _pad: 0 });
+    // SAFETY: no preconditions.
+    let start_ns = unsafe { bpf_ktime_get_ns() };
+    mm_begin(pid_tgid as u32, &MmInflight { call: call as u32, user_stack, args: a, gen, _pad: 0, start_ns });
 }
 
 fn try_sys_exit(ctx: &TracePointContext) -> Option<()> {
@@ -261,8 +263,9 @@ fn try_sys_exit(ctx: &TracePointContext) -> Option<()> {
         gen_enter: f.gen,
         gen_exit,
         dev,
-        _pad: 0,
+        tid,
         ino,
+        start_ns: f.start_ns,
     });
     // A file mapping is named from /proc/PID/fd/FD while the fd is open:
     // wake the collector now. Other changes can wait for its next poll.

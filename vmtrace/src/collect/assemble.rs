@@ -143,7 +143,7 @@ pub fn assemble(mut i: Inputs) -> Finished {
         files: i.attributed.map(|a| a.files),
         folding: None,
     };
-    Finished { summary, stacks: i.stacks, mm_sites: i.mm_sites }
+    Finished { summary, stacks: i.stacks, mm_sites: i.mm_sites, trace: None }
 }
 
 /// One entry per process of the trace, and their fault totals.

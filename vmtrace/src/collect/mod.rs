@@ -18,6 +18,7 @@ pub mod source;
 pub mod storms;
 pub mod symbols;
 pub mod timeline;
+pub mod tracelog;
 
 use std::sync::atomic::{AtomicI32, Ordering};
 
@@ -54,4 +55,6 @@ pub struct Finished {
     pub summary: Summary,
     pub stacks: Vec<Stack>,
     pub mm_sites: Vec<MmSite>,
+    /// The Perfetto trace's event log (`SessionOptions::trace_log`).
+    pub trace: Option<crate::model::trace::TraceLog>,
 }

@@ -152,7 +152,11 @@ impl ProcessTable {
                     self.procs.remove(&ev.pid);
                 }
             }
-            EventKind::OomMarkVictim | EventKind::MmMapChange | EventKind::StackSample | EventKind::PyStackStored => {}
+            EventKind::OomMarkVictim
+            | EventKind::MmMapChange
+            | EventKind::StackSample
+            | EventKind::PyStackStored
+            | EventKind::FaultMajor => {}
             EventKind::TaskExit => {
                 let p = self.procs.entry(ev.tgid).or_default();
                 if p.comm.is_empty() {

@@ -7,7 +7,8 @@ use std::{
 };
 
 use vmtrace_common::{
-    EventHeader, EventKind, FaultStats, Merge, MmEvent, MmStackKey, MmStats, OomEvent, PyStackEvent, TaskEvent,
+    EventHeader, EventKind, FaultMajorEvent, FaultStats, Merge, MmEvent, MmStackKey, MmStats, OomEvent, PyStackEvent,
+    TaskEvent,
 };
 
 use super::{
@@ -19,6 +20,7 @@ use super::{
     storms::StormDetector,
     symbols::{self, MapsRefresh},
     timeline::TimelineRecorder,
+    tracelog::{self, TraceRecorder},
     Finished,
 };
 use crate::{
@@ -49,12 +51,14 @@ pub struct SessionOptions {
     pub storm_threshold: f64,
     /// Python frames are walked in the stacks taken (`--no-python-frames`).
     pub python_frames: bool,
+    /// Keep the event log of the Perfetto trace (`model::trace`).
+    pub trace_log: bool,
 }
 
 impl SessionOptions {
     /// No stacks, and no storm ever.
     pub fn new(families: Families) -> Self {
-        Self { families, stacks: None, storm_threshold: f64::MAX, python_frames: true }
+        Self { families, stacks: None, storm_threshold: f64::MAX, python_frames: true, trace_log: false }
     }
 }
 
@@ -84,6 +88,8 @@ pub struct Session<S: AggregateSource = Probes> {
     native: NativeStacks,
     /// Python processes and the code objects of their frames.
     python: crate::python::Tracker,
+    /// The Perfetto trace's event log, when asked for.
+    trace: Option<TraceRecorder>,
 }
 
 fn monotonic_ns() -> u64 {
@@ -114,7 +120,13 @@ impl Batch {
     /// Decodes one record; task and mapping events go to the table at once,
     /// in ring order; copied stacks are unwound at once, while their
     /// process's maps are there to read.
-    fn take(&mut self, bytes: &[u8], table: &mut ProcessTable, native: &mut NativeStacks) {
+    fn take(
+        &mut self,
+        bytes: &[u8],
+        table: &mut ProcessTable,
+        native: &mut NativeStacks,
+        mut trace: Option<&mut TraceRecorder>,
+    ) {
         let Some(hdr) = read_event::<EventHeader>(bytes) else {
             self.malformed += 1;
             return;
@@ -130,11 +142,24 @@ impl Batch {
                 } else if ev.hdr.kind != EventKind::TaskExit as u32 {
                     self.born.push(ev.tgid);
                 }
+                if let (Some(t), Some(kind)) = (trace, tracelog::task_kind(ev.hdr.kind)) {
+                    t.task(&ev, kind);
+                }
                 table.apply(&ev);
             }
             Some(EventKind::MmMapChange) => match read_event::<MmEvent>(bytes) {
-                Some(ev) => table.note_change(&ev),
+                Some(ev) => {
+                    if let Some(t) = trace.as_deref_mut() {
+                        t.mm_change(&ev);
+                    }
+                    table.note_change(&ev);
+                }
                 None => self.malformed += 1,
+            },
+            Some(EventKind::FaultMajor) => match (read_event::<FaultMajorEvent>(bytes), trace) {
+                (Some(ev), Some(t)) => t.major(&ev),
+                (Some(_), None) => {}
+                (None, _) => self.malformed += 1,
             },
             Some(EventKind::OomMarkVictim) => match read_event::<OomEvent>(bytes) {
                 Some(ev) => self.ooms.push(ev),
@@ -170,6 +195,7 @@ impl<S: AggregateSource> Session<S> {
             timeline: TimelineRecorder::new(now),
             native: NativeStacks::default(),
             python: crate::python::Tracker::default(),
+            trace: opts.trace_log.then(|| TraceRecorder::new(monotonic_ns())),
         }
     }
 
@@ -241,6 +267,9 @@ impl<S: AggregateSource> Session<S> {
         self.timeline.restart(self.started, self.source.totals());
         self.last_storm_tick = self.started;
         self.started_mono_ns = monotonic_ns();
+        if let Some(t) = self.trace.as_mut() {
+            t.restart(self.started_mono_ns);
+        }
     }
 
     /// Marks the end of the trace proper: the summary's duration is from
@@ -283,6 +312,7 @@ impl<S: AggregateSource> Session<S> {
             self.storm_tick(self.seconds_at(now));
         }
         self.record_history(now);
+        self.trace_interval();
         if self.opts.stacks.is_some() || self.opts.families.regions {
             let source = &self.source;
             self.maps_refresh.run(now, &mut self.table, &|pid| source.map_gen(pid));
@@ -303,6 +333,13 @@ impl<S: AggregateSource> Session<S> {
         self.timeline.push(now, self.source.totals());
         if self.opts.families.tlb {
             self.storm_tick(self.seconds_at(now));
+        }
+    }
+
+    /// Every interval, each process's counters for the Perfetto trace.
+    fn trace_interval(&mut self) {
+        if let Some(t) = self.trace.as_mut() {
+            tracelog::interval(t, &self.source, self.minor_period, monotonic_ns());
         }
     }
 
@@ -364,9 +401,9 @@ impl<S: AggregateSource> Session<S> {
 
     fn drain_at(&mut self, now: Instant) {
         let mut batch = Batch::default();
-        let (table, native) = (&mut self.table, &mut self.native);
+        let (table, native, trace) = (&mut self.table, &mut self.native, &mut self.trace);
         let malformed_samples = native.malformed;
-        self.source.drain_events(&mut |bytes| batch.take(bytes, table, native));
+        self.source.drain_events(&mut |bytes| batch.take(bytes, table, native, trace.as_mut()));
         self.malformed_events += batch.malformed + (self.native.malformed - malformed_samples);
         for ev in &batch.ooms {
             self.on_oom(ev, now);
@@ -401,6 +438,9 @@ impl<S: AggregateSource> Session<S> {
             }
             if let Some(s) = self.source.take_stats(tgid) {
                 self.table.procs.entry(tgid).or_default().stats.get_or_insert_with(FaultStats::default).merge(&s);
+            }
+            if let (Some(t), Some(p)) = (self.trace.as_mut(), self.table.procs.get(&tgid)) {
+                tracelog::exited(t, tgid, p, self.minor_period, monotonic_ns());
             }
         }
         self.source.flush_logs();
@@ -454,6 +494,7 @@ impl<S: AggregateSource> Session<S> {
         self.drain_at(now());
         // The last, partial interval.
         self.tick(now());
+        self.trace_interval();
         let families = self.opts.families;
         if self.wants_python() {
             self.python.tick(now(), &self.table, &mut self.source);
@@ -471,6 +512,10 @@ impl<S: AggregateSource> Session<S> {
             let raw = std::mem::replace(&mut self.storms, StormDetector::new(f64::MAX)).finish();
             symbols::name_storms(&mut self.table, &self.source, native, py, raw)
         });
+        let trace = self.trace.take().map(|t| {
+            let (source, table) = (&self.source, &mut self.table);
+            tracelog::finish(t, table, source, native, py, monotonic_ns())
+        });
         let attributed = families.regions.then(|| self.build_regions());
         let mm = self.mm_totals();
         let duration_s = self.seconds_at(self.stopped.unwrap_or_else(&now));
@@ -483,7 +528,7 @@ impl<S: AggregateSource> Session<S> {
             process::is_thread,
         );
         let processes = pids.into_iter().map(|pid| (pid, self.table.ensure(pid).clone())).collect();
-        assemble::assemble(Inputs {
+        let mut finished = assemble::assemble(Inputs {
             target,
             duration_s,
             families,
@@ -504,7 +549,12 @@ impl<S: AggregateSource> Session<S> {
             python_native_only: std::mem::take(&mut self.python.unknown),
             probes: self.source.probe_info(),
             kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().into(),
-        })
+        });
+        if let Some(t) = &trace {
+            finished.summary.drops.trace_events += t.dropped;
+        }
+        finished.trace = trace;
+        finished
     }
 }
 

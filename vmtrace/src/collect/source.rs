@@ -34,6 +34,11 @@ pub trait AggregateSource {
     fn all_mm(&self) -> Vec<(u32, MmStats)>;
     /// Reads and forgets an exited process's mmap/TLB aggregate.
     fn take_mm(&mut self, tgid: u32) -> Option<MmStats>;
+    /// TLB shootdowns received by traced processes, per CPU, as the per-CPU
+    /// mmap/TLB aggregates still held count them (none without TLB tracing).
+    fn received_per_cpu(&self) -> Vec<u64> {
+        Vec::new()
+    }
     /// (faults, majors) of all traced processes so far.
     fn totals(&self) -> (u64, u64);
     /// Drop counters, indexed by `DropKind`.
@@ -142,6 +147,10 @@ impl AggregateSource for Probes {
 
     fn take_mm(&mut self, tgid: u32) -> Option<MmStats> {
         Probes::take_mm(self, tgid)
+    }
+
+    fn received_per_cpu(&self) -> Vec<u64> {
+        Probes::received_per_cpu(self)
     }
 
     fn totals(&self) -> (u64, u64) {

@@ -194,6 +194,7 @@ fn options(target: Target, out: PathBuf) -> RecordOptions {
         print_summary: false,
         output: crate::report::OutputOptions::default(),
         detach: crate::record::Detach::Sequential,
+        perfetto: true,
     }
 }
 

@@ -16,6 +16,7 @@ pub fn probe_selection() -> Result<Vec<Attachment>, LoadError> {
         stack_window: vmtrace_common::STACK_WINDOW_DEFAULT,
         leaf_region: false,
         end_on_tasks: false,
+        stream_majors: false,
     })?;
     Ok(probes.attached().to_vec())
 }

@@ -128,6 +128,14 @@ impl Probes {
         self.maps.mm_stats.iter().filter_map(Result::ok).map(|(k, v)| (k, sum_cpus(v.iter()))).collect()
     }
 
+    /// Shootdowns received (`tlb_flush` reason 1) per CPU, over every
+    /// mmap/TLB aggregate still held.
+    pub fn received_per_cpu(&self) -> Vec<u64> {
+        let per_cpu: Vec<Vec<MmStats>> =
+            self.maps.mm_stats.iter().filter_map(Result::ok).map(|(_, v)| v.iter().copied().collect()).collect();
+        crate::collect::tracelog::received_by_cpu(per_cpu.iter().map(Vec::as_slice))
+    }
+
     /// Call-site counts of mmap-family syscalls, summed over CPUs.
     pub fn all_mm_stacks(&self) -> Vec<(MmStackKey, MmStackCounts)> {
         self.maps.mm_stacks.iter().filter_map(Result::ok).map(|(k, v)| (k, sum_cpus(v.iter()))).collect()

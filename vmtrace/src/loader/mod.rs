@@ -73,6 +73,8 @@ pub struct LoadOptions {
     /// CPU. Other processes then skip the software-event path, and the perf
     /// counters' minor/major counts are the same events.
     pub end_on_tasks: bool,
+    /// Stream every major fault (`EventKind::FaultMajor`) for the Perfetto trace.
+    pub stream_majors: bool,
 }
 
 /// Optional families of hooks.
@@ -178,7 +180,7 @@ impl Probes {
             } else {
                 0
             },
-            _pad: 0,
+            stream_majors: u32::from(opts.stream_majors),
         };
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))

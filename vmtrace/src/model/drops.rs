@@ -23,6 +23,11 @@ pub struct Drops {
     /// frame-pointer walk.
     #[serde(default)]
     pub stack_samples: u64,
+    /// Perfetto trace records (`record --perfetto`) not kept: major faults
+    /// the ring had no room for, and records beyond the event log's bound
+    /// (`TraceLog::MAX_PER_KIND` per kind). Their counts are in every total.
+    #[serde(default)]
+    pub trace_events: u64,
 }
 
 /// The kernel's drop counters (indexed by `DropKind`, summed over CPUs) and
@@ -50,6 +55,7 @@ impl DropCounts {
             DropKind::RegionStatsFull,
             DropKind::FileChunksFull,
             DropKind::StackSampleRingFull,
+            DropKind::FaultMajorRingFull,
         ];
         let dropped: u64 = self
             .by_kind
@@ -84,6 +90,7 @@ impl DropCounts {
             traced_full: d(DropKind::TracedFull),
             untimed_faults: d(DropKind::FaultUntimed),
             stack_samples: d(DropKind::StackSampleRingFull),
+            trace_events: d(DropKind::FaultMajorRingFull),
         }
     }
 }

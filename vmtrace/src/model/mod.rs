@@ -14,6 +14,7 @@ pub mod regions;
 pub mod stacks;
 pub mod summary;
 pub mod timeline;
+pub mod trace;
 
 pub use drops::{DropCounts, Drops};
 pub use faults::{largest_remainder, scale, Faults, Hist};

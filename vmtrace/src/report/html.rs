@@ -408,6 +408,14 @@ pub fn recording_body(s: &Summary, dir: &Path, flame_prefix: &str) -> String {
     if s.lost_events > 0 {
         let _ = write!(b, "<p class='bad'>{} events were lost (see drops in summary.json)</p>", s.lost_events);
     }
+    if dir.join(crate::export::perfetto::FILE).is_file() {
+        let f = crate::export::perfetto::FILE;
+        let _ = write!(
+            b,
+            "<p>Timeline: <a href=\"{flame_prefix}{f}\">{f}</a> (a Perfetto trace: open it in \
+             ui.perfetto.dev, “Open trace file”; see the README).</p>"
+        );
+    }
     let probes = words::probe_lines(s);
     if let Some((head, items)) = probes.split_first() {
         let _ = write!(b, "<p class='note'>{}</p><ul class='note'>", escape(head));

@@ -314,10 +314,17 @@ pub fn run(opts: &TopOptions) -> Result<i32, TopError> {
         stack_window: vmtrace_common::STACK_WINDOW_DEFAULT,
         leaf_region: false,
         end_on_tasks: !matches!(opts.target, Target::System),
+        stream_majors: false,
     })?;
     let mut session = Session::new(
         probes,
-        SessionOptions { families, stacks: None, storm_threshold: opts.storm_threshold, python_frames: true },
+        SessionOptions {
+            families,
+            stacks: None,
+            storm_threshold: opts.storm_threshold,
+            python_frames: true,
+            trace_log: false,
+        },
     );
     install_stop_handlers();
     let log = match &opts.target {

@@ -1,0 +1,205 @@
+use std::collections::HashMap;
+
+use prost::Message as _;
+use vmtrace_protos::perfetto::{trace_packet::Data, track_event, Trace, TrackEvent};
+
+use super::{render, render::COUNTERS, Writer};
+use crate::model::{
+    trace::{CounterPoint, CpuPoint, MajorFault, MmChange, TaskKind, TaskMark, TraceLog},
+    Cum, Storm, Summary,
+};
+
+const T0: u64 = 5_000_000_000;
+
+fn summary() -> Summary {
+    let mut s: Summary = serde_json::from_str(include_str!("../../../tests/golden/summary.json")).expect("golden");
+    s.storms = Some(vec![Storm {
+        pid: 13784,
+        comm: "vmtrace".into(),
+        start_s: 0.1,
+        end_s: 0.3,
+        peak_per_s: 9000,
+        shootdowns: 1500,
+        top_stack: vec!["main".into(), "free".into(), "[munmap]".into()],
+        top_call: "munmap".into(),
+        top_share: 0.9,
+    }]);
+    s
+}
+
+fn task(ts: u64, kind: TaskKind, tid: u32, tgid: u32) -> TaskMark {
+    TaskMark { ts_ns: T0 + ts, kind, tid, tgid, ppid: 13783, comm: "vmtrace".into(), group_dead: true, exit_code: 0 }
+}
+
+fn log() -> TraceLog {
+    let point = |ts: u64, faults: u64, major: u64| CounterPoint {
+        ts_ns: T0 + ts,
+        dur_ns: 100_000_000,
+        pid: 13784,
+        delta: Cum { faults, major, time_ns: 50_000_000, ..Cum::default() },
+    };
+    TraceLog {
+        start_ns: T0,
+        end_ns: T0 + 1_000_000_000,
+        tasks: vec![
+            task(1_000, TaskKind::Fork, 13784, 13784),
+            task(2_000, TaskKind::Exec, 13784, 13784),
+            task(3_000, TaskKind::Fork, 13785, 13784),
+            task(900_000_000, TaskKind::Exit, 13784, 13784),
+        ],
+        majors: vec![MajorFault {
+            ts_ns: T0 + 20_000_000,
+            dur_ns: 2_000_000,
+            tgid: 13784,
+            tid: 13785,
+            addr: 0x7f00_0000_0000,
+            stack: vec!["main".into(), "read_weights".into()],
+        }],
+        // A major inside an munmap on the same thread nests in it.
+        mm_changes: vec![MmChange {
+            ts_ns: T0 + 19_000_000,
+            dur_ns: 5_000_000,
+            tgid: 13784,
+            tid: 13785,
+            call: "munmap",
+            addr: 0x7f00_0000_0000,
+            len: 1 << 20,
+        }],
+        // Two adjoining intervals, then one after a gap.
+        counters: vec![point(0, 100, 1), point(100_000_000, 50, 0), point(400_000_000, 10, 2)],
+        cpu_ipis: vec![CpuPoint { ts_ns: T0, dur_ns: 100_000_000, cpu: 1, received: 40 }],
+        dropped: 0,
+    }
+}
+
+fn decode(summary: &Summary, log: &TraceLog) -> Trace {
+    let mut w = Writer::new(Vec::new());
+    render(&mut w, summary, log).expect("render");
+    let bytes = w.out.clone();
+    let stats = w.finish().expect("finish");
+    assert_eq!(stats.bytes, bytes.len() as u64);
+    let trace = Trace::decode(bytes.as_slice()).expect("decodes as a Perfetto Trace");
+    assert_eq!(trace.packet.len() as u64, stats.packets);
+    trace
+}
+
+fn name(e: &TrackEvent) -> &str {
+    match &e.name_field {
+        Some(track_event::NameField::Name(n)) => n,
+        _ => "",
+    }
+}
+
+#[test]
+fn tracks_slices_instants_and_counters() {
+    let trace = decode(&summary(), &log());
+    let first = &trace.packet[0];
+    assert!(matches!(&first.data, Some(Data::ClockSnapshot(c)) if c.primary_trace_clock == Some(3)));
+    assert_eq!(first.sequence_flags, Some(1));
+    let mut tracks: HashMap<u64, String> = HashMap::new();
+    let mut events = Vec::new();
+    for p in &trace.packet {
+        match &p.data {
+            Some(Data::TrackDescriptor(t)) => {
+                let label = match (&t.process, &t.thread, &t.static_or_dynamic_name) {
+                    (Some(pr), _, _) => format!("process {}", pr.pid.unwrap_or(0)),
+                    (_, Some(th), _) => format!("thread {}", th.tid.unwrap_or(0)),
+                    (_, _, Some(vmtrace_protos::perfetto::track_descriptor::StaticOrDynamicName::Name(n))) => n.clone(),
+                    _ => String::new(),
+                };
+                tracks.insert(t.uuid.expect("uuid"), label);
+            }
+            Some(Data::TrackEvent(e)) => {
+                assert_eq!(p.timestamp_clock_id, Some(3), "on CLOCK_MONOTONIC");
+                assert!(tracks.contains_key(&e.track_uuid.expect("track")), "track declared before use");
+                events.push((p.timestamp.expect("ts"), e.clone()));
+            }
+            _ => {}
+        }
+    }
+    for want in ["process 13784", "process 13787", "thread 13785", "faults/s", "cpu1 shootdowns received/s"] {
+        assert!(tracks.values().any(|t| t == want), "no track {want}: {tracks:?}");
+    }
+    assert!(events.windows(2).all(|w| w[0].0 <= w[1].0), "events in time order");
+    let slices: Vec<&str> = events
+        .iter()
+        .filter(|(_, e)| e.r#type == Some(track_event::Type::SliceBegin as i32))
+        .map(|(_, e)| name(e))
+        .collect();
+    assert_eq!(slices, ["munmap", "major fault", "shootdown storm"]);
+    let ends = events.iter().filter(|(_, e)| e.r#type == Some(track_event::Type::SliceEnd as i32)).count();
+    assert_eq!(ends, 3);
+    let (ts, major) = events.iter().find(|(_, e)| name(e) == "major fault").expect("major");
+    assert_eq!(*ts, T0 + 20_000_000);
+    let Some(track_event::CallstackField::Callstack(stack)) = &major.callstack_field else {
+        panic!("the major fault's slice has its callstack")
+    };
+    assert_eq!(stack.frames.len(), 2);
+    let samples: Vec<_> = trace
+        .packet
+        .iter()
+        .filter_map(|p| match &p.data {
+            Some(Data::StackSample(s)) => Some((p.timestamp, s)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(samples.len(), 1, "a callstack sample per major fault with a stack");
+    assert_eq!(samples[0].0, Some(T0 + 20_000_000));
+    assert!(matches!(
+        &samples[0].1.task_context_field,
+        Some(vmtrace_protos::perfetto::stack_sample::TaskContextField::TaskContext(c)) if c.tid == Some(13785)
+    ));
+    assert_eq!((samples[0].1.primary_weight, samples[0].1.follower_weights.as_slice()), (Some(1), &[2_000_000][..]));
+    let (storm_ts, _) = events.iter().find(|(_, e)| name(e) == "shootdown storm").expect("storm");
+    assert_eq!(*storm_ts, T0 + 100_000_000);
+    let instants: Vec<&str> = events
+        .iter()
+        .filter(|(_, e)| e.r#type == Some(track_event::Type::Instant as i32))
+        .map(|(_, e)| name(e))
+        .collect();
+    assert_eq!(instants, ["fork", "exec", "thread start", "OOM kill", "process exit"]);
+}
+
+/// Each counter's integral over time (rate × time it holds) is the total it counts.
+#[test]
+fn counters_integrate_to_their_totals() {
+    let log = log();
+    let trace = decode(&summary(), &log);
+    let mut tracks: HashMap<u64, String> = HashMap::new();
+    let mut series: HashMap<u64, Vec<(u64, f64)>> = HashMap::new();
+    for p in &trace.packet {
+        match &p.data {
+            Some(Data::TrackDescriptor(t)) => {
+                if let Some(vmtrace_protos::perfetto::track_descriptor::StaticOrDynamicName::Name(n)) =
+                    &t.static_or_dynamic_name
+                {
+                    tracks.insert(t.uuid.unwrap_or(0), n.clone());
+                }
+            }
+            Some(Data::TrackEvent(e)) => {
+                if let Some(track_event::CounterValueField::DoubleCounterValue(v)) = e.counter_value_field {
+                    series.entry(e.track_uuid.unwrap_or(0)).or_default().push((p.timestamp.unwrap_or(0), v));
+                }
+            }
+            _ => {}
+        }
+    }
+    let integral = |name: &str| {
+        let (uuid, _) = tracks.iter().find(|(_, n)| *n == name).expect(name);
+        let s = &series[uuid];
+        assert_eq!(s.last().map(|p| p.1), Some(0.0), "{name} ends at zero");
+        s.windows(2).map(|w| w[0].1 * (w[1].0 - w[0].0) as f64 / 1e9).sum::<f64>()
+    };
+    assert!((integral("faults/s") - 160.0).abs() < 1e-6);
+    assert!((integral("major faults/s") - 3.0).abs() < 1e-6);
+    // 3 × 50 ms of handler time = 15% of a CPU-second.
+    assert!((integral(COUNTERS[3].0) - 15.0).abs() < 1e-6);
+    assert!((integral("cpu1 shootdowns received/s") - 40.0).abs() < 1e-6);
+    assert!(!tracks.values().any(|n| n == "COW faults/s"), "a counter that never moved has no track");
+}
+
+#[test]
+fn an_empty_log_is_a_valid_trace() {
+    let trace = decode(&summary(), &TraceLog::default());
+    assert!(trace.packet.len() > 1);
+}
