@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 use vmtrace::{
-    cli::{Cli, Command, EventFamily, Leaf, RegionRows, WorkloadCmd},
+    cli::{Cli, Command, EventFamily, Leaf, RecordArgs, RegionRows, WorkloadCmd},
     demo::{self, workload},
     kernel::preflight,
     record, report,
@@ -26,43 +26,46 @@ fn main() -> ExitCode {
     }
 }
 
+/// `vmtrace record`: the options as the recording takes them.
+fn record_command(a: RecordArgs) -> anyhow::Result<i32> {
+    anyhow::ensure!(
+        a.events.contains(&EventFamily::Faults),
+        "--events must include `faults`: every other family builds on the fault probes"
+    );
+    let target = match (a.pid, a.all) {
+        (Some(pid), _) => Target::Pid(pid),
+        (None, true) => Target::System,
+        _ => Target::Command(a.command),
+    };
+    let outcome = record::record(&record::RecordOptions {
+        target,
+        out: a.out,
+        duration: a.duration,
+        minor_period: a.latency_sample,
+        force_tracepoints: a.force_tracepoints,
+        events: a.events,
+        stacks: a.stacks,
+        stack_period: a.stack_sample,
+        stack_window: a.stack_window,
+        python_frames: !a.no_python_frames,
+        probe_stats: a.probe_stats,
+        leaf_region: a.leaf == Leaf::Region,
+        storm_threshold: a.storm_threshold,
+        stream_interval: a.stream.map(|_| a.interval),
+        print_summary: true,
+        output: report::OutputOptions {
+            fold_below: if a.regions == RegionRows::All { 0.0 } else { a.fold_below },
+            pretty: a.pretty,
+        },
+        detach: record::Detach::AfterExit,
+        perfetto: a.perfetto,
+    })?;
+    Ok(outcome.exit_status)
+}
+
 fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
-        Command::Record(a) => {
-            anyhow::ensure!(
-                a.events.contains(&EventFamily::Faults),
-                "--events must include `faults`: every other family builds on the fault probes"
-            );
-            let target = match (a.pid, a.all) {
-                (Some(pid), _) => Target::Pid(pid),
-                (None, true) => Target::System,
-                _ => Target::Command(a.command),
-            };
-            let outcome = record::record(&record::RecordOptions {
-                target,
-                out: a.out,
-                duration: a.duration,
-                minor_period: a.latency_sample,
-                force_tracepoints: a.force_tracepoints,
-                events: a.events,
-                stacks: a.stacks,
-                stack_period: a.stack_sample,
-                stack_window: a.stack_window,
-                python_frames: !a.no_python_frames,
-                probe_stats: a.probe_stats,
-                leaf_region: a.leaf == Leaf::Region,
-                storm_threshold: a.storm_threshold,
-                stream_interval: a.stream.map(|_| a.interval),
-                print_summary: true,
-                output: report::OutputOptions {
-                    fold_below: if a.regions == RegionRows::All { 0.0 } else { a.fold_below },
-                    pretty: a.pretty,
-                },
-                detach: record::Detach::AfterExit,
-                perfetto: a.perfetto,
-            })?;
-            Ok(outcome.exit_status)
-        }
+        Command::Record(a) => record_command(a),
         Command::Report { dir, perfetto } => {
             if perfetto {
                 anyhow::bail!(
