@@ -207,6 +207,13 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         inode_ino: o("inode", "i_ino")?,
         inode_sb: o("inode", "i_sb")?,
         sb_dev: o("super_block", "s_dev")?,
+        task_fsbase: match (
+            field_offset(btf, "task_struct", "thread")?,
+            field_offset(btf, "thread_struct", "fsbase").ok().flatten(),
+        ) {
+            (Some(t), Some(f)) => t + f,
+            _ => KernelOffsets::MISSING,
+        },
     })
 }
 
