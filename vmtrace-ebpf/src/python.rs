@@ -166,8 +166,10 @@ pub fn walk(s: &mut UserStack, mut h: u64) -> u64 {
             let code = word_at(&buf, p.frame_code);
             let instr = if objects {
                 // f_lasti, an int: its 4 bytes, sign dropped (userspace
-                // reads -1, "not started", back from them).
-                read_u64(f + u64::from(p.frame_instr)).map_or(u64::from(u32::MAX), |v| v & 0xffff_ffff)
+                // reads -1, "not started", back from them). Unreadable: the
+                // walk stops rather than guess a line.
+                let Some(v) = read_u64(f + u64::from(p.frame_instr)) else { break };
+                v & 0xffff_ffff
             } else {
                 word_at(&buf, p.frame_instr)
             };
