@@ -282,9 +282,13 @@ mod tests {
             ("oom_control", "chosen"),
             ("mem_cgroup", "css"),
             ("mm_struct", "mmap_base"),
+            ("task_struct", "thread"),
+            ("thread_struct", "fsbase"),
         ] {
             assert_eq!(field_offset(&ours, s, f).unwrap(), their_offset(s, f), "{s}.{f}");
         }
+        let fsbase = their_offset("task_struct", "thread").zip(their_offset("thread_struct", "fsbase"));
+        assert_eq!(Some(kernel_offsets(&ours).unwrap().task_fsbase), fsbase.map(|(t, f)| t + f), "thread.fsbase");
         assert!(field_offset(&ours, "task_struct", "no_such_field").unwrap().is_none());
         assert!(field_offset(&ours, "no_such_struct_vmtrace", "x").is_err());
         let their_enum = |t: &str, n: &str| {
