@@ -747,8 +747,12 @@ pub struct KernelOffsets {
     pub inode_ino: u32,
     pub inode_sb: u32,
     pub sb_dev: u32,
+    /// `task_struct.thread.fsbase` (x86-64): the user FS base, which glibc
+    /// sets to the thread's `pthread_t` (CPython 3.10's thread states name
+    /// their thread by it).
+    pub task_fsbase: u32,
 }
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 104);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 108);
 
 impl KernelOffsets {
     pub const MISSING: u32 = u32::MAX;
@@ -779,6 +783,7 @@ impl KernelOffsets {
         inode_ino: Self::MISSING,
         inode_sb: Self::MISSING,
         sb_dev: Self::MISSING,
+        task_fsbase: Self::MISSING,
     };
 }
 

@@ -21,27 +21,44 @@ pub struct PyProc {
     pub threads_head: u32,
     /// `PyThreadState.next`.
     pub tstate_next: u32,
-    /// `PyThreadState.native_thread_id`.
+    /// `PyThreadState.native_thread_id` (3.11+, the tid) or `.thread_id`
+    /// (3.10, `pthread_self()`: see `PY_THREAD_BY_PTHREAD`).
     pub native_tid: u32,
     /// `PyThreadState.cframe` (3.11, 3.12) or `.current_frame` (3.13).
     pub tstate_frame: u32,
     /// `_PyCFrame.current_frame`; `PY_OFF_NONE`: `tstate_frame` is the frame.
     pub cframe_frame: u32,
-    /// `_PyInterpreterFrame.f_code` / `.f_executable`.
+    /// `_PyInterpreterFrame.f_code` / `.f_executable` (3.10: `PyFrameObject.f_code`).
     pub frame_code: u32,
+    /// `.previous` (3.10: `.f_back`).
     pub frame_previous: u32,
-    /// `.prev_instr` / `.instr_ptr`.
+    /// `.prev_instr` / `.instr_ptr` (3.10: `.f_lasti`, an `int`).
     pub frame_instr: u32,
-    /// `.owner` (a byte): 3 is a C-stack shim, the entry of an eval call (3.12+).
+    /// `.owner` (a byte): 3 is a C-stack shim, the entry of an eval call
+    /// (3.12+); `PY_OFF_NONE` where frames have no owner (3.10).
     pub frame_owner: u32,
     /// `.is_entry` (a byte, 3.11); `PY_OFF_NONE` otherwise.
     pub frame_is_entry: u32,
-    pub _pad: u32,
+    /// `PY_THREAD_BY_PTHREAD`, `PY_FRAME_OBJECTS`.
+    pub flags: u32,
 }
 const _: () = assert!(core::mem::size_of::<PyProc>() == 56);
 
+/// `native_tid` holds `pthread_self()`, not the tid (3.10): on x86-64 glibc
+/// that is the thread's FS base, which the kernel keeps in
+/// `task_struct.thread.fsbase`.
+pub const PY_THREAD_BY_PTHREAD: u32 = 1;
+
+/// Frames are `PyFrameObject`s (3.10): each is run by its own
+/// `_PyEval_EvalFrameDefault` call, and `frame_instr` is `f_lasti`, a 4-byte
+/// index in code units (-1 before the first instruction), read on its own as
+/// it lies beyond `PY_FRAME_READ`.
+pub const PY_FRAME_OBJECTS: u32 = 2;
+
 /// Bytes of an interpreter frame the kernel reads at once: every field it
-/// needs lies in them (all versions).
+/// needs lies in them (3.11+; 3.10's `f_lasti` is read apart). No more:
+/// a 3.11+ frame may be the last of its stack chunk, and a read past the
+/// chunk's end fails as a whole.
 pub const PY_FRAME_READ: usize = 72;
 
 /// One Python frame: its code object and instruction pointer.

@@ -61,3 +61,11 @@ pub fn koffsets() -> KernelOffsets {
     // SAFETY: as for `config`.
     unsafe { core::ptr::read_volatile(&raw const KOFFSETS) }
 }
+
+/// `task_struct.thread.fsbase` read alone: the Python walk, inside the user
+/// stack walk, needs this one offset and not a stack copy of them all.
+#[inline(always)]
+pub fn koffset_task_fsbase() -> u32 {
+    // SAFETY: as for `config`.
+    unsafe { core::ptr::read_volatile(&raw const KOFFSETS.task_fsbase) }
+}

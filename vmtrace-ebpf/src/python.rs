@@ -1,15 +1,19 @@
 //! The current thread's CPython frames, taken with its user stack: from
 //! `_PyRuntime` (its address and the version's offsets come from userspace,
 //! `PY_PROCS`) to the thread's `PyThreadState` (matched by native thread id,
-//! remembered per thread), then up the `_PyInterpreterFrame` chain. Each
-//! frame gives its code object and instruction pointer; userspace names them
-//! (docs/design.md, "Python frames").
+//! or by `pthread_self()` for 3.10; remembered per thread), then up the
+//! `_PyInterpreterFrame` chain (3.10: `PyFrameObject`s). Each frame gives its
+//! code object and instruction pointer (3.10: `f_lasti`); userspace names
+//! them (docs/design.md, "Python frames").
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_probe_read_kernel, bpf_probe_read_user},
     macros::map,
     maps::{HashMap, LruHashMap},
 };
-use vmtrace_common::{PyFrame, PyProc, UserStack, PY_DEPTH, PY_FRAME_READ, PY_OFF_NONE};
+use vmtrace_common::{
+    KernelOffsets, PyFrame, PyProc, UserStack, PY_DEPTH, PY_FRAME_OBJECTS, PY_FRAME_READ, PY_OFF_NONE,
+    PY_THREAD_BY_PTHREAD,
+};
 
 /// Python processes by tgid (set by userspace once it found `_PyRuntime`).
 #[map]
@@ -17,7 +21,7 @@ pub static PY_PROCS: HashMap<u32, PyProc> = HashMap::with_max_entries(4096, 0);
 
 /// Each thread's `PyThreadState`, by tid: the list walk that finds it is
 /// done once per thread; a stale entry (tid reused, thread state freed) no
-/// longer matches its native thread id and is looked up again.
+/// longer matches its thread's key and is looked up again.
 #[map]
 static PY_TSTATES: LruHashMap<u32, u64> = LruHashMap::with_max_entries(16_384, 0);
 
@@ -53,12 +57,41 @@ fn read_u64(addr: u64) -> Option<u64> {
     unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
 }
 
-/// The current thread's `PyThreadState` in process `p`.
+/// What the current thread's `PyThreadState` holds at `p.native_tid`: its
+/// tid (3.11+) or its `pthread_self()` (3.10). For the latter: glibc on
+/// x86-64 points the FS base at the thread's `struct pthread`, which is its
+/// `pthread_t`, and the kernel saves the FS base in `thread.fsbase` whenever
+/// it is set (`arch_prctl(ARCH_SET_FS)` at start-up, `clone(CLONE_SETTLS)`
+/// for a thread), so the running task's copy is current. Chosen over
+/// reading CPython's TLS (`_Py_tss_tstate` is 3.12+; 3.10's
+/// `autoTSSkey` needs glibc's TLS layout) and over asking userspace (a thread
+/// would stay native until the next tick): one kernel read per event, and
+/// the key cannot name another live thread, as pthread ids are unique among
+/// a process's live threads. `None` when the kernel has no `fsbase` field
+/// (not x86-64): no Python frames rather than a guess.
 #[inline(always)]
-fn tstate(p: &PyProc, tid: u32) -> Option<u64> {
+fn thread_key(p: &PyProc, pid_tgid: u64) -> Option<u64> {
+    if p.flags & PY_THREAD_BY_PTHREAD == 0 {
+        return Some(pid_tgid & 0xffff_ffff);
+    }
+    let off = crate::globals::koffset_task_fsbase();
+    if off == KernelOffsets::MISSING {
+        return None;
+    }
+    // SAFETY: the current task is valid for the program's run;
+    // bpf_probe_read_kernel faults safely.
+    let task = unsafe { bpf_get_current_task() };
+    let fsbase = unsafe { bpf_probe_read_kernel((task + u64::from(off)) as *const u64) }.ok()?;
+    (fsbase != 0).then_some(fsbase)
+}
+
+/// The current thread's `PyThreadState` in process `p`: the one whose
+/// `native_tid` field holds `key` (`thread_key`), cached by `tid`.
+#[inline(always)]
+fn tstate(p: &PyProc, tid: u32, key: u64) -> Option<u64> {
     // SAFETY: a plain value read.
     if let Some(&t) = unsafe { PY_TSTATES.get(tid) } {
-        if read_u64(t + u64::from(p.native_tid)) == Some(u64::from(tid)) {
+        if read_u64(t + u64::from(p.native_tid)) == Some(key) {
             return Some(t);
         }
     }
@@ -68,7 +101,7 @@ fn tstate(p: &PyProc, tid: u32) -> Option<u64> {
         if t == 0 {
             return None;
         }
-        if read_u64(t + u64::from(p.native_tid))? == u64::from(tid) {
+        if read_u64(t + u64::from(p.native_tid))? == key {
             let _ = PY_TSTATES.insert(tid, t, 0);
             return Some(t);
         }
@@ -99,7 +132,9 @@ pub fn walk(s: &mut UserStack, mut h: u64) -> u64 {
     s.py_tgid = (pid_tgid >> 32) as u32;
     // SAFETY: a plain value read.
     let Some(p) = (unsafe { PY_PROCS.get((pid_tgid >> 32) as u32) }) else { return h };
-    let Some(t) = tstate(p, pid_tgid as u32) else { return h };
+    let Some(key) = thread_key(p, pid_tgid) else { return h };
+    let Some(t) = tstate(p, pid_tgid as u32, key) else { return h };
+    let objects = p.flags & PY_FRAME_OBJECTS != 0;
     let Some(mut f) = read_u64(t + u64::from(p.tstate_frame)) else { return h };
     if p.cframe_frame != PY_OFF_NONE {
         if f == 0 {
@@ -122,18 +157,27 @@ pub fn walk(s: &mut UserStack, mut h: u64) -> u64 {
         // SAFETY: bpf_probe_read_user faults safely.
         let Ok(buf) = (unsafe { bpf_probe_read_user(f as *const [u64; PY_FRAME_READ / 8]) }) else { break };
         let mut bit = 0u32;
-        if byte_at(&buf, p.frame_owner) == OWNED_BY_CSTACK {
+        if p.frame_owner != PY_OFF_NONE && byte_at(&buf, p.frame_owner) == OWNED_BY_CSTACK {
             // The frame below it was the first of an eval call.
             if nr > 0 {
                 bit = 1 << ((nr - 1) & 31);
             }
         } else {
             let code = word_at(&buf, p.frame_code);
-            let instr = word_at(&buf, p.frame_instr);
+            let instr = if objects {
+                // f_lasti, an int: its 4 bytes, sign dropped (userspace
+                // reads -1, "not started", back from them). Unreadable: the
+                // walk stops rather than guess a line.
+                let Some(v) = read_u64(f + u64::from(p.frame_instr)) else { break };
+                v & 0xffff_ffff
+            } else {
+                word_at(&buf, p.frame_instr)
+            };
             if let Some(slot) = s.py.get_mut(nr & (PY_DEPTH - 1)) {
                 *slot = PyFrame { code, instr };
             }
-            if p.frame_is_entry != PY_OFF_NONE && byte_at(&buf, p.frame_is_entry) != 0 {
+            // A frame object is its own evaluation-loop call.
+            if objects || (p.frame_is_entry != PY_OFF_NONE && byte_at(&buf, p.frame_is_entry) != 0) {
                 bit = 1 << (nr & 31);
             }
             h = crate::stacks::mix(h ^ code ^ instr.rotate_left(32));

@@ -207,6 +207,13 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         inode_ino: o("inode", "i_ino")?,
         inode_sb: o("inode", "i_sb")?,
         sb_dev: o("super_block", "s_dev")?,
+        task_fsbase: match (
+            field_offset(btf, "task_struct", "thread")?,
+            field_offset(btf, "thread_struct", "fsbase").ok().flatten(),
+        ) {
+            (Some(t), Some(f)) => t + f,
+            _ => KernelOffsets::MISSING,
+        },
     })
 }
 
@@ -275,9 +282,13 @@ mod tests {
             ("oom_control", "chosen"),
             ("mem_cgroup", "css"),
             ("mm_struct", "mmap_base"),
+            ("task_struct", "thread"),
+            ("thread_struct", "fsbase"),
         ] {
             assert_eq!(field_offset(&ours, s, f).unwrap(), their_offset(s, f), "{s}.{f}");
         }
+        let fsbase = their_offset("task_struct", "thread").zip(their_offset("thread_struct", "fsbase"));
+        assert_eq!(Some(kernel_offsets(&ours).unwrap().task_fsbase), fsbase.map(|(t, f)| t + f), "thread.fsbase");
         assert!(field_offset(&ours, "task_struct", "no_such_field").unwrap().is_none());
         assert!(field_offset(&ours, "no_such_struct_vmtrace", "x").is_err());
         let their_enum = |t: &str, n: &str| {

@@ -1,12 +1,13 @@
 //! Code objects read from a live process's memory (`/proc/PID/mem`): name,
 //! file, first line and line table, cached per process and address, so
 //! stacks of a process that has exited are still named; and the line of an
-//! instruction from the line table (CPython 3.11+ location table).
+//! instruction from the line table (CPython 3.11+ location table, 3.10's
+//! PEP 626 table).
 use std::{collections::HashMap, os::unix::fs::FileExt as _};
 
 use vmtrace_common::PyFrame;
 
-use super::detect::CodeLayout;
+use super::detect::{CodeLayout, Lines};
 
 /// A code object as read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,8 +17,28 @@ pub struct Code {
     pub file: String,
     pub firstlineno: i64,
     pub linetable: Vec<u8>,
-    /// Address of its first instruction.
+    /// Address of its first instruction (3.11+).
     pub first_instr: u64,
+    pub lines: Lines,
+}
+
+impl Code {
+    /// The line a frame of this code is at, from the frame's instruction
+    /// value (`Lines`); `None` where the table has none.
+    pub fn line(&self, instr: u64) -> Option<i64> {
+        match self.lines {
+            Lines::Locations => {
+                let index = instr.checked_sub(self.first_instr)? / 2;
+                line_of(&self.linetable, self.firstlineno, index)
+            }
+            // The kernel keeps f_lasti's 4 bytes; a frame not started yet
+            // (-1) is at its first line, as PyCode_Addr2Line says.
+            Lines::Lasti => match u64::try_from(instr as u32 as i32) {
+                Ok(lasti) => line_of_pep626(&self.linetable, self.firstlineno, lasti * 2),
+                Err(_) => Some(self.firstlineno),
+            },
+        }
+    }
 }
 
 /// The Python frames recorded with one user stack.
@@ -96,13 +117,10 @@ impl CodeCache {
         let mut cur: Vec<String> = Vec::new();
         for (i, f) in stack.frames.iter().enumerate().rev() {
             let name = match self.code(tgid, f.code).or_else(|| self.code(stack.tgid, f.code)) {
-                Some(c) => {
-                    let idx = f.instr.checked_sub(c.first_instr).map(|b| b / 2);
-                    match idx.and_then(|i| line_of(&c.linetable, c.firstlineno, i)) {
-                        Some(line) => format!("{} ({}:{line})", c.name, c.file),
-                        None => format!("{} ({})", c.name, c.file),
-                    }
-                }
+                Some(c) => match c.line(f.instr) {
+                    Some(line) => format!("{} ({}:{line})", c.name, c.file),
+                    None => format!("{} ({})", c.name, c.file),
+                },
                 None => "[unknown python]".to_string(),
             };
             // Outermost first: a frame that ends a call (bit set) starts a segment.
@@ -130,7 +148,9 @@ fn u64_at(b: &[u8], off: u64) -> Option<u64> {
 }
 
 fn read_code(m: &std::fs::File, addr: u64, l: &CodeLayout) -> Option<Code> {
-    let head = read_at(m, addr, l.adaptive)?;
+    // Up to the last field read (3.11+: the adaptive code, after them all).
+    let fields = [l.name, l.qualname, l.filename, l.linetable].into_iter().max().unwrap_or(0) + 8;
+    let head = read_at(m, addr, fields.max(l.adaptive))?;
     let name = read_str(m, u64_at(&head, l.qualname)?, l).or_else(|| read_str(m, u64_at(&head, l.name)?, l))?;
     let path = read_str(m, u64_at(&head, l.filename)?, l)?;
     let file = path.rsplit('/').next().unwrap_or(&path).to_string();
@@ -139,7 +159,7 @@ fn read_code(m: &std::fs::File, addr: u64, l: &CodeLayout) -> Option<Code> {
     // A bytes object: its size at 16, its bytes from 32.
     let size = u64_at(&read_at(m, table, 24)?, 16)?.min(MAX_READ);
     let linetable = read_at(m, table + 32, size)?;
-    Some(Code { name, file, firstlineno, linetable, first_instr: addr + l.adaptive })
+    Some(Code { name, file, firstlineno, linetable, first_instr: addr + l.adaptive, lines: l.lines })
 }
 
 /// A compact ASCII string (every identifier and most paths); `None` for others.
@@ -196,6 +216,29 @@ pub fn line_of(table: &[u8], firstlineno: i64, index: u64) -> Option<i64> {
     None
 }
 
+/// The line of the instruction at byte `offset` from a 3.10 (PEP 626)
+/// `co_linetable`: pairs of (bytes covered, line delta as a signed byte),
+/// -128 meaning "no line"; long jumps are split over several pairs (a range
+/// of 0 bytes only moves the line). As 3.10's `PyCode_Addr2Line`; `None`
+/// where the table has no line or ends first.
+pub fn line_of_pep626(table: &[u8], firstlineno: i64, offset: u64) -> Option<i64> {
+    let mut line = firstlineno;
+    let mut end = 0u64;
+    for pair in table.chunks_exact(2) {
+        let start = end;
+        end += u64::from(pair[0]);
+        let delta = pair[1] as i8;
+        let here = (delta != -128).then(|| {
+            line += i64::from(delta);
+            line
+        });
+        if (start..end).contains(&offset) {
+            return here;
+        }
+    }
+    None
+}
+
 fn varint(t: &[u8], i: &mut usize) -> Option<u64> {
     let mut v = 0u64;
     let mut shift = 0;
@@ -230,5 +273,82 @@ mod tests {
         assert_eq!(line_of(&t, 10, 3), Some(14));
         assert_eq!(line_of(&t, 10, 4), None);
         assert_eq!(line_of(&t, 10, 9), None);
+    }
+
+    /// Every instruction of real 3.10.13 code objects (dumped with
+    /// `co_linetable.hex()`) gets the line `co_lines()` gives it: a 201-line
+    /// jump split over two pairs, a 400-byte line split at 254, and
+    /// instructions with no line (-128).
+    #[test]
+    fn lines_follow_the_pep626_table() {
+        type Ranges<'a> = &'a [(u64, u64, Option<i64>)];
+        let cases: [(&str, i64, Ranges); 4] = [
+            (
+                "04010c010a01007f0a4a060106ff",
+                1,
+                &[
+                    (0, 4, Some(2)),
+                    (4, 16, Some(3)),
+                    (16, 26, Some(4)),
+                    (26, 36, Some(205)),
+                    (36, 42, Some(206)),
+                    (42, 48, Some(205)),
+                ],
+            ),
+            (
+                "0801fe01fe0086000aff040212fe0402",
+                1,
+                &[
+                    (0, 8, Some(2)),
+                    (8, 650, Some(3)),
+                    (650, 660, Some(2)),
+                    (660, 664, Some(4)),
+                    (664, 682, Some(2)),
+                    (682, 686, Some(4)),
+                ],
+            ),
+            (
+                "02010c010e011601088002ff",
+                1,
+                &[
+                    (0, 2, Some(2)),
+                    (2, 14, Some(3)),
+                    (14, 28, Some(4)),
+                    (28, 50, Some(5)),
+                    (50, 58, None),
+                    (58, 60, Some(4)),
+                ],
+            ),
+            ("02800e010c012eff", 1, &[(0, 2, None), (2, 16, Some(2)), (16, 28, Some(3)), (28, 74, Some(2))]),
+        ];
+        for (hex, first, ranges) in cases {
+            let table: Vec<u8> =
+                (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+            for &(start, end, line) in ranges {
+                for off in (start..end).step_by(2) {
+                    assert_eq!(line_of_pep626(&table, first, off), line, "{hex} at {off}");
+                }
+            }
+            let end = ranges.last().map_or(0, |r| r.1);
+            assert_eq!(line_of_pep626(&table, first, end), None, "{hex} past its end");
+        }
+    }
+
+    /// A 3.10 frame's `f_lasti` as the kernel keeps it (4 bytes): in code
+    /// units, and -1 (not started) at the first line.
+    #[test]
+    fn lasti_names_the_line_of_its_instruction() {
+        let code = Code {
+            name: "k".into(),
+            file: "t.py".into(),
+            firstlineno: 1,
+            linetable: vec![0x02, 0x01, 0x0c, 0x01, 0x0e, 0x01, 0x16, 0x01, 0x08, 0x80, 0x02, 0xff],
+            first_instr: 0,
+            lines: Lines::Lasti,
+        };
+        assert_eq!(code.line(7), Some(4));
+        assert_eq!(code.line(26), None);
+        assert_eq!(code.line(29), Some(4));
+        assert_eq!(code.line(u64::from(u32::MAX)), Some(1));
     }
 }

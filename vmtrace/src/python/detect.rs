@@ -1,13 +1,14 @@
 //! Which processes run a CPython this module knows, and where its runtime
 //! is: the ELF symbol `_PyRuntime` (in the executable or libpython), the
-//! version from `Py_Version` (3.11+), and the version's structure offsets.
-//! Offsets were taken with `offsetof` from each version's own headers
-//! (pyenv builds, default configure options); a version not in the table
-//! gets no Python frames, never guessed ones.
+//! version from `Py_Version` (3.11+; 3.10 has none, see `read_obj`), and the
+//! version's structure offsets. Offsets were taken with `offsetof` from each
+//! version's own headers (pyenv builds, default configure options; 3.10.13's
+//! from its debug info with gdb); a version not in the table gets no Python
+//! frames, never guessed ones.
 use std::{collections::HashMap, path::Path};
 
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
-use vmtrace_common::{PyProc, PY_OFF_NONE};
+use vmtrace_common::{PyProc, PY_FRAME_OBJECTS, PY_OFF_NONE, PY_THREAD_BY_PTHREAD};
 
 use crate::procmaps::Region;
 
@@ -20,10 +21,23 @@ pub struct CodeLayout {
     pub filename: u64,
     pub firstlineno: u64,
     pub linetable: u64,
-    /// `co_code_adaptive`: instruction pointers count code units from here.
+    /// `co_code_adaptive`: instruction pointers count code units from here
+    /// (3.11+; 0 for 3.10, whose frames give `f_lasti`).
     pub adaptive: u64,
     /// Where a compact ASCII string's characters start.
     pub ascii_data: u64,
+    pub lines: Lines,
+}
+
+/// What a frame's instruction value is, and which line table its code has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lines {
+    /// 3.11+: the instruction's address; the location table
+    /// (Objects/locations.md).
+    Locations,
+    /// 3.10: `f_lasti`, in 2-byte code units, -1 before the first; PEP 626's
+    /// `co_linetable` (Objects/lnotab_notes.txt), in bytes.
+    Lasti,
 }
 
 /// A Python found in a process: its version (major, minor) and layouts.
@@ -39,8 +53,13 @@ pub fn layout(version: (u8, u8), runtime: u64) -> Option<(PyProc, CodeLayout)> {
     let n = PY_OFF_NONE;
     // (interp_head, threads_head, tstate_next, native_tid, tstate_frame,
     //  cframe_frame, frame_code, frame_previous, frame_instr, frame_owner,
-    //  frame_is_entry), then the code object's.
+    //  frame_is_entry), then the code object's (name, qualname, filename,
+    //  firstlineno, linetable, adaptive, ascii_data).
+    // 3.10: `interpreters.head`, `tstate_head`, `next`, `thread_id`, `frame`,
+    // then `PyFrameObject`'s `f_code`, `f_back`, `f_lasti`; its code objects
+    // have no `co_qualname` (the name stands in) and no adaptive code.
     let (t, c) = match version {
+        (3, 10) => ([32, 8, 8, 176, 24, n, 32, 24, 96, n, n], [112, 112, 104, 40, 120, 0, 48]),
         (3, 11) => ([40, 16, 8, 160, 56, 8, 32, 48, 56, 69, 68], [120, 128, 112, 72, 136, 184, 48]),
         (3, 12) => ([40, 72, 8, 144, 56, 0, 0, 8, 56, 70, n], [120, 128, 112, 68, 136, 192, 40]),
         (3, 13) => ([632, 7344, 8, 160, 72, n, 0, 8, 56, 70, n], [120, 128, 112, 68, 136, 200, 40]),
@@ -59,7 +78,7 @@ pub fn layout(version: (u8, u8), runtime: u64) -> Option<(PyProc, CodeLayout)> {
         frame_instr: t[8],
         frame_owner: t[9],
         frame_is_entry: t[10],
-        _pad: 0,
+        flags: if version == (3, 10) { PY_THREAD_BY_PTHREAD | PY_FRAME_OBJECTS } else { 0 },
     };
     let code = CodeLayout {
         name: c[0],
@@ -69,6 +88,7 @@ pub fn layout(version: (u8, u8), runtime: u64) -> Option<(PyProc, CodeLayout)> {
         linetable: c[4],
         adaptive: c[5],
         ascii_data: c[6],
+        lines: if version == (3, 10) { Lines::Lasti } else { Lines::Locations },
     };
     Some((proc, code))
 }
@@ -78,7 +98,7 @@ pub fn layout(version: (u8, u8), runtime: u64) -> Option<(PyProc, CodeLayout)> {
 enum ObjInfo {
     NotPython,
     /// `_PyRuntime` at this link-time address; version (None: unknown, e.g.
-    /// 3.10, which has no `Py_Version`); whether addresses are absolute.
+    /// 3.9); whether addresses are absolute.
     Python {
         runtime: u64,
         version: Option<(u8, u8)>,
@@ -169,7 +189,7 @@ fn from_debug_offsets(d: &[u64], version: (u8, u8)) -> Option<PyProc> {
         frame_instr: w(31)?,
         frame_owner: w(33)?,
         frame_is_entry: PY_OFF_NONE,
-        _pad: 0,
+        flags: 0,
     })
 }
 
@@ -184,8 +204,10 @@ fn read_obj(path: &str) -> ObjInfo {
     let mut runtime = None;
     let mut version = None;
     let mut debug = None;
+    let mut py_is = false;
     for sym in file.symbols().chain(file.dynamic_symbols()) {
         match sym.name() {
+            Ok("Py_IsNone") => py_is = true,
             Ok("_PyRuntime") => {
                 runtime = Some(sym.address());
                 debug = sym.section_index().and_then(|i| file.section_by_index(i).ok()).and_then(|s| {
@@ -206,6 +228,11 @@ fn read_obj(path: &str) -> ObjInfo {
             _ => {}
         }
     }
+    // 3.10 has no `Py_Version`; it is the one version that has `_PyRuntime`
+    // and `Py_IsNone` (new in 3.10's API) but no `Py_Version` (new in 3.11).
+    if version.is_none() && py_is {
+        version = Some((3, 10));
+    }
     match runtime {
         Some(runtime) => {
             ObjInfo::Python { runtime, version, absolute: file.kind() == object::ObjectKind::Executable, debug }
@@ -220,8 +247,9 @@ mod tests {
 
     #[test]
     fn only_checked_versions_have_offsets() {
+        assert!(layout((3, 10), 1).is_some());
         assert!(layout((3, 12), 1).is_some());
-        assert!(layout((3, 10), 1).is_none());
+        assert!(layout((3, 9), 1).is_none());
         assert!(layout((3, 14), 1).is_none());
     }
 }

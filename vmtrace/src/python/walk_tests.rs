@@ -1,9 +1,10 @@
 //! The kernel's walk (vmtrace-ebpf/src/python.rs) done from userspace on a
 //! live pyenv Python, through /proc/PID/mem: checks each version's offsets
-//! without loading BPF. Skipped (with a note) where pyenv lacks the version.
+//! without loading BPF. Skipped (with a note) where pyenv lacks the version;
+//! an installed version with no row (3.9) is detected as unknown.
 use std::os::unix::fs::FileExt as _;
 
-use vmtrace_common::{PyFrame, PY_OFF_NONE};
+use vmtrace_common::{PyFrame, PY_FRAME_OBJECTS, PY_OFF_NONE, PY_THREAD_BY_PTHREAD};
 
 use super::{
     detect::{Detected, Detector},
@@ -20,7 +21,9 @@ fn byte(m: &std::fs::File, addr: u64) -> u8 {
     m.read_exact_at(&mut b, addr).map_or(0, |()| b[0])
 }
 
-const SCRIPT: &str = "import sys, time\n\ndef sleeper():\n    sys.stdout.write('ready\\n'); sys.stdout.flush()\n    time.sleep(30)\n\ndef outer():\n    sleeper()\n\nouter()\n";
+/// Prints its thread's `threading.get_ident()`: `pthread_self()`, which 3.10
+/// keys thread states by (the kernel reads it as the FS base).
+const SCRIPT: &str = "import sys, time, threading\n\ndef sleeper():\n    sys.stdout.write('%d\\n' % threading.get_ident()); sys.stdout.flush()\n    time.sleep(30)\n\ndef outer():\n    sleeper()\n\nouter()\n";
 
 fn walk_live(minor: u32) {
     let root = std::env::var("PYENV_ROOT").unwrap_or_else(|_| "/root/.pyenv".into());
@@ -40,6 +43,7 @@ fn walk_live(minor: u32) {
     let mut line = String::new();
     let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().expect("stdout")), &mut line);
     std::thread::sleep(std::time::Duration::from_millis(100));
+    let ident: u64 = line.trim().parse().expect("thread ident");
     let pid = child.id();
     let maps = crate::procmaps::read(pid).expect("maps");
     let Detected::Known(found) = Detector::default().detect(&maps) else { panic!("3.{minor} not detected") };
@@ -47,7 +51,8 @@ fn walk_live(minor: u32) {
     let m = std::fs::File::open(format!("/proc/{pid}/mem")).expect("mem");
     let interp = word(&m, p.runtime + u64::from(p.interp_head));
     let mut t = word(&m, interp + u64::from(p.threads_head));
-    while t != 0 && word(&m, t + u64::from(p.native_tid)) != u64::from(pid) {
+    let key = if p.flags & PY_THREAD_BY_PTHREAD != 0 { ident } else { u64::from(pid) };
+    while t != 0 && word(&m, t + u64::from(p.native_tid)) != key {
         t = word(&m, t + u64::from(p.tstate_next));
     }
     assert_ne!(t, 0, "3.{minor}: no thread state for the main thread");
@@ -57,11 +62,10 @@ fn walk_live(minor: u32) {
     }
     let mut frames = Vec::new();
     while f != 0 && frames.len() < 32 {
-        if byte(&m, f + u64::from(p.frame_owner)) != 3 {
-            frames.push(PyFrame {
-                code: word(&m, f + u64::from(p.frame_code)),
-                instr: word(&m, f + u64::from(p.frame_instr)),
-            });
+        if p.frame_owner == PY_OFF_NONE || byte(&m, f + u64::from(p.frame_owner)) != 3 {
+            let instr = word(&m, f + u64::from(p.frame_instr));
+            let instr = if p.flags & PY_FRAME_OBJECTS != 0 { instr & 0xffff_ffff } else { instr };
+            frames.push(PyFrame { code: word(&m, f + u64::from(p.frame_code)), instr });
         }
         f = word(&m, f + u64::from(p.frame_previous));
     }
@@ -73,6 +77,11 @@ fn walk_live(minor: u32) {
     let _ = child.wait();
     let names: Vec<String> = codes.segments(pid, &stack).concat();
     assert_eq!(names, ["<module> (<string>:10)", "outer (<string>:8)", "sleeper (<string>:5)"], "3.{minor}");
+}
+
+#[test]
+fn python_3_10_offsets_walk_a_live_interpreter() {
+    walk_live(10);
 }
 
 #[test]
@@ -109,4 +118,30 @@ fn python_3_13_debug_offsets_agree_with_the_table() {
     let Detected::Known(found) = Detector::default().detect(&maps) else { panic!("3.13 not detected") };
     let (table, _) = super::detect::layout((3, 13), found.proc.runtime).expect("row");
     assert_eq!(found.proc, table);
+}
+
+/// A Python with no row (pyenv's 3.9, which has `_PyRuntime` but neither
+/// `Py_Version` nor `Py_IsNone`) is named, not given offsets.
+#[test]
+fn python_3_9_is_unknown() {
+    let root = std::env::var("PYENV_ROOT").unwrap_or_else(|_| "/root/.pyenv".into());
+    let Some(lib) = std::fs::read_dir(format!("{root}/versions")).ok().and_then(|d| {
+        d.filter_map(Result::ok)
+            .find(|e| e.file_name().to_string_lossy().starts_with("3.9."))
+            .map(|e| e.path().join("lib/libpython3.9.so.1.0"))
+            .filter(|p| p.exists())
+    }) else {
+        eprintln!("SKIPPED: no pyenv 3.9 with libpython");
+        return;
+    };
+    let path = lib.to_string_lossy().into_owned();
+    let maps = [crate::procmaps::Region {
+        start: 0x1000,
+        end: 0x2000,
+        offset: 0,
+        perms: "r--p".into(),
+        kind: crate::model::RegionKind::File,
+        path: Some(path.clone()),
+    }];
+    assert_eq!(Detector::default().detect(&maps), Detected::Unknown(path));
 }
