@@ -6,15 +6,6 @@ mod common;
 
 use common::*;
 
-/// A folded line's Python frames alone, `;`-joined: 3.10 runs each Python
-/// call in its own evaluation-loop call, so the native frames of the call
-/// (`_PyEval_Vector`) lie between its Python frames; 3.11+ runs Python
-/// calls inside one and its chains read the same either way.
-fn python_only(line: &str) -> String {
-    let stack = line.rsplit_once(' ').map_or(line, |(s, _)| s);
-    stack.split(';').filter(|f| vmtrace::python::is_python_frame(f)).collect::<Vec<_>>().join(";")
-}
-
 /// Line 5 takes the faults; `main` calls it at line 10, the module `main` at 14.
 const FILL: &str = "\
 import sys

@@ -77,7 +77,7 @@ fn cold_safetensors_load_is_blamed_on_the_loading_line(minor: u32) {
     let under = |name: &str| {
         let f = std::fs::read_to_string(run.out.path().join(name)).unwrap();
         let weight = |l: &str| l.rsplit_once(' ').and_then(|(_, w)| w.parse::<u64>().ok()).unwrap_or(0);
-        (f.lines().filter(|l| l.contains(chain)).map(weight).sum::<u64>(), f)
+        (f.lines().filter(|l| python_only(l).contains(chain)).map(weight).sum::<u64>(), f)
     };
     // Every fault on the checkpoint is taken by the loading line (with the
     // copies it makes of the tensors); the interpreter's start-up has the rest.
@@ -88,6 +88,12 @@ fn cold_safetensors_load_is_blamed_on_the_loading_line(minor: u32) {
     }
     let (majors, f) = under("major-faults.folded");
     assert!(majors > 0, "3.{minor}: the checkpoint's major faults under {chain}:\n{f}");
+}
+
+#[test]
+fn python_3_10_numpy_munmap_storm_is_blamed_on_the_python_function() {
+    privileged!();
+    numpy_munmap_storm_is_blamed_on_the_python_function(10);
 }
 
 #[test]
@@ -106,6 +112,12 @@ fn python_3_12_numpy_munmap_storm_is_blamed_on_the_python_function() {
 fn python_3_13_numpy_munmap_storm_is_blamed_on_the_python_function() {
     privileged!();
     numpy_munmap_storm_is_blamed_on_the_python_function(13);
+}
+
+#[test]
+fn python_3_10_cold_safetensors_load_is_blamed_on_the_loading_line() {
+    privileged!();
+    cold_safetensors_load_is_blamed_on_the_loading_line(10);
 }
 
 #[test]

@@ -261,6 +261,15 @@ pub fn folded_share(folded: &str, pred: impl Fn(&str) -> bool) -> f64 {
     hit as f64 / total.max(1) as f64
 }
 
+/// A folded line's Python frames alone, `;`-joined: 3.10 runs each Python
+/// call in its own evaluation-loop call, so the native frames of the call
+/// (`_PyEval_Vector`) lie between its Python frames; 3.11+ runs Python
+/// calls inside one and its chains read the same either way.
+pub fn python_only(line: &str) -> String {
+    let stack = line.rsplit_once(' ').map_or(line, |(s, _)| s);
+    stack.split(';').filter(|f| vmtrace::python::is_python_frame(f)).collect::<Vec<_>>().join(";")
+}
+
 /// pyenv's Python `minor` (3.x). Missing, the test fails, unless
 /// `VMTRACE_SKIP_MISSING_PYTHON=1` lets it skip (`None`) and say so.
 pub fn pyenv_python(minor: u32) -> Option<std::path::PathBuf> {
