@@ -97,7 +97,10 @@ fn every_profile_reads_in_pprof_with_its_folded_total() {
     for (stem, ..) in PROFILES {
         std::fs::remove_file(out.join(format!("{stem}.pb.gz"))).unwrap();
     }
+    std::fs::remove_file(out.join("report.html")).unwrap();
     let rebuilt = vmtrace().arg("report").arg(out).output().unwrap();
     assert!(rebuilt.status.success(), "{}", String::from_utf8_lossy(&rebuilt.stderr));
     check_totals(out, "report DIR");
+    let html = std::fs::read_to_string(out.join("report.html")).expect("report DIR writes report.html again");
+    assert!(html.contains("faults.pb.gz") && html.contains("<svg"), "the page embeds the graphs and links the profiles");
 }

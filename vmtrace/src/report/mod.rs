@@ -234,6 +234,8 @@ pub fn rebuild(dir: &Path) -> Result<Summary, String> {
         }
     }
     rebuild_profiles(&mut w, &s);
+    // Last: it embeds the SVGs and links the profiles written above.
+    w.text("report.html", &html::render(&s, dir));
     if w.failed.is_empty() {
         Ok(s)
     } else {
