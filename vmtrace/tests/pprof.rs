@@ -102,5 +102,8 @@ fn every_profile_reads_in_pprof_with_its_folded_total() {
     assert!(rebuilt.status.success(), "{}", String::from_utf8_lossy(&rebuilt.stderr));
     check_totals(out, "report DIR");
     let html = std::fs::read_to_string(out.join("report.html")).expect("report DIR writes report.html again");
-    assert!(html.contains("faults.pb.gz") && html.contains("<svg"), "the page embeds the graphs and links the profiles");
+    assert!(
+        html.contains("faults.pb.gz") && html.contains("<svg"),
+        "the page embeds the graphs and links the profiles"
+    );
 }
