@@ -226,6 +226,9 @@ fn test(extra: &[String]) -> Result<()> {
         let why = "the pprof test (`go tool pprof` reads every profile; VMTRACE_SKIP_GO_PPROF=1 skips it)";
         ensure_tool_answering(&["go"], &["version"], "golang-go", why)?;
     }
+    if env::var("VMTRACE_SKIP_TORCH").as_deref() == Ok("1") {
+        say("VMTRACE_SKIP_TORCH=1: the torch tests will report themselves skipped");
+    }
     say("running tests");
     run(cmd("cargo").args(["test", "--release"]).args(USER_CRATES).arg("--").args(extra))
 }

@@ -336,3 +336,77 @@ pub fn python_from(base: &std::path::Path, packages: &[&str]) -> std::path::Path
     }
     python
 }
+
+/// A test fixture's path (`vmtrace/tests/fixtures/NAME`).
+pub fn fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+/// Where downloads too large to fetch for every clone are kept between runs:
+/// `$VMTRACE_CACHE`, else `$XDG_CACHE_HOME/vmtrace`, else `~/.cache/vmtrace`.
+pub fn cache_dir() -> std::path::PathBuf {
+    let dir = std::env::var_os("VMTRACE_CACHE").map(std::path::PathBuf::from).unwrap_or_else(|| {
+        std::env::var_os("XDG_CACHE_HOME")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                std::path::PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cache")
+            })
+            .join("vmtrace")
+    });
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create the cache {}: {e}", dir.display()));
+    dir
+}
+
+/// pyenv's Python 3.12 in a venv with torch (with its CUDA libraries; it
+/// runs on the CPU), numpy and safetensors from the registry. The venv is
+/// kept in [`cache_dir`], outside the clone: torch is ~3 GB, made once per
+/// machine (pip's own cache keeps the wheels too). A failed install fails
+/// the test with the fix, unless `VMTRACE_SKIP_TORCH=1` lets it skip
+/// (`None`) and say so.
+pub fn torch_python() -> Option<std::path::PathBuf> {
+    let skip = std::env::var("VMTRACE_SKIP_TORCH").as_deref() == Ok("1");
+    if skip {
+        eprintln!("SKIPPED: VMTRACE_SKIP_TORCH=1 (the torch tests need a venv with torch, numpy and safetensors)");
+        return None;
+    }
+    let base = pyenv_python(12)?;
+    let version = base
+        .parent()
+        .and_then(|b| b.parent())
+        .and_then(|v| v.file_name())
+        .map_or_else(|| "3.12".to_string(), |n| n.to_string_lossy().into_owned());
+    let venv = cache_dir().join(format!("venv-{version}-torch"));
+    let python = venv.join("bin/python");
+    let imports = "import torch, numpy, safetensors.torch";
+    let has = || Command::new(&python).args(["-c", imports]).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    if !has() {
+        // One test at a time installs: the others wait on the lock.
+        let lock = std::fs::File::create(cache_dir().join("venv-torch.lock")).expect("the cache is writable");
+        // SAFETY: flock on a descriptor we own; released when `lock` drops.
+        unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) };
+        if !has() {
+            eprintln!("installing torch, numpy and safetensors into {} (once per machine)", venv.display());
+            let ok = Command::new(&base).args(["-m", "venv", "--clear"]).arg(&venv).status().is_ok_and(|s| s.success())
+                && Command::new(&python)
+                    .args([
+                        "-m",
+                        "pip",
+                        "install",
+                        "--quiet",
+                        "--disable-pip-version-check",
+                        "torch",
+                        "numpy",
+                        "safetensors",
+                    ])
+                    .status()
+                    .is_ok_and(|s| s.success());
+            assert!(
+                ok && has(),
+                "cannot install torch, numpy and safetensors into {}: check the package registry can be reached and \
+                 there is ~6 GB free, or set VMTRACE_SKIP_TORCH=1 to skip the torch tests explicitly",
+                venv.display()
+            );
+        }
+    }
+    Some(python)
+}
