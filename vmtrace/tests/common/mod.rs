@@ -345,14 +345,12 @@ pub fn fixture(name: &str) -> std::path::PathBuf {
 /// Where downloads too large to fetch for every clone are kept between runs:
 /// `$VMTRACE_CACHE`, else `$XDG_CACHE_HOME/vmtrace`, else `~/.cache/vmtrace`.
 pub fn cache_dir() -> std::path::PathBuf {
-    let dir = std::env::var_os("VMTRACE_CACHE").map(std::path::PathBuf::from).unwrap_or_else(|| {
-        std::env::var_os("XDG_CACHE_HOME")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| {
-                std::path::PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cache")
-            })
-            .join("vmtrace")
-    });
+    let home = || std::path::PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cache");
+    let dir = match (std::env::var_os("VMTRACE_CACHE"), std::env::var_os("XDG_CACHE_HOME")) {
+        (Some(d), _) => std::path::PathBuf::from(d),
+        (None, Some(x)) => std::path::PathBuf::from(x).join("vmtrace"),
+        (None, None) => home().join("vmtrace"),
+    };
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create the cache {}: {e}", dir.display()));
     dir
 }
