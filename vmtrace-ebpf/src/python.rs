@@ -180,7 +180,7 @@ pub fn walk(s: &mut UserStack, mut h: u64) -> u64 {
             if objects || (p.frame_is_entry != PY_OFF_NONE && byte_at(&buf, p.frame_is_entry) != 0) {
                 bit = 1 << (nr & 31);
             }
-            h = crate::stacks::mix(h ^ code ^ instr.rotate_left(32));
+            h = crate::shared::mix(h ^ code ^ instr.rotate_left(32));
             // SAFETY: as above.
             unsafe { core::ptr::write_volatile(nr_p, nr as u32 + 1) };
         }

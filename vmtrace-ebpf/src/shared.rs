@@ -122,3 +122,12 @@ pub fn batched_wakeup() -> u64 {
 /// /proc is gone soon). Forced, because after unwoken records the kernel's
 /// default wakes nobody (it wakes only when the reader had caught up).
 pub const WAKE_NOW: u64 = BPF_RB_FORCE_WAKEUP as u64;
+
+/// A 64-bit finalizer (murmur3's fmix64): stack and Python chain hashes
+/// mix each frame in with it.
+#[inline(always)]
+pub fn mix(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^ (h >> 33)
+}

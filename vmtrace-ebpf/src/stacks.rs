@@ -28,7 +28,7 @@ use crate::{
     globals::config,
     inflight::{set_walking, FAULT_SLOT},
     samples::send_sample,
-    shared::{EVENTS, WAKE_NOW},
+    shared::{mix, EVENTS, WAKE_NOW},
 };
 
 /// Call stacks (user and kernel) of sampled faults, by id.
@@ -259,13 +259,6 @@ fn by_windows(s: &mut UserStack, fp: u64, h: u64) -> Option<(u64, usize, bool)> 
         let at = ((fp - base) >> 3) as usize & (WINDOW_BYTES as usize / 8 - 1);
         Some([*win.get(at)?, *win.get(at + 1)?])
     }))
-}
-
-#[inline(always)]
-pub fn mix(mut h: u64) -> u64 {
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    h ^ (h >> 33)
 }
 
 /// Stores `s` under 30 bits of its hash, probing the next ids on a

@@ -13,6 +13,7 @@ pub mod attribute;
 pub mod fake;
 pub mod flight;
 pub mod process;
+pub mod python;
 pub mod session;
 pub mod source;
 pub mod storms;

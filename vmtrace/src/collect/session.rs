@@ -87,7 +87,7 @@ pub struct Session<S: AggregateSource = Probes> {
     /// Copied user stacks, unwound as they arrive.
     native: NativeStacks,
     /// Python processes and the code objects of their frames.
-    python: crate::python::Tracker,
+    python: super::python::Tracker,
     /// The Perfetto trace's event log, when asked for.
     trace: Option<TraceRecorder>,
 }
@@ -194,7 +194,7 @@ impl<S: AggregateSource> Session<S> {
             last_sites: HashMap::new(),
             timeline: TimelineRecorder::new(now),
             native: NativeStacks::default(),
-            python: crate::python::Tracker::default(),
+            python: super::python::Tracker::default(),
             trace: opts.trace_log.then(|| TraceRecorder::new(monotonic_ns())),
         }
     }

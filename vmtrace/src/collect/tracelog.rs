@@ -146,18 +146,6 @@ fn grown(before: &Cum, now: &Cum) -> Cum {
     }
 }
 
-/// Shootdowns received (`tlb_flush` reason 1) per CPU, from per-CPU values.
-pub fn received_by_cpu<'a>(per_cpu: impl Iterator<Item = &'a [MmStats]>) -> Vec<u64> {
-    let mut out: Vec<u64> = Vec::new();
-    for cpus in per_cpu {
-        out.resize(out.len().max(cpus.len()), 0);
-        for (o, m) in out.iter_mut().zip(cpus) {
-            *o += m.tlb_reason[1];
-        }
-    }
-    out
-}
-
 /// The log's kind of a task event (`None`: not a task event).
 pub fn task_kind(kind: u32) -> Option<TaskKind> {
     match EventKind::from_u32(kind)? {

@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use crate::{
     cli::EventFamily,
-    model::{fmt_ns, oom::render, Summary},
+    model::{escape_html, fmt_ns, oom::render, Summary},
     record::{record, RecordError, RecordOptions},
     report::html,
     stacks::StackMode,
@@ -374,28 +374,28 @@ fn demo_html(rows: &[Row], sections: &[(String, String, Summary)], out: &Path) -
     let mut b = String::from("<h2>Scenarios</h2><div class='scroll'><table><tr><th class='l'>scenario</th><th class='l'>what</th><th>faults</th><th>major</th><th>COW</th><th>fault time</th><th>shootdown IPIs</th><th>storms</th><th>getrusage</th></tr>");
     for r in rows {
         let cells = r.cells().iter().fold(String::new(), |mut acc, c| {
-            let _ = write!(acc, "<td>{}</td>", html::escape(c));
+            let _ = write!(acc, "<td>{}</td>", escape_html(c));
             acc
         });
         let _ = write!(
             b,
             "<tr><td><a href='#{0}'>{0}</a></td><td class='l'>{1}</td>{cells}</tr>",
-            html::escape(&r.scenario),
-            html::escape(&r.what)
+            escape_html(&r.scenario),
+            escape_html(&r.what)
         );
     }
     let _ = write!(
         b,
         "</table></div><p class='note'>{}</p><h3>What it shows</h3><pre class='wrap'>{}</pre>",
-        html::escape(&GETRUSAGE_NOTE.replace('\n', " ")),
-        html::escape(comparison(rows).split("What it shows:").nth(1).unwrap_or("").trim_start_matches('\n'))
+        escape_html(&GETRUSAGE_NOTE.replace('\n', " ")),
+        escape_html(comparison(rows).split("What it shows:").nth(1).unwrap_or("").trim_start_matches('\n'))
     );
     for (name, what, s) in sections {
         let _ = write!(
             b,
             "<h2 id='{0}'>{0}</h2><p>{1}</p>{2}",
-            html::escape(name),
-            html::escape(what),
+            escape_html(name),
+            escape_html(what),
             html::recording_body(s, &out.join(name), &format!("{name}/"))
         );
     }

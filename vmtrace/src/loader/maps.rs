@@ -133,7 +133,7 @@ impl Probes {
     pub fn received_per_cpu(&self) -> Vec<u64> {
         let per_cpu: Vec<Vec<MmStats>> =
             self.maps.mm_stats.iter().filter_map(Result::ok).map(|(_, v)| v.iter().copied().collect()).collect();
-        crate::collect::tracelog::received_by_cpu(per_cpu.iter().map(Vec::as_slice))
+        received_by_cpu(per_cpu.iter().map(Vec::as_slice))
     }
 
     /// Call-site counts of mmap-family syscalls, summed over CPUs.
@@ -317,4 +317,16 @@ fn sum_cpus<'a, T: Merge + 'a>(values: impl Iterator<Item = &'a T>) -> T {
         sum.merge(v);
     }
     sum
+}
+
+/// Shootdowns received (`tlb_flush` reason 1) per CPU, from per-CPU values.
+pub fn received_by_cpu<'a>(per_cpu: impl Iterator<Item = &'a [MmStats]>) -> Vec<u64> {
+    let mut out: Vec<u64> = Vec::new();
+    for cpus in per_cpu {
+        out.resize(out.len().max(cpus.len()), 0);
+        for (o, m) in out.iter_mut().zip(cpus) {
+            *o += m.tlb_reason[1];
+        }
+    }
+    out
 }

@@ -26,6 +26,11 @@ pub fn bytes(n: u64) -> String {
     }
 }
 
+/// Text for an HTML or SVG page: `&`, `<`, `>` and `"` as entities.
+pub fn escape_html(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
 /// A kernel `comm` (NUL-padded bytes) as text.
 pub fn comm_str(c: &[u8]) -> String {
     let end = c.iter().position(|&b| b == 0).unwrap_or(c.len());

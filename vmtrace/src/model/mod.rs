@@ -19,7 +19,7 @@ pub mod trace;
 pub use drops::{DropCounts, Drops};
 pub use faults::{largest_remainder, scale, Faults, Hist};
 pub use fold::{fold, Folding, OTHER_PID};
-pub use format::{bytes, comm_str, fmt_ns};
+pub use format::{bytes, comm_str, escape_html, fmt_ns};
 pub use live::{Cum, LiveProcess, LiveSnapshot, RateKeeper, Rates};
 pub use oom::{HeldRegion, OomRecord};
 pub use perf::{PerfSummary, RegionSamples};

@@ -1,12 +1,12 @@
 //! CPython frames in user stacks: finding a process's interpreter
 //! (`detect`), naming the frames the kernel recorded (`code`), and splicing
-//! them into the native frames at the evaluation loop (`splice`).
+//! them into the native frames at the evaluation loop (`splice`). The
+//! session's use of them (which processes to look at, when) is
+//! `collect::python`.
 pub mod code;
 pub mod detect;
-pub mod track;
 
 pub use code::{CodeCache, PyStack};
-pub use track::Tracker;
 
 /// The native frame that runs Python frames: each call of it is replaced by
 /// the Python frames it ran, as `py-spy --native` shows them.

@@ -14,7 +14,12 @@ use std::collections::HashMap;
 
 use crate::procmaps::Region;
 
-use super::replay::page_up;
+const PAGE: u64 = 4096;
+
+/// `v` rounded up to a page boundary (saturating at the top of the space).
+pub(super) fn page_up(v: u64) -> u64 {
+    v.saturating_add(PAGE - 1) & !(PAGE - 1)
+}
 
 /// One logged change, taking effect at `gen`.
 #[derive(Clone, Debug)]

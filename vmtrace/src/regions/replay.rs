@@ -6,7 +6,7 @@
 //! nearest mapping in time (the birth index).
 use std::collections::{BTreeMap, HashMap};
 
-use super::history::Change;
+use super::history::{page_up, Change};
 use crate::{model::RegionKind, procmaps::Region};
 
 /// What a fault's page was placed in.
@@ -74,7 +74,6 @@ impl RangeSet {
     }
 }
 
-const PAGE: u64 = 4096;
 pub const MAP_NORESERVE: u64 = 0x4000;
 pub const MAP_STACK: u64 = 0x20000;
 
@@ -91,10 +90,6 @@ const ARENA: u64 = 64 << 20;
 /// How far below a stack's start, as last known, it may have grown (the
 /// default RLIMIT_STACK).
 const STACK_GROWTH: u64 = 8 << 20;
-
-pub(super) fn page_up(v: u64) -> u64 {
-    v.saturating_add(PAGE - 1) & !(PAGE - 1)
-}
 
 /// Anonymous-like kinds are one class: the kernel names some ([heap],
 /// [stack], [anon:…]) and not others.

@@ -4,8 +4,7 @@
 //! by count).
 use std::fmt::Write as _;
 
-use super::html::escape;
-use crate::model::{fmt_ns, Hist, Timeline};
+use crate::model::{escape_html as escape, fmt_ns, Hist, Timeline};
 
 /// A round step for about `n` ticks over `0..=max`: 1, 2 or 5 times a power of ten.
 fn nice_step(max: f64, n: f64) -> f64 {

@@ -11,13 +11,9 @@ use super::{
     words::{self, approx, short_cmdline, thousands},
 };
 use crate::{
-    model::{bytes, fmt_ns, Summary},
+    model::{bytes, escape_html as escape, fmt_ns, Summary},
     stacks::flamegraph,
 };
-
-pub fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
-}
 
 fn base64(data: &[u8]) -> String {
     const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";

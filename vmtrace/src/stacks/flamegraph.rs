@@ -3,6 +3,7 @@
 use std::{fmt::Write as _, io, path::Path};
 
 use super::Stack;
+use crate::model::escape_html as escape;
 
 /// What a flamegraph is weighted by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -194,10 +195,6 @@ pub fn write_svg(svg: &Path, folded: &str, title: &str, count_name: &str) -> io:
     inferno::flamegraph::from_lines(&mut opts, folded.lines(), &mut out).map_err(io::Error::other)?;
     // A full disk may only show when the buffer is flushed: say so, not drop it.
     io::Write::flush(&mut out)
-}
-
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
 #[cfg(test)]

@@ -6,11 +6,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{
+use super::{process::ProcessTable, AggregateSource};
+use crate::python::{
     detect::{Detected, Detector},
-    CodeCache,
+    CodeCache, PyStack,
 };
-use crate::collect::{process::ProcessTable, AggregateSource};
 
 /// How long a process is looked at again for a Python after it was first
 /// seen: the loader maps libpython shortly after exec.
@@ -31,7 +31,7 @@ pub struct Tracker {
     seen: HashMap<u32, (Program, Instant, bool)>,
     /// Stacks of processes not registered yet (a forked child the kernel
     /// follows before this tick found it): read once they are.
-    pending: Vec<(Instant, crate::python::PyStack)>,
+    pending: Vec<(Instant, PyStack)>,
     /// Pythons this build has no offsets for (for summary.json).
     pub unknown: Vec<String>,
 }
@@ -122,7 +122,7 @@ impl Tracker {
 
     /// Reads the code objects of `fresh` stacks and of those pending, or
     /// keeps them pending while their process is not registered yet.
-    fn resolve(&mut self, now: Instant, fresh: impl Iterator<Item = (Instant, crate::python::PyStack)>) {
+    fn resolve(&mut self, now: Instant, fresh: impl Iterator<Item = (Instant, PyStack)>) {
         let all: Vec<_> = std::mem::take(&mut self.pending).into_iter().chain(fresh).collect();
         for (since, s) in all {
             if self.codes.has_layout(s.tgid) {
