@@ -87,8 +87,14 @@ pub struct FaultStats {
     /// Faults served by a transparent huge page: a PMD-order folio was
     /// allocated while the fault was in flight.
     pub huge: u64,
+    /// Fast minor faults timed as samples (`Config::fast_period` > 1): how
+    /// many, their summed and squared latencies (unweighted; `minor_timed`
+    /// and `minor_time_ns` hold them weighted by the faults each stands for).
+    pub minor_sampled: u64,
+    pub minor_sampled_ns: u64,
+    pub minor_sampled_sq: u64,
 }
-const _: () = assert!(core::mem::size_of::<FaultStats>() == 8 * (14 + 2 * HIST_BUCKETS));
+const _: () = assert!(core::mem::size_of::<FaultStats>() == 8 * (17 + 2 * HIST_BUCKETS));
 
 impl Merge for FaultStats {
     fn merge(&mut self, o: &FaultStats) {
@@ -110,6 +116,9 @@ impl Merge for FaultStats {
         self.reclaim += o.reclaim;
         self.reclaim_ns += o.reclaim_ns;
         self.huge += o.huge;
+        self.minor_sampled += o.minor_sampled;
+        self.minor_sampled_ns += o.minor_sampled_ns;
+        self.minor_sampled_sq += o.minor_sampled_sq;
     }
 }
 
@@ -133,14 +142,31 @@ pub struct InflightFault {
     pub walking: u32,
     /// `INFLIGHT_*` bits.
     pub flags: u32,
+    /// Faults left on this CPU until the next fast fault is timed (per-CPU
+    /// slot only; `Config::fast_period`).
+    pub time_countdown: u32,
+    /// Faults of traced processes started on this CPU since the last timed
+    /// fast fault, less the slow ones timed meanwhile: the weight the next
+    /// sample stands for (per-CPU slot only).
+    pub pending: u32,
 }
-const _: () = assert!(core::mem::size_of::<InflightFault>() == 40);
+const _: () = assert!(core::mem::size_of::<InflightFault>() == 48);
 /// `InflightFault::flags`: counted as served by a huge page (once: a readahead
 /// may add several PMD-order folios in one fault).
 pub const INFLIGHT_HUGE: u32 = 1;
 /// `InflightFault::flags`: its stack was taken because the fault turned out
 /// slow (slept, or a huge page), in the exact stratum (`STRATUM_EXACT`).
 pub const INFLIGHT_EXACT_STACK: u32 = 2;
+/// `InflightFault::flags`: to be timed even if fast (1 in `Config::fast_period`,
+/// or every fault when that is 0 or 1).
+pub const INFLIGHT_SAMPLED: u32 = 4;
+/// `InflightFault::flags`: a fault of an untraced process (the memcg end
+/// leaves at once).
+pub const INFLIGHT_UNTRACED: u32 = 8;
+/// `InflightFault::flags`: a fast fault the memcg end let pass untimed; kept
+/// until the thread's next fault or switch so a MAJ event right after can
+/// still time it exactly.
+pub const INFLIGHT_ENDED: u32 = 16;
 
 /// Key of the in-kernel stack aggregate (`FAULT_STACKS`).
 #[repr(C)]
@@ -827,8 +853,19 @@ pub struct Config {
     /// 1: every major fault is streamed (`EventKind::FaultMajor`) for the
     /// Perfetto trace; 0: majors are only counted.
     pub stream_majors: u32,
+    /// With the memcg end: every slow fault (slept, huge, major) is timed
+    /// exactly and 1 in `fast_period` of the fast minor faults (per CPU,
+    /// random stride), weighted by the faults it stands for; 0 or 1 = every
+    /// fault timed.
+    pub fast_period: u32,
+    /// `THP_FAULT_ALLOC` and `THP_FILE_ALLOC` in `enum vm_event_item`, plus
+    /// one (0: not known): the memcg end marks the fault in flight huge on
+    /// them, in place of the `mm_page_alloc` hook.
+    pub memcg_thp_fault: u32,
+    pub memcg_thp_file: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 64);
+const _: () = assert!(core::mem::size_of::<Config>() == 80);
 
 /// `Config::user_walk`: a 16-byte read per frame.
 pub const USER_WALK_FRAMES: u32 = 1;

@@ -22,7 +22,7 @@ pub fn stopped() -> bool {
 /// from the moment it is added, which userspace does inside it.
 #[inline(always)]
 pub fn system_wide_counting() -> bool {
-    config().trace_all != 0 && control() == CONTROL_RUNNING
+    conf(|c| &c.trace_all) != 0 && control() == CONTROL_RUNNING
 }
 
 /// Set by the loader before load; never written here.
@@ -43,11 +43,23 @@ static CONFIG: Config = Config {
     memcg_pgfault: 0,
     stack_window: 0,
     stream_majors: 0,
+    fast_period: 0,
+    memcg_thp_fault: 0,
+    memcg_thp_file: 0,
+    _pad: 0,
 };
 
 /// Kernel struct offsets from BTF, set by the loader.
 #[unsafe(no_mangle)]
 static KOFFSETS: KernelOffsets = KernelOffsets::UNKNOWN;
+
+/// One field of `CONFIG`, read alone: `config()` copies all of it (a load
+/// per field, in every hook that calls it). `conf(|c| &c.regions)`.
+#[inline(always)]
+pub fn conf<T: Copy>(field: impl FnOnce(&Config) -> &T) -> T {
+    // SAFETY: as `config`; volatile, so the loader's value is read.
+    unsafe { core::ptr::read_volatile(field(&*(&raw const CONFIG))) }
+}
 
 #[inline(always)]
 pub fn config() -> Config {

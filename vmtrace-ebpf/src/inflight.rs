@@ -5,7 +5,7 @@ use aya_ebpf::{
     macros::map,
     maps::{LruHashMap, PerCpuArray},
 };
-use vmtrace_common::InflightFault;
+use vmtrace_common::{InflightFault, INFLIGHT_ENDED, INFLIGHT_UNTRACED};
 
 /// The fault in flight on this CPU.
 #[map]
@@ -40,7 +40,7 @@ pub fn set_walking(slot: Option<*mut InflightFault>, on: bool) {
 /// thread has one fault in flight at a time).
 #[inline(always)]
 pub fn take_start(tid: u32, page: Option<u64>) -> Option<InflightFault> {
-    let matches = |f: &InflightFault| page.is_none_or(|p| f.page == p);
+    let matches = |f: &InflightFault| f.flags & INFLIGHT_UNTRACED == 0 && page.is_none_or(|p| f.page == p);
     if let Some(slot) = FAULT_SLOT.get_ptr_mut(0) {
         // SAFETY: per-CPU slot.
         let slot = unsafe { &mut *slot };
@@ -76,6 +76,11 @@ pub fn park_fault(tid: u32, before: impl FnOnce(&mut InflightFault)) {
     // SAFETY: per-CPU slot, preemption off in __schedule.
     let slot = unsafe { &mut *slot };
     if slot.tid == 0 || slot.tid != tid {
+        return;
+    }
+    // Nothing to time: an untraced process's fault, or a fast one that ended.
+    if slot.flags & (INFLIGHT_UNTRACED | INFLIGHT_ENDED) != 0 {
+        slot.tid = 0;
         return;
     }
     before(slot);

@@ -120,6 +120,13 @@ pub struct RecordArgs {
     /// memcg:count_memcg_events on 6.14+, at about the cost of sampling).
     #[arg(long, default_value_t = 1, value_parser = parse_period)]
     pub latency_sample: u32,
+    /// Where the fault end sees every fault (memcg:count_memcg_events, 6.14+):
+    /// time every slow fault (it slept, a huge page, a major) exactly and 1 in
+    /// N of the fast minor faults, each standing for the fast faults before
+    /// it; the estimate's error is stated (`sampling.time_error_ns`). 1 =
+    /// time every fault.
+    #[arg(long, default_value_t = crate::loader::DEFAULT_FAST_PERIOD, value_parser = parse_period)]
+    pub fast_sample: u32,
     /// Call stacks to collect for faults.
     #[arg(long, value_enum, default_value = "user")]
     pub stacks: crate::stacks::StackMode,

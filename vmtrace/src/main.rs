@@ -42,6 +42,7 @@ fn record_command(a: RecordArgs) -> anyhow::Result<i32> {
         out: a.out,
         duration: a.duration,
         minor_period: a.latency_sample,
+        fast_period: a.fast_sample,
         force_tracepoints: a.force_tracepoints,
         events: a.events,
         stacks: a.stacks,

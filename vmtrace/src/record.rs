@@ -27,6 +27,9 @@ pub struct RecordOptions {
     pub duration: Option<Duration>,
     /// Time 1 in N minor faults (0: none; majors: every one).
     pub minor_period: u32,
+    /// Time 1 in N fast minor faults, every slow one exactly (the memcg end;
+    /// `LoadOptions::fast_period`).
+    pub fast_period: u32,
     pub force_tracepoints: bool,
     /// Event families beyond faults (perf counters, OOM kills).
     pub events: Vec<EventFamily>,
@@ -149,6 +152,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     let probes = Probes::load(&LoadOptions {
         trace_all: matches!(opts.target, Target::System),
         minor_period: opts.minor_period,
+        fast_period: opts.fast_period,
         force_tracepoints: opts.force_tracepoints,
         families,
         stacks: opts.stacks,

@@ -175,6 +175,7 @@ pub fn serve(opts: &ServeOptions) -> Result<i32, ServeError> {
     let probes = Probes::load(&LoadOptions {
         trace_all: matches!(opts.target, Target::System),
         minor_period: 1,
+        fast_period: 1,
         force_tracepoints: false,
         families,
         stacks: StackMode::None,

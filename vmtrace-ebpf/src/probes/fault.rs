@@ -23,13 +23,14 @@ use aya_ebpf::{
 };
 use vmtrace_common::{
     granule_bucket, hist_bucket, pf, DropKind, EventHeader, EventKind, FaultMajorEvent, GranuleCounts, GranuleCur,
-    GranuleKey, InflightFault, Merge, StackCounts, StackCur, StackKey, GEN_UNKNOWN, GRANULE_PAGES,
-    INFLIGHT_EXACT_STACK, INFLIGHT_HUGE, LEAF_BLOCK_SHIFT, PMD_ORDER, REGION_GRANULE_SHIFT, STACK_CUR_SLOTS,
-    STACK_ID_LOST, STACK_ID_NONE, STACK_KERNEL, STACK_USER, STRATUM_EXACT, STRATUM_SAMPLED,
+    GranuleKey, InflightFault, Merge, StackCounts, StackCur, StackKey, GEN_UNKNOWN, GRANULE_PAGES, INFLIGHT_ENDED,
+    INFLIGHT_EXACT_STACK, INFLIGHT_HUGE, INFLIGHT_SAMPLED, INFLIGHT_UNTRACED, LEAF_BLOCK_SHIFT, PMD_ORDER,
+    REGION_GRANULE_SHIFT, STACK_CUR_SLOTS, STACK_ID_LOST, STACK_ID_NONE, STACK_KERNEL, STACK_USER, STRATUM_EXACT,
+    STRATUM_SAMPLED,
 };
 
 use crate::{
-    globals::config,
+    globals::{conf, config},
     inflight::{current_fault, nofault_read, take_start, FAULT_SLOT},
     mapgen::fault_gen,
     shared::{batched_wakeup, count_drop, current_stats, get_or_insert, tp_field, EVENTS, FAULT_STATS},
@@ -204,7 +205,12 @@ fn try_fault_start<C: StackIdContext>(ctx: &C, address: u64, error_code: u64, ke
     if kernel_mode && nofault_read() {
         return None;
     }
-    let (tgid, tid, s) = current_stats()?;
+    let Some((tgid, tid, s)) = current_stats() else {
+        // Untraced: mark this CPU's slot so the memcg end leaves at once
+        // (else it would look for a parked fault).
+        untraced_start();
+        return None;
+    };
     s.started += 1;
     count_total(0);
     if error_code & pf::WRITE != 0 {
@@ -219,7 +225,7 @@ fn try_fault_start<C: StackIdContext>(ctx: &C, address: u64, error_code: u64, ke
     if kernel_mode {
         s.kernel_mode += 1;
     }
-    if config().regions != 0 {
+    if conf(|c| &c.regions) != 0 {
         if let Some(g) = granule_counts(tgid, address) {
             g.faults += 1;
             g.touched |= 1 << ((address >> 12) & (GRANULE_PAGES - 1));
@@ -239,19 +245,51 @@ fn try_fault_start<C: StackIdContext>(ctx: &C, address: u64, error_code: u64, ke
     let slot = unsafe { &mut *slot };
     slot.tid = tid;
     slot.page = address >> 12;
-    slot.flags = 0;
+    slot.flags = sample_time(conf(|c| &c.fast_period), slot);
     (slot.user_stack, slot.kernel_stack) = sample_stack(ctx, tgid, address, slot);
     // SAFETY: no preconditions. Stamped last: the stack walk is not fault time.
+    // Every fault is stamped: whether it will be slow (sleep, huge page,
+    // major) is known only later, and each slow fault is timed exactly.
     slot.start_ns = unsafe { bpf_ktime_get_ns() };
     Some(())
+}
+
+#[inline(always)]
+fn untraced_start() {
+    if conf(|c| &c.memcg_pgfault) == 0 {
+        return;
+    }
+    if let Some(slot) = FAULT_SLOT.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot; preemption is off in the fault entry path.
+        let slot = unsafe { &mut *slot };
+        slot.tid = bpf_get_current_pid_tgid() as u32;
+        slot.flags = INFLIGHT_UNTRACED;
+    }
+}
+
+/// `INFLIGHT_SAMPLED` on 1 in `fast_period` faults of this CPU (random
+/// stride 1..=2N-1, as for stacks), on every fault when that is 0 or 1.
+/// Counts the fault into the weight the next sample stands for.
+#[inline(always)]
+fn sample_time(fast_period: u32, slot: &mut InflightFault) -> u32 {
+    if fast_period <= 1 {
+        return INFLIGHT_SAMPLED;
+    }
+    slot.pending = slot.pending.saturating_add(1);
+    if slot.time_countdown > 1 {
+        slot.time_countdown -= 1;
+        return 0;
+    }
+    // SAFETY: no preconditions.
+    slot.time_countdown = 1 + unsafe { bpf_get_prandom_u32() } % (2 * fast_period - 1);
+    INFLIGHT_SAMPLED
 }
 
 /// On 1 in `stack_period` faults of this CPU, the fault's stack ids, counted
 /// in `FAULT_STACKS`; (`STACK_ID_NONE`, `STACK_ID_NONE`) otherwise.
 #[inline(always)]
 fn sample_stack<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, slot: &mut InflightFault) -> (i32, i32) {
-    let cfg = config();
-    if cfg.stack_mode == 0 {
+    if conf(|c| &c.stack_mode) == 0 {
         return (STACK_ID_NONE, STACK_ID_NONE);
     }
     if slot.stack_countdown > 1 {
@@ -260,9 +298,10 @@ fn sample_stack<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, slot: &mut 
     }
     // Next sample in 1..=2N-1 faults, N on average: a fixed stride would alias
     // with loops (an unrolled loop would always be caught at the same point).
-    slot.stack_countdown = if cfg.stack_period > 1 {
+    let stack_period = conf(|c| &c.stack_period);
+    slot.stack_countdown = if stack_period > 1 {
         // SAFETY: no preconditions.
-        1 + unsafe { bpf_get_prandom_u32() } % (2 * cfg.stack_period - 1)
+        1 + unsafe { bpf_get_prandom_u32() } % (2 * stack_period - 1)
     } else {
         1
     };
@@ -272,8 +311,8 @@ fn sample_stack<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, slot: &mut 
 /// The current stacks, counted as one fault of `stratum`.
 #[inline(always)]
 fn take_stacks<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, stratum: u32) -> (i32, i32) {
-    let cfg = config();
-    let user = if cfg.stack_mode & STACK_USER != 0 {
+    let stack_mode = conf(|c| &c.stack_mode);
+    let user = if stack_mode & STACK_USER != 0 {
         let id = user_stack_id(ctx);
         if id == STACK_ID_LOST {
             count_drop(DropKind::StackLost);
@@ -282,7 +321,7 @@ fn take_stacks<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, stratum: u32
     } else {
         STACK_ID_NONE
     };
-    let kernel = if cfg.stack_mode & STACK_KERNEL != 0 {
+    let kernel = if stack_mode & STACK_KERNEL != 0 {
         match ctx.get_stackid(&STACKS, 0) {
             Ok(id) => id as i32,
             Err(_) => {
@@ -303,7 +342,7 @@ fn take_stacks<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, stratum: u32
 /// `StackKey::leaf_block` of `address`: 0 unless stacks end in their region.
 #[inline(always)]
 fn leaf_block(address: u64) -> u64 {
-    if config().leaf_region != 0 {
+    if conf(|c| &c.leaf_region) != 0 {
         address >> LEAF_BLOCK_SHIFT
     } else {
         0
@@ -320,7 +359,7 @@ pub fn perf_event_page_faults_min(ctx: PerfEventContext) -> u32 {
 #[perf_event]
 pub fn perf_event_page_faults_maj(ctx: PerfEventContext) -> u32 {
     // The memcg end, where attached, already timed this fault as minor.
-    if config().memcg_pgfault == 0 || try_major_after_memcg_end().is_none() {
+    if conf(|c| &c.memcg_pgfault) == 0 || try_major_after_memcg_end().is_none() {
         // SAFETY: as above.
         let _ = try_fault_end(unsafe { (*ctx.ctx).addr } >> 12, true);
     }
@@ -335,7 +374,7 @@ pub fn perf_event_page_faults_maj(ctx: PerfEventContext) -> u32 {
 // and the MAJ perf event (period 1, right after on the same CPU) moves it.
 #[btf_tracepoint(function = "count_memcg_events")]
 pub fn tp_btf_count_memcg_events(ctx: BtfTracePointContext) -> i32 {
-    let _ = try_memcg_event(ctx.arg::<u32>(1));
+    let _ = try_memcg_event(&ctx, ctx.arg::<u32>(1));
     0
 }
 
@@ -345,34 +384,86 @@ pub fn tp_btf_count_memcg_events(ctx: BtfTracePointContext) -> i32 {
 //   field:unsigned long val; offset:24; size:8; signed:0;
 #[tracepoint(category = "memcg", name = "count_memcg_events")]
 pub fn tp_memcg_count_memcg_events(ctx: TracePointContext) -> u32 {
-    let _ = try_memcg_event(tp_field::<u32>(&ctx, 16));
+    let _ = try_memcg_event(&ctx, tp_field::<u32>(&ctx, 16));
     0
 }
 
 #[inline(always)]
-fn try_memcg_event(item: u32) -> Option<()> {
+fn try_memcg_event<C: StackIdContext>(ctx: &C, item: u32) -> Option<()> {
+    let item = item.wrapping_add(1);
     // memcg v1 also counts PGPGIN/PGPGOUT per charge here: filter first.
-    if item.wrapping_add(1) != config().memcg_pgfault {
+    if item != conf(|c| &c.memcg_pgfault) {
+        // An anonymous (or shmem) THP allocated in a fault: the fault in
+        // flight is served by a huge page (the `mm_page_alloc` hook's job
+        // where these items are not known).
+        if item == conf(|c| &c.memcg_thp_fault) || item == conf(|c| &c.memcg_thp_file) {
+            let _ = try_huge_alloc(ctx);
+        }
         return None;
     }
-    let (tgid, tid, s) = current_stats()?;
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: per-CPU slot; programs on one CPU do not interleave.
+    let slot = unsafe { &mut *FAULT_SLOT.get_ptr_mut(0)? };
+    let in_slot = slot.tid == tid;
+    if in_slot {
+        if slot.flags & (INFLIGHT_UNTRACED | INFLIGHT_ENDED) != 0 {
+            // Untraced, or a get_user_pages() fault after one that ended.
+            return None;
+        }
+        if slot.flags & (INFLIGHT_SAMPLED | INFLIGHT_HUGE) == 0 {
+            // Fast and not sampled: counted at its start, its time stood for
+            // by the samples. Left in the slot for a MAJ event right after.
+            slot.flags |= INFLIGHT_ENDED;
+            // SAFETY: as above.
+            unsafe { (*LAST_END.get_ptr_mut(0)?).tid = 0 };
+            return None;
+        }
+    }
+    memcg_end_timed(tid, slot, in_slot, conf(|c| &c.fast_period))
+}
+
+/// The memcg end of a fault that is timed: slow (it slept, so it is parked,
+/// or a huge page) and timed exactly, or a sampled fast one, weighted.
+#[inline(always)]
+fn memcg_end_timed(tid: u32, slot: &mut InflightFault, in_slot: bool, fast_period: u32) -> Option<()> {
+    let (tgid, _, s) = current_stats()?;
     // SAFETY: no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     // No start: a get_user_pages() fault (no exception, not a fault of the
     // task for perf or vmtrace), not a lost one.
-    let start = take_start(tid, None)?;
+    let start = if in_slot {
+        slot.tid = 0;
+        *slot
+    } else {
+        take_start(tid, None)?
+    };
     s.minor_seen += 1;
     let ns = now.saturating_sub(start.start_ns);
+    let sampled = fast_period > 1 && in_slot && start.flags & INFLIGHT_HUGE == 0;
+    let weight = if sampled {
+        let w = slot.pending.max(1);
+        slot.pending = 0;
+        s.minor_sampled += 1;
+        s.minor_sampled_ns += ns;
+        s.minor_sampled_sq += square(ns);
+        u64::from(w)
+    } else {
+        // A slow fault, timed exactly: its start is not the samples' to stand for.
+        slot.pending = slot.pending.saturating_sub(1);
+        1
+    };
     let b = hist_bucket(ns);
-    s.minor_timed += 1;
-    s.minor_time_ns += ns;
+    s.minor_timed += weight;
+    s.minor_time_ns += ns * weight;
     if let Some(h) = s.minor_hist.get_mut(b) {
-        *h += 1;
+        *h += weight;
     }
-    account_end(tgid, &start, ns, false);
+    account_end(tgid, &start, ns, false, weight);
     let e = LAST_END.get_ptr_mut(0)?;
     // SAFETY: per-CPU slot; programs on one CPU do not interleave.
-    unsafe { *e = EndedFault { tid, bucket: b as u32, ns, fault: start } };
+    unsafe {
+        *e = EndedFault { tid, bucket: b as u32, ns, weight: weight as u32, sampled: u32::from(sampled), fault: start }
+    };
     Some(())
 }
 
@@ -394,13 +485,24 @@ fn try_major_after_memcg_end() -> Option<()> {
     };
     s.major += 1;
     count_total(1);
-    let (ns, b) = (e.ns, e.bucket as usize);
-    // Same CPU as the memcg end, so this CPU's copy holds what is taken back.
+    let (ns, b, w) = (e.ns, e.bucket as usize, u64::from(e.weight));
+    // Same CPU as the memcg end, so this CPU's copy holds what is taken back:
+    // the minor it was counted as, with the weight it stood for.
     s.minor_seen = s.minor_seen.wrapping_sub(1);
-    s.minor_timed = s.minor_timed.wrapping_sub(1);
-    s.minor_time_ns = s.minor_time_ns.wrapping_sub(ns);
+    s.minor_timed = s.minor_timed.wrapping_sub(w);
+    s.minor_time_ns = s.minor_time_ns.wrapping_sub(ns * w);
     if let Some(h) = s.minor_hist.get_mut(b) {
-        *h = h.wrapping_sub(1);
+        *h = h.wrapping_sub(w);
+    }
+    if e.sampled != 0 {
+        s.minor_sampled = s.minor_sampled.wrapping_sub(1);
+        s.minor_sampled_ns = s.minor_sampled_ns.wrapping_sub(ns);
+        s.minor_sampled_sq = s.minor_sampled_sq.wrapping_sub(square(ns));
+        // The fast faults it stood for wait for the next sample.
+        if let Some(slot) = FAULT_SLOT.get_ptr_mut(0) {
+            // SAFETY: per-CPU slot.
+            unsafe { (*slot).pending = (*slot).pending.saturating_add(e.weight.saturating_sub(1)) };
+        }
     }
     s.major_timed += 1;
     s.major_time_ns += ns;
@@ -409,14 +511,22 @@ fn try_major_after_memcg_end() -> Option<()> {
     }
     let fault = e.fault;
     stream_major(tgid, tid, &fault, ns);
-    if config().regions != 0 {
+    let extra = w - 1;
+    if conf(|c| &c.regions) != 0 {
         if let Some(g) = granule_counts(tgid, fault.page << 12) {
             g.major += 1;
             g.major_time_ns += ns;
+            g.time_ns = g.time_ns.wrapping_sub(ns * extra);
+            g.timed = g.timed.wrapping_sub(extra);
+            if let Some(h) = g.hist.get_mut(granule_bucket(ns)) {
+                *h = h.wrapping_sub(extra as u32);
+            }
         }
     }
     if let Some(c) = fault_stack_counts(tgid, &fault) {
         c.major += 1;
+        c.time_ns = c.time_ns.wrapping_sub(ns * extra);
+        c.timed = c.timed.wrapping_sub(extra);
     }
     Some(())
 }
@@ -429,6 +539,9 @@ pub struct EndedFault {
     tid: u32,
     bucket: u32,
     ns: u64,
+    /// The faults it was counted for (1, or a sample's weight).
+    weight: u32,
+    sampled: u32,
     fault: InflightFault,
 }
 
@@ -492,7 +605,7 @@ fn try_fault_end(page: u64, major: bool) -> Option<()> {
     if major {
         stream_major(tgid, tid, &start, ns);
     }
-    account_end(tgid, &start, ns, major);
+    account_end(tgid, &start, ns, major, 1);
     Some(())
 }
 
@@ -502,7 +615,7 @@ fn try_fault_end(page: u64, major: bool) -> Option<()> {
 /// that slept has.
 #[inline(always)]
 fn stream_major(tgid: u32, tid: u32, f: &InflightFault, ns: u64) {
-    if config().stream_majors == 0 {
+    if conf(|c| &c.stream_majors) == 0 {
         return;
     }
     let Some(mut slot) = EVENTS.reserve::<FaultMajorEvent>(0) else {
@@ -525,26 +638,27 @@ fn stream_major(tgid: u32, tid: u32, f: &InflightFault, ns: u64) {
     slot.submit(batched_wakeup());
 }
 
-/// A timed fault's share of its region granule and its stack.
+/// A timed fault's share of its region granule and its stack, `weight`
+/// times (a sampled fast fault stands for the faults before it).
 #[inline(always)]
-fn account_end(tgid: u32, start: &InflightFault, ns: u64, major: bool) {
-    if config().regions != 0 {
+fn account_end(tgid: u32, start: &InflightFault, ns: u64, major: bool, weight: u64) {
+    if conf(|c| &c.regions) != 0 {
         if let Some(g) = granule_counts(tgid, start.page << 12) {
             g.major += u64::from(major);
-            g.time_ns += ns;
-            g.timed += 1;
+            g.time_ns += ns * weight;
+            g.timed += weight;
             if major {
                 g.major_time_ns += ns;
             }
             if let Some(h) = g.hist.get_mut(granule_bucket(ns)) {
-                *h += 1;
+                *h += weight as u32;
             }
         }
     }
     if let Some(c) = fault_stack_counts(tgid, start) {
         c.major += u64::from(major);
-        c.time_ns += ns;
-        c.timed += 1;
+        c.time_ns += ns * weight;
+        c.timed += weight;
     }
 }
 
@@ -604,7 +718,7 @@ pub fn try_huge_alloc<C: StackIdContext>(ctx: &C) -> Option<()> {
     // SAFETY: this CPU's slot, or a live entry of this thread, which only this
     // thread's programs touch (it runs on one CPU at a time).
     let slot = unsafe { &mut *slot };
-    if slot.flags & INFLIGHT_HUGE != 0 {
+    if slot.flags & (INFLIGHT_HUGE | INFLIGHT_UNTRACED | INFLIGHT_ENDED) != 0 {
         return None;
     }
     slot.flags |= INFLIGHT_HUGE;
@@ -613,7 +727,7 @@ pub fn try_huge_alloc<C: StackIdContext>(ctx: &C) -> Option<()> {
     let p = FAULT_STATS.get_ptr_mut(tgid)?;
     // SAFETY: this CPU's value of a live entry.
     unsafe { (*p).huge += 1 };
-    if config().regions != 0 {
+    if conf(|c| &c.regions) != 0 {
         if let Some(g) = granule_counts(tgid, page << 12) {
             g.huge += 1;
         }
@@ -625,9 +739,16 @@ pub fn try_huge_alloc<C: StackIdContext>(ctx: &C) -> Option<()> {
 /// the exact stratum, unless it was sampled at its start.
 #[inline(always)]
 pub fn exact_stack<C: StackIdContext>(ctx: &C, tgid: u32, slot: &mut InflightFault) {
-    if config().stack_mode == 0 || slot.user_stack != STACK_ID_NONE || slot.kernel_stack != STACK_ID_NONE {
+    if conf(|c| &c.stack_mode) == 0 || slot.user_stack != STACK_ID_NONE || slot.kernel_stack != STACK_ID_NONE {
         return;
     }
     (slot.user_stack, slot.kernel_stack) = take_stacks(ctx, tgid, slot.page << 12, STRATUM_EXACT);
     slot.flags |= INFLIGHT_EXACT_STACK;
+}
+
+/// `ns²` for the samples' variance, capped at 4.29 s (no 128-bit multiply in BPF).
+#[inline(always)]
+fn square(ns: u64) -> u64 {
+    let q = ns.min(u64::from(u32::MAX));
+    q * q
 }

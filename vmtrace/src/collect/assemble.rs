@@ -23,6 +23,9 @@ pub struct Inputs {
     pub families: Families,
     /// 1 in how many minor faults was timed.
     pub minor_period: u32,
+    /// 1 in how many fast minor faults was timed, every slow one exactly
+    /// (0: not stratified).
+    pub fast_period: u32,
     /// Stack mode and sample period, when stacks were collected.
     pub stack_mode: Option<(StackMode, u32)>,
     /// The processes of the summary, in order (see [`summary_pids`]).
@@ -73,11 +76,57 @@ pub fn summary_pids(
     pids
 }
 
+/// The fast stratum of one process: its fast minor faults (every minor
+/// that was not timed exactly) and the variance of their estimated time.
+/// Each sample stands for `F / n` faults on average; treating the sample as
+/// simple random, the total's variance is F² s² / n (1 − n/F), s² the
+/// samples' variance. One sample: its own value as the error.
+pub fn fast_stratum(s: &FaultStats) -> (u64, f64) {
+    let n = s.minor_sampled;
+    let minor = s.started.max(s.major) - s.major;
+    // minor_seen counts the faults timed at the end unweighted: slow + samples.
+    let slow = s.minor_seen.saturating_sub(n);
+    let fast = minor.saturating_sub(slow);
+    if n == 0 || fast == 0 {
+        return (fast, 0.0);
+    }
+    let (nf, ff) = (n as f64, fast as f64);
+    let mean = s.minor_sampled_ns as f64 / nf;
+    if n == 1 {
+        return (fast, (ff * mean).powi(2));
+    }
+    let var = ((s.minor_sampled_sq as f64 - nf * mean * mean) / (nf - 1.0)).max(0.0);
+    (fast, ff * ff * var / nf * (1.0 - (nf / ff).min(1.0)))
+}
+
+fn sampling(i: &Inputs, time_estimated: bool, stratified: bool, total_ns: u64) -> Sampling {
+    let mut s = Sampling::plain(i.minor_period, time_estimated);
+    if !stratified {
+        return s;
+    }
+    let (mut var, mut samples, mut fast) = (0.0, 0, 0);
+    for st in i.stats.values() {
+        let (f, v) = fast_stratum(st);
+        var += v;
+        fast += f;
+        samples += st.minor_sampled;
+    }
+    let err = var.sqrt();
+    s.fast_sample_period = Some(i.fast_period);
+    s.time_error_ns = Some(err.round() as u64);
+    s.time_error_pct = Some(if total_ns > 0 { (err * 1000.0 / total_ns as f64).round() / 10.0 } else { 0.0 });
+    s.fast_samples = Some(samples);
+    s.fast_faults = Some(fast);
+    s
+}
+
 pub fn assemble(mut i: Inputs) -> Finished {
     let drop_counts = DropCounts { by_kind: i.drops.clone(), malformed_events: i.malformed_events };
     let drops = drop_counts.summary();
     let (processes, totals) = processes(&i);
-    let time_estimated = i.minor_period != 1 || drops.untimed_faults > 0;
+    let stratified = i.fast_period > 1 && i.minor_period == 1;
+    let time_estimated = i.minor_period != 1 || drops.untimed_faults > 0 || stratified;
+    let sampling = sampling(&i, time_estimated, stratified, totals.time_ns);
     for r in &mut i.ooms {
         if let Some(s) = i.stats.get(&r.victim_pid) {
             r.victim_faults = Some(s.started);
@@ -123,7 +172,7 @@ pub fn assemble(mut i: Inputs) -> Finished {
         lost_events: drop_counts.lost(),
         processes,
         totals,
-        sampling: Sampling { minor_latency_period: i.minor_period, time_estimated },
+        sampling,
         drops,
         probes: i.probes,
         program_stats: None,

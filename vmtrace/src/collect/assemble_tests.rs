@@ -85,6 +85,7 @@ fn inputs() -> Inputs {
         duration_s: 1.25,
         families: Families { oom: true, mmap: true, tlb: true, regions: true },
         minor_period: 16,
+        fast_period: 0,
         stack_mode: None,
         processes: vec![(10, info(1, "hog", None)), (11, info(10, "child", Some(0)))],
         stats,

@@ -21,6 +21,7 @@ pub const NO_SUCH_PID: u32 = 4_194_305;
 pub struct FakeSource {
     pub events: VecDeque<Vec<u8>>,
     pub minor_period: u32,
+    pub fast_period: u32,
     pub traced: BTreeSet<u32>,
     pub stats: BTreeMap<u32, FaultStats>,
     pub mm: BTreeMap<u32, MmStats>,
@@ -109,6 +110,10 @@ impl AggregateSource for FakeSource {
 
     fn minor_period(&self) -> u32 {
         self.minor_period
+    }
+
+    fn fast_period(&self) -> u32 {
+        self.fast_period
     }
 
     fn probe_info(&self) -> Vec<ProbeInfo> {

@@ -76,6 +76,7 @@ pub struct Session<S: AggregateSource = Probes> {
     started_mono_ns: u64,
     /// 1 in how many minor faults is timed, as the kernel programs were attached.
     minor_period: u32,
+    fast_period: u32,
     flight: FlightRecorder,
     maps_refresh: MapsRefresh,
     storms: StormDetector,
@@ -180,6 +181,7 @@ impl<S: AggregateSource> Session<S> {
         let now = Instant::now();
         Self {
             minor_period: source.minor_period(),
+            fast_period: source.fast_period(),
             source,
             opts,
             table: ProcessTable::default(),
@@ -533,6 +535,7 @@ impl<S: AggregateSource> Session<S> {
             duration_s,
             families,
             minor_period: self.minor_period,
+            fast_period: self.fast_period,
             stack_mode: self.opts.stacks,
             processes,
             stats,

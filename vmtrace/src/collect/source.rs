@@ -19,6 +19,9 @@ pub trait AggregateSource {
 
     /// 1 in how many minor faults the programs time.
     fn minor_period(&self) -> u32;
+    /// 1 in how many fast minor faults the programs time, every slow one
+    /// exactly (0: not stratified).
+    fn fast_period(&self) -> u32;
     /// The programs as attached, for summary.json's `probes`.
     fn probe_info(&self) -> Vec<ProbeInfo>;
 
@@ -111,6 +114,10 @@ impl AggregateSource for Probes {
 
     fn minor_period(&self) -> u32 {
         Probes::minor_period(self)
+    }
+
+    fn fast_period(&self) -> u32 {
+        Probes::fast_period(self)
     }
 
     fn probe_info(&self) -> Vec<ProbeInfo> {

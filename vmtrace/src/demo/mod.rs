@@ -174,6 +174,7 @@ fn options(target: Target, out: PathBuf) -> RecordOptions {
         out,
         duration: None,
         minor_period: 1,
+        fast_period: 1,
         force_tracepoints: false,
         events: vec![
             EventFamily::Faults,

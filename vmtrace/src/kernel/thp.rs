@@ -26,6 +26,25 @@ pub fn why_impossible() -> Option<String> {
     settings.why_impossible()
 }
 
+/// Whether shmem or a tmpfs mount may map huge pages (whatever the anonymous
+/// setting): only then does a huge fault allocate outside THP_FAULT_ALLOC.
+pub fn shmem_huge_possible() -> bool {
+    let root = Path::new(SYSFS);
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).ok();
+    if read("enabled").is_none() {
+        return false;
+    }
+    let pmd_dir = format!("hugepages-{}kB", pmd_kb());
+    let settings = Settings {
+        enabled: "never".into(),
+        pmd_enabled: None,
+        shmem: read("shmem_enabled").map(|s| selected(&s)),
+        pmd_shmem: read(&format!("{pmd_dir}/shmem_enabled")).map(|s| selected(&s)),
+        mounts: std::fs::read_to_string("/proc/mounts").unwrap_or_default(),
+    };
+    settings.why_impossible().is_none()
+}
+
 /// Huge pages in `pid`'s MADV_HUGEPAGE regions now, from /proc/PID/smaps
 /// (anonymous memory, in PMD-sized pages); `None` when the process is gone.
 pub fn advised_huge_pages(pid: u32) -> Option<u64> {

@@ -15,6 +15,8 @@ pub struct BtfFacts {
     pub user_walk: bool,
     /// `PGFAULT` in `enum vm_event_item`.
     pub pgfault: Option<u32>,
+    /// `THP_FAULT_ALLOC` and `THP_FILE_ALLOC` in `enum vm_event_item`.
+    pub thp_items: (Option<u32>, Option<u32>),
 }
 
 /// Reads the facts, then drops the BTF bytes before aya parses its own copy:
@@ -44,7 +46,11 @@ pub fn btf_facts() -> Result<BtfFacts, LoadError> {
         .collect();
     let user_walk = kbtf::enum_value(&kbtf, "bpf_func_id", "BPF_FUNC_task_pt_regs").is_some();
     let pgfault = kbtf::enum_value(&kbtf, "vm_event_item", "PGFAULT");
-    Ok(BtfFacts { offsets: kbtf::kernel_offsets(&kbtf)?, fault_bits, tp_btf, user_walk, pgfault })
+    let thp_items = (
+        kbtf::enum_value(&kbtf, "vm_event_item", "THP_FAULT_ALLOC"),
+        kbtf::enum_value(&kbtf, "vm_event_item", "THP_FILE_ALLOC"),
+    );
+    Ok(BtfFacts { offsets: kbtf::kernel_offsets(&kbtf)?, fault_bits, tp_btf, user_walk, pgfault, thp_items })
 }
 
 /// OR of `vm_fault_reason` bits from kernel BTF (0 for names it lacks).

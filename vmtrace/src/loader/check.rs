@@ -9,6 +9,7 @@ pub fn probe_selection() -> Result<Vec<Attachment>, LoadError> {
     let probes = Probes::load(&LoadOptions {
         trace_all: false,
         minor_period: 1,
+        fast_period: crate::loader::DEFAULT_FAST_PERIOD,
         force_tracepoints: false,
         families: Families { oom: true, mmap: true, tlb: true, regions: true },
         stacks: StackMode::User,

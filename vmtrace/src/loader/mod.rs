@@ -51,11 +51,18 @@ pub fn enable_run_stats() -> Result<std::os::fd::OwnedFd, LoadError> {
     aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|e| LoadError::Stats(e.to_string()))
 }
 
+/// `record`'s default `--fast-sample`: 1 in 16 fast minor faults timed.
+pub const DEFAULT_FAST_PERIOD: u32 = 16;
+
 #[allow(clippy::struct_excessive_bools, reason = "independent switches of one load")]
 pub struct LoadOptions {
     pub trace_all: bool,
     /// Time 1 in N minor faults; 0 = do not time minor faults.
     pub minor_period: u32,
+    /// With the memcg end (`minor_period` 1): time every slow fault exactly
+    /// and 1 in N fast minor faults, weighted (`Config::fast_period`); 0 or
+    /// 1 = every fault.
+    pub fast_period: u32,
     /// Force classic tracepoints (tests the fallback path on kernels that have tp_btf).
     pub force_tracepoints: bool,
     /// Optional hook families to attach.
@@ -120,6 +127,9 @@ pub struct Probes {
     attached: Vec<Attachment>,
     /// 1 in how many minor faults is timed, as attached (fexit times every one).
     minor_period: u32,
+    /// 1 in how many fast minor faults is timed, every slow one exactly (the
+    /// memcg end with `LoadOptions::fast_period` > 1); 0 = not stratified.
+    fast_period: u32,
     /// The fault-end programs for the target's own perf events, when
     /// `LoadOptions::end_on_tasks` and fexit is refused; `fault_end` holds
     /// those events when no perf counters do.
@@ -151,10 +161,14 @@ impl Probes {
     }
 
     pub fn load(opts: &LoadOptions) -> Result<Self, LoadError> {
-        let btf::BtfFacts { offsets, fault_bits, tp_btf, user_walk, pgfault } = btf::btf_facts()?;
+        let btf::BtfFacts { offsets, fault_bits, tp_btf, user_walk, pgfault, thp_items } = btf::btf_facts()?;
         let user_walk = user_walk_mode(user_walk && !opts.force_tracepoints);
         btf::release_freed_memory();
         let btf = Btf::from_sys_fs().map_err(|e| kbtf::BtfError::Read(e.to_string()))?;
+        let memcg_pgfault = memcg_end_item(opts, pgfault, &tp_btf);
+        // The memcg end sees THP allocations in a fault too (THP_FAULT_ALLOC;
+        // shmem's THP_FILE_ALLOC): no hook on every page allocation then.
+        let item = |v: Option<u32>| if memcg_pgfault != 0 { v.map_or(0, |v| v + 1) } else { 0 };
         let config = Config {
             trace_all: u32::from(opts.trace_all),
             minor_period: opts.minor_period,
@@ -173,7 +187,7 @@ impl Probes {
             vm_fault_major: fault_bits.1,
             fault_flag_tried: fault_bits.2,
             user_walk,
-            memcg_pgfault: memcg_end_item(opts, pgfault, &tp_btf),
+            memcg_pgfault,
             // The copy needs the user registers (bpf_task_pt_regs), as the own walk does.
             stack_window: if user_walk != 0 && opts.stacks.bits() & vmtrace_common::STACK_USER != 0 {
                 opts.stack_window
@@ -181,6 +195,10 @@ impl Probes {
                 0
             },
             stream_majors: u32::from(opts.stream_majors),
+            fast_period: if memcg_pgfault != 0 && opts.fast_period > 1 { opts.fast_period } else { 0 },
+            memcg_thp_fault: item(thp_items.0),
+            memcg_thp_file: item(thp_items.1),
+            _pad: 0,
         };
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
@@ -208,16 +226,37 @@ impl Probes {
             attached.push(attach::attach(&mut cx, &hooks::OOM_DOMAIN)?);
             attach::enable_oom_helper(cx.ebpf, &attached, &offsets);
         }
+        // The memcg end marks anonymous huge faults itself (THP_FAULT_ALLOC);
+        // where shmem or a tmpfs may map huge pages too, or the end is not the
+        // memcg one, the `mm_page_alloc` hook does.
+        let memcg_huge = config.memcg_thp_fault != 0 && !crate::kernel::thp::shmem_huge_possible();
+        let mut huge_row = None;
         for hook in [&hooks::FILEMAP_HOOK, &hooks::HUGE_HOOK].into_iter().chain(hooks::TLB_HOOKS).filter(wanted) {
+            if std::ptr::eq(hook, &hooks::HUGE_HOOK) && memcg_huge {
+                huge_row = Some(attached.len());
+                attached.push(Attachment {
+                    what: hook.what,
+                    target: "count_memcg_events".into(),
+                    outcome: attach::Outcome::Skipped {
+                        reason: "not needed: the memcg fault end sees the THP_FAULT_ALLOC of the fault in flight (shmem and tmpfs cannot map huge pages here), without a program on every page allocation".into(),
+                    },
+                });
+                continue;
+            }
             attached.push(attach::attach(&mut cx, hook)?);
         }
         let (ends, minor_period, end_programs) = attach::fault_end(&mut cx, &config, opts)?;
+        let memcg_attached = ends.iter().any(|a| a.target.contains("count_memcg_events") && a.kind().is_some());
+        if let (Some(i), false) = (huge_row, memcg_attached) {
+            attached[i] = attach::attach(&mut cx, &hooks::HUGE_HOOK)?;
+        }
+        let fast_period = if memcg_attached { config.fast_period } else { 0 };
         attached.extend(ends);
         if opts.stacks.bits() & vmtrace_common::STACK_USER != 0 {
             attached.push(attach::user_stacks(user_walk, opts.force_tracepoints));
         }
         let maps = maps::Maps::take(&mut ebpf, user_walk != 0)?;
-        Ok(Self { ebpf, attached, minor_period, end_programs, fault_end: None, maps, logger })
+        Ok(Self { ebpf, attached, minor_period, fast_period, end_programs, fault_end: None, maps, logger })
     }
 
     /// What each hook got, in attach order (summary.json `probes[]`).
@@ -228,6 +267,12 @@ impl Probes {
     /// 1 in how many minor faults is timed, as attached (fexit times every one).
     pub fn minor_period(&self) -> u32 {
         self.minor_period
+    }
+
+    /// 1 in how many fast minor faults is timed, every slow one exactly; 0 =
+    /// not stratified (`minor_period` says what is timed).
+    pub fn fast_period(&self) -> u32 {
+        self.fast_period
     }
 
     /// The fault-end programs the caller puts on the target's tasks, when the

@@ -165,7 +165,7 @@ impl Faults {
         let minor = total - major;
         let minor_time_ns = if minor_period == 0 {
             0
-        } else if minor_period == 1 {
+        } else if minor_period == 1 && s.minor_sampled == 0 {
             scale(s.minor_time_ns, s.minor_timed, s.minor_seen)
         } else {
             scale(s.minor_time_ns, s.minor_timed, minor)

@@ -79,7 +79,7 @@ pub(crate) fn summary() -> Summary {
         lost_events: 0,
         processes,
         totals,
-        sampling: Sampling { minor_latency_period: 1, time_estimated: false },
+        sampling: Sampling::plain(1, false),
         drops: Drops::default(),
         probes: Vec::new(),
         program_stats: None,

@@ -81,6 +81,40 @@ pub struct Sampling {
     pub minor_latency_period: u32,
     /// True when `time_ns` is scaled up from a sample, or lacks minor time.
     pub time_estimated: bool,
+    /// Fault time stratified: every slow fault (slept, huge page, major)
+    /// timed exactly, 1 in this many fast minor faults timed, each standing
+    /// for the fast faults before it (`record --fast-sample`). Absent: not
+    /// stratified.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fast_sample_period: Option<u32>,
+    /// Stratified only: the fast faults' estimated time's standard error
+    /// (one sigma, from the samples' variance), in ns and as a percentage of
+    /// the total fault time (`totals.time_ns`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_error_ns: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_error_pct: Option<f64>,
+    /// Stratified only: the fast minor faults (every fault not timed
+    /// exactly), and how many of them were timed as samples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fast_faults: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fast_samples: Option<u64>,
+}
+
+impl Sampling {
+    /// The plain settings: every fault timed (period 1), or 1 in N minors.
+    pub fn plain(minor_latency_period: u32, time_estimated: bool) -> Self {
+        Self {
+            minor_latency_period,
+            time_estimated,
+            fast_sample_period: None,
+            time_error_ns: None,
+            time_error_pct: None,
+            fast_faults: None,
+            fast_samples: None,
+        }
+    }
 }
 
 /// One program's runs and time in it (`--probe-stats`).

@@ -157,6 +157,11 @@ fn write_flamegraphs(w: &mut Writer, stacks: &[Stack], st: &StacksSummary, s: &S
         "a stack on every fault".to_string()
     };
     let timing = match sampling.minor_latency_period {
+        _ if sampling.fast_sample_period.is_some() => format!(
+            "slow faults timed exactly, fast ones 1 in {} (±{}%); ",
+            sampling.fast_sample_period.unwrap_or(0),
+            sampling.time_error_pct.unwrap_or(0.0)
+        ),
         0 => "minor faults untimed; ".to_string(),
         1 => "every fault timed; ".to_string(),
         p => format!("minor latency timed 1 in {p}; "),

@@ -109,7 +109,17 @@ fn header(out: &mut String, s: &Summary) {
     for line in super::words::probe_lines(s) {
         let _ = writeln!(out, "{line}");
     }
-    if s.sampling.minor_latency_period == 0 {
+    if let (Some(n), Some(err), Some(pct)) =
+        (s.sampling.fast_sample_period, s.sampling.time_error_ns, s.sampling.time_error_pct)
+    {
+        let _ = writeln!(
+            out,
+            "latency: every slow fault (slept, huge page, major) timed exactly; fast minor faults 1 in {n} ({} of {}), their time estimated: error ±{:.3} ms ({pct}% of the fault time, one sigma)",
+            s.sampling.fast_samples.unwrap_or(0),
+            s.sampling.fast_faults.unwrap_or(0),
+            err as f64 / 1e6
+        );
+    } else if s.sampling.minor_latency_period == 0 {
         let _ = writeln!(out, "latency: minor faults not timed (--latency-sample 0): TIME is major faults only");
     } else if s.sampling.minor_latency_period > 1 {
         let _ = writeln!(

@@ -307,6 +307,7 @@ pub fn run(opts: &TopOptions) -> Result<i32, TopError> {
     let probes = Probes::load(&LoadOptions {
         trace_all: matches!(opts.target, Target::System),
         minor_period: MINOR_PERIOD,
+        fast_period: 1,
         force_tracepoints: false,
         families,
         stacks: StackMode::User,
