@@ -532,15 +532,18 @@ pub struct MmStats {
     /// `tlb_flush` events in this process's context, by reason. Reason 1 is a
     /// shootdown this process *received* (it was running where the IPI landed).
     pub tlb_reason: [u64; TLB_REASONS],
-    /// Pages in those flushes.
+    /// Pages in those of the flushes that named a range (a full flush,
+    /// `TLB_FLUSH_ALL` = -1, is counted in `tlb_full_flushes` instead).
     pub tlb_pages: u64,
+    /// Flushes of the whole TLB (the kernel's `pages` = `TLB_FLUSH_ALL`).
+    pub tlb_full_flushes: u64,
     /// TLB-flush IPIs this process sent to other CPUs (one per target CPU).
     pub ipis_sent: u64,
     /// Of `ipis_sent`: sent during each `MmCall`, last slot outside any.
     pub ipis_by_call: [u64; MM_CALLS + 1],
 }
 const _: () =
-    assert!(core::mem::size_of::<MmStats>() == 8 * (MM_CALLS + 1 + ADVICE_SLOTS + TLB_REASONS + 2 + MM_CALLS + 1));
+    assert!(core::mem::size_of::<MmStats>() == 8 * (MM_CALLS + 1 + ADVICE_SLOTS + TLB_REASONS + 3 + MM_CALLS + 1));
 
 impl Default for MmStats {
     fn default() -> Self {
@@ -550,6 +553,7 @@ impl Default for MmStats {
             advice: [0; ADVICE_SLOTS],
             tlb_reason: [0; TLB_REASONS],
             tlb_pages: 0,
+            tlb_full_flushes: 0,
             ipis_sent: 0,
             ipis_by_call: [0; MM_CALLS + 1],
         }
@@ -572,6 +576,7 @@ impl Merge for MmStats {
         }
         self.munmap_bytes += o.munmap_bytes;
         self.tlb_pages += o.tlb_pages;
+        self.tlb_full_flushes += o.tlb_full_flushes;
         self.ipis_sent += o.ipis_sent;
     }
 }
@@ -744,6 +749,11 @@ pub struct KernelOffsets {
     pub signal_live: u32,
     pub signal_min_flt: u32,
     pub signal_maj_flt: u32,
+    /// `signal_struct.thread_head` and `task_struct.thread_node`: the list
+    /// of a group's live threads, whose own counts are not yet in
+    /// `signal->min_flt` (`getrusage(RUSAGE_SELF)` sums them the same way).
+    pub signal_thread_head: u32,
+    pub task_thread_node: u32,
     /// `task_struct.cgroups` (struct css_set *).
     pub task_cgroups: u32,
     /// `css_set.subsys[memory_cgrp_id]`: offset of the memory controller's css pointer.
@@ -778,7 +788,7 @@ pub struct KernelOffsets {
     /// their thread by it).
     pub task_fsbase: u32,
 }
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 108);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 116);
 
 impl KernelOffsets {
     pub const MISSING: u32 = u32::MAX;
@@ -792,6 +802,8 @@ impl KernelOffsets {
         signal_live: Self::MISSING,
         signal_min_flt: Self::MISSING,
         signal_maj_flt: Self::MISSING,
+        signal_thread_head: Self::MISSING,
+        task_thread_node: Self::MISSING,
         task_cgroups: Self::MISSING,
         css_set_memory: Self::MISSING,
         css_cgroup: Self::MISSING,

@@ -257,6 +257,10 @@ pub enum WorkloadCmd {
         /// Churn with MADV_DONTNEED instead of munmap.
         #[arg(long)]
         madvise: bool,
+        /// Size of each region (KiB). Past the kernel's
+        /// tlb_single_page_flush_ceiling (33 pages) a flush is a full one.
+        #[arg(long, default_value_t = 64)]
+        kib: usize,
     },
     /// read(2) a file into a fresh buffer.
     ReadFile {

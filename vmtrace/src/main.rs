@@ -128,7 +128,9 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 WorkloadCmd::FaultLoop { mib, seconds, rate } => workload::fault_loop(mib, seconds, rate),
                 WorkloadCmd::MakeSafetensors { path, mib } => workload::make_safetensors(&path, mib),
                 WorkloadCmd::Cow { children, mib, refcount } => workload::cow(children, mib, refcount),
-                WorkloadCmd::Churn { threads, iterations, madvise } => workload::churn(threads, iterations, madvise),
+                WorkloadCmd::Churn { threads, iterations, madvise, kib } => {
+                    workload::churn(threads, iterations, madvise, kib << 10)
+                }
                 WorkloadCmd::Fork { children, mib, exit } => workload::fork_children(children, mib, exit),
             };
             r.map_err(anyhow::Error::msg)?;

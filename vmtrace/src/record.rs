@@ -428,9 +428,14 @@ fn wait_for_end(
     let deadline = opts.duration.map(|d| session.started() + d);
     let mut rates = crate::model::RateKeeper::default();
     let mut next_line = opts.stream_interval.map(|i| session.started() + i);
+    // Tests only: a collector this much late on every tick (a loaded machine).
+    let late = std::env::var("VMTRACE_TEST_TICK_DELAY_MS").ok().and_then(|v| v.parse().ok()).map(Duration::from_millis);
     loop {
         // Often enough for every point of the fault-rate timeline.
         session.poll(crate::collect::timeline::TICK);
+        if let Some(d) = late {
+            std::thread::sleep(d);
+        }
         if let (Some(at), Some(every)) = (next_line, opts.stream_interval) {
             if Instant::now() >= at {
                 let snap = session.live_snapshot(crate::collect::live::LiveScope::Running);

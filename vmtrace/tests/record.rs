@@ -176,3 +176,136 @@ fn probe_stats_count_a_run_per_fault() {
     let plain = record(&[], &strs(&workload(&["touch", "--mib", "1"])));
     assert!(plain.summary.get("program_stats").is_none(), "only with --probe-stats");
 }
+
+/// A forked child whose main thread leaves through `os._exit` while a helper
+/// thread sleeps: the helper is the last thread to exit (its group's exit is
+/// its own), the main thread a zombie leader whose faults are not yet in
+/// `signal->min_flt`. The count at exit is still the whole process's: what the
+/// child's own getrusage(RUSAGE_SELF) said just before it exited.
+const LAST_THREAD_NOT_MAIN: &str = r#"
+import mmap, os, resource, sys, threading, time
+pid = os.fork()
+if pid == 0:
+    m = mmap.mmap(-1, 40 << 20)
+    for i in range(0, len(m), 4096):
+        m[i] = 1
+    threading.Thread(target=time.sleep, args=(5,)).start()
+    time.sleep(0.05)
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    sys.stdout.write(f"child {os.getpid()} {r.ru_minflt} {r.ru_majflt}\n")
+    sys.stdout.flush()
+    os._exit(0)
+os.waitpid(pid, 0)
+"#;
+
+#[test]
+fn kernel_accounting_is_the_whole_process_when_a_helper_thread_exits_last() {
+    privileged!();
+    let Some(python) = pyenv_python(12) else { return };
+    let py = python.to_str().unwrap();
+    let run = record(&[], &[py, "-c", LAST_THREAD_NOT_MAIN]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let stdout = String::from_utf8_lossy(&run.output.stdout);
+    let line = stdout.lines().find(|l| l.starts_with("child ")).unwrap_or_else(|| panic!("no child line: {stdout}"));
+    let f: Vec<u64> = line.split_whitespace().skip(1).map(|w| w.parse().unwrap()).collect();
+    let (pid, minflt) = (f[0] as u32, f[1]);
+    assert!(minflt > 10_000, "the child touched 40 MiB: {line}");
+    let k = u(&run.process(pid)["kernel_accounting"]["minor"]);
+    // A few faults on the way out (after getrusage) are allowed.
+    assert!(k >= minflt && k <= minflt + 200, "kernel_accounting {k}, the child's own getrusage {minflt}");
+}
+
+/// A fork DataLoader job (every worker's last thread is its queue feeder):
+/// each worker's count at exit against the /proc/self/stat it wrote just
+/// before exiting.
+#[test]
+fn dataloader_workers_kernel_accounting_equals_their_own_proc_stat() {
+    privileged!();
+    let Some(python) = torch_python() else { return };
+    let stats = tempfile::tempdir().unwrap();
+    let job = fixture("torch_job.py");
+    let out = tempfile::tempdir().unwrap();
+    let output = vmtrace()
+        .arg("record")
+        .arg("--out")
+        .arg(out.path())
+        .env("VMTRACE_JOB_STATS", stats.path())
+        .arg("--")
+        .arg(&python)
+        .arg(&job)
+        .args(["1", "2"])
+        .output()
+        .unwrap();
+    let run = finish(out, output);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let mut workers = 0;
+    for e in std::fs::read_dir(stats.path()).unwrap().filter_map(Result::ok) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("worker-") {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path()).unwrap();
+        let f: Vec<u64> = text.split_whitespace().map(|w| w.parse().unwrap()).collect();
+        let (pid, minflt, majflt) = (f[0] as u32, f[2], f[3]);
+        let k = &run.process(pid)["kernel_accounting"];
+        let (kmin, kmaj) = (u(&k["minor"]), u(&k["major"]));
+        // It reported just before exiting: allow the few faults after, 1% or 300.
+        let margin = (minflt / 100).max(300);
+        assert!(
+            kmin >= minflt && kmin <= minflt + margin,
+            "worker {pid}: kernel_accounting {kmin} minor, its own /proc/self/stat {minflt}"
+        );
+        assert!(kmaj >= majflt && kmaj <= majflt + 50, "worker {pid}: {kmaj} major, its own {majflt}");
+        workers += 1;
+    }
+    assert_eq!(workers, 2, "one epoch, two workers");
+}
+
+/// The timeline's axis is CLOCK_MONOTONIC, not a count of collector ticks:
+/// with the collector late on every tick (a loaded machine; here a test knob
+/// makes every tick 40 ms late, three times its 20 ms), the series still
+/// spans the run and a burst after a 1.5 s sleep lands 1.5 s in.
+#[test]
+fn timeline_keeps_the_kernels_clock_when_the_collector_is_late() {
+    privileged!();
+    let sleep_s = 1.5;
+    let touch = workload(&["touch", "--mib", "128"]);
+    let cmd = sh_then_exec(&format!("sleep {sleep_s}"), &strs(&touch));
+    let out = tempfile::tempdir().unwrap();
+    let wall = std::time::Instant::now();
+    let output = vmtrace()
+        .arg("record")
+        .arg("--out")
+        .arg(out.path())
+        .env("VMTRACE_TEST_TICK_DELAY_MS", "40")
+        .arg("--")
+        .args(&cmd)
+        .output()
+        .unwrap();
+    let wall = wall.elapsed().as_secs_f64();
+    let run = finish(out, output);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let r = run.report("first-touch");
+    let t = &run.summary["timeline"];
+    let bin = t["interval_s"].as_f64().unwrap();
+    let faults: Vec<u64> = t["faults"].as_array().unwrap().iter().map(u).collect();
+    let span = faults.len() as f64 * bin;
+    let duration = run.summary["duration_s"].as_f64().unwrap();
+    assert!(
+        (span - duration).abs() <= 2.0 * bin && span <= wall && duration >= sleep_s,
+        "{} bins of {bin} s = {span:.3} s for a {duration:.3} s run ({wall:.3} s wall)",
+        faults.len()
+    );
+    // Nothing but the shell before the sleep ends; the touch's faults after it.
+    let first = ((sleep_s / bin).floor() as usize).saturating_sub(1);
+    let (before, after): (u64, u64) = (faults[..first].iter().sum(), faults[first..].iter().sum());
+    assert!(before * 50 < r.minflt, "{before} faults before {:.2} s: {faults:?}", first as f64 * bin);
+    assert!(
+        after >= r.minflt * 98 / 100,
+        "{after} faults after {:.2} s of the touch's {}: {faults:?}",
+        first as f64 * bin,
+        r.minflt
+    );
+    let peak = faults.iter().enumerate().max_by_key(|(_, n)| **n).map(|(i, _)| i as f64 * bin).unwrap();
+    assert!(peak >= sleep_s - bin && peak <= duration, "the burst at {peak:.2} s, after the {sleep_s} s sleep");
+}

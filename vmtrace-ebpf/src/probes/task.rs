@@ -202,12 +202,51 @@ fn try_exit(task: *const u8) -> Option<()> {
     ev.tgid = tgid;
     ev.group_dead = 1;
     ev.exit_code = read_field::<i32>(task, off.task_exit_code).unwrap_or(-1) as u32;
-    let tmin: u64 = read_field(task, off.task_min_flt).unwrap_or(0);
-    let tmaj: u64 = read_field(task, off.task_maj_flt).unwrap_or(0);
     let smin: u64 = read_field(signal, off.signal_min_flt).unwrap_or(0);
     let smaj: u64 = read_field(signal, off.signal_maj_flt).unwrap_or(0);
+    let (tmin, tmaj) = match threads_faults(signal) {
+        Some(t) => t,
+        // Without the thread list: this thread's own, as before.
+        None => (read_field(task, off.task_min_flt).unwrap_or(0), read_field(task, off.task_maj_flt).unwrap_or(0)),
+    };
     ev.kernel_min_flt = tmin + smin;
     ev.kernel_maj_flt = tmaj + smaj;
     emit(ev);
     Some(())
+}
+
+/// Threads summed at a group's exit: more than a DataLoader worker or an
+/// OpenMP pool has. Past it the rest are left out (a low count, never a wrong one).
+const MAX_THREADS: u32 = 1024;
+
+/// The faults of the threads still on the group's list (`signal->thread_head`),
+/// the running one included: `signal->min_flt` has only those already released.
+/// Whichever thread exits last, the leader (a zombie until reaped) and every
+/// thread exiting at the same moment are still on it. `getrusage(RUSAGE_SELF)`
+/// sums the same way.
+#[inline(always)]
+fn threads_faults(signal: *const u8) -> Option<(u64, u64)> {
+    let off = koffsets();
+    if signal.is_null()
+        || off.signal_thread_head == KernelOffsets::MISSING
+        || off.task_thread_node == KernelOffsets::MISSING
+        || off.task_min_flt == KernelOffsets::MISSING
+    {
+        return None;
+    }
+    let head = signal as u64 + u64::from(off.signal_thread_head);
+    // SAFETY: bpf_probe_read_kernel faults safely on a bad address.
+    let mut node: u64 = unsafe { bpf_probe_read_kernel(head as *const u64) }.ok()?;
+    let (mut min, mut maj) = (0u64, 0u64);
+    for _ in 0..MAX_THREADS {
+        if node == head || node == 0 {
+            break;
+        }
+        let t = (node - u64::from(off.task_thread_node)) as *const u8;
+        min += read_field::<u64>(t, off.task_min_flt).unwrap_or(0);
+        maj += read_field::<u64>(t, off.task_maj_flt).unwrap_or(0);
+        // SAFETY: as above; `list_head.next` is its first word.
+        node = unsafe { bpf_probe_read_kernel(node as *const u64) }.unwrap_or(0);
+    }
+    Some((min, maj))
 }

@@ -47,7 +47,13 @@ fn try_tlb_flush<C: StackIdContext>(ctx: &C, reason: i32, pages: u64) -> Option<
                 *c += 1;
             }
         }
-        m.tlb_pages += pages;
+        // A full flush reports TLB_FLUSH_ALL (-1UL): counted apart, never
+        // summed as pages.
+        if pages == u64::MAX {
+            m.tlb_full_flushes += 1;
+        } else {
+            m.tlb_pages += pages;
+        }
     }
     // Without csd_queue_cpu (before 6.6), a flush that sends IPIs stands for one.
     if reason == 4 && config().mm & MM_IPI_FROM_FLUSH != 0 {

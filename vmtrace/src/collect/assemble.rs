@@ -305,6 +305,7 @@ fn tlb_counts(m: &MmStats) -> TlbCounts {
         local_mm_shootdown: m.tlb_reason[3],
         remote_ipi_send: m.tlb_reason[4],
         pages: m.tlb_pages,
+        full_flushes: m.tlb_full_flushes,
         ipis_sent: m.ipis_sent,
         ipis_by_call: by_call,
     }

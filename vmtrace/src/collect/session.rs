@@ -297,12 +297,13 @@ impl<S: AggregateSource> Session<S> {
 
     /// Everything a poll does once the wait is over, as of `now`.
     fn step(&mut self, now: Instant) {
+        // First, while `now` is still the time the totals are read at.
+        if self.timeline.due(now) {
+            self.timeline.push(now, self.source.totals());
+        }
         self.drain_at(now);
         if self.wants_python() {
             self.python.look_at_young(now, &mut self.table, &mut self.source);
-        }
-        if self.timeline.due(now) {
-            self.timeline.push(now, self.source.totals());
         }
         // The rest keeps its 100 ms cadence however often `record` polls for
         // the timeline: the maps of young processes are re-read on each of these.
@@ -332,7 +333,9 @@ impl<S: AggregateSource> Session<S> {
 
     /// The last timeline point and storm window (at the end of the trace).
     fn tick(&mut self, now: Instant) {
-        self.timeline.push(now, self.source.totals());
+        // The axis ends where the trace proper did (the summary's duration).
+        let end = self.stopped.map_or(now, |s| s.min(now));
+        self.timeline.push(end, self.source.totals());
         if self.opts.families.tlb {
             self.storm_tick(self.seconds_at(now));
         }

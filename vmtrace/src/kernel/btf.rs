@@ -184,6 +184,8 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         signal_live: o("signal_struct", "live")?,
         signal_min_flt: o("signal_struct", "min_flt")?,
         signal_maj_flt: o("signal_struct", "maj_flt")?,
+        signal_thread_head: o("signal_struct", "thread_head")?,
+        task_thread_node: o("task_struct", "thread_node")?,
         task_cgroups: o("task_struct", "cgroups")?,
         css_set_memory: match (
             field_offset(btf, "css_set", "subsys")?,

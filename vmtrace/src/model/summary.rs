@@ -212,7 +212,12 @@ pub struct TlbCounts {
     /// Flush operations of this process that sent IPIs to other CPUs (reason 4).
     pub remote_ipi_send: u64,
     pub task_switch: u64,
+    /// Pages in ranged flushes only (the kernel's page count of each).
     pub pages: u64,
+    /// Flushes of the whole TLB (`TLB_FLUSH_ALL`: a range past the kernel's
+    /// `tlb_single_page_flush_ceiling`, a task switch): no page count.
+    #[serde(default)]
+    pub full_flushes: u64,
     /// TLB-flush IPIs sent (one per target CPU), and during which syscall.
     pub ipis_sent: u64,
     pub ipis_by_call: std::collections::BTreeMap<String, u64>,
@@ -226,6 +231,7 @@ impl TlbCounts {
         self.remote_ipi_send += o.remote_ipi_send;
         self.task_switch += o.task_switch;
         self.pages += o.pages;
+        self.full_flushes += o.full_flushes;
         self.ipis_sent += o.ipis_sent;
         for (k, v) in &o.ipis_by_call {
             *self.ipis_by_call.entry(k.clone()).or_default() += v;

@@ -17,11 +17,16 @@ impl Timeline {
         self.faults.push(faults);
         self.major.push(major);
         if self.faults.len() > Self::MAX_POINTS {
-            let merge = |v: &mut Vec<u64>| *v = v.chunks(2).map(|c| c.iter().sum()).collect();
-            merge(&mut self.faults);
-            merge(&mut self.major);
-            self.interval_s *= 2.0;
+            self.merge_pairs();
         }
+    }
+
+    /// Halves the resolution: each two neighbours become one bin of twice the interval.
+    pub fn merge_pairs(&mut self) {
+        let merge = |v: &mut Vec<u64>| *v = v.chunks(2).map(|c| c.iter().sum()).collect();
+        merge(&mut self.faults);
+        merge(&mut self.major);
+        self.interval_s *= 2.0;
     }
 }
 

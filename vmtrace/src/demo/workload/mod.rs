@@ -238,32 +238,30 @@ fn pin_to_cpu(cpu: usize) {
     }
 }
 
-const CHURN_BYTES: usize = 64 << 10;
-
 /// Unmaps one region. A frame-pointer walk from inside the libc wrapper
 /// (which has no frame) skips the wrapper's direct caller: this function, so
 /// that `churn_munmap_loop` shows. Using the result keeps it from becoming a
 /// tail call, which would hide the loop too.
 #[inline(never)]
-fn unmap_one(p: *mut libc::c_void) -> i32 {
-    // SAFETY: `p` is a mapping of CHURN_BYTES made by the caller.
-    std::hint::black_box(unsafe { libc::munmap(p, CHURN_BYTES) })
+fn unmap_one(p: *mut libc::c_void, bytes: usize) -> i32 {
+    // SAFETY: `p` is a mapping of `bytes` made by the caller.
+    std::hint::black_box(unsafe { libc::munmap(p, bytes) })
 }
 
 #[inline(never)]
-fn dontneed_one(p: *mut libc::c_void) -> i32 {
-    // SAFETY: `p` is a mapping of CHURN_BYTES.
-    std::hint::black_box(unsafe { libc::madvise(p, CHURN_BYTES, libc::MADV_DONTNEED) })
+fn dontneed_one(p: *mut libc::c_void, bytes: usize) -> i32 {
+    // SAFETY: `p` is a mapping of `bytes`.
+    std::hint::black_box(unsafe { libc::madvise(p, bytes, libc::MADV_DONTNEED) })
 }
 
 /// mmap, touch, munmap, `n` times: each munmap flushes the TLB of every CPU
 /// where this process runs.
 #[inline(never)]
-pub fn churn_munmap_loop(n: usize) -> Result<(), String> {
+pub fn churn_munmap_loop(n: usize, bytes: usize) -> Result<(), String> {
     for _ in 0..n {
-        let p = map_anon(CHURN_BYTES, false)?;
-        touch(p, CHURN_BYTES);
-        if unmap_one(p.cast()) != 0 {
+        let p = map_anon(bytes, false)?;
+        touch(p, bytes);
+        if unmap_one(p.cast(), bytes) != 0 {
             return Err(format!("munmap: {}", std::io::Error::last_os_error()));
         }
     }
@@ -272,11 +270,11 @@ pub fn churn_munmap_loop(n: usize) -> Result<(), String> {
 
 /// touch, MADV_DONTNEED, `n` times on one mapping: the same flushes, by madvise.
 #[inline(never)]
-pub fn churn_madvise_loop(n: usize) -> Result<(), String> {
-    let p = map_anon(CHURN_BYTES, false)?;
+pub fn churn_madvise_loop(n: usize, bytes: usize) -> Result<(), String> {
+    let p = map_anon(bytes, false)?;
     for _ in 0..n {
-        touch(p, CHURN_BYTES);
-        if dontneed_one(p.cast()) != 0 {
+        touch(p, bytes);
+        if dontneed_one(p.cast(), bytes) != 0 {
             return Err(format!("madvise: {}", std::io::Error::last_os_error()));
         }
     }
@@ -285,7 +283,8 @@ pub fn churn_madvise_loop(n: usize) -> Result<(), String> {
 
 /// Mapping churn on CPU 0; with `threads` = 2 a second thread spins on CPU 1,
 /// so the process's TLB entries live there too and every flush needs an IPI.
-pub fn churn(threads: usize, iterations: usize, madvise: bool) -> Result<(), String> {
+/// Each region is `bytes` long.
+pub fn churn(threads: usize, iterations: usize, madvise: bool, bytes: usize) -> Result<(), String> {
     use std::sync::atomic::{AtomicBool, Ordering};
     let stop = AtomicBool::new(false);
     let t0 = Instant::now();
@@ -300,7 +299,7 @@ pub fn churn(threads: usize, iterations: usize, madvise: bool) -> Result<(), Str
             });
         }
         pin_to_cpu(0);
-        let r = if madvise { churn_madvise_loop(iterations) } else { churn_munmap_loop(iterations) };
+        let r = if madvise { churn_madvise_loop(iterations, bytes) } else { churn_munmap_loop(iterations, bytes) };
         stop.store(true, Ordering::Relaxed);
         r
     })?;
