@@ -72,7 +72,9 @@ pub fn user_stack_id<C: StackIdContext>(ctx: &C) -> i32 {
 }
 
 /// Walked user stacks by id (30 bits of their hash; see `store`). Not
-/// preallocated: 16k stacks of 1 KiB would pin 16 MiB up front.
+/// preallocated: 16k stacks of 1.5 KiB would pin 24 MiB up front. Userspace
+/// moves them out every 100 ms (vmtrace/src/stacks/drain.rs), so it holds
+/// what one interval brings, not a whole recording's distinct stacks.
 #[map]
 pub static USER_STACKS: HashMap<u32, UserStack> = HashMap::with_max_entries(16_384, BPF_F_NO_PREALLOC);
 
@@ -98,8 +100,9 @@ const RECENT_SLOTS: u32 = 8;
 
 /// Stacks this CPU stored lately, by the low bits of their hash: a fault loop
 /// repeats a few stacks, and the `USER_STACKS` lookup that would find them
-/// again is skipped. Entries of `USER_STACKS` are never removed, so an id
-/// remembered here stays valid. One map entry per slot: the lookup returns
+/// again is skipped. Userspace drains `USER_STACKS` every 100 ms but keeps
+/// every stack it took out under its id (vmtrace/src/stacks/drain.rs), so an
+/// id remembered here stays valid. One map entry per slot: the lookup returns
 /// the slot itself (6.1's and 6.12's verifiers refuse an index added to a
 /// pointer before its null check, which the compiler hoists).
 #[map]

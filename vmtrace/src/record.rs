@@ -104,13 +104,18 @@ pub struct RecordOutcome {
     pub write_failures: Vec<report::WriteFailure>,
 }
 
-/// Creates `dir` and proves it writable before anything runs.
+/// Creates `dir` and proves it writable before anything runs, and removes
+/// an earlier recording's outputs from it (`report::remove_earlier_outputs`).
 pub fn prepare_out_dir(dir: &Path) -> Result<(), RecordError> {
     let err = |err| RecordError::OutDir { path: dir.to_path_buf(), err };
     fs::create_dir_all(dir).map_err(err)?;
     let probe = dir.join(".vmtrace-write-test");
     fs::write(&probe, b"").map_err(err)?;
     let _ = fs::remove_file(probe);
+    let removed = crate::report::remove_earlier_outputs(dir);
+    if !removed.is_empty() {
+        log::info!("removed an earlier recording's {} from {}", removed.join(", "), dir.display());
+    }
     Ok(())
 }
 

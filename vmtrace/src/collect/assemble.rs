@@ -164,6 +164,7 @@ pub fn assemble(mut i: Inputs) -> Finished {
         python_pct: stacks::python_pct(&i.stacks),
         python_native_only: i.python_native_only.clone(),
         files: Vec::new(),
+        ..StacksSummary::default()
     });
     let summary = Summary {
         version: SUMMARY_VERSION,

@@ -111,6 +111,14 @@ impl Tracker {
         self.resolve(now, stacks.into_iter().map(|s| (now, s)));
     }
 
+    /// Reads the code objects of stacks drained from the kernel map before
+    /// they were looked at (`stacks::drain`).
+    pub fn read_drained(&mut self, now: Instant, stacks: Vec<crate::python::PyStack>) {
+        if !stacks.is_empty() {
+            self.resolve(now, stacks.into_iter().map(|s| (now, s)));
+        }
+    }
+
     /// Reads the code objects of the stacks stored since the last call.
     fn read_codes(&mut self, now: Instant, source: &mut impl AggregateSource) {
         if !self.codes.any() {

@@ -323,6 +323,12 @@ impl<S: AggregateSource> Session<S> {
         if self.wants_python() {
             self.python.tick(now, &self.table, &mut self.source);
         }
+        if self.opts.stacks.is_some() {
+            let fresh = self.source.drain_stacks();
+            if self.wants_python() {
+                self.python.read_drained(now, fresh);
+            }
+        }
     }
 
     /// Whether any user stack is symbolized: fault stacks, or the call sites
@@ -526,6 +532,7 @@ impl<S: AggregateSource> Session<S> {
         let duration_s = self.seconds_at(self.stopped.unwrap_or_else(&now));
         let stats = self.stats_totals();
         let drops = self.source.drops();
+        let drop_kinds = drops.clone();
         let pids = assemble::summary_pids(
             &target,
             stats.keys().copied(),
@@ -558,6 +565,12 @@ impl<S: AggregateSource> Session<S> {
         });
         if let Some(t) = &trace {
             finished.summary.drops.trace_events += t.dropped;
+        }
+        if let Some(st) = finished.summary.stacks.as_mut() {
+            let by_kind = |k: vmtrace_common::DropKind| drop_kinds.get(k as usize).copied().unwrap_or(0);
+            st.lost_not_stored = by_kind(vmtrace_common::DropKind::StackLost);
+            st.lost_not_counted = by_kind(vmtrace_common::DropKind::StackCountsFull);
+            (st.shared_id_faults, st.drained_stacks, _) = self.source.drained_stacks();
         }
         finished.trace = trace;
         finished

@@ -75,6 +75,16 @@ pub trait AggregateSource {
     fn python_stack(&self, _id: i32) -> Option<crate::python::PyStack> {
         None
     }
+    /// Moves the stack aggregates out of the kernel maps (`stacks::drain`);
+    /// the Python frames of stacks not looked at yet.
+    fn drain_stacks(&mut self) -> Vec<crate::python::PyStack> {
+        Vec::new()
+    }
+    /// (faults under an id two stacks came to share, distinct stacks
+    /// drained, bytes of their frames).
+    fn drained_stacks(&self) -> (u64, usize, usize) {
+        (0, 0, 0)
+    }
 
     /// Per-granule fault counts.
     fn all_granules(&self) -> Vec<(GranuleKey, GranuleCounts)>;
@@ -206,6 +216,14 @@ impl AggregateSource for Probes {
 
     fn python_stack(&self, id: i32) -> Option<crate::python::PyStack> {
         Probes::python_stack(self, id)
+    }
+
+    fn drain_stacks(&mut self) -> Vec<crate::python::PyStack> {
+        Probes::drain_stacks(self)
+    }
+
+    fn drained_stacks(&self) -> (u64, usize, usize) {
+        Probes::drained_stacks(self)
     }
 
     fn map_gen(&self, tgid: u32) -> Option<u32> {

@@ -40,6 +40,8 @@ pub struct Maps {
     py_procs: aya::maps::HashMap<MapData, u32, vmtrace_common::PyProc>,
     /// `USER_STACKS` ids already looked at for Python frames.
     py_seen: std::collections::HashSet<u32>,
+    /// What `drain_stacks` moved out of `FAULT_STACKS` and `USER_STACKS`.
+    drained: crate::stacks::drain::Drained,
 }
 
 impl Maps {
@@ -68,6 +70,7 @@ impl Maps {
             map_gen_overflow: take_map(ebpf, "MAP_GEN_OVERFLOW")?,
             py_procs: take_map(ebpf, "PY_PROCS")?,
             py_seen: std::collections::HashSet::new(),
+            drained: crate::stacks::drain::Drained::default(),
         })
     }
 }
@@ -145,6 +148,7 @@ impl Probes {
     /// still counting into.
     pub fn all_stack_counts(&self) -> Vec<(StackKey, StackCounts)> {
         let mut all: std::collections::HashMap<StackKey, StackCounts> = std::collections::HashMap::new();
+        self.maps.drained.merge_into(&mut all);
         for (k, v) in self.maps.fault_stacks.iter().filter_map(Result::ok) {
             all.entry(k).or_default().merge(&sum_cpus(v.iter()));
         }
@@ -170,8 +174,50 @@ impl Probes {
         let Some(map) = self.maps.user_stacks.as_ref().filter(|_| id & vmtrace_common::OWN_STACK_ID != 0) else {
             return self.stack_ips(id as i32);
         };
-        let s = map.get(&id, 0).ok()?;
+        let Ok(s) = map.get(&id, 0) else { return self.maps.drained.ips(id) };
         Some(s.ips[..(s.nr as usize).min(s.ips.len())].to_vec())
+    }
+
+    /// Moves the stack counts and the walked user stacks out of the kernel
+    /// maps into userspace tables (`stacks::drain`), so the maps only hold
+    /// what came since the last drain; returns the Python frames of stacks
+    /// not looked at yet, for their code objects to be read. A count the
+    /// programs add to a key between its read and its removal (a few
+    /// instructions' window) is lost: the stacks test measures it.
+    pub fn drain_stacks(&mut self) -> Vec<crate::python::PyStack> {
+        let keys: Vec<StackKey> = self.maps.fault_stacks.keys().filter_map(Result::ok).collect();
+        let mut moved = !keys.is_empty();
+        for k in keys {
+            if let Ok(v) = self.maps.fault_stacks.get(&k, 0) {
+                if self.maps.fault_stacks.remove(&k).is_ok() {
+                    self.maps.drained.add_counts(k, &sum_cpus(v.iter()));
+                }
+            }
+        }
+        let mut fresh = Vec::new();
+        if let Some(map) = self.maps.user_stacks.as_mut() {
+            let ids: Vec<u32> = map.keys().filter_map(Result::ok).collect();
+            moved |= !ids.is_empty();
+            for id in ids {
+                let Ok(s) = map.get(&id, 0) else { continue };
+                let py = py_stack(&s);
+                let ips = &s.ips[..(s.nr as usize).min(s.ips.len())];
+                self.maps.drained.add_stack(id, s.hash, ips, py.as_ref());
+                let _ = map.remove(&id);
+                if let Some(p) = py.filter(|_| self.maps.py_seen.insert(id)) {
+                    fresh.push(p);
+                }
+            }
+        }
+        self.maps.drained.drains += u64::from(moved);
+        fresh
+    }
+
+    /// Faults counted under a stack id that two stacks came to share
+    /// across a drain (`stacks::drain`), and the distinct stacks drained.
+    pub fn drained_stacks(&self) -> (u64, usize, usize) {
+        let d = &self.maps.drained;
+        (d.reused_faults(), d.stacks(), d.frame_bytes())
     }
 
     /// Has the programs take the Python frames of `tgid`.
@@ -217,7 +263,10 @@ impl Probes {
     /// The Python frames stored with user stack `id`.
     pub fn python_stack(&self, id: i32) -> Option<crate::python::PyStack> {
         let id = u32::try_from(id).ok().filter(|id| id & vmtrace_common::OWN_STACK_ID != 0)?;
-        py_stack(&self.maps.user_stacks.as_ref()?.get(&id, 0).ok()?)
+        match self.maps.user_stacks.as_ref()?.get(&id, 0) {
+            Ok(s) => py_stack(&s),
+            Err(_) => self.maps.drained.python(id),
+        }
     }
 
     /// Every granule's counts, summed over CPUs, with the granules each CPU

@@ -16,8 +16,24 @@ pub struct StacksSummary {
     #[serde(default)]
     pub exact_faults: u64,
     pub distinct_stacks: u64,
-    /// Stacks lost because the stack map was full (their faults still count).
+    /// Sampled stacks lost (their faults still count): `lost_not_stored` +
+    /// `lost_not_counted`.
     pub lost: u64,
+    /// Stacks the programs could not store: `USER_STACKS` full within one
+    /// 100 ms drain, the kernel's stack map (kernel stacks, 32-bit tasks)
+    /// full, or a user stack unreadable.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lost_not_stored: u64,
+    /// Stacks not counted: `FAULT_STACKS` full within one drain.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lost_not_counted: u64,
+    /// Faults counted under a stack id that two stacks came to share
+    /// across a drain (see vmtrace/src/stacks/drain.rs): shown under the first.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub shared_id_faults: u64,
+    /// Distinct user stacks moved out of the kernel map while recording.
+    #[serde(default, skip_serializing_if = "is_zero_usize")]
+    pub drained_stacks: usize,
     /// Share of sampled user stacks with at most two frames: a sign of code
     /// built without frame pointers.
     pub shallow_user_stacks_pct: f64,
@@ -59,6 +75,14 @@ pub struct StacksSummary {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub python_native_only: Vec<String>,
     pub files: Vec<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+fn is_zero_usize(n: &usize) -> bool {
+    *n == 0
 }
 
 /// The outermost frame of a stack whose frame chain broke.

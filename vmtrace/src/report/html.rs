@@ -3,6 +3,7 @@
 //! latency, regions, files and tensors, flamegraphs) as real tables and
 //! inline SVG charts ([`super::charts`]), the flamegraphs as embedded images,
 //! and summary.txt in full at the end, folded.
+use crate::stacks::shorten::short_name;
 use std::{fmt::Write as _, path::Path};
 
 use super::{
@@ -240,7 +241,7 @@ fn storms_section(s: &Summary) -> String {
                 thousands(st.peak_per_s),
                 thousands(st.shootdowns),
                 format!("{} ({:.0}%)", escape(&st.top_call), st.top_share * 100.0),
-                wrapping(&st.top_stack.iter().rev().take(4).cloned().collect::<Vec<_>>().join(" ← ")),
+                wrapping(&st.top_stack.iter().rev().take(4).map(|f| short_name(f)).collect::<Vec<_>>().join(" ← ")),
             ]
         })
         .collect();

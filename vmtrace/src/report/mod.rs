@@ -48,9 +48,12 @@ impl Writer<'_> {
         self.put(file, |p| fs::write(p, content));
     }
 
+    /// `stem.folded` and `stem.svg`, with frames too small to see folded
+    /// into their callers (`flamegraph::fold_small`; the profiles keep all).
     fn flamegraph(&mut self, stem: &str, folded: &str, title: &str, unit: &str) {
-        self.text(&format!("{stem}.folded"), folded);
-        self.put(&format!("{stem}.svg"), |p| flamegraph::write_svg(p, folded, title, unit));
+        let folded = flamegraph::fold_small(folded, flamegraph::MIN_SHARE);
+        self.text(&format!("{stem}.folded"), &folded);
+        self.put(&format!("{stem}.svg"), |p| flamegraph::write_svg(p, &folded, title, unit));
     }
 
     /// Builds and writes a pprof profile, timed (`-vv` shows it: the cost
@@ -92,6 +95,26 @@ pub struct StackOutputs<'a> {
     pub faults: Option<&'a [Stack]>,
     /// mmap-family call sites, when mmap was traced.
     pub mm_sites: Option<&'a [MmSite]>,
+}
+
+/// Every file a recording writes (`pprof::ALL`'s stems give the flamegraph
+/// triples): the only ones [`remove_earlier_outputs`] may remove.
+pub fn owned_files() -> Vec<String> {
+    let mut files: Vec<String> = ["summary.json", "summary.txt", "regions.txt", "report.html"].map(String::from).into();
+    files.push(crate::export::perfetto::FILE.to_string());
+    for kind in pprof::ALL {
+        files.extend([format!("{}.svg", kind.stem), format!("{}.folded", kind.stem), kind.file()]);
+    }
+    files
+}
+
+/// Removes what an earlier recording left in `dir` before a new one writes
+/// there: a file the new one does not write (a `trace.perfetto-trace` of a
+/// run with `--perfetto`, `regions.txt` of a run with regions) would sit
+/// beside its outputs, and report.html would link it. Only vmtrace's own
+/// file names are touched; anything else in `dir` stays. The names removed.
+pub fn remove_earlier_outputs(dir: &Path) -> Vec<String> {
+    owned_files().into_iter().filter(|f| fs::remove_file(dir.join(f)).is_ok()).collect()
 }
 
 /// Writes every output of a recording into `dir`, most important first:

@@ -3,6 +3,7 @@ use std::fmt::Write as _;
 
 use crate::model::fmt_ns;
 use crate::model::{bytes, Faults, Hist, Summary, BROKEN_CHAIN};
+use crate::stacks::shorten::short_name;
 
 /// Upper bound of the 4× latency bucket holding quantile `q`, as "≤4.1 µs"
 /// ("-" when empty, ">1.07 s" for +inf): one scale in every table.
@@ -308,7 +309,7 @@ fn stacks_section(out: &mut String, s: &Summary) {
         st.mode, st.distinct_stacks
     );
     if st.lost > 0 {
-        let _ = writeln!(out, "  stacks lost: {} (stack map full; those faults are still counted)", st.lost);
+        let _ = writeln!(out, "  {}", lost_line(st));
     }
     // Both are what code built without frame pointers does to a walk: the
     // chain ends at once (shallow), or runs into data (broken, then cut).
@@ -325,6 +326,32 @@ fn stacks_section(out: &mut String, s: &Summary) {
         }
     }
     native_stacks_line(out, st);
+}
+
+/// What stacks were lost and why (their faults are counted all the same).
+fn lost_line(st: &crate::model::StacksSummary) -> String {
+    let mut why = Vec::new();
+    if st.lost_not_stored > 0 {
+        why.push(format!(
+            "{} not stored: the stack map filled within one 100 ms drain, or the stack could not be read",
+            st.lost_not_stored
+        ));
+    }
+    if st.lost_not_counted > 0 {
+        why.push(format!("{} not counted: the per-stack count map filled within one drain", st.lost_not_counted));
+    }
+    if why.is_empty() {
+        why.push("stack map full".into());
+    }
+    // A stack not stored is counted under `[no user stack]`, one not counted is not.
+    let taken = st.sampled_faults + st.lost_not_counted;
+    format!(
+        "stacks lost: {} of {} taken ({:.2}%; {}); those faults are still counted",
+        st.lost,
+        taken,
+        st.lost as f64 * 100.0 / taken.max(1) as f64,
+        why.join("; ")
+    )
 }
 
 /// How the unwound stacks ended: thread roots reached, cuts by why.
@@ -413,11 +440,12 @@ fn tlb_section(out: &mut String, s: &Summary) {
                 st.peak_per_s,
                 st.top_share * 100.0,
                 st.top_call,
-                st.top_stack.iter().rev().skip(1).take(4).cloned().collect::<Vec<_>>().join(" <- ")
+                st.top_stack.iter().rev().skip(1).take(4).map(|f| short_name(f)).collect::<Vec<_>>().join(" <- ")
             );
             // Past the native callers shown: the Python code behind them.
             if let Some(py) = crate::python::innermost_python(&st.top_stack) {
                 if !st.top_stack.iter().rev().skip(1).take(4).any(|f| f == py) {
+                    let py = short_name(py);
                     let _ = writeln!(out, "      in Python: {py}");
                 }
             }

@@ -164,6 +164,76 @@ pub fn folded_lines_by_pid(stacks: impl IntoIterator<Item = (u32, Vec<String>, u
     merged.into_iter().map(|((line, pid), weight)| PidLine { line, pid, region: None, weight }).collect()
 }
 
+/// The frame standing for the stacks folded under it by [`fold_small`].
+pub const SMALL_STACKS: &str = "[small stacks folded]";
+
+/// A frame weighing less than this share of a graph's total is folded into
+/// its caller: 4 px of the 1,200 px picture, too narrow to hold a name
+/// (inferno itself leaves out frames under 0.1 px). `record -- python -c
+/// 'import torch'` wrote 40.7 MB before, 6.4 MB at 1/500, under 5 MB at
+/// this width (docs/performance.md).
+pub const MIN_SHARE: f64 = 1.0 / 300.0;
+
+/// `folded` with every frame that weighs less than `min_share` of the total
+/// (with all the stacks through it) folded into its caller: the stacks
+/// through it end in one `[small stacks folded]` frame there, weights kept, so
+/// the lines still add up to the same total and every frame shown keeps its
+/// weight. What inferno's minimum width does to the picture, done to the
+/// text, which keeps the files small (a stack on every fault of a long job
+/// makes hundreds of thousands of distinct lines). The pprof profiles keep
+/// every stack.
+pub fn fold_small(folded: &str, min_share: f64) -> String {
+    let lines: Vec<(&str, u64)> = folded
+        .lines()
+        .filter_map(|l| {
+            let (stack, w) = l.rsplit_once(' ')?;
+            Some((stack, w.parse().ok()?))
+        })
+        .collect();
+    let total: u64 = lines.iter().map(|l| l.1).sum();
+    let min = (total as f64 * min_share).ceil() as u64;
+    if min <= 1 {
+        return folded.to_string();
+    }
+    // The weight of every stack prefix, as a tree of frames: (parent, frame) -> node.
+    let mut nodes: std::collections::HashMap<(u32, &str), u32> = std::collections::HashMap::new();
+    let mut weights: Vec<u64> = vec![0];
+    let mut paths: Vec<Vec<u32>> = Vec::with_capacity(lines.len());
+    for (stack, w) in &lines {
+        let mut at = 0u32;
+        let mut path = Vec::new();
+        for frame in stack.split(';') {
+            let next = weights.len() as u32;
+            let n = *nodes.entry((at, frame)).or_insert(next);
+            if n == next {
+                weights.push(0);
+            }
+            weights[n as usize] += w;
+            path.push(n);
+            at = n;
+        }
+        paths.push(path);
+    }
+    let mut out: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+    for ((stack, w), path) in lines.iter().zip(&paths) {
+        // The first frame too light to show, past the process's own.
+        let cut = path.iter().skip(1).position(|&n| weights[n as usize] < min).map(|i| i + 1);
+        let line = match cut {
+            None => (*stack).to_string(),
+            Some(i) => {
+                let kept: Vec<&str> = stack.split(';').take(i).collect();
+                format!("{};{SMALL_STACKS}", kept.join(";"))
+            }
+        };
+        *out.entry(line).or_default() += w;
+    }
+    let mut text = String::new();
+    for (line, w) in out {
+        let _ = writeln!(text, "{line} {w}");
+    }
+    text
+}
+
 /// Total weight of folded text.
 pub fn total(folded: &str) -> u64 {
     folded.lines().filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok()).sum()
@@ -178,7 +248,9 @@ pub fn write(dir: &Path, stem: &str, folded: &str, title: &str, count_name: &str
 /// The SVG alone (the folded file written apart, so a failure names its file).
 pub fn write_svg(svg: &Path, folded: &str, title: &str, count_name: &str) -> io::Result<()> {
     let mut opts = inferno::flamegraph::Options::default();
+    let (title, subtitle) = split_title(title);
     title.clone_into(&mut opts.title);
+    opts.subtitle = subtitle.map(str::to_string);
     count_name.clone_into(&mut opts.count_name);
     opts.deterministic = true;
     if folded.is_empty() {
@@ -197,10 +269,37 @@ pub fn write_svg(svg: &Path, folded: &str, title: &str, count_name: &str) -> io:
     io::Write::flush(&mut out)
 }
 
+/// Characters of a title line that fit a 1,200 px flamegraph: inferno
+/// draws titles at 17 px, about 10 px a character, centred.
+pub const TITLE_CHARS: usize = 80;
+
+/// A title too long for one line of the picture, split before its
+/// parenthesised explanation: (title, subtitle).
+pub fn split_title(title: &str) -> (&str, Option<&str>) {
+    if title.chars().count() <= TITLE_CHARS {
+        return (title, None);
+    }
+    match title.find(" (") {
+        Some(i) => (&title[..i], Some(title[i + 1..].trim())),
+        None => (title, None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use vmtrace_common::StackCounts;
+
+    #[test]
+    fn small_frames_fold_into_their_caller_and_the_total_stays() {
+        let folded = "p;a;b 900\np;a;c 60\np;a;d;e 30\np;a;d;f 9\np;g 1\n";
+        let small = fold_small(folded, 0.05);
+        // d (39) is under 5% of 1000 (50), so are g and c's... c is 60: kept.
+        assert_eq!(small, "p;[small stacks folded] 1\np;a;[small stacks folded] 39\np;a;b 900\np;a;c 60\n");
+        assert_eq!(total(&small), total(folded));
+        // Nothing to fold: the text is kept as it was.
+        assert_eq!(fold_small(folded, 0.0), folded);
+    }
 
     fn stack(user: &[&str], faults: u64, time: u64) -> Stack {
         let f = faults as f64;

@@ -1,8 +1,10 @@
 //! Call stacks of faults: the kernel aggregates counts per (process, user
 //! stack, kernel stack); here they are symbolized and written as folded stacks
 //! and flamegraphs (`faults`, `fault-time`, `major-faults`).
+pub mod drain;
 pub mod flamegraph;
 pub mod native;
+pub mod shorten;
 pub mod symbolize;
 pub mod unwind;
 pub mod weight;
@@ -189,9 +191,10 @@ fn pct_of_faults(stacks: &[Stack], counted: impl Fn(&Stack) -> bool, hit: impl F
 /// Raw stack ids to look up and the counts of each key.
 pub type RawStacks = Vec<(StackKey, StackCounts)>;
 
-/// Share of stacks with a user part that is at most two frames deep.
+/// Share of user stacks that are at most two frames deep. Stacks that were
+/// not stored (`user_missing`) say nothing of frame pointers and are left out.
 pub fn shallow_pct(stacks: &[Stack]) -> f64 {
-    pct_of_faults(stacks, |s| !s.user.is_empty() || s.user_missing, |s| s.user.len() <= 2)
+    pct_of_faults(stacks, |s| !s.user.is_empty() && !s.user_missing, |s| s.user.len() <= 2)
 }
 
 #[cfg(test)]

@@ -1,0 +1,136 @@
+//! Stack aggregates moved out of the kernel maps while recording.
+//!
+//! The kernel counts faults per stack key in `FAULT_STACKS` and stores each
+//! distinct user stack once in `USER_STACKS`; both are bounded (65,536 keys,
+//! 16,384 stacks). A long job with a stack on every fault has far more
+//! distinct stacks than that (Python frames carry their instruction, so
+//! every bytecode offset is its own stack): the collector empties both maps
+//! every 100 ms into these compact userspace tables, and the kernel's maps
+//! only have to hold what one interval brings.
+//!
+//! A stack's id is 30 bits of its hash (`vmtrace-ebpf/src/stacks.rs`,
+//! `store`), so a stack walked again after its entry was drained gets the
+//! same id, and ids the programs still remember (a CPU's `RECENT` slots,
+//! `STACK_CUR` keys, faults in flight) stay valid here. Two stacks whose
+//! hashes share those 30 bits, one drained before the other was stored,
+//! would share an id: the first keeps it, and the faults counted under that
+//! id are reported (`reused_faults`; of 300,000 distinct stacks, about 40 would share an id in a
+//! billion-id space).
+use std::collections::HashMap;
+
+use vmtrace_common::{Merge as _, PyFrame, StackCounts, StackKey};
+
+use crate::python::PyStack;
+
+/// One drained user stack: its frames, and its Python frames if any.
+struct Stored {
+    hash: u64,
+    /// Innermost first.
+    ips: Box<[u64]>,
+    /// Python frames (innermost first), their process and `ends` bits.
+    py: Option<(u32, u32, Box<[PyFrame]>)>,
+}
+
+/// Counts and stacks drained from the kernel maps.
+#[derive(Default)]
+pub struct Drained {
+    counts: HashMap<StackKey, StackCounts>,
+    stacks: HashMap<u32, Stored>,
+    /// Stacks found under an id already holding another stack (see the module doc).
+    reused: std::collections::HashSet<u32>,
+    /// Drains that moved anything.
+    pub drains: u64,
+}
+
+impl Drained {
+    /// Adds the counts of a key taken out of `FAULT_STACKS`.
+    pub fn add_counts(&mut self, key: StackKey, c: &StackCounts) {
+        self.counts.entry(key).or_default().merge(c);
+    }
+
+    /// Keeps a stack taken out of `USER_STACKS`; false when its id already
+    /// holds a different stack (the first is kept).
+    pub fn add_stack(&mut self, id: u32, hash: u64, ips: &[u64], py: Option<&PyStack>) -> bool {
+        match self.stacks.get(&id) {
+            Some(s) if s.hash == hash => true,
+            Some(_) => {
+                self.reused.insert(id);
+                false
+            }
+            None => {
+                let py = py.map(|p| (p.tgid, p.ends, p.frames.clone().into_boxed_slice()));
+                self.stacks.insert(id, Stored { hash, ips: ips.into(), py });
+                true
+            }
+        }
+    }
+
+    /// A drained stack's frames, innermost first.
+    pub fn ips(&self, id: u32) -> Option<Vec<u64>> {
+        self.stacks.get(&id).map(|s| s.ips.to_vec())
+    }
+
+    /// A drained stack's Python frames.
+    pub fn python(&self, id: u32) -> Option<PyStack> {
+        let (tgid, ends, frames) = self.stacks.get(&id)?.py.as_ref()?;
+        Some(PyStack { tgid: *tgid, frames: frames.to_vec(), ends: *ends })
+    }
+
+    /// Adds every drained count into `all`.
+    pub fn merge_into(&self, all: &mut HashMap<StackKey, StackCounts>) {
+        for (k, c) in &self.counts {
+            all.entry(*k).or_default().merge(c);
+        }
+    }
+
+    /// Faults counted under an id two stacks came to share.
+    pub fn reused_faults(&self) -> u64 {
+        if self.reused.is_empty() {
+            return 0;
+        }
+        let reused = |k: &StackKey| u32::try_from(k.user_stack).is_ok_and(|id| self.reused.contains(&id));
+        self.counts.iter().filter(|(k, _)| reused(k)).map(|(_, c)| c.faults).sum()
+    }
+
+    /// Distinct user stacks kept.
+    pub fn stacks(&self) -> usize {
+        self.stacks.len()
+    }
+
+    /// Bytes of frames held (to measure the tables' size).
+    pub fn frame_bytes(&self) -> usize {
+        self.stacks.values().map(|s| s.ips.len() * 8 + s.py.as_ref().map_or(0, |p| p.2.len() * 16)).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(user_stack: i32) -> StackKey {
+        StackKey { tgid: 7, user_stack, ..StackKey::default() }
+    }
+
+    #[test]
+    fn drained_counts_add_up_and_a_stack_keeps_its_first_content() {
+        let mut d = Drained::default();
+        let c = StackCounts { faults: 3, major: 1, time_ns: 30, timed: 3 };
+        d.add_counts(key(0x4000_0001), &c);
+        d.add_counts(key(0x4000_0001), &c);
+        let py = PyStack { tgid: 7, frames: vec![PyFrame { code: 1, instr: 2 }], ends: 1 };
+        assert!(d.add_stack(0x4000_0001, 99, &[1, 2, 3], Some(&py)));
+        // Drained again after being walked again: same hash, same stack.
+        assert!(d.add_stack(0x4000_0001, 99, &[1, 2, 3], Some(&py)));
+        assert_eq!(d.ips(0x4000_0001), Some(vec![1, 2, 3]));
+        assert_eq!(d.python(0x4000_0001), Some(py));
+        let mut all = HashMap::new();
+        d.merge_into(&mut all);
+        assert_eq!(all[&key(0x4000_0001)].faults, 6);
+        assert_eq!(d.reused_faults(), 0);
+        // Another stack under the same id: the first is kept, its faults flagged.
+        assert!(!d.add_stack(0x4000_0001, 100, &[4], None));
+        assert_eq!(d.ips(0x4000_0001), Some(vec![1, 2, 3]));
+        assert_eq!(d.reused_faults(), 6);
+        assert_eq!(d.stacks(), 1);
+    }
+}
