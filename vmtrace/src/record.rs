@@ -175,6 +175,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
             storm_threshold: opts.storm_threshold,
             python_frames: opts.python_frames,
             trace_log: opts.perfetto,
+            forget_exited: false,
         },
     );
     // The kernel counts programs' run time while this is held.

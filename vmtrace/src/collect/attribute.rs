@@ -29,7 +29,18 @@ fn start_of(table: &ProcessTable, pid: u32, depth: u32) -> Option<Vec<Region>> {
 /// Faults per region of every process, then per file and tensor; the
 /// regions costliest in fault time first.
 pub fn build_regions(table: &mut ProcessTable, source: &impl AggregateSource) -> Attributed {
-    let granules = source.all_granules();
+    build_regions_of(table, source, |_| true)
+}
+
+/// `build_regions` for the processes `wanted` picks (`top` while running:
+/// the live ones, not every process the trace has seen).
+pub fn build_regions_of(
+    table: &mut ProcessTable,
+    source: &impl AggregateSource,
+    wanted: impl Fn(u32) -> bool,
+) -> Attributed {
+    let mut granules = source.all_granules();
+    granules.retain(|(k, _)| wanted(k.tgid));
     // Processes whose maps were never read (e.g. with -a) are read now if alive.
     let mut pids: Vec<u32> = granules.iter().map(|(k, _)| k.tgid).collect();
     pids.dedup();

@@ -1,7 +1,10 @@
 //! The process table: who was traced, with what name, parent and exit status.
 //! Built from the kernel's task events while processes live, so short-lived
 //! ones keep their identity after they are gone.
-use std::{collections::BTreeMap, fs};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs,
+};
 
 use vmtrace_common::{EventKind, FaultStats, TaskEvent};
 
@@ -22,6 +25,9 @@ pub struct ProcInfo {
     /// Its memory map, read while it lived (to symbolize its stacks after it exits).
     pub maps: Vec<crate::procmaps::Region>,
     pub maps_read: Option<std::time::Instant>,
+    /// Its address-space generation at the last maps read, when the kernel
+    /// counts them: the same generation later means the same maps.
+    pub maps_gen: Option<u32>,
     /// When vmtrace first heard of it.
     pub first_seen: std::time::Instant,
     /// Regions it mapped, from mapping-change events (newest last, bounded):
@@ -34,6 +40,8 @@ pub struct ProcInfo {
     pub history: crate::regions::history::History,
     /// Execs seen while traced: what ran before one is another program.
     pub execs: u32,
+    /// Its group's exit was seen.
+    pub exited: bool,
 }
 
 impl Default for ProcInfo {
@@ -48,11 +56,13 @@ impl Default for ProcInfo {
             cgroup: None,
             maps: Vec::new(),
             maps_read: None,
+            maps_gen: None,
             first_seen: std::time::Instant::now(),
             mapped: crate::procmaps::MappedRegions::default(),
             mm: None,
             history: crate::regions::history::History::default(),
             execs: 0,
+            exited: false,
         }
     }
 }
@@ -60,6 +70,10 @@ impl Default for ProcInfo {
 #[derive(Default)]
 pub struct ProcessTable {
     pub procs: BTreeMap<u32, ProcInfo>,
+    /// The processes not known to have exited: the periodic jobs (maps
+    /// re-reads, Python detection) walk these, not every process the
+    /// recording has seen, so their cost follows what is live.
+    pub live: BTreeSet<u32>,
 }
 
 fn read_cmdline(pid: u32) -> Option<String> {
@@ -102,10 +116,14 @@ impl ProcessTable {
         let after = gen_of(pid);
         match read {
             Ok(m) if !m.is_empty() => {
+                if !self.procs.get(&pid).is_some_and(|p| p.exited) {
+                    self.live.insert(pid);
+                }
                 let p = self.procs.entry(pid).or_default();
                 if let (Some(b), Some(a)) = (before, after) {
                     p.history.snapshot(a, &m, a == b);
                 }
+                p.maps_gen = after.filter(|a| before == Some(*a));
                 // Regions gone since the last read are history, not forgotten:
                 // faults taken in them must still find them.
                 for old in std::mem::replace(&mut p.maps, m) {
@@ -133,12 +151,14 @@ impl ProcessTable {
         };
         match kind {
             EventKind::TaskFork => {
+                self.live.insert(ev.tgid);
                 let p = self.procs.entry(ev.tgid).or_default();
                 p.ppid = Some(ev.ppid);
                 p.comm = comm_str(&ev.comm);
                 p.history.forked_from = Some((ev.ppid, ev.gen));
             }
             EventKind::TaskExec => {
+                self.live.insert(ev.tgid);
                 let p = self.procs.entry(ev.tgid).or_default();
                 p.comm = comm_str(&ev.comm);
                 p.execs += 1;
@@ -150,6 +170,7 @@ impl ProcessTable {
                 // A thread the fallback fork hook took for a process.
                 if ev.pid != ev.tgid {
                     self.procs.remove(&ev.pid);
+                    self.live.remove(&ev.pid);
                 }
             }
             EventKind::OomMarkVictim
@@ -158,7 +179,9 @@ impl ProcessTable {
             | EventKind::PyStackStored
             | EventKind::FaultMajor => {}
             EventKind::TaskExit => {
+                self.live.remove(&ev.tgid);
                 let p = self.procs.entry(ev.tgid).or_default();
+                p.exited = true;
                 if p.comm.is_empty() {
                     p.comm = comm_str(&ev.comm);
                 }
@@ -172,11 +195,30 @@ impl ProcessTable {
         }
     }
 
+    /// Live processes, with their entries.
+    pub fn live(&self) -> impl Iterator<Item = (u32, &ProcInfo)> {
+        self.live.iter().filter_map(|pid| self.procs.get(pid).map(|p| (*pid, p)))
+    }
+
+    /// Once `pid` has exited: drops what only a live process needs (the
+    /// bookkeeping that folds an allocator's munmap/mmap churn) and the
+    /// spare capacity of what the summary still reads.
+    pub fn retire(&mut self, pid: u32) {
+        self.live.remove(&pid);
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.history.retire();
+            p.maps.shrink_to_fit();
+        }
+    }
+
     /// Makes sure `pid` has an entry, filling what /proc still tells.
     pub fn ensure(&mut self, pid: u32) -> &mut ProcInfo {
         let p = self.procs.entry(pid).or_default();
         if p.comm.is_empty() || p.ppid.is_none() {
             if let Some((comm, ppid)) = read_stat(pid) {
+                if !p.exited {
+                    self.live.insert(pid);
+                }
                 if p.comm.is_empty() {
                     p.comm = comm;
                 }
@@ -235,6 +277,9 @@ impl ProcessTable {
     pub fn note_change(&mut self, ev: &vmtrace_common::MmEvent) {
         use crate::regions::history::Change;
         use vmtrace_common::MmCall;
+        if !self.procs.get(&ev.tgid).is_some_and(|p| p.exited) {
+            self.live.insert(ev.tgid);
+        }
         let change = match ev.call {
             c if c == MmCall::Mmap as u32 => {
                 let r = region_from_event(ev);

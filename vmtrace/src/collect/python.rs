@@ -44,18 +44,32 @@ impl Tracker {
     /// faults without Python frames.
     pub fn look_at_young(&mut self, now: Instant, table: &mut ProcessTable, source: &mut impl AggregateSource) {
         let due: Vec<u32> = table
-            .procs
-            .iter()
+            .live()
             .filter(|(_, p)| p.exit_code.is_none() && p.comm.starts_with("python"))
             .filter(|(pid, p)| match self.seen.get(pid) {
                 Some((prog, _, settled)) => prog.0 != p.comm || prog.1 != p.execs || !settled,
                 None => true,
             })
-            .map(|(pid, _)| *pid)
+            .map(|(pid, _)| pid)
             .collect();
         for pid in due {
-            table.snapshot_maps(pid);
+            // Maps read at this generation already are the maps now.
+            let gen = source.map_gen(pid);
+            let p = table.procs.get(&pid);
+            if gen.is_none() || p.is_none_or(|p| p.maps.is_empty() || p.maps_gen != gen) {
+                let source = &*source;
+                table.snapshot_maps_at(pid, &|p| source.map_gen(p));
+            }
             self.look(now, table, source, Some(pid));
+        }
+    }
+
+    /// `pid` exited: its detection state and its registration with the
+    /// programs go (`PY_PROCS` holds 4,096 processes: with churn, later
+    /// Pythons would find it full); its code objects stay, for its stacks.
+    pub fn exited(&mut self, pid: u32, source: &mut impl AggregateSource) {
+        if self.seen.remove(&pid).is_some_and(|(_, _, settled)| settled) {
+            source.forget_python(pid);
         }
     }
 
@@ -67,8 +81,12 @@ impl Tracker {
 
     /// Looks at `only`, or at every process not settled.
     fn look(&mut self, now: Instant, table: &ProcessTable, source: &mut impl AggregateSource, only: Option<u32>) {
-        for (&pid, p) in &table.procs {
-            if only.is_some_and(|o| o != pid) || p.exit_code.is_some() || p.maps.is_empty() {
+        let pids: Vec<u32> = match only {
+            Some(pid) => vec![pid],
+            None => table.live.iter().copied().collect(),
+        };
+        for (pid, p) in pids.into_iter().filter_map(|pid| table.procs.get(&pid).map(|p| (pid, p))) {
+            if p.exit_code.is_some() || p.maps.is_empty() {
                 continue;
             }
             let prog = (p.comm.clone(), p.execs);

@@ -53,12 +53,24 @@ pub struct SessionOptions {
     pub python_frames: bool,
     /// Keep the event log of the Perfetto trace (`model::trace`).
     pub trace_log: bool,
+    /// Forget an exited process once its exit is applied (`top -a`, which
+    /// shows live processes only and never builds a summary): its entry,
+    /// maps, mapping history, unwound stacks and code objects go, so the
+    /// collector holds what is live, however many processes came and went.
+    pub forget_exited: bool,
 }
 
 impl SessionOptions {
     /// No stacks, and no storm ever.
     pub fn new(families: Families) -> Self {
-        Self { families, stacks: None, storm_threshold: f64::MAX, python_frames: true, trace_log: false }
+        Self {
+            families,
+            stacks: None,
+            storm_threshold: f64::MAX,
+            python_frames: true,
+            trace_log: false,
+            forget_exited: false,
+        }
     }
 }
 
@@ -366,8 +378,16 @@ impl<S: AggregateSource> Session<S> {
     /// Feeds the storm detector: IPIs sent per process, and per call site.
     fn storm_tick(&mut self, now: f64) {
         let totals: Vec<(u32, u64)> = self.source.all_mm().into_iter().map(|(pid, m)| (pid, m.ipis_sent)).collect();
+        // Only processes that sent IPIs since the last tick have call sites
+        // whose counts moved: the call-site map (every process's sites) is
+        // not read on a tick where none did.
+        let rose: std::collections::HashSet<u32> =
+            totals.iter().filter(|(pid, n)| *n > self.storms.last_total(*pid)).map(|(pid, _)| *pid).collect();
         self.storms.tick(now, &totals);
-        for (k, c) in self.source.all_mm_stacks() {
+        if rose.is_empty() {
+            return;
+        }
+        for (k, c) in self.source.all_mm_stacks().into_iter().filter(|(k, _)| rose.contains(&k.tgid)) {
             let before = self.last_sites.insert(k, c.ipis).unwrap_or(0);
             if c.ipis > before && self.storms.in_storm(k.tgid) {
                 self.storms.add_site(k.tgid, (k.call, k.user_stack), c.ipis - before);
@@ -442,6 +462,15 @@ impl<S: AggregateSource> Session<S> {
         }
         // Take an exited process's aggregate out of the kernel map: it is final,
         // and the map stays bounded however many processes come and go.
+        for &tgid in &batch.exited {
+            self.table.retire(tgid);
+            self.python.exited(tgid, &mut self.source);
+            self.storms.forget(tgid);
+        }
+        if !batch.exited.is_empty() && !self.last_sites.is_empty() {
+            let gone: std::collections::HashSet<u32> = batch.exited.iter().copied().collect();
+            self.last_sites.retain(|k, _| !gone.contains(&k.tgid));
+        }
         for tgid in batch.exited {
             self.native.forget_space(tgid);
             if let Some(m) = self.source.take_mm(tgid) {
@@ -452,6 +481,11 @@ impl<S: AggregateSource> Session<S> {
             }
             if let (Some(t), Some(p)) = (self.trace.as_mut(), self.table.procs.get(&tgid)) {
                 tracelog::exited(t, tgid, p, self.minor_period, monotonic_ns());
+            }
+            if self.opts.forget_exited {
+                self.table.procs.remove(&tgid);
+                self.native.forget(tgid);
+                self.python.codes.forget(tgid);
             }
         }
         self.source.flush_logs();
@@ -480,6 +514,12 @@ impl<S: AggregateSource> Session<S> {
     /// Faults per region of every process, then per file and tensor.
     pub(crate) fn build_regions(&mut self) -> Attributed {
         attribute::build_regions(&mut self.table, &self.source)
+    }
+
+    /// `build_regions` for live processes only.
+    pub(crate) fn build_live_regions(&mut self) -> Attributed {
+        let live = self.table.live.clone();
+        attribute::build_regions_of(&mut self.table, &self.source, |pid| live.contains(&pid))
     }
 
     /// Frames of a call site, outermost first, the syscall as leaf.

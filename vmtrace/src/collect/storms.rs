@@ -29,6 +29,17 @@ impl StormDetector {
         Self { threshold_per_s, last: HashMap::new(), open: HashMap::new(), closed: Vec::new() }
     }
 
+    /// `pid`'s total IPIs sent at the last tick (0 before its first).
+    pub fn last_total(&self, pid: u32) -> u64 {
+        self.last.get(&pid).map_or(0, |(_, n)| *n)
+    }
+
+    /// `pid` exited: its last count goes (an open storm stays, to be closed
+    /// at the end).
+    pub fn forget(&mut self, pid: u32) {
+        self.last.remove(&pid);
+    }
+
     /// One tick: each process's total IPIs sent so far at `now_s`.
     pub fn tick(&mut self, now_s: f64, totals: &[(u32, u64)]) {
         for &(pid, total) in totals {

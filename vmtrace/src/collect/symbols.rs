@@ -72,11 +72,18 @@ impl MapsRefresh {
         if all_due {
             self.last = now;
         }
+        // Live processes only; a young one whose address-space generation
+        // is the one of its last read has the same maps (every mapping change
+        // and exec bumps it): not read again until the next full round.
         let due: Vec<u32> = table
-            .procs
-            .iter()
-            .filter(|(_, p)| p.exit_code.is_none() && (all_due || now.saturating_duration_since(p.first_seen) < YOUNG))
-            .map(|(pid, _)| *pid)
+            .live()
+            .filter(|(_, p)| p.exit_code.is_none())
+            .filter(|(pid, p)| {
+                all_due
+                    || (now.saturating_duration_since(p.first_seen) < YOUNG
+                        && (p.maps_gen.is_none() || p.maps_gen != gen_of(*pid)))
+            })
+            .map(|(pid, _)| pid)
             .collect();
         for pid in due {
             table.snapshot_maps_at(pid, gen_of);

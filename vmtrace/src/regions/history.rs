@@ -144,6 +144,16 @@ impl History {
         self.log.is_empty()
     }
 
+    /// Its process has exited: no change comes any more, so what only
+    /// folds later ones (the last mapping at each address, the munmaps that
+    /// may be undone, the last maps read) goes; the log is kept whole.
+    pub fn retire(&mut self) {
+        self.last_map = HashMap::new();
+        self.unmapped = HashMap::new();
+        self.last_snapshot = None;
+        self.log.shrink_to_fit();
+    }
+
     /// Whether it exec'd while traced.
     pub fn execed(&self) -> bool {
         self.log.iter().any(|l| matches!(l.change, Change::Exec))

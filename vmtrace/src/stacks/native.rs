@@ -155,6 +155,12 @@ impl NativeStacks {
     pub fn forget_space(&mut self, tgid: u32) {
         self.spaces.remove(&tgid);
     }
+
+    /// Forgets `tgid`'s unwound stacks too (nothing will read them).
+    pub fn forget(&mut self, tgid: u32) {
+        self.spaces.remove(&tgid);
+        self.by_id.retain(|(t, _), _| *t != tgid);
+    }
 }
 
 /// `total` shared out in proportion to `weights`, the parts summing to it

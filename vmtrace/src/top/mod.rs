@@ -145,7 +145,7 @@ impl Model {
             ipis: sum(|r| r.ipis),
         };
 
-        let regions = session.families().regions.then(|| self.regions(session, dt, sort));
+        let regions = session.families().regions.then(|| self.regions(session, dt, sort, ended));
         let now_s = session.started().elapsed().as_secs_f64();
         Snapshot {
             target: String::new(),
@@ -162,8 +162,11 @@ impl Model {
         }
     }
 
-    fn regions(&mut self, session: &mut Session, dt: f64, sort: model::SortKey) -> Vec<RegionRow> {
-        let attributed = session.build_regions().regions;
+    /// While the target runs, the regions of live processes (as the
+    /// process pane shows them): attributing every region of every process
+    /// the trace has seen, each second, grew with churn. Once it ended, all.
+    fn regions(&mut self, session: &mut Session, dt: f64, sort: model::SortKey, ended: bool) -> Vec<RegionRow> {
+        let attributed = if ended { session.build_regions() } else { session.build_live_regions() }.regions;
         let key = |r: &RegionSummary| (r.pid, u64::from_str_radix(r.start.trim_start_matches("0x"), 16).unwrap_or(0));
         let cums: Vec<((u32, u64), Cum)> = attributed
             .iter()
@@ -326,6 +329,8 @@ pub fn run(opts: &TopOptions) -> Result<i32, TopError> {
             storm_threshold: opts.storm_threshold,
             python_frames: true,
             trace_log: false,
+            // The system has no end: exited processes are never shown again.
+            forget_exited: matches!(opts.target, Target::System),
         },
     );
     install_stop_handlers();

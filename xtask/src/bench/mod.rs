@@ -497,8 +497,41 @@ fn write_doc(root: &Path, text: &str, begin: &str, end: &str) -> Result<()> {
     Ok(())
 }
 
-/// Collector cost: `vmtrace record -a` for `secs` under a paced fault load.
-fn soak(root: &Path, env: &Env, args: &BenchArgs, secs: u64) -> Result<()> {
+/// What the collector used over one soak scenario.
+struct CollectorCost {
+    cpu_pct: f64,
+    /// RSS (KiB) after the first second, at the end, and its peak (VmHWM).
+    rss_first: u64,
+    rss_last: u64,
+    hwm: u64,
+    /// Events lost, and processes seen, as the summary reports them.
+    lost: Option<u64>,
+    processes: Option<u64>,
+}
+
+impl CollectorCost {
+    fn rows(&self) -> String {
+        let mib = |k: u64| k as f64 / 1024.0;
+        let opt = |v: Option<u64>| v.map_or_else(|| "?".into(), |v| v.to_string());
+        format!(
+            "| CPU, % of one core | {:.1} |\n\
+             | RSS after 1 s / at the end / peak (VmHWM) | {:.1} / {:.1} / {:.1} MiB |\n\
+             | processes in the summary (rows + folded) / lost events | {} / {} |\n",
+            self.cpu_pct,
+            mib(self.rss_first),
+            mib(self.rss_last),
+            mib(self.hwm),
+            opt(self.processes),
+            opt(self.lost),
+        )
+    }
+}
+
+/// Runs `vmtrace record -a` around `load` (started 3 s after the collector,
+/// so that its start-up is not counted), sampling the collector's CPU and RSS
+/// every second until `load` exits.
+fn measure_collector(env: &Env, secs: u64, load: &mut dyn FnMut() -> Result<Child>) -> Result<(CollectorCost, Child)> {
+    let _ = std::fs::remove_dir_all(&env.out);
     let rec = [
         env.vmtrace.display().to_string(),
         "record".into(),
@@ -506,13 +539,63 @@ fn soak(root: &Path, env: &Env, args: &BenchArgs, secs: u64) -> Result<()> {
         "--out".into(),
         env.out.display().to_string(),
         "--duration".into(),
-        (secs + 5).to_string(),
+        (secs + 30).to_string(),
     ];
     let vm = Command::new(&rec[0]).args(&rec[1..]).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?;
     sleep(Duration::from_secs(3));
     let pid = vm.id();
     let (cpu0, _) = proc_cpu_rss(pid)?;
     let t0 = Instant::now();
+    let mut w = load()?;
+    let mut rss_samples = Vec::new();
+    while w.try_wait()?.is_none() {
+        sleep(Duration::from_secs(1));
+        rss_samples.push(proc_cpu_rss(pid)?.1);
+    }
+    let (cpu1, _) = proc_cpu_rss(pid)?;
+    let wall = t0.elapsed().as_secs_f64();
+    let hwm = std::fs::read_to_string(format!("/proc/{pid}/status"))?
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0);
+    stop(vm);
+    let summary: Option<serde_json::Value> =
+        std::fs::read_to_string(env.out.join("summary.json")).ok().and_then(|s| serde_json::from_str(&s).ok());
+    let lost = summary.as_ref().and_then(|s| s["lost_events"].as_u64());
+    let processes = summary.as_ref().and_then(|s| {
+        let rows = s["processes"].as_array()?;
+        let folded: u64 = rows.iter().filter_map(|r| r["folded"].as_u64()).sum();
+        let plain = rows.iter().filter(|r| r["folded"].as_u64().unwrap_or(0) == 0).count() as u64;
+        Some(plain + folded)
+    });
+    let cost = CollectorCost {
+        cpu_pct: (cpu1 - cpu0) / wall * 100.0,
+        rss_first: rss_samples.first().copied().unwrap_or(0),
+        rss_last: rss_samples.last().copied().unwrap_or(0),
+        hwm,
+        lost,
+        processes,
+    };
+    Ok((cost, w))
+}
+
+/// The churn load: a shell loop of short processes (what a node running
+/// scripts and data pipelines looks like) for `secs`, with two 256 MiB first
+/// touches, printing how many rounds it ran.
+fn churn_script(env: &Env, secs: u64) -> String {
+    let touch = env.workload(&["touch".into(), "--mib".into(), "256".into()]).join(" ");
+    format!(
+        "end=$(( $(date +%s) + {secs} )); n=0; half=$(( $(date +%s) + {secs} / 2 )); {touch} >/dev/null; \
+         while [ $(date +%s) -lt $end ]; do /bin/true; sh -c 'ls / >/dev/null'; \
+         python3 -c 'import json, ssl, sqlite3, decimal'; n=$((n+1)); \
+         if [ $half -gt 0 ] && [ $(date +%s) -ge $half ]; then half=0; {touch} >/dev/null; fi; done; echo $n"
+    )
+}
+
+/// Collector cost: `vmtrace record -a` for `secs` under a paced fault load,
+/// then for `secs` beside process churn.
+fn soak(root: &Path, env: &Env, args: &BenchArgs, secs: u64) -> Result<()> {
     let load = env.workload(&[
         "fault-loop".into(),
         "--mib".into(),
@@ -522,37 +605,30 @@ fn soak(root: &Path, env: &Env, args: &BenchArgs, secs: u64) -> Result<()> {
         "--rate".into(),
         args.soak_rate.to_string(),
     ]);
-    let mut w = Command::new(&load[0]).args(&load[1..]).stdout(Stdio::piped()).spawn()?;
-    let mut rss_samples = Vec::new();
-    while w.try_wait()?.is_none() {
-        sleep(Duration::from_secs(1));
-        rss_samples.push(proc_cpu_rss(pid)?.1);
-    }
-    let (cpu1, _) = proc_cpu_rss(pid)?;
-    let wall = t0.elapsed().as_secs_f64();
+    let (paced, w) = measure_collector(env, secs, &mut || {
+        Ok(Command::new(&load[0]).args(&load[1..]).stdout(Stdio::piped()).spawn()?)
+    })?;
     let report = w.wait_with_output()?;
     let achieved = per_op(&String::from_utf8_lossy(&report.stdout), &load, "").map_or(0.0, |ns| 1e9 / ns);
-    let hwm = std::fs::read_to_string(format!("/proc/{pid}/status"))?
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .unwrap_or(0);
-    stop(vm);
-    let cpu_pct = (cpu1 - cpu0) / wall * 100.0;
-    let first = rss_samples.first().copied().unwrap_or(0);
-    let last = rss_samples.last().copied().unwrap_or(0);
+    let script = churn_script(env, secs);
+    let (churn, w) = measure_collector(env, secs, &mut || {
+        Ok(Command::new("sh").arg("-c").arg(&script).stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?)
+    })?;
+    let rounds: u64 = String::from_utf8_lossy(&w.wait_with_output()?.stdout).trim().parse().unwrap_or(0);
     let text = format!(
-        "Generated by `cargo xtask bench --soak {secs}` on {}: `vmtrace record -a` (default events) for {secs} s \
-         while `vmtrace workload fault-loop --rate {}` ran, achieving {:.0} faults/s.\n\n\
-         | collector | value |\n|---|---|\n\
-         | CPU, % of one core | {cpu_pct:.1} |\n\
-         | RSS after 1 s / at the end / peak (VmHWM) | {:.1} / {:.1} / {:.1} MiB |\n",
+        "Generated by `cargo xtask bench --soak {secs}` on {}: `vmtrace record -a` (default events), \
+         its CPU from /proc/PID/stat and its RSS sampled every second.\n\n\
+         **Paced faults**: {secs} s while `vmtrace workload fault-loop --rate {}` ran, achieving {achieved:.0} faults/s.\n\n\
+         | collector | value |\n|---|---|\n{}\n\
+         **Process churn**: {secs} s while a shell loop ran `/bin/true`, `sh -c 'ls /'` and \
+         `python3 -c 'import json, ssl, sqlite3, decimal'` ({rounds} rounds, {:.1} rounds/s, each 3 commands \
+         and the processes they start), with a 256 MiB first touch at the start and halfway.\n\n\
+         | collector | value |\n|---|---|\n{}",
         today(),
         args.soak_rate,
-        achieved,
-        first as f64 / 1024.0,
-        last as f64 / 1024.0,
-        hwm as f64 / 1024.0,
+        paced.rows(),
+        rounds as f64 / secs as f64,
+        churn.rows(),
     );
     print!("{text}");
     if !args.no_write {
