@@ -546,6 +546,8 @@ fn account_end(tgid: u32, start: &InflightFault, ns: u64, major: bool) {
         c.time_ns += ns;
         c.timed += 1;
     }
+    // Resident attribution: the sampled fault's page, owned by its stack.
+    crate::probes::rss::stream_page(tgid, start);
 }
 
 /// Counts of the stack taken for this fault, if one was.

@@ -156,7 +156,10 @@ impl ProcessTable {
             | EventKind::MmMapChange
             | EventKind::StackSample
             | EventKind::PyStackStored
-            | EventKind::FaultMajor => {}
+            | EventKind::FaultMajor
+            | EventKind::ResidentPeak
+            | EventKind::ResidentEnd
+            | EventKind::PageSample => {}
             EventKind::TaskExit => {
                 let p = self.procs.entry(ev.tgid).or_default();
                 if p.comm.is_empty() {

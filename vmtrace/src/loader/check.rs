@@ -10,7 +10,7 @@ pub fn probe_selection() -> Result<Vec<Attachment>, LoadError> {
         trace_all: false,
         minor_period: 1,
         force_tracepoints: false,
-        families: Families { oom: true, mmap: true, tlb: true, regions: true },
+        families: Families { oom: true, mmap: true, tlb: true, regions: true, resident: true },
         stacks: StackMode::User,
         stack_period: 64,
         stack_window: vmtrace_common::STACK_WINDOW_DEFAULT,

@@ -89,6 +89,9 @@ pub struct Families {
     pub tlb: bool,
     /// Faults per region granule (region attribution) and page-cache additions.
     pub regions: bool,
+    /// Resident memory per process (`kmem:rss_stat`), and with stacks the
+    /// sampled pages for the resident profiles.
+    pub resident: bool,
 }
 
 /// Kernel memory for the per-granule map: `REGION_STATS` is per CPU and
@@ -188,6 +191,11 @@ impl Probes {
             .map_max_entries("REGION_LATE", (region_map_entries() / 16).max(1024))
             .override_global("CONFIG", &config, true)
             .override_global("KOFFSETS", &offsets, true)
+            .override_global(
+                "RESIDENT_PAGES",
+                &u32::from(opts.families.resident && opts.stacks != StackMode::None),
+                true,
+            )
             .load(crate::EBPF_OBJECT)?;
         let logger = aya_log::EbpfLogger::init(&mut ebpf).ok();
         let f = opts.families;
@@ -197,6 +205,7 @@ impl Probes {
             Family::Mmap => f.mmap,
             Family::Regions => f.regions,
             Family::Tlb => f.tlb,
+            Family::Resident => f.resident,
         };
         let mut cx =
             attach::Context { ebpf: &mut ebpf, btf: &btf, tp_btf: &tp_btf, force_tracepoints: opts.force_tracepoints };
@@ -208,7 +217,12 @@ impl Probes {
             attached.push(attach::attach(&mut cx, &hooks::OOM_DOMAIN)?);
             attach::enable_oom_helper(cx.ebpf, &attached, &offsets);
         }
-        for hook in [&hooks::FILEMAP_HOOK, &hooks::HUGE_HOOK].into_iter().chain(hooks::TLB_HOOKS).filter(wanted) {
+        for hook in [&hooks::FILEMAP_HOOK, &hooks::HUGE_HOOK]
+            .into_iter()
+            .chain(hooks::TLB_HOOKS)
+            .chain([&hooks::RSS_HOOK])
+            .filter(wanted)
+        {
             attached.push(attach::attach(&mut cx, hook)?);
         }
         let (ends, minor_period, end_programs) = attach::fault_end(&mut cx, &config, opts)?;
