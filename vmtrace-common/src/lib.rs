@@ -6,8 +6,10 @@
 #![no_std]
 
 mod python;
+mod resident;
 mod samples;
 pub use python::*;
+pub use resident::*;
 pub use samples::*;
 
 /// Latency histogram: bucket `i` counts samples with `ns <= 2^(HIST_MIN_SHIFT + i)`,
@@ -404,12 +406,20 @@ pub enum DropKind {
     /// The ring buffer was full when a major fault was to be streamed: it is
     /// counted, but has no slice in the Perfetto trace.
     FaultMajorRingFull = 13,
+    /// `RSS_MM` was full: an address space's resident counters are missing.
+    RssMmFull = 14,
+    /// The ring buffer was full when a resident peak or end was reported:
+    /// that snapshot of the sampled pages is missing (the totals are not).
+    RssRingFull = 15,
+    /// The ring buffer was full when a sampled page was to be streamed: it
+    /// owns nothing in the resident profiles (the totals are exact anyway).
+    PageSampleRingFull = 16,
 }
-pub const DROP_KINDS: u32 = 14;
+pub const DROP_KINDS: u32 = 17;
 
 /// Event kinds in the stream. Ranges per family; a retired number is never reused.
 /// 1..=99 tasks, 100..=199 faults, 200..=299 mmap, 300..=399 tlb, 400..=499 oom,
-/// 500..=599 stacks.
+/// 500..=599 stacks, 600..=699 resident memory.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventKind {
@@ -421,6 +431,9 @@ pub enum EventKind {
     OomMarkVictim = 400,
     StackSample = 500,
     PyStackStored = 501,
+    ResidentPeak = 600,
+    ResidentEnd = 601,
+    PageSample = 602,
 }
 
 impl EventKind {
@@ -435,6 +448,9 @@ impl EventKind {
             400 => Some(Self::OomMarkVictim),
             500 => Some(Self::StackSample),
             501 => Some(Self::PyStackStored),
+            600 => Some(Self::ResidentPeak),
+            601 => Some(Self::ResidentEnd),
+            602 => Some(Self::PageSample),
             _ => None,
         }
     }
@@ -952,6 +968,9 @@ mod pod {
     unsafe impl aya::Pod for super::StackSampleHead {}
     unsafe impl aya::Pod for super::KernelOffsets {}
     unsafe impl aya::Pod for super::Config {}
+    unsafe impl aya::Pod for super::RssMm {}
+    unsafe impl aya::Pod for super::RssEvent {}
+    unsafe impl aya::Pod for super::PageSample {}
 }
 
 #[cfg(test)]
@@ -994,6 +1013,10 @@ mod tests {
             EventKind::MmMapChange,
             EventKind::OomMarkVictim,
             EventKind::StackSample,
+            EventKind::PyStackStored,
+            EventKind::ResidentPeak,
+            EventKind::ResidentEnd,
+            EventKind::PageSample,
         ] {
             assert_eq!(EventKind::from_u32(k as u32), Some(k));
         }

@@ -99,6 +99,9 @@ pub enum EventFamily {
     /// OOM kills system-wide (victim, trigger, cgroup, what it held) and the
     /// reclaim stalls before them.
     Oom,
+    /// Resident memory per process (kernel counters: end, peak, anon/file/
+    /// shmem), and with stacks the `resident*` profiles by call site.
+    Resident,
 }
 
 #[derive(Debug, Args)]
@@ -112,7 +115,7 @@ pub struct RecordArgs {
     #[arg(short, long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
     /// Event families to trace (comma-separated).
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "faults,regions,mmap,tlb,oom,perf")]
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "faults,regions,mmap,tlb,oom,perf,resident")]
     pub events: Vec<EventFamily>,
     /// Time 1 in N minor faults; 0 = do not time them (cheapest). Every major
     /// fault is timed and every fault counted whatever N is. N > 1 leaves slow

@@ -153,6 +153,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
         mmap: opts.has(EventFamily::Mmap),
         tlb: opts.has(EventFamily::Tlb),
         regions: opts.has(EventFamily::Regions),
+        resident: opts.has(EventFamily::Resident),
     };
     let probes = Probes::load(&LoadOptions {
         trace_all: matches!(opts.target, Target::System),
@@ -202,7 +203,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
         Detach::AfterExit => detach_after_exit(),
         d => session.source_mut().detach_all(d == Detach::Parallel),
     }
-    let Finished { mut summary, stacks, mm_sites, trace } = session.finish(info);
+    let Finished { mut summary, stacks, mm_sites, trace, resident } = session.finish(info);
     summary.perf = perf;
     summary.program_stats = program_stats;
     if let Some(st) = summary.stacks.as_mut() {
@@ -211,6 +212,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     let stack_outputs = report::StackOutputs {
         faults: summary.stacks.is_some().then_some(stacks.as_slice()),
         mm_sites: opts.has(EventFamily::Mmap).then_some(mm_sites.as_slice()),
+        resident: resident.as_ref().map(|r| (r.end.as_slice(), r.peak.as_slice())),
     };
     // Before report.html, which links it when it is there, and from the
     // summary before small rows are folded: the trace has every process.

@@ -171,7 +171,7 @@ pub fn serve(opts: &ServeOptions) -> Result<i32, ServeError> {
         check_pid(pid)?;
     }
     preflight()?;
-    let families = Families { oom: true, mmap: true, tlb: true, regions: false };
+    let families = Families { oom: true, mmap: true, tlb: true, regions: false, resident: true };
     let probes = Probes::load(&LoadOptions {
         trace_all: matches!(opts.target, Target::System),
         minor_period: 1,

@@ -660,6 +660,8 @@ fn account_end(tgid: u32, start: &InflightFault, ns: u64, major: bool, weight: u
         c.time_ns += ns * weight;
         c.timed += weight;
     }
+    // Resident attribution: the sampled fault's page, owned by its stack.
+    crate::probes::rss::stream_page(tgid, start);
 }
 
 /// Counts of the stack taken for this fault, if one was.

@@ -194,18 +194,31 @@ fn enter(ctx: &TracePointContext, pid_tgid: u64, call: MmCall, a: [u64; 6]) {
     mm_begin(pid_tgid as u32, &MmInflight { call: call as u32, user_stack, args: a, gen, _pad: 0, start_ns });
 }
 
+/// `madvise` advice after which the range holds no pages until touched
+/// again: MADV_DONTNEED (4), MADV_FREE (8, freed lazily: the kernel's
+/// counters drop only at reclaim), MADV_REMOVE (9), MADV_DONTNEED_LOCKED (24).
+#[inline(always)]
+fn gives_back(advice: u64) -> bool {
+    matches!(advice, 4 | 8 | 9 | 24)
+}
+
 fn try_sys_exit(ctx: &TracePointContext) -> Option<()> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
     let tgid = (pid_tgid >> 32) as u32;
     let f = mm_end(tid)?;
-    if f.call == MmCall::Madvise as u32 {
-        return None;
-    }
     let ret: i64 = tp_field(ctx, EXIT_RET);
     let ok = !(-4095..0).contains(&ret);
     let a = f.args;
-    let gen_exit = if f.call == MmCall::Munmap as u32 {
+    // madvise changes no mapping; only advice that gives memory back is
+    // streamed, for resident attribution (`probes/rss.rs`).
+    if f.call == MmCall::Madvise as u32 && (ret != 0 || !gives_back(a[2])) {
+        return None;
+    }
+    let gen_exit = if f.call == MmCall::Madvise as u32 {
+        // No generation: the mappings stay as they were.
+        f.gen
+    } else if f.call == MmCall::Munmap as u32 {
         if ret == 0 {
             note_unmap(tid, a[0], a[1]);
         }
@@ -234,6 +247,8 @@ fn try_sys_exit(ctx: &TracePointContext) -> Option<()> {
         c if c == MmCall::Mprotect as u32 && ret == 0 => (a[0], a[1], a[2], 0, u64::MAX, 0, 0, 0),
         // brk returns the break in force, moved or not.
         c if c == MmCall::Brk as u32 => (ret as u64, 0, 0, 0, u64::MAX, 0, a[0], 0),
+        // The advice in `prot`.
+        c if c == MmCall::Madvise as u32 => (a[0], a[1], a[2], 0, u64::MAX, 0, 0, 0),
         _ => return None,
     };
     let Some(mut slot) = EVENTS.reserve::<MmEvent>(0) else {

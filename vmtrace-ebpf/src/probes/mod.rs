@@ -4,6 +4,7 @@ pub mod fault;
 pub mod filemap;
 pub mod mmap;
 pub mod oom;
+pub mod rss;
 pub mod sched;
 pub mod task;
 pub mod tlb;

@@ -192,8 +192,9 @@ pub fn assemble(mut i: Inputs) -> Finished {
         }),
         files: i.attributed.map(|a| a.files),
         folding: None,
+        resident: None,
     };
-    Finished { summary, stacks: i.stacks, mm_sites: i.mm_sites, trace: None }
+    Finished { summary, stacks: i.stacks, mm_sites: i.mm_sites, trace: None, resident: None }
 }
 
 /// One entry per process of the trace, and their fault totals.
@@ -229,6 +230,7 @@ fn processes(i: &Inputs) -> (Vec<Process>, Faults) {
             cow_from: cow_of(i, pid),
             folded: 0,
             folded_comms: BTreeMap::new(),
+            resident: None,
         });
     }
     (out, totals)

@@ -14,6 +14,7 @@ pub mod fake;
 pub mod flight;
 pub mod process;
 pub mod python;
+pub mod resident;
 pub mod session;
 pub mod source;
 pub mod storms;
@@ -58,4 +59,6 @@ pub struct Finished {
     pub mm_sites: Vec<MmSite>,
     /// The Perfetto trace's event log (`SessionOptions::trace_log`).
     pub trace: Option<crate::model::trace::TraceLog>,
+    /// The resident profiles (`--events resident` with stacks).
+    pub resident: Option<resident::ResidentProfiles>,
 }

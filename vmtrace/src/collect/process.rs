@@ -177,7 +177,10 @@ impl ProcessTable {
             | EventKind::MmMapChange
             | EventKind::StackSample
             | EventKind::PyStackStored
-            | EventKind::FaultMajor => {}
+            | EventKind::FaultMajor
+            | EventKind::ResidentPeak
+            | EventKind::ResidentEnd
+            | EventKind::PageSample => {}
             EventKind::TaskExit => {
                 self.live.remove(&ev.tgid);
                 let p = self.procs.entry(ev.tgid).or_default();

@@ -16,6 +16,7 @@ use super::{
     attribute,
     flight::FlightRecorder,
     process::{self, ProcInfo, ProcessTable},
+    resident::ResidentTracker,
     source::AggregateSource,
     storms::StormDetector,
     symbols::{self, MapsRefresh},
@@ -103,6 +104,8 @@ pub struct Session<S: AggregateSource = Probes> {
     python: super::python::Tracker,
     /// The Perfetto trace's event log, when asked for.
     trace: Option<TraceRecorder>,
+    /// Sampled pages and their owners (`--events resident`).
+    resident: Option<ResidentTracker>,
 }
 
 fn monotonic_ns() -> u64 {
@@ -139,6 +142,7 @@ impl Batch {
         table: &mut ProcessTable,
         native: &mut NativeStacks,
         mut trace: Option<&mut TraceRecorder>,
+        resident: Option<&mut ResidentTracker>,
     ) {
         let Some(hdr) = read_event::<EventHeader>(bytes) else {
             self.malformed += 1;
@@ -158,10 +162,21 @@ impl Batch {
                 if let (Some(t), Some(kind)) = (trace, tracelog::task_kind(ev.hdr.kind)) {
                     t.task(&ev, kind);
                 }
+                if let Some(r) = resident {
+                    r.task(&ev);
+                }
                 table.apply(&ev);
             }
             Some(EventKind::MmMapChange) => match read_event::<MmEvent>(bytes) {
                 Some(ev) => {
+                    if let Some(r) = resident {
+                        r.mm_change(&ev);
+                    }
+                    // madvise (memory given back) is streamed for the resident
+                    // profiles only: it changes no mapping.
+                    if ev.call == vmtrace_common::MmCall::Madvise as u32 {
+                        return;
+                    }
                     if let Some(t) = trace.as_deref_mut() {
                         t.mm_change(&ev);
                     }
@@ -183,6 +198,24 @@ impl Batch {
                 Some(ev) => self.py_stored.push(ev.id),
                 None => self.malformed += 1,
             },
+            Some(EventKind::PageSample) => match read_event::<vmtrace_common::PageSample>(bytes) {
+                Some(ev) => {
+                    if let Some(r) = resident {
+                        r.page(&ev);
+                    }
+                }
+                None => self.malformed += 1,
+            },
+            Some(EventKind::ResidentPeak | EventKind::ResidentEnd) => {
+                match read_event::<vmtrace_common::RssEvent>(bytes) {
+                    Some(ev) => {
+                        if let Some(r) = resident {
+                            r.rss(&ev);
+                        }
+                    }
+                    None => self.malformed += 1,
+                }
+            }
             None => self.malformed += 1,
         }
     }
@@ -210,6 +243,7 @@ impl<S: AggregateSource> Session<S> {
             native: NativeStacks::default(),
             python: super::python::Tracker::default(),
             trace: opts.trace_log.then(|| TraceRecorder::new(monotonic_ns())),
+            resident: opts.families.resident.then(ResidentTracker::default),
         }
     }
 
@@ -328,6 +362,7 @@ impl<S: AggregateSource> Session<S> {
         }
         self.record_history(now);
         self.trace_interval();
+        self.resident_counters();
         if self.opts.stacks.is_some() || self.opts.families.regions {
             let source = &self.source;
             self.maps_refresh.run(now, &mut self.table, &|pid| source.map_gen(pid));
@@ -364,6 +399,34 @@ impl<S: AggregateSource> Session<S> {
         if let Some(t) = self.trace.as_mut() {
             tracelog::interval(t, &self.source, self.minor_period, monotonic_ns());
         }
+    }
+
+    /// Every tick, the kernel's resident counters: each process's figures,
+    /// and the address spaces long torn down leave the map.
+    fn resident_counters(&mut self) {
+        let Some(r) = self.resident.as_mut() else { return };
+        let all = self.source.all_rss();
+        for mm_id in r.kernel_counters(&all, monotonic_ns()) {
+            self.source.forget_rss(mm_id);
+        }
+    }
+
+    /// The resident profiles, from the live sets and the kernel's counters.
+    fn build_resident(&mut self, leaf: bool) -> Option<super::resident::ResidentProfiles> {
+        let mut tracker = self.resident.take()?;
+        let all = self.source.all_rss();
+        for (id, m) in &all {
+            log::debug!("rss mm {id:#x}: {m:?}");
+        }
+        // Nothing is forgotten now: every address space's figures are wanted.
+        let _ = tracker.kernel_counters(&all, 0);
+        let (procs, counts) = tracker.finish(monotonic_ns());
+        let period = self.opts.stacks.map_or(0, |(_, n)| n);
+        let (table, source, native, py) = (&mut self.table, &self.source, &self.native, &self.python.codes);
+        let comms: HashMap<u32, String> = table.procs.iter().map(|(p, i)| (*p, i.comm.clone())).collect();
+        let mut symbolize = |raw| symbols::symbolize_counts(raw, table, source, native, py);
+        let comm_of = |pid: u32| comms.get(&pid).cloned().unwrap_or_default();
+        Some(super::resident::build(&procs, counts, (leaf, period, self.started_mono_ns), &mut symbolize, &comm_of))
     }
 
     /// Every few hundred ms, the fault count of each live traced process.
@@ -433,8 +496,9 @@ impl<S: AggregateSource> Session<S> {
     fn drain_at(&mut self, now: Instant) {
         let mut batch = Batch::default();
         let (table, native, trace) = (&mut self.table, &mut self.native, &mut self.trace);
+        let resident = &mut self.resident;
         let malformed_samples = native.malformed;
-        self.source.drain_events(&mut |bytes| batch.take(bytes, table, native, trace.as_mut()));
+        self.source.drain_events(&mut |bytes| batch.take(bytes, table, native, trace.as_mut(), resident.as_mut()));
         self.malformed_events += batch.malformed + (self.native.malformed - malformed_samples);
         for ev in &batch.ooms {
             self.on_oom(ev, now);
@@ -567,6 +631,8 @@ impl<S: AggregateSource> Session<S> {
             let (source, table) = (&self.source, &mut self.table);
             tracelog::finish(t, table, source, native, py, monotonic_ns())
         });
+        let leaf = stacks.iter().any(|s| s.leaf.is_some());
+        let resident = self.build_resident(leaf);
         let attributed = families.regions.then(|| self.build_regions());
         let mm = self.mm_totals();
         let duration_s = self.seconds_at(self.stopped.unwrap_or_else(&now));
@@ -613,6 +679,10 @@ impl<S: AggregateSource> Session<S> {
             (st.shared_id_faults, st.drained_stacks, _) = self.source.drained_stacks();
         }
         finished.trace = trace;
+        if let Some(r) = resident {
+            super::resident::apply(&mut finished.summary, &r, &self.source.drops());
+            finished.resident = Some(r);
+        }
         finished
     }
 }

@@ -96,6 +96,14 @@ pub trait AggregateSource {
     fn page_cache_added(&self, dev: u32, ino: u64) -> Option<u64>;
     /// Pages added to the page cache per file chunk (`FILE_CHUNK_SHIFT`).
     fn page_cache_chunks(&self) -> Vec<(FileChunkKey, u64)>;
+
+    /// Every address space's resident counters, by `mm_id` (none where
+    /// resident memory is not traced).
+    fn all_rss(&self) -> Vec<(u32, vmtrace_common::RssMm)> {
+        Vec::new()
+    }
+    /// Forgets an address space's resident counters.
+    fn forget_rss(&mut self, _mm_id: u32) {}
 }
 
 impl AggregateSource for Probes {
@@ -236,5 +244,13 @@ impl AggregateSource for Probes {
 
     fn page_cache_chunks(&self) -> Vec<(FileChunkKey, u64)> {
         Probes::page_cache_chunks(self)
+    }
+
+    fn all_rss(&self) -> Vec<(u32, vmtrace_common::RssMm)> {
+        Probes::all_rss(self)
+    }
+
+    fn forget_rss(&mut self, mm_id: u32) {
+        Probes::forget_rss(self, mm_id);
     }
 }

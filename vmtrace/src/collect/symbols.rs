@@ -120,7 +120,18 @@ pub fn build_stacks(
     native: &NativeStacks,
     py: &CodeCache,
 ) -> Vec<Stack> {
-    let raw = source.all_stack_counts();
+    symbolize_counts(source.all_stack_counts(), table, source, native, py)
+}
+
+/// Symbolizes stacks given as (key, counts), as the fault aggregate's are
+/// (the resident profiles weigh their owners' pages the same way).
+pub fn symbolize_counts(
+    raw: Vec<(StackKey, StackCounts)>,
+    table: &mut ProcessTable,
+    source: &impl AggregateSource,
+    native: &NativeStacks,
+    py: &CodeCache,
+) -> Vec<Stack> {
     let mut names = Names::default();
     let mut out = Vec::new();
     let mut by_pid: HashMap<u32, Vec<RawStack>> = HashMap::new();

@@ -32,8 +32,16 @@ pub const MMAP: Kind = Kind { stem: "mmap", values: &[("calls", "count")], perio
 pub const SHOOTDOWNS: Kind =
     Kind { stem: "shootdowns", values: &[("ipis", "count"), ("calls", "count")], period_type: ("calls", "count") };
 
+/// Bytes resident at each process's end, by the stack that faulted them in
+/// (the heap-profile convention: `inuse_space`, bytes).
+pub const RESIDENT: Kind =
+    Kind { stem: "resident", values: &[("inuse_space", "bytes")], period_type: ("space", "bytes") };
+/// The same at each process's peak resident size.
+pub const RESIDENT_PEAK: Kind =
+    Kind { stem: "resident-peak", values: &[("inuse_space", "bytes")], period_type: ("space", "bytes") };
+
 /// Every profile, in the order they are written.
-pub const ALL: [Kind; 5] = [FAULTS, FAULT_TIME, MAJOR_FAULTS, MMAP, SHOOTDOWNS];
+pub const ALL: [Kind; 7] = [FAULTS, FAULT_TIME, MAJOR_FAULTS, MMAP, SHOOTDOWNS, RESIDENT, RESIDENT_PEAK];
 
 impl Kind {
     pub fn file(self) -> String {

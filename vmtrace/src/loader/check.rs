@@ -11,7 +11,7 @@ pub fn probe_selection() -> Result<Vec<Attachment>, LoadError> {
         minor_period: 1,
         fast_period: crate::loader::DEFAULT_FAST_PERIOD,
         force_tracepoints: false,
-        families: Families { oom: true, mmap: true, tlb: true, regions: true },
+        families: Families { oom: true, mmap: true, tlb: true, regions: true, resident: true },
         stacks: StackMode::User,
         stack_period: 64,
         stack_window: vmtrace_common::STACK_WINDOW_DEFAULT,

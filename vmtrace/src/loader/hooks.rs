@@ -84,6 +84,7 @@ pub enum Family {
     Mmap,
     Regions,
     Tlb,
+    Resident,
 }
 
 /// A condition checked before any candidate is tried; when it does not hold,
@@ -352,6 +353,15 @@ pub const HUGE_HOOK: Hook = Hook {
     )
 };
 
+/// Each address space's resident counters as they change.
+pub const RSS_HOOK: Hook = Hook {
+    doc: doc(
+        "resident memory",
+        "the classic event carries each counter's size summed over CPUs (`percpu_counter_sum_positive`, [include/trace/events/kmem.h](https://elixir.bootlin.com/linux/v6.12/source/include/trace/events/kmem.h)); a tp_btf program would get the mm but not the sum",
+    ),
+    ..hook("resident memory", Family::Resident, &[tp("tp_kmem_rss_stat", "kmem:rss_stat")])
+};
+
 /// TLB flushes, and shootdown requests per target CPU.
 pub const TLB_HOOKS: &[Hook] = &[
     Hook {
@@ -465,6 +475,7 @@ pub fn all() -> impl Iterator<Item = &'static Hook> {
         .chain(MMAP_HOOKS.iter().flatten())
         .chain([&FILEMAP_HOOK, &HUGE_HOOK])
         .chain(TLB_HOOKS)
+        .chain([&RSS_HOOK])
         .chain([&USER_STACKS])
 }
 

@@ -42,6 +42,8 @@ pub struct Maps {
     py_seen: std::collections::HashSet<u32>,
     /// What `drain_stacks` moved out of `FAULT_STACKS` and `USER_STACKS`.
     drained: crate::stacks::drain::Drained,
+    /// Resident counters per address space (`RSS_MM`).
+    rss_mm: aya::maps::HashMap<MapData, u32, vmtrace_common::RssMm>,
 }
 
 impl Maps {
@@ -71,6 +73,7 @@ impl Maps {
             py_procs: take_map(ebpf, "PY_PROCS")?,
             py_seen: std::collections::HashSet::new(),
             drained: crate::stacks::drain::Drained::default(),
+            rss_mm: take_map(ebpf, "RSS_MM")?,
         })
     }
 }
@@ -80,6 +83,16 @@ fn take_map<T: TryFrom<aya::maps::Map>>(ebpf: &mut Ebpf, name: &'static str) -> 
 }
 
 impl Probes {
+    /// Every address space's resident counters (`RSS_MM`), by `mm_id`.
+    pub fn all_rss(&self) -> Vec<(u32, vmtrace_common::RssMm)> {
+        self.maps.rss_mm.iter().filter_map(Result::ok).collect()
+    }
+
+    /// Forgets an address space's resident counters.
+    pub fn forget_rss(&mut self, mm_id: u32) {
+        let _ = self.maps.rss_mm.remove(&mm_id);
+    }
+
     /// Adds a process to the traced set (a zeroed `FAULT_STATS` entry); its
     /// children follow in the kernel.
     pub fn trace_pid(&mut self, tgid: u32) -> Result<(), aya::maps::MapError> {

@@ -96,6 +96,9 @@ pub struct Families {
     pub tlb: bool,
     /// Faults per region granule (region attribution) and page-cache additions.
     pub regions: bool,
+    /// Resident memory per process (`kmem:rss_stat`), and with stacks the
+    /// sampled pages for the resident profiles.
+    pub resident: bool,
 }
 
 /// Kernel memory for the per-granule map: `REGION_STATS` is per CPU and
@@ -206,6 +209,11 @@ impl Probes {
             .map_max_entries("REGION_LATE", (region_map_entries() / 16).max(1024))
             .override_global("CONFIG", &config, true)
             .override_global("KOFFSETS", &offsets, true)
+            .override_global(
+                "RESIDENT_PAGES",
+                &u32::from(opts.families.resident && opts.stacks != StackMode::None),
+                true,
+            )
             .load(crate::EBPF_OBJECT)?;
         let logger = aya_log::EbpfLogger::init(&mut ebpf).ok();
         let f = opts.families;
@@ -215,6 +223,7 @@ impl Probes {
             Family::Mmap => f.mmap,
             Family::Regions => f.regions,
             Family::Tlb => f.tlb,
+            Family::Resident => f.resident,
         };
         let mut cx =
             attach::Context { ebpf: &mut ebpf, btf: &btf, tp_btf: &tp_btf, force_tracepoints: opts.force_tracepoints };
@@ -231,7 +240,12 @@ impl Probes {
         // memcg one, the `mm_page_alloc` hook does.
         let memcg_huge = config.memcg_thp_fault != 0 && !crate::kernel::thp::shmem_huge_possible();
         let mut huge_row = None;
-        for hook in [&hooks::FILEMAP_HOOK, &hooks::HUGE_HOOK].into_iter().chain(hooks::TLB_HOOKS).filter(wanted) {
+        for hook in [&hooks::FILEMAP_HOOK, &hooks::HUGE_HOOK]
+            .into_iter()
+            .chain(hooks::TLB_HOOKS)
+            .chain([&hooks::RSS_HOOK])
+            .filter(wanted)
+        {
             if std::ptr::eq(hook, &hooks::HUGE_HOOK) && memcg_huge {
                 huge_row = Some(attached.len());
                 attached.push(Attachment {

@@ -28,6 +28,12 @@ pub struct Drops {
     /// (`TraceLog::MAX_PER_KIND` per kind). Their counts are in every total.
     #[serde(default)]
     pub trace_events: u64,
+    /// Resident memory: address spaces whose counters could not be kept
+    /// (map full), peak/end reports and sampled pages the ring had no room
+    /// for. The per-process totals of the others are exact; a lost page
+    /// only thins the profiles' sample.
+    #[serde(default, skip_serializing_if = "crate::model::summary::is_zero")]
+    pub resident: u64,
 }
 
 /// The kernel's drop counters (indexed by `DropKind`, summed over CPUs) and
@@ -56,6 +62,7 @@ impl DropCounts {
             DropKind::FileChunksFull,
             DropKind::StackSampleRingFull,
             DropKind::FaultMajorRingFull,
+            DropKind::PageSampleRingFull,
         ];
         let dropped: u64 = self
             .by_kind
@@ -91,6 +98,7 @@ impl DropCounts {
             untimed_faults: d(DropKind::FaultUntimed),
             stack_samples: d(DropKind::StackSampleRingFull),
             trace_events: d(DropKind::FaultMajorRingFull),
+            resident: d(DropKind::RssMmFull) + d(DropKind::RssRingFull) + d(DropKind::PageSampleRingFull),
         }
     }
 }

@@ -122,6 +122,7 @@ fn other_process(folded: &[Process]) -> Process {
         cow_from: None,
         folded: 0,
         folded_comms: BTreeMap::new(),
+        resident: None,
     };
     let mut comms: HashMap<&str, u64> = HashMap::new();
     let mut cow = CowFrom::default();

@@ -22,6 +22,7 @@ fn process(pid: u32, comm: &str, total: u64) -> Process {
         cow_from: None,
         folded: 0,
         folded_comms: BTreeMap::new(),
+        resident: None,
     }
 }
 
@@ -94,6 +95,7 @@ pub(crate) fn summary() -> Summary {
         storms: None,
         stacks: None,
         folding: None,
+        resident: None,
     }
 }
 

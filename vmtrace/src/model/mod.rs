@@ -11,6 +11,7 @@ pub mod live;
 pub mod oom;
 pub mod perf;
 pub mod regions;
+pub mod resident;
 pub mod stacks;
 pub mod summary;
 pub mod timeline;
@@ -24,6 +25,7 @@ pub use live::{Cum, LiveProcess, LiveSnapshot, RateKeeper, Rates};
 pub use oom::{HeldRegion, OomRecord};
 pub use perf::{PerfSummary, RegionSamples};
 pub use regions::{CowFrom, FileSummary, RegionKind, RegionPlacement, RegionSummary, TensorSummary};
+pub use resident::{Resident, ResidentSite, ResidentSummary};
 pub use stacks::{MmSite, StacksSummary, BROKEN_CHAIN};
 pub use summary::{
     KernelAccounting, MmapCounts, ProbeInfo, Process, ProgramStats, Reclaim, Sampling, Summary, TargetInfo, TlbCounts,

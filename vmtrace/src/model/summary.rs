@@ -59,6 +59,9 @@ pub struct Summary {
     /// What was folded into "other" rows (absent: every row is listed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub folding: Option<super::Folding>,
+    /// How the resident profiles were made (`--events resident` with stacks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resident: Option<super::ResidentSummary>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -167,6 +170,9 @@ pub struct Process {
     /// Of the folded processes, how many had each name (the most common ones).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub folded_comms: std::collections::BTreeMap<String, u64>,
+    /// Resident memory at its end and at its peak (`--events resident`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resident: Option<super::Resident>,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference

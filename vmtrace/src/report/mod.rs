@@ -95,6 +95,8 @@ pub struct StackOutputs<'a> {
     pub faults: Option<&'a [Stack]>,
     /// mmap-family call sites, when mmap was traced.
     pub mm_sites: Option<&'a [MmSite]>,
+    /// Stacks by bytes resident at each process's end and at its peak.
+    pub resident: Option<(&'a [Stack], &'a [Stack])>,
 }
 
 /// Every file a recording writes (`pprof::ALL`'s stems give the flamegraph
@@ -145,6 +147,9 @@ pub fn write_recording_with(dir: &Path, s: &Summary, stacks: &StackOutputs, o: &
     }
     if let Some(sites) = stacks.mm_sites {
         write_mm_flamegraphs(&mut w, sites, s);
+    }
+    if let (Some((end, peak)), Some(r)) = (stacks.resident, &s.resident) {
+        write_resident(&mut w, end, peak, r, s);
     }
     w.text("report.html", &html::render(s, dir));
     w.failed
@@ -240,6 +245,35 @@ fn write_mm_flamegraphs(w: &mut Writer, sites: &[MmSite], s: &Summary) {
     }
 }
 
+/// The files the resident profiles are written to, for summary.json.
+pub fn resident_files() -> Vec<String> {
+    [pprof::RESIDENT, pprof::RESIDENT_PEAK]
+        .iter()
+        .flat_map(|k| [format!("{}.svg", k.stem), format!("{}.folded", k.stem), k.file()])
+        .collect()
+}
+
+/// `resident.{folded,svg,pb.gz}` and `resident-peak.*`: stacks by the bytes
+/// they faulted in that were still resident at each process's end, and at
+/// its peak, scaled to the kernel's exact totals.
+fn write_resident(w: &mut Writer, end: &[Stack], peak: &[Stack], r: &crate::model::ResidentSummary, s: &Summary) {
+    let how = format!("estimated from the pages of 1 in {} faults, scaled to the kernel's totals", r.sample_period);
+    for (kind, stacks, what) in [
+        (pprof::RESIDENT, end, "Resident memory at each process's end by call stack"),
+        (pprof::RESIDENT_PEAK, peak, "Resident memory at each process's peak by call stack"),
+    ] {
+        let parts = flamegraph::folded_by_pid(stacks, Weight::Faults);
+        let f = flamegraph::fold(&parts);
+        let total = flamegraph::total(&f);
+        let title = format!("{what} — {} ({how})", crate::model::bytes(total));
+        w.flamegraph(kind.stem, &f, &title, "bytes");
+        let samples =
+            parts.iter().map(|p| pprof::sample(kind, &p.line, Some(p.pid), p.region.as_deref(), vec![p.weight as i64]));
+        let meta = pprof::Meta { period: 4096, comment: &title, duration_s: s.duration_s, main: &recorded(s) };
+        w.pprof(kind, || pprof::profile(kind, &meta, samples));
+    }
+}
+
 /// Rebuilds the human outputs of a recorded directory from its `summary.json`,
 /// each file attempted even when one before it failed.
 pub fn rebuild(dir: &Path) -> Result<Summary, String> {
@@ -323,7 +357,7 @@ mod tests {
             &fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/summary.json")).unwrap(),
         )
         .unwrap();
-        let failed = write_recording(dir.path(), &s, &StackOutputs { faults: None, mm_sites: None });
+        let failed = write_recording(dir.path(), &s, &StackOutputs { faults: None, mm_sites: None, resident: None });
         assert_eq!(failed.iter().map(|f| f.file.as_str()).collect::<Vec<_>>(), ["summary.txt"]);
         assert!(failed[0].to_string().starts_with("summary.txt: "), "{}", failed[0]);
         for f in ["summary.json", "regions.txt", "report.html"] {
@@ -387,7 +421,13 @@ mod tests {
         let out = tempfile::tempdir().unwrap();
         for pretty in [false, true] {
             let o = OutputOptions { pretty, ..Default::default() };
-            assert!(write_recording_with(out.path(), &s, &StackOutputs { faults: None, mm_sites: None }, &o).is_empty());
+            assert!(write_recording_with(
+                out.path(),
+                &s,
+                &StackOutputs { faults: None, mm_sites: None, resident: None },
+                &o
+            )
+            .is_empty());
             let json = fs::read_to_string(out.path().join("summary.json")).unwrap();
             assert_eq!(json.lines().count() > 1, pretty);
             assert_eq!(serde_json::from_str::<Summary>(&json).unwrap(), s);

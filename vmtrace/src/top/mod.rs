@@ -307,7 +307,7 @@ pub fn run(opts: &TopOptions) -> Result<i32, TopError> {
         return Err(TopError::NotATerminal);
     }
     preflight()?;
-    let families = Families { oom: true, mmap: true, tlb: true, regions: true };
+    let families = Families { oom: true, mmap: true, tlb: true, regions: true, resident: true };
     let probes = Probes::load(&LoadOptions {
         trace_all: matches!(opts.target, Target::System),
         minor_period: MINOR_PERIOD,

@@ -1,0 +1,97 @@
+//! Resident memory: the kernel's own per-mm counters (`kmem:rss_stat`) kept
+//! per address space, and the sampled pages userspace attributes to stacks.
+use crate::EventHeader;
+
+/// `RssMm::size` index: the kernel's `MM_FILEPAGES`, `MM_ANONPAGES`,
+/// `MM_SWAPENTS`, `MM_SHMEMPAGES` (include/linux/mm_types_task.h), as the
+/// tracepoint's `member` numbers them.
+pub const RSS_FILE: usize = 0;
+pub const RSS_ANON: usize = 1;
+pub const RSS_SWAP: usize = 2;
+pub const RSS_SHMEM: usize = 3;
+pub const RSS_MEMBERS: usize = 4;
+
+/// `RssMm::flags`: the owner tore its address space down (exit, or the old
+/// one at exec): `end` holds the counters just before.
+pub const RSS_ENDED: u32 = 1;
+
+/// One address space's resident counters (`RSS_MM`, keyed by the
+/// tracepoint's `mm_id`, a hash of the mm pointer). Bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RssMm {
+    /// The process whose mm this is; 0 until its own first event (a child's
+    /// mm is filled by its parent's fork before the child runs).
+    pub tgid: u32,
+    /// `RSS_ENDED`.
+    pub flags: u32,
+    /// Each member's size as of the last event.
+    pub size: [u64; RSS_MEMBERS],
+    /// The largest file + anon + shmem seen, and each member at that moment.
+    pub peak: u64,
+    pub peak_size: [u64; RSS_MEMBERS],
+    /// `size` when the owner began tearing the mm down.
+    pub end: [u64; RSS_MEMBERS],
+    /// The peak last streamed (`EventKind::ResidentPeak`).
+    pub reported_peak: u64,
+    /// The members at the moment the mm was first seen: a child's pages
+    /// shared with its parent at fork (copied by `dup_mmap`).
+    pub at_fork: [u64; RSS_MEMBERS],
+    /// When the mm was first seen, reached its peak, and began its teardown.
+    pub first_ns: u64,
+    pub peak_ns: u64,
+    pub end_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<RssMm>() == 8 + 8 * (4 * RSS_MEMBERS + 2) + 24);
+
+impl RssMm {
+    /// Resident bytes (file + anon + shmem; swap entries are not resident).
+    #[inline(always)]
+    #[must_use]
+    pub fn resident(size: &[u64; RSS_MEMBERS]) -> u64 {
+        size[RSS_FILE] + size[RSS_ANON] + size[RSS_SHMEM]
+    }
+}
+
+/// A new peak of one address space passed the last one streamed by
+/// `RSS_PEAK_STEP` (`EventKind::ResidentPeak`), or its owner began tearing
+/// it down (`EventKind::ResidentEnd`): the collector snapshots the process's
+/// sampled pages then, in ring order with the pages themselves.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RssEvent {
+    pub hdr: EventHeader,
+    pub tgid: u32,
+    pub mm_id: u32,
+    /// The members (bytes) at the peak or at the end.
+    pub size: [u64; RSS_MEMBERS],
+}
+const _: () = assert!(core::mem::size_of::<RssEvent>() == 16 + 8 + 8 * RSS_MEMBERS);
+
+/// A new peak is streamed once it passes the last streamed one by a
+/// sixteenth (and at least this many bytes): a growing process sends a few
+/// dozen, not one per page.
+pub const RSS_PEAK_MIN_STEP: u64 = 1 << 20;
+
+/// `PageSample::flags`: served by a transparent huge page (PMD size).
+pub const PAGE_HUGE: u32 = 1;
+/// `PageSample::flags`: its stack is of the exact stratum (`STRATUM_EXACT`):
+/// the fault stands for itself, not for 1 in `stack_period`.
+pub const PAGE_EXACT: u32 = 2;
+
+/// A fault whose stack was taken, streamed when resident attribution is on
+/// (`EventKind::PageSample`): the page it brought in is owned by the stack
+/// until the memory is given back.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PageSample {
+    pub hdr: EventHeader,
+    pub tgid: u32,
+    /// `PAGE_*`.
+    pub flags: u32,
+    /// Page-aligned faulting address.
+    pub addr: u64,
+    pub user_stack: i32,
+    pub kernel_stack: i32,
+}
+const _: () = assert!(core::mem::size_of::<PageSample>() == 16 + 8 + 8 + 8);

@@ -1,0 +1,73 @@
+//! Resident memory in the summary: each process's kernel totals at its end
+//! and at its peak, and how the resident profiles were estimated.
+use serde::{Deserialize, Serialize};
+
+/// One process's resident memory (`processes[].resident`), in bytes, from
+/// the kernel's own counters (`kmem:rss_stat`): exact.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Resident {
+    /// Resident (anon + file + shmem) at the process's end: its exit, or the
+    /// end of the recording.
+    pub end_bytes: u64,
+    /// The largest resident size it reached (its high-water mark).
+    pub peak_bytes: u64,
+    /// `end_bytes` by kind.
+    pub anon_bytes: u64,
+    pub file_bytes: u64,
+    pub shmem_bytes: u64,
+    /// Of `end_bytes`, pages it got from its parent at fork and never wrote
+    /// (so never copied): estimated from the sampled pages (0 for a process
+    /// not forked while traced).
+    pub shared_with_parent_bytes: u64,
+    /// Swap entries at the end (not resident).
+    #[serde(default)]
+    pub swap_bytes: u64,
+    /// The peak by kind.
+    #[serde(default)]
+    pub peak_anon_bytes: u64,
+    #[serde(default)]
+    pub peak_file_bytes: u64,
+    #[serde(default)]
+    pub peak_shmem_bytes: u64,
+    /// Seconds from the start of the trace to the peak.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_at_s: Option<f64>,
+    /// Whether the process ended before the recording did.
+    #[serde(default)]
+    pub exited: bool,
+}
+
+/// How the resident profiles were made (`resident` in summary.json).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ResidentSummary {
+    /// The profile files written (`resident.*`, `resident-peak.*`).
+    pub files: Vec<String>,
+    /// Faults whose pages were followed: 1 in `sample_period` faults (their
+    /// stacks), plus every slow or huge-page fault.
+    pub sample_period: u32,
+    pub sampled_pages: u64,
+    /// Sampled pages still live at the end of each process, summed.
+    pub live_pages_at_end: u64,
+    /// What is exact and what is estimated, in words.
+    pub estimate: String,
+    /// Sampled pages not followed (the live set's bound, or the ring full),
+    /// and peak/end snapshots missing (ring full).
+    pub dropped_pages: u64,
+    pub dropped_snapshots: u64,
+    /// The call sites holding the most memory at their process's peak.
+    pub top_at_peak: Vec<ResidentSite>,
+    /// The same at each process's end.
+    pub top_at_end: Vec<ResidentSite>,
+}
+
+/// A call site's share of its process's resident memory.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ResidentSite {
+    pub pid: u32,
+    pub comm: String,
+    /// Frames, outermost first, the leaf (region) last when there is one.
+    pub frames: Vec<String>,
+    pub bytes: u64,
+    /// Sampled pages behind the estimate; its 95% error is about ±2/√n.
+    pub sampled_pages: u64,
+}
