@@ -46,8 +46,7 @@ fn a_stack_on_every_fault_of_a_torch_job_keeps_them_all() {
     let mut kernel = 0;
     let mut procs = 0;
     for e in std::fs::read_dir(stats.path()).unwrap().filter_map(Result::ok) {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name.ends_with(".txt") {
+        if e.path().extension().is_some_and(|x| x == "txt") {
             let text = std::fs::read_to_string(e.path()).unwrap();
             let f: Vec<u64> = text.split_whitespace().map(|w| w.parse().unwrap()).collect();
             kernel += f[2] + f[3];
