@@ -77,10 +77,12 @@ pub struct StacksSummary {
     pub files: Vec<String>,
 }
 
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+#[allow(clippy::trivially_copy_pass_by_ref)] // as above
 fn is_zero_usize(n: &usize) -> bool {
     *n == 0
 }
