@@ -86,6 +86,7 @@ pub fn render(s: &Summary) -> String {
     let mut out = String::new();
     header(&mut out, s);
     process_table(&mut out, s);
+    resident_section(&mut out, s);
     regions_section(&mut out, s, 10);
     files_section(&mut out, s);
     perf_section(&mut out, s);
@@ -95,6 +96,45 @@ pub fn render(s: &Summary) -> String {
     histogram(&mut out, "Minor-fault latency", &s.totals.minor_latency_hist_ns);
     histogram(&mut out, "Major-fault latency", &s.totals.major_latency_hist_ns);
     out
+}
+
+/// Resident memory: the call sites holding the most at their process's
+/// peak first, then each process's end and peak (exact, from the kernel).
+fn resident_section(out: &mut String, s: &Summary) {
+    use crate::model::bytes;
+    let procs: Vec<_> = s.processes.iter().filter_map(|p| p.resident.as_ref().map(|r| (p, r))).collect();
+    if procs.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nResident memory");
+    if let Some(r) = &s.resident {
+        if !r.top_at_peak.is_empty() {
+            let _ = writeln!(out, "  top call sites at the peak (estimated, 1 in {} faults' pages):", r.sample_period);
+            for site in &r.top_at_peak {
+                let tail: Vec<&str> = site.frames.iter().rev().take(3).rev().map(String::as_str).collect();
+                let _ =
+                    writeln!(out, "    {:>10}  {} [{}]  {}", bytes(site.bytes), site.comm, site.pid, tail.join(" ← "));
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "  {:>8} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "PID", "COMM", "END", "PEAK", "ANON", "FILE", "SHARED"
+    );
+    for (p, r) in procs {
+        let _ = writeln!(
+            out,
+            "  {:>8} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            p.pid,
+            p.comm,
+            bytes(r.end_bytes),
+            bytes(r.peak_bytes),
+            bytes(r.anon_bytes),
+            bytes(r.file_bytes),
+            bytes(r.shared_with_parent_bytes)
+        );
+    }
 }
 
 fn header(out: &mut String, s: &Summary) {
