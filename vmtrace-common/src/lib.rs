@@ -345,9 +345,17 @@ pub fn granule_bucket(ns: u64) -> usize {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FileKey {
     pub dev: u32,
-    pub _pad: u32,
+    /// `FILE_KEY_READ` or `FILE_KEY_WRITTEN`.
+    pub kind: u32,
     pub ino: u64,
 }
+
+/// `FileKey::kind`: pages added to the page cache to be read from storage
+/// (readahead, a fault, a read).
+pub const FILE_KEY_READ: u32 = 0;
+/// `FileKey::kind`: pages a write syscall added (they hold what the process
+/// wrote; nothing was read from storage).
+pub const FILE_KEY_WRITTEN: u32 = 1;
 const _: () = assert!(core::mem::size_of::<FileKey>() == 16);
 
 /// Key of page-cache additions per chunk of a file (`FILE_CHUNKS`): which

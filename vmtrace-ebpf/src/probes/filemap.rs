@@ -1,16 +1,19 @@
 //! Page-cache additions by traced processes, per file: the pages readahead
-//! brought in around the faults (and reads) that asked for them.
+//! brought in around the faults (and reads) that asked for them. Pages a
+//! write syscall adds hold what the process wrote, not data read from
+//! storage: they are counted apart (`FILE_KEY_WRITTEN`).
 use aya_ebpf::{
-    helpers::bpf_get_current_pid_tgid,
+    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_task_pt_regs},
     macros::{map, tracepoint},
     maps::PerCpuHashMap,
     programs::TracePointContext,
 };
-use vmtrace_common::{DropKind, FileChunkKey, FileKey, FILE_CHUNK_SHIFT, PMD_ORDER};
+use vmtrace_common::{DropKind, FileChunkKey, FileKey, FILE_CHUNK_SHIFT, FILE_KEY_READ, FILE_KEY_WRITTEN, PMD_ORDER};
 
 use super::fault::try_huge_alloc;
 use crate::{
     globals::config,
+    inflight::current_fault,
     shared::{count_drop, is_traced, tp_field},
 };
 
@@ -42,7 +45,6 @@ fn try_add_to_page_cache(ctx: &TracePointContext) -> Option<()> {
     }
     let (ino, index, dev, order) =
         (tp_field::<u64>(ctx, 16), tp_field::<u64>(ctx, 24), tp_field::<u32>(ctx, 32), tp_field::<u8>(ctx, 36));
-    let key = FileKey { dev, _pad: 0, ino };
     if u32::from(order) >= PMD_ORDER {
         // A PMD-order folio: page-cache folios reach it on filesystems with
         // large folios whatever transparent_hugepage/enabled says, so the
@@ -50,6 +52,21 @@ fn try_add_to_page_cache(ctx: &TracePointContext) -> Option<()> {
         let _ = try_huge_alloc(ctx);
     }
     let pages = 1u64 << (order & 15);
+    // A fault in flight reads its page from storage even inside a write
+    // syscall (the source buffer of a write() mapped from a file).
+    if current_fault(bpf_get_current_pid_tgid() as u32).is_none() && in_write_syscall() {
+        // The page holds what the process wrote (write_begin): no read from
+        // storage, and no chunk of the file read either.
+        let key = FileKey { dev, kind: FILE_KEY_WRITTEN, ino };
+        if let Some(p) = FILE_CACHE.get_ptr_mut(key) {
+            // SAFETY: this CPU's value of a live entry.
+            unsafe { *p += pages };
+        } else {
+            let _ = FILE_CACHE.insert(key, pages, 1);
+        }
+        return Some(());
+    }
+    let key = FileKey { dev, kind: FILE_KEY_READ, ino };
     if let Some(p) = FILE_CACHE.get_ptr_mut(key) {
         // SAFETY: this CPU's value of a live entry.
         unsafe { *p += pages };
@@ -70,4 +87,23 @@ fn try_add_to_page_cache(ctx: &TracePointContext) -> Option<()> {
         }
     }
     Some(())
+}
+
+/// Whether the current task is in a syscall that writes file data from a
+/// buffer (x86-64 numbers: write, pwrite64, writev, pwritev, pwritev2). The
+/// number is `orig_ax` of the task's user registers (`struct pt_regs`: the
+/// 16th 8-byte slot), as the syscall entry saved it.
+#[inline(always)]
+fn in_write_syscall() -> bool {
+    const ORIG_AX: usize = 15 * 8;
+    // SAFETY: no preconditions (the helper wants the trusted BTF pointer of
+    // the task, not bpf_get_current_task's scalar); the registers are only
+    // read through bpf_probe_read_kernel.
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u8;
+    if regs.is_null() {
+        return false;
+    }
+    // SAFETY: a kernel address read with the checked helper.
+    let nr: i64 = unsafe { bpf_probe_read_kernel(regs.wrapping_add(ORIG_AX).cast::<i64>()) }.unwrap_or(-1);
+    matches!(nr, 1 | 18 | 20 | 296 | 328)
 }

@@ -66,9 +66,10 @@ pub fn build_regions_of(
             })
         },
         |path| {
-            let (dev, ino, file_bytes) = regions::kernel_dev_ino(path)?;
+            let (dev, ino, file_bytes) = regions::file_identity(path)?;
             Some(PageCache {
                 added: source.page_cache_added(dev, ino).unwrap_or(0),
+                written: source.page_cache_written(dev, ino).unwrap_or(0),
                 chunks: chunks.get(&(dev, ino)).cloned().unwrap_or_default(),
                 file_bytes,
             })

@@ -259,7 +259,9 @@ pub fn region_from_event(ev: &vmtrace_common::MmEvent) -> crate::procmaps::Regio
         let same = |p: &String| {
             ev.ino == 0 || crate::regions::kernel_dev_ino(p).is_some_and(|(dev, ino, _)| (dev, ino) == (ev.dev, ev.ino))
         };
-        let path = named.filter(same).unwrap_or_else(|| {
+        // A program may close the fd right after mmap (torch does): the
+        // mapping itself still names its file.
+        let path = named.filter(same).or_else(|| mapped_file_name(ev)).unwrap_or_else(|| {
             if ev.ino == 0 {
                 format!("[fd {}]", ev.fd as i64)
             } else {
@@ -272,6 +274,38 @@ pub fn region_from_event(ev: &vmtrace_common::MmEvent) -> crate::procmaps::Regio
     };
     let perms = format!("{}{}", rwx(ev.prot), if shared { 's' } else { 'p' });
     Region { start: ev.addr, end: ev.addr + ev.len, perms, offset: ev.offset, kind, path }
+}
+
+/// The path of the file an mmap event mapped, from the mapping while it is
+/// still there: `/proc/PID/map_files/START-END` (whose `stat` is the mapped
+/// file's, so a file renamed or replaced since is told apart), else the line
+/// of `/proc/PID/maps` that covers the address with the same inode (the
+/// kernel may have merged the mapping with a neighbour).
+fn mapped_file_name(ev: &vmtrace_common::MmEvent) -> Option<String> {
+    use std::os::unix::fs::MetadataExt as _;
+    if ev.ino == 0 {
+        return None;
+    }
+    let end = ev.addr + ((ev.len + 4095) & !4095);
+    let link = format!("/proc/{}/map_files/{:x}-{:x}", ev.tgid, ev.addr, end);
+    if let (Ok(m), Ok(target)) = (fs::metadata(&link), fs::read_link(&link)) {
+        let dev = (libc::major(m.dev()) << 20) | libc::minor(m.dev());
+        if (dev, m.ino()) == (ev.dev, ev.ino) {
+            return Some(target.display().to_string());
+        }
+    }
+    let maps = fs::read_to_string(format!("/proc/{}/maps", ev.tgid)).ok()?;
+    maps.lines().find_map(|line| {
+        let mut f = line.split_ascii_whitespace();
+        let (range, _, _, dev, ino) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+        let (lo, hi) = range.split_once('-')?;
+        let (lo, hi) = (u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?);
+        let (major, minor) = dev.split_once(':')?;
+        let dev = (u32::from_str_radix(major, 16).ok()? << 20) | u32::from_str_radix(minor, 16).ok()?;
+        let path = f.collect::<Vec<_>>().join(" ");
+        (lo <= ev.addr && ev.addr < hi && ino.parse::<u64>().ok()? == ev.ino && dev == ev.dev && path.starts_with('/'))
+            .then_some(path)
+    })
 }
 
 impl ProcessTable {

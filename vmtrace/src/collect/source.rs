@@ -94,6 +94,10 @@ pub trait AggregateSource {
     }
     /// Pages the traced processes added to the page cache for a file.
     fn page_cache_added(&self, dev: u32, ino: u64) -> Option<u64>;
+    /// Pages their write syscalls added to the page cache for a file.
+    fn page_cache_written(&self, _dev: u32, _ino: u64) -> Option<u64> {
+        None
+    }
     /// Pages added to the page cache per file chunk (`FILE_CHUNK_SHIFT`).
     fn page_cache_chunks(&self) -> Vec<(FileChunkKey, u64)>;
 
@@ -240,6 +244,10 @@ impl AggregateSource for Probes {
 
     fn page_cache_added(&self, dev: u32, ino: u64) -> Option<u64> {
         Probes::page_cache_added(self, dev, ino)
+    }
+
+    fn page_cache_written(&self, dev: u32, ino: u64) -> Option<u64> {
+        Probes::page_cache_written(self, dev, ino)
     }
 
     fn page_cache_chunks(&self) -> Vec<(FileChunkKey, u64)> {

@@ -315,8 +315,17 @@ impl Probes {
         self.maps.file_chunks.iter().filter_map(Result::ok).map(|(k, v)| (k, v.iter().sum())).collect()
     }
 
+    /// Pages traced processes added to the page cache for a file to be read
+    /// from storage.
     pub fn page_cache_added(&self, dev: u32, ino: u64) -> Option<u64> {
-        self.maps.file_cache.get(&FileKey { dev, _pad: 0, ino }, 0).ok().map(|v| v.iter().sum())
+        let key = FileKey { dev, kind: vmtrace_common::FILE_KEY_READ, ino };
+        self.maps.file_cache.get(&key, 0).ok().map(|v| v.iter().sum())
+    }
+
+    /// Pages their write syscalls added to the page cache for a file.
+    pub fn page_cache_written(&self, dev: u32, ino: u64) -> Option<u64> {
+        let key = FileKey { dev, kind: vmtrace_common::FILE_KEY_WRITTEN, ino };
+        self.maps.file_cache.get(&key, 0).ok().map(|v| v.iter().sum())
     }
 
     /// (faults, majors) of all traced processes so far.

@@ -71,7 +71,7 @@ impl CowFrom {
     }
 }
 
-/// One tensor of a safetensors file.
+/// One tensor of a checkpoint (safetensors, or a torch zip checkpoint).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct TensorSummary {
     pub name: String,
@@ -93,8 +93,12 @@ pub struct FileSummary {
     pub path: String,
     pub faults: Faults,
     pub pages_touched: u64,
-    /// Pages the traced processes added to the page cache for this file.
+    /// Pages the traced processes added to the page cache for this file to
+    /// be read from storage (readahead, faults, reads).
     pub page_cache_added: u64,
+    /// Pages their write syscalls added (what they wrote: nothing read).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub page_cache_written: u64,
     /// Of those, pages no major fault asked for: brought in by readahead.
     pub readahead_pages: u64,
     /// Share of its faults that waited for I/O (major).
@@ -102,9 +106,9 @@ pub struct FileSummary {
     /// The file's size at the end of the recording (0: gone).
     #[serde(default)]
     pub file_bytes: u64,
-    /// What the traced processes brought into the page cache for it: read
-    /// from disk during the recording, readahead included (also pages a
-    /// write created).
+    /// What the traced processes read from storage into the page cache for
+    /// it during the recording, readahead included (pages they wrote, or
+    /// that were cached already, are not).
     #[serde(default)]
     pub from_disk_bytes: u64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -130,4 +134,9 @@ pub struct RegionPlacement {
     pub approximate: u64,
     /// No mapping known: in `[unknown region of PID]` rows.
     pub unplaced: u64,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }

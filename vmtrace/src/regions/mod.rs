@@ -2,12 +2,13 @@
 //! granule of each process and address-space generation (with a bitmap of
 //! the pages touched); each touched page is placed in the mapping that held
 //! it at that generation (`place.rs`, replaying `history.rs`), and counts
-//! follow the pages. Then per file across processes, and per tensor of a
-//! safetensors checkpoint.
+//! follow the pages. Then per file (by device and inode) across processes,
+//! and per tensor of a safetensors or torch zip checkpoint.
 pub mod history;
 mod place;
 pub mod replay;
 pub mod safetensors;
+pub mod torchzip;
 
 use std::collections::BTreeMap;
 
@@ -139,6 +140,7 @@ pub fn attribute<'a>(
     let mut acc: Vec<(u32, Region, Acc)> = Vec::new();
     let mut shares_after_fork = std::collections::BTreeSet::new();
     let mut file_pages: Vec<(GranuleCounts, FileHit)> = Vec::new();
+    let mut placed = Vec::new();
     for (pid, gs) in &by_pid {
         let input = input_of(*pid).unwrap_or(ProcessInput {
             history: &empty,
@@ -151,13 +153,28 @@ pub fn attribute<'a>(
         }
         let (rows, how) = place::place(*pid, gs, &input);
         placement.add(&how);
-        for row in rows {
-            if let (RegionKind::File, Some(path)) = (row.region.kind, &row.region.path) {
+        placed.push((*pid, rows));
+    }
+    // One file is one row whatever each mapping knew of its name: a mapping
+    // named only by its inode takes the path another mapping of the same
+    // (dev, inode) had.
+    let names = same_files(placed.iter().flat_map(|(_, rows)| rows.iter()).filter_map(|r| {
+        match (r.region.kind, &r.region.path) {
+            (RegionKind::File, Some(p)) => Some(p.as_str()),
+            _ => None,
+        }
+    }));
+    for (pid, rows) in placed {
+        for mut row in rows {
+            if let (RegionKind::File, Some(path)) = (row.region.kind, &mut row.region.path) {
+                if let Some(name) = names.get(path.as_str()) {
+                    path.clone_from(name);
+                }
                 for (g, off, share) in row.file_hits {
                     file_pages.push((g, FileHit { path: path.clone(), file_offset: off, share }));
                 }
             }
-            acc.push((*pid, row.region, row.acc));
+            acc.push((pid, row.region, row.acc));
         }
     }
     acc.sort_by_key(|a| (a.0, a.1.start, a.1.end));
@@ -202,6 +219,7 @@ pub fn attribute<'a>(
                 cold_fraction: if faults.total > 0 { faults.major as f64 / faults.total as f64 } else { 0.0 },
                 readahead_pages: added.saturating_sub(faults.major),
                 page_cache_added: added,
+                page_cache_written: cache.written,
                 file_bytes: cache.file_bytes,
                 from_disk_bytes: added * 4096,
                 pages_touched: a.pages_faulted_in(),
@@ -264,8 +282,10 @@ fn apportion_per_process(acc: &mut [(u32, Region, Acc)]) {
 /// What the traced processes brought into the page cache for one file.
 #[derive(Clone, Debug, Default)]
 pub struct PageCache {
-    /// Pages in all.
+    /// Pages added to be read from storage (readahead, faults, reads).
     pub added: u64,
+    /// Pages a write syscall added (what the process wrote: not read).
+    pub written: u64,
     /// (chunk, pages) per `FILE_CHUNK_SHIFT` chunk of the file.
     pub chunks: Vec<(u64, u64)>,
     /// The file's size now (0: gone).
@@ -287,13 +307,57 @@ fn from_disk_in(chunks: &[(u64, u64)], start: u64, end: u64) -> u64 {
     bytes.round() as u64
 }
 
-/// Per-tensor faults of a safetensors file, from the file pages that faulted,
-/// and how much of each came from disk (`chunks`).
+/// The (dev, inode) a placeholder name `[file MAJOR:MINOR inode N]` stands for.
+fn placeholder_id(path: &str) -> Option<(u32, u64)> {
+    let rest = path.strip_prefix("[file ")?.strip_suffix(']')?;
+    let (dev, ino) = rest.split_once(" inode ")?;
+    let (major, minor) = dev.split_once(':')?;
+    Some(((major.parse::<u32>().ok()? << 20) | minor.parse::<u32>().ok()?, ino.parse().ok()?))
+}
+
+/// For each name of a mapped file that is only its inode, the path of
+/// another mapping of the same (dev, inode), if any (`stat` of each path).
+fn same_files<'a>(paths: impl Iterator<Item = &'a str>) -> std::collections::HashMap<String, String> {
+    use std::collections::{BTreeSet, HashMap};
+    let paths: BTreeSet<&str> = paths.collect();
+    let unnamed: HashMap<(u32, u64), &str> = paths.iter().filter_map(|p| Some((placeholder_id(p)?, *p))).collect();
+    let mut out = HashMap::new();
+    if unnamed.is_empty() {
+        return out;
+    }
+    for p in paths.iter().filter(|p| p.starts_with('/')) {
+        if let Some((dev, ino, _)) = kernel_dev_ino(p) {
+            if let Some(u) = unnamed.get(&(dev, ino)) {
+                out.entry((*u).to_string()).or_insert_with(|| (*p).to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The tensors of a checkpoint: a `*.safetensors` file, or a torch zip
+/// checkpoint (any name: `.pt`, `.pth`, `.bin`, ... starting with a zip
+/// header).
+fn checkpoint_tensors(path: &str) -> Option<Vec<safetensors::Tensor>> {
+    let p = std::path::Path::new(path);
+    if p.extension().is_some_and(|e| e == "safetensors") {
+        return safetensors::tensors(p);
+    }
+    let mut magic = [0u8; 4];
+    std::io::Read::read_exact(&mut std::fs::File::open(p).ok()?, &mut magic).ok()?;
+    if magic != *b"PK\x03\x04" {
+        return None;
+    }
+    torchzip::tensors(p)
+}
+
+/// Per-tensor faults of a checkpoint, from the file pages that faulted, and
+/// how much of each came from disk (`chunks`).
 fn tensor_view(path: &str, hits: &[(GranuleCounts, FileHit)], chunks: &[(u64, u64)]) -> Vec<TensorSummary> {
-    if std::path::Path::new(path).extension().is_none_or(|e| e != "safetensors") {
+    if !path.starts_with('/') || !hits.iter().any(|(_, h)| h.path == path) {
         return Vec::new();
     }
-    let Some(tensors) = safetensors::tensors(std::path::Path::new(path)) else { return Vec::new() };
+    let Some(tensors) = checkpoint_tensors(path) else { return Vec::new() };
     let mut acc = vec![Acc::default(); tensors.len()];
     for (g, hit) in hits.iter().filter(|(_, h)| h.path == path) {
         if let Some(i) = safetensors::find(&tensors, hit.file_offset) {
@@ -317,6 +381,15 @@ fn tensor_view(path: &str, hits: &[(GranuleCounts, FileHit)], chunks: &[(u64, u6
             }
         })
         .collect()
+}
+
+/// (dev, inode, size) of a mapped file's name: its `stat`, or what a
+/// placeholder name `[file MAJOR:MINOR inode N]` says (size 0: not known).
+pub fn file_identity(path: &str) -> Option<(u32, u64, u64)> {
+    if let Some((dev, ino)) = placeholder_id(path) {
+        return Some((dev, ino, 0));
+    }
+    kernel_dev_ino(path)
 }
 
 /// The kernel's dev_t of a file (major << 20 | minor), as tracepoints report
