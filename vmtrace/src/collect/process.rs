@@ -255,13 +255,20 @@ pub fn region_from_event(ev: &vmtrace_common::MmEvent) -> crate::procmaps::Regio
     } else {
         // The fd may be closed, or reused for another file, by now: the kernel
         // said which file it was; a name that is not that file is not used.
-        let named = fs::read_link(format!("/proc/{}/fd/{}", ev.tgid, ev.fd)).ok().map(|p| p.display().to_string());
-        let same = |p: &String| {
+        let fd = format!("/proc/{}/fd/{}", ev.tgid, ev.fd);
+        let named = fs::read_link(&fd).ok().map(|p| p.display().to_string());
+        let is_it = |p: &str| {
             ev.ino == 0 || crate::regions::kernel_dev_ino(p).is_some_and(|(dev, ino, _)| (dev, ino) == (ev.dev, ev.ino))
         };
+        // An unlinked file (a shared-memory segment) has no path to look at:
+        // the descriptor is the file. Named without " (deleted)", as maps are.
+        let path = named.and_then(|p| match p.strip_suffix(" (deleted)") {
+            Some(gone) => is_it(&fd).then(|| gone.to_string()),
+            None => is_it(&p).then_some(p),
+        });
         // A program may close the fd right after mmap (torch does): the
         // mapping itself still names its file.
-        let path = named.filter(same).or_else(|| mapped_file_name(ev)).unwrap_or_else(|| {
+        let path = path.or_else(|| mapped_file_name(ev)).unwrap_or_else(|| {
             if ev.ino == 0 {
                 format!("[fd {}]", ev.fd as i64)
             } else {

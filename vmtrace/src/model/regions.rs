@@ -16,6 +16,33 @@ pub enum RegionKind {
     Hugetlb,
     Vdso,
     Other,
+    /// CPython's object memory: an obmalloc arena (`docs/design.md`, "Python
+    /// object memory"). Anonymous memory, named.
+    #[serde(rename = "python_arena")]
+    PythonArena,
+}
+
+impl RegionKind {
+    /// The name in tables (a column of 7).
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Anon => "anon",
+            Self::Heap => "heap",
+            Self::Stack => "stack",
+            Self::File => "file",
+            Self::Shmem => "shmem",
+            Self::Hugetlb => "hugetlb",
+            Self::Vdso => "vdso",
+            Self::Other => "other",
+            Self::PythonArena => "python",
+        }
+    }
+
+    /// Anonymous memory, whatever its name ([heap], [stack], [anon:…], a
+    /// Python arena): a read maps the zero page, a fork shares it.
+    pub fn is_anon_like(self) -> bool {
+        matches!(self, Self::Anon | Self::Heap | Self::Stack | Self::Other | Self::PythonArena)
+    }
 }
 
 /// One region of one process in summary.json `regions[]`.
@@ -56,6 +83,10 @@ pub struct CowFrom {
     /// No copy: write access given back on a page the process holds alone
     /// (after mprotect, after a forked child exited, dirty tracking).
     pub reused: u64,
+    /// Of all of these, the COW faults in Python object memory (CPython's
+    /// obmalloc arenas: reference counts written in objects a fork shares).
+    #[serde(default, skip_serializing_if = "super::summary::is_zero")]
+    pub python_objects: u64,
 }
 
 impl CowFrom {
@@ -64,6 +95,7 @@ impl CowFrom {
         self.fork += o.fork;
         self.file += o.file;
         self.reused += o.reused;
+        self.python_objects += o.python_objects;
     }
 
     pub fn total(&self) -> u64 {

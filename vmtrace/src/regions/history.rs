@@ -154,6 +154,18 @@ impl History {
         self.log.shrink_to_fit();
     }
 
+    /// The paths of the files it mapped (mmaps and maps reads).
+    pub fn file_paths(&self) -> impl Iterator<Item = &str> {
+        self.log.iter().flat_map(|l| {
+            let regions: &[Region] = match &l.change {
+                Change::Map { region, .. } => std::slice::from_ref(region),
+                Change::Snapshot(r) | Change::Backdate(r) => r,
+                _ => &[],
+            };
+            super::python::paths(regions)
+        })
+    }
+
     /// Whether it exec'd while traced.
     pub fn execed(&self) -> bool {
         self.log.iter().any(|l| matches!(l.change, Change::Exec))

@@ -6,8 +6,10 @@
 //! and per tensor of a safetensors or torch zip checkpoint.
 pub mod history;
 mod place;
+pub mod python;
 pub mod replay;
 pub mod safetensors;
+pub mod shm;
 pub mod torchzip;
 
 use std::collections::BTreeMap;
@@ -180,7 +182,7 @@ pub fn attribute<'a>(
     acc.sort_by_key(|a| (a.0, a.1.start, a.1.end));
     apportion_per_process(&mut acc);
     let mut files: BTreeMap<String, Acc> = BTreeMap::new();
-    let regions: Vec<RegionSummary> = acc
+    let mut regions: Vec<RegionSummary> = acc
         .into_iter()
         .map(|(pid, r, a)| {
             if let (RegionKind::File, Some(p)) = (r.kind, &r.path) {
@@ -208,7 +210,7 @@ pub fn attribute<'a>(
             }
         })
         .collect();
-    let files = files
+    let mut files: Vec<FileSummary> = files
         .into_iter()
         .map(|(path, a)| {
             let faults = a.faults();
@@ -229,6 +231,9 @@ pub fn attribute<'a>(
             }
         })
         .collect();
+    // Unlinked shared-memory segments (a DataLoader's per-batch ones): a row
+    // per program, not per segment.
+    shm::group(&mut regions, &mut files, shm::ShmDevice::here());
     Attributed { regions, files, placement }
 }
 
@@ -248,7 +253,7 @@ fn cow_from(r: &Region, a: &Acc, shares_after_fork: bool) -> Option<crate::model
     let mut c = crate::model::CowFrom::default();
     match r.kind {
         RegionKind::File => c.file = cow,
-        RegionKind::Anon | RegionKind::Heap | RegionKind::Stack | RegionKind::Other => {
+        k if k.is_anon_like() => {
             let reads = round(a.faults - a.write - a.exec);
             c.zero_page = reads.min(cow);
             if shares_after_fork {
@@ -259,6 +264,9 @@ fn cow_from(r: &Region, a: &Acc, shares_after_fork: bool) -> Option<crate::model
         }
         // Shared memory is never copied: a write fault there is dirty tracking.
         _ => c.reused = cow,
+    }
+    if r.kind == RegionKind::PythonArena {
+        c.python_objects = cow;
     }
     Some(c)
 }

@@ -64,16 +64,48 @@ pub struct ProcessInput<'a> {
 }
 
 /// Replays `history` up to `gen` (inclusive) from `start`: a parent's
-/// address space at the moment of a fork.
-pub fn regions_at(history: &History, start: Option<Vec<Region>>, gen: u32) -> Vec<Region> {
-    let mut r = start.map_or_else(Replay::default, |s| Replay::from_regions(&s));
-    for (g, _, c) in history::ordered(history) {
-        if g > gen {
-            break;
-        }
-        r.apply(g, c);
+/// address space at the moment of a fork. `final_maps`: its last maps read
+/// (which CPython it runs, if its maps were not read while it ran).
+pub fn regions_at(history: &History, start: Option<Vec<Region>>, gen: u32, final_maps: &[Region]) -> Vec<Region> {
+    let arena = python_arena_size(history, start.as_deref(), final_maps);
+    let mut r = start.map_or_else(Replay::default, |s| Replay::from_regions(&s)).with_python_arenas(arena);
+    let log = history::ordered(history);
+    let mut races = Races::new(&log);
+    let unmap_gens = unmap_gens(&log);
+    for entry in log.iter().take_while(|e| e.0 <= gen) {
+        apply_logged(&mut r, &mut races, &unmap_gens, entry);
     }
     r.regions()
+}
+
+/// Generations of munmaps: a maps read at one may have been made before it
+/// or after (an munmap does not bump the generation).
+fn unmap_gens(log: &[(u32, u32, &history::Change)]) -> std::collections::HashSet<u32> {
+    log.iter().filter(|(_, _, c)| matches!(c, history::Change::Unmap { .. })).map(|(g, _, _)| *g).collect()
+}
+
+/// Applies one logged change; a maps read made while a change was in flight,
+/// or at an munmap's generation, only for backdating (it may show it half done).
+fn apply_logged(
+    replay: &mut Replay,
+    races: &mut Races,
+    unmap_gens: &std::collections::HashSet<u32>,
+    (g, _, c): &(u32, u32, &history::Change),
+) {
+    if races.any_open(*g) || unmap_gens.contains(g) {
+        replay.apply_raced(*g, c);
+    } else {
+        replay.apply(*g, c);
+    }
+}
+
+/// The obmalloc arena size of the CPython a process runs, from the files it
+/// mapped, was started with (a parent's at the fork) or maps at the end.
+fn python_arena_size(history: &History, start: Option<&[Region]>, final_maps: &[Region]) -> Option<u64> {
+    let start = start.unwrap_or_default();
+    super::python::arena_size_in(
+        history.file_paths().chain(super::python::paths(start)).chain(super::python::paths(final_maps)),
+    )
 }
 
 /// Changes whose making spans generations (`[from, gen)`): faults and maps
@@ -156,20 +188,23 @@ pub fn place(
     granules: &[(GranuleKey, GranuleCounts)],
     input: &ProcessInput<'_>,
 ) -> (Vec<PlacedRegion>, Placement) {
-    let mut replay = input.start.as_deref().map_or_else(Replay::default, Replay::from_regions);
+    let arena = python_arena_size(input.history, input.start.as_deref(), input.final_maps);
+    let mut replay =
+        input.start.as_deref().map_or_else(Replay::default, Replay::from_regions).with_python_arenas(arena);
     let log = history::ordered(input.history);
+    log::debug!(
+        "{pid}: {} changes, from {} regions ({} arenas), Python arenas of {arena:?} bytes",
+        log.len(),
+        input.start.as_ref().map_or(0, Vec::len),
+        input.start.iter().flatten().filter(|r| r.kind == RegionKind::PythonArena).count()
+    );
     let mut races = Races::new(&log);
     // A maps read made while a change was in flight may show it half done.
     // An munmap does not bump the generation: a read at the generation of
     // one may have been made before it or after.
-    let unmap_gens: std::collections::HashSet<u32> =
-        log.iter().filter(|(_, _, c)| matches!(c, history::Change::Unmap { .. })).map(|(g, _, _)| *g).collect();
-    let apply = |replay: &mut Replay, races: &mut Races, (g, _, c): &(u32, u32, &history::Change)| {
-        if races.any_open(*g) || unmap_gens.contains(g) {
-            replay.apply_raced(*g, c);
-        } else {
-            replay.apply(*g, c);
-        }
+    let unmap_gens = unmap_gens(&log);
+    let apply = |replay: &mut Replay, races: &mut Races, entry: &(u32, u32, &history::Change)| {
+        apply_logged(replay, races, &unmap_gens, entry);
     };
     let mut order: Vec<usize> = (0..granules.len()).collect();
     order.sort_by_key(|&i| granules[i].0.gen);

@@ -94,8 +94,7 @@ const STACK_GROWTH: u64 = 8 << 20;
 /// Anonymous-like kinds are one class: the kernel names some ([heap],
 /// [stack], [anon:…]) and not others.
 fn same_class(a: RegionKind, b: RegionKind) -> bool {
-    let anon = |k| matches!(k, RegionKind::Anon | RegionKind::Heap | RegionKind::Stack | RegionKind::Other);
-    a == b || (anon(a) && anon(b))
+    a == b || (a.is_anon_like() && b.is_anon_like())
 }
 
 /// The name of a mapped file whose path was not known when it was mapped.
@@ -128,6 +127,9 @@ pub struct Replay {
     resets: Vec<u32>,
     /// Snapshots that disagreed with the replayed changes (a change not seen).
     pub reconciled: u64,
+    /// The process runs a CPython whose obmalloc arenas are this large: its
+    /// mmaps of that size are named (`python.rs`).
+    python_arena: Option<u64>,
 }
 
 impl Replay {
@@ -139,6 +141,14 @@ impl Replay {
             r.insert(reg.start, reg.end, reg.offset, row, 0, Some(0));
         }
         r
+    }
+
+    /// Names the obmalloc arenas of a CPython with arenas of `size` as it
+    /// maps them.
+    #[must_use]
+    pub fn with_python_arenas(mut self, size: Option<u64>) -> Self {
+        self.python_arena = size;
+        self
     }
 
     /// The mappings now, as regions.
@@ -234,6 +244,10 @@ impl Replay {
                 let reserved = !can_serve(&region.perms);
                 let mut region = region.clone();
                 region.end = end;
+                if self.python_arena.is_some_and(|size| super::python::is_arena_mmap(&region, *flags, size)) {
+                    region.kind = RegionKind::PythonArena;
+                    region.path = Some(super::python::NAME.into());
+                }
                 let row = self.new_row(Region { start, end: start, ..region.clone() }, *flags, reserved);
                 self.insert(start, end, region.offset, row, gen, None);
             }
@@ -583,6 +597,9 @@ impl Replay {
 /// executable).
 pub fn label(row: &Row) -> (RegionKind, Option<String>) {
     let r = &row.region;
+    if super::python::is_kernel_named(r) {
+        return (RegionKind::PythonArena, Some(super::python::NAME.into()));
+    }
     if r.kind != RegionKind::Anon || r.path.is_some() {
         return (r.kind, r.path.clone());
     }

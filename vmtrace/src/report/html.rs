@@ -263,7 +263,7 @@ fn regions_section(s: &Summary) -> String {
             vec![
                 r.pid.to_string(),
                 escape(comm(r.pid)),
-                format!("{:?}", r.kind).to_lowercase(),
+                r.kind.label().to_string(),
                 if r.folded > 0 { format!("{} regions", r.folded) } else { bytes(r.size()) },
                 escape(&r.perms),
                 thousands(f.total),

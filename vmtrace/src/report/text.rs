@@ -237,6 +237,15 @@ fn cow_line(out: &mut String, c: &crate::model::CowFrom) {
             "  COW: {} zero-page copies (anonymous memory read, then written), {} copies of pages shared since a fork, {} of private file pages, {} without a copy (write access given back)",
             c.zero_page, c.fork, c.file, c.reused
         );
+        if c.python_objects > 0 {
+            let _ = writeln!(
+                out,
+                "  COW in Python object memory (CPython's obmalloc arenas, \"[python arena]\" regions): {} of {} ({:.1}%)",
+                c.python_objects,
+                c.total(),
+                c.python_objects as f64 * 100.0 / c.total() as f64
+            );
+        }
     }
 }
 
@@ -535,7 +544,7 @@ pub fn regions_table(out: &mut String, s: &Summary, limit: usize) {
             range,
             size,
             r.perms,
-            format!("{:?}", r.kind).to_lowercase(),
+            r.kind.label(),
             f.total,
             f.minor,
             f.major,

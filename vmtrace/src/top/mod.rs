@@ -266,7 +266,7 @@ impl Model {
 }
 
 fn kind_name(k: RegionKind) -> String {
-    format!("{k:?}").to_lowercase()
+    k.label().to_string()
 }
 
 fn oom_line(o: &OomRecord) -> String {
