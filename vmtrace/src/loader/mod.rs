@@ -51,8 +51,11 @@ pub fn enable_run_stats() -> Result<std::os::fd::OwnedFd, LoadError> {
     aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|e| LoadError::Stats(e.to_string()))
 }
 
-/// `record`'s default `--fast-sample`: 1 in 16 fast minor faults timed.
-pub const DEFAULT_FAST_PERIOD: u32 = 16;
+/// `record`'s default `--fast-sample`: every fault timed. Stratified
+/// timing (`--fast-sample 16`: every slow fault exact, 1 in 16 fast minors)
+/// is opt-in until the file and tensor times carry its weights (a cold
+/// checkpoint's tensors summed more time than their file).
+pub const DEFAULT_FAST_PERIOD: u32 = 1;
 
 #[allow(clippy::struct_excessive_bools, reason = "independent switches of one load")]
 pub struct LoadOptions {
@@ -240,12 +243,9 @@ impl Probes {
         // memcg one, the `mm_page_alloc` hook does.
         let memcg_huge = config.memcg_thp_fault != 0 && !crate::kernel::thp::shmem_huge_possible();
         let mut huge_row = None;
-        for hook in [&hooks::FILEMAP_HOOK, &hooks::HUGE_HOOK]
-            .into_iter()
-            .chain(hooks::TLB_HOOKS)
-            .chain([&hooks::RSS_HOOK])
-            .filter(wanted)
-        {
+        let late =
+            [&hooks::FILEMAP_HOOK, &hooks::HUGE_HOOK].into_iter().chain(hooks::TLB_HOOKS).chain([&hooks::RSS_HOOK]);
+        for hook in late.filter(wanted) {
             if std::ptr::eq(hook, &hooks::HUGE_HOOK) && memcg_huge {
                 huge_row = Some(attached.len());
                 attached.push(Attachment {

@@ -152,11 +152,12 @@ fn union_perms(a: &str, b: &str) -> String {
 
 fn grouped_file(group: &str, rows: &[FileSummary]) -> FileSummary {
     let mut faults = Faults::default();
-    let (mut pages, mut added, mut readahead, mut bytes, mut from_disk) = (0, 0, 0, 0, 0);
+    let (mut pages, mut added, mut written, mut readahead, mut bytes, mut from_disk) = (0, 0, 0, 0, 0, 0);
     for f in rows {
         faults.add(&f.faults);
         pages += f.pages_touched;
         added += f.page_cache_added;
+        written += f.page_cache_written;
         readahead += f.readahead_pages;
         bytes += f.file_bytes;
         from_disk += f.from_disk_bytes;
@@ -167,6 +168,7 @@ fn grouped_file(group: &str, rows: &[FileSummary]) -> FileSummary {
         faults,
         pages_touched: pages,
         page_cache_added: added,
+        page_cache_written: written,
         readahead_pages: readahead,
         file_bytes: bytes,
         from_disk_bytes: from_disk,
@@ -231,6 +233,7 @@ mod tests {
                 faults: r.faults.clone(),
                 pages_touched: 1,
                 page_cache_added: 0,
+                page_cache_written: 0,
                 readahead_pages: 0,
                 cold_fraction: 0.0,
                 file_bytes: 0,
