@@ -56,6 +56,9 @@ static KOFFSETS: KernelOffsets = KernelOffsets::UNKNOWN;
 /// One field of `CONFIG`, read alone: `config()` copies all of it (a load
 /// per field, in every hook that calls it). `conf(|c| &c.regions)`.
 #[inline(always)]
+// Through a raw pointer, as `config` does: a plain `&CONFIG` lets the
+// compiler read the loader-patched static as its compile-time value.
+#[allow(clippy::deref_addrof)]
 pub fn conf<T: Copy>(field: impl FnOnce(&Config) -> &T) -> T {
     // SAFETY: as `config`; volatile, so the loader's value is read.
     unsafe { core::ptr::read_volatile(field(&*(&raw const CONFIG))) }
