@@ -165,6 +165,12 @@ impl ProcessTable {
                 p.history.push(ev.gen, ev.gen, crate::regions::history::Change::Exec);
                 // Read now, while it lives: after exit /proc has nothing.
                 p.cmdline = read_cmdline(ev.tgid).or_else(|| p.cmdline.take());
+                // A launcher moves itself into a cgroup and then execs (systemd-run,
+                // cgexec, a test's scratch memcg): the cgroup seen at fork is stale,
+                // and an OOM victim is often gone before its /proc can be read.
+                if let Some(cg) = crate::oom::memory_cgroup_of(ev.tgid) {
+                    p.cgroup = Some(cg);
+                }
             }
             EventKind::TaskExit if ev.group_dead == 0 => {
                 // A thread the fallback fork hook took for a process.

@@ -471,8 +471,13 @@ impl<S: AggregateSource> Session<S> {
     fn on_oom(&mut self, ev: &OomEvent, now: Instant) {
         let victim = ev.victim_pid;
         // Read now: the victim is on its way out.
-        let cgroup =
-            oom::memory_cgroup_of(victim).or_else(|| self.table.procs.get(&victim).and_then(|p| p.cgroup.clone()));
+        // A victim already exiting may read as the root cgroup: then what it was
+        // seen in while it lived (at its last exec or fork) is the better answer.
+        let seen = self.table.procs.get(&victim).and_then(|p| p.cgroup.clone());
+        let cgroup = match (oom::memory_cgroup_of(victim), seen) {
+            (Some(now), Some(seen)) if now.1 == "/" && seen.1 != "/" => Some(seen),
+            (now, seen) => now.or(seen),
+        };
         let in_target = self.table.procs.contains_key(&victim) || self.source.is_traced(victim);
         let mut rec = oom::describe(ev, cgroup, in_target, self.since_start(ev.hdr.ts_ns));
         // Its count is read once more at the kill.
