@@ -111,7 +111,8 @@ fn resident_section(out: &mut String, s: &Summary) {
         if !r.top_at_peak.is_empty() {
             let _ = writeln!(out, "  top call sites at the peak (estimated, 1 in {} faults' pages):", r.sample_period);
             for site in &r.top_at_peak {
-                let tail: Vec<&str> = site.frames.iter().rev().take(3).rev().map(String::as_str).collect();
+                let tail: Vec<String> =
+                    site.frames.iter().rev().take(3).rev().map(|f| clip(&short_name(f), 100)).collect();
                 let _ =
                     writeln!(out, "    {:>10}  {} [{}]  {}", bytes(site.bytes), site.comm, site.pid, tail.join(" ← "));
             }
@@ -134,6 +135,18 @@ fn resident_section(out: &mut String, s: &Summary) {
             bytes(r.file_bytes),
             bytes(r.shared_with_parent_bytes)
         );
+    }
+}
+
+/// `text` cut to `max` characters, with an ellipsis where it was cut: a
+/// folded C++ name can still be long (lambdas, `[clone .isra.0]`).
+pub(crate) fn clip(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        text.to_string()
+    } else {
+        let mut s: String = text.chars().take(max - 1).collect();
+        s.push('…');
+        s
     }
 }
 
@@ -489,7 +502,14 @@ fn tlb_section(out: &mut String, s: &Summary) {
                 st.peak_per_s,
                 st.top_share * 100.0,
                 st.top_call,
-                st.top_stack.iter().rev().skip(1).take(4).map(|f| short_name(f)).collect::<Vec<_>>().join(" <- ")
+                st.top_stack
+                    .iter()
+                    .rev()
+                    .skip(1)
+                    .take(4)
+                    .map(|f| clip(&short_name(f), 100))
+                    .collect::<Vec<_>>()
+                    .join(" <- ")
             );
             // Past the native callers shown: the Python code behind them.
             if let Some(py) = crate::python::innermost_python(&st.top_stack) {
