@@ -335,14 +335,10 @@ pub fn fault_end(
 /// minor faults: they are counted at the start hook only, never timed (the
 /// software-event path costs on every minor fault even when sampling).
 fn perf_end_hooks(minor_period: u32) -> Vec<(&'static str, SoftwareEvent, &'static str, u64)> {
-    let mut hooks = vec![("perf_event_page_faults_maj", SoftwareEvent::PageFaultsMaj, "PAGE_FAULTS_MAJ", 1)];
+    let [min, maj] = super::hooks::PERF_END_PROGRAMS;
+    let mut hooks = vec![(maj, SoftwareEvent::PageFaultsMaj, "PAGE_FAULTS_MAJ", 1)];
     if minor_period > 0 {
-        hooks.push((
-            "perf_event_page_faults_min",
-            SoftwareEvent::PageFaultsMin,
-            "PAGE_FAULTS_MIN",
-            u64::from(minor_period),
-        ));
+        hooks.push((min, SoftwareEvent::PageFaultsMin, "PAGE_FAULTS_MIN", u64::from(minor_period)));
     }
     hooks
 }

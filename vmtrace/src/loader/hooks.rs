@@ -389,6 +389,10 @@ pub const TLB_HOOKS: &[Hook] = &[
     },
 ];
 
+/// The perf-event fault-end programs (minor, major): `FAULT_END`'s second
+/// candidate is the two.
+pub const PERF_END_PROGRAMS: [&str; 2] = ["perf_event_page_faults_min", "perf_event_page_faults_maj"];
+
 /// The fault-end hook; attached by `attach::fault_end` (the perf events are
 /// per CPU or per task, one row per event).
 pub const FAULT_END: Hook = Hook {
@@ -409,7 +413,7 @@ pub const FAULT_END: Hook = Hook {
             },
             Candidate {
                 kind: ProgramKind::PerfEvent,
-                program: "perf_event_page_faults_min/maj",
+                program: "perf_event_page_faults_min/maj", // PERF_END_PROGRAMS
                 target: "sw PAGE_FAULTS_MIN (1 in N) / MAJ",
                 needs: "CONFIG_PERF_EVENTS",
                 label: "",
@@ -465,18 +469,16 @@ pub const USER_STACKS: Hook = Hook {
     )
 };
 
-/// Every hook of the table, in the docs' order.
+/// Every hook of the table, in attach order: `Loader::load` walks it once,
+/// so it is also the order of `probes[]` in summary.json and of the docs'
+/// table.
 pub fn all() -> impl Iterator<Item = &'static Hook> {
-    HOOKS[..6]
+    HOOKS
         .iter()
-        .chain([&FAULT_END, &MEMCG_END])
-        .chain(&HOOKS[6..])
-        .chain([&OOM_DOMAIN])
         .chain(MMAP_HOOKS.iter().flatten())
-        .chain([&FILEMAP_HOOK, &HUGE_HOOK])
+        .chain([&OOM_DOMAIN, &FILEMAP_HOOK, &HUGE_HOOK])
         .chain(TLB_HOOKS)
-        .chain([&RSS_HOOK])
-        .chain([&USER_STACKS])
+        .chain([&RSS_HOOK, &FAULT_END, &MEMCG_END, &USER_STACKS])
 }
 
 /// The kernel-compatibility table of docs/design.md, one row per documented
@@ -543,6 +545,46 @@ mod tests {
             ProgramKind::StackId,
         ] {
             assert_eq!(serde_json::to_value(k).ok(), Some(serde_json::Value::from(k.as_str())));
+        }
+    }
+
+    /// Every program the table names is in the embedded eBPF object: a
+    /// misspelled one would only fall back to the next candidate at run time.
+    #[test]
+    fn every_program_named_is_in_the_object() {
+        use object::{Object as _, ObjectSymbol as _};
+        let obj = object::File::parse(crate::EBPF_OBJECT).expect("the embedded eBPF object parses");
+        let programs: std::collections::BTreeSet<&str> = obj
+            .symbols()
+            .filter(|s| s.kind() == object::SymbolKind::Text && s.is_global())
+            .filter_map(|s| s.name().ok())
+            .collect();
+        let pseudo = |c: &Candidate| matches!(c.kind, ProgramKind::OwnWalk | ProgramKind::StackId);
+        let named: Vec<&str> = all()
+            .flat_map(|h| h.candidates.iter())
+            .filter(|c| !pseudo(c))
+            .flat_map(|c| {
+                if c.program == FAULT_END.candidates[1].program {
+                    PERF_END_PROGRAMS.to_vec()
+                } else {
+                    vec![c.program]
+                }
+            })
+            .collect();
+        assert!(named.len() > 20, "{named:?}");
+        let missing: Vec<&&str> = named.iter().filter(|p| !programs.contains(**p)).collect();
+        assert!(
+            missing.is_empty(),
+            "named in the hook table, not in the eBPF object: {missing:?}\nits programs: {programs:?}"
+        );
+    }
+
+    /// The loader tells the hooks it attaches its own way by `what`.
+    #[test]
+    fn every_hook_has_its_own_name() {
+        let mut seen = std::collections::HashSet::new();
+        for h in all() {
+            assert!(seen.insert(h.what), "two hooks named {:?}", h.what);
         }
     }
 

@@ -230,23 +230,35 @@ impl Probes {
         };
         let mut cx =
             attach::Context { ebpf: &mut ebpf, btf: &btf, tp_btf: &tp_btf, force_tracepoints: opts.force_tracepoints };
-        let mut attached = Vec::new();
-        for hook in hooks::HOOKS.iter().chain(hooks::MMAP_HOOKS.iter().flatten()).filter(wanted) {
-            attached.push(attach::attach(&mut cx, hook)?);
-        }
-        if f.oom {
-            attached.push(attach::attach(&mut cx, &hooks::OOM_DOMAIN)?);
-            attach::enable_oom_helper(cx.ebpf, &attached, &offsets);
-        }
         // The memcg end marks anonymous huge faults itself (THP_FAULT_ALLOC);
         // where shmem or a tmpfs may map huge pages too, or the end is not the
         // memcg one, the `mm_page_alloc` hook does.
         let memcg_huge = config.memcg_thp_fault != 0 && !crate::kernel::thp::shmem_huge_possible();
         let mut huge_row = None;
-        let late =
-            [&hooks::FILEMAP_HOOK, &hooks::HUGE_HOOK].into_iter().chain(hooks::TLB_HOOKS).chain([&hooks::RSS_HOOK]);
-        for hook in late.filter(wanted) {
-            if std::ptr::eq(hook, &hooks::HUGE_HOOK) && memcg_huge {
+        let mut attached = Vec::new();
+        let (mut minor_period, mut fast_period, mut end_programs) = (0, 0, None);
+        // One walk of the table, in its order; the hooks named below are the
+        // ones attached their own way (a hook is known by its unique `what`:
+        // the table's items are constants, without one address).
+        for hook in hooks::all().filter(wanted) {
+            let is = |h: &Hook| hook.what == h.what;
+            if is(&hooks::FAULT_END) {
+                // fexit, else the memcg end (MEMCG_END), else the perf events.
+                let (ends, minor, programs) = attach::fault_end(&mut cx, &config, opts)?;
+                let memcg_attached = ends.iter().any(|a| a.target.contains("count_memcg_events") && a.kind().is_some());
+                if let (Some(i), false) = (huge_row, memcg_attached) {
+                    attached[i] = attach::attach(&mut cx, &hooks::HUGE_HOOK)?;
+                }
+                (minor_period, end_programs) = (minor, programs);
+                fast_period = if memcg_attached { config.fast_period } else { 0 };
+                attached.extend(ends);
+            } else if is(&hooks::MEMCG_END) {
+                // Tried by `attach::fault_end` above.
+            } else if is(&hooks::USER_STACKS) {
+                if opts.stacks.bits() & vmtrace_common::STACK_USER != 0 {
+                    attached.push(attach::user_stacks(user_walk, opts.force_tracepoints));
+                }
+            } else if is(&hooks::HUGE_HOOK) && memcg_huge {
                 huge_row = Some(attached.len());
                 attached.push(Attachment {
                     what: hook.what,
@@ -255,19 +267,12 @@ impl Probes {
                         reason: "not needed: the memcg fault end sees the THP_FAULT_ALLOC of the fault in flight (shmem and tmpfs cannot map huge pages here), without a program on every page allocation".into(),
                     },
                 });
-                continue;
+            } else {
+                attached.push(attach::attach(&mut cx, hook)?);
+                if is(&hooks::OOM_DOMAIN) {
+                    attach::enable_oom_helper(cx.ebpf, &attached, &offsets);
+                }
             }
-            attached.push(attach::attach(&mut cx, hook)?);
-        }
-        let (ends, minor_period, end_programs) = attach::fault_end(&mut cx, &config, opts)?;
-        let memcg_attached = ends.iter().any(|a| a.target.contains("count_memcg_events") && a.kind().is_some());
-        if let (Some(i), false) = (huge_row, memcg_attached) {
-            attached[i] = attach::attach(&mut cx, &hooks::HUGE_HOOK)?;
-        }
-        let fast_period = if memcg_attached { config.fast_period } else { 0 };
-        attached.extend(ends);
-        if opts.stacks.bits() & vmtrace_common::STACK_USER != 0 {
-            attached.push(attach::user_stacks(user_walk, opts.force_tracepoints));
         }
         let maps = maps::Maps::take(&mut ebpf, user_walk != 0)?;
         Ok(Self { ebpf, attached, minor_period, fast_period, end_programs, fault_end: None, maps, logger })
