@@ -1,0 +1,201 @@
+//! What userspace tells the programs and what they count as lost: the control word, the configuration, kernel offsets read from BTF, drop kinds.
+
+/// `CONTROL[0]` before the window: processes added to the traced set are
+/// counted, `-a` counts nothing yet.
+pub const CONTROL_READY: u32 = 0;
+/// `CONTROL[0]` inside the window: `-a` counts every process.
+pub const CONTROL_RUNNING: u32 = 1;
+/// `CONTROL[0]` after it: nothing is counted, so the aggregates and the
+/// kernel's own counters, read after, cover the same moment.
+pub const CONTROL_STOPPED: u32 = 2;
+
+/// Why something was dropped; index into the per-CPU `DROPS` array.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DropKind {
+    /// The task-event ring buffer was full.
+    TaskEventRingFull = 0,
+    /// `FAULT_STATS` was full: a process's faults were not counted.
+    FaultStatsFull = 1,
+    /// `FAULT_STATS` (the traced set) was full: a new child could not be followed.
+    TracedFull = 2,
+    /// A fault ended with no recorded start (start hook missed it): counted, not timed.
+    FaultUntimed = 3,
+    /// The ring buffer was full when an OOM kill was reported.
+    OomRingFull = 4,
+    /// A stack could not be stored (`STACKS` full or a collision): counted without it.
+    StackLost = 5,
+    /// `FAULT_STACKS` was full: a sampled stack was not counted.
+    StackCountsFull = 6,
+    /// `MM_STATS` was full: a process's mmap/TLB counts are missing.
+    MmStatsFull = 7,
+    /// The ring buffer was full when a mapping change was reported.
+    MmEventRingFull = 8,
+    /// Retired, never counted: syscalls in flight are in a per-CPU slot, parked
+    /// in an LRU map when their thread sleeps. The number is not reused.
+    RetiredMmInflightFull = 9,
+    /// `REGION_STATS` was full: a fault was counted, but not per region.
+    RegionStatsFull = 10,
+    /// `FILE_CHUNKS` was full: a page-cache addition counted for its file, not
+    /// for the part of the file it was.
+    FileChunksFull = 11,
+    /// The stack-sample ring buffer was full: a user stack kept only its
+    /// frame-pointer walk (not unwound through code without frame pointers).
+    StackSampleRingFull = 12,
+    /// The ring buffer was full when a major fault was to be streamed: it is
+    /// counted, but has no slice in the Perfetto trace.
+    FaultMajorRingFull = 13,
+    /// `RSS_MM` was full: an address space's resident counters are missing.
+    RssMmFull = 14,
+    /// The ring buffer was full when a resident peak or end was reported:
+    /// that snapshot of the sampled pages is missing (the totals are not).
+    RssRingFull = 15,
+    /// The ring buffer was full when a sampled page was to be streamed: it
+    /// owns nothing in the resident profiles (the totals are exact anyway).
+    PageSampleRingFull = 16,
+}
+pub const DROP_KINDS: u32 = 17;
+
+/// Kernel struct field offsets read from BTF at load time, passed as a read-only
+/// global (`KOFFSETS`). `u32::MAX` marks a field this kernel lacks.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelOffsets {
+    pub task_pid: u32,
+    pub task_tgid: u32,
+    pub task_exit_code: u32,
+    pub task_signal: u32,
+    pub task_min_flt: u32,
+    pub task_maj_flt: u32,
+    pub signal_live: u32,
+    pub signal_min_flt: u32,
+    pub signal_maj_flt: u32,
+    /// `signal_struct.thread_head` and `task_struct.thread_node`: the list
+    /// of a group's live threads, whose own counts are not yet in
+    /// `signal->min_flt` (`getrusage(RUSAGE_SELF)` sums them the same way).
+    pub signal_thread_head: u32,
+    pub task_thread_node: u32,
+    /// `task_struct.cgroups` (struct css_set *).
+    pub task_cgroups: u32,
+    /// `css_set.subsys[memory_cgrp_id]`: offset of the memory controller's css pointer.
+    pub css_set_memory: u32,
+    /// `cgroup_subsys_state.cgroup`.
+    pub css_cgroup: u32,
+    /// `cgroup.kn`.
+    pub cgroup_kn: u32,
+    /// `kernfs_node.id`.
+    pub kernfs_id: u32,
+    /// `oom_control.memcg`, `.constraint`, `.chosen`: the OOM domain at
+    /// `oom_kill_process()`.
+    pub oom_memcg: u32,
+    pub oom_constraint: u32,
+    pub oom_chosen: u32,
+    /// `mem_cgroup.css`.
+    pub memcg_css: u32,
+    /// The file behind an fd: `task_struct.files`, `files_struct.fdt`,
+    /// `fdtable.fd` and `.max_fds`, `file.f_inode`, `inode.i_ino` and
+    /// `.i_sb`, `super_block.s_dev` (names a mapped file whose fd is closed
+    /// or reused by the time userspace looks).
+    pub task_files: u32,
+    pub files_fdt: u32,
+    pub fdtable_fd: u32,
+    pub fdtable_max_fds: u32,
+    pub file_inode: u32,
+    pub inode_ino: u32,
+    pub inode_sb: u32,
+    pub sb_dev: u32,
+    /// `task_struct.thread.fsbase` (x86-64): the user FS base, which glibc
+    /// sets to the thread's `pthread_t` (CPython 3.10's thread states name
+    /// their thread by it).
+    pub task_fsbase: u32,
+}
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 116);
+
+impl KernelOffsets {
+    pub const MISSING: u32 = u32::MAX;
+    pub const UNKNOWN: Self = Self {
+        task_pid: Self::MISSING,
+        task_tgid: Self::MISSING,
+        task_exit_code: Self::MISSING,
+        task_signal: Self::MISSING,
+        task_min_flt: Self::MISSING,
+        task_maj_flt: Self::MISSING,
+        signal_live: Self::MISSING,
+        signal_min_flt: Self::MISSING,
+        signal_maj_flt: Self::MISSING,
+        signal_thread_head: Self::MISSING,
+        task_thread_node: Self::MISSING,
+        task_cgroups: Self::MISSING,
+        css_set_memory: Self::MISSING,
+        css_cgroup: Self::MISSING,
+        cgroup_kn: Self::MISSING,
+        kernfs_id: Self::MISSING,
+        oom_memcg: Self::MISSING,
+        oom_constraint: Self::MISSING,
+        oom_chosen: Self::MISSING,
+        memcg_css: Self::MISSING,
+        task_files: Self::MISSING,
+        files_fdt: Self::MISSING,
+        fdtable_fd: Self::MISSING,
+        fdtable_max_fds: Self::MISSING,
+        file_inode: Self::MISSING,
+        inode_ino: Self::MISSING,
+        inode_sb: Self::MISSING,
+        sb_dev: Self::MISSING,
+        task_fsbase: Self::MISSING,
+    };
+}
+
+/// Run-time settings, a read-only global (`CONFIG`) set by the loader.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// 1: trace every process (`-a`); 0: only tgids with a `FAULT_STATS` entry.
+    pub trace_all: u32,
+    /// Period of the minor-fault end hook (1 = every minor fault timed).
+    pub minor_period: u32,
+    /// `STACK_USER | STACK_KERNEL` bits; 0 = no stacks.
+    pub stack_mode: u32,
+    /// Take a stack on 1 in N faults (per CPU).
+    pub stack_period: u32,
+    /// 1: key stacks by address block too (`--leaf region`, `LEAF_BLOCK_SHIFT`).
+    pub leaf_region: u32,
+    /// `MM_*` bits: mmap-family/TLB tracing on, IPI counting fallback.
+    pub mm: u32,
+    /// Address of the kernel's `flush_tlb_func`: IPIs with this callback are TLB shootdowns.
+    pub flush_tlb_func: u64,
+    /// 1: count faults per region granule (`REGION_GRANULE_SHIFT`) for region attribution.
+    pub regions: u32,
+    /// For the fexit end hook on `handle_mm_fault`, from kernel BTF: the
+    /// `vm_fault_t` bits of faults the kernel does not account (VM_FAULT_ERROR
+    /// | VM_FAULT_RETRY), VM_FAULT_MAJOR, and FAULT_FLAG_TRIED (a retried fault
+    /// counts as major), as `mm_account_fault()` decides.
+    pub vm_fault_unaccounted: u32,
+    pub vm_fault_major: u32,
+    pub fault_flag_tried: u32,
+    /// How user stacks are taken: 0 = `bpf_get_stackid` into `STACKS`; else
+    /// walked by the programs themselves into `USER_STACKS` (needs
+    /// `bpf_task_pt_regs`, 5.15+), `USER_WALK_FRAMES` or `USER_WALK_WINDOWS`.
+    pub user_walk: u32,
+    /// `PGFAULT`'s value in the kernel's `enum vm_event_item`, plus one; 0 when
+    /// the fault end is not `memcg:count_memcg_events` (see the fault probes).
+    pub memcg_pgfault: u32,
+    /// Bytes of user stack copied with the registers where a frame-pointer
+    /// walk did not end cleanly (`StackSample`), one of `STACK_WINDOWS`; 0 = none.
+    pub stack_window: u32,
+    /// 1: every major fault is streamed (`EventKind::FaultMajor`) for the
+    /// Perfetto trace; 0: majors are only counted.
+    pub stream_majors: u32,
+    /// With the memcg end: every slow fault (slept, huge, major) is timed
+    /// exactly and 1 in `fast_period` of the fast minor faults (per CPU,
+    /// random stride), weighted by the faults it stands for; 0 or 1 = every
+    /// fault timed.
+    pub fast_period: u32,
+    /// `THP_FAULT_ALLOC` and `THP_FILE_ALLOC` in `enum vm_event_item`, plus
+    /// one (0: not known): the memcg end marks the fault in flight huge on
+    /// them, in place of the `mm_page_alloc` hook.
+    pub memcg_thp_fault: u32,
+    pub memcg_thp_file: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<Config>() == 80);
