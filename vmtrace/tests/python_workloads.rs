@@ -21,21 +21,30 @@ fn numpy_munmap_storm_is_blamed_on_the_python_function(minor: u32) {
                 ts = [threading.Thread(target=work) for _ in range(2)]\n\
                 [t.start() for t in ts]\n[t.join() for t in ts]\n";
     std::fs::write(&script, text).unwrap();
-    let threshold = (200 / scale()).to_string();
+    let threshold = 200 / scale();
     let _one_at_a_time = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let ipis0 = tlb_ipis_received();
     let run = record(
-        &["--storm-threshold", &threshold],
+        &["--storm-threshold", &threshold.to_string()],
         &["env", "MALLOC_MMAP_THRESHOLD_=131072", python.to_str().unwrap(), script.to_str().unwrap()],
     );
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let storms = run.summary["storms"].as_array().expect("storms");
-    assert!(!storms.is_empty(), "3.{minor}: no storm: {}", run.summary["processes"]);
+    if kernel_saw_a_storm(&run, ipis0, threshold) {
+        assert!(!storms.is_empty(), "3.{minor}: no storm: {}", run.summary["processes"]);
+        let text = std::fs::read_to_string(run.out.path().join("summary.txt")).unwrap_or_default();
+        assert!(text.contains("work (temps.py:"), "3.{minor}: the storm line names it: {text}");
+    }
     for s in storms {
         let stack: Vec<&str> = s["top_stack"].as_array().unwrap().iter().filter_map(|f| f.as_str()).collect();
         assert!(stack.iter().any(|f| f.starts_with("work (temps.py:")), "3.{minor}: culprit names it: {stack:?}");
     }
-    let text = std::fs::read_to_string(run.out.path().join("summary.txt")).unwrap_or_default();
-    assert!(text.contains("work (temps.py:"), "3.{minor}: the storm line names it: {text}");
+    // Storm or not, the IPIs sent are blamed on the Python function.
+    let folded = std::fs::read_to_string(run.out.path().join("shootdowns.folded")).unwrap_or_default();
+    if vmtrace::stacks::flamegraph::total(&folded) >= 100 {
+        let share = folded_share(&folded, |l| l.contains("work (temps.py:"));
+        assert!(share >= 0.5, "3.{minor}: {:.1}% of the IPIs under work():\n{folded}", share * 100.0);
+    }
 }
 
 /// Line 10 loads the checkpoint; `main` calls `load` at line 13.

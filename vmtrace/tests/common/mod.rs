@@ -253,6 +253,26 @@ pub fn hist_quantile(h: &Value, q: f64) -> u64 {
     u64::MAX
 }
 
+/// Flush IPIs received by every CPU so far: /proc/interrupts' `TLB` row.
+pub fn tlb_ipis_received() -> u64 {
+    let irq = std::fs::read_to_string("/proc/interrupts").expect("/proc/interrupts");
+    irq.lines()
+        .find(|l| l.trim_start().starts_with("TLB:"))
+        .map_or(0, |l| l.split_whitespace().skip(1).map_while(|w| w.parse::<u64>().ok()).sum())
+}
+
+/// Whether a recording's storms must be there: the kernel counted flush IPIs
+/// at 4x the threshold over the run (`ipis_before` from `tlb_ipis_received`).
+/// On a busy machine two threads may take turns on one CPU and send none.
+pub fn kernel_saw_a_storm(run: &Run, ipis_before: u64, threshold: u64) -> bool {
+    let rate = (tlb_ipis_received() - ipis_before) as f64 / run.summary["duration_s"].as_f64().unwrap_or(1.0);
+    let storm = rate >= 4.0 * threshold as f64;
+    if !storm {
+        eprintln!("the kernel counted {rate:.0} TLB IPIs/s, under 4x the threshold {threshold}/s: no storm required");
+    }
+    storm
+}
+
 /// Share of a folded file's weight whose line passes `pred`.
 pub fn folded_share(folded: &str, pred: impl Fn(&str) -> bool) -> f64 {
     let weight = |l: &str| l.rsplit_once(' ').and_then(|(_, w)| w.parse::<u64>().ok()).unwrap_or(0);
