@@ -516,7 +516,7 @@ fn profile(
         stacks.push(crate::stacks::Stack {
             pid,
             comm: comm_of(pid),
-            user: vec![UNSAMPLED_PAGES.to_string()],
+            user: vec![UNSAMPLED_PAGES.into()],
             estimate: crate::stacks::weight::Estimate { faults: left.round(), time_ns: 0.0, major: 0.0 },
             ..crate::stacks::Stack::default()
         });
@@ -533,7 +533,8 @@ fn inherited_bytes(s: &Snapshot) -> u64 {
 fn top_sites(stacks: &[crate::stacks::Stack], n: usize) -> Vec<crate::model::ResidentSite> {
     let mut by: BTreeMap<(u32, Vec<String>), (String, f64, u64)> = BTreeMap::new();
     for s in stacks {
-        let frames: Vec<String> = s.user.iter().chain(s.kernel.iter()).chain(s.leaf.iter()).cloned().collect();
+        let frames: Vec<String> =
+            s.user.iter().chain(s.kernel.iter()).map(ToString::to_string).chain(s.leaf.iter().cloned()).collect();
         let e = by.entry((s.pid, frames)).or_insert_with(|| (s.comm.clone(), 0.0, 0));
         e.1 += s.estimate.faults;
         e.2 += s.counts.major;

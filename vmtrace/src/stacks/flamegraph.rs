@@ -66,7 +66,7 @@ fn merge(stacks: &[Stack], weight: Weight) -> std::collections::BTreeMap<String,
         if s.user_missing && s.user.is_empty() {
             line.push_str(";[no user stack]");
         }
-        for f in s.user.iter().chain(s.kernel.iter()).chain(s.leaf.iter()) {
+        for f in s.user.iter().chain(s.kernel.iter()).map(|f| &**f).chain(s.leaf.as_deref()) {
             line.push(';');
             line.push_str(&clean(f));
         }
@@ -306,7 +306,7 @@ mod tests {
         Stack {
             pid: 1,
             comm: "train".into(),
-            user: user.iter().map(ToString::to_string).collect(),
+            user: user.iter().map(|f| (*f).into()).collect(),
             counts: StackCounts { faults, major: 1, time_ns: time, timed: 1 },
             estimate: super::super::weight::Estimate { faults: f * 4.0, time_ns: time as f64 * 2.0, major: 0.0 },
             ..Stack::default()
@@ -360,7 +360,7 @@ mod tests {
         let s: Vec<Stack> = (0..10)
             .map(|i| Stack {
                 comm: "tar".into(),
-                user: vec![format!("f{i}")],
+                user: vec![format!("f{i}").into()],
                 estimate: super::super::weight::Estimate { faults: 0.4, ..Default::default() },
                 ..Stack::default()
             })
