@@ -6,6 +6,7 @@ pub mod flamegraph;
 pub mod native;
 pub mod shorten;
 pub mod symbolize;
+pub mod tree;
 pub mod unwind;
 pub mod weight;
 
