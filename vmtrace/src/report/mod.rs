@@ -274,15 +274,14 @@ fn write_resident(w: &mut Writer, end: &[Stack], peak: &[Stack], r: &crate::mode
         (pprof::RESIDENT, end, "Resident memory at each process's end by call stack"),
         (pprof::RESIDENT_PEAK, peak, "Resident memory at each process's peak by call stack"),
     ] {
-        let parts = flamegraph::folded_by_pid(stacks, Weight::Faults);
-        let f = flamegraph::fold(&parts);
-        let total = flamegraph::total(&f);
+        // As many stacks as the faults' with a stack on every fault: a tree, as there.
+        let tree = crate::stacks::tree::Tree::new(stacks);
+        let graph = tree.graph(stacks, Weight::Faults);
+        let total = graph.total();
         let title = format!("{what} — {} ({how})", crate::model::bytes(total));
-        w.flamegraph(kind.stem, &f, &title, "bytes");
-        let samples =
-            parts.iter().map(|p| pprof::sample(kind, &p.line, Some(p.pid), p.region.as_deref(), vec![p.weight as i64]));
+        w.flamegraph_folded(kind.stem, &graph.folded_small(flamegraph::MIN_SHARE), &title, "bytes");
         let meta = pprof::Meta { period: 4096, comment: &title, duration_s: s.duration_s, main: &recorded(s) };
-        w.pprof(kind, || pprof::profile(kind, &meta, samples));
+        w.pprof(kind, || pprof::graph_profile(kind, &meta, &graph));
     }
 }
 
