@@ -101,14 +101,13 @@ impl<'a> Tree<'a> {
             return id;
         }
         let clean = clean(name);
-        let id = match self.ids.get(clean.as_ref()) {
-            Some(&id) => id,
-            None => {
-                let id = self.names.len() as u32;
-                self.names.push(clean.clone());
-                self.ids.insert(clean, id);
-                id
-            }
+        let id = if let Some(&id) = self.ids.get(clean.as_ref()) {
+            id
+        } else {
+            let id = self.names.len() as u32;
+            self.names.push(clean.clone());
+            self.ids.insert(clean, id);
+            id
         };
         self.by_ref.insert(at, id);
         id

@@ -6,11 +6,14 @@ use crate::stacks::{
     weight::Estimate,
 };
 
+/// A line's weight, its processes' shares and its region leaf.
+type Shares = (f64, Vec<(u32, f64)>, Option<String>);
+
 /// The folded lines by process as they were made before the tree: a string
 /// per stack, merged in a map by line.
 fn by_strings(stacks: &[Stack], weight: Weight) -> Vec<PidLine> {
     let clean = |f: &str| f.replace(';', ":").replace('\n', " ");
-    let mut merged: BTreeMap<String, (f64, Vec<(u32, f64)>, Option<String>)> = BTreeMap::new();
+    let mut merged: BTreeMap<String, Shares> = BTreeMap::new();
     for s in stacks {
         let w = match weight {
             Weight::Faults => s.estimate.faults,
