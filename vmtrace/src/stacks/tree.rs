@@ -6,8 +6,8 @@
 //! them. Here the lines are ordered, weighed and folded on the tree, and
 //! strings are made only for the lines a folded file keeps.
 //!
-//! What comes out is what [`flamegraph::fold`] and [`flamegraph::fold_small`]
-//! make of [`flamegraph::folded_by_pid`]'s lines, byte for byte: lines in
+//! What comes out is what `flamegraph::fold` and `flamegraph::fold_small`
+//! make of `flamegraph::folded_by_pid`'s lines, byte for byte: lines in
 //! byte order, weights rounded in that order (largest remainder), each line's
 //! weight shared among its processes.
 use std::{
