@@ -203,6 +203,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
         Detach::AfterExit => detach_after_exit(),
         d => session.source_mut().detach_all(d == Detach::Parallel),
     }
+    let ending = Instant::now();
     let Finished { mut summary, stacks, mm_sites, trace, resident } = session.finish(info);
     summary.perf = perf;
     summary.program_stats = program_stats;
@@ -221,7 +222,13 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     let writing = Instant::now();
     let mut write_failures = report::write_recording_with(&opts.out, &summary, &stack_outputs, &opts.output);
     write_failures.extend(trace_failure);
-    log::info!("outputs written in {:.2} s", writing.elapsed().as_secs_f64());
+    log::info!(
+        "outputs written in {:.2} s; the end step (symbols, summary, outputs) took {:.2} s; \
+         collector peak memory {} KiB",
+        writing.elapsed().as_secs_f64(),
+        ending.elapsed().as_secs_f64(),
+        peak_rss_kib().unwrap_or(0)
+    );
     if opts.print_summary {
         let main_files = ["summary.json", "summary.txt", "report.html"];
         let ok: Vec<&str> = main_files.into_iter().filter(|f| write_failures.iter().all(|w| w.file != *f)).collect();
@@ -248,6 +255,13 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
 }
 
 /// `trace.perfetto-trace`; a partial file is removed (report.html links the file if it is there).
+/// The collector's own peak resident memory (`VmHWM`), in KiB.
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 fn write_perfetto(dir: &Path, summary: &Summary, log: &crate::model::trace::TraceLog) -> Option<report::WriteFailure> {
     let file = crate::export::perfetto::FILE;
     match crate::export::perfetto::write(dir, summary, log) {

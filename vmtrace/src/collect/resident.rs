@@ -516,7 +516,7 @@ fn profile(
         stacks.push(crate::stacks::Stack {
             pid,
             comm: comm_of(pid),
-            user: vec![UNSAMPLED_PAGES.to_string()],
+            user: vec![UNSAMPLED_PAGES.into()],
             estimate: crate::stacks::weight::Estimate { faults: left.round(), time_ns: 0.0, major: 0.0 },
             ..crate::stacks::Stack::default()
         });
@@ -531,27 +531,31 @@ fn inherited_bytes(s: &Snapshot) -> u64 {
 
 /// The call sites holding the most, by process and frames.
 fn top_sites(stacks: &[crate::stacks::Stack], n: usize) -> Vec<crate::model::ResidentSite> {
-    let mut by: BTreeMap<(u32, Vec<String>), (String, f64, u64)> = BTreeMap::new();
+    // Frames borrowed: strings only for the sites listed (a stack on every
+    // fault gives hundreds of thousands of stacks).
+    let mut by: BTreeMap<(u32, Vec<&str>), (&str, f64, u64)> = BTreeMap::new();
     for s in stacks {
-        let frames: Vec<String> = s.user.iter().chain(s.kernel.iter()).chain(s.leaf.iter()).cloned().collect();
-        let e = by.entry((s.pid, frames)).or_insert_with(|| (s.comm.clone(), 0.0, 0));
+        let frames: Vec<&str> = s.user.iter().chain(s.kernel.iter()).map(|f| &**f).chain(s.leaf.as_deref()).collect();
+        let e = by.entry((s.pid, frames)).or_insert_with(|| (&s.comm, 0.0, 0));
         e.1 += s.estimate.faults;
         e.2 += s.counts.major;
     }
-    let mut v: Vec<crate::model::ResidentSite> = by
+    let mut v: Vec<_> = by
         .into_iter()
-        .map(|((pid, frames), (comm, bytes, pages))| crate::model::ResidentSite {
+        .map(|((pid, frames), (comm, bytes, pages))| (pid, frames, comm, bytes.round() as u64, pages))
+        .filter(|s| s.3 > 0)
+        .collect();
+    v.sort_by(|a, b| b.3.cmp(&a.3).then(a.0.cmp(&b.0)));
+    v.truncate(n);
+    v.into_iter()
+        .map(|(pid, frames, comm, bytes, pages)| crate::model::ResidentSite {
             pid,
-            comm,
-            frames,
-            bytes: bytes.round() as u64,
+            comm: comm.to_string(),
+            frames: frames.into_iter().map(str::to_string).collect(),
+            bytes,
             sampled_pages: pages,
         })
-        .filter(|s| s.bytes > 0)
-        .collect();
-    v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.pid.cmp(&b.pid)));
-    v.truncate(n);
-    v
+        .collect()
 }
 
 fn refs(v: &[(u32, Snapshot)]) -> Vec<(u32, &Snapshot)> {

@@ -172,7 +172,14 @@ pub fn symbolize_counts(
             };
             let py_stack = source.python_stack(k.user_stack);
             let python = py_stack.is_some();
-            let user = with_python(user, py, pid, py_stack.as_ref());
+            let user = match py_stack {
+                // Python frames are named per stack: kept once each all the same.
+                Some(ps) => {
+                    let native = user.iter().map(ToString::to_string).collect();
+                    with_python(native, py, pid, Some(&ps)).iter().map(|f| names.intern(f)).collect()
+                }
+                None => user,
+            };
             out.push(Stack {
                 unwound,
                 pid,
@@ -220,10 +227,11 @@ pub fn site_frames(
     };
     let info = table.ensure(tgid);
     names.prepare_user(&ips, &info.maps);
-    let mut frames = match native {
+    let frames = match native {
         Some(n) => stacks::native_frames(&ips, n.cut.as_ref(), names, &info.maps, None).0,
         None => stacks::user_frames(&ips, names, &info.maps, &info.mapped, None).0,
     };
+    let mut frames = frames.iter().map(ToString::to_string).collect();
     frames = with_python(frames, py, tgid, source.python_stack(user_stack).as_ref());
     if user_stack == STACK_ID_LOST {
         frames.push("[no user stack]".into());

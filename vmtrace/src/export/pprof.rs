@@ -8,6 +8,8 @@
 use std::{collections::HashMap, io, io::Write as _, path::Path};
 
 use prost::Message as _;
+
+use crate::stacks::tree::Graph;
 use vmtrace_protos::pprof as pb;
 pub use vmtrace_protos::pprof::Profile;
 
@@ -261,14 +263,27 @@ impl Builder {
     pub fn add(&mut self, s: &Sample) {
         // pprof wants the leaf first.
         let location_id = s.frames.iter().rev().map(|f| self.location(f)).collect();
+        let labels: Vec<(&str, &str)> = s.labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        self.add_located(location_id, s.values.clone(), s.pid, &labels);
+    }
+
+    /// The location of a frame (as a folded file writes it), made once per
+    /// distinct frame: for [`Builder::add_located`].
+    pub fn location_of(&mut self, frame: &str) -> u64 {
+        self.location(frame)
+    }
+
+    /// A sample of locations (leaf first, from [`Builder::location_of`]),
+    /// labelled with its pid and `labels`.
+    pub fn add_located(&mut self, location_id: Vec<u64>, value: Vec<i64>, pid: Option<u32>, labels: &[(&str, &str)]) {
         let mut label = Vec::new();
-        if let Some(pid) = s.pid {
+        if let Some(pid) = pid {
             label.push(pb::Label { key: self.string("pid"), num: i64::from(pid), ..Default::default() });
         }
-        for (k, v) in &s.labels {
+        for (k, v) in labels {
             label.push(pb::Label { key: self.string(k), str: self.string(v), ..Default::default() });
         }
-        self.profile.sample.push(pb::Sample { location_id, value: s.values.clone(), label });
+        self.profile.sample.push(pb::Sample { location_id, value, label });
     }
 
     pub fn finish(self) -> pb::Profile {
@@ -330,6 +345,51 @@ pub fn profile(kind: Kind, meta: &Meta, samples: impl IntoIterator<Item = Sample
     b.duration(meta.duration_s);
     for s in samples {
         b.add(&s);
+    }
+    b.finish()
+}
+
+/// A whole profile of a graph's lines (`stacks::tree`): a sample per line
+/// and process, as [`sample`] makes them from `flamegraph::folded_by_pid`'s
+/// lines, without a string per line: each frame is parsed once.
+pub fn graph_profile(kind: Kind, meta: &Meta, graph: &Graph) -> pb::Profile {
+    let mut b = Builder::new(kind, meta.period);
+    b.main_name(meta.main);
+    b.comment(meta.comment);
+    b.duration(meta.duration_s);
+    let tree = graph.tree;
+    // Location ids by frame id, 0 until made.
+    let mut located = vec![0u64; tree.frame_count()];
+    let mut path = Vec::new();
+    for l in &graph.lines {
+        let mut parts = l.parts().peekable();
+        if parts.peek().is_none() {
+            continue;
+        }
+        tree.path(l.node, &mut path);
+        let mut labels: Vec<(&'static str, String)> = Vec::new();
+        if let Some(r) = l.region {
+            labels.extend(region_labels(r).unwrap_or_else(|| vec![("region", r.to_string())]));
+        }
+        if kind == MMAP || kind == SHOOTDOWNS {
+            if let Some(call) = path.last().and_then(|&f| tree.name(f).strip_prefix('[')?.strip_suffix(']')) {
+                labels.push(("syscall", call.to_string()));
+            }
+        }
+        let comm = path.first().map_or("", |&f| tree.name(f));
+        let labels: Vec<(&str, &str)> =
+            std::iter::once(("comm", comm)).chain(labels.iter().map(|(k, v)| (*k, v.as_str()))).collect();
+        for (pid, weight) in parts {
+            let mut location_id = Vec::with_capacity(path.len());
+            for &f in path.iter().rev() {
+                let at = &mut located[f as usize];
+                if *at == 0 {
+                    *at = b.location_of(tree.name(f));
+                }
+                location_id.push(*at);
+            }
+            b.add_located(location_id, vec![weight as i64], Some(pid), &labels);
+        }
     }
     b.finish()
 }

@@ -55,6 +55,10 @@ pub struct PyStack {
 #[derive(Default)]
 pub struct CodeCache {
     codes: HashMap<(u32, u64), Option<Code>>,
+    /// A process that read a code object at each address: a forked child's
+    /// frames are looked up there without a scan of every code object (a
+    /// scan per frame of every stack took minutes on a torch job's 280k).
+    by_addr: HashMap<u64, u32>,
     /// Layout of each Python process's code objects.
     layouts: HashMap<u32, CodeLayout>,
 }
@@ -72,6 +76,12 @@ impl CodeCache {
     pub fn forget(&mut self, tgid: u32) {
         self.layouts.remove(&tgid);
         self.codes.retain(|(t, _), _| *t != tgid);
+        self.by_addr.retain(|_, t| *t != tgid);
+        for ((t, a), c) in &self.codes {
+            if c.is_some() {
+                self.by_addr.entry(*a).or_insert(*t);
+            }
+        }
     }
 
     pub fn has_layout(&self, tgid: u32) -> bool {
@@ -96,6 +106,9 @@ impl CodeCache {
             }
             let Some(m) = &mem else { return };
             let code = read_code(m, f.code, &layout);
+            if code.is_some() {
+                self.by_addr.entry(f.code).or_insert(stack.tgid);
+            }
             self.codes.insert((stack.tgid, f.code), code);
         }
     }
@@ -106,7 +119,8 @@ impl CodeCache {
         if let Some(c) = self.codes.get(&(tgid, addr)) {
             return c.as_ref();
         }
-        self.codes.iter().find(|((_, a), c)| *a == addr && c.is_some()).and_then(|(_, c)| c.as_ref())
+        let t = self.by_addr.get(&addr)?;
+        self.codes.get(&(*t, addr))?.as_ref()
     }
 
     /// `stack`'s frames as `function (file:line)`, split into the frames of

@@ -56,6 +56,12 @@ impl Writer<'_> {
         self.put(&format!("{stem}.svg"), |p| flamegraph::write_svg(p, &folded, title, unit));
     }
 
+    /// `stem.folded` (already folded with `flamegraph::MIN_SHARE`) and `stem.svg`.
+    fn flamegraph_folded(&mut self, stem: &str, folded: &str, title: &str, unit: &str) {
+        self.text(&format!("{stem}.folded"), folded);
+        self.put(&format!("{stem}.svg"), |p| flamegraph::write_svg(p, folded, title, unit));
+    }
+
     /// Builds and writes a pprof profile, timed (`-vv` shows it: the cost
     /// docs/performance.md quotes).
     fn pprof(&mut self, kind: pprof::Kind, build: impl FnOnce() -> pprof::Profile) {
@@ -194,11 +200,19 @@ fn write_flamegraphs(w: &mut Writer, stacks: &[Stack], st: &StacksSummary, s: &S
         1 => "every fault timed; ".to_string(),
         p => format!("minor latency timed 1 in {p}; "),
     };
+    // One tree of frames for the three graphs: no string per stack.
+    let t = std::time::Instant::now();
+    let tree = crate::stacks::tree::Tree::new(stacks);
+    log::debug!(
+        "stack tree: {} stacks, {} frames in {:.1} ms",
+        stacks.len(),
+        tree.frame_count(),
+        t.elapsed().as_secs_f64() * 1e3
+    );
     for (weight, title, unit, kind) in FAULT_GRAPHS {
         // One split feeds both: the profile's samples add up to the folded lines.
-        let parts = flamegraph::folded_by_pid(stacks, weight);
-        let f = flamegraph::fold(&parts);
-        let total = flamegraph::total(&f);
+        let graph = tree.graph(stacks, weight);
+        let total = graph.total();
         // A scaled total is an estimate: say so in the number too.
         let total_text = match (weight, n > 1) {
             (Weight::TimeNs, true) => format!("≈{}", fmt_ns(total)),
@@ -208,11 +222,9 @@ fn write_flamegraphs(w: &mut Writer, stacks: &[Stack], st: &StacksSummary, s: &S
         };
         let extra = if weight == Weight::TimeNs { format!("{timing}{how}") } else { how.clone() };
         let title = format!("{title} — {total_text} ({extra})");
-        w.flamegraph(weight.file_stem(), &f, &title, unit);
-        let samples =
-            parts.iter().map(|p| pprof::sample(kind, &p.line, Some(p.pid), p.region.as_deref(), vec![p.weight as i64]));
+        w.flamegraph_folded(weight.file_stem(), &graph.folded_small(flamegraph::MIN_SHARE), &title, unit);
         let meta = pprof::Meta { period: n, comment: &title, duration_s: s.duration_s, main: &recorded(s) };
-        w.pprof(kind, || pprof::profile(kind, &meta, samples));
+        w.pprof(kind, || pprof::graph_profile(kind, &meta, &graph));
     }
 }
 
@@ -262,15 +274,14 @@ fn write_resident(w: &mut Writer, end: &[Stack], peak: &[Stack], r: &crate::mode
         (pprof::RESIDENT, end, "Resident memory at each process's end by call stack"),
         (pprof::RESIDENT_PEAK, peak, "Resident memory at each process's peak by call stack"),
     ] {
-        let parts = flamegraph::folded_by_pid(stacks, Weight::Faults);
-        let f = flamegraph::fold(&parts);
-        let total = flamegraph::total(&f);
+        // As many stacks as the faults' with a stack on every fault: a tree, as there.
+        let tree = crate::stacks::tree::Tree::new(stacks);
+        let graph = tree.graph(stacks, Weight::Faults);
+        let total = graph.total();
         let title = format!("{what} — {} ({how})", crate::model::bytes(total));
-        w.flamegraph(kind.stem, &f, &title, "bytes");
-        let samples =
-            parts.iter().map(|p| pprof::sample(kind, &p.line, Some(p.pid), p.region.as_deref(), vec![p.weight as i64]));
+        w.flamegraph_folded(kind.stem, &graph.folded_small(flamegraph::MIN_SHARE), &title, "bytes");
         let meta = pprof::Meta { period: 4096, comment: &title, duration_s: s.duration_s, main: &recorded(s) };
-        w.pprof(kind, || pprof::profile(kind, &meta, samples));
+        w.pprof(kind, || pprof::graph_profile(kind, &meta, &graph));
     }
 }
 

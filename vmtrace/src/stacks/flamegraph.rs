@@ -39,63 +39,12 @@ pub struct PidLine {
     pub weight: u64,
 }
 
-/// A folded line's weight before rounding (summed in stack order, as it
-/// always was), by process (pids ascending), and its region leaf.
-#[derive(Default)]
-struct Shares {
-    sum: f64,
-    pids: Vec<(u32, f64)>,
-    region: Option<String>,
-}
-
-/// Stacks weighted by `weight` merged into folded lines, each with its
-/// processes' shares: identical frames (e.g. one stack over several address
-/// blocks of one region, or two processes of one name) merge.
-fn merge(stacks: &[Stack], weight: Weight) -> std::collections::BTreeMap<String, Shares> {
-    let mut merged: std::collections::BTreeMap<String, Shares> = std::collections::BTreeMap::new();
-    for s in stacks {
-        let w = match weight {
-            Weight::Faults => s.estimate.faults,
-            Weight::TimeNs => s.estimate.time_ns,
-            Weight::Major => s.estimate.major,
-        };
-        if w <= 0.0 {
-            continue;
-        }
-        let mut line = clean(&s.comm);
-        if s.user_missing && s.user.is_empty() {
-            line.push_str(";[no user stack]");
-        }
-        for f in s.user.iter().chain(s.kernel.iter()).chain(s.leaf.iter()) {
-            line.push(';');
-            line.push_str(&clean(f));
-        }
-        let e = merged.entry(line).or_default();
-        e.sum += w;
-        match e.pids.binary_search_by_key(&s.pid, |p| p.0) {
-            Ok(i) => e.pids[i].1 += w,
-            Err(i) => e.pids.insert(i, (s.pid, w)),
-        }
-        if e.region.is_none() {
-            e.region.clone_from(&s.leaf);
-        }
-    }
-    merged
-}
-
-/// The merged lines' whole weights: each line's weight rounded so that the
-/// lines still add up to the estimated total.
-fn rounded(merged: &std::collections::BTreeMap<String, Shares>) -> Vec<u64> {
-    let mut weights: Vec<f64> = merged.values().map(|e| e.sum).collect();
-    crate::model::largest_remainder(&mut weights);
-    weights.into_iter().map(|w| w as u64).collect()
-}
-
 /// Folded lines, one per stack with a non-zero weight, sorted: each stack
 /// weighted by its estimate (`weight::weigh`), so a graph adds up to the
-/// process table.
+/// process table. Identical frames (e.g. one stack over several address
+/// blocks of one region, or two processes of one name) merge.
 pub fn folded(stacks: &[Stack], weight: Weight) -> String {
-    fold(&folded_by_pid(stacks, weight))
+    super::tree::Tree::new(stacks).graph(stacks, weight).folded()
 }
 
 /// Folded text of lines split by process (sorted by line): each line's parts summed.
@@ -109,16 +58,17 @@ pub fn fold(parts: &[PidLine]) -> String {
 
 /// The lines of [`folded`] split by process: each line's whole weight shared
 /// among its processes (largest remainder), so the parts add up to the
-/// folded file's line by line.
+/// folded file's line by line. A string per line: for many stacks, walk
+/// [`super::tree::Graph`]'s lines instead.
 pub fn folded_by_pid(stacks: &[Stack], weight: Weight) -> Vec<PidLine> {
-    let merged = merge(stacks, weight);
+    let tree = super::tree::Tree::new(stacks);
+    let graph = tree.graph(stacks, weight);
     let mut out = Vec::new();
-    for ((line, e), w) in merged.iter().zip(rounded(&merged)) {
-        let shares: Vec<f64> = e.pids.iter().map(|p| p.1).collect();
-        for ((pid, _), part) in e.pids.iter().zip(apportion(w, &shares)) {
-            if part > 0 {
-                out.push(PidLine { line: line.clone(), pid: *pid, region: e.region.clone(), weight: part });
-            }
+    for l in &graph.lines {
+        let mut line = None;
+        for (pid, weight) in l.parts() {
+            let line = line.get_or_insert_with(|| tree.line(l.node)).clone();
+            out.push(PidLine { line, pid, region: l.region.map(str::to_string), weight });
         }
     }
     out
@@ -306,7 +256,7 @@ mod tests {
         Stack {
             pid: 1,
             comm: "train".into(),
-            user: user.iter().map(ToString::to_string).collect(),
+            user: user.iter().map(|f| (*f).into()).collect(),
             counts: StackCounts { faults, major: 1, time_ns: time, timed: 1 },
             estimate: super::super::weight::Estimate { faults: f * 4.0, time_ns: time as f64 * 2.0, major: 0.0 },
             ..Stack::default()
@@ -360,7 +310,7 @@ mod tests {
         let s: Vec<Stack> = (0..10)
             .map(|i| Stack {
                 comm: "tar".into(),
-                user: vec![format!("f{i}")],
+                user: vec![format!("f{i}").into()],
                 estimate: super::super::weight::Estimate { faults: 0.4, ..Default::default() },
                 ..Stack::default()
             })

@@ -6,6 +6,7 @@ pub mod flamegraph;
 pub mod native;
 pub mod shorten;
 pub mod symbolize;
+pub mod tree;
 pub mod unwind;
 pub mod weight;
 
@@ -35,13 +36,17 @@ impl StackMode {
     }
 }
 
+/// A frame's name, kept once per distinct name (`symbolize::Names::intern`)
+/// and shared by every stack that shows it.
+pub type Frame = std::sync::Arc<str>;
+
 /// One aggregated stack, symbolized: frames outermost first.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Stack {
     pub pid: u32,
     pub comm: String,
-    pub user: Vec<String>,
-    pub kernel: Vec<String>,
+    pub user: Vec<Frame>,
+    pub kernel: Vec<Frame>,
     pub counts: StackCounts,
     /// The user stack could not be read (no frame pointers past a frame, or none at all).
     pub user_missing: bool,
@@ -110,10 +115,10 @@ pub fn user_frames(
     maps: &[crate::procmaps::Region],
     mapped: &crate::procmaps::MappedRegions,
     jit: Option<&symbolize::PerfMap>,
-) -> (Vec<String>, bool) {
+) -> (Vec<Frame>, bool) {
     let keep = plausible_len(ips, maps, mapped, jit);
     let cut = keep < ips.len();
-    let frames = cut.then(|| BROKEN_CHAIN.to_string()).into_iter();
+    let frames = cut.then(|| names.intern(BROKEN_CHAIN)).into_iter();
     (frames.chain(ips[..keep].iter().rev().map(|&a| names.user(a, maps, jit))).collect(), cut)
 }
 
@@ -132,11 +137,11 @@ pub fn native_frames(
     names: &symbolize::Names,
     maps: &[crate::procmaps::Region],
     jit: Option<&symbolize::PerfMap>,
-) -> (Vec<String>, Option<&'static str>) {
-    let named: Vec<String> = ips.iter().rev().map(|&a| names.user(a, maps, jit)).collect();
-    let at_root = named.first().is_some_and(|f| THREAD_ROOTS.contains(&f.as_str()));
+) -> (Vec<Frame>, Option<&'static str>) {
+    let named: Vec<Frame> = ips.iter().rev().map(|&a| names.user(a, maps, jit)).collect();
+    let at_root = named.first().is_some_and(|f| THREAD_ROOTS.contains(&&**f));
     let cut = cut.filter(|_| !at_root);
-    let marker = cut.map(|c| c.marker.clone()).into_iter();
+    let marker = cut.map(|c| names.intern(&c.marker)).into_iter();
     (marker.chain(named).collect(), cut.map(|c| c.reason))
 }
 

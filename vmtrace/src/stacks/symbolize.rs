@@ -3,13 +3,18 @@
 //! processes that exited are symbolized too; JIT code through
 //! `/tmp/perf-PID.map`; kernel frames through kallsyms. A frame that cannot be
 //! named shows `module+0xoffset`: frames never vanish.
-use std::{collections::HashMap, path::PathBuf};
+use std::{
+    cell::RefCell,
+    collections::{HashMap, HashSet},
+    path::PathBuf,
+};
 
 use blazesym::symbolize::{
     source::{Elf, Kernel, Source},
     Input, Symbolized, Symbolizer,
 };
 
+use super::Frame;
 use crate::{
     model::RegionKind,
     procmaps::{self, Region},
@@ -54,15 +59,25 @@ fn basename(p: &str) -> &str {
 
 /// Names for every address of a batch, resolved with as few symbolizer calls
 /// as there are files.
+/// Every name is kept once ([`Frame`]): a stack holds references to them,
+/// so a job with hundreds of thousands of stacks keeps one string per
+/// distinct frame, not one per frame of every stack.
 pub struct Names {
     symbolizer: Symbolizer,
-    kernel: HashMap<u64, String>,
-    user: HashMap<(PathBuf, u64), String>,
+    kernel: HashMap<u64, Frame>,
+    user: HashMap<(PathBuf, u64), Frame>,
+    /// Names made per address (JIT code, anonymous memory) and markers, once each.
+    other: RefCell<HashSet<Frame>>,
 }
 
 impl Default for Names {
     fn default() -> Self {
-        Self { symbolizer: Symbolizer::new(), kernel: HashMap::new(), user: HashMap::new() }
+        Self {
+            symbolizer: Symbolizer::new(),
+            kernel: HashMap::new(),
+            user: HashMap::new(),
+            other: RefCell::new(HashSet::new()),
+        }
     }
 }
 
@@ -106,23 +121,34 @@ impl Names {
             let syms = self.symbolizer.symbolize(&src, Input::FileOffset(&offs));
             for (i, off) in offs.iter().enumerate() {
                 let name = match syms.as_ref().ok().and_then(|s| s.get(i)) {
-                    Some(Symbolized::Sym(sym)) => sym.name.to_string(),
-                    _ => format!("{}+{off:#x}", basename(path)),
+                    Some(Symbolized::Sym(sym)) => self.intern(&sym.name),
+                    _ => self.intern(&format!("{}+{off:#x}", basename(path))),
                 };
                 self.user.insert((PathBuf::from(path), *off), name);
             }
         }
     }
 
-    pub fn user(&self, addr: u64, maps: &[Region], jit: Option<&PerfMap>) -> String {
+    pub fn user(&self, addr: u64, maps: &[Region], jit: Option<&PerfMap>) -> Frame {
         match place(addr, maps, jit) {
             Place::File(path, off) => self
                 .user
                 .get(&(PathBuf::from(path), off))
                 .cloned()
-                .unwrap_or_else(|| format!("{}+{off:#x}", basename(path))),
-            Place::Named(n) => n,
+                .unwrap_or_else(|| self.intern(&format!("{}+{off:#x}", basename(path)))),
+            Place::Named(n) => self.intern(&n),
         }
+    }
+
+    /// `name`, kept once: the same reference for every stack that shows it.
+    pub fn intern(&self, name: &str) -> Frame {
+        let mut other = self.other.borrow_mut();
+        if let Some(f) = other.get(name) {
+            return f.clone();
+        }
+        let f: Frame = name.into();
+        other.insert(f.clone());
+        f
     }
 
     /// Resolves kernel addresses in bulk (call before `kernel`).
@@ -137,15 +163,15 @@ impl Names {
         let syms = self.symbolizer.symbolize(&src, Input::AbsAddr(&todo));
         for (i, a) in todo.iter().enumerate() {
             let name = match syms.as_ref().ok().and_then(|s| s.get(i)) {
-                Some(Symbolized::Sym(sym)) => sym.name.to_string(),
-                _ => format!("[kernel] {a:#x}"),
+                Some(Symbolized::Sym(sym)) => self.intern(&sym.name),
+                _ => self.intern(&format!("[kernel] {a:#x}")),
             };
             self.kernel.insert(*a, name);
         }
     }
 
-    pub fn kernel(&self, addr: u64) -> String {
-        self.kernel.get(&addr).cloned().unwrap_or_else(|| format!("[kernel] {addr:#x}"))
+    pub fn kernel(&self, addr: u64) -> Frame {
+        self.kernel.get(&addr).cloned().unwrap_or_else(|| self.intern(&format!("[kernel] {addr:#x}")))
     }
 }
 
@@ -172,9 +198,9 @@ mod tests {
     #[test]
     fn unknown_addresses_keep_a_frame() {
         let n = Names::default();
-        assert_eq!(n.user(0x10, &[], None), "[unknown] 0x10");
+        assert_eq!(&*n.user(0x10, &[], None), "[unknown] 0x10");
         let jit = PerfMap::parse("7f0000001000 100 py::train_step:/app/train.py\n");
-        assert_eq!(n.user(0x7f00_0000_1050, &[], Some(&jit)), "py::train_step:/app/train.py");
-        assert_eq!(n.user(0x7f00_0000_1100, &[], Some(&jit)), "[unknown] 0x7f0000001100");
+        assert_eq!(&*n.user(0x7f00_0000_1050, &[], Some(&jit)), "py::train_step:/app/train.py");
+        assert_eq!(&*n.user(0x7f00_0000_1100, &[], Some(&jit)), "[unknown] 0x7f0000001100");
     }
 }

@@ -72,7 +72,7 @@ fn names(frames: &[u64], maps: &[Region]) -> Vec<String> {
     let lookup: Vec<u64> = frames.iter().enumerate().map(|(i, &a)| if i == 0 { a } else { a - 1 }).collect();
     let mut n = Names::default();
     n.prepare_user(&lookup, maps);
-    lookup.iter().map(|&a| n.user(a, maps, None)).collect()
+    lookup.iter().map(|&a| n.user(a, maps, None).to_string()).collect()
 }
 
 fn in_libc(a: u64, maps: &[Region]) -> bool {
