@@ -10,8 +10,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use vmtrace_common::{
-    EventKind, MmCall, MmEvent, PageSample, RssEvent, RssMm, TaskEvent, LEAF_BLOCK_SHIFT, PAGE_EXACT, PAGE_HUGE,
-    RSS_ENDED,
+    EventKind, MmCall, MmEvent, OomEvent, PageSample, RssEvent, RssMm, TaskEvent, LEAF_BLOCK_SHIFT, PAGE_EXACT,
+    PAGE_HUGE, RSS_ANON, RSS_ENDED, RSS_FILE, RSS_MEMBERS, RSS_SHMEM,
 };
 
 /// Sampled pages followed at once over all processes (~48 bytes each): at
@@ -21,6 +21,10 @@ pub const MAX_LIVE_PAGES: usize = 262_144;
 /// How long an address space's counters stay in the kernel map after its
 /// teardown began (or, never claimed by a process, after it was first seen).
 const FORGET_AFTER_NS: u64 = 2_000_000_000;
+
+/// OOM victims whose live set is kept (a system-wide recording may see
+/// many kills; the first ones are usually the story).
+pub const MAX_OOM_SNAPSHOTS: usize = 32;
 
 /// Who brought a page in: the fault's stacks, whether the stack was of the
 /// exact stratum (it stands for itself), and whether the page came from the
@@ -85,6 +89,9 @@ pub struct ResidentTracker {
     /// Sampled pages streamed, and those not followed (`MAX_LIVE_PAGES`).
     pub sampled_pages: u64,
     pub dropped_pages: u64,
+    /// Each OOM victim's live set at its kill, scaled later to the kernel's
+    /// counters the kill reported.
+    ooms: Vec<(u32, Snapshot)>,
 }
 
 /// Bytes of a sampled fault's page.
@@ -222,6 +229,21 @@ impl ResidentTracker {
         }
     }
 
+    /// An OOM kill: the victim's pages as it is chosen (in ring order, so
+    /// every page it faulted in before is there), with the kernel's counters
+    /// the kill reports. Victims with no sampled page (not traced) are left.
+    pub fn oom_kill(&mut self, ev: &OomEvent) {
+        let Some(p) = self.procs.get(&ev.victim_pid).filter(|p| !p.live.is_empty()) else { return };
+        if self.ooms.len() >= MAX_OOM_SNAPSHOTS {
+            return;
+        }
+        let mut size = [0; RSS_MEMBERS];
+        size[RSS_FILE] = ev.file_rss_kb * 1024;
+        size[RSS_ANON] = ev.anon_rss_kb * 1024;
+        size[RSS_SHMEM] = ev.shmem_rss_kb * 1024;
+        self.ooms.push((ev.victim_pid, snapshot(&p.live, size, ev.hdr.ts_ns)));
+    }
+
     /// Takes in the kernel's counters (`RSS_MM`, by `mm_id`) and returns the
     /// entries to delete from the map: address spaces long torn down, and
     /// ones no process claimed.
@@ -252,8 +274,10 @@ impl ResidentTracker {
     }
 
     /// Each process's snapshots; processes still running get their end now.
-    pub fn finish(mut self, now_ns: u64) -> (BTreeMap<u32, ProcResident>, ResidentCounts) {
+    /// Also the OOM victims' live sets at their kills.
+    pub fn finish(mut self, now_ns: u64) -> (BTreeMap<u32, ProcResident>, ResidentCounts, Vec<(u32, Snapshot)>) {
         let counts = ResidentCounts { sampled_pages: self.sampled_pages, dropped_pages: self.dropped_pages };
+        let ooms = std::mem::take(&mut self.ooms);
         let mut out = BTreeMap::new();
         for (pid, p) in self.procs.drain() {
             let mut end = p.end;
@@ -267,7 +291,7 @@ impl ResidentTracker {
             }
             out.insert(pid, ProcResident { peak: p.peak, end, kernel: p.kernel, exited: p.exited });
         }
-        (out, counts)
+        (out, counts, ooms)
     }
 }
 
@@ -374,7 +398,7 @@ mod tests {
         t.rss(&rss(EventKind::ResidentPeak, 5, 20 * 64 * 4096));
         t.mm_change(&mm(5, MmCall::Munmap, 0x90_0000, 10 * 4096));
         t.rss(&rss(EventKind::ResidentEnd, 5, 10 * 64 * 4096));
-        let (procs, counts) = t.finish(10);
+        let (procs, counts, _) = t.finish(10);
         assert_eq!(counts.sampled_pages, 20);
         let p = &procs[&5];
         let (peak, _) = scaled(p.peak.as_ref().unwrap());
@@ -411,12 +435,34 @@ mod tests {
         fork.group_dead = 1;
         t.task(&fork);
         t.rss(&rss(EventKind::ResidentEnd, 6, 4 * 4096));
-        let (procs, _) = t.finish(10);
+        let (procs, _, _) = t.finish(10);
         let end = procs[&6].end.as_ref().unwrap();
         let inherited: u64 = end.by_owner.iter().filter(|(o, _)| o.inherited).map(|(_, v)| v.0).sum();
         let own: u64 = end.by_owner.iter().filter(|(o, _)| o.user_stack == 9 && !o.inherited).map(|(_, v)| v.0).sum();
         assert_eq!((inherited, own), (3 * 4096, 4096));
         assert_eq!(end.resident(), 4 * 4096);
+    }
+
+    #[test]
+    fn an_oom_victims_pages_at_the_kill_are_scaled_to_what_the_kill_reported() {
+        let mut t = ResidentTracker::default();
+        for i in 0..30 {
+            t.page(&sample(5, 0x10_0000 + i * 4096, if i < 10 { 1 } else { 2 }));
+        }
+        // Pages freed before the kill are not in it.
+        t.mm_change(&mm(5, MmCall::Munmap, 0x10_0000, 5 * 4096));
+        let mut ev = crate::collect::fake::oom_kill(5, "hog", 4, 25 * 64 * 4);
+        t.oom_kill(&ev);
+        // A victim with no sampled page has no snapshot.
+        ev.victim_pid = 77;
+        t.oom_kill(&ev);
+        let (_, _, ooms) = t.finish(10);
+        assert_eq!(ooms.len(), 1);
+        let (owners, left) = scaled(&ooms[0].1);
+        assert_eq!(left, 0.0);
+        let of = |s: i32| owners.iter().filter(|o| o.0.user_stack == s).map(|o| o.1).sum::<f64>();
+        assert!((of(1) - 5.0 * 64.0 * 4096.0).abs() < 0.5);
+        assert!((of(2) - 20.0 * 64.0 * 4096.0).abs() < 0.5);
     }
 
     #[test]
@@ -430,7 +476,7 @@ mod tests {
         let mut r = mm(5, MmCall::Mremap, 0x80_0000, 4096);
         (r.old_addr, r.old_len) = (0x20_0000, 8192);
         t.mm_change(&r);
-        let (procs, _) = t.finish(1);
+        let (procs, _, _) = t.finish(1);
         let end = procs[&5].end.as_ref().unwrap();
         assert_eq!(end.by_owner.values().map(|v| v.1).sum::<u64>(), 1);
     }
@@ -454,7 +500,22 @@ pub struct ResidentProfiles {
     pub peak: Vec<crate::stacks::Stack>,
     pub per_process: BTreeMap<u32, crate::model::Resident>,
     pub summary: crate::model::ResidentSummary,
+    /// Each OOM victim's resident memory by call site at its kill.
+    pub ooms: Vec<OomResident>,
 }
+
+/// An OOM victim's call sites at its kill ("what grew"), scaled to the
+/// kernel's anon + file + shmem the kill reported.
+#[derive(Debug, Default)]
+pub struct OomResident {
+    pub victim_pid: u32,
+    /// Seconds from the start of the trace, as `OomRecord::time_s`.
+    pub time_s: f64,
+    pub sites: Vec<crate::model::ResidentSite>,
+}
+
+/// Call sites listed for an OOM victim.
+const OOM_SITES: usize = 10;
 
 /// A snapshot's scaled owners as stack counts: `faults` carries the bytes,
 /// `major` the sampled pages behind them.
@@ -561,8 +622,7 @@ fn refs(v: &[(u32, Snapshot)]) -> Vec<(u32, &Snapshot)> {
 /// Everything the reports need: per-process figures (exact, from the
 /// kernel) and the two profiles (estimated, scaled to them).
 pub fn build(
-    procs: &BTreeMap<u32, ProcResident>,
-    counts: ResidentCounts,
+    (procs, counts, oom_snaps): (&BTreeMap<u32, ProcResident>, ResidentCounts, &[(u32, Snapshot)]),
     (leaf, sample_period, started_mono_ns): (bool, u32, u64),
     symbolize: &mut dyn FnMut(
         Vec<(vmtrace_common::StackKey, vmtrace_common::StackCounts)>,
@@ -624,6 +684,14 @@ pub fn build(
     }
     let end = profile(&refs(&ends), leaf, symbolize, comm_of);
     let peak = profile(&refs(&peaks), leaf, symbolize, comm_of);
+    let ooms = oom_snaps
+        .iter()
+        .map(|(pid, s)| OomResident {
+            victim_pid: *pid,
+            time_s: s.ts_ns.saturating_sub(started_mono_ns) as f64 / 1e9,
+            sites: top_sites(&profile(&[(*pid, s)], leaf, symbolize, comm_of), OOM_SITES),
+        })
+        .collect();
     let summary = crate::model::ResidentSummary {
         files: Vec::new(),
         sample_period,
@@ -640,7 +708,7 @@ pub fn build(
         top_at_peak: top_sites(&peak, 10),
         top_at_end: top_sites(&end, 10),
     };
-    ResidentProfiles { end, peak, per_process, summary }
+    ResidentProfiles { end, peak, per_process, summary, ooms }
 }
 
 /// Puts the figures into the summary: `processes[].resident`, `resident`.
@@ -648,6 +716,13 @@ pub fn apply(summary: &mut crate::model::Summary, r: &ResidentProfiles, drops: &
     use vmtrace_common::DropKind;
     for p in &mut summary.processes {
         p.resident = r.per_process.get(&p.pid).cloned();
+    }
+    // The kill's record and its snapshot share the event's timestamp.
+    for o in summary.oom.iter_mut().flatten() {
+        let at_kill = r.ooms.iter().find(|k| k.victim_pid == o.victim_pid && (k.time_s - o.time_s).abs() < 1e-3);
+        if let Some(k) = at_kill {
+            o.resident_sites = Some(k.sites.clone());
+        }
     }
     let d = |k: DropKind| drops.get(k as usize).copied().unwrap_or(0);
     let mut s = r.summary.clone();

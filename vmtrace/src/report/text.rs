@@ -111,10 +111,8 @@ fn resident_section(out: &mut String, s: &Summary) {
         if !r.top_at_peak.is_empty() {
             let _ = writeln!(out, "  top call sites at the peak (estimated, 1 in {} faults' pages):", r.sample_period);
             for site in &r.top_at_peak {
-                let tail: Vec<String> =
-                    site.frames.iter().rev().take(3).rev().map(|f| clip(&short_name(f), 100)).collect();
-                let _ =
-                    writeln!(out, "    {:>10}  {} [{}]  {}", bytes(site.bytes), site.comm, site.pid, tail.join(" ← "));
+                let tail = crate::model::oom::site_tail(&site.frames);
+                let _ = writeln!(out, "    {:>10}  {} [{}]  {tail}", bytes(site.bytes), site.comm, site.pid);
             }
         }
     }
