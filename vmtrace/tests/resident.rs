@@ -60,3 +60,68 @@ fn glibc_heap_and_mmap_at_end_and_peak() {
         assert!(run.out.path().join(f).exists(), "{f} missing");
     }
 }
+
+/// A site's bytes in `top_at_end` for `pid`: frames with `frame`, and with
+/// (or without) the shared-with-parent leaf.
+fn site_bytes(summary: &serde_json::Value, pid: u64, frame: &str, shared: bool) -> u64 {
+    summary["resident"]["top_at_end"]
+        .as_array()
+        .expect("resident.top_at_end")
+        .iter()
+        .filter(|s| s["pid"] == pid)
+        .filter(|s| {
+            let f = s["frames"].as_array().unwrap();
+            f.iter().any(|x| x == frame) && f.iter().any(|x| x == "[shared with parent]") == shared
+        })
+        .map(|s| u(&s["bytes"]))
+        .sum()
+}
+
+/// Fork workers: a parent fills 64 MiB and forks two workers that write
+/// 16 and 24 MiB of it. Each worker's copy-on-write copies sit under its
+/// own `worker_writes`, within 5% of the Private_Dirty it read in its own
+/// smaps_rollup just before exiting; the rest of the buffer is shared with
+/// its parent (`shared_with_parent_bytes`, against its Shared_Dirty), and
+/// `private_bytes` is the rest of its end.
+#[test]
+fn fork_workers_copies_sit_under_the_workers_own_stack() {
+    privileged!();
+    let dir = disk_dir();
+    let bin = common::compile_c("fork_workers.c", dir.path());
+    let run = record(&["--stack-sample", "1"], &[bin.to_str().unwrap(), dir.path().to_str().unwrap()]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let parent = run.summary["target"]["pid"].as_u64().unwrap();
+    let workers: Vec<u64> = run.summary["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["ppid"] == parent)
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(workers.len(), 2, "{:#}", run.summary["processes"]);
+    let mib = 1u64 << 20;
+    let mut written = Vec::new();
+    for &w in &workers {
+        let own = std::fs::read_to_string(dir.path().join(format!("worker-{w}.txt"))).expect("the worker's smaps");
+        let dirty = kb(&own, "Private_Dirty");
+        written.push(dirty / mib);
+        let r = &run.process(w as u32)["resident"];
+        let copies = site_bytes(&run.summary, w, "worker_writes", false);
+        assert_close(&format!("worker {w}'s copies under worker_writes"), copies, dirty, 5.0);
+        assert_close(&format!("worker {w}'s end"), u(&r["end_bytes"]), kb(&own, "Rss"), 5.0);
+        assert_close(
+            &format!("worker {w} shared with its parent"),
+            u(&r["shared_with_parent_bytes"]),
+            kb(&own, "Shared_Dirty"),
+            10.0,
+        );
+        let shared_buffer = site_bytes(&run.summary, w, "fill_buffer", true);
+        assert_eq!(site_bytes(&run.summary, w, "fill_buffer", false), 0, "the parent's pages are not the worker's own");
+        assert!(shared_buffer <= u(&r["shared_with_parent_bytes"]), "{r:#}");
+        assert_eq!(u(&r["private_bytes"]) + u(&r["shared_with_parent_bytes"]), u(&r["end_bytes"]), "{r:#}");
+    }
+    written.sort_unstable();
+    assert_eq!(written, [16, 24], "what the workers copied, by their own count");
+    // The parent still holds its whole buffer, as its own.
+    assert_close("the parent's buffer", site_bytes(&run.summary, parent, "fill_buffer", false), 64 * mib, 5.0);
+}

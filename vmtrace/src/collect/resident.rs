@@ -647,6 +647,8 @@ pub fn build(
         };
         let at_fork = k.map_or(0, |k| RssMm::resident(&k.at_fork));
         live_at_end += end.by_owner.values().map(|v| v.1).sum::<u64>();
+        let shared = inherited_bytes(end).min(end.resident());
+        let shared = if at_fork > 0 { shared.min(at_fork) } else { shared };
         per_process.insert(
             *pid,
             crate::model::Resident {
@@ -655,14 +657,8 @@ pub fn build(
                 anon_bytes: end.size[RSS_ANON],
                 file_bytes: end.size[RSS_FILE],
                 shmem_bytes: end.size[RSS_SHMEM],
-                shared_with_parent_bytes: {
-                    let b = inherited_bytes(end).min(end.resident());
-                    if at_fork > 0 {
-                        b.min(at_fork)
-                    } else {
-                        b
-                    }
-                },
+                shared_with_parent_bytes: shared,
+                private_bytes: end.resident() - shared,
                 swap_bytes: end.size[RSS_SWAP],
                 peak_anon_bytes: peak_size[RSS_ANON],
                 peak_file_bytes: peak_size[RSS_FILE],

@@ -118,20 +118,21 @@ fn resident_section(out: &mut String, s: &Summary) {
     }
     let _ = writeln!(
         out,
-        "  {:>8} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        "PID", "COMM", "END", "PEAK", "ANON", "FILE", "SHARED"
+        "  {:>8} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "PID", "COMM", "END", "PEAK", "ANON", "FILE", "SHARED", "PRIVATE"
     );
     for (p, r) in procs {
         let _ = writeln!(
             out,
-            "  {:>8} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            "  {:>8} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
             p.pid,
             p.comm,
             bytes(r.end_bytes),
             bytes(r.peak_bytes),
             bytes(r.anon_bytes),
             bytes(r.file_bytes),
-            bytes(r.shared_with_parent_bytes)
+            bytes(r.shared_with_parent_bytes),
+            bytes(r.private_bytes)
         );
     }
 }
