@@ -125,3 +125,67 @@ fn fork_workers_copies_sit_under_the_workers_own_stack() {
     // The parent still holds its whole buffer, as its own.
     assert_close("the parent's buffer", site_bytes(&run.summary, parent, "fill_buffer", false), 64 * mib, 5.0);
 }
+
+/// Line 5 keeps 96 MiB of numpy array; line 8 makes a 64 MiB one it frees.
+/// It leaves with `os._exit` right after reading its own figures: a normal
+/// exit finalizes the interpreter first, which frees the module's arrays
+/// (the end would then be what survived finalization, ~12 MiB).
+const NUMPY: &str = "\
+import os, sys
+import numpy as np
+
+def load_weights():
+    return np.ones((96 << 20) // 8)
+
+def scratch():
+    t = np.ones((64 << 20) // 8)
+    return float(t.sum())
+
+def report(path):
+    status = ''.join(l for l in open('/proc/self/status') if l.startswith(('VmHWM', 'VmRSS')))
+    with open('/proc/self/smaps_rollup') as f, open(path, 'w') as out:
+        out.write(f.read() + status)
+
+weights = load_weights()
+scratch()
+report(sys.argv[1])
+os._exit(0)
+";
+
+/// A Python script with numpy (pyenv's 3.12): its resident size at the end
+/// within 5% of the Anonymous (and Rss) of its own smaps_rollup read just
+/// before it exits, its peak within 5% of its VmHWM; the line that keeps an
+/// array holds it at the end, the line whose array is freed holds nothing
+/// at the end and its array at the peak.
+#[test]
+fn python_numpy_resident_at_end_and_peak_by_line() {
+    privileged!();
+    let Some(base) = common::pyenv_python(12) else { return };
+    let python = common::python_from(&base, &["numpy"]);
+    let dir = disk_dir();
+    let script = dir.path().join("weights.py");
+    std::fs::write(&script, NUMPY).unwrap();
+    let status = dir.path().join("status.txt");
+    let run = record(
+        &["--stack-sample", "8"],
+        &[python.to_str().unwrap(), script.to_str().unwrap(), status.to_str().unwrap()],
+    );
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let own = std::fs::read_to_string(&status).expect("the script's status.txt");
+    let pid = run.summary["target"]["pid"].as_u64().unwrap() as u32;
+    let r = &run.process(pid)["resident"];
+    assert!(r.is_object(), "no resident figures: {:#}", run.process(pid));
+    assert_close("resident at the end (anon)", u(&r["anon_bytes"]), kb(&own, "Anonymous"), 5.0);
+    assert_close("resident at the end", u(&r["end_bytes"]), kb(&own, "Rss"), 5.0);
+    assert_close("peak resident", u(&r["peak_bytes"]), kb(&own, "VmHWM"), 5.0);
+    let read = |f: &str| std::fs::read_to_string(run.out.path().join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+    let (end, peak) = (read("resident.folded"), read("resident-peak.folded"));
+    let mib = 1u64 << 20;
+    let keep = |l: &str| l.contains("load_weights (weights.py:5)");
+    let temp = |l: &str| l.contains("scratch (weights.py:8)");
+    assert_close("load_weights at the end", weight(&end, keep), 96 * mib, 10.0);
+    assert_eq!(weight(&end, temp), 0, "the freed array holds nothing at the end:\n{end}");
+    assert_close("the freed array at the peak", weight(&peak, temp), 64 * mib, 15.0);
+    assert_close("load_weights at the peak", weight(&peak, keep), 96 * mib, 10.0);
+    assert_close("resident.folded total", weight(&end, |_| true), u(&r["end_bytes"]), 1.0);
+}

@@ -37,6 +37,32 @@ pub struct Owner {
     pub inherited: bool,
     /// `address >> LEAF_BLOCK_SHIFT`: the region leaf where asked for.
     pub leaf_block: u64,
+    /// Which of the kernel's counters the page is in (`RSS_ANON`,
+    /// `RSS_FILE`, `RSS_SHMEM`), from its mapping: each kind's pages are
+    /// scaled to that counter.
+    pub kind: u8,
+}
+
+/// The counter a page faulted in at `addr` lands in, from the process's
+/// mappings: pages of shared file mappings and read-only private ones are
+/// file pages (a read fault maps up to 16 of them: fault-around); a
+/// writable private file mapping's are copies, anonymous; tmpfs, memfd and
+/// SysV segments mapped shared are shmem; the rest is anonymous, as is an
+/// address no known mapping holds.
+pub fn page_kind(p: &super::process::ProcInfo, addr: u64) -> u8 {
+    use crate::model::RegionKind;
+    // The last maps read first: regions gone since are kept among the
+    // announced ones, whose range a later mapping may have taken.
+    let at = p.maps.partition_point(|r| r.end <= addr);
+    let region = p.maps.get(at).filter(|r| r.contains(addr)).or_else(|| p.mapped.find(addr));
+    let Some(r) = region else { return RSS_ANON as u8 };
+    let perm = |i: usize, c: u8| r.perms.as_bytes().get(i) == Some(&c);
+    let kind = match r.kind {
+        RegionKind::Shmem if perm(3, b's') || !perm(1, b'w') => RSS_SHMEM,
+        RegionKind::File if perm(3, b's') || !perm(1, b'w') => RSS_FILE,
+        _ => RSS_ANON,
+    };
+    kind as u8
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -71,7 +97,13 @@ struct Proc {
     /// Its `mm_id`: a later read of the same address space replaces it.
     kernel_mm: Option<u32>,
     exited: bool,
+    /// The last ranges given back, with when the call returned: a page
+    /// whose fault began before that cannot still be there.
+    given_back: std::collections::VecDeque<(u64, u64, u64)>,
 }
+
+/// Ranges given back remembered per process.
+const GIVEN_BACK: usize = 32;
 
 /// Everything the resident profiles need at the end, per process.
 #[derive(Debug, Default)]
@@ -106,17 +138,29 @@ fn page_bytes(flags: u32) -> u64 {
 impl ResidentTracker {
     /// A sampled fault: its page is the stack's now (a copy-on-write copy
     /// of an inherited page becomes the writer's).
-    pub fn page(&mut self, ev: &PageSample) {
+    pub fn page(&mut self, ev: &PageSample, kind: u8) {
         self.sampled_pages += 1;
         let p = self.procs.entry(ev.tgid).or_default();
         let bytes = page_bytes(ev.flags);
         let addr = if ev.flags & PAGE_HUGE != 0 { ev.addr & !(bytes - 1) } else { ev.addr };
+        // A fault holds the address space's lock for reading, an munmap for
+        // writing: a fault that began before a call that gave its page back
+        // ended before it, yet its record may come after the call's (the
+        // fault's end is seen late). Its page is gone.
+        if p.given_back.iter().any(|&(start, end, ts)| (start..end).contains(&addr) && ev.hdr.ts_ns < ts) {
+            return;
+        }
         let owner = Owner {
             user_stack: ev.user_stack,
             kernel_stack: ev.kernel_stack,
-            exact: ev.flags & PAGE_EXACT != 0,
+            // Every huge-page fault is streamed (an exact stack, or the one
+            // sampled at its start): a census, each standing for itself. A
+            // sampled one scaled like a small page stood for 1 in N faults
+            // of 2 MiB (numpy's THP arrays came out 10% too large).
+            exact: ev.flags & (PAGE_EXACT | PAGE_HUGE) != 0,
             inherited: false,
             leaf_block: addr >> LEAF_BLOCK_SHIFT,
+            kind,
         };
         if bytes > 4096 {
             // A huge page replaces the small pages it covers.
@@ -143,6 +187,10 @@ impl ResidentTracker {
         };
         let gone = match ev.call {
             c if c == MmCall::Munmap as u32 || c == MmCall::Madvise as u32 => {
+                if p.given_back.len() >= GIVEN_BACK {
+                    p.given_back.pop_front();
+                }
+                p.given_back.push_back((ev.addr, ev.addr.saturating_add(ev.len), ev.hdr.ts_ns));
                 remove_range(&mut p.live, ev.addr, ev.addr.saturating_add(ev.len))
             }
             c if c == MmCall::Mremap as u32 => {
@@ -323,31 +371,51 @@ fn snapshot(live: &BTreeMap<u64, Page>, size: [u64; 4], ts_ns: u64) -> Snapshot 
     Snapshot { size, ts_ns, by_owner }
 }
 
-/// A snapshot's owners weighted to the kernel's total: exact-stratum pages
-/// stand for themselves, sampled ones share what is left (a ratio estimate,
-/// as `stacks::weight` does for faults). Returns (owner, bytes, pages) and
-/// the bytes no sampled page was left to stand for.
+/// A snapshot's owners weighted to the kernel's totals, kind by kind
+/// (anon, file, shmem: a file fault maps up to 16 pages, an anonymous one
+/// one, so one kind's sampled pages cannot stand for another's): within a
+/// kind, exact-stratum pages stand for themselves and sampled ones share
+/// what is left (a ratio estimate, as `stacks::weight` does for faults).
+/// Returns (owner, bytes, pages) and the bytes no sampled page was left to
+/// stand for.
 pub fn scaled(s: &Snapshot) -> (Vec<(Owner, f64, u64)>, f64) {
-    let total = s.resident() as f64;
-    let exact: f64 = s.by_owner.iter().filter(|(o, _)| o.exact).map(|(_, v)| v.0 as f64).sum();
-    let sampled: f64 = s.by_owner.iter().filter(|(o, _)| !o.exact).map(|(_, v)| v.0 as f64).sum();
-    // Exact pages beyond the total (counted, then reclaimed) are scaled down.
-    let exact_factor = if exact > total && exact > 0.0 { total / exact } else { 1.0 };
-    let left = (total - exact * exact_factor).max(0.0);
-    let factor = if sampled > 0.0 { left / sampled } else { 0.0 };
+    let mut factors = [(1.0, 0.0); RSS_MEMBERS];
+    let mut unsampled = 0.0;
+    for kind in [RSS_ANON, RSS_FILE, RSS_SHMEM] {
+        let total = s.size[kind] as f64;
+        let of_kind = || s.by_owner.iter().filter(move |(o, _)| usize::from(o.kind) == kind);
+        let exact: f64 = of_kind().filter(|(o, _)| o.exact).map(|(_, v)| v.0 as f64).sum();
+        let sampled: f64 = of_kind().filter(|(o, _)| !o.exact).map(|(_, v)| v.0 as f64).sum();
+        // Exact pages beyond the total (counted, then reclaimed) are scaled down.
+        let exact_factor = if exact > total && exact > 0.0 { total / exact } else { 1.0 };
+        let left = (total - exact * exact_factor).max(0.0);
+        factors[kind] = (exact_factor, if sampled > 0.0 { left / sampled } else { 0.0 });
+        if sampled == 0.0 {
+            unsampled += left;
+        }
+    }
     let out = s
         .by_owner
         .iter()
-        .map(|(o, v)| (*o, v.0 as f64 * if o.exact { exact_factor } else { factor }, v.1))
+        .map(|(o, v)| {
+            let (exact, sampled) = factors[usize::from(o.kind).min(RSS_MEMBERS - 1)];
+            (*o, v.0 as f64 * if o.exact { exact } else { sampled }, v.1)
+        })
         .filter(|(_, b, _)| *b > 0.0)
         .collect();
-    (out, if sampled > 0.0 { 0.0 } else { left })
+    (out, unsampled)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use vmtrace_common::EventHeader;
+
+    impl ResidentTracker {
+        fn page_anon(&mut self, ev: &PageSample) {
+            self.page(ev, RSS_ANON as u8);
+        }
+    }
 
     fn sample(tgid: u32, addr: u64, stack: i32) -> PageSample {
         PageSample {
@@ -390,10 +458,10 @@ mod tests {
     fn a_freed_buffer_holds_its_size_at_the_peak_and_nothing_at_the_end() {
         let mut t = ResidentTracker::default();
         for i in 0..10 {
-            t.page(&sample(5, 0x10_0000 + i * 4096, 1));
+            t.page_anon(&sample(5, 0x10_0000 + i * 4096, 1));
         }
         for i in 0..10 {
-            t.page(&sample(5, 0x90_0000 + i * 4096, 2));
+            t.page_anon(&sample(5, 0x90_0000 + i * 4096, 2));
         }
         t.rss(&rss(EventKind::ResidentPeak, 5, 20 * 64 * 4096));
         t.mm_change(&mm(5, MmCall::Munmap, 0x90_0000, 10 * 4096));
@@ -414,7 +482,7 @@ mod tests {
     fn a_childs_copy_is_its_own_and_the_rest_stays_shared() {
         let mut t = ResidentTracker::default();
         for i in 0..4 {
-            t.page(&sample(5, 0x10_0000 + i * 4096, 1));
+            t.page_anon(&sample(5, 0x10_0000 + i * 4096, 1));
         }
         let mut fork = TaskEvent {
             hdr: EventHeader { kind: EventKind::TaskFork as u32, size: 0, ts_ns: 2 },
@@ -430,7 +498,7 @@ mod tests {
         };
         t.task(&fork);
         // The child writes one page: a copy under its own stack.
-        t.page(&sample(6, 0x10_0000, 9));
+        t.page_anon(&sample(6, 0x10_0000, 9));
         fork.hdr.kind = EventKind::TaskExit as u32;
         fork.group_dead = 1;
         t.task(&fork);
@@ -447,7 +515,7 @@ mod tests {
     fn an_oom_victims_pages_at_the_kill_are_scaled_to_what_the_kill_reported() {
         let mut t = ResidentTracker::default();
         for i in 0..30 {
-            t.page(&sample(5, 0x10_0000 + i * 4096, if i < 10 { 1 } else { 2 }));
+            t.page_anon(&sample(5, 0x10_0000 + i * 4096, if i < 10 { 1 } else { 2 }));
         }
         // Pages freed before the kill are not in it.
         t.mm_change(&mm(5, MmCall::Munmap, 0x10_0000, 5 * 4096));
@@ -466,12 +534,27 @@ mod tests {
     }
 
     #[test]
+    fn a_page_whose_fault_began_before_its_munmap_is_gone_however_late_it_comes() {
+        let mut t = ResidentTracker::default();
+        t.page_anon(&sample(5, 0x10_0000, 1));
+        t.mm_change(&mm(5, MmCall::Munmap, 0x10_0000, 2 * 4096));
+        // Began at 1, before the munmap returned at 2: late, and gone.
+        t.page_anon(&sample(5, 0x10_1000, 1));
+        let mut after = sample(5, 0x10_1000, 3);
+        after.hdr.ts_ns = 5;
+        t.page_anon(&after);
+        let (procs, _, _) = t.finish(10);
+        let end = procs[&5].end.as_ref().unwrap();
+        assert_eq!(end.by_owner.iter().map(|(o, v)| (o.user_stack, v.1)).collect::<Vec<_>>(), [(3, 1)]);
+    }
+
+    #[test]
     fn brk_shrink_and_mremap_move_or_drop_pages() {
         let mut t = ResidentTracker::default();
         t.mm_change(&mm(5, MmCall::Brk, 0x20_0000, 0));
-        t.page(&sample(5, 0x20_0000, 1));
+        t.page_anon(&sample(5, 0x20_0000, 1));
         t.mm_change(&mm(5, MmCall::Brk, 0x40_0000, 0));
-        t.page(&sample(5, 0x30_0000, 1));
+        t.page_anon(&sample(5, 0x30_0000, 1));
         t.mm_change(&mm(5, MmCall::Brk, 0x28_0000, 0));
         let mut r = mm(5, MmCall::Mremap, 0x80_0000, 4096);
         (r.old_addr, r.old_len) = (0x20_0000, 8192);
@@ -636,6 +719,13 @@ pub fn build(
     let mut live_at_end = 0;
     for (pid, p) in procs {
         let Some(end) = p.end.as_ref() else { continue };
+        if log::log_enabled!(log::Level::Debug) {
+            let mut kinds = [0u64; RSS_MEMBERS];
+            for (o, v) in &end.by_owner {
+                kinds[usize::from(o.kind).min(RSS_MEMBERS - 1)] += v.1;
+            }
+            log::debug!("resident {pid}: sampled pages at the end by kind {kinds:?}, kernel {:?}", end.size);
+        }
         let k = p.kernel;
         if k.is_none() && end.resident() == 0 {
             continue;

@@ -206,7 +206,9 @@ impl Batch {
             Some(EventKind::PageSample) => match read_event::<vmtrace_common::PageSample>(bytes) {
                 Some(ev) => {
                     if let Some(r) = resident {
-                        r.page(&ev);
+                        let anon = vmtrace_common::RSS_ANON as u8;
+                        let kind = table.procs.get(&ev.tgid).map_or(anon, |p| super::resident::page_kind(p, ev.addr));
+                        r.page(&ev, kind);
                     }
                 }
                 None => self.malformed += 1,
