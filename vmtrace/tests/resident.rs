@@ -59,6 +59,15 @@ fn glibc_heap_and_mmap_at_end_and_peak() {
     for f in ["resident.svg", "resident.pb.gz", "resident-peak.svg", "resident-peak.pb.gz"] {
         assert!(run.out.path().join(f).exists(), "{f} missing");
     }
+    // report.html leads its resident section with the sites at the peak (the
+    // freed buffer the largest), then each process's figures.
+    let html = read("report.html");
+    let section = html.split("<h2>Resident memory</h2>").nth(1).expect("a resident section in report.html");
+    let section = section.split("<h2>").next().unwrap();
+    let (sites, procs) = section.split_once("<th>pid</th>").expect("the per-process table after the sites");
+    let first = sites.split("<tr>").nth(2).expect("a site row");
+    assert!(first.contains("temp_buffer"), "the largest site at the peak first: {first}");
+    assert!(procs.contains("shared with parent") && procs.contains(&format!("<td>{pid}</td>")), "{procs}");
 }
 
 /// A site's bytes in `top_at_end` for `pid`: frames with `frame`, and with
