@@ -277,6 +277,7 @@ fn record(
         victim_faults: None,
         victim_reclaim_stalls: None,
         victim_reclaim_ns: None,
+        resident_sites: None,
     }
 }
 

@@ -115,3 +115,39 @@ fn no_oom_in_the_target_is_an_empty_section() {
     let run = record(&["--events", "faults"], &["true"]);
     assert!(run.summary.get("oom").is_none(), "not traced: absent");
 }
+
+/// What grew: a C program keeps a 16 MiB table, then grows until its
+/// cgroup's OOM killer takes it. The kill records its resident memory by
+/// call site: the table's site holds 16 MiB, the growing one what the
+/// program itself counted it had touched, and the sites add up to what the
+/// kernel reported the victim held at the kill.
+#[test]
+fn memcg_oom_records_what_grew_by_call_site() {
+    privileged!();
+    let dir = disk_dir();
+    let bin = compile_c("oom_grow.c", dir.path());
+    let name = format!("vmtrace-oomgrow-{}", std::process::id());
+    let cg = vmtrace::demo::cgroup::ScratchCgroup::new(&name, 64 << 20).expect("a memory cgroup (v1 or v2)");
+    let argv = cg.run_inside(&[bin.to_str().unwrap(), dir.path().to_str().unwrap()]);
+    let run = record(&["--stack-sample", "4"], &strs(&argv));
+    assert_eq!(run.code(), Some(137), "{}", run.stderr());
+    let pid = run.summary["target"]["pid"].clone();
+    let o = run.summary["oom"].as_array().unwrap().iter().find(|o| o["victim_pid"] == pid).cloned().expect("the kill");
+    let sites = o["resident_sites"].as_array().unwrap_or_else(|| panic!("no resident_sites: {o:#}"));
+    let held = (u(&o["anon_rss_kb"]) + u(&o["file_rss_kb"]) + u(&o["shmem_rss_kb"])) * 1024;
+    let under = |f: &str| -> u64 {
+        sites.iter().filter(|s| s["frames"].as_array().unwrap().iter().any(|x| x == f)).map(|s| u(&s["bytes"])).sum()
+    };
+    let all: u64 = sites.iter().map(|s| u(&s["bytes"])).sum();
+    assert!(all <= held + 4096, "the sites ({all}) within what the kill reported ({held}): {o:#}");
+    assert_close("the sites listed, against the kill's anon + file + shmem", all, held, 10.0);
+    let mib = 1u64 << 20;
+    let grown: u64 = fs::read_to_string(dir.path().join("grown.txt")).unwrap().trim().parse().unwrap();
+    assert!(grown >= 16, "it grew {grown} MiB before the kill");
+    assert_close("grow_forever at the kill", under("grow_forever"), grown * mib, 10.0);
+    assert_close("load_table at the kill", under("load_table"), 16 * mib, 10.0);
+    assert_eq!(u(&sites[0]["bytes"]), sites.iter().map(|s| u(&s["bytes"])).max().unwrap(), "largest first");
+    let txt = fs::read_to_string(run.out.path().join("summary.txt")).unwrap();
+    let line = txt.lines().find(|l| l.contains("killed oom_grow")).unwrap_or_else(|| panic!("{txt}"));
+    assert!(line.contains("what grew") && line.contains("grow_forever"), "{line}");
+}

@@ -59,4 +59,142 @@ fn glibc_heap_and_mmap_at_end_and_peak() {
     for f in ["resident.svg", "resident.pb.gz", "resident-peak.svg", "resident-peak.pb.gz"] {
         assert!(run.out.path().join(f).exists(), "{f} missing");
     }
+    // report.html leads its resident section with the sites at the peak (the
+    // freed buffer the largest), then each process's figures.
+    let html = read("report.html");
+    let section = html.split("<h2>Resident memory</h2>").nth(1).expect("a resident section in report.html");
+    let section = section.split("<h2>").next().unwrap();
+    let (sites, procs) = section.split_once("<th>pid</th>").expect("the per-process table after the sites");
+    let first = sites.split("<tr>").nth(2).expect("a site row");
+    assert!(first.contains("temp_buffer"), "the largest site at the peak first: {first}");
+    assert!(procs.contains("shared with parent") && procs.contains(&format!("<td>{pid}</td>")), "{procs}");
+}
+
+/// A site's bytes in `top_at_end` for `pid`: frames with `frame`, and with
+/// (or without) the shared-with-parent leaf.
+fn site_bytes(summary: &serde_json::Value, pid: u64, frame: &str, shared: bool) -> u64 {
+    summary["resident"]["top_at_end"]
+        .as_array()
+        .expect("resident.top_at_end")
+        .iter()
+        .filter(|s| s["pid"] == pid)
+        .filter(|s| {
+            let f = s["frames"].as_array().unwrap();
+            f.iter().any(|x| x == frame) && f.iter().any(|x| x == "[shared with parent]") == shared
+        })
+        .map(|s| u(&s["bytes"]))
+        .sum()
+}
+
+/// Fork workers: a parent fills 64 MiB and forks two workers that write
+/// 16 and 24 MiB of it. Each worker's copy-on-write copies sit under its
+/// own `worker_writes`, within 5% of the Private_Dirty it read in its own
+/// smaps_rollup just before exiting; the rest of the buffer is shared with
+/// its parent (`shared_with_parent_bytes`, against its Shared_Dirty), and
+/// `private_bytes` is the rest of its end.
+#[test]
+fn fork_workers_copies_sit_under_the_workers_own_stack() {
+    privileged!();
+    let dir = disk_dir();
+    let bin = common::compile_c("fork_workers.c", dir.path());
+    let run = record(&["--stack-sample", "1"], &[bin.to_str().unwrap(), dir.path().to_str().unwrap()]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let parent = run.summary["target"]["pid"].as_u64().unwrap();
+    let workers: Vec<u64> = run.summary["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["ppid"] == parent)
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(workers.len(), 2, "{:#}", run.summary["processes"]);
+    let mib = 1u64 << 20;
+    let mut written = Vec::new();
+    for &w in &workers {
+        let own = std::fs::read_to_string(dir.path().join(format!("worker-{w}.txt"))).expect("the worker's smaps");
+        let dirty = kb(&own, "Private_Dirty");
+        written.push(dirty / mib);
+        let r = &run.process(w as u32)["resident"];
+        let copies = site_bytes(&run.summary, w, "worker_writes", false);
+        assert_close(&format!("worker {w}'s copies under worker_writes"), copies, dirty, 5.0);
+        assert_close(&format!("worker {w}'s end"), u(&r["end_bytes"]), kb(&own, "Rss"), 5.0);
+        assert_close(
+            &format!("worker {w} shared with its parent"),
+            u(&r["shared_with_parent_bytes"]),
+            kb(&own, "Shared_Dirty"),
+            10.0,
+        );
+        let shared_buffer = site_bytes(&run.summary, w, "fill_buffer", true);
+        assert_eq!(site_bytes(&run.summary, w, "fill_buffer", false), 0, "the parent's pages are not the worker's own");
+        assert!(shared_buffer <= u(&r["shared_with_parent_bytes"]), "{r:#}");
+        assert_eq!(u(&r["private_bytes"]) + u(&r["shared_with_parent_bytes"]), u(&r["end_bytes"]), "{r:#}");
+    }
+    written.sort_unstable();
+    assert_eq!(written, [16, 24], "what the workers copied, by their own count");
+    // The parent still holds its whole buffer, as its own.
+    assert_close("the parent's buffer", site_bytes(&run.summary, parent, "fill_buffer", false), 64 * mib, 5.0);
+}
+
+/// Line 5 keeps 96 MiB of numpy array; line 8 makes a 64 MiB one it frees.
+/// It leaves with `os._exit` right after reading its own figures: a normal
+/// exit finalizes the interpreter first, which frees the module's arrays
+/// (the end would then be what survived finalization, ~12 MiB).
+const NUMPY: &str = "\
+import os, sys
+import numpy as np
+
+def load_weights():
+    return np.ones((96 << 20) // 8)
+
+def scratch():
+    t = np.ones((64 << 20) // 8)
+    return float(t.sum())
+
+def report(path):
+    status = ''.join(l for l in open('/proc/self/status') if l.startswith(('VmHWM', 'VmRSS')))
+    with open('/proc/self/smaps_rollup') as f, open(path, 'w') as out:
+        out.write(f.read() + status)
+
+weights = load_weights()
+scratch()
+report(sys.argv[1])
+os._exit(0)
+";
+
+/// A Python script with numpy (pyenv's 3.12): its resident size at the end
+/// within 5% of the Anonymous (and Rss) of its own smaps_rollup read just
+/// before it exits, its peak within 5% of its VmHWM; the line that keeps an
+/// array holds it at the end, the line whose array is freed holds nothing
+/// at the end and its array at the peak.
+#[test]
+fn python_numpy_resident_at_end_and_peak_by_line() {
+    privileged!();
+    let Some(base) = common::pyenv_python(12) else { return };
+    let python = common::python_from(&base, &["numpy"]);
+    let dir = disk_dir();
+    let script = dir.path().join("weights.py");
+    std::fs::write(&script, NUMPY).unwrap();
+    let status = dir.path().join("status.txt");
+    let run = record(
+        &["--stack-sample", "8"],
+        &[python.to_str().unwrap(), script.to_str().unwrap(), status.to_str().unwrap()],
+    );
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let own = std::fs::read_to_string(&status).expect("the script's status.txt");
+    let pid = run.summary["target"]["pid"].as_u64().unwrap() as u32;
+    let r = &run.process(pid)["resident"];
+    assert!(r.is_object(), "no resident figures: {:#}", run.process(pid));
+    assert_close("resident at the end (anon)", u(&r["anon_bytes"]), kb(&own, "Anonymous"), 5.0);
+    assert_close("resident at the end", u(&r["end_bytes"]), kb(&own, "Rss"), 5.0);
+    assert_close("peak resident", u(&r["peak_bytes"]), kb(&own, "VmHWM"), 5.0);
+    let read = |f: &str| std::fs::read_to_string(run.out.path().join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+    let (end, peak) = (read("resident.folded"), read("resident-peak.folded"));
+    let mib = 1u64 << 20;
+    let keep = |l: &str| l.contains("load_weights (weights.py:5)");
+    let temp = |l: &str| l.contains("scratch (weights.py:8)");
+    assert_close("load_weights at the end", weight(&end, keep), 96 * mib, 10.0);
+    assert_eq!(weight(&end, temp), 0, "the freed array holds nothing at the end:\n{end}");
+    assert_close("the freed array at the peak", weight(&peak, temp), 64 * mib, 15.0);
+    assert_close("load_weights at the peak", weight(&peak, keep), 96 * mib, 10.0);
+    assert_close("resident.folded total", weight(&end, |_| true), u(&r["end_bytes"]), 1.0);
 }

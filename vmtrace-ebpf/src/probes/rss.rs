@@ -76,15 +76,7 @@ fn try_rss_stat(ctx: &TracePointContext) -> Option<()> {
         // fills without running in it: a child's at fork (dup_mmap), the new
         // one of an exec before the switch. Reclaim and teardown of an mm
         // not seen before are not counted: nothing of it was known.
-        if !is_traced(tgid) {
-            return None;
-        }
-        let mut v = RssMm { tgid: if curr { tgid } else { 0 }, ..RssMm::default() };
-        set_member(&mut v.size, member, size);
-        v.at_fork = v.size;
-        // SAFETY: no preconditions.
-        v.first_ns = unsafe { bpf_ktime_get_ns() };
-        if RSS_MM.insert(mm_id, v, 0).is_err() {
+        if is_traced(tgid) && RSS_MM.insert(mm_id, fresh(tgid, curr, member, size), 0).is_err() {
             count_drop(DropKind::RssMmFull);
         }
         return None;
@@ -92,6 +84,16 @@ fn try_rss_stat(ctx: &TracePointContext) -> Option<()> {
     // SAFETY: a live entry; concurrent updates of one mm race only on which
     // member's size lands last, each a whole u64 store.
     let e = unsafe { &mut *e };
+    if e.flags & RSS_ENDED != 0 && size > member_of(&e.size, member) {
+        // A torn-down address space only shrinks: a counter growing again is
+        // a new one under the same id (`mm_id` hashes the mm's address, and
+        // the slab hands a freed mm_struct to the next fork or exec). Its
+        // old figures were streamed (`ResidentEnd`) and read by userspace.
+        if is_traced(tgid) {
+            *e = fresh(tgid, curr, member, size);
+        }
+        return None;
+    }
     if e.tgid == 0 && curr {
         // The child's (or exec'd image's) first event in its own context.
         e.tgid = tgid;
@@ -127,6 +129,30 @@ fn try_rss_stat(ctx: &TracePointContext) -> Option<()> {
         }
     }
     Some(())
+}
+
+/// A new address space's entry: owned by `tgid` if it is its own (`curr`),
+/// else unclaimed until its owner's first event.
+#[inline(always)]
+fn fresh(tgid: u32, curr: bool, member: u32, size: u64) -> RssMm {
+    let mut v = RssMm { tgid: if curr { tgid } else { 0 }, ..RssMm::default() };
+    set_member(&mut v.size, member, size);
+    v.at_fork = v.size;
+    // SAFETY: no preconditions.
+    v.first_ns = unsafe { bpf_ktime_get_ns() };
+    v
+}
+
+/// `size[member]`, with constant indices (see `set_member`).
+#[inline(always)]
+fn member_of(size: &[u64; RSS_MEMBERS], member: u32) -> u64 {
+    match member {
+        0 => size[0],
+        1 => size[1],
+        2 => size[2],
+        3 => size[3],
+        _ => 0,
+    }
 }
 
 /// `size[member] = v` with constant indices: the verifier loses the bound

@@ -41,6 +41,7 @@ fn oom(victim: u32) -> OomRecord {
         victim_faults: None,
         victim_reclaim_stalls: None,
         victim_reclaim_ns: None,
+        resident_sites: None,
     }
 }
 

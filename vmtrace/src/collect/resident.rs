@@ -10,8 +10,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use vmtrace_common::{
-    EventKind, MmCall, MmEvent, PageSample, RssEvent, RssMm, TaskEvent, LEAF_BLOCK_SHIFT, PAGE_EXACT, PAGE_HUGE,
-    RSS_ENDED,
+    EventKind, MmCall, MmEvent, OomEvent, PageSample, RssEvent, RssMm, TaskEvent, LEAF_BLOCK_SHIFT, PAGE_EXACT,
+    PAGE_HUGE, RSS_ANON, RSS_ENDED, RSS_FILE, RSS_MEMBERS, RSS_SHMEM,
 };
 
 /// Sampled pages followed at once over all processes (~48 bytes each): at
@@ -21,6 +21,10 @@ pub const MAX_LIVE_PAGES: usize = 262_144;
 /// How long an address space's counters stay in the kernel map after its
 /// teardown began (or, never claimed by a process, after it was first seen).
 const FORGET_AFTER_NS: u64 = 2_000_000_000;
+
+/// OOM victims whose live set is kept (a system-wide recording may see
+/// many kills; the first ones are usually the story).
+pub const MAX_OOM_SNAPSHOTS: usize = 32;
 
 /// Who brought a page in: the fault's stacks, whether the stack was of the
 /// exact stratum (it stands for itself), and whether the page came from the
@@ -33,6 +37,32 @@ pub struct Owner {
     pub inherited: bool,
     /// `address >> LEAF_BLOCK_SHIFT`: the region leaf where asked for.
     pub leaf_block: u64,
+    /// Which of the kernel's counters the page is in (`RSS_ANON`,
+    /// `RSS_FILE`, `RSS_SHMEM`), from its mapping: each kind's pages are
+    /// scaled to that counter.
+    pub kind: u8,
+}
+
+/// The counter a page faulted in at `addr` lands in, from the process's
+/// mappings: pages of shared file mappings and read-only private ones are
+/// file pages (a read fault maps up to 16 of them: fault-around); a
+/// writable private file mapping's are copies, anonymous; tmpfs, memfd and
+/// SysV segments mapped shared are shmem; the rest is anonymous, as is an
+/// address no known mapping holds.
+pub fn page_kind(p: &super::process::ProcInfo, addr: u64) -> u8 {
+    use crate::model::RegionKind;
+    // The last maps read first: regions gone since are kept among the
+    // announced ones, whose range a later mapping may have taken.
+    let at = p.maps.partition_point(|r| r.end <= addr);
+    let region = p.maps.get(at).filter(|r| r.contains(addr)).or_else(|| p.mapped.find(addr));
+    let Some(r) = region else { return RSS_ANON as u8 };
+    let perm = |i: usize, c: u8| r.perms.as_bytes().get(i) == Some(&c);
+    let kind = match r.kind {
+        RegionKind::Shmem if perm(3, b's') || !perm(1, b'w') => RSS_SHMEM,
+        RegionKind::File if perm(3, b's') || !perm(1, b'w') => RSS_FILE,
+        _ => RSS_ANON,
+    };
+    kind as u8
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -67,7 +97,13 @@ struct Proc {
     /// Its `mm_id`: a later read of the same address space replaces it.
     kernel_mm: Option<u32>,
     exited: bool,
+    /// The last ranges given back, with when the call returned: a page
+    /// whose fault began before that cannot still be there.
+    given_back: std::collections::VecDeque<(u64, u64, u64)>,
 }
+
+/// Ranges given back remembered per process.
+const GIVEN_BACK: usize = 32;
 
 /// Everything the resident profiles need at the end, per process.
 #[derive(Debug, Default)]
@@ -85,6 +121,9 @@ pub struct ResidentTracker {
     /// Sampled pages streamed, and those not followed (`MAX_LIVE_PAGES`).
     pub sampled_pages: u64,
     pub dropped_pages: u64,
+    /// Each OOM victim's live set at its kill, scaled later to the kernel's
+    /// counters the kill reported.
+    ooms: Vec<(u32, Snapshot)>,
 }
 
 /// Bytes of a sampled fault's page.
@@ -99,17 +138,29 @@ fn page_bytes(flags: u32) -> u64 {
 impl ResidentTracker {
     /// A sampled fault: its page is the stack's now (a copy-on-write copy
     /// of an inherited page becomes the writer's).
-    pub fn page(&mut self, ev: &PageSample) {
+    pub fn page(&mut self, ev: &PageSample, kind: u8) {
         self.sampled_pages += 1;
         let p = self.procs.entry(ev.tgid).or_default();
         let bytes = page_bytes(ev.flags);
         let addr = if ev.flags & PAGE_HUGE != 0 { ev.addr & !(bytes - 1) } else { ev.addr };
+        // A fault holds the address space's lock for reading, an munmap for
+        // writing: a fault that began before a call that gave its page back
+        // ended before it, yet its record may come after the call's (the
+        // fault's end is seen late). Its page is gone.
+        if p.given_back.iter().any(|&(start, end, ts)| (start..end).contains(&addr) && ev.hdr.ts_ns < ts) {
+            return;
+        }
         let owner = Owner {
             user_stack: ev.user_stack,
             kernel_stack: ev.kernel_stack,
-            exact: ev.flags & PAGE_EXACT != 0,
+            // Every huge-page fault is streamed (an exact stack, or the one
+            // sampled at its start): a census, each standing for itself. A
+            // sampled one scaled like a small page stood for 1 in N faults
+            // of 2 MiB (numpy's THP arrays came out 10% too large).
+            exact: ev.flags & (PAGE_EXACT | PAGE_HUGE) != 0,
             inherited: false,
             leaf_block: addr >> LEAF_BLOCK_SHIFT,
+            kind,
         };
         if bytes > 4096 {
             // A huge page replaces the small pages it covers.
@@ -136,6 +187,10 @@ impl ResidentTracker {
         };
         let gone = match ev.call {
             c if c == MmCall::Munmap as u32 || c == MmCall::Madvise as u32 => {
+                if p.given_back.len() >= GIVEN_BACK {
+                    p.given_back.pop_front();
+                }
+                p.given_back.push_back((ev.addr, ev.addr.saturating_add(ev.len), ev.hdr.ts_ns));
                 remove_range(&mut p.live, ev.addr, ev.addr.saturating_add(ev.len))
             }
             c if c == MmCall::Mremap as u32 => {
@@ -222,6 +277,21 @@ impl ResidentTracker {
         }
     }
 
+    /// An OOM kill: the victim's pages as it is chosen (in ring order, so
+    /// every page it faulted in before is there), with the kernel's counters
+    /// the kill reports. Victims with no sampled page (not traced) are left.
+    pub fn oom_kill(&mut self, ev: &OomEvent) {
+        let Some(p) = self.procs.get(&ev.victim_pid).filter(|p| !p.live.is_empty()) else { return };
+        if self.ooms.len() >= MAX_OOM_SNAPSHOTS {
+            return;
+        }
+        let mut size = [0; RSS_MEMBERS];
+        size[RSS_FILE] = ev.file_rss_kb * 1024;
+        size[RSS_ANON] = ev.anon_rss_kb * 1024;
+        size[RSS_SHMEM] = ev.shmem_rss_kb * 1024;
+        self.ooms.push((ev.victim_pid, snapshot(&p.live, size, ev.hdr.ts_ns)));
+    }
+
     /// Takes in the kernel's counters (`RSS_MM`, by `mm_id`) and returns the
     /// entries to delete from the map: address spaces long torn down, and
     /// ones no process claimed.
@@ -252,8 +322,10 @@ impl ResidentTracker {
     }
 
     /// Each process's snapshots; processes still running get their end now.
-    pub fn finish(mut self, now_ns: u64) -> (BTreeMap<u32, ProcResident>, ResidentCounts) {
+    /// Also the OOM victims' live sets at their kills.
+    pub fn finish(mut self, now_ns: u64) -> (BTreeMap<u32, ProcResident>, ResidentCounts, Vec<(u32, Snapshot)>) {
         let counts = ResidentCounts { sampled_pages: self.sampled_pages, dropped_pages: self.dropped_pages };
+        let ooms = std::mem::take(&mut self.ooms);
         let mut out = BTreeMap::new();
         for (pid, p) in self.procs.drain() {
             let mut end = p.end;
@@ -267,7 +339,7 @@ impl ResidentTracker {
             }
             out.insert(pid, ProcResident { peak: p.peak, end, kernel: p.kernel, exited: p.exited });
         }
-        (out, counts)
+        (out, counts, ooms)
     }
 }
 
@@ -299,31 +371,51 @@ fn snapshot(live: &BTreeMap<u64, Page>, size: [u64; 4], ts_ns: u64) -> Snapshot 
     Snapshot { size, ts_ns, by_owner }
 }
 
-/// A snapshot's owners weighted to the kernel's total: exact-stratum pages
-/// stand for themselves, sampled ones share what is left (a ratio estimate,
-/// as `stacks::weight` does for faults). Returns (owner, bytes, pages) and
-/// the bytes no sampled page was left to stand for.
+/// A snapshot's owners weighted to the kernel's totals, kind by kind
+/// (anon, file, shmem: a file fault maps up to 16 pages, an anonymous one
+/// one, so one kind's sampled pages cannot stand for another's): within a
+/// kind, exact-stratum pages stand for themselves and sampled ones share
+/// what is left (a ratio estimate, as `stacks::weight` does for faults).
+/// Returns (owner, bytes, pages) and the bytes no sampled page was left to
+/// stand for.
 pub fn scaled(s: &Snapshot) -> (Vec<(Owner, f64, u64)>, f64) {
-    let total = s.resident() as f64;
-    let exact: f64 = s.by_owner.iter().filter(|(o, _)| o.exact).map(|(_, v)| v.0 as f64).sum();
-    let sampled: f64 = s.by_owner.iter().filter(|(o, _)| !o.exact).map(|(_, v)| v.0 as f64).sum();
-    // Exact pages beyond the total (counted, then reclaimed) are scaled down.
-    let exact_factor = if exact > total && exact > 0.0 { total / exact } else { 1.0 };
-    let left = (total - exact * exact_factor).max(0.0);
-    let factor = if sampled > 0.0 { left / sampled } else { 0.0 };
+    let mut factors = [(1.0, 0.0); RSS_MEMBERS];
+    let mut unsampled = 0.0;
+    for kind in [RSS_ANON, RSS_FILE, RSS_SHMEM] {
+        let total = s.size[kind] as f64;
+        let of_kind = || s.by_owner.iter().filter(move |(o, _)| usize::from(o.kind) == kind);
+        let exact: f64 = of_kind().filter(|(o, _)| o.exact).map(|(_, v)| v.0 as f64).sum();
+        let sampled: f64 = of_kind().filter(|(o, _)| !o.exact).map(|(_, v)| v.0 as f64).sum();
+        // Exact pages beyond the total (counted, then reclaimed) are scaled down.
+        let exact_factor = if exact > total && exact > 0.0 { total / exact } else { 1.0 };
+        let left = (total - exact * exact_factor).max(0.0);
+        factors[kind] = (exact_factor, if sampled > 0.0 { left / sampled } else { 0.0 });
+        if sampled == 0.0 {
+            unsampled += left;
+        }
+    }
     let out = s
         .by_owner
         .iter()
-        .map(|(o, v)| (*o, v.0 as f64 * if o.exact { exact_factor } else { factor }, v.1))
+        .map(|(o, v)| {
+            let (exact, sampled) = factors[usize::from(o.kind).min(RSS_MEMBERS - 1)];
+            (*o, v.0 as f64 * if o.exact { exact } else { sampled }, v.1)
+        })
         .filter(|(_, b, _)| *b > 0.0)
         .collect();
-    (out, if sampled > 0.0 { 0.0 } else { left })
+    (out, unsampled)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use vmtrace_common::EventHeader;
+
+    impl ResidentTracker {
+        fn page_anon(&mut self, ev: &PageSample) {
+            self.page(ev, RSS_ANON as u8);
+        }
+    }
 
     fn sample(tgid: u32, addr: u64, stack: i32) -> PageSample {
         PageSample {
@@ -366,15 +458,15 @@ mod tests {
     fn a_freed_buffer_holds_its_size_at_the_peak_and_nothing_at_the_end() {
         let mut t = ResidentTracker::default();
         for i in 0..10 {
-            t.page(&sample(5, 0x10_0000 + i * 4096, 1));
+            t.page_anon(&sample(5, 0x10_0000 + i * 4096, 1));
         }
         for i in 0..10 {
-            t.page(&sample(5, 0x90_0000 + i * 4096, 2));
+            t.page_anon(&sample(5, 0x90_0000 + i * 4096, 2));
         }
         t.rss(&rss(EventKind::ResidentPeak, 5, 20 * 64 * 4096));
         t.mm_change(&mm(5, MmCall::Munmap, 0x90_0000, 10 * 4096));
         t.rss(&rss(EventKind::ResidentEnd, 5, 10 * 64 * 4096));
-        let (procs, counts) = t.finish(10);
+        let (procs, counts, _) = t.finish(10);
         assert_eq!(counts.sampled_pages, 20);
         let p = &procs[&5];
         let (peak, _) = scaled(p.peak.as_ref().unwrap());
@@ -390,7 +482,7 @@ mod tests {
     fn a_childs_copy_is_its_own_and_the_rest_stays_shared() {
         let mut t = ResidentTracker::default();
         for i in 0..4 {
-            t.page(&sample(5, 0x10_0000 + i * 4096, 1));
+            t.page_anon(&sample(5, 0x10_0000 + i * 4096, 1));
         }
         let mut fork = TaskEvent {
             hdr: EventHeader { kind: EventKind::TaskFork as u32, size: 0, ts_ns: 2 },
@@ -406,12 +498,12 @@ mod tests {
         };
         t.task(&fork);
         // The child writes one page: a copy under its own stack.
-        t.page(&sample(6, 0x10_0000, 9));
+        t.page_anon(&sample(6, 0x10_0000, 9));
         fork.hdr.kind = EventKind::TaskExit as u32;
         fork.group_dead = 1;
         t.task(&fork);
         t.rss(&rss(EventKind::ResidentEnd, 6, 4 * 4096));
-        let (procs, _) = t.finish(10);
+        let (procs, _, _) = t.finish(10);
         let end = procs[&6].end.as_ref().unwrap();
         let inherited: u64 = end.by_owner.iter().filter(|(o, _)| o.inherited).map(|(_, v)| v.0).sum();
         let own: u64 = end.by_owner.iter().filter(|(o, _)| o.user_stack == 9 && !o.inherited).map(|(_, v)| v.0).sum();
@@ -420,17 +512,54 @@ mod tests {
     }
 
     #[test]
+    fn an_oom_victims_pages_at_the_kill_are_scaled_to_what_the_kill_reported() {
+        let mut t = ResidentTracker::default();
+        for i in 0..30 {
+            t.page_anon(&sample(5, 0x10_0000 + i * 4096, if i < 10 { 1 } else { 2 }));
+        }
+        // Pages freed before the kill are not in it.
+        t.mm_change(&mm(5, MmCall::Munmap, 0x10_0000, 5 * 4096));
+        let mut ev = crate::collect::fake::oom_kill(5, "hog", 4, 25 * 64 * 4);
+        t.oom_kill(&ev);
+        // A victim with no sampled page has no snapshot.
+        ev.victim_pid = 77;
+        t.oom_kill(&ev);
+        let (_, _, ooms) = t.finish(10);
+        assert_eq!(ooms.len(), 1);
+        let (owners, left) = scaled(&ooms[0].1);
+        assert!(left.abs() < 0.5);
+        let of = |s: i32| owners.iter().filter(|o| o.0.user_stack == s).map(|o| o.1).sum::<f64>();
+        assert!((of(1) - 5.0 * 64.0 * 4096.0).abs() < 0.5);
+        assert!((of(2) - 20.0 * 64.0 * 4096.0).abs() < 0.5);
+    }
+
+    #[test]
+    fn a_page_whose_fault_began_before_its_munmap_is_gone_however_late_it_comes() {
+        let mut t = ResidentTracker::default();
+        t.page_anon(&sample(5, 0x10_0000, 1));
+        t.mm_change(&mm(5, MmCall::Munmap, 0x10_0000, 2 * 4096));
+        // Began at 1, before the munmap returned at 2: late, and gone.
+        t.page_anon(&sample(5, 0x10_1000, 1));
+        let mut after = sample(5, 0x10_1000, 3);
+        after.hdr.ts_ns = 5;
+        t.page_anon(&after);
+        let (procs, _, _) = t.finish(10);
+        let end = procs[&5].end.as_ref().unwrap();
+        assert_eq!(end.by_owner.iter().map(|(o, v)| (o.user_stack, v.1)).collect::<Vec<_>>(), [(3, 1)]);
+    }
+
+    #[test]
     fn brk_shrink_and_mremap_move_or_drop_pages() {
         let mut t = ResidentTracker::default();
         t.mm_change(&mm(5, MmCall::Brk, 0x20_0000, 0));
-        t.page(&sample(5, 0x20_0000, 1));
+        t.page_anon(&sample(5, 0x20_0000, 1));
         t.mm_change(&mm(5, MmCall::Brk, 0x40_0000, 0));
-        t.page(&sample(5, 0x30_0000, 1));
+        t.page_anon(&sample(5, 0x30_0000, 1));
         t.mm_change(&mm(5, MmCall::Brk, 0x28_0000, 0));
         let mut r = mm(5, MmCall::Mremap, 0x80_0000, 4096);
         (r.old_addr, r.old_len) = (0x20_0000, 8192);
         t.mm_change(&r);
-        let (procs, _) = t.finish(1);
+        let (procs, _, _) = t.finish(1);
         let end = procs[&5].end.as_ref().unwrap();
         assert_eq!(end.by_owner.values().map(|v| v.1).sum::<u64>(), 1);
     }
@@ -454,7 +583,22 @@ pub struct ResidentProfiles {
     pub peak: Vec<crate::stacks::Stack>,
     pub per_process: BTreeMap<u32, crate::model::Resident>,
     pub summary: crate::model::ResidentSummary,
+    /// Each OOM victim's resident memory by call site at its kill.
+    pub ooms: Vec<OomResident>,
 }
+
+/// An OOM victim's call sites at its kill ("what grew"), scaled to the
+/// kernel's anon + file + shmem the kill reported.
+#[derive(Debug, Default)]
+pub struct OomResident {
+    pub victim_pid: u32,
+    /// Seconds from the start of the trace, as `OomRecord::time_s`.
+    pub time_s: f64,
+    pub sites: Vec<crate::model::ResidentSite>,
+}
+
+/// Call sites listed for an OOM victim.
+const OOM_SITES: usize = 10;
 
 /// A snapshot's scaled owners as stack counts: `faults` carries the bytes,
 /// `major` the sampled pages behind them.
@@ -565,8 +709,7 @@ fn refs(v: &[(u32, Snapshot)]) -> Vec<(u32, &Snapshot)> {
 /// Everything the reports need: per-process figures (exact, from the
 /// kernel) and the two profiles (estimated, scaled to them).
 pub fn build(
-    procs: &BTreeMap<u32, ProcResident>,
-    counts: ResidentCounts,
+    (procs, counts, oom_snaps): (&BTreeMap<u32, ProcResident>, ResidentCounts, &[(u32, Snapshot)]),
     (leaf, sample_period, started_mono_ns): (bool, u32, u64),
     symbolize: &mut dyn FnMut(
         Vec<(vmtrace_common::StackKey, vmtrace_common::StackCounts)>,
@@ -580,6 +723,13 @@ pub fn build(
     let mut live_at_end = 0;
     for (pid, p) in procs {
         let Some(end) = p.end.as_ref() else { continue };
+        if log::log_enabled!(log::Level::Debug) {
+            let mut kinds = [0u64; RSS_MEMBERS];
+            for (o, v) in &end.by_owner {
+                kinds[usize::from(o.kind).min(RSS_MEMBERS - 1)] += v.1;
+            }
+            log::debug!("resident {pid}: sampled pages at the end by kind {kinds:?}, kernel {:?}", end.size);
+        }
         let k = p.kernel;
         if k.is_none() && end.resident() == 0 {
             continue;
@@ -591,6 +741,8 @@ pub fn build(
         };
         let at_fork = k.map_or(0, |k| RssMm::resident(&k.at_fork));
         live_at_end += end.by_owner.values().map(|v| v.1).sum::<u64>();
+        let shared = inherited_bytes(end).min(end.resident());
+        let shared = if at_fork > 0 { shared.min(at_fork) } else { shared };
         per_process.insert(
             *pid,
             crate::model::Resident {
@@ -599,14 +751,8 @@ pub fn build(
                 anon_bytes: end.size[RSS_ANON],
                 file_bytes: end.size[RSS_FILE],
                 shmem_bytes: end.size[RSS_SHMEM],
-                shared_with_parent_bytes: {
-                    let b = inherited_bytes(end).min(end.resident());
-                    if at_fork > 0 {
-                        b.min(at_fork)
-                    } else {
-                        b
-                    }
-                },
+                shared_with_parent_bytes: shared,
+                private_bytes: end.resident() - shared,
                 swap_bytes: end.size[RSS_SWAP],
                 peak_anon_bytes: peak_size[RSS_ANON],
                 peak_file_bytes: peak_size[RSS_FILE],
@@ -628,6 +774,14 @@ pub fn build(
     }
     let end = profile(&refs(&ends), leaf, symbolize, comm_of);
     let peak = profile(&refs(&peaks), leaf, symbolize, comm_of);
+    let ooms = oom_snaps
+        .iter()
+        .map(|(pid, s)| OomResident {
+            victim_pid: *pid,
+            time_s: s.ts_ns.saturating_sub(started_mono_ns) as f64 / 1e9,
+            sites: top_sites(&profile(&[(*pid, s)], leaf, symbolize, comm_of), OOM_SITES),
+        })
+        .collect();
     let summary = crate::model::ResidentSummary {
         files: Vec::new(),
         sample_period,
@@ -644,7 +798,7 @@ pub fn build(
         top_at_peak: top_sites(&peak, 10),
         top_at_end: top_sites(&end, 10),
     };
-    ResidentProfiles { end, peak, per_process, summary }
+    ResidentProfiles { end, peak, per_process, summary, ooms }
 }
 
 /// Puts the figures into the summary: `processes[].resident`, `resident`.
@@ -652,6 +806,13 @@ pub fn apply(summary: &mut crate::model::Summary, r: &ResidentProfiles, drops: &
     use vmtrace_common::DropKind;
     for p in &mut summary.processes {
         p.resident = r.per_process.get(&p.pid).cloned();
+    }
+    // The kill's record and its snapshot share the event's timestamp.
+    for o in summary.oom.iter_mut().flatten() {
+        let at_kill = r.ooms.iter().find(|k| k.victim_pid == o.victim_pid && (k.time_s - o.time_s).abs() < 1e-3);
+        if let Some(k) = at_kill {
+            o.resident_sites = Some(k.sites.clone());
+        }
     }
     let d = |k: DropKind| drops.get(k as usize).copied().unwrap_or(0);
     let mut s = r.summary.clone();

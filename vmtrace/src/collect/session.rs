@@ -190,7 +190,12 @@ impl Batch {
                 (None, _) => self.malformed += 1,
             },
             Some(EventKind::OomMarkVictim) => match read_event::<OomEvent>(bytes) {
-                Some(ev) => self.ooms.push(ev),
+                Some(ev) => {
+                    if let Some(r) = resident {
+                        r.oom_kill(&ev);
+                    }
+                    self.ooms.push(ev);
+                }
                 None => self.malformed += 1,
             },
             Some(EventKind::StackSample) => native.add(bytes, table),
@@ -201,7 +206,9 @@ impl Batch {
             Some(EventKind::PageSample) => match read_event::<vmtrace_common::PageSample>(bytes) {
                 Some(ev) => {
                     if let Some(r) = resident {
-                        r.page(&ev);
+                        let anon = vmtrace_common::RSS_ANON as u8;
+                        let kind = table.procs.get(&ev.tgid).map_or(anon, |p| super::resident::page_kind(p, ev.addr));
+                        r.page(&ev, kind);
                     }
                 }
                 None => self.malformed += 1,
@@ -420,13 +427,14 @@ impl<S: AggregateSource> Session<S> {
         }
         // Nothing is forgotten now: every address space's figures are wanted.
         let _ = tracker.kernel_counters(&all, 0);
-        let (procs, counts) = tracker.finish(monotonic_ns());
+        let (procs, counts, ooms) = tracker.finish(monotonic_ns());
         let period = self.opts.stacks.map_or(0, |(_, n)| n);
         let (table, source, native, py) = (&mut self.table, &self.source, &self.native, &self.python.codes);
         let comms: HashMap<u32, String> = table.procs.iter().map(|(p, i)| (*p, i.comm.clone())).collect();
         let mut symbolize = |raw| symbols::symbolize_counts(raw, table, source, native, py);
         let comm_of = |pid: u32| comms.get(&pid).cloned().unwrap_or_default();
-        Some(super::resident::build(&procs, counts, (leaf, period, self.started_mono_ns), &mut symbolize, &comm_of))
+        let params = (leaf, period, self.started_mono_ns);
+        Some(super::resident::build((&procs, counts, &ooms), params, &mut symbolize, &comm_of))
     }
 
     /// Every few hundred ms, the fault count of each live traced process.

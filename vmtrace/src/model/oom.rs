@@ -53,10 +53,30 @@ pub struct OomRecord {
     pub victim_faults: Option<u64>,
     pub victim_reclaim_stalls: Option<u64>,
     pub victim_reclaim_ns: Option<u64>,
+    /// What grew: the victim's resident memory by call site just before the
+    /// kill (`--events resident` with stacks), largest first. Estimated from
+    /// its sampled pages, scaled to the kernel's anon + file + shmem at the
+    /// kill (`anon_rss_kb` + `file_rss_kb` + `shmem_rss_kb`); null when the
+    /// victim was not traced or no page of it was sampled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resident_sites: Option<Vec<super::ResidentSite>>,
 }
 
 fn mib(kb: u64) -> String {
     format!("{:.1} MiB", kb as f64 / 1024.0)
+}
+
+/// A call site's innermost frames (at most three, short C++ names, each
+/// cut at 100 characters), outermost first.
+pub fn site_tail(frames: &[String]) -> String {
+    let tail: Vec<String> = frames
+        .iter()
+        .rev()
+        .take(3)
+        .rev()
+        .map(|f| crate::report::text::clip(&crate::stacks::shorten::short_name(f), 100))
+        .collect();
+    tail.join(" ← ")
 }
 
 /// One paragraph per kill for summary.txt.
@@ -103,6 +123,14 @@ pub fn render(r: &OomRecord) -> String {
             let _ = write!(s, "; it held: {}", list.join(", "));
         }
         None => s.push_str("; its regions were already reaped"),
+    }
+    if let Some(sites) = r.resident_sites.as_ref().filter(|v| !v.is_empty()) {
+        let list: Vec<String> = sites
+            .iter()
+            .take(3)
+            .map(|site| format!("{} {}", mib(site.bytes / 1024), site_tail(&site.frames)))
+            .collect();
+        let _ = write!(s, "; what grew (resident by call site at the kill, estimated): {}", list.join(", "));
     }
     s.push('.');
     s

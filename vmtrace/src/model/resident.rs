@@ -19,6 +19,10 @@ pub struct Resident {
     /// (so never copied): estimated from the sampled pages (0 for a process
     /// not forked while traced).
     pub shared_with_parent_bytes: u64,
+    /// The rest of `end_bytes`: pages it faulted in itself — its
+    /// copy-on-write copies of its parent's pages, and memory new to it.
+    #[serde(default)]
+    pub private_bytes: u64,
     /// Swap entries at the end (not resident).
     #[serde(default)]
     pub swap_bytes: u64,

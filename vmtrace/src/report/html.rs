@@ -169,6 +169,59 @@ fn process_section(s: &Summary) -> String {
     out
 }
 
+/// Resident memory: the call sites holding the most at their process's
+/// peak first (estimated), then each process's end, peak and kinds, and
+/// what it shares with its parent (exact, from the kernel).
+fn resident_section(s: &Summary) -> String {
+    let procs: Vec<_> = s.processes.iter().filter_map(|p| p.resident.as_ref().map(|r| (p, r))).collect();
+    if procs.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("<h2>Resident memory</h2>");
+    if let Some(r) = s.resident.as_ref().filter(|r| !r.top_at_peak.is_empty()) {
+        let _ = write!(
+            out,
+            "<p class='note'>Top call sites at each process's peak (estimated from 1 in {} faults' pages, scaled to \
+             the kernel's totals; a site with n sampled pages is within about ±2/√n).</p>",
+            r.sample_period
+        );
+        let rows: Vec<Vec<String>> = r
+            .top_at_peak
+            .iter()
+            .map(|site| {
+                vec![
+                    bytes(site.bytes),
+                    format!("{} ({})", site.pid, escape(&site.comm)),
+                    wrapping(&crate::model::oom::site_tail(&site.frames)),
+                    site.sampled_pages.to_string(),
+                ]
+            })
+            .collect();
+        out.push_str(&table(&["bytes", "l process", "l call site", "sampled pages"], &rows));
+    }
+    let rows: Vec<Vec<String>> = procs
+        .iter()
+        .map(|(p, r)| {
+            vec![
+                p.pid.to_string(),
+                escape(&p.comm),
+                bytes(r.end_bytes),
+                bytes(r.peak_bytes),
+                bytes(r.anon_bytes),
+                bytes(r.file_bytes),
+                bytes(r.shmem_bytes),
+                bytes(r.shared_with_parent_bytes),
+                bytes(r.private_bytes),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &["pid", "l comm", "end", "peak", "anon", "file", "shmem", "shared with parent", "private"],
+        &rows,
+    ));
+    out
+}
+
 fn oom_section(s: &Summary) -> String {
     let Some(ooms) = s.oom.as_ref().filter(|o| !o.is_empty()) else { return String::new() };
     let mib = |kb: u64| format!("{:.1} MiB", kb as f64 / 1024.0);
@@ -223,6 +276,20 @@ fn oom_section(s: &Summary) -> String {
                 o.victim_pid,
                 escape(&o.victim_comm),
                 escape(&held.join(", "))
+            );
+        }
+        if let Some(sites) = o.resident_sites.as_ref().filter(|v| !v.is_empty()) {
+            let grew: Vec<String> = sites
+                .iter()
+                .take(5)
+                .map(|site| format!("{} {}", bytes(site.bytes), crate::model::oom::site_tail(&site.frames)))
+                .collect();
+            let _ = write!(
+                out,
+                "<li class='w'>pid {} ({}) what grew (resident by call site at the kill, estimated): {}</li>",
+                o.victim_pid,
+                escape(&o.victim_comm),
+                escape(&grew.join(", "))
             );
         }
     }
@@ -429,6 +496,7 @@ pub fn recording_body(s: &Summary, dir: &Path, flame_prefix: &str) -> String {
         );
     }
     b.push_str(&process_section(s));
+    b.push_str(&resident_section(s));
     b.push_str(&oom_section(s));
     b.push_str(&storms_section(s));
     if let Some(t) = &s.timeline {

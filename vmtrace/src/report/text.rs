@@ -111,29 +111,28 @@ fn resident_section(out: &mut String, s: &Summary) {
         if !r.top_at_peak.is_empty() {
             let _ = writeln!(out, "  top call sites at the peak (estimated, 1 in {} faults' pages):", r.sample_period);
             for site in &r.top_at_peak {
-                let tail: Vec<String> =
-                    site.frames.iter().rev().take(3).rev().map(|f| clip(&short_name(f), 100)).collect();
-                let _ =
-                    writeln!(out, "    {:>10}  {} [{}]  {}", bytes(site.bytes), site.comm, site.pid, tail.join(" ← "));
+                let tail = crate::model::oom::site_tail(&site.frames);
+                let _ = writeln!(out, "    {:>10}  {} [{}]  {tail}", bytes(site.bytes), site.comm, site.pid);
             }
         }
     }
     let _ = writeln!(
         out,
-        "  {:>8} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        "PID", "COMM", "END", "PEAK", "ANON", "FILE", "SHARED"
+        "  {:>8} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "PID", "COMM", "END", "PEAK", "ANON", "FILE", "SHARED", "PRIVATE"
     );
     for (p, r) in procs {
         let _ = writeln!(
             out,
-            "  {:>8} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            "  {:>8} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
             p.pid,
             p.comm,
             bytes(r.end_bytes),
             bytes(r.peak_bytes),
             bytes(r.anon_bytes),
             bytes(r.file_bytes),
-            bytes(r.shared_with_parent_bytes)
+            bytes(r.shared_with_parent_bytes),
+            bytes(r.private_bytes)
         );
     }
 }

@@ -428,3 +428,17 @@ pub fn torch_python() -> Option<std::path::PathBuf> {
     }
     Some(python)
 }
+
+/// Compiles the C fixture `name` (-O0, frame pointers: every function keeps
+/// its frame, so its stacks name it) into `dir`; returns the binary.
+pub fn compile_c(name: &str, dir: &std::path::Path) -> std::path::PathBuf {
+    let bin = dir.join(name.trim_end_matches(".c"));
+    let ok = Command::new("cc")
+        .args(["-O0", "-fno-omit-frame-pointer", "-o"])
+        .arg(&bin)
+        .arg(fixture(name))
+        .status()
+        .expect("a C compiler (cc)");
+    assert!(ok.success(), "compiling {name} failed");
+    bin
+}
