@@ -87,7 +87,7 @@ pub fn finish(partial: Partial, source: &impl AggregateSource) -> Attributed {
             file_bytes,
         })
     });
-    a.regions.sort_by(|x, y| y.faults.time_ns.cmp(&x.faults.time_ns).then(y.faults.total.cmp(&x.faults.total)));
+    a.regions.sort_by(regions::table_order);
     a.files.sort_by_key(|f| std::cmp::Reverse(f.faults.time_ns));
     a
 }

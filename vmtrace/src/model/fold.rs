@@ -166,16 +166,20 @@ struct GroupKey {
 
 /// Folds the small regions into "other" rows; returns how many it folded.
 fn fold_regions(regions: &mut Vec<RegionSummary>, pct: f64, folded_pids: &BTreeSet<u32>) -> u64 {
-    let all: Vec<&Faults> = regions.iter().map(|r| &r.faults).collect();
-    let (total, time_ns) = (all.iter().map(|f| f.total).sum(), all.iter().map(|f| f.time_ns).sum());
-    let keep = top(&all, KEEP_TOP_REGIONS);
+    let (total, time_ns) =
+        (regions.iter().map(|r| r.faults.total).sum(), regions.iter().map(|r| r.faults.time_ns).sum());
+    // Rows folded already (while recording, or by an earlier fold) are
+    // "other" rows: never listed as heavy, they add into their group.
+    let fresh: Vec<usize> = (0..regions.len()).filter(|&i| regions[i].folded == 0).collect();
+    let all: Vec<&Faults> = fresh.iter().map(|&i| &regions[i].faults).collect();
+    let keep: BTreeSet<usize> = top(&all, KEEP_TOP_REGIONS).into_iter().map(|j| fresh[j]).collect();
     let mut groups: BTreeMap<GroupKey, Vec<RegionSummary>> = BTreeMap::new();
     let mut out = Vec::new();
     for (i, r) in std::mem::take(regions).into_iter().enumerate() {
         // A pid-0 row folded while recording adds into the other process's.
         let key = if folded_pids.contains(&r.pid) || (r.pid == OTHER_PID && r.folded > 0) {
             GroupKey { pid: OTHER_PID, kind: r.kind as u8, label: None }
-        } else if keep.contains(&i) || heavy(&r.faults, total, time_ns, pct) {
+        } else if r.folded == 0 && (keep.contains(&i) || heavy(&r.faults, total, time_ns, pct)) {
             out.push(r);
             continue;
         } else {

@@ -343,6 +343,18 @@ impl Partial {
     }
 }
 
+/// The region table's order: costliest in fault time first, then in
+/// faults, then by process and address (whatever order the rows were
+/// placed in: the exited processes' as they retired, the live ones' at the
+/// end).
+pub fn table_order(x: &RegionSummary, y: &RegionSummary) -> std::cmp::Ordering {
+    let start = |r: &RegionSummary| u64::from_str_radix(r.start.trim_start_matches("0x"), 16).unwrap_or(0);
+    (y.faults.time_ns.cmp(&x.faults.time_ns))
+        .then(y.faults.total.cmp(&x.faults.total))
+        .then(x.pid.cmp(&y.pid))
+        .then(start(x).cmp(&start(y)))
+}
+
 /// Places every process's faults in its regions (`place.rs`), then sums
 /// files and tensors. `page_cache` gives pages added per file path (readahead).
 pub fn attribute<'a>(
@@ -592,6 +604,63 @@ mod tests {
         assert_eq!(a.regions[0].faults.total, 16);
         assert_eq!(a.regions[1].kind, RegionKind::Other, "faults outside every known region are kept, not dropped");
         assert_eq!((a.placement.exact.round() as u64, a.placement.unplaced.round() as u64), (16, 16));
+    }
+
+    /// The regions of a long `-a` recording: processes retire one by one,
+    /// their small rows folded then ([`Partial::fold_small`]), and the
+    /// summary folded at the end reads as if every row had been kept.
+    #[test]
+    fn rows_folded_as_processes_retire_give_the_end_fold_its_result() {
+        use crate::model::{fold, RegionSummary};
+        let whole = crate::model::fold::tests::summary();
+        let mut expected = whole.clone();
+        expected.regions.as_mut().unwrap().sort_by(table_order);
+        fold(&mut expected, 0.1);
+        let listed: std::collections::BTreeSet<u32> = expected.processes.iter().map(|p| p.pid).collect();
+        let key = |r: &RegionSummary| {
+            (
+                r.pid,
+                r.kind as u8,
+                r.path.clone(),
+                r.start.clone(),
+                r.faults.total,
+                r.faults.time_ns,
+                r.folded,
+                r.perms.clone(),
+            )
+        };
+        let rows = |s: &crate::model::Summary| {
+            let mut v: Vec<_> = s.regions.as_ref().unwrap().iter().map(key).collect();
+            v.sort();
+            v
+        };
+        for fold_processes in [false, true] {
+            let mut by_pid: BTreeMap<u32, Vec<RegionSummary>> = BTreeMap::new();
+            for r in whole.regions.clone().unwrap() {
+                by_pid.entry(r.pid).or_default().push(r);
+            }
+            let mut p = Partial::default();
+            // The target lives to the end; the others retire in pid order.
+            let live = by_pid.remove(&100).unwrap();
+            for (_, batch) in by_pid {
+                let from = p.regions.len();
+                p.regions.extend(batch);
+                p.fold_small(from, 0.1, |pid| fold_processes && !listed.contains(&pid));
+            }
+            if fold_processes {
+                // The listed processes' rows, and one per kind for the rest.
+                assert!(p.regions.len() + p.other.len() < 100, "{} rows kept", p.regions.len());
+            }
+            p.regions.extend(live);
+            let mut got = whole.clone();
+            let mut regions = p.finish(|_| None).regions;
+            regions.sort_by(table_order);
+            got.regions = Some(regions);
+            fold(&mut got, 0.1);
+            assert_eq!(got.processes, expected.processes);
+            assert_eq!(rows(&got), rows(&expected), "folding processes as they retire: {fold_processes}");
+            assert_eq!(got.folding, expected.folding);
+        }
     }
 
     #[test]
