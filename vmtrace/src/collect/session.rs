@@ -35,9 +35,10 @@ use crate::{
 /// The storm detector's window (IPIs per second are judged over it), and the
 /// cadence of the other housekeeping (flight recorder, maps of young processes).
 const STORM_TICK: Duration = Duration::from_millis(100);
-/// How often exited processes are retired, and how long after its exit one
-/// is: its last samples and mapping events have arrived by then.
-const RETIRE_EVERY: Duration = Duration::from_secs(1);
+/// How often exited processes are retired (each time walks the keys of the
+/// kernel's granule maps, a system call per live entry), and how long after
+/// its exit one is: its last samples and mapping events have arrived by then.
+const RETIRE_EVERY: Duration = Duration::from_secs(4);
 const RETIRE_AFTER: Duration = Duration::from_secs(1);
 
 /// The live snapshot: a child module, for the session's private state.
@@ -46,6 +47,7 @@ pub mod live;
 
 /// How a session collects, fixed for its life.
 #[derive(Clone, Copy, Debug)]
+#[allow(clippy::struct_excessive_bools, reason = "independent on/off switches, one per behaviour")]
 pub struct SessionOptions {
     /// Which optional families are traced.
     pub families: Families,
