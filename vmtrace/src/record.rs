@@ -177,6 +177,10 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
             python_frames: opts.python_frames,
             trace_log: opts.perfetto,
             forget_exited: false,
+            retire_exited: true,
+            // The Perfetto trace is written from the summary before folding.
+            fold_below: if opts.perfetto { 0.0 } else { opts.output.fold_below },
+            fold_processes: matches!(opts.target, Target::System),
         },
     );
     // The kernel counts programs' run time while this is held.

@@ -227,7 +227,7 @@ fn processes(i: &Inputs) -> (Vec<Process>, Faults) {
             exit_code,
             faults,
             kernel_accounting: info.kernel,
-            cow_from: cow_of(i, pid),
+            cow_from: cow_of(i, pid).or(info.cow_from),
             folded: 0,
             folded_comms: BTreeMap::new(),
             resident: None,

@@ -3,9 +3,11 @@
 use super::{process::ProcessTable, source::AggregateSource};
 use std::collections::{HashMap, HashSet};
 
+use vmtrace_common::{GranuleCounts, GranuleKey};
+
 use crate::{
     procmaps::Region,
-    regions::{self, Attributed, PageCache, ProcessInput},
+    regions::{self, Attributed, PageCache, Partial, ProcessInput},
 };
 
 /// Whether `pid` forked a traced child (`parents`), or was forked and did
@@ -40,43 +42,52 @@ pub fn build_regions_of(
     source: &impl AggregateSource,
     wanted: impl Fn(u32) -> bool,
 ) -> Attributed {
+    let mut partial = Partial::default();
     let mut granules = source.all_granules();
     granules.retain(|(k, _)| wanted(k.tgid));
+    place_into(&mut partial, table, &granules);
+    finish(partial, source)
+}
+
+/// Places `granules` in the regions of their processes, into `partial`.
+pub fn place_into(partial: &mut Partial, table: &mut ProcessTable, granules: &[(GranuleKey, GranuleCounts)]) {
     // Processes whose maps were never read (e.g. with -a) are read now if alive.
     let mut pids: Vec<u32> = granules.iter().map(|(k, _)| k.tgid).collect();
     pids.dedup();
     for pid in pids {
-        if table.procs.get(&pid).is_none_or(|p| p.maps.is_empty()) {
+        if table.procs.get(&pid).is_none_or(|p| p.maps.is_empty() && !p.retired) {
             table.snapshot_maps(pid);
         }
     }
     let table = &*table;
     let parents: HashSet<u32> = table.procs.values().filter_map(|p| p.ppid).collect();
+    partial.add(granules, |pid| {
+        table.procs.get(&pid).map(|p| ProcessInput {
+            history: &p.history,
+            start: start_of(table, pid, 16),
+            final_maps: &p.maps,
+            shares_after_fork: shares_after_fork(table, &parents, pid),
+        })
+    });
+}
+
+/// The files and tensors of what `partial` placed, with what the kernel
+/// counted of their page cache; the regions costliest in fault time first.
+pub fn finish(partial: Partial, source: &impl AggregateSource) -> Attributed {
     let mut chunks: HashMap<(u32, u64), Vec<(u64, u64)>> = HashMap::new();
     for (k, pages) in source.page_cache_chunks() {
         chunks.entry((k.dev, k.ino)).or_default().push((u64::from(k.chunk), pages));
     }
-    let mut a = regions::attribute(
-        &granules,
-        |pid| {
-            table.procs.get(&pid).map(|p| ProcessInput {
-                history: &p.history,
-                start: start_of(table, pid, 16),
-                final_maps: &p.maps,
-                shares_after_fork: shares_after_fork(table, &parents, pid),
-            })
-        },
-        |path| {
-            let (dev, ino, file_bytes) = regions::file_identity(path)?;
-            Some(PageCache {
-                added: source.page_cache_added(dev, ino).unwrap_or(0),
-                written: source.page_cache_written(dev, ino).unwrap_or(0),
-                chunks: chunks.get(&(dev, ino)).cloned().unwrap_or_default(),
-                file_bytes,
-            })
-        },
-    );
-    a.regions.sort_by(|x, y| y.faults.time_ns.cmp(&x.faults.time_ns).then(y.faults.total.cmp(&x.faults.total)));
+    let mut a = partial.finish(|path| {
+        let (dev, ino, file_bytes) = regions::file_identity(path)?;
+        Some(PageCache {
+            added: source.page_cache_added(dev, ino).unwrap_or(0),
+            written: source.page_cache_written(dev, ino).unwrap_or(0),
+            chunks: chunks.get(&(dev, ino)).cloned().unwrap_or_default(),
+            file_bytes,
+        })
+    });
+    a.regions.sort_by(regions::table_order);
     a.files.sort_by_key(|f| std::cmp::Reverse(f.faults.time_ns));
     a
 }

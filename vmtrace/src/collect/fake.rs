@@ -172,6 +172,12 @@ impl AggregateSource for FakeSource {
         self.granules.clone()
     }
 
+    fn take_granules(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(GranuleKey, GranuleCounts)> {
+        let (taken, kept) = std::mem::take(&mut self.granules).into_iter().partition(|(k, _)| tgids.contains(&k.tgid));
+        self.granules = kept;
+        taken
+    }
+
     fn page_cache_chunks(&self) -> Vec<(vmtrace_common::FileChunkKey, u64)> {
         Vec::new()
     }

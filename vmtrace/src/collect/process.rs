@@ -42,6 +42,12 @@ pub struct ProcInfo {
     pub execs: u32,
     /// Its group's exit was seen.
     pub exited: bool,
+    /// Its faults were placed in its regions after its exit, and its
+    /// mapping history dropped (`Session::retire_exited`).
+    pub retired: bool,
+    /// What its COW faults copied, when its regions were folded into the
+    /// other process's as it retired (they no longer carry its pid).
+    pub cow_from: Option<crate::model::CowFrom>,
 }
 
 impl Default for ProcInfo {
@@ -63,6 +69,8 @@ impl Default for ProcInfo {
             history: crate::regions::history::History::default(),
             execs: 0,
             exited: false,
+            retired: false,
+            cow_from: None,
         }
     }
 }

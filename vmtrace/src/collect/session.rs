@@ -35,6 +35,13 @@ use crate::{
 /// The storm detector's window (IPIs per second are judged over it), and the
 /// cadence of the other housekeeping (flight recorder, maps of young processes).
 const STORM_TICK: Duration = Duration::from_millis(100);
+/// How often exited processes are retired (each time walks the keys of the
+/// kernel's granule maps, a system call per live entry: every 4 s let 700
+/// churning processes fill `REGION_STATS` between two walks), and how long
+/// after its exit one is: its last samples and mapping events have arrived
+/// by then.
+const RETIRE_EVERY: Duration = Duration::from_secs(1);
+const RETIRE_AFTER: Duration = Duration::from_secs(1);
 
 /// The live snapshot: a child module, for the session's private state.
 #[path = "live.rs"]
@@ -42,6 +49,7 @@ pub mod live;
 
 /// How a session collects, fixed for its life.
 #[derive(Clone, Copy, Debug)]
+#[allow(clippy::struct_excessive_bools, reason = "independent on/off switches, one per behaviour")]
 pub struct SessionOptions {
     /// Which optional families are traced.
     pub families: Families,
@@ -59,6 +67,19 @@ pub struct SessionOptions {
     /// maps, mapping history, unwound stacks and code objects go, so the
     /// collector holds what is live, however many processes came and went.
     pub forget_exited: bool,
+    /// Place an exited process's faults in its regions a moment after its
+    /// exit (`record`): its granules leave the kernel's maps and its
+    /// mapping history goes, so neither grows with every process the
+    /// recording has seen (see [`Session::retire_exited`]).
+    pub retire_exited: bool,
+    /// The summary's rows under this percentage are folded at the end
+    /// (`record --fold-below`; 0: none): the retired processes' regions that
+    /// fold is sure to fold are folded as they retire.
+    pub fold_below: f64,
+    /// The whole system is traced (no target to keep listed): a retired
+    /// process the end's fold is sure to fold has its regions summed into
+    /// the other process's as it retires.
+    pub fold_processes: bool,
 }
 
 impl SessionOptions {
@@ -71,6 +92,9 @@ impl SessionOptions {
             python_frames: true,
             trace_log: false,
             forget_exited: false,
+            retire_exited: false,
+            fold_below: 0.0,
+            fold_processes: false,
         }
     }
 }
@@ -106,6 +130,18 @@ pub struct Session<S: AggregateSource = Probes> {
     trace: Option<TraceRecorder>,
     /// Sampled pages and their owners (`--events resident`).
     resident: Option<ResidentTracker>,
+    /// Exited processes not retired yet, with when their exit was applied.
+    retiring: Vec<(u32, Instant)>,
+    last_retire: Instant,
+    /// The regions of the retired processes, placed.
+    placed: crate::regions::Partial,
+    /// Processes retired (their regions placed before the end).
+    pub retired: u64,
+    /// Faults and fault time of the retired processes, the 20 largest of
+    /// each, and how many the end's fold is sure to fold.
+    retired_sum: (u64, u64),
+    retired_top: (crate::regions::TopN, crate::regions::TopN),
+    sure_folded: u64,
 }
 
 fn monotonic_ns() -> u64 {
@@ -251,6 +287,13 @@ impl<S: AggregateSource> Session<S> {
             python: super::python::Tracker::default(),
             trace: opts.trace_log.then(|| TraceRecorder::new(monotonic_ns())),
             resident: opts.families.resident.then(ResidentTracker::default),
+            retiring: Vec::new(),
+            last_retire: now,
+            placed: crate::regions::Partial::default(),
+            retired: 0,
+            retired_sum: (0, 0),
+            retired_top: Default::default(),
+            sure_folded: 0,
         }
     }
 
@@ -377,6 +420,7 @@ impl<S: AggregateSource> Session<S> {
         if self.wants_python() {
             self.python.tick(now, &self.table, &mut self.source);
         }
+        self.retire_exited(now);
         if self.opts.stacks.is_some() {
             let fresh = self.source.drain_stacks();
             if self.wants_python() {
@@ -548,6 +592,9 @@ impl<S: AggregateSource> Session<S> {
             let gone: std::collections::HashSet<u32> = batch.exited.iter().copied().collect();
             self.last_sites.retain(|k, _| !gone.contains(&k.tgid));
         }
+        if self.opts.retire_exited && self.opts.families.regions && !self.opts.forget_exited {
+            self.retiring.extend(batch.exited.iter().map(|&tgid| (tgid, now)));
+        }
         for tgid in batch.exited {
             self.native.forget_space(tgid);
             if let Some(m) = self.source.take_mm(tgid) {
@@ -590,7 +637,110 @@ impl<S: AggregateSource> Session<S> {
 
     /// Faults per region of every process, then per file and tensor.
     pub(crate) fn build_regions(&mut self) -> Attributed {
-        attribute::build_regions(&mut self.table, &self.source)
+        let granules = self.source.all_granules();
+        let mut placed = std::mem::take(&mut self.placed);
+        attribute::place_into(&mut placed, &mut self.table, &granules);
+        attribute::finish(placed, &self.source)
+    }
+
+    /// The processes of `batch` (retiring) that the end's fold below
+    /// `fold_below` is sure to fold into the other process: not named by a
+    /// storm or an OOM kill, under that share of the faults and of the time
+    /// of the processes retired so far (the end's totals are larger), and
+    /// 20 retired processes have more faults and 20 more time (they are
+    /// rows at the end: it is not among the heaviest). The first such
+    /// process is left as it is, so that the end's fold has two to fold.
+    fn sure_to_fold(&mut self, batch: &std::collections::HashSet<u32>) -> std::collections::HashSet<u32> {
+        let keep = crate::model::fold::KEEP_TOP_PROCESSES;
+        let mut faults = Vec::new();
+        for pid in batch {
+            let st = self.table.procs.get(pid).and_then(|p| p.stats).unwrap_or_default();
+            let f = crate::model::Faults::from_stats(&st, self.minor_period);
+            self.retired_sum.0 += f.total;
+            self.retired_sum.1 += f.time_ns;
+            self.retired_top.0.push(f.total, keep);
+            self.retired_top.1.push(f.time_ns, keep);
+            faults.push((*pid, f.total, f.time_ns));
+        }
+        let pct = self.opts.fold_below;
+        if !self.opts.fold_processes || pct <= 0.0 {
+            return std::collections::HashSet::new();
+        }
+        let (sum, top) = (self.retired_sum, &self.retired_top);
+        let light = |x: u64, of: u64| (x as f64) * 100.0 < of as f64 * pct || of == 0;
+        let pinned = |pid: u32| {
+            self.storms.in_storm(pid)
+                || self.storms.closed.iter().any(|s| s.pid == pid)
+                || self.flight.ooms().iter().any(|o| o.victim_pid == pid || o.trigger_pid == pid)
+        };
+        let mut out = std::collections::HashSet::new();
+        for (pid, total, time_ns) in faults {
+            let sure = !pinned(pid)
+                && light(total, sum.0)
+                && light(time_ns, sum.1)
+                && top.0.n_above(total, keep)
+                && top.1.n_above(time_ns, keep);
+            if sure {
+                self.sure_folded += 1;
+                if self.sure_folded > 1 {
+                    out.insert(pid);
+                }
+            }
+        }
+        out
+    }
+
+    /// Places the faults of processes that exited a moment ago in their
+    /// regions, takes their granules out of the kernel's maps and drops
+    /// their mapping history: what the recording holds of them is then
+    /// their region rows. A process waits while a child it forked is still
+    /// to be placed (the child's first faults are in its parent's mappings),
+    /// and while a CPU still counts into one of its granules.
+    fn retire_exited(&mut self, now: Instant) {
+        if self.retiring.is_empty() || now.saturating_duration_since(self.last_retire) < RETIRE_EVERY {
+            return;
+        }
+        self.last_retire = now;
+        let procs = &self.table.procs;
+        let needed: std::collections::HashSet<u32> = (self.table.live.iter())
+            .chain(self.retiring.iter().map(|(pid, _)| pid))
+            .filter_map(|pid| procs.get(pid)?.history.forked_from.map(|(parent, _)| parent))
+            .collect();
+        let in_flight = self.source.granules_in_flight();
+        let mut batch = std::collections::HashSet::new();
+        self.retiring.retain(|(pid, at)| {
+            let ready =
+                now.saturating_duration_since(*at) >= RETIRE_AFTER && !needed.contains(pid) && !in_flight.contains(pid);
+            if ready {
+                batch.insert(*pid);
+            }
+            !ready
+        });
+        if batch.is_empty() {
+            return;
+        }
+        let granules = self.source.take_granules(&batch);
+        let from = self.placed.regions().len();
+        attribute::place_into(&mut self.placed, &mut self.table, &granules);
+        let folded = self.sure_to_fold(&batch);
+        for pid in &folded {
+            let mut cow = crate::model::CowFrom::default();
+            for c in self.placed.regions()[from..].iter().filter(|r| r.pid == *pid).filter_map(|r| r.cow_from.as_ref())
+            {
+                cow.add(c);
+            }
+            if let Some(p) = self.table.procs.get_mut(pid) {
+                p.cow_from = (cow.total() > 0).then_some(cow);
+            }
+        }
+        self.placed.fold_small(from, self.opts.fold_below, |pid| folded.contains(&pid));
+        for pid in &batch {
+            if let Some(p) = self.table.procs.get_mut(pid) {
+                p.retired = true;
+                p.history.forget_log();
+            }
+        }
+        self.retired += batch.len() as u64;
     }
 
     /// `build_regions` for live processes only.
@@ -647,6 +797,15 @@ impl<S: AggregateSource> Session<S> {
         let leaf = stacks.iter().any(|s| s.leaf.is_some());
         let resident = self.build_resident(leaf);
         let attributed = families.regions.then(|| self.build_regions());
+        // Everything that read the address spaces is built: what the summary
+        // still reads of a process is who it was and its counts.
+        let unwound_samples = self.native.samples;
+        self.native = NativeStacks::default();
+        for p in self.table.procs.values_mut() {
+            p.maps = Vec::new();
+            p.mapped = crate::procmaps::MappedRegions::default();
+            p.history = crate::regions::history::History::default();
+        }
         let mm = self.mm_totals();
         let duration_s = self.seconds_at(self.stopped.unwrap_or_else(&now));
         let stats = self.stats_totals();
@@ -677,7 +836,7 @@ impl<S: AggregateSource> Session<S> {
             timeline: self.timeline.take(),
             drops,
             malformed_events: self.malformed_events,
-            unwound_samples: self.native.samples,
+            unwound_samples,
             python_native_only: std::mem::take(&mut self.python.unknown),
             probes: self.source.probe_info(),
             kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().into(),

@@ -188,3 +188,45 @@ fn the_duration_ends_when_tracing_stopped_not_after_the_reports() {
     let f = finish_at(s, ms(950));
     assert!((f.summary.duration_s - 0.25).abs() < 1e-9, "{}", f.summary.duration_s);
 }
+
+/// `record`: an exited process's granules leave the source a moment after
+/// its exit, placed then; the regions add up as when placed at the end.
+#[test]
+fn an_exited_process_is_retired_and_its_regions_still_add_up() {
+    use vmtrace_common::{GranuleCounts, GranuleKey};
+    let run = |retire: bool| {
+        let mut src = FakeSource::new(1);
+        src.push(&task(EventKind::TaskFork, CHILD, CHILD, PARENT, "work"));
+        src.push(&exit(CHILD, 0, "work"));
+        src.stats.insert(PARENT, faults(16, 0));
+        src.stats.insert(CHILD, faults(32, 0));
+        let g = GranuleCounts { faults: 16, touched: 0xffff, ..GranuleCounts::default() };
+        for (tgid, granule) in [(CHILD, 1), (CHILD, 2), (PARENT, 1)] {
+            src.granules.push((GranuleKey { tgid, gen: 0, granule }, g));
+        }
+        let families = Families { regions: true, ..Families::default() };
+        let opts = SessionOptions { retire_exited: retire, fold_below: 0.1, ..SessionOptions::new(families) };
+        let mut s = session(src, opts);
+        let t0 = s.started;
+        s.step(t0 + ms(10));
+        // Not yet: its exit is not a second old.
+        s.step(t0 + ms(500));
+        assert_eq!(s.source().granules.len(), 3);
+        s.step(t0 + ms(5000));
+        let left: Vec<u32> = s.source().granules.iter().map(|(k, _)| k.tgid).collect();
+        if retire {
+            assert_eq!(left, [PARENT], "the child's granules taken out");
+            assert!(s.known(CHILD).is_some_and(|p| p.retired));
+            assert_eq!(s.retired, 1);
+        } else {
+            assert_eq!(left.len(), 3);
+        }
+        let f = finish_at(s, ms(6000));
+        let mut rows: Vec<(u32, u64)> = f.summary.regions.unwrap().iter().map(|r| (r.pid, r.faults.total)).collect();
+        rows.sort_unstable();
+        rows
+    };
+    let (retired, at_end) = (run(true), run(false));
+    assert_eq!(retired, at_end);
+    assert_eq!(retired.iter().filter(|r| r.0 == CHILD).map(|r| r.1).sum::<u64>(), 32);
+}

@@ -88,6 +88,12 @@ pub trait AggregateSource {
 
     /// Per-granule fault counts.
     fn all_granules(&self) -> Vec<(GranuleKey, GranuleCounts)>;
+    /// Takes the granules of exited processes out of the kernel's maps.
+    fn take_granules(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(GranuleKey, GranuleCounts)>;
+    /// Processes whose last granule a CPU still counts into.
+    fn granules_in_flight(&self) -> std::collections::HashSet<u32> {
+        std::collections::HashSet::new()
+    }
     /// A process's address-space generation now; `None` when not counting.
     fn map_gen(&self, _tgid: u32) -> Option<u32> {
         None
@@ -236,6 +242,14 @@ impl AggregateSource for Probes {
 
     fn drained_stacks(&self) -> (u64, usize, usize) {
         Probes::drained_stacks(self)
+    }
+
+    fn take_granules(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(GranuleKey, GranuleCounts)> {
+        Probes::take_granules(self, tgids)
+    }
+
+    fn granules_in_flight(&self) -> std::collections::HashSet<u32> {
+        Probes::granules_in_flight(self)
     }
 
     fn map_gen(&self, tgid: u32) -> Option<u32> {

@@ -297,6 +297,36 @@ impl Probes {
         all.into_iter().collect()
     }
 
+    /// Takes the granules of exited processes `tgids` out of the kernel maps
+    /// (`REGION_STATS`, `REGION_LATE`), summed over CPUs: their counts are
+    /// final, and the maps then hold what is live. A process whose granule a
+    /// CPU still counts into (`GRANULE_CUR`) is left for a later call
+    /// ([`Self::granules_in_flight`]).
+    pub fn take_granules(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(GranuleKey, GranuleCounts)> {
+        let mut out: std::collections::BTreeMap<GranuleKey, GranuleCounts> = std::collections::BTreeMap::new();
+        for map in [&mut self.maps.region_stats, &mut self.maps.region_late] {
+            let keys: Vec<GranuleKey> = map.keys().filter_map(Result::ok).filter(|k| tgids.contains(&k.tgid)).collect();
+            for k in keys {
+                if let Ok(v) = map.get(&k, 0) {
+                    if map.remove(&k).is_ok() {
+                        out.entry(k).or_default().merge(&sum_cpus(v.iter()));
+                    }
+                }
+            }
+        }
+        out.into_iter().collect()
+    }
+
+    /// Processes a CPU's current granule still holds counts of (not yet
+    /// moved into `REGION_STATS`).
+    pub fn granules_in_flight(&self) -> std::collections::HashSet<u32> {
+        let Ok(cur) = self.maps.granule_cur.get(&0, 0) else { return std::collections::HashSet::new() };
+        cur.iter()
+            .filter(|c| c.counts.faults | c.counts.major | c.counts.timed | c.counts.huge != 0)
+            .map(|c| c.key.tgid)
+            .collect()
+    }
+
     /// `tgid`'s address-space generation now (see vmtrace-ebpf/src/mapgen.rs);
     /// `None` once counting stopped, when changes go unseen.
     pub fn map_gen(&self, tgid: u32) -> Option<u32> {

@@ -166,15 +166,20 @@ struct GroupKey {
 
 /// Folds the small regions into "other" rows; returns how many it folded.
 fn fold_regions(regions: &mut Vec<RegionSummary>, pct: f64, folded_pids: &BTreeSet<u32>) -> u64 {
-    let all: Vec<&Faults> = regions.iter().map(|r| &r.faults).collect();
-    let (total, time_ns) = (all.iter().map(|f| f.total).sum(), all.iter().map(|f| f.time_ns).sum());
-    let keep = top(&all, KEEP_TOP_REGIONS);
+    let (total, time_ns) =
+        (regions.iter().map(|r| r.faults.total).sum(), regions.iter().map(|r| r.faults.time_ns).sum());
+    // Rows folded already (while recording, or by an earlier fold) are
+    // "other" rows: never listed as heavy, they add into their group.
+    let fresh: Vec<usize> = (0..regions.len()).filter(|&i| regions[i].folded == 0).collect();
+    let all: Vec<&Faults> = fresh.iter().map(|&i| &regions[i].faults).collect();
+    let keep: BTreeSet<usize> = top(&all, KEEP_TOP_REGIONS).into_iter().map(|j| fresh[j]).collect();
     let mut groups: BTreeMap<GroupKey, Vec<RegionSummary>> = BTreeMap::new();
     let mut out = Vec::new();
     for (i, r) in std::mem::take(regions).into_iter().enumerate() {
-        let key = if folded_pids.contains(&r.pid) {
+        // A pid-0 row folded while recording adds into the other process's.
+        let key = if folded_pids.contains(&r.pid) || (r.pid == OTHER_PID && r.folded > 0) {
             GroupKey { pid: OTHER_PID, kind: r.kind as u8, label: None }
-        } else if keep.contains(&i) || heavy(&r.faults, total, time_ns, pct) {
+        } else if r.folded == 0 && (keep.contains(&i) || heavy(&r.faults, total, time_ns, pct)) {
             out.push(r);
             continue;
         } else {
@@ -185,8 +190,10 @@ fn fold_regions(regions: &mut Vec<RegionSummary>, pct: f64, folded_pids: &BTreeS
     }
     let mut folded = 0;
     for (key, mut rows) in groups {
-        // A lone region of a listed process stays as it is.
+        // A lone region of a listed process stays as it is (one folded
+        // already while recording still counts what it holds).
         if rows.len() == 1 && key.pid != OTHER_PID {
+            folded += rows[0].folded;
             out.append(&mut rows);
             continue;
         }
@@ -199,7 +206,32 @@ fn fold_regions(regions: &mut Vec<RegionSummary>, pct: f64, folded_pids: &BTreeS
     folded
 }
 
-fn other_region(pid: u32, label: Option<String>, rows: &[RegionSummary]) -> RegionSummary {
+/// Folds the rows `foldable` picks as [`fold`] would at the end, for rows
+/// the end's fold is sure to fold (a recording folds an exited process's
+/// small regions as it retires it): per (process, kind, named kind), a lone
+/// row staying as it is.
+pub fn fold_rows(rows: Vec<RegionSummary>, foldable: impl Fn(&RegionSummary) -> bool) -> Vec<RegionSummary> {
+    let mut groups: BTreeMap<GroupKey, Vec<RegionSummary>> = BTreeMap::new();
+    let mut out = Vec::new();
+    for r in rows {
+        if !foldable(&r) {
+            out.push(r);
+            continue;
+        }
+        let label = r.path.clone().filter(|p| p.starts_with('['));
+        groups.entry(GroupKey { pid: r.pid, kind: r.kind as u8, label }).or_default().push(r);
+    }
+    for (key, mut rows) in groups {
+        if rows.len() == 1 {
+            out.append(&mut rows);
+        } else {
+            out.push(other_region(key.pid, key.label, &rows));
+        }
+    }
+    out
+}
+
+pub(crate) fn other_region(pid: u32, label: Option<String>, rows: &[RegionSummary]) -> RegionSummary {
     let mut faults = Faults::default();
     let mut cow = CowFrom::default();
     let (mut pages, mut n) = (0, 0);

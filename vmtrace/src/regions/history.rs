@@ -154,6 +154,12 @@ impl History {
         self.log.shrink_to_fit();
     }
 
+    /// Its faults are placed: the log goes (`forked_from` stays).
+    pub fn forget_log(&mut self) {
+        self.retire();
+        self.log = Vec::new();
+    }
+
     /// The paths of the files it mapped (mmaps and maps reads).
     pub fn file_paths(&self) -> impl Iterator<Item = &str> {
         self.log.iter().flat_map(|l| {

@@ -126,74 +126,115 @@ pub struct Attributed {
     pub placement: Placement,
 }
 
-/// Places every process's faults in its regions (`place.rs`), then sums
-/// files and tensors. `page_cache` gives pages added per file path (readahead).
-pub fn attribute<'a>(
-    granules: &[(GranuleKey, GranuleCounts)],
-    input_of: impl Fn(u32) -> Option<ProcessInput<'a>>,
-    page_cache: impl Fn(&str) -> Option<PageCache>,
-) -> Attributed {
-    let mut by_pid: BTreeMap<u32, Vec<(GranuleKey, GranuleCounts)>> = BTreeMap::new();
-    for (k, g) in granules {
-        by_pid.entry(k.tgid).or_default().push((*k, *g));
-    }
-    let empty = history::History::default();
-    let mut placement = Placement::default();
-    let mut acc: Vec<(u32, Region, Acc)> = Vec::new();
-    let mut shares_after_fork = std::collections::BTreeSet::new();
-    let mut file_pages: Vec<(GranuleCounts, FileHit)> = Vec::new();
-    let mut placed = Vec::new();
-    for (pid, gs) in &by_pid {
-        let input = input_of(*pid).unwrap_or(ProcessInput {
-            history: &empty,
-            start: None,
-            final_maps: &[],
-            shares_after_fork: false,
-        });
-        if input.shares_after_fork {
-            shares_after_fork.insert(*pid);
+/// Regions placed so far, and the files they sum into: a recording places
+/// each exited process's faults as it retires (`collect::retire`) and the
+/// live ones at the end, into one of these; [`Partial::finish`] then sums
+/// the files and tensors.
+#[derive(Default)]
+pub struct Partial {
+    regions: Vec<RegionSummary>,
+    files: BTreeMap<String, Acc>,
+    /// File pages hit, kept for the files that may be checkpoints only.
+    file_pages: Vec<(GranuleCounts, FileHit)>,
+    /// Whether a path is a checkpoint (read once per path).
+    checkpoint: std::collections::HashMap<String, bool>,
+    placement: Placement,
+    /// Faults and fault time of every row added, and the 100 largest of
+    /// each (what [`Partial::fold_small`] needs to know a row will be folded).
+    sum: (u64, u64),
+    top: (TopN, TopN),
+    /// The regions of the processes the end's fold is sure to fold, summed
+    /// per kind as it would (`model::fold`): pid 0 rows.
+    other: BTreeMap<u8, RegionSummary>,
+}
+
+/// The `n` largest values seen.
+#[derive(Default)]
+pub struct TopN(std::collections::BinaryHeap<std::cmp::Reverse<u64>>);
+
+impl TopN {
+    pub fn push(&mut self, v: u64, n: usize) {
+        self.0.push(std::cmp::Reverse(v));
+        if self.0.len() > n {
+            self.0.pop();
         }
-        let (rows, how) = place::place(*pid, gs, &input);
-        placement.add(&how);
-        placed.push((*pid, rows));
     }
-    // One file is one row whatever each mapping knew of its name: a mapping
-    // named only by its inode takes the path another mapping of the same
-    // (dev, inode) had.
-    let names = same_files(placed.iter().flat_map(|(_, rows)| rows.iter()).filter_map(|r| {
-        match (r.region.kind, &r.region.path) {
-            (RegionKind::File, Some(p)) => Some(p.as_str()),
-            _ => None,
+
+    /// Whether `n` values seen are larger than `v`.
+    pub fn n_above(&self, v: u64, n: usize) -> bool {
+        self.0.len() >= n && self.0.peek().is_some_and(|m| m.0 > v)
+    }
+}
+
+impl Partial {
+    /// Places the faults of the processes of `granules` and adds their rows.
+    pub fn add<'a>(
+        &mut self,
+        granules: &[(GranuleKey, GranuleCounts)],
+        input_of: impl Fn(u32) -> Option<ProcessInput<'a>>,
+    ) {
+        let mut by_pid: BTreeMap<u32, Vec<(GranuleKey, GranuleCounts)>> = BTreeMap::new();
+        for (k, g) in granules {
+            by_pid.entry(k.tgid).or_default().push((*k, *g));
         }
-    }));
-    for (pid, rows) in placed {
-        for mut row in rows {
-            if let (RegionKind::File, Some(path)) = (row.region.kind, &mut row.region.path) {
-                if let Some(name) = names.get(path.as_str()) {
-                    path.clone_from(name);
-                }
-                for (g, off, share) in row.file_hits {
-                    file_pages.push((g, FileHit { path: path.clone(), file_offset: off, share }));
-                }
+        let empty = history::History::default();
+        let mut shares_after_fork = std::collections::BTreeSet::new();
+        let mut placed = Vec::new();
+        for (pid, gs) in &by_pid {
+            let input = input_of(*pid).unwrap_or(ProcessInput {
+                history: &empty,
+                start: None,
+                final_maps: &[],
+                shares_after_fork: false,
+            });
+            if input.shares_after_fork {
+                shares_after_fork.insert(*pid);
             }
-            acc.push((pid, row.region, row.acc));
+            let (rows, how) = place::place(*pid, gs, &input);
+            self.placement.add(&how);
+            placed.push((*pid, rows));
         }
-    }
-    acc.sort_by_key(|a| (a.0, a.1.start, a.1.end));
-    apportion_per_process(&mut acc);
-    let mut files: BTreeMap<String, Acc> = BTreeMap::new();
-    let mut regions: Vec<RegionSummary> = acc
-        .into_iter()
-        .map(|(pid, r, a)| {
+        // One file is one row whatever each mapping knew of its name: a mapping
+        // named only by its inode takes the path another mapping of the same
+        // (dev, inode) had.
+        let names = same_files(placed.iter().flat_map(|(_, rows)| rows.iter()).filter_map(|r| {
+            match (r.region.kind, &r.region.path) {
+                (RegionKind::File, Some(p)) => Some(p.as_str()),
+                _ => None,
+            }
+        }));
+        let mut acc: Vec<(u32, Region, Acc)> = Vec::new();
+        for (pid, rows) in placed {
+            for mut row in rows {
+                if let (RegionKind::File, Some(path)) = (row.region.kind, &mut row.region.path) {
+                    if let Some(name) = names.get(path.as_str()) {
+                        path.clone_from(name);
+                    }
+                    let checkpoint = *self
+                        .checkpoint
+                        .entry(path.clone())
+                        .or_insert_with(|| path.starts_with('/') && checkpoint_tensors(path).is_some());
+                    if checkpoint {
+                        for (g, off, share) in row.file_hits {
+                            self.file_pages.push((g, FileHit { path: path.clone(), file_offset: off, share }));
+                        }
+                    }
+                }
+                acc.push((pid, row.region, row.acc));
+            }
+        }
+        acc.sort_by_key(|a| (a.0, a.1.start, a.1.end));
+        apportion_per_process(&mut acc);
+        for (pid, r, a) in acc {
             if let (RegionKind::File, Some(p)) = (r.kind, &r.path) {
-                files.entry(p.clone()).or_default().merge(&a);
+                self.files.entry(p.clone()).or_default().merge(&a);
             }
             let mut faults = a.faults();
             if r.kind == RegionKind::Hugetlb {
                 // A hugetlb mapping has no small pages: every fault maps a huge one.
                 faults.huge = Some(faults.total);
             }
-            RegionSummary {
+            self.regions.push(RegionSummary {
                 pid,
                 start: format!("{:#x}", r.start),
                 end: format!("{:#x}", r.end),
@@ -207,34 +248,123 @@ pub fn attribute<'a>(
                 pages_touched: a.pages_faulted_in().min((r.end - r.start) / 4096),
                 cow_from: cow_from(&r, &a, shares_after_fork.contains(&pid)),
                 folded: 0,
-            }
-        })
-        .collect();
-    let mut files: Vec<FileSummary> = files
-        .into_iter()
-        .map(|(path, a)| {
-            let faults = a.faults();
-            let cache = page_cache(&path).unwrap_or_default();
-            let added = cache.added;
-            let tensors = tensor_view(&path, &file_pages, &cache.chunks);
-            FileSummary {
-                cold_fraction: if faults.total > 0 { faults.major as f64 / faults.total as f64 } else { 0.0 },
-                readahead_pages: added.saturating_sub(faults.major),
-                page_cache_added: added,
-                page_cache_written: cache.written,
-                file_bytes: cache.file_bytes,
-                from_disk_bytes: added * 4096,
-                pages_touched: a.pages_faulted_in(),
-                faults,
-                path,
-                tensors,
-            }
-        })
-        .collect();
-    // Unlinked shared-memory segments (a DataLoader's per-batch ones): a row
-    // per program, not per segment.
-    shm::group(&mut regions, &mut files, shm::ShmDevice::here());
-    Attributed { regions, files, placement }
+            });
+        }
+    }
+
+    /// Folds the rows added from index `from` that the end's fold below
+    /// `pct` percent is sure to fold ([`crate::model::fold`]): each holds less
+    /// than `pct` of the faults and of the time of the rows added so far
+    /// (the end's totals can only be larger), and 100 rows added have more
+    /// faults and 100 more time (those are never folded here, so they are
+    /// rows at the end: it is not among the heaviest). Segments the end
+    /// groups per program (`shm`) are left to it.
+    pub fn fold_small(&mut self, from: usize, pct: f64, folded_pid: impl Fn(u32) -> bool) {
+        let keep = crate::model::fold::KEEP_TOP_REGIONS;
+        for r in &self.regions[from..] {
+            self.sum.0 += r.faults.total;
+            self.sum.1 += r.faults.time_ns;
+            self.top.0.push(r.faults.total, keep);
+            self.top.1.push(r.faults.time_ns, keep);
+        }
+        if pct <= 0.0 {
+            return;
+        }
+        let (sum, top) = (self.sum, &self.top);
+        let light = |x: u64, of: u64| (x as f64) * 100.0 < of as f64 * pct || of == 0;
+        let foldable = |r: &RegionSummary| {
+            let segment = r
+                .path
+                .as_deref()
+                .is_some_and(|p| p.starts_with("/dev/shm/") || p.starts_with("/memfd:") || p.starts_with("[file "));
+            !segment
+                && light(r.faults.total, sum.0)
+                && light(r.faults.time_ns, sum.1)
+                && top.0.n_above(r.faults.total, keep)
+                && top.1.n_above(r.faults.time_ns, keep)
+        };
+        let new = self.regions.split_off(from);
+        let (gone, kept): (Vec<RegionSummary>, Vec<RegionSummary>) = new.into_iter().partition(|r| folded_pid(r.pid));
+        self.regions.extend(crate::model::fold::fold_rows(kept, foldable));
+        let mut by_kind: BTreeMap<u8, Vec<RegionSummary>> = BTreeMap::new();
+        for r in gone {
+            by_kind.entry(r.kind as u8).or_default().push(r);
+        }
+        for (kind, mut rows) in by_kind {
+            rows.extend(self.other.remove(&kind));
+            self.other.insert(kind, crate::model::fold::other_region(crate::model::OTHER_PID, None, &rows));
+        }
+        // What a batch added and folded leaves spare.
+        if self.regions.capacity() > 2 * self.regions.len() + 4096 {
+            self.regions.shrink_to(self.regions.len() * 3 / 2);
+        }
+    }
+
+    /// The rows placed so far.
+    pub fn regions(&self) -> &[RegionSummary] {
+        &self.regions
+    }
+
+    /// The rows placed so far, to fold some of them (`model::fold`).
+    pub fn regions_mut(&mut self) -> &mut Vec<RegionSummary> {
+        &mut self.regions
+    }
+
+    /// The files and tensors; `page_cache` gives pages added per file path
+    /// (readahead).
+    pub fn finish(self, page_cache: impl Fn(&str) -> Option<PageCache>) -> Attributed {
+        let Partial { mut regions, files, file_pages, placement, other, .. } = self;
+        regions.extend(other.into_values());
+        let mut files: Vec<FileSummary> = files
+            .into_iter()
+            .map(|(path, a)| {
+                let faults = a.faults();
+                let cache = page_cache(&path).unwrap_or_default();
+                let added = cache.added;
+                let tensors = tensor_view(&path, &file_pages, &cache.chunks);
+                FileSummary {
+                    cold_fraction: if faults.total > 0 { faults.major as f64 / faults.total as f64 } else { 0.0 },
+                    readahead_pages: added.saturating_sub(faults.major),
+                    page_cache_added: added,
+                    page_cache_written: cache.written,
+                    file_bytes: cache.file_bytes,
+                    from_disk_bytes: added * 4096,
+                    pages_touched: a.pages_faulted_in(),
+                    faults,
+                    path,
+                    tensors,
+                }
+            })
+            .collect();
+        // Unlinked shared-memory segments (a DataLoader's per-batch ones): a row
+        // per program, not per segment.
+        shm::group(&mut regions, &mut files, shm::ShmDevice::here());
+        Attributed { regions, files, placement }
+    }
+}
+
+/// The region table's order: costliest in fault time first, then in
+/// faults, then by process and address (whatever order the rows were
+/// placed in: the exited processes' as they retired, the live ones' at the
+/// end).
+pub fn table_order(x: &RegionSummary, y: &RegionSummary) -> std::cmp::Ordering {
+    let start = |r: &RegionSummary| u64::from_str_radix(r.start.trim_start_matches("0x"), 16).unwrap_or(0);
+    (y.faults.time_ns.cmp(&x.faults.time_ns))
+        .then(y.faults.total.cmp(&x.faults.total))
+        .then(x.pid.cmp(&y.pid))
+        .then(start(x).cmp(&start(y)))
+}
+
+/// Places every process's faults in its regions (`place.rs`), then sums
+/// files and tensors. `page_cache` gives pages added per file path (readahead).
+pub fn attribute<'a>(
+    granules: &[(GranuleKey, GranuleCounts)],
+    input_of: impl Fn(u32) -> Option<ProcessInput<'a>>,
+    page_cache: impl Fn(&str) -> Option<PageCache>,
+) -> Attributed {
+    let mut p = Partial::default();
+    p.add(granules, input_of);
+    p.finish(page_cache)
 }
 
 /// What a region's COW faults copied. The kernel does not say; each fault
@@ -474,6 +604,63 @@ mod tests {
         assert_eq!(a.regions[0].faults.total, 16);
         assert_eq!(a.regions[1].kind, RegionKind::Other, "faults outside every known region are kept, not dropped");
         assert_eq!((a.placement.exact.round() as u64, a.placement.unplaced.round() as u64), (16, 16));
+    }
+
+    /// The regions of a long `-a` recording: processes retire one by one,
+    /// their small rows folded then ([`Partial::fold_small`]), and the
+    /// summary folded at the end reads as if every row had been kept.
+    #[test]
+    fn rows_folded_as_processes_retire_give_the_end_fold_its_result() {
+        use crate::model::{fold, RegionSummary};
+        let whole = crate::model::fold::tests::summary();
+        let mut expected = whole.clone();
+        expected.regions.as_mut().unwrap().sort_by(table_order);
+        fold(&mut expected, 0.1);
+        let listed: std::collections::BTreeSet<u32> = expected.processes.iter().map(|p| p.pid).collect();
+        let key = |r: &RegionSummary| {
+            (
+                r.pid,
+                r.kind as u8,
+                r.path.clone(),
+                r.start.clone(),
+                r.faults.total,
+                r.faults.time_ns,
+                r.folded,
+                r.perms.clone(),
+            )
+        };
+        let rows = |s: &crate::model::Summary| {
+            let mut v: Vec<_> = s.regions.as_ref().unwrap().iter().map(key).collect();
+            v.sort();
+            v
+        };
+        for fold_processes in [false, true] {
+            let mut by_pid: BTreeMap<u32, Vec<RegionSummary>> = BTreeMap::new();
+            for r in whole.regions.clone().unwrap() {
+                by_pid.entry(r.pid).or_default().push(r);
+            }
+            let mut p = Partial::default();
+            // The target lives to the end; the others retire in pid order.
+            let live = by_pid.remove(&100).unwrap();
+            for (_, batch) in by_pid {
+                let from = p.regions.len();
+                p.regions.extend(batch);
+                p.fold_small(from, 0.1, |pid| fold_processes && !listed.contains(&pid));
+            }
+            if fold_processes {
+                // The listed processes' rows, and one per kind for the rest.
+                assert!(p.regions.len() + p.other.len() < 100, "{} rows kept", p.regions.len());
+            }
+            p.regions.extend(live);
+            let mut got = whole.clone();
+            let mut regions = p.finish(|_| None).regions;
+            regions.sort_by(table_order);
+            got.regions = Some(regions);
+            fold(&mut got, 0.1);
+            assert_eq!(got.processes, expected.processes);
+            assert_eq!(rows(&got), rows(&expected), "folding processes as they retire: {fold_processes}");
+            assert_eq!(got.folding, expected.folding);
+        }
     }
 
     #[test]

@@ -331,6 +331,9 @@ pub fn run(opts: &TopOptions) -> Result<i32, TopError> {
             trace_log: false,
             // The system has no end: exited processes are never shown again.
             forget_exited: matches!(opts.target, Target::System),
+            retire_exited: false,
+            fold_below: 0.0,
+            fold_processes: false,
         },
     );
     install_stop_handlers();
