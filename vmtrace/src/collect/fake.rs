@@ -185,4 +185,57 @@ impl AggregateSource for FakeSource {
     fn page_cache_added(&self, _dev: u32, _ino: u64) -> Option<u64> {
         None
     }
+
+    // What the fake has none of: Python frames, stored stacks, per-CPU
+    // shootdowns, in-flight granules, generations, written pages, resident
+    // counters and kernel-side logs.
+    fn flush_logs(&mut self) {}
+
+    fn received_per_cpu(&self) -> Vec<u64> {
+        Vec::new()
+    }
+
+    fn register_python(&mut self, _tgid: u32, _p: &vmtrace_common::PyProc) -> bool {
+        false
+    }
+
+    fn forget_python(&mut self, _tgid: u32) {}
+
+    fn new_python_stacks(&mut self) -> Vec<crate::python::PyStack> {
+        Vec::new()
+    }
+
+    fn stored_python_stacks(&mut self, _ids: &[u32]) -> Vec<crate::python::PyStack> {
+        Vec::new()
+    }
+
+    fn python_stack(&self, _id: i32) -> Option<crate::python::PyStack> {
+        None
+    }
+
+    fn drain_stacks(&mut self) -> Vec<crate::python::PyStack> {
+        Vec::new()
+    }
+
+    fn drained_stacks(&self) -> (u64, usize, usize) {
+        (0, 0, 0)
+    }
+
+    fn granules_in_flight(&self) -> std::collections::HashSet<u32> {
+        std::collections::HashSet::new()
+    }
+
+    fn map_gen(&self, _tgid: u32) -> Option<u32> {
+        None
+    }
+
+    fn page_cache_written(&self, _dev: u32, _ino: u64) -> Option<u64> {
+        None
+    }
+
+    fn all_rss(&self) -> Vec<(u32, vmtrace_common::RssMm)> {
+        Vec::new()
+    }
+
+    fn forget_rss(&mut self, _mm_id: u32) {}
 }

@@ -9,13 +9,15 @@ use vmtrace_common::{
 
 use crate::{loader::Probes, model::ProbeInfo};
 
+/// Every method is required: a source that forgets one does not build
+/// (a default body would answer "nothing" in production with a green build).
 pub trait AggregateSource {
     /// Waits up to `timeout` until events may be ready (returns early on a signal).
     fn wait_for_events(&self, timeout: Duration);
     /// Hands every ring-buffer record available now to `on_event`, oldest first.
     fn drain_events(&mut self, on_event: &mut dyn FnMut(&[u8]));
     /// Forwards kernel-side log records, if any.
-    fn flush_logs(&mut self) {}
+    fn flush_logs(&mut self);
 
     /// 1 in how many minor faults the programs time.
     fn minor_period(&self) -> u32;
@@ -39,9 +41,7 @@ pub trait AggregateSource {
     fn take_mm(&mut self, tgid: u32) -> Option<MmStats>;
     /// TLB shootdowns received by traced processes, per CPU, as the per-CPU
     /// mmap/TLB aggregates still held count them (none without TLB tracing).
-    fn received_per_cpu(&self) -> Vec<u64> {
-        Vec::new()
-    }
+    fn received_per_cpu(&self) -> Vec<u64>;
     /// (faults, majors) of all traced processes so far.
     fn totals(&self) -> (u64, u64);
     /// Drop counters, indexed by `DropKind`.
@@ -57,63 +57,43 @@ pub trait AggregateSource {
     fn user_stack_ips(&self, id: i32) -> Option<Vec<u64>>;
 
     /// Has the programs take `tgid`'s Python frames; false where they cannot.
-    fn register_python(&mut self, _tgid: u32, _p: &vmtrace_common::PyProc) -> bool {
-        false
-    }
+    fn register_python(&mut self, tgid: u32, p: &vmtrace_common::PyProc) -> bool;
     /// Stops taking `tgid`'s Python frames.
-    fn forget_python(&mut self, _tgid: u32) {}
+    fn forget_python(&mut self, tgid: u32);
     /// Python frames of the user stacks stored since the last call.
-    fn new_python_stacks(&mut self) -> Vec<crate::python::PyStack> {
-        Vec::new()
-    }
+    fn new_python_stacks(&mut self) -> Vec<crate::python::PyStack>;
     /// Python frames of the user stacks `ids`, announced stored by the
     /// programs (not returned by `new_python_stacks` again).
-    fn stored_python_stacks(&mut self, _ids: &[u32]) -> Vec<crate::python::PyStack> {
-        Vec::new()
-    }
+    fn stored_python_stacks(&mut self, ids: &[u32]) -> Vec<crate::python::PyStack>;
     /// The Python frames of user stack `id`.
-    fn python_stack(&self, _id: i32) -> Option<crate::python::PyStack> {
-        None
-    }
+    fn python_stack(&self, id: i32) -> Option<crate::python::PyStack>;
     /// Moves the stack aggregates out of the kernel maps (`stacks::drain`);
     /// the Python frames of stacks not looked at yet.
-    fn drain_stacks(&mut self) -> Vec<crate::python::PyStack> {
-        Vec::new()
-    }
+    fn drain_stacks(&mut self) -> Vec<crate::python::PyStack>;
     /// (faults under an id two stacks came to share, distinct stacks
     /// drained, bytes of their frames).
-    fn drained_stacks(&self) -> (u64, usize, usize) {
-        (0, 0, 0)
-    }
+    fn drained_stacks(&self) -> (u64, usize, usize);
 
     /// Per-granule fault counts.
     fn all_granules(&self) -> Vec<(GranuleKey, GranuleCounts)>;
     /// Takes the granules of exited processes out of the kernel's maps.
     fn take_granules(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(GranuleKey, GranuleCounts)>;
     /// Processes whose last granule a CPU still counts into.
-    fn granules_in_flight(&self) -> std::collections::HashSet<u32> {
-        std::collections::HashSet::new()
-    }
+    fn granules_in_flight(&self) -> std::collections::HashSet<u32>;
     /// A process's address-space generation now; `None` when not counting.
-    fn map_gen(&self, _tgid: u32) -> Option<u32> {
-        None
-    }
+    fn map_gen(&self, tgid: u32) -> Option<u32>;
     /// Pages the traced processes added to the page cache for a file.
     fn page_cache_added(&self, dev: u32, ino: u64) -> Option<u64>;
     /// Pages their write syscalls added to the page cache for a file.
-    fn page_cache_written(&self, _dev: u32, _ino: u64) -> Option<u64> {
-        None
-    }
+    fn page_cache_written(&self, dev: u32, ino: u64) -> Option<u64>;
     /// Pages added to the page cache per file chunk (`FILE_CHUNK_SHIFT`).
     fn page_cache_chunks(&self) -> Vec<(FileChunkKey, u64)>;
 
     /// Every address space's resident counters, by `mm_id` (none where
     /// resident memory is not traced).
-    fn all_rss(&self) -> Vec<(u32, vmtrace_common::RssMm)> {
-        Vec::new()
-    }
+    fn all_rss(&self) -> Vec<(u32, vmtrace_common::RssMm)>;
     /// Forgets an address space's resident counters.
-    fn forget_rss(&mut self, _mm_id: u32) {}
+    fn forget_rss(&mut self, mm_id: u32);
 }
 
 impl AggregateSource for Probes {
