@@ -173,7 +173,7 @@ fn process_section(s: &Summary) -> String {
 /// peak first (estimated), then each process's end, peak and kinds, and
 /// what it shares with its parent (exact, from the kernel).
 fn resident_section(s: &Summary) -> String {
-    let procs: Vec<_> = s.processes.iter().filter_map(|p| p.resident.as_ref().map(|r| (p, r))).collect();
+    let (procs, more) = super::resident_rows(s);
     if procs.is_empty() {
         return String::new();
     }
@@ -219,6 +219,9 @@ fn resident_section(s: &Summary) -> String {
         &["pid", "l comm", "end", "peak", "anon", "file", "shmem", "shared with parent", "private"],
         &rows,
     ));
+    if more > 0 {
+        let _ = write!(out, "<p class='note'>{more} more processes in summary.json.</p>");
+    }
     out
 }
 

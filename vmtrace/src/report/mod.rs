@@ -107,6 +107,20 @@ pub struct StackOutputs<'a> {
 
 /// Every file a recording writes (`pprof::ALL`'s stems give the flamegraph
 /// triples): the only ones [`remove_earlier_outputs`] may remove.
+/// Processes in the resident tables of summary.txt and report.html.
+pub const RESIDENT_ROWS: usize = 20;
+
+/// The processes with resident figures, largest peak first, at most
+/// `RESIDENT_ROWS`, and how many more summary.json holds: the same rows in
+/// summary.txt and report.html.
+pub(crate) fn resident_rows(s: &Summary) -> (Vec<(&crate::model::Process, &crate::model::Resident)>, usize) {
+    let mut procs: Vec<_> = s.processes.iter().filter_map(|p| p.resident.as_ref().map(|r| (p, r))).collect();
+    procs.sort_by(|a, b| b.1.peak_bytes.cmp(&a.1.peak_bytes).then(a.0.pid.cmp(&b.0.pid)));
+    let more = procs.len().saturating_sub(RESIDENT_ROWS);
+    procs.truncate(RESIDENT_ROWS);
+    (procs, more)
+}
+
 pub fn owned_files() -> Vec<String> {
     let mut files: Vec<String> = ["summary.json", "summary.txt", "regions.txt", "report.html"].map(String::from).into();
     files.push(crate::export::perfetto::FILE.to_string());

@@ -102,7 +102,7 @@ pub fn render(s: &Summary) -> String {
 /// peak first, then each process's end and peak (exact, from the kernel).
 fn resident_section(out: &mut String, s: &Summary) {
     use crate::model::bytes;
-    let procs: Vec<_> = s.processes.iter().filter_map(|p| p.resident.as_ref().map(|r| (p, r))).collect();
+    let (procs, more) = super::resident_rows(s);
     if procs.is_empty() {
         return;
     }
@@ -134,6 +134,9 @@ fn resident_section(out: &mut String, s: &Summary) {
             bytes(r.shared_with_parent_bytes),
             bytes(r.private_bytes)
         );
+    }
+    if more > 0 {
+        let _ = writeln!(out, "  {:>8}  ({more} more processes in summary.json)", "…");
     }
 }
 
