@@ -4,7 +4,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{assert_close, disk_dir, fixture, privileged, record, u};
+use common::{assert_close, disk_dir, fixture, privileged, record, u, Run};
 
 /// A /proc line's value in kB ("Anonymous:   114792 kB"), as bytes.
 fn kb(text: &str, key: &str) -> u64 {
@@ -24,6 +24,19 @@ fn weight(folded: &str, pred: impl Fn(&str) -> bool) -> u64 {
 /// a 96 MiB buffer before its end: the end matches its smaps_rollup, the
 /// peak its VmHWM, and the freed buffer's call site holds nothing at the end
 /// and its whole size at the peak.
+/// The target's resident figures against what it read of itself just
+/// before it exited (`smaps_rollup` and `VmHWM`, in `own`).
+/// Returns the target's pid and its `resident` object.
+fn check_totals<'a>(run: &'a Run, own: &str) -> (u32, &'a serde_json::Value) {
+    let pid = run.summary["target"]["pid"].as_u64().unwrap() as u32;
+    let r = &run.process(pid)["resident"];
+    assert!(r.is_object(), "no resident figures: {:#}", run.process(pid));
+    assert_close("resident at the end (anon)", u(&r["anon_bytes"]), kb(own, "Anonymous"), 5.0);
+    assert_close("resident at the end", u(&r["end_bytes"]), kb(own, "Rss"), 5.0);
+    assert_close("peak resident", u(&r["peak_bytes"]), kb(own, "VmHWM"), 5.0);
+    (pid, r)
+}
+
 #[test]
 fn glibc_heap_and_mmap_at_end_and_peak() {
     privileged!();
@@ -40,12 +53,7 @@ fn glibc_heap_and_mmap_at_end_and_peak() {
     let run = record(&["--stack-sample", "16"], &[bin.to_str().unwrap(), dir.path().to_str().unwrap()]);
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let own = std::fs::read_to_string(dir.path().join("status.txt")).expect("the workload's status.txt");
-    let pid = run.summary["target"]["pid"].as_u64().unwrap() as u32;
-    let r = &run.process(pid)["resident"];
-    assert!(r.is_object(), "no resident figures: {:#}", run.process(pid));
-    assert_close("resident at the end (anon)", u(&r["anon_bytes"]), kb(&own, "Anonymous"), 5.0);
-    assert_close("resident at the end", u(&r["end_bytes"]), kb(&own, "Rss"), 5.0);
-    assert_close("peak resident", u(&r["peak_bytes"]), kb(&own, "VmHWM"), 5.0);
+    let (pid, r) = check_totals(&run, &own);
     let read = |f: &str| std::fs::read_to_string(run.out.path().join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
     let (end, peak) = (read("resident.folded"), read("resident-peak.folded"));
     let mib = 1u64 << 20;
@@ -181,12 +189,7 @@ fn python_numpy_resident_at_end_and_peak_by_line() {
     );
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let own = std::fs::read_to_string(&status).expect("the script's status.txt");
-    let pid = run.summary["target"]["pid"].as_u64().unwrap() as u32;
-    let r = &run.process(pid)["resident"];
-    assert!(r.is_object(), "no resident figures: {:#}", run.process(pid));
-    assert_close("resident at the end (anon)", u(&r["anon_bytes"]), kb(&own, "Anonymous"), 5.0);
-    assert_close("resident at the end", u(&r["end_bytes"]), kb(&own, "Rss"), 5.0);
-    assert_close("peak resident", u(&r["peak_bytes"]), kb(&own, "VmHWM"), 5.0);
+    let (_, r) = check_totals(&run, &own);
     let read = |f: &str| std::fs::read_to_string(run.out.path().join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
     let (end, peak) = (read("resident.folded"), read("resident-peak.folded"));
     let mib = 1u64 << 20;
