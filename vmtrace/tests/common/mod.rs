@@ -325,10 +325,11 @@ pub fn python_with(packages: &[&str]) -> std::path::PathBuf {
     python_from(&system, packages)
 }
 
-/// `base` when it imports `packages`, else a virtualenv made from it under
-/// the target dir (cached across runs) with them installed from the registry.
-/// Panics with the fix when that fails: a test that needs them never skips
-/// silently.
+/// `base` when it imports `packages`, else a virtualenv made from it in
+/// [`cache_dir`], outside the clone (made once per machine and interpreter,
+/// as pip's own cache keeps the wheels), with them installed from the
+/// registry. Panics with the fix when that fails: a test that needs them
+/// never skips silently.
 pub fn python_from(base: &std::path::Path, packages: &[&str]) -> std::path::PathBuf {
     let imports = packages.iter().map(|p| format!("import {p}")).collect::<Vec<_>>().join("; ");
     let has = |python: &std::path::Path| {
@@ -338,21 +339,34 @@ pub fn python_from(base: &std::path::Path, packages: &[&str]) -> std::path::Path
         return base.to_path_buf();
     }
     let version = base.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let venv = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("venv-{version}-{}", packages.join("-")));
+    // Two interpreters of one name (pyenv's and Debian's python3.11) get
+    // venvs of their own: the name carries a hash of the interpreter's path.
+    let id = base
+        .to_string_lossy()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    let name = format!("venv-{version}-{:08x}-{}", id as u32, packages.join("-"));
+    let venv = cache_dir().join(&name);
     let python = venv.join("bin/python");
     if !has(&python) {
-        let ok = Command::new(base).args(["-m", "venv", "--clear"]).arg(&venv).status().is_ok_and(|s| s.success())
-            && Command::new(&python)
-                .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
-                .args(packages)
-                .status()
-                .is_ok_and(|s| s.success());
-        assert!(
-            ok && has(&python),
-            "cannot install {packages:?} into {}: pip install them for {}",
-            venv.display(),
-            base.display()
-        );
+        // One test at a time makes a venv: the others wait, then use it.
+        let lock = std::fs::File::create(cache_dir().join(format!("{name}.lock"))).expect("the cache is writable");
+        // SAFETY: flock on a descriptor we own; released when `lock` drops.
+        unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) };
+        if !has(&python) {
+            let ok = Command::new(base).args(["-m", "venv", "--clear"]).arg(&venv).status().is_ok_and(|s| s.success())
+                && Command::new(&python)
+                    .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+                    .args(packages)
+                    .status()
+                    .is_ok_and(|s| s.success());
+            assert!(
+                ok && has(&python),
+                "cannot install {packages:?} into {}: pip install them for {}",
+                venv.display(),
+                base.display()
+            );
+        }
     }
     python
 }
