@@ -797,15 +797,6 @@ impl<S: AggregateSource> Session<S> {
         let leaf = stacks.iter().any(|s| s.leaf.is_some());
         let resident = self.build_resident(leaf);
         let attributed = families.regions.then(|| self.build_regions());
-        // Everything that read the address spaces is built: what the summary
-        // still reads of a process is who it was and its counts.
-        let unwound_samples = self.native.samples;
-        self.native = NativeStacks::default();
-        for p in self.table.procs.values_mut() {
-            p.maps = Vec::new();
-            p.mapped = crate::procmaps::MappedRegions::default();
-            p.history = crate::regions::history::History::default();
-        }
         let mm = self.mm_totals();
         let duration_s = self.seconds_at(self.stopped.unwrap_or_else(&now));
         let stats = self.stats_totals();
@@ -836,7 +827,7 @@ impl<S: AggregateSource> Session<S> {
             timeline: self.timeline.take(),
             drops,
             malformed_events: self.malformed_events,
-            unwound_samples,
+            unwound_samples: self.native.samples,
             python_native_only: std::mem::take(&mut self.python.unknown),
             probes: self.source.probe_info(),
             kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().into(),
