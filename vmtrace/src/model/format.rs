@@ -36,3 +36,15 @@ pub fn comm_str(c: &[u8]) -> String {
     let end = c.iter().position(|&b| b == 0).unwrap_or(c.len());
     String::from_utf8_lossy(&c[..end]).into_owned()
 }
+
+/// `text` cut to `max` characters, with an ellipsis where it was cut: a
+/// folded C++ name can still be long (lambdas, `[clone .isra.0]`).
+pub fn clip(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        text.to_string()
+    } else {
+        let mut s: String = text.chars().take(max - 1).collect();
+        s.push('…');
+        s
+    }
+}

@@ -12,6 +12,7 @@ pub mod oom;
 pub mod perf;
 pub mod regions;
 pub mod resident;
+pub mod shorten;
 pub mod stacks;
 pub mod summary;
 pub mod timeline;
@@ -20,12 +21,13 @@ pub mod trace;
 pub use drops::{DropCounts, Drops};
 pub use faults::{largest_remainder, scale, Faults, Hist};
 pub use fold::{fold, Folding, OTHER_PID};
-pub use format::{bytes, comm_str, escape_html, fmt_ns};
+pub use format::{bytes, clip, comm_str, escape_html, fmt_ns};
 pub use live::{Cum, LiveProcess, LiveSnapshot, RateKeeper, Rates};
 pub use oom::{HeldRegion, OomRecord};
 pub use perf::{PerfSummary, RegionSamples};
 pub use regions::{CowFrom, FileSummary, RegionKind, RegionPlacement, RegionSummary, TensorSummary};
 pub use resident::{Resident, ResidentSite, ResidentSummary};
+pub use shorten::short_name;
 pub use stacks::{MmSite, StacksSummary, BROKEN_CHAIN};
 pub use summary::{
     KernelAccounting, MmapCounts, ProbeInfo, Process, ProgramStats, Reclaim, Sampling, Summary, TargetInfo, TlbCounts,

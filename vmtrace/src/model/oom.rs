@@ -69,13 +69,8 @@ fn mib(kb: u64) -> String {
 /// A call site's innermost frames (at most three, short C++ names, each
 /// cut at 100 characters), outermost first.
 pub fn site_tail(frames: &[String]) -> String {
-    let tail: Vec<String> = frames
-        .iter()
-        .rev()
-        .take(3)
-        .rev()
-        .map(|f| crate::report::text::clip(&crate::stacks::shorten::short_name(f), 100))
-        .collect();
+    let tail: Vec<String> =
+        frames.iter().rev().take(3).rev().map(|f| super::clip(&super::short_name(f), 100)).collect();
     tail.join(" ← ")
 }
 

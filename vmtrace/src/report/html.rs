@@ -3,7 +3,7 @@
 //! latency, regions, files and tensors, flamegraphs) as real tables and
 //! inline SVG charts ([`super::charts`]), the flamegraphs as embedded images,
 //! and summary.txt in full at the end, folded.
-use crate::stacks::shorten::short_name;
+use crate::model::short_name;
 use std::{fmt::Write as _, path::Path};
 
 use super::{

@@ -3,7 +3,7 @@ use std::fmt::Write as _;
 
 use crate::model::fmt_ns;
 use crate::model::{bytes, Faults, Hist, Summary, BROKEN_CHAIN};
-use crate::stacks::shorten::short_name;
+use crate::model::{clip, short_name};
 
 /// Upper bound of the 4× latency bucket holding quantile `q`, as "≤4.1 µs"
 /// ("-" when empty, ">1.07 s" for +inf): one scale in every table.
@@ -137,18 +137,6 @@ fn resident_section(out: &mut String, s: &Summary) {
     }
     if more > 0 {
         let _ = writeln!(out, "  {:>8}  ({more} more processes in summary.json)", "…");
-    }
-}
-
-/// `text` cut to `max` characters, with an ellipsis where it was cut: a
-/// folded C++ name can still be long (lambdas, `[clone .isra.0]`).
-pub(crate) fn clip(text: &str, max: usize) -> String {
-    if text.chars().count() <= max {
-        text.to_string()
-    } else {
-        let mut s: String = text.chars().take(max - 1).collect();
-        s.push('…');
-        s
     }
 }
 

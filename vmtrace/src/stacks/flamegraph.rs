@@ -2,26 +2,9 @@
 //! read) and their SVGs.
 use std::{fmt::Write as _, io, path::Path};
 
+pub use super::weight::{apportion, Weight, SMALL_STACKS};
 use super::Stack;
 use crate::model::escape_html as escape;
-
-/// What a flamegraph is weighted by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Weight {
-    Faults,
-    TimeNs,
-    Major,
-}
-
-impl Weight {
-    pub fn file_stem(self) -> &'static str {
-        match self {
-            Self::Faults => "faults",
-            Self::TimeNs => "fault-time",
-            Self::Major => "major-faults",
-        }
-    }
-}
 
 fn clean(frame: &str) -> String {
     // ';' separates frames and a trailing space-number is the weight.
@@ -74,28 +57,6 @@ pub fn folded_by_pid(stacks: &[Stack], weight: Weight) -> Vec<PidLine> {
     out
 }
 
-/// `total` shared out in proportion to `shares` in whole parts that add up to it.
-pub fn apportion(total: u64, shares: &[f64]) -> Vec<u64> {
-    let sum: f64 = shares.iter().sum();
-    if shares.is_empty() {
-        return vec![];
-    }
-    if sum <= 0.0 {
-        let mut parts = vec![0; shares.len()];
-        parts[0] = total;
-        return parts;
-    }
-    let exact: Vec<f64> = shares.iter().map(|s| s / sum * total as f64).collect();
-    let mut parts: Vec<u64> = exact.iter().map(|e| e.floor() as u64).collect();
-    let left = total.saturating_sub(parts.iter().sum());
-    let mut order: Vec<usize> = (0..shares.len()).collect();
-    order.sort_by(|&a, &b| (exact[b] - exact[b].floor()).total_cmp(&(exact[a] - exact[a].floor())).then(a.cmp(&b)));
-    for &i in order.iter().cycle().take(left as usize) {
-        parts[i] += 1;
-    }
-    parts
-}
-
 /// Folded text from (frames outermost first, weight) pairs; identical stacks merge.
 pub fn folded_lines(stacks: impl IntoIterator<Item = (Vec<String>, u64)>) -> String {
     fold(&folded_lines_by_pid(stacks.into_iter().map(|(f, w)| (0, f, w))))
@@ -113,9 +74,6 @@ pub fn folded_lines_by_pid(stacks: impl IntoIterator<Item = (u32, Vec<String>, u
     }
     merged.into_iter().map(|((line, pid), weight)| PidLine { line, pid, region: None, weight }).collect()
 }
-
-/// The frame standing for the stacks folded under it by [`fold_small`].
-pub const SMALL_STACKS: &str = "[small stacks folded]";
 
 /// A frame weighing less than this share of a graph's total is folded into
 /// its caller: 4 px of the 1,200 px picture, too narrow to hold a name

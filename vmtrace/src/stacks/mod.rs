@@ -4,7 +4,6 @@
 pub mod drain;
 pub mod flamegraph;
 pub mod native;
-pub mod shorten;
 pub mod symbolize;
 pub mod tree;
 pub mod unwind;

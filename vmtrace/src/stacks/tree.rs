@@ -18,7 +18,7 @@ use std::{
 };
 
 use super::{
-    flamegraph::{apportion, Weight, SMALL_STACKS},
+    weight::{apportion, Weight, SMALL_STACKS},
     Stack,
 };
 

@@ -11,6 +11,49 @@ use vmtrace_common::STRATUM_EXACT;
 
 use super::Stack;
 
+/// What a flamegraph is weighted by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Weight {
+    Faults,
+    TimeNs,
+    Major,
+}
+
+impl Weight {
+    pub fn file_stem(self) -> &'static str {
+        match self {
+            Self::Faults => "faults",
+            Self::TimeNs => "fault-time",
+            Self::Major => "major-faults",
+        }
+    }
+}
+
+/// The frame standing for the stacks folded under it by [`super::flamegraph::fold_small`].
+pub const SMALL_STACKS: &str = "[small stacks folded]";
+
+/// `total` shared out in proportion to `shares` in whole parts that add up to it.
+pub fn apportion(total: u64, shares: &[f64]) -> Vec<u64> {
+    let sum: f64 = shares.iter().sum();
+    if shares.is_empty() {
+        return vec![];
+    }
+    if sum <= 0.0 {
+        let mut parts = vec![0; shares.len()];
+        parts[0] = total;
+        return parts;
+    }
+    let exact: Vec<f64> = shares.iter().map(|s| s / sum * total as f64).collect();
+    let mut parts: Vec<u64> = exact.iter().map(|e| e.floor() as u64).collect();
+    let left = total.saturating_sub(parts.iter().sum());
+    let mut order: Vec<usize> = (0..shares.len()).collect();
+    order.sort_by(|&a, &b| (exact[b] - exact[b].floor()).total_cmp(&(exact[a] - exact[a].floor())).then(a.cmp(&b)));
+    for &i in order.iter().cycle().take(left as usize) {
+        parts[i] += 1;
+    }
+    parts
+}
+
 /// A process's totals from the process table: what its stacks must add up to.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Totals {

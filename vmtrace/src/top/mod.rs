@@ -216,7 +216,7 @@ impl Model {
                         .rev()
                         .take(3)
                         .map(|f| f.strip_prefix('[').and_then(|f| f.strip_suffix(']')).unwrap_or(f))
-                        .map(crate::stacks::shorten::short_name)
+                        .map(crate::model::short_name)
                         .collect::<Vec<_>>()
                         .join(" ← ");
                     let label = match crate::python::innermost_python(&frames) {
