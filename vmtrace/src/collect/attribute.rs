@@ -1,6 +1,6 @@
 //! Region attribution: the kernel's per-granule fault counts placed in the
 //! regions each process had mapped, then summed per file.
-use super::{process::ProcessTable, source::AggregateSource};
+use super::{process::ProcessTable, AggregateSource};
 use std::collections::{HashMap, HashSet};
 
 use vmtrace_common::{GranuleCounts, GranuleKey};

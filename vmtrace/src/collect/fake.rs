@@ -11,7 +11,7 @@ use vmtrace_common::{
     StackCounts, StackKey, TaskEvent, COMM_LEN,
 };
 
-use super::source::AggregateSource;
+use super::AggregateSource;
 use crate::model::ProbeInfo;
 
 /// The first pid no kernel can have.

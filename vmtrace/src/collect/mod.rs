@@ -3,7 +3,7 @@
 //! once and turn them into a `Summary`.
 //!
 //! [`session`] runs the loop; it reads the kernel only through
-//! [`source::AggregateSource`]. Each job has its own file: [`timeline`],
+//! [`AggregateSource`] (defined beside the maps it reads, in `loader`). Each job has its own file: [`timeline`],
 //! [`flight`] (the OOM flight recorder), [`storms`], [`symbols`],
 //! [`attribute`] (regions), [`session::live`] (the live snapshot), and
 //! [`assemble`], the pure step from aggregates to the summary.
@@ -16,7 +16,6 @@ pub mod process;
 pub mod python;
 pub mod resident;
 pub mod session;
-pub mod source;
 pub mod storms;
 pub mod symbols;
 pub mod timeline;
@@ -24,8 +23,8 @@ pub mod tracelog;
 
 use std::sync::atomic::{AtomicI32, Ordering};
 
+pub use crate::loader::AggregateSource;
 pub use session::{live, Session, SessionOptions};
-pub use source::AggregateSource;
 
 use crate::model::MmSite;
 use crate::{model::Summary, stacks::Stack};

@@ -17,12 +17,11 @@ use super::{
     flight::FlightRecorder,
     process::{self, ProcInfo, ProcessTable},
     resident::ResidentTracker,
-    source::AggregateSource,
     storms::StormDetector,
     symbols::{self, MapsRefresh},
     timeline::TimelineRecorder,
     tracelog::{self, TraceRecorder},
-    Finished,
+    AggregateSource, Finished,
 };
 use crate::{
     loader::{Families, Probes},

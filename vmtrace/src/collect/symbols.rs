@@ -8,7 +8,7 @@ use std::{
 
 use vmtrace_common::{StackCounts, StackKey, LEAF_BLOCK_SHIFT, MM_CALL_NAMES, STACK_ID_LOST};
 
-use super::{process::ProcessTable, source::AggregateSource, storms::RawStorm, MmSite};
+use super::{process::ProcessTable, storms::RawStorm, AggregateSource, MmSite};
 use crate::{
     model::Storm,
     procmaps::Region,

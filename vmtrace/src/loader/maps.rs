@@ -1,7 +1,10 @@
 //! The maps userspace reads, behind the methods the collector uses: each
 //! reader sums per-CPU values and folds in what the programs still hold in
 //! their per-CPU "current" slots.
-use std::os::fd::AsFd as _;
+use std::{
+    os::fd::{AsFd as _, AsRawFd as _},
+    time::Duration,
+};
 
 use aya::{
     maps::{ring_buf::RingBufItem, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, RingBuf, StackTraceMap},
@@ -12,7 +15,8 @@ use vmtrace_common::{
     StackCur, StackKey,
 };
 
-use super::{LoadError, Probes};
+use super::{AggregateSource, LoadError, Probes};
+use crate::model::ProbeInfo;
 
 pub struct Maps {
     fault_stats: PerCpuHashMap<MapData, u32, FaultStats>,
@@ -82,46 +86,81 @@ fn take_map<T: TryFrom<aya::maps::Map>>(ebpf: &mut Ebpf, name: &'static str) -> 
     ebpf.take_map(name).and_then(|m| T::try_from(m).ok()).ok_or(LoadError::Map(name))
 }
 
-impl Probes {
+impl AggregateSource for Probes {
+    fn wait_for_events(&self, timeout: Duration) {
+        let mut pfd = [
+            libc::pollfd { fd: self.ring_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: self.samples_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        ];
+        // SAFETY: two valid pollfds; EINTR (a stop signal) simply returns early.
+        unsafe { libc::poll(pfd.as_mut_ptr(), 2, timeout.as_millis() as i32) };
+    }
+
+    fn drain_events(&mut self, on_event: &mut dyn FnMut(&[u8])) {
+        while let Some(item) = self.next_event() {
+            on_event(&item);
+        }
+        // After the events: a sample's process is known (and its maps read) first.
+        while let Some(item) = self.next_sample() {
+            on_event(&item);
+        }
+    }
+
+    fn probe_info(&self) -> Vec<ProbeInfo> {
+        self.attached()
+            .iter()
+            .map(|a| ProbeInfo {
+                what: a.what.into(),
+                program_type: a.program_type().into(),
+                target: a.target.clone(),
+                fallback_reason: a.fallback_reason().map(Into::into),
+            })
+            .collect()
+    }
+
+    fn flush_logs(&mut self) {
+        if let Some(l) = self.logger.as_mut() {
+            l.flush();
+        }
+    }
+
+    fn minor_period(&self) -> u32 {
+        self.minor_period
+    }
+
+    fn fast_period(&self) -> u32 {
+        self.fast_period
+    }
+
     /// Every address space's resident counters (`RSS_MM`), by `mm_id`.
-    pub fn all_rss(&self) -> Vec<(u32, vmtrace_common::RssMm)> {
+    fn all_rss(&self) -> Vec<(u32, vmtrace_common::RssMm)> {
         self.maps.rss_mm.iter().filter_map(Result::ok).collect()
     }
 
     /// Forgets an address space's resident counters.
-    pub fn forget_rss(&mut self, mm_id: u32) {
+    fn forget_rss(&mut self, mm_id: u32) {
         let _ = self.maps.rss_mm.remove(&mm_id);
     }
 
-    /// Adds a process to the traced set (a zeroed `FAULT_STATS` entry); its
-    /// children follow in the kernel.
-    pub fn trace_pid(&mut self, tgid: u32) -> Result<(), aya::maps::MapError> {
-        let cpus = aya::util::nr_cpus().map_err(|(_, e)| {
-            aya::maps::MapError::SyscallError(aya::sys::SyscallError { call: "nr_cpus", io_error: e })
-        })?;
-        let zero = PerCpuValues::try_from(vec![FaultStats::default(); cpus])?;
-        self.maps.fault_stats.insert(tgid, zero, 0)
-    }
-
     /// Whether `tgid` is in the traced set.
-    pub fn is_traced(&self, tgid: u32) -> bool {
+    fn is_traced(&self, tgid: u32) -> bool {
         self.maps.fault_stats.get(&tgid, 0).is_ok()
     }
 
     /// One process's aggregate, summed over CPUs, left in the map.
-    pub fn stats_of(&self, tgid: u32) -> Option<FaultStats> {
+    fn stats_of(&self, tgid: u32) -> Option<FaultStats> {
         self.maps.fault_stats.get(&tgid, 0).ok().map(|v| sum_cpus(v.iter()))
     }
 
     /// Reads and deletes an exited process's aggregate, summed over CPUs.
-    pub fn take_stats(&mut self, tgid: u32) -> Option<FaultStats> {
+    fn take_stats(&mut self, tgid: u32) -> Option<FaultStats> {
         let per_cpu = self.maps.fault_stats.get(&tgid, 0).ok()?;
         let _ = self.maps.fault_stats.remove(&tgid);
         Some(sum_cpus(per_cpu.iter()))
     }
 
     /// Every aggregate still in the kernel map, summed over CPUs.
-    pub fn all_stats(&self) -> Vec<(u32, FaultStats)> {
+    fn all_stats(&self) -> Vec<(u32, FaultStats)> {
         let mut out = Vec::new();
         for item in self.maps.fault_stats.iter() {
             match item {
@@ -133,33 +172,33 @@ impl Probes {
     }
 
     /// Reads and deletes an exited process's mmap/TLB aggregate.
-    pub fn take_mm(&mut self, tgid: u32) -> Option<MmStats> {
+    fn take_mm(&mut self, tgid: u32) -> Option<MmStats> {
         let per_cpu = self.maps.mm_stats.get(&tgid, 0).ok()?;
         let _ = self.maps.mm_stats.remove(&tgid);
         Some(sum_cpus(per_cpu.iter()))
     }
 
     /// Every mmap/TLB aggregate still in the kernel map.
-    pub fn all_mm(&self) -> Vec<(u32, MmStats)> {
+    fn all_mm(&self) -> Vec<(u32, MmStats)> {
         self.maps.mm_stats.iter().filter_map(Result::ok).map(|(k, v)| (k, sum_cpus(v.iter()))).collect()
     }
 
     /// Shootdowns received (`tlb_flush` reason 1) per CPU, over every
     /// mmap/TLB aggregate still held.
-    pub fn received_per_cpu(&self) -> Vec<u64> {
+    fn received_per_cpu(&self) -> Vec<u64> {
         let per_cpu: Vec<Vec<MmStats>> =
             self.maps.mm_stats.iter().filter_map(Result::ok).map(|(_, v)| v.iter().copied().collect()).collect();
         received_by_cpu(per_cpu.iter().map(Vec::as_slice))
     }
 
     /// Call-site counts of mmap-family syscalls, summed over CPUs.
-    pub fn all_mm_stacks(&self) -> Vec<(MmStackKey, MmStackCounts)> {
+    fn all_mm_stacks(&self) -> Vec<(MmStackKey, MmStackCounts)> {
         self.maps.mm_stacks.iter().filter_map(Result::ok).map(|(k, v)| (k, sum_cpus(v.iter()))).collect()
     }
 
     /// Every stack aggregate, summed over CPUs, with the keys each CPU is
     /// still counting into.
-    pub fn all_stack_counts(&self) -> Vec<(StackKey, StackCounts)> {
+    fn all_stack_counts(&self) -> Vec<(StackKey, StackCounts)> {
         let mut all: std::collections::HashMap<StackKey, StackCounts> = std::collections::HashMap::new();
         self.maps.drained.merge_into(&mut all);
         for (k, v) in self.maps.fault_stacks.iter().filter_map(Result::ok) {
@@ -175,14 +214,14 @@ impl Probes {
     }
 
     /// Instruction pointers of stack `id`, innermost first.
-    pub fn stack_ips(&self, id: i32) -> Option<Vec<u64>> {
+    fn stack_ips(&self, id: i32) -> Option<Vec<u64>> {
         let id = u32::try_from(id).ok()?;
         self.maps.stack_traces.get(&id, 0).ok().map(|t| t.frames().iter().map(|f| f.ip).collect())
     }
 
     /// A user stack's frames, innermost first: walked by the programs
     /// (`OWN_STACK_ID` set), else by the kernel (32-bit tasks, old kernels).
-    pub fn user_stack_ips(&self, id: i32) -> Option<Vec<u64>> {
+    fn user_stack_ips(&self, id: i32) -> Option<Vec<u64>> {
         let id = u32::try_from(id).ok()?;
         let Some(map) = self.maps.user_stacks.as_ref().filter(|_| id & vmtrace_common::OWN_STACK_ID != 0) else {
             return self.stack_ips(id as i32);
@@ -197,7 +236,7 @@ impl Probes {
     /// not looked at yet, for their code objects to be read. A count the
     /// programs add to a key between its read and its removal (a few
     /// instructions' window) is lost: the stacks test measures it.
-    pub fn drain_stacks(&mut self) -> Vec<crate::python::PyStack> {
+    fn drain_stacks(&mut self) -> Vec<crate::python::PyStack> {
         let keys: Vec<StackKey> = self.maps.fault_stacks.keys().filter_map(Result::ok).collect();
         let mut moved = !keys.is_empty();
         for k in keys {
@@ -228,23 +267,23 @@ impl Probes {
 
     /// Faults counted under a stack id that two stacks came to share
     /// across a drain (`stacks::drain`), and the distinct stacks drained.
-    pub fn drained_stacks(&self) -> (u64, usize, usize) {
+    fn drained_stacks(&self) -> (u64, usize, usize) {
         let d = &self.maps.drained;
         (d.reused_faults(), d.stacks(), d.frame_bytes())
     }
 
     /// Has the programs take the Python frames of `tgid`.
-    pub fn register_python(&mut self, tgid: u32, p: &vmtrace_common::PyProc) -> bool {
+    fn register_python(&mut self, tgid: u32, p: &vmtrace_common::PyProc) -> bool {
         self.maps.user_stacks.is_some() && self.maps.py_procs.insert(tgid, *p, 0).is_ok()
     }
 
     /// Stops taking the Python frames of `tgid` (it exited or exec'd).
-    pub fn forget_python(&mut self, tgid: u32) {
+    fn forget_python(&mut self, tgid: u32) {
         let _ = self.maps.py_procs.remove(&tgid);
     }
 
     /// The Python frames of stacks stored since the last call.
-    pub fn new_python_stacks(&mut self) -> Vec<crate::python::PyStack> {
+    fn new_python_stacks(&mut self) -> Vec<crate::python::PyStack> {
         let Some(map) = self.maps.user_stacks.as_ref() else { return Vec::new() };
         let fresh: Vec<u32> = map.keys().filter_map(Result::ok).filter(|k| !self.maps.py_seen.contains(k)).collect();
         let mut out = Vec::new();
@@ -259,7 +298,7 @@ impl Probes {
     }
 
     /// The Python frames of the stacks `ids` (the programs announced them).
-    pub fn stored_python_stacks(&mut self, ids: &[u32]) -> Vec<crate::python::PyStack> {
+    fn stored_python_stacks(&mut self, ids: &[u32]) -> Vec<crate::python::PyStack> {
         let Some(map) = self.maps.user_stacks.as_ref() else { return Vec::new() };
         let mut out = Vec::new();
         for &id in ids {
@@ -274,7 +313,7 @@ impl Probes {
     }
 
     /// The Python frames stored with user stack `id`.
-    pub fn python_stack(&self, id: i32) -> Option<crate::python::PyStack> {
+    fn python_stack(&self, id: i32) -> Option<crate::python::PyStack> {
         let id = u32::try_from(id).ok().filter(|id| id & vmtrace_common::OWN_STACK_ID != 0)?;
         match self.maps.user_stacks.as_ref()?.get(&id, 0) {
             Ok(s) => py_stack(&s),
@@ -284,7 +323,7 @@ impl Probes {
 
     /// Every granule's counts, summed over CPUs, with the granules each CPU
     /// is still counting into.
-    pub fn all_granules(&self) -> Vec<(GranuleKey, GranuleCounts)> {
+    fn all_granules(&self) -> Vec<(GranuleKey, GranuleCounts)> {
         let mut all: std::collections::BTreeMap<GranuleKey, GranuleCounts> = std::collections::BTreeMap::new();
         for (k, v) in self.maps.region_stats.iter().chain(self.maps.region_late.iter()).filter_map(Result::ok) {
             all.entry(k).or_default().merge(&sum_cpus(v.iter()));
@@ -302,7 +341,7 @@ impl Probes {
     /// final, and the maps then hold what is live. A process whose granule a
     /// CPU still counts into (`GRANULE_CUR`) is left for a later call
     /// ([`Self::granules_in_flight`]).
-    pub fn take_granules(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(GranuleKey, GranuleCounts)> {
+    fn take_granules(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(GranuleKey, GranuleCounts)> {
         let mut out: std::collections::BTreeMap<GranuleKey, GranuleCounts> = std::collections::BTreeMap::new();
         for map in [&mut self.maps.region_stats, &mut self.maps.region_late] {
             let keys: Vec<GranuleKey> = map.keys().filter_map(Result::ok).filter(|k| tgids.contains(&k.tgid)).collect();
@@ -319,7 +358,7 @@ impl Probes {
 
     /// Processes a CPU's current granule still holds counts of (not yet
     /// moved into `REGION_STATS`).
-    pub fn granules_in_flight(&self) -> std::collections::HashSet<u32> {
+    fn granules_in_flight(&self) -> std::collections::HashSet<u32> {
         let Ok(cur) = self.maps.granule_cur.get(&0, 0) else { return std::collections::HashSet::new() };
         cur.iter()
             .filter(|c| c.counts.faults | c.counts.major | c.counts.timed | c.counts.huge != 0)
@@ -329,7 +368,7 @@ impl Probes {
 
     /// `tgid`'s address-space generation now (see vmtrace-ebpf/src/mapgen.rs);
     /// `None` once counting stopped, when changes go unseen.
-    pub fn map_gen(&self, tgid: u32) -> Option<u32> {
+    fn map_gen(&self, tgid: u32) -> Option<u32> {
         if self.maps.control.get(&0, 0).ok()? == vmtrace_common::CONTROL_STOPPED {
             return None;
         }
@@ -341,32 +380,46 @@ impl Probes {
     }
 
     /// Page-cache additions per file chunk, summed over CPUs.
-    pub fn page_cache_chunks(&self) -> Vec<(vmtrace_common::FileChunkKey, u64)> {
+    fn page_cache_chunks(&self) -> Vec<(vmtrace_common::FileChunkKey, u64)> {
         self.maps.file_chunks.iter().filter_map(Result::ok).map(|(k, v)| (k, v.iter().sum())).collect()
     }
 
     /// Pages traced processes added to the page cache for a file to be read
     /// from storage.
-    pub fn page_cache_added(&self, dev: u32, ino: u64) -> Option<u64> {
+    fn page_cache_added(&self, dev: u32, ino: u64) -> Option<u64> {
         let key = FileKey { dev, kind: vmtrace_common::FILE_KEY_READ, ino };
         self.maps.file_cache.get(&key, 0).ok().map(|v| v.iter().sum())
     }
 
     /// Pages their write syscalls added to the page cache for a file.
-    pub fn page_cache_written(&self, dev: u32, ino: u64) -> Option<u64> {
+    fn page_cache_written(&self, dev: u32, ino: u64) -> Option<u64> {
         let key = FileKey { dev, kind: vmtrace_common::FILE_KEY_WRITTEN, ino };
         self.maps.file_cache.get(&key, 0).ok().map(|v| v.iter().sum())
     }
 
     /// (faults, majors) of all traced processes so far.
-    pub fn totals(&self) -> (u64, u64) {
+    fn totals(&self) -> (u64, u64) {
         let get = |i: u32| self.maps.totals.get(&i, 0).map_or(0, |v| v.iter().sum());
         (get(0), get(1))
     }
 
     /// Summed drop counters, indexed by `DropKind`.
-    pub fn drops(&self) -> Vec<u64> {
+    fn drops(&self) -> Vec<u64> {
         self.maps.drops.iter().map(|v| v.map_or(0, |per_cpu| per_cpu.iter().sum())).collect()
+    }
+}
+
+/// What only the loaded programs do: the traced set, the counting switch,
+/// the rings' fds (`trace::Tracer` and the source methods use them).
+impl Probes {
+    /// Adds a process to the traced set (a zeroed `FAULT_STATS` entry); its
+    /// children follow in the kernel.
+    pub fn trace_pid(&mut self, tgid: u32) -> Result<(), aya::maps::MapError> {
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| {
+            aya::maps::MapError::SyscallError(aya::sys::SyscallError { call: "nr_cpus", io_error: e })
+        })?;
+        let zero = PerCpuValues::try_from(vec![FaultStats::default(); cpus])?;
+        self.maps.fault_stats.insert(tgid, zero, 0)
     }
 
     /// Opens the window for `-a` (see `CONTROL_*`): call it once the kernel's

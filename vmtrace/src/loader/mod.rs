@@ -18,10 +18,12 @@ mod btf;
 mod check;
 pub mod hooks;
 mod maps;
+mod source;
 
 pub use attach::{AttachError, Attachment, Outcome};
 pub use check::{probe_selection, render_selection};
 pub use hooks::{Family, Hook, ProgramKind};
+pub use source::AggregateSource;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -283,17 +285,6 @@ impl Probes {
         &self.attached
     }
 
-    /// 1 in how many minor faults is timed, as attached (fexit times every one).
-    pub fn minor_period(&self) -> u32 {
-        self.minor_period
-    }
-
-    /// 1 in how many fast minor faults is timed, every slow one exactly; 0 =
-    /// not stratified (`minor_period` says what is timed).
-    pub fn fast_period(&self) -> u32 {
-        self.fast_period
-    }
-
     /// The fault-end programs the caller puts on the target's tasks, when the
     /// loader left that to it (`LoadOptions::end_on_tasks`, no fexit).
     pub fn end_programs(&self) -> Option<EndPrograms> {
@@ -340,13 +331,6 @@ impl Probes {
                 s.spawn(move || unload(name, prog));
             }
         });
-    }
-
-    /// Forwards kernel-side log records (shown with `-v`).
-    pub fn flush_logs(&mut self) {
-        if let Some(l) = self.logger.as_mut() {
-            l.flush();
-        }
     }
 }
 

@@ -1,13 +1,16 @@
 //! What the collector needs from the kernel side, as one trait: the session
 //! loop, the symbolizer and the attribution read the kernel only through it,
-//! so unit tests drive them from a `FakeSource` instead of loaded programs.
-use std::{os::fd::AsRawFd as _, time::Duration};
+//! so unit tests drive them from a `FakeSource` (`collect::fake`) instead of
+//! loaded programs. The loaded programs implement it themselves, in
+//! `maps.rs`, where each map is read: a new kernel read is that method and
+//! its fake, nothing else.
+use std::time::Duration;
 
 use vmtrace_common::{
     FaultStats, FileChunkKey, GranuleCounts, GranuleKey, MmStackCounts, MmStackKey, MmStats, StackCounts, StackKey,
 };
 
-use crate::{loader::Probes, model::ProbeInfo};
+use crate::model::ProbeInfo;
 
 /// Every method is required: a source that forgets one does not build
 /// (a default body would answer "nothing" in production with a green build).
@@ -94,165 +97,4 @@ pub trait AggregateSource {
     fn all_rss(&self) -> Vec<(u32, vmtrace_common::RssMm)>;
     /// Forgets an address space's resident counters.
     fn forget_rss(&mut self, mm_id: u32);
-}
-
-impl AggregateSource for Probes {
-    fn wait_for_events(&self, timeout: Duration) {
-        let mut pfd = [
-            libc::pollfd { fd: self.ring_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: self.samples_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 },
-        ];
-        // SAFETY: two valid pollfds; EINTR (a stop signal) simply returns early.
-        unsafe { libc::poll(pfd.as_mut_ptr(), 2, timeout.as_millis() as i32) };
-    }
-
-    fn drain_events(&mut self, on_event: &mut dyn FnMut(&[u8])) {
-        while let Some(item) = self.next_event() {
-            on_event(&item);
-        }
-        // After the events: a sample's process is known (and its maps read) first.
-        while let Some(item) = self.next_sample() {
-            on_event(&item);
-        }
-    }
-
-    fn flush_logs(&mut self) {
-        Probes::flush_logs(self);
-    }
-
-    fn minor_period(&self) -> u32 {
-        Probes::minor_period(self)
-    }
-
-    fn fast_period(&self) -> u32 {
-        Probes::fast_period(self)
-    }
-
-    fn probe_info(&self) -> Vec<ProbeInfo> {
-        self.attached()
-            .iter()
-            .map(|a| ProbeInfo {
-                what: a.what.into(),
-                program_type: a.program_type().into(),
-                target: a.target.clone(),
-                fallback_reason: a.fallback_reason().map(Into::into),
-            })
-            .collect()
-    }
-
-    fn is_traced(&self, tgid: u32) -> bool {
-        Probes::is_traced(self, tgid)
-    }
-
-    fn stats_of(&self, tgid: u32) -> Option<FaultStats> {
-        Probes::stats_of(self, tgid)
-    }
-
-    fn all_stats(&self) -> Vec<(u32, FaultStats)> {
-        Probes::all_stats(self)
-    }
-
-    fn take_stats(&mut self, tgid: u32) -> Option<FaultStats> {
-        Probes::take_stats(self, tgid)
-    }
-
-    fn all_mm(&self) -> Vec<(u32, MmStats)> {
-        Probes::all_mm(self)
-    }
-
-    fn take_mm(&mut self, tgid: u32) -> Option<MmStats> {
-        Probes::take_mm(self, tgid)
-    }
-
-    fn received_per_cpu(&self) -> Vec<u64> {
-        Probes::received_per_cpu(self)
-    }
-
-    fn totals(&self) -> (u64, u64) {
-        Probes::totals(self)
-    }
-
-    fn drops(&self) -> Vec<u64> {
-        Probes::drops(self)
-    }
-
-    fn all_stack_counts(&self) -> Vec<(StackKey, StackCounts)> {
-        Probes::all_stack_counts(self)
-    }
-
-    fn all_mm_stacks(&self) -> Vec<(MmStackKey, MmStackCounts)> {
-        Probes::all_mm_stacks(self)
-    }
-
-    fn stack_ips(&self, id: i32) -> Option<Vec<u64>> {
-        Probes::stack_ips(self, id)
-    }
-
-    fn user_stack_ips(&self, id: i32) -> Option<Vec<u64>> {
-        Probes::user_stack_ips(self, id)
-    }
-
-    fn all_granules(&self) -> Vec<(GranuleKey, GranuleCounts)> {
-        Probes::all_granules(self)
-    }
-
-    fn register_python(&mut self, tgid: u32, p: &vmtrace_common::PyProc) -> bool {
-        Probes::register_python(self, tgid, p)
-    }
-
-    fn forget_python(&mut self, tgid: u32) {
-        Probes::forget_python(self, tgid);
-    }
-
-    fn new_python_stacks(&mut self) -> Vec<crate::python::PyStack> {
-        Probes::new_python_stacks(self)
-    }
-
-    fn stored_python_stacks(&mut self, ids: &[u32]) -> Vec<crate::python::PyStack> {
-        Probes::stored_python_stacks(self, ids)
-    }
-
-    fn python_stack(&self, id: i32) -> Option<crate::python::PyStack> {
-        Probes::python_stack(self, id)
-    }
-
-    fn drain_stacks(&mut self) -> Vec<crate::python::PyStack> {
-        Probes::drain_stacks(self)
-    }
-
-    fn drained_stacks(&self) -> (u64, usize, usize) {
-        Probes::drained_stacks(self)
-    }
-
-    fn take_granules(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(GranuleKey, GranuleCounts)> {
-        Probes::take_granules(self, tgids)
-    }
-
-    fn granules_in_flight(&self) -> std::collections::HashSet<u32> {
-        Probes::granules_in_flight(self)
-    }
-
-    fn map_gen(&self, tgid: u32) -> Option<u32> {
-        Probes::map_gen(self, tgid)
-    }
-
-    fn page_cache_added(&self, dev: u32, ino: u64) -> Option<u64> {
-        Probes::page_cache_added(self, dev, ino)
-    }
-
-    fn page_cache_written(&self, dev: u32, ino: u64) -> Option<u64> {
-        Probes::page_cache_written(self, dev, ino)
-    }
-
-    fn page_cache_chunks(&self) -> Vec<(FileChunkKey, u64)> {
-        Probes::page_cache_chunks(self)
-    }
-
-    fn all_rss(&self) -> Vec<(u32, vmtrace_common::RssMm)> {
-        Probes::all_rss(self)
-    }
-
-    fn forget_rss(&mut self, mm_id: u32) {
-        Probes::forget_rss(self, mm_id);
-    }
 }
