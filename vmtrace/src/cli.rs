@@ -104,6 +104,22 @@ pub enum EventFamily {
     Resident,
 }
 
+impl EventFamily {
+    /// The families a `--events` list names, as the trace takes them (the
+    /// fault probes are always there: every family builds on them).
+    pub fn families(events: &[Self]) -> crate::trace::Families {
+        let has = |f| events.contains(&f);
+        crate::trace::Families {
+            oom: has(Self::Oom),
+            mmap: has(Self::Mmap),
+            tlb: has(Self::Tlb),
+            regions: has(Self::Regions),
+            resident: has(Self::Resident),
+            perf: has(Self::Perf),
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("target").required(true).args(["pid", "all", "command"])))]
 #[allow(clippy::struct_excessive_bools, reason = "command-line switches")]
@@ -157,7 +173,7 @@ pub struct RecordArgs {
     pub leaf: Leaf,
     /// TLB-flush IPIs per second (over 100 ms windows) above which a process is
     /// in a shootdown storm.
-    #[arg(long, default_value_t = 1000.0)]
+    #[arg(long, default_value_t = crate::collect::DEFAULT_STORM_THRESHOLD)]
     pub storm_threshold: f64,
     /// Also write trace.perfetto-trace, a timeline for ui.perfetto.dev: tracks
     /// per process and thread, fault/COW/shootdown rates every 100 ms, a slice
@@ -211,7 +227,7 @@ pub struct TopArgs {
     #[arg(long, default_value = "1", value_parser = parse_duration)]
     pub interval: Duration,
     /// TLB-flush IPIs per second above which a process is in a shootdown storm.
-    #[arg(long, default_value_t = 1000.0)]
+    #[arg(long, default_value_t = crate::collect::DEFAULT_STORM_THRESHOLD)]
     pub storm_threshold: f64,
     /// Where a command's stdout and stderr go [default: $TMPDIR/vmtrace-top-PID.log].
     #[arg(long, value_name = "FILE")]

@@ -7,6 +7,7 @@ use vmtrace::{
     kernel::preflight,
     record, report,
     target::Target,
+    trace::{Plan, Stacks, Timing},
 };
 
 fn main() -> ExitCode {
@@ -37,21 +38,26 @@ fn record_command(a: RecordArgs) -> anyhow::Result<i32> {
         (None, true) => Target::System,
         _ => Target::Command(a.command),
     };
-    let outcome = record::record(&record::RecordOptions {
+    let plan = Plan {
         target,
+        families: EventFamily::families(&a.events),
+        stacks: Stacks {
+            mode: a.stacks,
+            period: a.stack_sample,
+            window: a.stack_window,
+            python_frames: !a.no_python_frames,
+            leaf_region: a.leaf == Leaf::Region,
+        },
+        timing: Timing { minor_period: a.latency_sample, fast_period: a.fast_sample },
+        storm_threshold: a.storm_threshold,
+        force_tracepoints: a.force_tracepoints,
+        perfetto: a.perfetto,
+        probe_stats: a.probe_stats,
+    };
+    let outcome = record::record(&record::RecordOptions {
+        plan,
         out: a.out,
         duration: a.duration,
-        minor_period: a.latency_sample,
-        fast_period: a.fast_sample,
-        force_tracepoints: a.force_tracepoints,
-        events: a.events,
-        stacks: a.stacks,
-        stack_period: a.stack_sample,
-        stack_window: a.stack_window,
-        python_frames: !a.no_python_frames,
-        probe_stats: a.probe_stats,
-        leaf_region: a.leaf == Leaf::Region,
-        storm_threshold: a.storm_threshold,
         stream_interval: a.stream.map(|_| a.interval),
         print_summary: true,
         output: report::OutputOptions {
@@ -59,7 +65,6 @@ fn record_command(a: RecordArgs) -> anyhow::Result<i32> {
             pretty: a.pretty,
         },
         detach: record::Detach::AfterExit,
-        perfetto: a.perfetto,
     })?;
     Ok(outcome.exit_status)
 }
@@ -83,7 +88,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             print!("{}", preflight::render(&checks));
             let missing = checks.iter().any(|c| c.status == preflight::Status::Missing);
             if !missing {
-                match vmtrace::loader::probe_selection() {
+                match vmtrace::trace::probe_selection() {
                     Ok(attached) => print!("{}", vmtrace::loader::render_selection(&attached)),
                     Err(e) => {
                         println!("\nprobe selection: loading the programs failed: {e}");
@@ -142,11 +147,15 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
 /// vmtrace's own failures exit 1, except a command that cannot be started:
 /// 127 when it is not found, 126 when it cannot be executed, as a shell does.
 fn failure_status(e: &anyhow::Error) -> u8 {
-    use vmtrace::{record::RecordError, target::TargetError};
-    match e.downcast_ref::<RecordError>() {
-        Some(RecordError::Target(TargetError::NotFound(_))) => 127,
-        Some(RecordError::Target(TargetError::Exec(_, err))) if err.raw_os_error() == Some(libc::ENOENT) => 127,
-        Some(RecordError::Target(TargetError::Exec(..))) => 126,
+    use vmtrace::{record::RecordError, target::TargetError, top::TopError, trace::TraceError};
+    let trace = match (e.downcast_ref::<RecordError>(), e.downcast_ref::<TopError>()) {
+        (Some(RecordError::Trace(t)), _) | (_, Some(TopError::Trace(t))) => Some(t),
+        _ => None,
+    };
+    match trace {
+        Some(TraceError::Target(TargetError::NotFound(_))) => 127,
+        Some(TraceError::Target(TargetError::Exec(_, err))) if err.raw_os_error() == Some(libc::ENOENT) => 127,
+        Some(TraceError::Target(TargetError::Exec(..))) => 126,
         _ => 1,
     }
 }

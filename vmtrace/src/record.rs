@@ -1,5 +1,5 @@
-//! `vmtrace record`: preflight, load, start or attach to the target, collect
-//! until it ends, write every output. The CLI, the demo and the tests all call this.
+//! `vmtrace record`: starts the trace (`trace::Tracer`), collects until the
+//! target ends, writes every output. The CLI, the demo and the tests all call this.
 use std::{
     fs,
     io::Write as _,
@@ -7,45 +7,21 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub use crate::trace::Detach;
 use crate::{
-    cli::EventFamily,
-    collect::{install_stop_handlers, stop_signal, Finished, Session, SessionOptions},
-    kernel::preflight,
-    loader::{Families, LoadError, LoadOptions, Probes},
-    model::{KernelAccounting, PerfSummary, Summary, TargetInfo},
-    perf::{sampling::DataSampler, Counters, FaultEnd, Scope},
+    collect::{stop_signal, Finished},
+    model::{KernelAccounting, Summary},
     report,
-    stacks::StackMode,
-    target::{check_pid, pid_alive, resolve_program, wait_exit_usage, GatedChild, Target, TargetError},
+    target::{pid_alive, wait_exit_usage, Target},
+    trace::{Front, Plan, Stopped, TraceError, Tracer},
 };
 
+/// A recording: what to trace (the [`Plan`]) and where its outputs go.
 #[derive(Clone, Debug)]
-#[allow(clippy::struct_excessive_bools, reason = "independent switches of one recording")]
 pub struct RecordOptions {
-    pub target: Target,
+    pub plan: Plan,
     pub out: PathBuf,
     pub duration: Option<Duration>,
-    /// Time 1 in N minor faults (0: none; majors: every one).
-    pub minor_period: u32,
-    /// Time 1 in N fast minor faults, every slow one exactly (the memcg end;
-    /// `LoadOptions::fast_period`).
-    pub fast_period: u32,
-    pub force_tracepoints: bool,
-    /// Event families beyond faults (perf counters, OOM kills).
-    pub events: Vec<EventFamily>,
-    pub stacks: StackMode,
-    /// Take a stack on 1 in N faults.
-    pub stack_period: u32,
-    /// Bytes of user stack copied for userspace unwinding (0: frame pointers only).
-    pub stack_window: u32,
-    /// Walk Python frames at each stack taken.
-    pub python_frames: bool,
-    /// Count each program's runs and run time (`program_stats`).
-    pub probe_stats: bool,
-    /// Add the faulting memory region as the flamegraphs' leaf frame.
-    pub leaf_region: bool,
-    /// TLB-flush IPIs per second above which a process is in a shootdown storm.
-    pub storm_threshold: f64,
     /// Print one JSON object per this many seconds on stdout (`--stream json`).
     pub stream_interval: Option<Duration>,
     /// Print summary.txt at the end.
@@ -54,44 +30,14 @@ pub struct RecordOptions {
     pub output: report::OutputOptions,
     /// How the programs are detached at the end.
     pub detach: Detach,
-    /// Write `trace.perfetto-trace` (majors streamed, the event log kept).
-    pub perfetto: bool,
-}
-
-/// `Parallel` (a thread per program: the detaches overlap) only when no child
-/// is forked after the recording: glibc keeps finished threads' stacks and
-/// arenas, and a later child touches them all before its exec, in faults the
-/// kernel counts and vmtrace cannot see. Measured in docs/performance.md
-/// ("Exit after the command"). `AfterExit` (the CLI): the programs, stopped,
-/// are detached by a child process once vmtrace has exited, so the shell
-/// gets its prompt back without waiting ~0.6 s for RCU grace periods.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Detach {
-    Sequential,
-    Parallel,
-    AfterExit,
-}
-
-impl RecordOptions {
-    pub fn has(&self, family: EventFamily) -> bool {
-        self.events.contains(&family)
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
-    #[error("{0}")]
-    Preflight(String),
     #[error(transparent)]
-    Target(#[from] TargetError),
-    #[error(transparent)]
-    Load(#[from] LoadError),
+    Trace(#[from] TraceError),
     #[error("cannot write to output directory {path}: {err}\nhint: choose a writable directory with --out DIR")]
     OutDir { path: PathBuf, err: std::io::Error },
-    #[error(transparent)]
-    Counters(#[from] crate::perf::CountersError),
-    #[error("cannot add pid {0} to the traced set: {1}")]
-    Trace(u32, aya::maps::MapError),
 }
 
 pub struct RecordOutcome {
@@ -119,94 +65,26 @@ pub fn prepare_out_dir(dir: &Path) -> Result<(), RecordError> {
     Ok(())
 }
 
-/// Checks everything recording needs, mounting tracefs when missing.
-pub fn preflight() -> Result<(), RecordError> {
-    let mut checks = vec![preflight::privileges(), preflight::btf_check(), preflight::tracefs_check()];
-    // Tracepoints are only meaningful once tracefs is there.
-    if checks.iter().all(|c| c.status != preflight::Status::Missing) {
-        for (c, n) in preflight::TRACEPOINTS {
-            checks.push(preflight::tracepoint_check(c, n));
-        }
-    }
-    preflight::require(&checks).map_err(RecordError::Preflight)
-}
-
-/// A command that exists and can run, or a pid that exists.
-pub fn check_target(target: &Target) -> Result<(), RecordError> {
-    match target {
-        Target::Command(argv) => {
-            resolve_program(argv.first().ok_or(TargetError::Empty)?)?;
-        }
-        Target::Pid(pid) => check_pid(*pid)?,
-        Target::System => {}
-    }
-    Ok(())
-}
-
 pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     // Cheap user errors first: they need no privileges to report.
-    check_target(&opts.target)?;
+    opts.plan.check_target()?;
     prepare_out_dir(&opts.out)?;
-    preflight()?;
-    let families = Families {
-        oom: opts.has(EventFamily::Oom),
-        mmap: opts.has(EventFamily::Mmap),
-        tlb: opts.has(EventFamily::Tlb),
-        regions: opts.has(EventFamily::Regions),
-        resident: opts.has(EventFamily::Resident),
-    };
-    let probes = Probes::load(&LoadOptions {
-        trace_all: matches!(opts.target, Target::System),
-        minor_period: opts.minor_period,
-        fast_period: opts.fast_period,
-        force_tracepoints: opts.force_tracepoints,
-        families,
-        stacks: opts.stacks,
-        stack_period: opts.stack_period,
-        stack_window: opts.stack_window,
-        leaf_region: opts.leaf_region,
-        end_on_tasks: !matches!(opts.target, Target::System),
-        stream_majors: opts.perfetto,
-    })?;
-    let mut session = Session::new(
-        probes,
-        SessionOptions {
-            families,
-            stacks: (opts.stacks != StackMode::None).then(|| (opts.stacks, opts.stack_period.max(1))),
-            storm_threshold: opts.storm_threshold,
-            python_frames: opts.python_frames,
-            trace_log: opts.perfetto,
-            forget_exited: false,
-            retire_exited: true,
-            // The Perfetto trace is written from the summary before folding.
-            fold_below: if opts.perfetto { 0.0 } else { opts.output.fold_below },
-            fold_processes: matches!(opts.target, Target::System),
-        },
-    );
-    // The kernel counts programs' run time while this is held.
-    let _stats = opts.probe_stats.then(crate::loader::enable_run_stats).transpose()?;
-    install_stop_handlers();
-    let (mut info, child, mut perf) = start_target(&mut session, &opts.target, opts.has(EventFamily::Perf), None)?;
-    session.start_clock();
-    log::info!("tracing {}", info.kind);
+    let mut tracer = Tracer::start(&opts.plan, Front::Record { fold_below: opts.output.fold_below }, None)?;
+    log::info!("tracing {}", tracer.info().kind);
     let mut usage = None;
-    let signalled = wait_for_end(&mut session, opts, child.as_ref(), &mut info, perf.as_mut(), &mut usage);
+    let signalled = wait_for_end(&mut tracer, opts, &mut usage);
+    let session = tracer.session();
     // Exit events of the last processes may still be in flight.
     session.poll(Duration::from_millis(10));
     session.stop_clock();
     // The command's own counts, read before reaping it, replace the exit hook's read.
-    if let (Some(c), Some((minor, major))) = (child.as_ref(), usage) {
-        session.set_kernel_accounting(c.pid, KernelAccounting { minor, major });
+    if let (Some(pid), Some((minor, major))) = (tracer.child().map(|c| c.pid), usage) {
+        tracer.session().set_kernel_accounting(pid, KernelAccounting { minor, major });
     }
     // One moment for everything: stop counting, then read the kernel's own
     // counters (processes may go on faulting while the reports are built).
-    session.source_mut().stop_counting();
-    let program_stats = opts.probe_stats.then(|| session.source().program_stats());
-    let perf = perf.map(PerfProbe::finish);
-    match opts.detach {
-        Detach::AfterExit => detach_after_exit(),
-        d => session.source_mut().detach_all(d == Detach::Parallel),
-    }
+    let Stopped { perf, program_stats } = tracer.stop(opts.detach);
+    let (session, info, child) = tracer.into_parts();
     let ending = Instant::now();
     let Finished { mut summary, stacks, mm_sites, trace, resident } = session.finish(info);
     summary.perf = perf;
@@ -216,7 +94,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     }
     let stack_outputs = report::StackOutputs {
         faults: summary.stacks.is_some().then_some(stacks.as_slice()),
-        mm_sites: opts.has(EventFamily::Mmap).then_some(mm_sites.as_slice()),
+        mm_sites: opts.plan.families.mmap.then_some(mm_sites.as_slice()),
         resident: resident.as_ref().map(|r| (r.end.as_slice(), r.peak.as_slice())),
     };
     // Before report.html, which links it when it is there, and from the
@@ -280,52 +158,6 @@ fn write_perfetto(dir: &Path, summary: &Summary, log: &crate::model::trace::Trac
     }
 }
 
-/// Leaves the detaching of every program to a child process that waits for
-/// vmtrace to exit: a classic tracepoint's detach waits for RCU grace periods
-/// under a kernel mutex (~0.6 s for the syscall hooks here), time the user
-/// would otherwise wait for the prompt. The programs no longer count
-/// (`stop_counting`); the child holds their file descriptors, so vmtrace's
-/// own closes are cheap, and the last close (the slow one) is the child's.
-/// Where fork fails, the programs are detached as vmtrace drops them (one by
-/// one, the slowest way, but still detached).
-fn detach_after_exit() {
-    let mut pipe = [0i32; 2];
-    // SAFETY: pipe2 fills the two-int array it is given.
-    if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return;
-    }
-    // SAFETY: /dev/null opened before the fork; the child only makes
-    // async-signal-safe calls (setsid, dup2, close, read, close_range, _exit).
-    let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-    // SAFETY: see above.
-    match unsafe { libc::fork() } {
-        0 => unsafe {
-            libc::setsid();
-            if null >= 0 {
-                for fd in 0..3 {
-                    libc::dup2(null, fd);
-                }
-            }
-            libc::close(pipe[1]);
-            // EOF once vmtrace (the only holder of the write end) has exited.
-            let mut b = 0u8;
-            while libc::read(pipe[0], (&raw mut b).cast(), 1) < 0 && *libc::__errno_location() == libc::EINTR {}
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-            libc::_exit(0);
-        },
-        pid if pid < 0 => log::debug!("fork for the detach failed: {}", std::io::Error::last_os_error()),
-        _ => {}
-    }
-    // SAFETY: closing fds this function opened; the write end stays open
-    // (close-on-exec) until vmtrace exits.
-    unsafe {
-        libc::close(pipe[0]);
-        if null >= 0 {
-            libc::close(null);
-        }
-    }
-}
-
 /// Names each output that could not be written, on stderr, and returns the
 /// exit status: the command's, or 1 when the command succeeded but vmtrace
 /// did not (the contract: vmtrace's own failure exits non-zero).
@@ -350,121 +182,25 @@ fn report_write_failures(dir: &Path, failures: &[report::WriteFailure], command_
     }
 }
 
-/// Perf counters, and data-address sampling where the PMU allows it.
-pub struct PerfProbe {
-    counters: Counters,
-    sampler: Option<DataSampler>,
-}
-
-impl PerfProbe {
-    fn open(scope: &Scope, end: Option<FaultEnd>) -> Result<Self, RecordError> {
-        let counters = Counters::open(scope.clone(), end)?;
-        let sampler = if counters.hardware_supported() {
-            DataSampler::open_tlb(scope).map_err(|e| log::info!("no TLB-miss address sampling: {e}")).ok()
-        } else {
-            None
-        };
-        Ok(Self { counters, sampler })
-    }
-
-    fn poll(&mut self) {
-        if let Some(s) = &mut self.sampler {
-            s.drain();
-        }
-    }
-
-    /// The counters so far (for live views), draining address samples.
-    pub(crate) fn read(&mut self) -> PerfSummary {
-        self.poll();
-        self.counters.read()
-    }
-
-    fn finish(mut self) -> PerfSummary {
-        let mut s = self.counters.read();
-        if let Some(sampler) = self.sampler {
-            s.tlb_miss_samples_lost = sampler.lost;
-            let (regions, outside) = sampler.finish();
-            s.tlb_miss_regions = regions;
-            s.tlb_miss_samples_unattributed = outside;
-        }
-        s
-    }
-}
-
-pub(crate) type Started = (TargetInfo, Option<GatedChild>, Option<PerfProbe>);
-
-/// Puts the target in the traced set and opens its counters; a command is
-/// started only once both are in place.
-/// `output` takes the command's stdout and stderr (else it shares ours).
-pub(crate) fn start_target(
-    session: &mut Session,
-    target: &Target,
-    perf: bool,
-    output: Option<&std::fs::File>,
-) -> Result<Started, RecordError> {
-    // The target's own fault-end events (when the loader left them to us)
-    // serve the perf counters too; without counters the probes keep them.
-    let mut perf_for = |scope: Scope| -> Result<Option<PerfProbe>, RecordError> {
-        let end = match session.source().end_programs() {
-            Some(p) => Some(FaultEnd::open(&scope, &p)?),
-            None => None,
-        };
-        if perf {
-            return PerfProbe::open(&scope, end).map(Some);
-        }
-        session.source_mut().keep_fault_end(end);
-        Ok(None)
-    };
-    Ok(match target {
-        Target::Command(argv) => {
-            let mut c = GatedChild::spawn_with_output(argv, output)?;
-            let counters = perf_for(Scope::Tasks(vec![c.pid]))?;
-            session.source_mut().trace_pid(c.pid).map_err(|e| RecordError::Trace(c.pid, e))?;
-            session.set_parent(c.pid, std::process::id());
-            session.read_maps(c.pid);
-            c.release()?;
-            let info =
-                TargetInfo { kind: "command".into(), command: Some(argv.clone()), pid: Some(c.pid), exit_status: None };
-            (info, Some(c), counters)
-        }
-        Target::Pid(pid) => {
-            let counters = perf_for(Scope::process(*pid))?;
-            session.source_mut().trace_pid(*pid).map_err(|e| RecordError::Trace(*pid, e))?;
-            session.process(*pid);
-            (TargetInfo { kind: "pid".into(), command: None, pid: Some(*pid), exit_status: None }, None, counters)
-        }
-        Target::System => {
-            let counters = perf_for(Scope::system())?;
-            session.source_mut().start_counting();
-            (TargetInfo { kind: "system".into(), command: None, pid: None, exit_status: None }, None, counters)
-        }
-    })
-}
-
 /// Collects until the target ends, a stop signal arrives or the duration is up.
 /// Returns the signal that stopped vmtrace, if one did.
-fn wait_for_end(
-    session: &mut Session,
-    opts: &RecordOptions,
-    child: Option<&GatedChild>,
-    info: &mut TargetInfo,
-    mut perf: Option<&mut PerfProbe>,
-    usage: &mut Option<(u64, u64)>,
-) -> Option<i32> {
-    let deadline = opts.duration.map(|d| session.started() + d);
+fn wait_for_end(tracer: &mut Tracer, opts: &RecordOptions, usage: &mut Option<(u64, u64)>) -> Option<i32> {
+    let started = tracer.session().started();
+    let deadline = opts.duration.map(|d| started + d);
     let mut rates = crate::model::RateKeeper::default();
-    let mut next_line = opts.stream_interval.map(|i| session.started() + i);
+    let mut next_line = opts.stream_interval.map(|i| started + i);
+    let child = tracer.child().map(|c| c.pid);
     // Tests only: a collector this much late on every tick (a loaded machine).
     let late = std::env::var("VMTRACE_TEST_TICK_DELAY_MS").ok().and_then(|v| v.parse().ok()).map(Duration::from_millis);
     loop {
         // Often enough for every point of the fault-rate timeline.
-        session.poll(crate::collect::timeline::TICK);
+        tracer.session().poll(crate::collect::timeline::TICK);
         if let Some(d) = late {
             std::thread::sleep(d);
         }
         if let (Some(at), Some(every)) = (next_line, opts.stream_interval) {
             if Instant::now() >= at {
-                let snap = session.live_snapshot(crate::collect::live::LiveScope::Running);
+                let snap = tracer.session().live_snapshot(crate::collect::live::LiveScope::Running);
                 let line = report::stream::line(&snap, &mut rates, every.as_secs_f64());
                 let mut out = std::io::stdout().lock();
                 let _ = writeln!(out, "{line}");
@@ -472,36 +208,34 @@ fn wait_for_end(
                 next_line = Some(at + every);
             }
         }
-        if let Some(p) = perf.as_deref_mut() {
-            p.poll();
-        }
-        if let Some(c) = child {
-            if let Some((st, u)) = wait_exit_usage(c.pid, false) {
-                info.exit_status = Some(st);
+        tracer.poll_perf();
+        if let Some(pid) = child {
+            if let Some((st, u)) = wait_exit_usage(pid, false) {
+                tracer.info_mut().exit_status = Some(st);
                 *usage = Some(u);
                 return None;
             }
-        } else if let Target::Pid(pid) = opts.target {
-            let exited = session.known(pid).and_then(|p| p.exit_code);
+        } else if let Target::Pid(pid) = opts.plan.target {
+            let exited = tracer.session().known(pid).and_then(|p| p.exit_code);
             if exited.is_some() || !pid_alive(pid) {
-                info.exit_status = exited;
+                tracer.info_mut().exit_status = exited;
                 return None;
             }
         }
         if let Some(sig) = stop_signal() {
-            if let Some(c) = child {
+            if let Some(pid) = child {
                 // The command gets what vmtrace got, as under a shell; give it a
                 // moment to exit so its status is reported.
                 // SAFETY: signalling our own child.
-                unsafe { libc::kill(c.pid as i32, sig) };
+                unsafe { libc::kill(pid as i32, sig) };
                 let until = Instant::now() + Duration::from_secs(2);
                 while Instant::now() < until {
-                    if let Some((st, u)) = wait_exit_usage(c.pid, false) {
-                        info.exit_status = Some(st);
+                    if let Some((st, u)) = wait_exit_usage(pid, false) {
+                        tracer.info_mut().exit_status = Some(st);
                         *usage = Some(u);
                         break;
                     }
-                    session.poll(Duration::from_millis(20));
+                    tracer.session().poll(Duration::from_millis(20));
                 }
             }
             return Some(sig);

@@ -12,12 +12,10 @@ use std::{
 };
 
 use crate::{
-    collect::{install_stop_handlers, live::LiveScope, stop_signal, Session, SessionOptions},
-    loader::{Families, LoadError, LoadOptions, Probes},
+    collect::{live::LiveScope, stop_signal},
     model::LiveSnapshot,
-    record::{preflight, RecordError},
-    stacks::StackMode,
-    target::{check_pid, pid_alive, Target, TargetError},
+    target::{pid_alive, Target},
+    trace::{Families, Front, Plan, Stacks, Timing, TraceError, Tracer},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -26,13 +24,9 @@ pub enum ServeError {
         "refusing to listen on {0}: the metrics would be reachable from the network\nhint: pass --allow-remote to do that on purpose"
     )]
     Remote(SocketAddr),
-    /// Preflight and adding the pid to the traced set, shared with `record`.
+    /// The target, preflight and starting the trace, shared with `record`.
     #[error(transparent)]
-    Record(#[from] RecordError),
-    #[error(transparent)]
-    Target(#[from] TargetError),
-    #[error(transparent)]
-    Load(#[from] LoadError),
+    Trace(#[from] TraceError),
     #[error("cannot listen on {addr}")]
     Listen {
         addr: SocketAddr,
@@ -167,30 +161,15 @@ pub fn serve(opts: &ServeOptions) -> Result<i32, ServeError> {
     if !opts.listen.ip().is_loopback() && !opts.allow_remote {
         return Err(ServeError::Remote(opts.listen));
     }
-    if let Target::Pid(pid) = opts.target {
-        check_pid(pid)?;
-    }
-    preflight()?;
-    let families = Families { oom: true, mmap: true, tlb: true, regions: false, resident: true };
-    let probes = Probes::load(&LoadOptions {
-        trace_all: matches!(opts.target, Target::System),
-        minor_period: 1,
-        fast_period: 1,
-        force_tracepoints: false,
-        families,
-        stacks: StackMode::None,
-        stack_period: 1,
-        stack_window: 0,
-        leaf_region: false,
-        end_on_tasks: false,
-        stream_majors: false,
-    })?;
-    let mut session = Session::new(probes, SessionOptions::new(families));
-    if let Target::Pid(pid) = opts.target {
-        session.source_mut().trace_pid(pid).map_err(|e| RecordError::Trace(pid, e))?;
-        session.process(pid);
-    }
-    session.source_mut().start_counting();
+    let plan = Plan {
+        families: Families { regions: false, perf: false, ..Families::ALL },
+        stacks: Stacks::NONE,
+        timing: Timing::EVERY_FAULT,
+        // No storms: the metrics count shootdowns, no culprit is named.
+        storm_threshold: f64::MAX,
+        ..Plan::new(opts.target.clone())
+    };
+    let mut tracer = Tracer::start(&plan, Front::Metrics, None)?;
     let listener = TcpListener::bind(opts.listen).map_err(|err| ServeError::Listen { addr: opts.listen, err })?;
     let addr = listener.local_addr().map_err(ServeError::LocalAddr)?;
     let body = Arc::new(Mutex::new(String::from("# EOF\n")));
@@ -201,11 +180,10 @@ pub fn serve(opts: &ServeOptions) -> Result<i32, ServeError> {
             answer(&mut stream, &text);
         }
     });
-    install_stop_handlers();
-    session.start_clock();
     eprintln!("vmtrace: serving OpenMetrics on http://{addr}/metrics (Ctrl-C to stop)");
     let mut labeled = BTreeSet::new();
     let mut next = Instant::now();
+    let session = tracer.session();
     loop {
         session.poll(Duration::from_millis(100));
         if Instant::now() >= next {

@@ -84,7 +84,7 @@ fn inputs() -> Inputs {
             exit_status: Some(137),
         },
         duration_s: 1.25,
-        families: Families { oom: true, mmap: true, tlb: true, regions: true, resident: false },
+        families: Families { resident: false, perf: false, ..Families::ALL },
         minor_period: 16,
         fast_period: 0,
         stack_mode: None,

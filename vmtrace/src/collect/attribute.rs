@@ -13,15 +13,14 @@ use crate::{
 /// Whether `pid` forked a traced child (`parents`), or was forked and did
 /// not exec since.
 fn shares_after_fork(table: &ProcessTable, parents: &HashSet<u32>, pid: u32) -> bool {
-    let p = &table.procs[&pid];
-    (p.history.forked_from.is_some() && !p.history.execed()) || parents.contains(&pid)
+    table.get(pid).is_some_and(|p| p.history.forked_from.is_some() && !p.history.execed()) || parents.contains(&pid)
 }
 
 /// The address space `pid` started from: its parent's at the fork, replayed
 /// (a chain of forks at most `depth` long).
 fn start_of(table: &ProcessTable, pid: u32, depth: u32) -> Option<Vec<Region>> {
-    let (ppid, gen) = table.procs.get(&pid)?.history.forked_from?;
-    let parent = table.procs.get(&ppid)?;
+    let (ppid, gen) = table.get(pid)?.history.forked_from?;
+    let parent = table.get(ppid)?;
     log::debug!("{pid}: forked from {ppid} at generation {gen}; its history empty: {}", parent.history.is_empty());
     if depth == 0 || parent.history.is_empty() {
         return None;
@@ -55,14 +54,14 @@ pub fn place_into(partial: &mut Partial, table: &mut ProcessTable, granules: &[(
     let mut pids: Vec<u32> = granules.iter().map(|(k, _)| k.tgid).collect();
     pids.dedup();
     for pid in pids {
-        if table.procs.get(&pid).is_none_or(|p| p.maps.is_empty() && !p.retired) {
+        if table.get(pid).is_none_or(|p| p.maps.is_empty() && !p.retired) {
             table.snapshot_maps(pid);
         }
     }
     let table = &*table;
-    let parents: HashSet<u32> = table.procs.values().filter_map(|p| p.ppid).collect();
+    let parents: HashSet<u32> = table.iter().filter_map(|(_, p)| p.ppid).collect();
     partial.add(granules, |pid| {
-        table.procs.get(&pid).map(|p| ProcessInput {
+        table.get(pid).map(|p| ProcessInput {
             history: &p.history,
             start: start_of(table, pid, 16),
             final_maps: &p.maps,

@@ -35,7 +35,7 @@ impl<S: AggregateSource> Session<S> {
         let mut processes: Vec<LiveProcess> = stats
             .iter()
             .map(|(pid, s)| {
-                let comm = self.table.procs.get(pid).map(|p| p.comm.clone());
+                let comm = self.table.get(*pid).map(|p| p.comm.clone());
                 LiveProcess::from_counters(*pid, comm, s, mm.get(pid), self.minor_period)
             })
             .collect();
@@ -44,7 +44,7 @@ impl<S: AggregateSource> Session<S> {
             pids.sort_unstable();
             for (pid, m) in &mm {
                 if pids.binary_search(pid).is_err() {
-                    let comm = self.table.procs.get(pid).map(|p| p.comm.clone());
+                    let comm = self.table.get(*pid).map(|p| p.comm.clone());
                     processes.push(LiveProcess::from_counters(*pid, comm, &FaultStats::default(), Some(m), 0));
                 }
             }

@@ -24,6 +24,10 @@ pub mod tracelog;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 pub use crate::loader::AggregateSource;
+
+/// `--storm-threshold`'s default: TLB-flush IPIs per second above which a
+/// process is in a shootdown storm.
+pub const DEFAULT_STORM_THRESHOLD: f64 = 1000.0;
 pub use session::{live, Session, SessionOptions};
 
 use crate::model::MmSite;

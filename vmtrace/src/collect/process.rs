@@ -77,11 +77,93 @@ impl Default for ProcInfo {
 
 #[derive(Default)]
 pub struct ProcessTable {
-    pub procs: BTreeMap<u32, ProcInfo>,
+    procs: BTreeMap<u32, ProcInfo>,
     /// The processes not known to have exited: the periodic jobs (maps
     /// re-reads, Python detection) walk these, not every process the
     /// recording has seen, so their cost follows what is live.
-    pub live: BTreeSet<u32>,
+    live: BTreeSet<u32>,
+}
+
+/// Reading the table, and the changes the session makes to it besides the
+/// task and mapping events (`ProcessTable::apply` and friends): every
+/// change of an entry goes through a method here.
+impl ProcessTable {
+    /// What the table knows of `pid`.
+    pub fn get(&self, pid: u32) -> Option<&ProcInfo> {
+        self.procs.get(&pid)
+    }
+
+    pub fn contains(&self, pid: u32) -> bool {
+        self.procs.contains_key(&pid)
+    }
+
+    /// Every process seen (and not forgotten), by pid.
+    pub fn iter(&self) -> impl Iterator<Item = (&u32, &ProcInfo)> {
+        self.procs.iter()
+    }
+
+    /// The pids of [`Self::iter`].
+    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.procs.keys().copied()
+    }
+
+    /// The pids of the processes not known to have exited.
+    pub fn live_pids(&self) -> &BTreeSet<u32> {
+        &self.live
+    }
+
+    /// Records who started `pid` (a command vmtrace spawned).
+    pub fn set_parent(&mut self, pid: u32, ppid: u32) {
+        self.procs.entry(pid).or_default().ppid = Some(ppid);
+    }
+
+    /// The kernel's own fault counts of `pid` (its exit, or the command's rusage).
+    pub fn set_kernel_accounting(&mut self, pid: u32, k: crate::model::KernelAccounting) {
+        self.procs.entry(pid).or_default().kernel = Some(k);
+    }
+
+    pub fn set_cgroup(&mut self, pid: u32, cgroup: (crate::oom::CgroupVersion, String)) {
+        self.procs.entry(pid).or_default().cgroup = Some(cgroup);
+    }
+
+    /// Adds an exited process's final aggregates, taken out of the kernel's maps.
+    pub fn add_final_counts(
+        &mut self,
+        pid: u32,
+        stats: Option<vmtrace_common::FaultStats>,
+        mm: Option<vmtrace_common::MmStats>,
+    ) {
+        use vmtrace_common::Merge as _;
+        let p = self.procs.entry(pid).or_default();
+        if let Some(m) = mm {
+            p.mm.get_or_insert_with(Default::default).merge(&m);
+        }
+        if let Some(s) = stats {
+            p.stats.get_or_insert_with(Default::default).merge(&s);
+        }
+    }
+
+    /// Where an exited process's copy-on-write faults came from, once its
+    /// regions are placed and folded.
+    pub fn set_cow_from(&mut self, pid: u32, cow: Option<crate::model::CowFrom>) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.cow_from = cow;
+        }
+    }
+
+    /// An exited process whose faults are placed: its mapping log goes.
+    pub fn mark_retired(&mut self, pid: u32) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.retired = true;
+            p.history.forget_log();
+        }
+    }
+
+    /// Forgets `pid` altogether (`top -a`: exited processes are not shown again).
+    pub fn forget(&mut self, pid: u32) {
+        self.procs.remove(&pid);
+        self.live.remove(&pid);
+    }
 }
 
 fn read_cmdline(pid: u32) -> Option<String> {

@@ -55,7 +55,7 @@ impl Tracker {
         for pid in due {
             // Maps read at this generation already are the maps now.
             let gen = source.map_gen(pid);
-            let p = table.procs.get(&pid);
+            let p = table.get(pid);
             if gen.is_none() || p.is_none_or(|p| p.maps.is_empty() || p.maps_gen != gen) {
                 let source = &*source;
                 table.snapshot_maps_at(pid, &|p| source.map_gen(p));
@@ -83,9 +83,9 @@ impl Tracker {
     fn look(&mut self, now: Instant, table: &ProcessTable, source: &mut impl AggregateSource, only: Option<u32>) {
         let pids: Vec<u32> = match only {
             Some(pid) => vec![pid],
-            None => table.live.iter().copied().collect(),
+            None => table.live_pids().iter().copied().collect(),
         };
-        for (pid, p) in pids.into_iter().filter_map(|pid| table.procs.get(&pid).map(|p| (pid, p))) {
+        for (pid, p) in pids.into_iter().filter_map(|pid| table.get(pid).map(|p| (pid, p))) {
             if p.exit_code.is_some() || p.maps.is_empty() {
                 continue;
             }

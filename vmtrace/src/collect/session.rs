@@ -24,7 +24,7 @@ use super::{
     AggregateSource, Finished,
 };
 use crate::{
-    loader::{Families, Probes},
+    loader::Families,
     model::{DropCounts, KernelAccounting, OomRecord, TargetInfo},
     oom,
     regions::Attributed,
@@ -98,7 +98,7 @@ impl SessionOptions {
     }
 }
 
-pub struct Session<S: AggregateSource = Probes> {
+pub struct Session<S: AggregateSource> {
     source: S,
     opts: SessionOptions,
     table: ProcessTable,
@@ -242,7 +242,7 @@ impl Batch {
                 Some(ev) => {
                     if let Some(r) = resident {
                         let anon = vmtrace_common::RSS_ANON as u8;
-                        let kind = table.procs.get(&ev.tgid).map_or(anon, |p| super::resident::page_kind(p, ev.addr));
+                        let kind = table.get(ev.tgid).map_or(anon, |p| super::resident::page_kind(p, ev.addr));
                         r.page(&ev, kind);
                     }
                 }
@@ -332,7 +332,7 @@ impl<S: AggregateSource> Session<S> {
 
     /// What the table knows of `pid`, without asking /proc.
     pub fn known(&self, pid: u32) -> Option<&ProcInfo> {
-        self.table.procs.get(&pid)
+        self.table.get(pid)
     }
 
     /// `pid`'s entry, made and filled from /proc if need be.
@@ -350,12 +350,12 @@ impl<S: AggregateSource> Session<S> {
 
     /// Records who started `pid` (a command vmtrace spawned).
     pub fn set_parent(&mut self, pid: u32, ppid: u32) {
-        self.table.procs.entry(pid).or_default().ppid = Some(ppid);
+        self.table.set_parent(pid, ppid);
     }
 
     /// Replaces the exit hook's read of `pid`'s kernel fault counters.
     pub fn set_kernel_accounting(&mut self, pid: u32, k: KernelAccounting) {
-        self.table.procs.entry(pid).or_default().kernel = Some(k);
+        self.table.set_kernel_accounting(pid, k);
     }
 
     /// Marks the start of the trace proper.
@@ -473,7 +473,7 @@ impl<S: AggregateSource> Session<S> {
         let (procs, counts, ooms) = tracker.finish(monotonic_ns());
         let period = self.opts.stacks.map_or(0, |(_, n)| n);
         let (table, source, native, py) = (&mut self.table, &self.source, &self.native, &self.python.codes);
-        let comms: HashMap<u32, String> = table.procs.iter().map(|(p, i)| (*p, i.comm.clone())).collect();
+        let comms: HashMap<u32, String> = table.iter().map(|(p, i)| (*p, i.comm.clone())).collect();
         let mut symbolize = |raw| symbols::symbolize_counts(raw, table, source, native, py);
         let comm_of = |pid: u32| comms.get(&pid).cloned().unwrap_or_default();
         let params = (leaf, period, self.started_mono_ns);
@@ -524,21 +524,18 @@ impl<S: AggregateSource> Session<S> {
         // Read now: the victim is on its way out.
         // A victim already exiting may read as the root cgroup: then what it was
         // seen in while it lived (at its last exec or fork) is the better answer.
-        let seen = self.table.procs.get(&victim).and_then(|p| p.cgroup.clone());
+        let seen = self.table.get(victim).and_then(|p| p.cgroup.clone());
         let cgroup = match (oom::memory_cgroup_of(victim), seen) {
             (Some(now), Some(seen)) if now.1 == "/" && seen.1 != "/" => Some(seen),
             (now, seen) => now.or(seen),
         };
-        let in_target = self.table.procs.contains_key(&victim) || self.source.is_traced(victim);
+        let in_target = self.table.contains(victim) || self.source.is_traced(victim);
         let mut rec = oom::describe(ev, cgroup, in_target, self.since_start(ev.hdr.ts_ns));
         // Its count is read once more at the kill.
         rec.fault_rate_per_s = self.source.stats_of(victim).and_then(|s| {
             let now_s = self.seconds_at(now);
-            let first_seen_s = self
-                .table
-                .procs
-                .get(&victim)
-                .map(|p| now_s - now.saturating_duration_since(p.first_seen).as_secs_f64());
+            let first_seen_s =
+                self.table.get(victim).map(|p| now_s - now.saturating_duration_since(p.first_seen).as_secs_f64());
             self.flight.rate(victim, now_s, s.started, first_seen_s)
         });
         self.flight.record(rec);
@@ -566,7 +563,7 @@ impl<S: AggregateSource> Session<S> {
         // A thread the fallback fork hook reported, and whose exit came in the
         // same batch, is gone from the table: reading its /proc now would fail
         // and give it back an entry (its parent's maps) as a process.
-        born.retain(|tgid| self.table.procs.contains_key(tgid));
+        born.retain(|tgid| self.table.contains(*tgid));
         if self.opts.stacks.is_some() || self.opts.families.regions {
             let source = &self.source;
             for &tgid in &born {
@@ -576,7 +573,7 @@ impl<S: AggregateSource> Session<S> {
         if self.opts.families.oom {
             for tgid in born {
                 if let Some(cg) = oom::memory_cgroup_of(tgid) {
-                    self.table.procs.entry(tgid).or_default().cgroup = Some(cg);
+                    self.table.set_cgroup(tgid, cg);
                 }
             }
         }
@@ -596,17 +593,13 @@ impl<S: AggregateSource> Session<S> {
         }
         for tgid in batch.exited {
             self.native.forget_space(tgid);
-            if let Some(m) = self.source.take_mm(tgid) {
-                self.table.procs.entry(tgid).or_default().mm.get_or_insert_with(MmStats::default).merge(&m);
-            }
-            if let Some(s) = self.source.take_stats(tgid) {
-                self.table.procs.entry(tgid).or_default().stats.get_or_insert_with(FaultStats::default).merge(&s);
-            }
-            if let (Some(t), Some(p)) = (self.trace.as_mut(), self.table.procs.get(&tgid)) {
+            let (stats, mm) = (self.source.take_stats(tgid), self.source.take_mm(tgid));
+            self.table.add_final_counts(tgid, stats, mm);
+            if let (Some(t), Some(p)) = (self.trace.as_mut(), self.table.get(tgid)) {
                 tracelog::exited(t, tgid, p, self.minor_period, monotonic_ns());
             }
             if self.opts.forget_exited {
-                self.table.procs.remove(&tgid);
+                self.table.forget(tgid);
                 self.native.forget(tgid);
                 self.python.codes.forget(tgid);
             }
@@ -617,7 +610,7 @@ impl<S: AggregateSource> Session<S> {
     /// Fault aggregates of every process: taken at exit, or still in the map.
     pub(crate) fn stats_totals(&self) -> BTreeMap<u32, FaultStats> {
         let mut all: BTreeMap<u32, FaultStats> =
-            self.table.procs.iter().filter_map(|(pid, p)| p.stats.map(|s| (*pid, s))).collect();
+            self.table.iter().filter_map(|(pid, p)| p.stats.map(|s| (*pid, s))).collect();
         for (tgid, s) in self.source.all_stats() {
             all.entry(tgid).or_default().merge(&s);
         }
@@ -627,7 +620,7 @@ impl<S: AggregateSource> Session<S> {
     /// mmap/TLB aggregates of every process: taken at exit, or still in the map.
     pub(crate) fn mm_totals(&self) -> BTreeMap<u32, MmStats> {
         let mut all: BTreeMap<u32, MmStats> =
-            self.table.procs.iter().filter_map(|(pid, p)| p.mm.map(|m| (*pid, m))).collect();
+            self.table.iter().filter_map(|(pid, p)| p.mm.map(|m| (*pid, m))).collect();
         for (tgid, m) in self.source.all_mm() {
             all.entry(tgid).or_default().merge(&m);
         }
@@ -653,7 +646,7 @@ impl<S: AggregateSource> Session<S> {
         let keep = crate::model::fold::KEEP_TOP_PROCESSES;
         let mut faults = Vec::new();
         for pid in batch {
-            let st = self.table.procs.get(pid).and_then(|p| p.stats).unwrap_or_default();
+            let st = self.table.get(*pid).and_then(|p| p.stats).unwrap_or_default();
             let f = crate::model::Faults::from_stats(&st, self.minor_period);
             self.retired_sum.0 += f.total;
             self.retired_sum.1 += f.time_ns;
@@ -700,10 +693,10 @@ impl<S: AggregateSource> Session<S> {
             return;
         }
         self.last_retire = now;
-        let procs = &self.table.procs;
-        let needed: std::collections::HashSet<u32> = (self.table.live.iter())
+        let table = &self.table;
+        let needed: std::collections::HashSet<u32> = (self.table.live_pids().iter())
             .chain(self.retiring.iter().map(|(pid, _)| pid))
-            .filter_map(|pid| procs.get(pid)?.history.forked_from.map(|(parent, _)| parent))
+            .filter_map(|pid| table.get(*pid)?.history.forked_from.map(|(parent, _)| parent))
             .collect();
         let in_flight = self.source.granules_in_flight();
         let mut batch = std::collections::HashSet::new();
@@ -728,23 +721,18 @@ impl<S: AggregateSource> Session<S> {
             {
                 cow.add(c);
             }
-            if let Some(p) = self.table.procs.get_mut(pid) {
-                p.cow_from = (cow.total() > 0).then_some(cow);
-            }
+            self.table.set_cow_from(*pid, (cow.total() > 0).then_some(cow));
         }
         self.placed.fold_small(from, self.opts.fold_below, |pid| folded.contains(&pid));
         for pid in &batch {
-            if let Some(p) = self.table.procs.get_mut(pid) {
-                p.retired = true;
-                p.history.forget_log();
-            }
+            self.table.mark_retired(*pid);
         }
         self.retired += batch.len() as u64;
     }
 
     /// `build_regions` for live processes only.
     pub(crate) fn build_live_regions(&mut self) -> Attributed {
-        let live = self.table.live.clone();
+        let live = self.table.live_pids().clone();
         attribute::build_regions_of(&mut self.table, &self.source, |pid| live.contains(&pid))
     }
 
@@ -801,12 +789,7 @@ impl<S: AggregateSource> Session<S> {
         let stats = self.stats_totals();
         let drops = self.source.drops();
         let drop_kinds = drops.clone();
-        let pids = assemble::summary_pids(
-            &target,
-            stats.keys().copied(),
-            self.table.procs.keys().copied(),
-            process::is_thread,
-        );
+        let pids = assemble::summary_pids(&target, stats.keys().copied(), self.table.pids(), process::is_thread);
         let processes = pids.into_iter().map(|pid| (pid, self.table.ensure(pid).clone())).collect();
         let mut finished = assemble::assemble(Inputs {
             target,

@@ -30,7 +30,7 @@ const MAPS_RETRY_YOUNG: Duration = Duration::from_millis(5);
 impl ProcessMaps for ProcessTable {
     fn maps(&mut self, tgid: u32) -> (&[Region], Option<Instant>) {
         ensure_maps(self, tgid);
-        match self.procs.get(&tgid) {
+        match self.get(tgid) {
             Some(p) => (&p.maps, p.maps_read),
             None => (&[], None),
         }
@@ -39,9 +39,9 @@ impl ProcessMaps for ProcessTable {
     fn refresh(&mut self, tgid: u32) {
         // A young process maps its libraries (exec, ld.so, dlopen) faster
         // than the polls re-read its maps.
-        let young = self.procs.get(&tgid).is_some_and(|p| p.first_seen.elapsed() < YOUNG);
+        let young = self.get(tgid).is_some_and(|p| p.first_seen.elapsed() < YOUNG);
         let retry = if young { MAPS_RETRY_YOUNG } else { MAPS_RETRY };
-        let recent = self.procs.get(&tgid).and_then(|p| p.maps_read).is_some_and(|t| t.elapsed() < retry);
+        let recent = self.get(tgid).and_then(|p| p.maps_read).is_some_and(|t| t.elapsed() < retry);
         if !recent {
             self.snapshot_maps(tgid);
         }
@@ -93,7 +93,7 @@ impl MapsRefresh {
 
 /// Reads `pid`'s maps unless some are known already.
 fn ensure_maps(table: &mut ProcessTable, pid: u32) {
-    if table.procs.get(&pid).is_none_or(|p| p.maps.is_empty()) {
+    if table.get(pid).is_none_or(|p| p.maps.is_empty()) {
         table.snapshot_maps(pid);
     }
 }

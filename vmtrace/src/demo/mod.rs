@@ -17,12 +17,11 @@ use std::{
 use serde::Serialize;
 
 use crate::{
-    cli::EventFamily,
     model::{escape_html, fmt_ns, oom::render, Summary},
     record::{record, RecordError, RecordOptions},
     report::html,
-    stacks::StackMode,
     target::Target,
+    trace::{Families, Plan, Stacks, Timing},
 };
 
 use cgroup::ScratchCgroup;
@@ -170,32 +169,19 @@ fn scenarios(exe: &Path, bin: &Path, ckpt: &str) -> Vec<Scenario> {
 
 fn options(target: Target, out: PathBuf) -> RecordOptions {
     RecordOptions {
-        target,
+        plan: Plan {
+            families: Families { resident: false, ..Families::ALL },
+            stacks: Stacks { period: 16, leaf_region: true, ..Stacks::DEFAULT },
+            timing: Timing::EVERY_FAULT,
+            perfetto: true,
+            ..Plan::new(target)
+        },
         out,
         duration: None,
-        minor_period: 1,
-        fast_period: 1,
-        force_tracepoints: false,
-        events: vec![
-            EventFamily::Faults,
-            EventFamily::Regions,
-            EventFamily::Mmap,
-            EventFamily::Tlb,
-            EventFamily::Oom,
-            EventFamily::Perf,
-        ],
-        stacks: StackMode::User,
-        stack_period: 16,
-        stack_window: vmtrace_common::STACK_WINDOW_DEFAULT,
-        python_frames: true,
-        probe_stats: false,
-        leaf_region: true,
-        storm_threshold: 1000.0,
         stream_interval: None,
         print_summary: false,
         output: crate::report::OutputOptions::default(),
         detach: crate::record::Detach::Sequential,
-        perfetto: true,
     }
 }
 

@@ -1,26 +1,6 @@
-//! `vmtrace check`'s probe selection: load everything `record` could, report
-//! what each hook got, let it go.
-use super::{Attachment, Families, LoadError, LoadOptions, Probes};
-use crate::stacks::StackMode;
-
-/// Which program type each hook gets on this kernel: loads and attaches
-/// everything `record` would (every family), then lets it go.
-pub fn probe_selection() -> Result<Vec<Attachment>, LoadError> {
-    let probes = Probes::load(&LoadOptions {
-        trace_all: false,
-        minor_period: 1,
-        fast_period: crate::loader::DEFAULT_FAST_PERIOD,
-        force_tracepoints: false,
-        families: Families { oom: true, mmap: true, tlb: true, regions: true, resident: true },
-        stacks: StackMode::User,
-        stack_period: 64,
-        stack_window: vmtrace_common::STACK_WINDOW_DEFAULT,
-        leaf_region: false,
-        end_on_tasks: false,
-        stream_majors: false,
-    })?;
-    Ok(probes.attached().to_vec())
-}
+//! `vmtrace check`'s probe-selection table (`trace::probe_selection` loads
+//! everything `record` could and lets it go).
+use super::Attachment;
 
 /// The probe-selection table of `vmtrace check`.
 pub fn render_selection(attached: &[Attachment]) -> String {

@@ -21,7 +21,7 @@ mod maps;
 mod source;
 
 pub use attach::{AttachError, Attachment, Outcome};
-pub use check::{probe_selection, render_selection};
+pub use check::render_selection;
 pub use hooks::{Family, Hook, ProgramKind};
 pub use source::AggregateSource;
 
@@ -104,6 +104,26 @@ pub struct Families {
     /// Resident memory per process (`kmem:rss_stat`), and with stacks the
     /// sampled pages for the resident profiles.
     pub resident: bool,
+    /// The kernel's own fault counters (and TLB-miss counters where a PMU
+    /// exists), opened by the tracer, not the loader.
+    pub perf: bool,
+}
+
+impl Families {
+    /// Every family.
+    pub const ALL: Self = Self { oom: true, mmap: true, tlb: true, regions: true, resident: true, perf: true };
+
+    /// Whether a hook of `family` is attached.
+    pub fn has(self, family: Family) -> bool {
+        match family {
+            Family::Core => true,
+            Family::Oom => self.oom,
+            Family::Mmap => self.mmap,
+            Family::Regions => self.regions,
+            Family::Tlb => self.tlb,
+            Family::Resident => self.resident,
+        }
+    }
 }
 
 /// Kernel memory for the per-granule map: `REGION_STATS` is per CPU and
@@ -221,15 +241,7 @@ impl Probes {
             )
             .load(crate::EBPF_OBJECT)?;
         let logger = aya_log::EbpfLogger::init(&mut ebpf).ok();
-        let f = opts.families;
-        let wanted = |h: &&Hook| match h.family {
-            Family::Core => true,
-            Family::Oom => f.oom,
-            Family::Mmap => f.mmap,
-            Family::Regions => f.regions,
-            Family::Tlb => f.tlb,
-            Family::Resident => f.resident,
-        };
+        let wanted = |h: &&Hook| opts.families.has(h.family);
         let mut cx =
             attach::Context { ebpf: &mut ebpf, btf: &btf, tp_btf: &tp_btf, force_tracepoints: opts.force_tracepoints };
         // The memcg end marks anonymous huge faults itself (THP_FAULT_ALLOC);

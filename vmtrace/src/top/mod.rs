@@ -21,12 +21,12 @@ use tokio::io::{unix::AsyncFd, Interest};
 use view::{Pane, ViewState};
 
 use crate::{
-    collect::{install_stop_handlers, live::LiveScope, stop_signal, Session, SessionOptions},
-    loader::{Families, LoadError, LoadOptions, Probes},
+    collect::{live::LiveScope, stop_signal, Session},
+    loader::Probes,
     model::{OomRecord, RegionKind, RegionSummary},
-    record::{check_target, preflight, start_target, PerfProbe, RecordError},
-    stacks::{symbolize::Names, StackMode},
-    target::{pid_alive, wait_exit, GatedChild, Target},
+    stacks::symbolize::Names,
+    target::{pid_alive, wait_exit, Target},
+    trace::{Front, PerfProbe, Plan, Stacks, Timing, TraceError, Tracer},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -37,9 +37,7 @@ pub enum TopError {
     NotATerminal,
     /// The target, preflight and starting it, shared with `record`.
     #[error(transparent)]
-    Record(#[from] RecordError),
-    #[error(transparent)]
-    Load(#[from] LoadError),
+    Trace(#[from] TraceError),
     /// The cause is in the message, not a `#[source]`: the hint stays the
     /// last line (the binary prints the source chain after the message).
     #[error(
@@ -102,7 +100,7 @@ impl Model {
     /// emptying as they leave the kernel's maps.
     fn refresh(
         &mut self,
-        session: &mut Session,
+        session: &mut Session<Probes>,
         perf: Option<&mut PerfProbe>,
         sort: model::SortKey,
         ended: bool,
@@ -165,7 +163,7 @@ impl Model {
     /// While the target runs, the regions of live processes (as the
     /// process pane shows them): attributing every region of every process
     /// the trace has seen, each second, grew with churn. Once it ended, all.
-    fn regions(&mut self, session: &mut Session, dt: f64, sort: model::SortKey, ended: bool) -> Vec<RegionRow> {
+    fn regions(&mut self, session: &mut Session<Probes>, dt: f64, sort: model::SortKey, ended: bool) -> Vec<RegionRow> {
         let attributed = if ended { session.build_regions() } else { session.build_live_regions() }.regions;
         let key = |r: &RegionSummary| (r.pid, u64::from_str_radix(r.start.trim_start_matches("0x"), 16).unwrap_or(0));
         let cums: Vec<((u32, u64), Cum)> = attributed
@@ -194,7 +192,7 @@ impl Model {
 
     /// A line per storm going on, or ended in the last seconds, with the
     /// call site that sent most of its IPIs.
-    fn storms(&mut self, session: &mut Session, now_s: f64) -> Vec<String> {
+    fn storms(&mut self, session: &mut Session<Probes>, now_s: f64) -> Vec<String> {
         let storms: Vec<_> = session
             .storms()
             .open_storms()
@@ -302,41 +300,16 @@ fn describe(target: &Target) -> String {
 }
 
 pub fn run(opts: &TopOptions) -> Result<i32, TopError> {
-    check_target(&opts.target)?;
+    let plan = Plan {
+        stacks: Stacks { period: FAULT_STACK_PERIOD, ..Stacks::DEFAULT },
+        timing: Timing { minor_period: MINOR_PERIOD, fast_period: 1 },
+        storm_threshold: opts.storm_threshold,
+        ..Plan::new(opts.target.clone())
+    };
+    plan.check_target()?;
     if !std::io::stdout().is_terminal() {
         return Err(TopError::NotATerminal);
     }
-    preflight()?;
-    let families = Families { oom: true, mmap: true, tlb: true, regions: true, resident: true };
-    let probes = Probes::load(&LoadOptions {
-        trace_all: matches!(opts.target, Target::System),
-        minor_period: MINOR_PERIOD,
-        fast_period: 1,
-        force_tracepoints: false,
-        families,
-        stacks: StackMode::User,
-        stack_period: FAULT_STACK_PERIOD,
-        stack_window: vmtrace_common::STACK_WINDOW_DEFAULT,
-        leaf_region: false,
-        end_on_tasks: !matches!(opts.target, Target::System),
-        stream_majors: false,
-    })?;
-    let mut session = Session::new(
-        probes,
-        SessionOptions {
-            families,
-            stacks: None,
-            storm_threshold: opts.storm_threshold,
-            python_frames: true,
-            trace_log: false,
-            // The system has no end: exited processes are never shown again.
-            forget_exited: matches!(opts.target, Target::System),
-            retire_exited: false,
-            fold_below: 0.0,
-            fold_processes: false,
-        },
-    );
-    install_stop_handlers();
     let log = match &opts.target {
         Target::Command(_) => {
             let path = opts
@@ -349,16 +322,13 @@ pub fn run(opts: &TopOptions) -> Result<i32, TopError> {
         }
         _ => None,
     };
-    let (_info, child, perf) = start_target(&mut session, &opts.target, true, log.as_ref().map(|(_, f)| f))?;
-    session.start_clock();
+    let tracer = Tracer::start(&plan, Front::Live, log.as_ref().map(|(_, f)| f))?;
     let mut terminal = ratatui::try_init().map_err(TopError::TerminalSetup)?;
     let rt =
         tokio::runtime::Builder::new_current_thread().enable_time().enable_io().build().map_err(TopError::EventLoop)?;
     let mut app = App {
-        session,
+        tracer,
         model: Model::new(),
-        perf,
-        child,
         target: opts.target.clone(),
         view: ViewState::default(),
         shown: Snapshot::default(),
@@ -369,7 +339,7 @@ pub fn run(opts: &TopOptions) -> Result<i32, TopError> {
     let r = rt.block_on(app.run(&mut terminal, opts.interval));
     ratatui::restore();
     r.map_err(TopError::Terminal)?;
-    app.session.source_mut().stop_counting();
+    app.tracer.stop_counting();
     if let Some(p) = &app.log {
         eprintln!("vmtrace: the command's output is in {}", p.display());
     }
@@ -377,10 +347,8 @@ pub fn run(opts: &TopOptions) -> Result<i32, TopError> {
 }
 
 struct App {
-    session: Session,
+    tracer: Tracer,
     model: Model,
-    perf: Option<PerfProbe>,
-    child: Option<GatedChild>,
     target: Target,
     view: ViewState,
     /// The frame on screen (frozen while paused).
@@ -395,14 +363,15 @@ impl App {
     async fn run(&mut self, terminal: &mut ratatui::DefaultTerminal, interval: Duration) -> std::io::Result<()> {
         // Drained as soon as the kernel wakes us: a 100 ms nap would let a
         // burst of mapping events overflow the ring buffer.
-        let ring_fd = self.session.source().ring_fd().try_clone_to_owned()?;
+        let ring_fd = self.tracer.ring_fd().try_clone_to_owned()?;
         // SAFETY: the AsyncFd owns this duplicate, open until the AsyncFd drops.
         let ring =
             unsafe { AsyncFd::register_with_interest(ring_fd, Interest::READABLE) }.map_err(std::io::Error::from)?;
         let mut keys = EventStream::new();
         let mut drain = tokio::time::interval(Duration::from_millis(100));
         // A baseline reading now, the first rates one interval later.
-        self.model.refresh(&mut self.session, self.perf.as_mut(), self.view.sort, false);
+        let (session, perf) = self.tracer.session_and_perf();
+        self.model.refresh(session, perf, self.view.sort, false);
         self.shown.target = describe(&self.target);
         self.shown.dtlb = "dTLB: measuring…".into();
         terminal.draw(|f| view::draw(f, &self.shown, self.view))?;
@@ -413,11 +382,11 @@ impl App {
             tokio::select! {
                 ready = ring.readable() => {
                     let mut guard = ready?;
-                    self.session.drain();
+                    self.tracer.session().drain();
                     guard.clear_ready();
                 }
                 _ = drain.tick() => {
-                    self.session.poll(Duration::ZERO);
+                    self.tracer.session().poll(Duration::ZERO);
                     self.check_target();
                     if stop_signal().is_some() {
                         return Ok(());
@@ -425,7 +394,8 @@ impl App {
                 }
                 _ = refresh.tick() => {
                     let ended = self.ended.is_some();
-                    let mut snap = self.model.refresh(&mut self.session, self.perf.as_mut(), self.view.sort, ended);
+                    let (session, perf) = self.tracer.session_and_perf();
+                    let mut snap = self.model.refresh(session, perf, self.view.sort, ended);
                     snap.target = describe(&self.target);
                     snap.ended.clone_from(&self.ended);
                     if !self.view.paused {
@@ -474,7 +444,7 @@ impl App {
         if self.ended.is_some() {
             return;
         }
-        if let Some(c) = &self.child {
+        if let Some(c) = self.tracer.child() {
             if let Some(st) = wait_exit(c.pid, false) {
                 self.exit_status = Some(st);
                 let log = self.log.as_ref().map(|p| format!(", output in {}", p.display())).unwrap_or_default();
@@ -490,7 +460,7 @@ impl App {
     /// Leaving while the command still runs stops it, as Ctrl-C does under
     /// `record`; its status is what `top` exits with.
     fn finish(self) -> i32 {
-        if let (Some(c), None) = (&self.child, self.exit_status) {
+        if let (Some(c), None) = (self.tracer.child(), self.exit_status) {
             // SAFETY: signalling our own child.
             unsafe { libc::kill(c.pid as i32, libc::SIGTERM) };
             let until = Instant::now() + Duration::from_secs(2);
