@@ -9,18 +9,18 @@
 //! → [`model`] (what every output reads: the summary, the live snapshot)
 //! ← [`report`] (`summary.json`, `summary.txt`), [`export`] (pprof), [`top`], [`serve`].
 pub mod cli;
-pub mod collect;
+mod collect;
 pub mod demo;
 pub mod export;
 pub mod kernel;
 pub mod loader;
 pub mod model;
-pub mod oom;
+mod oom;
 pub mod perf;
-pub mod procmaps;
+mod procmaps;
 pub mod python;
 pub mod record;
-pub mod regions;
+mod regions;
 pub mod report;
 pub mod serve;
 pub mod stacks;

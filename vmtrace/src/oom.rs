@@ -23,10 +23,10 @@ pub enum CgroupVersion {
     V2,
 }
 
-pub const V1_MEMORY_ROOT: &str = "/sys/fs/cgroup/memory";
+pub(crate) const V1_MEMORY_ROOT: &str = "/sys/fs/cgroup/memory";
 
 /// Where the v2 hierarchy with the memory controller is mounted, if any.
-pub fn v2_memory_root() -> Option<PathBuf> {
+pub(crate) fn v2_memory_root() -> Option<PathBuf> {
     let mounts = fs::read_to_string("/proc/self/mountinfo").ok()?;
     mounts.lines().filter(|l| l.contains(" - cgroup2 ")).filter_map(|l| l.split(' ').nth(4).map(PathBuf::from)).find(
         |root| {
@@ -37,13 +37,13 @@ pub fn v2_memory_root() -> Option<PathBuf> {
 }
 
 /// The memory cgroup of `pid` (path relative to its hierarchy's root).
-pub fn memory_cgroup_of(pid: u32) -> Option<(CgroupVersion, String)> {
+pub(crate) fn memory_cgroup_of(pid: u32) -> Option<(CgroupVersion, String)> {
     parse_proc_cgroup(&fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?, v2_memory_root().is_some())
 }
 
 /// Picks the memory cgroup from `/proc/PID/cgroup`: the v1 `memory` line, else
 /// the v2 line when v2 carries the memory controller.
-pub fn parse_proc_cgroup(text: &str, v2_has_memory: bool) -> Option<(CgroupVersion, String)> {
+pub(crate) fn parse_proc_cgroup(text: &str, v2_has_memory: bool) -> Option<(CgroupVersion, String)> {
     for line in text.lines() {
         let mut it = line.splitn(3, ':');
         let (_, ctrls, path) = (it.next()?, it.next()?, it.next()?);
@@ -59,7 +59,7 @@ pub fn parse_proc_cgroup(text: &str, v2_has_memory: bool) -> Option<(CgroupVersi
 
 /// The path (relative to `root`) of the cgroup directory whose inode number is
 /// `id` — the kernfs id the kernel hook read. Cgroup trees are small.
-pub fn cgroup_path_by_id(root: &Path, id: u64) -> Option<String> {
+pub(crate) fn cgroup_path_by_id(root: &Path, id: u64) -> Option<String> {
     use std::os::unix::fs::MetadataExt as _;
     if id == 0 {
         return None;
@@ -80,7 +80,7 @@ pub fn cgroup_path_by_id(root: &Path, id: u64) -> Option<String> {
 }
 
 /// The memory hierarchy in use: v1's memory controller, else v2 with memory.
-pub fn memory_hierarchy() -> Option<(CgroupVersion, PathBuf)> {
+pub(crate) fn memory_hierarchy() -> Option<(CgroupVersion, PathBuf)> {
     if Path::new(V1_MEMORY_ROOT).join("memory.limit_in_bytes").exists() {
         return Some((CgroupVersion::V1, PathBuf::from(V1_MEMORY_ROOT)));
     }
@@ -89,7 +89,7 @@ pub fn memory_hierarchy() -> Option<(CgroupVersion, PathBuf)> {
 
 /// Limit, peak usage and OOM count of one memory cgroup directory.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CgroupMemory {
+pub(crate) struct CgroupMemory {
     pub limit_bytes: Option<u64>,
     pub peak_bytes: Option<u64>,
     /// v2 `memory.events` "oom" (limit hit and an allocation about to fail);
@@ -106,7 +106,7 @@ fn keyed(p: &Path, key: &str) -> Option<u64> {
     fs::read_to_string(p).ok()?.lines().find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
 }
 
-pub fn read_cgroup_memory(dir: &Path, v: CgroupVersion) -> CgroupMemory {
+pub(crate) fn read_cgroup_memory(dir: &Path, v: CgroupVersion) -> CgroupMemory {
     match v {
         CgroupVersion::V1 => {
             // An unlimited v1 cgroup reports a huge page-aligned number.
@@ -129,7 +129,7 @@ pub fn read_cgroup_memory(dir: &Path, v: CgroupVersion) -> CgroupMemory {
 }
 
 /// The cgroup, leaf first, that ran out of memory, with its counters.
-pub fn find_oom_cgroup(root: &Path, path: &str, v: CgroupVersion) -> Option<(String, CgroupMemory)> {
+pub(crate) fn find_oom_cgroup(root: &Path, path: &str, v: CgroupVersion) -> Option<(String, CgroupMemory)> {
     let mut p = path.trim_end_matches('/').to_string();
     loop {
         let m = read_cgroup_memory(&root.join(p.trim_start_matches('/')), v);
@@ -148,7 +148,7 @@ pub fn find_oom_cgroup(root: &Path, path: &str, v: CgroupVersion) -> Option<(Str
 }
 
 /// The victim's largest regions by resident size, if its smaps is still readable.
-pub fn top_regions(pid: u32, n: usize) -> Option<Vec<HeldRegion>> {
+pub(crate) fn top_regions(pid: u32, n: usize) -> Option<Vec<HeldRegion>> {
     let text = fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
     let mut out = Vec::new();
     let mut current: Option<procmaps::Region> = None;
@@ -173,7 +173,7 @@ pub fn top_regions(pid: u32, n: usize) -> Option<Vec<HeldRegion>> {
 
 /// Everything that can be learned about a kill when its event arrives: read
 /// at once, since the victim is on its way out.
-pub fn describe(
+pub(crate) fn describe(
     ev: &OomEvent,
     victim_cgroup: Option<(CgroupVersion, String)>,
     in_target: bool,

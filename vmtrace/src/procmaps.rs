@@ -37,7 +37,7 @@ fn classify(inode: u64, name: &str) -> RegionKind {
 }
 
 /// Parses the text of `/proc/PID/maps`. Lines that do not parse are skipped.
-pub fn parse(text: &str) -> Vec<Region> {
+pub(crate) fn parse(text: &str) -> Vec<Region> {
     text.lines().filter_map(parse_line).collect()
 }
 
@@ -58,12 +58,12 @@ fn parse_line(line: &str) -> Option<Region> {
     Some(Region { start, end, perms, offset, kind, path })
 }
 
-pub fn read(pid: u32) -> std::io::Result<Vec<Region>> {
+pub(crate) fn read(pid: u32) -> std::io::Result<Vec<Region>> {
     std::fs::read_to_string(format!("/proc/{pid}/maps")).map(|t| parse(&t))
 }
 
 /// The region holding `addr` (regions sorted by start, as the kernel lists them).
-pub fn find(regions: &[Region], addr: u64) -> Option<&Region> {
+pub(crate) fn find(regions: &[Region], addr: u64) -> Option<&Region> {
     let i = regions.partition_point(|r| r.start <= addr);
     i.checked_sub(1).map(|i| &regions[i]).filter(|r| r.contains(addr))
 }

@@ -14,7 +14,7 @@ use crate::{
     collect::{install_stop_handlers, Session, SessionOptions},
     kernel::preflight,
     loader::{LoadError, LoadOptions, Probes},
-    model::{PerfSummary, ProgramStats, TargetInfo},
+    model::{PerfSummary, ProgramStats, TargetInfo, TargetKind},
     perf::{sampling::DataSampler, Counters, FaultEnd, Scope},
     stacks::StackMode,
     target::{check_pid, resolve_program, GatedChild, Target, TargetError},
@@ -383,20 +383,24 @@ fn start_target(
             session.set_parent(c.pid, std::process::id());
             session.read_maps(c.pid);
             c.release()?;
-            let info =
-                TargetInfo { kind: "command".into(), command: Some(argv.clone()), pid: Some(c.pid), exit_status: None };
+            let info = TargetInfo {
+                kind: TargetKind::Command,
+                command: Some(argv.clone()),
+                pid: Some(c.pid),
+                exit_status: None,
+            };
             (info, Some(c), counters)
         }
         Target::Pid(pid) => {
             let counters = perf_for(Scope::process(*pid))?;
             session.source_mut().trace_pid(*pid).map_err(|e| TraceError::Trace(*pid, e))?;
             session.process(*pid);
-            (TargetInfo { kind: "pid".into(), command: None, pid: Some(*pid), exit_status: None }, None, counters)
+            (TargetInfo { kind: TargetKind::Pid, command: None, pid: Some(*pid), exit_status: None }, None, counters)
         }
         Target::System => {
             let counters = perf_for(Scope::system())?;
             session.source_mut().start_counting();
-            (TargetInfo { kind: "system".into(), command: None, pid: None, exit_status: None }, None, counters)
+            (TargetInfo { kind: TargetKind::System, command: None, pid: None, exit_status: None }, None, counters)
         }
     })
 }

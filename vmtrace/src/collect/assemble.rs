@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use vmtrace_common::{FaultStats, MmCall, MmStats, ADVICE_SLOTS, MM_CALL_NAMES};
 
 use super::{process::ProcInfo, Finished, MmSite};
+use crate::model::TargetKind;
 use crate::{
     loader::Families,
     model::{
@@ -17,7 +18,7 @@ use crate::{
 };
 
 /// Everything a finished trace knows, read out of the session.
-pub struct Inputs {
+pub(crate) struct Inputs {
     pub target: TargetInfo,
     pub duration_s: f64,
     pub families: Families,
@@ -57,14 +58,14 @@ pub struct Inputs {
 /// whole system was traced, every one the target ran (even one that never
 /// faulted), in pid order. `is_thread` drops live threads the fallback fork
 /// hook could not tell from processes.
-pub fn summary_pids(
+pub(crate) fn summary_pids(
     target: &TargetInfo,
     faulted: impl Iterator<Item = u32>,
     known: impl Iterator<Item = u32>,
     is_thread: impl Fn(u32) -> bool,
 ) -> Vec<u32> {
     let mut pids: Vec<u32> = faulted.collect();
-    if target.kind != "system" {
+    if target.kind != TargetKind::System {
         pids.extend(known);
     }
     if let Some(pid) = target.pid {
@@ -81,7 +82,7 @@ pub fn summary_pids(
 /// Each sample stands for `F / n` faults on average; treating the sample as
 /// simple random, the total's variance is F² s² / n (1 − n/F), s² the
 /// samples' variance. One sample: its own value as the error.
-pub fn fast_stratum(s: &FaultStats) -> (u64, f64) {
+pub(crate) fn fast_stratum(s: &FaultStats) -> (u64, f64) {
     let n = s.minor_sampled;
     let minor = s.started.max(s.major) - s.major;
     // minor_seen counts the faults timed at the end unweighted: slow + samples.
@@ -120,7 +121,7 @@ fn sampling(i: &Inputs, time_estimated: bool, stratified: bool, total_ns: u64) -
     s
 }
 
-pub fn assemble(mut i: Inputs) -> Finished {
+pub(crate) fn assemble(mut i: Inputs) -> Finished {
     let drop_counts = DropCounts { by_kind: i.drops.clone(), malformed_events: i.malformed_events };
     let drops = drop_counts.summary();
     let (processes, totals) = processes(&i);
@@ -210,7 +211,7 @@ fn processes(i: &Inputs) -> (Vec<Process>, Faults) {
         }
         // After `huge` is known, or the total's stays null.
         totals.add(&faults);
-        let exit_code = if Some(pid) == i.target.pid && i.target.kind == "command" {
+        let exit_code = if Some(pid) == i.target.pid && i.target.kind == TargetKind::Command {
             i.target.exit_status.or(info.exit_code)
         } else {
             info.exit_code

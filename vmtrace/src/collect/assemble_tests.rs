@@ -8,7 +8,7 @@ use crate::{
     collect::process::ProcInfo,
     loader::Families,
     model::OomRecord,
-    model::{Storm, TargetInfo, Timeline},
+    model::{Storm, TargetInfo, TargetKind, Timeline},
 };
 
 fn info(ppid: u32, comm: &str, exit_code: Option<i32>) -> ProcInfo {
@@ -78,7 +78,7 @@ fn inputs() -> Inputs {
     drops[DropKind::FaultUntimed as usize] = 4;
     Inputs {
         target: TargetInfo {
-            kind: "command".into(),
+            kind: TargetKind::Command,
             command: Some(vec!["hog".into()]),
             pid: Some(10),
             exit_status: Some(137),
@@ -190,9 +190,9 @@ fn untraced_families_leave_their_sections_out() {
 
 #[test]
 fn pids_of_the_summary() {
-    let cmd = TargetInfo { kind: "command".into(), command: None, pid: Some(5), exit_status: None };
+    let cmd = TargetInfo { kind: TargetKind::Command, command: None, pid: Some(5), exit_status: None };
     let pids = summary_pids(&cmd, [9, 3].into_iter(), [7, 3].into_iter(), |p| p == 7);
     assert_eq!(pids, [3, 5, 9]);
-    let system = TargetInfo { kind: "system".into(), command: None, pid: None, exit_status: None };
+    let system = TargetInfo { kind: TargetKind::System, command: None, pid: None, exit_status: None };
     assert_eq!(summary_pids(&system, [9].into_iter(), [7].into_iter(), |_| false), [9]);
 }

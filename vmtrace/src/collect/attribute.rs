@@ -28,15 +28,10 @@ fn start_of(table: &ProcessTable, pid: u32, depth: u32) -> Option<Vec<Region>> {
     Some(regions::regions_at(&parent.history, start_of(table, ppid, depth - 1), gen, &parent.maps))
 }
 
-/// Faults per region of every process, then per file and tensor; the
-/// regions costliest in fault time first.
-pub fn build_regions(table: &mut ProcessTable, source: &impl AggregateSource) -> Attributed {
-    build_regions_of(table, source, |_| true)
-}
-
-/// `build_regions` for the processes `wanted` picks (`top` while running:
-/// the live ones, not every process the trace has seen).
-pub fn build_regions_of(
+/// Faults per region of the processes `wanted` picks (`top` while running:
+/// the live ones, not every process the trace has seen), then per file and
+/// tensor; the regions costliest in fault time first.
+pub(crate) fn build_regions_of(
     table: &mut ProcessTable,
     source: &impl AggregateSource,
     wanted: impl Fn(u32) -> bool,
@@ -49,7 +44,7 @@ pub fn build_regions_of(
 }
 
 /// Places `granules` in the regions of their processes, into `partial`.
-pub fn place_into(partial: &mut Partial, table: &mut ProcessTable, granules: &[(GranuleKey, GranuleCounts)]) {
+pub(crate) fn place_into(partial: &mut Partial, table: &mut ProcessTable, granules: &[(GranuleKey, GranuleCounts)]) {
     // Processes whose maps were never read (e.g. with -a) are read now if alive.
     let mut pids: Vec<u32> = granules.iter().map(|(k, _)| k.tgid).collect();
     pids.dedup();
@@ -72,7 +67,7 @@ pub fn place_into(partial: &mut Partial, table: &mut ProcessTable, granules: &[(
 
 /// The files and tensors of what `partial` placed, with what the kernel
 /// counted of their page cache; the regions costliest in fault time first.
-pub fn finish(partial: Partial, source: &impl AggregateSource) -> Attributed {
+pub(crate) fn finish(partial: Partial, source: &impl AggregateSource) -> Attributed {
     let mut chunks: HashMap<(u32, u64), Vec<(u64, u64)>> = HashMap::new();
     for (k, pages) in source.page_cache_chunks() {
         chunks.entry((k.dev, k.ino)).or_default().push((u64::from(k.chunk), pages));

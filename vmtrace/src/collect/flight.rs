@@ -14,7 +14,7 @@ use crate::model::OomRecord;
 const HISTORY: Duration = Duration::from_secs(5);
 const HISTORY_STEP: Duration = Duration::from_millis(250);
 
-pub struct FlightRecorder {
+pub(crate) struct FlightRecorder {
     /// (seconds since start, faults so far) per process, last few seconds.
     history: HashMap<u32, VecDeque<(f64, u64)>>,
     last_sample: Instant,
@@ -22,17 +22,17 @@ pub struct FlightRecorder {
 }
 
 impl FlightRecorder {
-    pub fn new(now: Instant) -> Self {
+    pub(crate) fn new(now: Instant) -> Self {
         Self { history: HashMap::new(), last_sample: now, ooms: Vec::new() }
     }
 
     /// Whether the next sample is due at `now`.
-    pub fn due(&self, now: Instant) -> bool {
+    pub(crate) fn due(&self, now: Instant) -> bool {
         now.saturating_duration_since(self.last_sample) >= HISTORY_STEP
     }
 
     /// One sample: the fault count of each live traced process at `now_s`.
-    pub fn sample(&mut self, now: Instant, now_s: f64, stats: &[(u32, FaultStats)]) {
+    pub(crate) fn sample(&mut self, now: Instant, now_s: f64, stats: &[(u32, FaultStats)]) {
         self.last_sample = now;
         for (tgid, s) in stats {
             let h = self.history.entry(*tgid).or_default();
@@ -47,7 +47,7 @@ impl FlightRecorder {
     /// `current` faults: its count is read once more at the kill, and a
     /// process younger than one sample is measured from when it was first
     /// seen (`first_seen_s`).
-    pub fn rate(&self, pid: u32, now_s: f64, current: u64, first_seen_s: Option<f64>) -> Option<f64> {
+    pub(crate) fn rate(&self, pid: u32, now_s: f64, current: u64, first_seen_s: Option<f64>) -> Option<f64> {
         let (t0, n0) = match self.history.get(&pid).and_then(|h| h.front()) {
             Some(&(t, n)) => (t, n),
             None => (first_seen_s?, 0),
@@ -55,15 +55,15 @@ impl FlightRecorder {
         (now_s > t0).then(|| current.saturating_sub(n0) as f64 / (now_s - t0))
     }
 
-    pub fn record(&mut self, r: OomRecord) {
+    pub(crate) fn record(&mut self, r: OomRecord) {
         self.ooms.push(r);
     }
 
-    pub fn ooms(&self) -> &[OomRecord] {
+    pub(crate) fn ooms(&self) -> &[OomRecord] {
         &self.ooms
     }
 
-    pub fn take_ooms(&mut self) -> Vec<OomRecord> {
+    pub(crate) fn take_ooms(&mut self) -> Vec<OomRecord> {
         std::mem::take(&mut self.ooms)
     }
 }

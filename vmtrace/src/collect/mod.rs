@@ -7,28 +7,28 @@
 //! [`flight`] (the OOM flight recorder), [`storms`], [`symbols`],
 //! [`attribute`] (regions), [`session::live`] (the live snapshot), and
 //! [`assemble`], the pure step from aggregates to the summary.
-pub mod assemble;
-pub mod attribute;
+pub(crate) mod assemble;
+pub(crate) mod attribute;
 #[cfg(test)]
 pub mod fake;
-pub mod flight;
-pub mod process;
-pub mod python;
-pub mod resident;
-pub mod session;
-pub mod storms;
-pub mod symbols;
-pub mod timeline;
-pub mod tracelog;
+pub(crate) mod flight;
+pub(crate) mod process;
+pub(crate) mod python;
+pub(crate) mod resident;
+pub(crate) mod session;
+pub(crate) mod storms;
+pub(crate) mod symbols;
+pub(crate) mod timeline;
+pub(crate) mod tracelog;
 
 use std::sync::atomic::{AtomicI32, Ordering};
 
-pub use crate::loader::AggregateSource;
+pub(crate) use crate::loader::AggregateSource;
 
 /// `--storm-threshold`'s default: TLB-flush IPIs per second above which a
 /// process is in a shootdown storm.
-pub const DEFAULT_STORM_THRESHOLD: f64 = 1000.0;
-pub use session::{live, Session, SessionOptions};
+pub(crate) const DEFAULT_STORM_THRESHOLD: f64 = 1000.0;
+pub(crate) use session::{live, Session, SessionOptions};
 
 use crate::model::MmSite;
 use crate::{model::Summary, stacks::Stack};
@@ -41,14 +41,14 @@ extern "C" fn on_stop_signal(sig: i32) {
 }
 
 /// Ctrl-C and SIGTERM end the trace cleanly, with every output written.
-pub fn install_stop_handlers() {
+pub(crate) fn install_stop_handlers() {
     for sig in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
         unsafe { libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t) };
     }
 }
 
-pub fn stop_signal() -> Option<i32> {
+pub(crate) fn stop_signal() -> Option<i32> {
     match STOP_SIGNAL.load(Ordering::SeqCst) {
         0 => None,
         s => Some(s),

@@ -76,7 +76,7 @@ impl Default for ProcInfo {
 }
 
 #[derive(Default)]
-pub struct ProcessTable {
+pub(crate) struct ProcessTable {
     procs: BTreeMap<u32, ProcInfo>,
     /// The processes not known to have exited: the periodic jobs (maps
     /// re-reads, Python detection) walk these, not every process the
@@ -89,70 +89,70 @@ pub struct ProcessTable {
 /// change of an entry goes through a method here.
 impl ProcessTable {
     /// What the table knows of `pid`.
-    pub fn get(&self, pid: u32) -> Option<&ProcInfo> {
+    pub(crate) fn get(&self, pid: u32) -> Option<&ProcInfo> {
         self.procs.get(&pid)
     }
 
-    pub fn contains(&self, pid: u32) -> bool {
+    pub(crate) fn contains(&self, pid: u32) -> bool {
         self.procs.contains_key(&pid)
     }
 
     /// Every process seen (and not forgotten), by pid.
-    pub fn iter(&self) -> impl Iterator<Item = (&u32, &ProcInfo)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&u32, &ProcInfo)> {
         self.procs.iter()
     }
 
     /// The pids of [`Self::iter`].
-    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+    pub(crate) fn pids(&self) -> impl Iterator<Item = u32> + '_ {
         self.procs.keys().copied()
     }
 
     /// The pids of the processes not known to have exited.
-    pub fn live_pids(&self) -> &BTreeSet<u32> {
+    pub(crate) fn live_pids(&self) -> &BTreeSet<u32> {
         &self.live
     }
 
     /// Records who started `pid` (a command vmtrace spawned).
-    pub fn set_parent(&mut self, pid: u32, ppid: u32) {
+    pub(crate) fn set_parent(&mut self, pid: u32, ppid: u32) {
         self.procs.entry(pid).or_default().ppid = Some(ppid);
     }
 
     /// The kernel's own fault counts of `pid` (its exit, or the command's rusage).
-    pub fn set_kernel_accounting(&mut self, pid: u32, k: crate::model::KernelAccounting) {
+    pub(crate) fn set_kernel_accounting(&mut self, pid: u32, k: crate::model::KernelAccounting) {
         self.procs.entry(pid).or_default().kernel = Some(k);
     }
 
-    pub fn set_cgroup(&mut self, pid: u32, cgroup: (crate::oom::CgroupVersion, String)) {
+    pub(crate) fn set_cgroup(&mut self, pid: u32, cgroup: (crate::oom::CgroupVersion, String)) {
         self.procs.entry(pid).or_default().cgroup = Some(cgroup);
     }
 
     /// Adds an exited process's final aggregates, taken out of the kernel's maps.
-    pub fn add_final_counts(
+    pub(crate) fn add_final_counts(
         &mut self,
         pid: u32,
-        stats: Option<vmtrace_common::FaultStats>,
-        mm: Option<vmtrace_common::MmStats>,
+        stats: Option<&vmtrace_common::FaultStats>,
+        mm: Option<&vmtrace_common::MmStats>,
     ) {
         use vmtrace_common::Merge as _;
         let p = self.procs.entry(pid).or_default();
         if let Some(m) = mm {
-            p.mm.get_or_insert_with(Default::default).merge(&m);
+            p.mm.get_or_insert_with(Default::default).merge(m);
         }
         if let Some(s) = stats {
-            p.stats.get_or_insert_with(Default::default).merge(&s);
+            p.stats.get_or_insert_with(Default::default).merge(s);
         }
     }
 
     /// Where an exited process's copy-on-write faults came from, once its
     /// regions are placed and folded.
-    pub fn set_cow_from(&mut self, pid: u32, cow: Option<crate::model::CowFrom>) {
+    pub(crate) fn set_cow_from(&mut self, pid: u32, cow: Option<crate::model::CowFrom>) {
         if let Some(p) = self.procs.get_mut(&pid) {
             p.cow_from = cow;
         }
     }
 
     /// An exited process whose faults are placed: its mapping log goes.
-    pub fn mark_retired(&mut self, pid: u32) {
+    pub(crate) fn mark_retired(&mut self, pid: u32) {
         if let Some(p) = self.procs.get_mut(&pid) {
             p.retired = true;
             p.history.forget_log();
@@ -160,7 +160,7 @@ impl ProcessTable {
     }
 
     /// Forgets `pid` altogether (`top -a`: exited processes are not shown again).
-    pub fn forget(&mut self, pid: u32) {
+    pub(crate) fn forget(&mut self, pid: u32) {
         self.procs.remove(&pid);
         self.live.remove(&pid);
     }
@@ -183,7 +183,7 @@ fn read_stat(pid: u32) -> Option<(String, u32)> {
 }
 
 /// True when `pid` is a live thread that is not its group's leader.
-pub fn is_thread(pid: u32) -> bool {
+pub(crate) fn is_thread(pid: u32) -> bool {
     fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Tgid:")).and_then(|v| v.trim().parse::<u32>().ok()))
@@ -193,14 +193,14 @@ pub fn is_thread(pid: u32) -> bool {
 impl ProcessTable {
     /// Reads `pid`'s memory map now if it lives; a child without one of its own
     /// yet starts from its parent's (fork copies the address space).
-    pub fn snapshot_maps(&mut self, pid: u32) {
+    pub(crate) fn snapshot_maps(&mut self, pid: u32) {
         self.snapshot_maps_at(pid, &|_| None);
     }
 
     /// As `snapshot_maps`; the read is also logged in the process's history
     /// when `gen_of` gives the same address-space generation before and
     /// after it (no mapping change was in flight).
-    pub fn snapshot_maps_at(&mut self, pid: u32, gen_of: &dyn Fn(u32) -> Option<u32>) {
+    pub(crate) fn snapshot_maps_at(&mut self, pid: u32, gen_of: &dyn Fn(u32) -> Option<u32>) {
         let before = gen_of(pid);
         let read = crate::procmaps::read(pid);
         let after = gen_of(pid);
@@ -235,7 +235,7 @@ impl ProcessTable {
     }
 
     /// Applies one task event from the kernel.
-    pub fn apply(&mut self, ev: &TaskEvent) {
+    pub(crate) fn apply(&mut self, ev: &TaskEvent) {
         let Some(kind) = EventKind::from_u32(ev.hdr.kind) else {
             return;
         };
@@ -295,14 +295,14 @@ impl ProcessTable {
     }
 
     /// Live processes, with their entries.
-    pub fn live(&self) -> impl Iterator<Item = (u32, &ProcInfo)> {
+    pub(crate) fn live(&self) -> impl Iterator<Item = (u32, &ProcInfo)> {
         self.live.iter().filter_map(|pid| self.procs.get(pid).map(|p| (*pid, p)))
     }
 
     /// Once `pid` has exited: drops what only a live process needs (the
     /// bookkeeping that folds an allocator's munmap/mmap churn) and the
     /// spare capacity of what the summary still reads.
-    pub fn retire(&mut self, pid: u32) {
+    pub(crate) fn retire(&mut self, pid: u32) {
         self.live.remove(&pid);
         if let Some(p) = self.procs.get_mut(&pid) {
             p.history.retire();
@@ -311,7 +311,7 @@ impl ProcessTable {
     }
 
     /// Makes sure `pid` has an entry, filling what /proc still tells.
-    pub fn ensure(&mut self, pid: u32) -> &mut ProcInfo {
+    pub(crate) fn ensure(&mut self, pid: u32) -> &mut ProcInfo {
         let p = self.procs.entry(pid).or_default();
         if p.comm.is_empty() || p.ppid.is_none() {
             if let Some((comm, ppid)) = read_stat(pid) {
@@ -342,7 +342,7 @@ fn rwx(prot: u64) -> String {
 
 /// A region as an mmap/mremap event describes it (the path of a file mapping
 /// is read from /proc/PID/fd while it is still open).
-pub fn region_from_event(ev: &vmtrace_common::MmEvent) -> crate::procmaps::Region {
+pub(crate) fn region_from_event(ev: &vmtrace_common::MmEvent) -> crate::procmaps::Region {
     use crate::{model::RegionKind, procmaps::Region};
     let shared = ev.flags & libc::MAP_SHARED as u64 != 0;
     let anon = ev.fd == u64::MAX || ev.flags & libc::MAP_ANONYMOUS as u64 != 0;
@@ -414,7 +414,7 @@ fn mapped_file_name(ev: &vmtrace_common::MmEvent) -> Option<String> {
 impl ProcessTable {
     /// Logs a mapping change; remembers a region mapped (mmap, mremap) for
     /// symbolization.
-    pub fn note_change(&mut self, ev: &vmtrace_common::MmEvent) {
+    pub(crate) fn note_change(&mut self, ev: &vmtrace_common::MmEvent) {
         use crate::regions::history::Change;
         use vmtrace_common::MmCall;
         if !self.procs.get(&ev.tgid).is_some_and(|p| p.exited) {

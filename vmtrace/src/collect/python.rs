@@ -20,7 +20,7 @@ const LOOK_FOR: Duration = Duration::from_secs(3);
 type Program = (String, u32);
 
 #[derive(Default)]
-pub struct Tracker {
+pub(crate) struct Tracker {
     detector: Detector,
     pub codes: CodeCache,
     /// Per process: the program it ran when last looked at, since when it
@@ -42,7 +42,7 @@ impl Tracker {
     /// libpython within milliseconds of the exec, and the script faults soon
     /// after: waiting for the 100 ms tick left a few % of a short script's
     /// faults without Python frames.
-    pub fn look_at_young(&mut self, now: Instant, table: &mut ProcessTable, source: &mut impl AggregateSource) {
+    pub(crate) fn look_at_young(&mut self, now: Instant, table: &mut ProcessTable, source: &mut impl AggregateSource) {
         let due: Vec<u32> = table
             .live()
             .filter(|(_, p)| p.exit_code.is_none() && p.comm.starts_with("python"))
@@ -67,14 +67,14 @@ impl Tracker {
     /// `pid` exited: its detection state and its registration with the
     /// programs go (`PY_PROCS` holds 4,096 processes: with churn, later
     /// Pythons would find it full); its code objects stay, for its stacks.
-    pub fn exited(&mut self, pid: u32, source: &mut impl AggregateSource) {
+    pub(crate) fn exited(&mut self, pid: u32, source: &mut impl AggregateSource) {
         if self.seen.remove(&pid).is_some_and(|(_, _, settled)| settled) {
             source.forget_python(pid);
         }
     }
 
     /// Looks for new Pythons, then reads the code objects of new stacks.
-    pub fn tick(&mut self, now: Instant, table: &ProcessTable, source: &mut impl AggregateSource) {
+    pub(crate) fn tick(&mut self, now: Instant, table: &ProcessTable, source: &mut impl AggregateSource) {
         self.look(now, table, source, None);
         self.read_codes(now, source);
     }
@@ -124,14 +124,14 @@ impl Tracker {
 
     /// Reads the code objects of stacks the programs announced as stored, at
     /// once: the process may exit within milliseconds of its last fault.
-    pub fn read_stored(&mut self, now: Instant, ids: &[u32], source: &mut impl AggregateSource) {
+    pub(crate) fn read_stored(&mut self, now: Instant, ids: &[u32], source: &mut impl AggregateSource) {
         let stacks = source.stored_python_stacks(ids);
         self.resolve(now, stacks.into_iter().map(|s| (now, s)));
     }
 
     /// Reads the code objects of stacks drained from the kernel map before
     /// they were looked at (`stacks::drain`).
-    pub fn read_drained(&mut self, now: Instant, stacks: Vec<crate::python::PyStack>) {
+    pub(crate) fn read_drained(&mut self, now: Instant, stacks: Vec<crate::python::PyStack>) {
         if !stacks.is_empty() {
             self.resolve(now, stacks.into_iter().map(|s| (now, s)));
         }

@@ -16,7 +16,7 @@ use vmtrace_common::{
 
 /// Sampled pages followed at once over all processes (~48 bytes each): at
 /// 1 in 64 faults, 64 GiB of resident memory.
-pub const MAX_LIVE_PAGES: usize = 262_144;
+pub(crate) const MAX_LIVE_PAGES: usize = 262_144;
 
 /// How long an address space's counters stay in the kernel map after its
 /// teardown began (or, never claimed by a process, after it was first seen).
@@ -24,13 +24,13 @@ const FORGET_AFTER_NS: u64 = 2_000_000_000;
 
 /// OOM victims whose live set is kept (a system-wide recording may see
 /// many kills; the first ones are usually the story).
-pub const MAX_OOM_SNAPSHOTS: usize = 32;
+pub(crate) const MAX_OOM_SNAPSHOTS: usize = 32;
 
 /// Who brought a page in: the fault's stacks, whether the stack was of the
 /// exact stratum (it stands for itself), and whether the page came from the
 /// parent at fork and was never written since (still shared with it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Owner {
+pub(crate) struct Owner {
     pub user_stack: i32,
     pub kernel_stack: i32,
     pub exact: bool,
@@ -49,7 +49,7 @@ pub struct Owner {
 /// writable private file mapping's are copies, anonymous; tmpfs, memfd and
 /// SysV segments mapped shared are shmem; the rest is anonymous, as is an
 /// address no known mapping holds.
-pub fn page_kind(p: &super::process::ProcInfo, addr: u64) -> u8 {
+pub(crate) fn page_kind(p: &super::process::ProcInfo, addr: u64) -> u8 {
     use crate::model::RegionKind;
     // The last maps read first: regions gone since are kept among the
     // announced ones, whose range a later mapping may have taken.
@@ -73,7 +73,7 @@ struct Page {
 
 /// A process's sampled pages at one moment, by owner: (bytes, pages).
 #[derive(Clone, Debug, Default)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     /// The kernel's counters then (`RSS_*` members), bytes.
     pub size: [u64; 4],
     pub ts_ns: u64,
@@ -81,7 +81,7 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    pub fn resident(&self) -> u64 {
+    pub(crate) fn resident(&self) -> u64 {
         RssMm::resident(&self.size)
     }
 }
@@ -107,7 +107,7 @@ const GIVEN_BACK: usize = 32;
 
 /// Everything the resident profiles need at the end, per process.
 #[derive(Debug, Default)]
-pub struct ProcResident {
+pub(crate) struct ProcResident {
     pub peak: Option<Snapshot>,
     pub end: Option<Snapshot>,
     pub kernel: Option<RssMm>,
@@ -115,7 +115,7 @@ pub struct ProcResident {
 }
 
 #[derive(Debug, Default)]
-pub struct ResidentTracker {
+pub(crate) struct ResidentTracker {
     procs: HashMap<u32, Proc>,
     live_pages: usize,
     /// Sampled pages streamed, and those not followed (`MAX_LIVE_PAGES`).
@@ -138,7 +138,7 @@ fn page_bytes(flags: u32) -> u64 {
 impl ResidentTracker {
     /// A sampled fault: its page is the stack's now (a copy-on-write copy
     /// of an inherited page becomes the writer's).
-    pub fn page(&mut self, ev: &PageSample, kind: u8) {
+    pub(crate) fn page(&mut self, ev: &PageSample, kind: u8) {
         self.sampled_pages += 1;
         let p = self.procs.entry(ev.tgid).or_default();
         let bytes = page_bytes(ev.flags);
@@ -178,7 +178,7 @@ impl ResidentTracker {
     }
 
     /// A mapping change: what it gives back leaves the live set.
-    pub fn mm_change(&mut self, ev: &MmEvent) {
+    pub(crate) fn mm_change(&mut self, ev: &MmEvent) {
         let Some(p) = self.procs.get_mut(&ev.tgid) else {
             if ev.call == MmCall::Brk as u32 {
                 self.procs.entry(ev.tgid).or_default().brk = Some(ev.addr);
@@ -225,7 +225,7 @@ impl ResidentTracker {
 
     /// Fork: the child starts with its parent's pages, still shared; exec:
     /// a new address space with nothing in it.
-    pub fn task(&mut self, ev: &TaskEvent) {
+    pub(crate) fn task(&mut self, ev: &TaskEvent) {
         match EventKind::from_u32(ev.hdr.kind) {
             Some(EventKind::TaskFork) if ev.tgid != ev.ppid => {
                 let Some(parent) = self.procs.get(&ev.ppid) else { return };
@@ -262,7 +262,7 @@ impl ResidentTracker {
     }
 
     /// A new peak or the start of a teardown, from the kernel.
-    pub fn rss(&mut self, ev: &RssEvent) {
+    pub(crate) fn rss(&mut self, ev: &RssEvent) {
         let p = self.procs.entry(ev.tgid).or_default();
         match EventKind::from_u32(ev.hdr.kind) {
             Some(EventKind::ResidentPeak) => {
@@ -280,7 +280,7 @@ impl ResidentTracker {
     /// An OOM kill: the victim's pages as it is chosen (in ring order, so
     /// every page it faulted in before is there), with the kernel's counters
     /// the kill reports. Victims with no sampled page (not traced) are left.
-    pub fn oom_kill(&mut self, ev: &OomEvent) {
+    pub(crate) fn oom_kill(&mut self, ev: &OomEvent) {
         let Some(p) = self.procs.get(&ev.victim_pid).filter(|p| !p.live.is_empty()) else { return };
         if self.ooms.len() >= MAX_OOM_SNAPSHOTS {
             return;
@@ -295,7 +295,7 @@ impl ResidentTracker {
     /// Takes in the kernel's counters (`RSS_MM`, by `mm_id`) and returns the
     /// entries to delete from the map: address spaces long torn down, and
     /// ones no process claimed.
-    pub fn kernel_counters(&mut self, all: &[(u32, RssMm)], now_ns: u64) -> Vec<u32> {
+    pub(crate) fn kernel_counters(&mut self, all: &[(u32, RssMm)], now_ns: u64) -> Vec<u32> {
         let mut forget = Vec::new();
         for (mm_id, m) in all {
             let old = |t: u64| now_ns.saturating_sub(t) > FORGET_AFTER_NS;
@@ -323,7 +323,7 @@ impl ResidentTracker {
 
     /// Each process's snapshots; processes still running get their end now.
     /// Also the OOM victims' live sets at their kills.
-    pub fn finish(mut self, now_ns: u64) -> (BTreeMap<u32, ProcResident>, ResidentCounts, Vec<(u32, Snapshot)>) {
+    pub(crate) fn finish(mut self, now_ns: u64) -> (BTreeMap<u32, ProcResident>, ResidentCounts, Vec<(u32, Snapshot)>) {
         let counts = ResidentCounts { sampled_pages: self.sampled_pages, dropped_pages: self.dropped_pages };
         let ooms = std::mem::take(&mut self.ooms);
         let mut out = BTreeMap::new();
@@ -344,7 +344,7 @@ impl ResidentTracker {
 }
 
 #[derive(Clone, Copy, Debug, Default)]
-pub struct ResidentCounts {
+pub(crate) struct ResidentCounts {
     pub sampled_pages: u64,
     pub dropped_pages: u64,
 }
@@ -378,7 +378,7 @@ fn snapshot(live: &BTreeMap<u64, Page>, size: [u64; 4], ts_ns: u64) -> Snapshot 
 /// what is left (a ratio estimate, as `stacks::weight` does for faults).
 /// Returns (owner, bytes, pages) and the bytes no sampled page was left to
 /// stand for.
-pub fn scaled(s: &Snapshot) -> (Vec<(Owner, f64, u64)>, f64) {
+pub(crate) fn scaled(s: &Snapshot) -> (Vec<(Owner, f64, u64)>, f64) {
     let mut factors = [(1.0, 0.0); RSS_MEMBERS];
     let mut unsampled = 0.0;
     for kind in [RSS_ANON, RSS_FILE, RSS_SHMEM] {
@@ -570,9 +570,9 @@ mod tests {
 const STRATUM_INHERITED: u32 = 2;
 
 /// The frame standing for resident bytes no sampled page was left to stand for.
-pub const UNSAMPLED_PAGES: &str = "[no page sampled]";
+pub(crate) const UNSAMPLED_PAGES: &str = "[no page sampled]";
 /// The leaf of pages a child got from its parent at fork and never wrote.
-pub const SHARED_LEAF: &str = "[shared with parent]";
+pub(crate) const SHARED_LEAF: &str = "[shared with parent]";
 
 /// The resident profiles and per-process figures of a recording.
 #[derive(Debug, Default)]
@@ -708,7 +708,7 @@ fn refs(v: &[(u32, Snapshot)]) -> Vec<(u32, &Snapshot)> {
 
 /// Everything the reports need: per-process figures (exact, from the
 /// kernel) and the two profiles (estimated, scaled to them).
-pub fn build(
+pub(crate) fn build(
     (procs, counts, oom_snaps): (&BTreeMap<u32, ProcResident>, ResidentCounts, &[(u32, Snapshot)]),
     (leaf, sample_period, started_mono_ns): (bool, u32, u64),
     symbolize: &mut dyn FnMut(
@@ -802,7 +802,7 @@ pub fn build(
 }
 
 /// Puts the figures into the summary: `processes[].resident`, `resident`.
-pub fn apply(summary: &mut crate::model::Summary, r: &ResidentProfiles, drops: &[u64]) {
+pub(crate) fn apply(summary: &mut crate::model::Summary, r: &ResidentProfiles, drops: &[u64]) {
     use vmtrace_common::DropKind;
     for p in &mut summary.processes {
         p.resident = r.per_process.get(&p.pid).cloned();

@@ -44,7 +44,7 @@ const RETIRE_AFTER: Duration = Duration::from_secs(1);
 
 /// The live snapshot: a child module, for the session's private state.
 #[path = "live.rs"]
-pub mod live;
+pub(crate) mod live;
 
 /// How a session collects, fixed for its life.
 #[derive(Clone, Copy, Debug)]
@@ -594,7 +594,7 @@ impl<S: AggregateSource> Session<S> {
         for tgid in batch.exited {
             self.native.forget_space(tgid);
             let (stats, mm) = (self.source.take_stats(tgid), self.source.take_mm(tgid));
-            self.table.add_final_counts(tgid, stats, mm);
+            self.table.add_final_counts(tgid, stats.as_ref(), mm.as_ref());
             if let (Some(t), Some(p)) = (self.trace.as_mut(), self.table.get(tgid)) {
                 tracelog::exited(t, tgid, p, self.minor_period, monotonic_ns());
             }

@@ -8,7 +8,7 @@ use super::{Session, SessionOptions};
 use crate::{
     collect::fake::{exit, oom_kill, task, FakeSource, NO_SUCH_PID},
     loader::Families,
-    model::TargetInfo,
+    model::{TargetInfo, TargetKind},
     stacks::StackMode,
 };
 
@@ -27,7 +27,7 @@ fn session(source: FakeSource, opts: SessionOptions) -> Session<FakeSource> {
 }
 
 fn command(pid: u32) -> TargetInfo {
-    TargetInfo { kind: "command".into(), command: Some(vec!["work".into()]), pid: Some(pid), exit_status: Some(0) }
+    TargetInfo { kind: TargetKind::Command, command: Some(vec!["work".into()]), pid: Some(pid), exit_status: Some(0) }
 }
 
 fn faults(started: u64, major: u64) -> FaultStats {

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 /// A call site: (`MmCall`, user stack id).
-pub type Site = (u32, i32);
+pub(crate) type Site = (u32, i32);
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct RawStorm {

@@ -55,19 +55,19 @@ const MAPS_REFRESH: Duration = Duration::from_secs(1);
 const YOUNG: Duration = Duration::from_secs(2);
 
 /// When the maps of all live processes were last re-read.
-pub struct MapsRefresh {
+pub(crate) struct MapsRefresh {
     last: Instant,
 }
 
 impl MapsRefresh {
-    pub fn new(now: Instant) -> Self {
+    pub(crate) fn new(now: Instant) -> Self {
         Self { last: now }
     }
 
     /// Re-reads the maps of live traced processes: libraries load after exec,
     /// so young processes are re-read on every poll, older ones every second.
     /// `gen_of`: a process's address-space generation (for region history).
-    pub fn run(&mut self, now: Instant, table: &mut ProcessTable, gen_of: &dyn Fn(u32) -> Option<u32>) {
+    pub(crate) fn run(&mut self, now: Instant, table: &mut ProcessTable, gen_of: &dyn Fn(u32) -> Option<u32>) {
         let all_due = now.saturating_duration_since(self.last) >= MAPS_REFRESH;
         if all_due {
             self.last = now;
@@ -114,7 +114,7 @@ fn split_counts(c: &StackCounts, weights: &[u64]) -> Vec<StackCounts> {
 
 /// Symbolizes the in-kernel stack aggregate; user stacks with copied samples
 /// are replaced by their unwound stacks.
-pub fn build_stacks(
+pub(crate) fn build_stacks(
     table: &mut ProcessTable,
     source: &impl AggregateSource,
     native: &NativeStacks,
@@ -125,7 +125,7 @@ pub fn build_stacks(
 
 /// Symbolizes stacks given as (key, counts), as the fault aggregate's are
 /// (the resident profiles weigh their owners' pages the same way).
-pub fn symbolize_counts(
+pub(crate) fn symbolize_counts(
     raw: Vec<(StackKey, StackCounts)>,
     table: &mut ProcessTable,
     source: &impl AggregateSource,
@@ -211,7 +211,7 @@ pub fn symbolize_counts(
 
 /// Frames of a call site, outermost first, the syscall as leaf: the unwound
 /// stack `native` when its samples gave one, else the frame-pointer stack.
-pub fn site_frames(
+pub(crate) fn site_frames(
     table: &mut ProcessTable,
     source: &impl AggregateSource,
     names: &mut Names,
@@ -256,7 +256,7 @@ fn call_name(call: u32) -> &'static str {
 
 /// Call sites of mmap-family syscalls, symbolized, with calls and IPIs sent
 /// (shared out over the unwound stacks of a frame-pointer stack).
-pub fn build_mm_sites(
+pub(crate) fn build_mm_sites(
     table: &mut ProcessTable,
     source: &impl AggregateSource,
     native: &NativeStacks,
@@ -289,7 +289,7 @@ pub fn build_mm_sites(
 /// A call site's frames as a storm culprit: the syscall, then the first
 /// callers that are not libc's wrappers of it (`__GI_munmap`, `mmap64`, …),
 /// which say nothing about who called.
-pub fn culprit_frames(frames: Vec<String>) -> Vec<String> {
+pub(crate) fn culprit_frames(frames: Vec<String>) -> Vec<String> {
     let Some((leaf, callers)) = frames.split_last() else { return frames };
     let mut keep: Vec<String> = callers.to_vec();
     while keep.last().is_some_and(|f| is_syscall_wrapper(f)) {
@@ -312,7 +312,7 @@ fn is_syscall_wrapper(frame: &str) -> bool {
 }
 
 /// Storms as summary.json reports them: each with its busiest call site.
-pub fn name_storms(
+pub(crate) fn name_storms(
     table: &mut ProcessTable,
     source: &impl AggregateSource,
     native: &NativeStacks,

@@ -13,9 +13,9 @@ use crate::model::Timeline;
 
 /// One timeline bin: fine enough that a run of a fraction of a second
 /// still draws a curve (`record` polls at least this often).
-pub const TICK: Duration = Duration::from_millis(20);
+pub(crate) const TICK: Duration = Duration::from_millis(20);
 
-pub struct TimelineRecorder {
+pub(crate) struct TimelineRecorder {
     /// Totals at the last tick.
     last_totals: (u64, u64),
     /// The start of bin 0.
@@ -25,7 +25,7 @@ pub struct TimelineRecorder {
 }
 
 impl TimelineRecorder {
-    pub fn new(now: Instant) -> Self {
+    pub(crate) fn new(now: Instant) -> Self {
         Self { last_totals: (0, 0), start: now, last_tick: now, timeline: Self::empty() }
     }
 
@@ -34,7 +34,7 @@ impl TimelineRecorder {
     }
 
     /// Starts the series over from these totals, bin 0 at `now`.
-    pub fn restart(&mut self, now: Instant, totals: (u64, u64)) {
+    pub(crate) fn restart(&mut self, now: Instant, totals: (u64, u64)) {
         self.start = now;
         self.last_tick = now;
         self.last_totals = totals;
@@ -42,12 +42,12 @@ impl TimelineRecorder {
     }
 
     /// Whether a tick is due at `now`.
-    pub fn due(&self, now: Instant) -> bool {
+    pub(crate) fn due(&self, now: Instant) -> bool {
         now.saturating_duration_since(self.last_tick) >= TICK
     }
 
     /// What the totals grew by since the last tick, over the bins from then to `now`.
-    pub fn push(&mut self, now: Instant, (faults, major): (u64, u64)) {
+    pub(crate) fn push(&mut self, now: Instant, (faults, major): (u64, u64)) {
         let from = self.last_tick.saturating_duration_since(self.start).as_nanos() as u64;
         let to = (now.saturating_duration_since(self.start).as_nanos() as u64).max(from);
         let grew = (faults.saturating_sub(self.last_totals.0), major.saturating_sub(self.last_totals.1));
@@ -56,7 +56,7 @@ impl TimelineRecorder {
         self.last_totals = (faults, major);
     }
 
-    pub fn take(&mut self) -> Timeline {
+    pub(crate) fn take(&mut self) -> Timeline {
         std::mem::take(&mut self.timeline)
     }
 }

@@ -20,13 +20,13 @@ use crate::{
 };
 
 /// A major fault whose stack is named at the end (names need the maps).
-pub struct PendingMajor {
+pub(crate) struct PendingMajor {
     pub fault: MajorFault,
     pub user_stack: i32,
 }
 
 #[derive(Default)]
-pub struct TraceRecorder {
+pub(crate) struct TraceRecorder {
     pub log: TraceLog,
     pub majors: Vec<PendingMajor>,
     /// Counters of each process at the last interval.
@@ -37,18 +37,18 @@ pub struct TraceRecorder {
 }
 
 impl TraceRecorder {
-    pub fn new(start_ns: u64) -> Self {
+    pub(crate) fn new(start_ns: u64) -> Self {
         Self { log: TraceLog { start_ns, ..TraceLog::default() }, last_ts_ns: start_ns, ..Self::default() }
     }
 
     /// Restarts the clock (the trace proper starts now); what was seen
     /// before stays (the counters count from the attach, as summary.json's).
-    pub fn restart(&mut self, start_ns: u64) {
+    pub(crate) fn restart(&mut self, start_ns: u64) {
         self.log.start_ns = start_ns;
         self.last_ts_ns = start_ns;
     }
 
-    pub fn task(&mut self, ev: &TaskEvent, kind: TaskKind) {
+    pub(crate) fn task(&mut self, ev: &TaskEvent, kind: TaskKind) {
         let mark = TaskMark {
             ts_ns: ev.hdr.ts_ns,
             kind,
@@ -62,7 +62,7 @@ impl TraceRecorder {
         TraceLog::push(&mut self.log.tasks, &mut self.log.dropped, mark, TraceLog::MAX_PER_KIND);
     }
 
-    pub fn mm_change(&mut self, ev: &MmEvent) {
+    pub(crate) fn mm_change(&mut self, ev: &MmEvent) {
         let change = MmChange {
             // A record from before this field existed has no start: a point.
             ts_ns: if ev.start_ns == 0 { ev.hdr.ts_ns } else { ev.start_ns },
@@ -76,7 +76,7 @@ impl TraceRecorder {
         TraceLog::push(&mut self.log.mm_changes, &mut self.log.dropped, change, TraceLog::MAX_PER_KIND);
     }
 
-    pub fn major(&mut self, ev: &FaultMajorEvent) {
+    pub(crate) fn major(&mut self, ev: &FaultMajorEvent) {
         let fault = MajorFault {
             ts_ns: ev.hdr.ts_ns,
             dur_ns: ev.duration_ns,
@@ -92,7 +92,7 @@ impl TraceRecorder {
     /// One interval ending at `now_ns`: each process's growth since the last.
     /// `procs` are the live ones' counters plus any that exited since (their
     /// final counts), so an exit between two intervals loses nothing.
-    pub fn interval(&mut self, now_ns: u64, procs: &[LiveProcess], received_per_cpu: &[u64]) {
+    pub(crate) fn interval(&mut self, now_ns: u64, procs: &[LiveProcess], received_per_cpu: &[u64]) {
         let (ts_ns, dur_ns) = (self.last_ts_ns, now_ns.saturating_sub(self.last_ts_ns));
         if dur_ns == 0 {
             return;
@@ -121,7 +121,7 @@ impl TraceRecorder {
     }
 
     /// A process that exited: its counters are final; a pid reused later counts anew.
-    pub fn exited(&mut self, now_ns: u64, final_counts: &LiveProcess) {
+    pub(crate) fn exited(&mut self, now_ns: u64, final_counts: &LiveProcess) {
         let before = self.last.remove(&final_counts.pid).unwrap_or_default();
         let delta = grown(&before, &final_counts.cum());
         if delta != Cum::default() {
@@ -147,7 +147,7 @@ fn grown(before: &Cum, now: &Cum) -> Cum {
 }
 
 /// The log's kind of a task event (`None`: not a task event).
-pub fn task_kind(kind: u32) -> Option<TaskKind> {
+pub(crate) fn task_kind(kind: u32) -> Option<TaskKind> {
     match EventKind::from_u32(kind)? {
         EventKind::TaskFork => Some(TaskKind::Fork),
         EventKind::TaskExec => Some(TaskKind::Exec),
@@ -157,7 +157,7 @@ pub fn task_kind(kind: u32) -> Option<TaskKind> {
 }
 
 /// One interval from the kernel's aggregates as they are now.
-pub fn interval(t: &mut TraceRecorder, source: &impl AggregateSource, minor_period: u32, now_ns: u64) {
+pub(crate) fn interval(t: &mut TraceRecorder, source: &impl AggregateSource, minor_period: u32, now_ns: u64) {
     let mm: HashMap<u32, MmStats> = source.all_mm().into_iter().collect();
     let procs: Vec<LiveProcess> = source
         .all_stats()
@@ -168,14 +168,14 @@ pub fn interval(t: &mut TraceRecorder, source: &impl AggregateSource, minor_peri
 }
 
 /// A process's final counts, once its aggregates were taken at its exit.
-pub fn exited(t: &mut TraceRecorder, pid: u32, p: &ProcInfo, minor_period: u32, now_ns: u64) {
+pub(crate) fn exited(t: &mut TraceRecorder, pid: u32, p: &ProcInfo, minor_period: u32, now_ns: u64) {
     if let Some(s) = &p.stats {
         t.exited(now_ns, &LiveProcess::from_counters(pid, None, s, p.mm.as_ref(), minor_period));
     }
 }
 
 /// The finished log: major faults' stacks named (once per stack id).
-pub fn finish(
+pub(crate) fn finish(
     mut t: TraceRecorder,
     table: &mut ProcessTable,
     source: &impl AggregateSource,

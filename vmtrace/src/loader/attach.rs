@@ -35,7 +35,7 @@ pub enum AttachError {
 
 /// Why a candidate was not used.
 #[derive(Debug)]
-pub enum Refusal {
+pub(super) enum Refusal {
     /// Not tried: the kernel or the options rule it out.
     NotTried(String),
     /// Tried and refused.
@@ -110,7 +110,7 @@ impl serde::Serialize for Attachment {
 }
 
 /// What every attach needs.
-pub struct Context<'a> {
+pub(super) struct Context<'a> {
     pub ebpf: &'a mut Ebpf,
     pub btf: &'a Btf,
     /// Events whose `btf_trace_*` typedef exists.
@@ -119,7 +119,7 @@ pub struct Context<'a> {
 }
 
 /// Attaches the first candidate of `hook` that the kernel takes.
-pub fn attach(cx: &mut Context<'_>, hook: &'static Hook) -> Result<Attachment, LoadError> {
+pub(super) fn attach(cx: &mut Context<'_>, hook: &'static Hook) -> Result<Attachment, LoadError> {
     let Some(last) = hook.candidates.last() else {
         return Err(LoadError::EmptyHook(hook.what));
     };
@@ -253,7 +253,7 @@ fn lockdown() -> Option<String> {
 
 /// Tells the classic `mark_victim` hook when the tp_btf one is attached, so
 /// it may leave an event for it to complete (`OOM_PENDING` in the programs).
-pub fn enable_oom_helper(ebpf: &mut Ebpf, attached: &[Attachment], offsets: &vmtrace_common::KernelOffsets) {
+pub(super) fn enable_oom_helper(ebpf: &mut Ebpf, attached: &[Attachment], offsets: &vmtrace_common::KernelOffsets) {
     // The tp_btf hook completes events only where it can read the victim's pid.
     let on_btf = attached.iter().any(|a| a.what == OOM_VICTIM.what && a.kind() == Some(ProgramKind::TpBtf));
     if !on_btf || offsets.task_pid == vmtrace_common::KernelOffsets::MISSING {
@@ -272,7 +272,7 @@ pub fn enable_oom_helper(ebpf: &mut Ebpf, attached: &[Attachment], offsets: &vmt
 /// The fault end: fexit on `handle_mm_fault` where allowed, else software
 /// perf events. Returns the rows, the effective minor period and, with
 /// `end_on_tasks`, the programs for the caller's per-task events.
-pub fn fault_end(
+pub(super) fn fault_end(
     cx: &mut Context<'_>,
     config: &Config,
     opts: &LoadOptions,
@@ -409,7 +409,7 @@ fn load_perf_end(
 }
 
 /// How user stacks are taken (`Config::user_walk`): a row of the probe selection.
-pub fn user_stacks(user_walk: u32, forced: bool) -> Attachment {
+pub(super) fn user_stacks(user_walk: u32, forced: bool) -> Attachment {
     let (target, outcome) = match user_walk {
         vmtrace_common::USER_WALK_WINDOWS => {
             ("frame pointers, 1 KiB reads, USER_STACKS", Outcome::Preferred(ProgramKind::OwnWalk))

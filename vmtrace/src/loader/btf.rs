@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use super::{hooks, LoadError};
 use crate::kernel::btf as kbtf;
 
-pub struct BtfFacts {
+pub(super) struct BtfFacts {
     pub offsets: vmtrace_common::KernelOffsets,
     /// `vm_fault_reason` bits: unaccounted (error | retry), major; FAULT_FLAG_TRIED.
     pub fault_bits: (u32, u32, u32),
@@ -21,7 +21,7 @@ pub struct BtfFacts {
 
 /// Reads the facts, then drops the BTF bytes before aya parses its own copy:
 /// holding both at once set the collector's peak RSS.
-pub fn btf_facts() -> Result<BtfFacts, LoadError> {
+pub(super) fn btf_facts() -> Result<BtfFacts, LoadError> {
     let kbtf = kbtf::load_vmlinux()?;
     let fault_bits = (
         vm_fault_bits(
@@ -60,7 +60,7 @@ fn vm_fault_bits(btf: &kbtf::Btf, names: &[&str]) -> u32 {
 
 /// Hands memory freed after a large parse back to the system, so RSS shows
 /// what the collector holds.
-pub fn release_freed_memory() {
+pub(super) fn release_freed_memory() {
     // SAFETY: no preconditions; glibc only.
     unsafe { libc::malloc_trim(0) };
 }

@@ -18,7 +18,7 @@ use vmtrace_common::{
 use super::{AggregateSource, LoadError, Probes};
 use crate::model::ProbeInfo;
 
-pub struct Maps {
+pub(super) struct Maps {
     fault_stats: PerCpuHashMap<MapData, u32, FaultStats>,
     drops: PerCpuArray<MapData, u64>,
     events: RingBuf<MapData>,
@@ -53,7 +53,7 @@ pub struct Maps {
 impl Maps {
     /// Takes the maps out of the loaded object; `own_user_stacks`: the
     /// programs walk user stacks into `USER_STACKS`.
-    pub fn take(ebpf: &mut Ebpf, own_user_stacks: bool) -> Result<Self, LoadError> {
+    pub(super) fn take(ebpf: &mut Ebpf, own_user_stacks: bool) -> Result<Self, LoadError> {
         Ok(Self {
             fault_stats: take_map(ebpf, "FAULT_STATS")?,
             drops: take_map(ebpf, "DROPS")?,
@@ -474,7 +474,7 @@ fn sum_cpus<'a, T: Merge + 'a>(values: impl Iterator<Item = &'a T>) -> T {
 }
 
 /// Shootdowns received (`tlb_flush` reason 1) per CPU, from per-CPU values.
-pub fn received_by_cpu<'a>(per_cpu: impl Iterator<Item = &'a [MmStats]>) -> Vec<u64> {
+pub(super) fn received_by_cpu<'a>(per_cpu: impl Iterator<Item = &'a [MmStats]>) -> Vec<u64> {
     let mut out: Vec<u64> = Vec::new();
     for cpus in per_cpu {
         out.resize(out.len().max(cpus.len()), 0);

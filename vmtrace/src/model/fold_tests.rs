@@ -1,5 +1,5 @@
 use super::*;
-use crate::model::{Drops, MmapCounts, Sampling, TargetInfo, SUMMARY_VERSION};
+use crate::model::{Drops, MmapCounts, Sampling, TargetInfo, TargetKind, SUMMARY_VERSION};
 
 fn faults(total: u64, time_ns: u64) -> Faults {
     let mut f = Faults { total, minor: total, time_ns, timed: total, huge: Some(0), ..Default::default() };
@@ -71,7 +71,7 @@ pub(crate) fn summary() -> Summary {
     Summary {
         version: SUMMARY_VERSION,
         target: TargetInfo {
-            kind: "command".into(),
+            kind: TargetKind::Command,
             command: Some(vec!["trainer".into()]),
             pid: Some(100),
             exit_status: Some(0),

@@ -64,10 +64,32 @@ pub struct Summary {
     pub resident: Option<super::ResidentSummary>,
 }
 
+/// What was traced.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum TargetKind {
+    /// A command vmtrace started, and what it forked.
+    Command,
+    /// A running process, and what it forked since.
+    Pid,
+    /// Every process.
+    System,
+}
+
+impl std::fmt::Display for TargetKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Command => "command",
+            Self::Pid => "pid",
+            Self::System => "system",
+        })
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct TargetInfo {
-    /// "command", "pid" or "system".
-    pub kind: String,
+    /// "command", "pid" or "system" in summary.json.
+    pub kind: TargetKind,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub command: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -181,7 +181,7 @@ impl History {
 /// The log in replay order: by generation; within one, the changes the
 /// generation began with, then (`after_faults`) munmaps, which do not bump
 /// it, and maps reads.
-pub fn ordered(h: &History) -> Vec<(u32, u32, &Change)> {
+pub(crate) fn ordered(h: &History) -> Vec<(u32, u32, &Change)> {
     let mut v: Vec<(u32, u32, &Change)> = h.log.iter().map(|l| (l.gen, l.race_from, &l.change)).collect();
     let class = |c: &Change| match c {
         Change::Unmap { .. } => 1,
@@ -195,12 +195,12 @@ pub fn ordered(h: &History) -> Vec<(u32, u32, &Change)> {
 /// Applied after the faults counted at its generation: an munmap (the
 /// kernel does not bump the generation for it: nothing can fault in what
 /// it removed) and a maps read (faults of its generation may precede it).
-pub fn after_faults(c: &Change) -> bool {
+pub(crate) fn after_faults(c: &Change) -> bool {
     matches!(c, Change::Unmap { .. } | Change::Snapshot(_) | Change::Backdate(_))
 }
 
 /// The address range a change touches, for faults that raced it.
-pub fn change_range(c: &Change) -> Option<(u64, u64)> {
+pub(crate) fn change_range(c: &Change) -> Option<(u64, u64)> {
     match c {
         Change::Map { region, .. } => Some((region.start, page_up(region.end))),
         Change::Unmap { start, end } | Change::Protect { start, end, .. } => Some((*start, page_up(*end))),

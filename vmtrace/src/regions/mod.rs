@@ -4,13 +4,13 @@
 //! it at that generation (`place.rs`, replaying `history.rs`), and counts
 //! follow the pages. Then per file (by device and inode) across processes,
 //! and per tensor of a safetensors or torch zip checkpoint.
-pub mod history;
+pub(crate) mod history;
 mod place;
-pub mod python;
-pub mod replay;
-pub mod safetensors;
-pub mod shm;
-pub mod torchzip;
+pub(crate) mod python;
+pub(crate) mod replay;
+pub(crate) mod safetensors;
+pub(crate) mod shm;
+pub(crate) mod torchzip;
 
 use std::collections::BTreeMap;
 
@@ -25,7 +25,7 @@ use crate::{
 
 /// Counts of a share of a granule, accumulated per region.
 #[derive(Clone, Debug, Default)]
-pub struct Acc {
+pub(crate) struct Acc {
     faults: f64,
     major: f64,
     write: f64,
@@ -40,7 +40,7 @@ pub struct Acc {
 }
 
 impl Acc {
-    pub fn add_share(&mut self, g: &GranuleCounts, share: f64, pages: u64) {
+    pub(crate) fn add_share(&mut self, g: &GranuleCounts, share: f64, pages: u64) {
         self.faults += g.faults as f64 * share;
         self.major += g.major as f64 * share;
         self.write += g.write as f64 * share;
@@ -56,7 +56,7 @@ impl Acc {
         self.pages += pages;
     }
 
-    pub fn merge(&mut self, o: &Acc) {
+    pub(crate) fn merge(&mut self, o: &Acc) {
         self.faults += o.faults;
         self.major += o.major;
         self.write += o.write;
@@ -110,7 +110,7 @@ impl Acc {
     }
 }
 
-pub use place::{regions_at, Placement, ProcessInput};
+pub(crate) use place::{regions_at, Placement, ProcessInput};
 
 /// Where each file page that faulted went, for the file and tensor views.
 struct FileHit {
@@ -119,7 +119,7 @@ struct FileHit {
     share: f64,
 }
 
-pub struct Attributed {
+pub(crate) struct Attributed {
     pub regions: Vec<RegionSummary>,
     pub files: Vec<FileSummary>,
     /// How sure the placement of the faults in regions is.
@@ -131,7 +131,7 @@ pub struct Attributed {
 /// live ones at the end, into one of these; [`Partial::finish`] then sums
 /// the files and tensors.
 #[derive(Default)]
-pub struct Partial {
+pub(crate) struct Partial {
     regions: Vec<RegionSummary>,
     files: BTreeMap<String, Acc>,
     /// File pages hit, kept for the files that may be checkpoints only.
@@ -150,10 +150,10 @@ pub struct Partial {
 
 /// The `n` largest values seen.
 #[derive(Default)]
-pub struct TopN(std::collections::BinaryHeap<std::cmp::Reverse<u64>>);
+pub(crate) struct TopN(std::collections::BinaryHeap<std::cmp::Reverse<u64>>);
 
 impl TopN {
-    pub fn push(&mut self, v: u64, n: usize) {
+    pub(crate) fn push(&mut self, v: u64, n: usize) {
         self.0.push(std::cmp::Reverse(v));
         if self.0.len() > n {
             self.0.pop();
@@ -161,14 +161,14 @@ impl TopN {
     }
 
     /// Whether `n` values seen are larger than `v`.
-    pub fn n_above(&self, v: u64, n: usize) -> bool {
+    pub(crate) fn n_above(&self, v: u64, n: usize) -> bool {
         self.0.len() >= n && self.0.peek().is_some_and(|m| m.0 > v)
     }
 }
 
 impl Partial {
     /// Places the faults of the processes of `granules` and adds their rows.
-    pub fn add<'a>(
+    pub(crate) fn add<'a>(
         &mut self,
         granules: &[(GranuleKey, GranuleCounts)],
         input_of: impl Fn(u32) -> Option<ProcessInput<'a>>,
@@ -259,7 +259,7 @@ impl Partial {
     /// faults and 100 more time (those are never folded here, so they are
     /// rows at the end: it is not among the heaviest). Segments the end
     /// groups per program (`shm`) are left to it.
-    pub fn fold_small(&mut self, from: usize, pct: f64, folded_pid: impl Fn(u32) -> bool) {
+    pub(crate) fn fold_small(&mut self, from: usize, pct: f64, folded_pid: impl Fn(u32) -> bool) {
         let keep = crate::model::fold::KEEP_TOP_REGIONS;
         for r in &self.regions[from..] {
             self.sum.0 += r.faults.total;
@@ -301,18 +301,13 @@ impl Partial {
     }
 
     /// The rows placed so far.
-    pub fn regions(&self) -> &[RegionSummary] {
+    pub(crate) fn regions(&self) -> &[RegionSummary] {
         &self.regions
-    }
-
-    /// The rows placed so far, to fold some of them (`model::fold`).
-    pub fn regions_mut(&mut self) -> &mut Vec<RegionSummary> {
-        &mut self.regions
     }
 
     /// The files and tensors; `page_cache` gives pages added per file path
     /// (readahead).
-    pub fn finish(self, page_cache: impl Fn(&str) -> Option<PageCache>) -> Attributed {
+    pub(crate) fn finish(self, page_cache: impl Fn(&str) -> Option<PageCache>) -> Attributed {
         let Partial { mut regions, files, file_pages, placement, other, .. } = self;
         regions.extend(other.into_values());
         let mut files: Vec<FileSummary> = files
@@ -347,7 +342,7 @@ impl Partial {
 /// faults, then by process and address (whatever order the rows were
 /// placed in: the exited processes' as they retired, the live ones' at the
 /// end).
-pub fn table_order(x: &RegionSummary, y: &RegionSummary) -> std::cmp::Ordering {
+pub(crate) fn table_order(x: &RegionSummary, y: &RegionSummary) -> std::cmp::Ordering {
     let start = |r: &RegionSummary| u64::from_str_radix(r.start.trim_start_matches("0x"), 16).unwrap_or(0);
     (y.faults.time_ns.cmp(&x.faults.time_ns))
         .then(y.faults.total.cmp(&x.faults.total))
@@ -357,6 +352,7 @@ pub fn table_order(x: &RegionSummary, y: &RegionSummary) -> std::cmp::Ordering {
 
 /// Places every process's faults in its regions (`place.rs`), then sums
 /// files and tensors. `page_cache` gives pages added per file path (readahead).
+#[cfg(test)]
 pub fn attribute<'a>(
     granules: &[(GranuleKey, GranuleCounts)],
     input_of: impl Fn(u32) -> Option<ProcessInput<'a>>,
@@ -419,7 +415,7 @@ fn apportion_per_process(acc: &mut [(u32, Region, Acc)]) {
 
 /// What the traced processes brought into the page cache for one file.
 #[derive(Clone, Debug, Default)]
-pub struct PageCache {
+pub(crate) struct PageCache {
     /// Pages added to be read from storage (readahead, faults, reads).
     pub added: u64,
     /// Pages a write syscall added (what the process wrote: not read).
@@ -523,7 +519,7 @@ fn tensor_view(path: &str, hits: &[(GranuleCounts, FileHit)], chunks: &[(u64, u6
 
 /// (dev, inode, size) of a mapped file's name: its `stat`, or what a
 /// placeholder name `[file MAJOR:MINOR inode N]` says (size 0: not known).
-pub fn file_identity(path: &str) -> Option<(u32, u64, u64)> {
+pub(crate) fn file_identity(path: &str) -> Option<(u32, u64, u64)> {
     if let Some((dev, ino)) = placeholder_id(path) {
         return Some((dev, ino, 0));
     }
@@ -532,7 +528,7 @@ pub fn file_identity(path: &str) -> Option<(u32, u64, u64)> {
 
 /// The kernel's dev_t of a file (major << 20 | minor), as tracepoints report
 /// it, its inode and its size.
-pub fn kernel_dev_ino(path: &str) -> Option<(u32, u64, u64)> {
+pub(crate) fn kernel_dev_ino(path: &str) -> Option<(u32, u64, u64)> {
     use std::os::unix::fs::MetadataExt as _;
     let m = std::fs::metadata(path).ok()?;
     let dev = m.dev();

@@ -14,7 +14,7 @@ use crate::{model::RegionKind, procmaps::Region};
 
 /// Faults by how sure their placement is (summary.json `region_placement`).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Placement {
+pub(crate) struct Placement {
     /// In the mapping that covered the address at the fault's generation.
     pub exact: f64,
     /// A mapping change raced the fault or was seen late (a read of
@@ -26,7 +26,7 @@ pub struct Placement {
 }
 
 impl Placement {
-    pub fn add(&mut self, o: &Placement) {
+    pub(crate) fn add(&mut self, o: &Placement) {
         self.exact += o.exact;
         self.approximate += o.approximate;
         self.unplaced += o.unplaced;
@@ -44,7 +44,7 @@ enum RowRef {
 }
 
 /// A region with its faults and, for file regions, the file offsets hit.
-pub struct PlacedRegion {
+pub(super) struct PlacedRegion {
     pub region: Region,
     pub acc: Acc,
     /// (granule counts, file offset, share) per file page.
@@ -52,7 +52,7 @@ pub struct PlacedRegion {
 }
 
 /// One process's inputs.
-pub struct ProcessInput<'a> {
+pub(crate) struct ProcessInput<'a> {
     pub history: &'a History,
     /// The address space it started from (its parent's at the fork), if known.
     pub start: Option<Vec<Region>>,
@@ -66,7 +66,12 @@ pub struct ProcessInput<'a> {
 /// Replays `history` up to `gen` (inclusive) from `start`: a parent's
 /// address space at the moment of a fork. `final_maps`: its last maps read
 /// (which CPython it runs, if its maps were not read while it ran).
-pub fn regions_at(history: &History, start: Option<Vec<Region>>, gen: u32, final_maps: &[Region]) -> Vec<Region> {
+pub(crate) fn regions_at(
+    history: &History,
+    start: Option<Vec<Region>>,
+    gen: u32,
+    final_maps: &[Region],
+) -> Vec<Region> {
     let arena = python_arena_size(history, start.as_deref(), final_maps);
     let mut r = start.map_or_else(Replay::default, |s| Replay::from_regions(&s)).with_python_arenas(arena);
     let log = history::ordered(history);
@@ -183,7 +188,7 @@ fn file_offset(replay: &Replay, row: usize, addr: u64) -> Option<u64> {
 }
 
 /// Places `granules` (all of one process) in its regions.
-pub fn place(
+pub(super) fn place(
     pid: u32,
     granules: &[(GranuleKey, GranuleCounts)],
     input: &ProcessInput<'_>,

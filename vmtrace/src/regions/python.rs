@@ -14,7 +14,7 @@
 use crate::{model::RegionKind, procmaps::Region};
 
 /// The name of an arena's row.
-pub const NAME: &str = "[python arena]";
+pub(crate) const NAME: &str = "[python arena]";
 
 /// The name CPython gives its arenas where it names anonymous memory
 /// (`PR_SET_VMA_ANON_NAME`, newer versions).
@@ -23,7 +23,7 @@ const KERNEL_NAME: &str = "[anon:cpython:pymalloc]";
 /// (major, minor) of a CPython executable or library named in `path`:
 /// `…/python3.12`, `…/python3.12d`, `…/libpython3.12.so.1.0`; `None` for
 /// other files and for free-threaded builds (`python3.13t`).
-pub fn version_of(path: &str) -> Option<(u32, u32)> {
+pub(crate) fn version_of(path: &str) -> Option<(u32, u32)> {
     let base = path.rsplit('/').next()?;
     let (rest, lib) = match base.strip_prefix("libpython") {
         Some(r) => (r, true),
@@ -42,7 +42,7 @@ pub fn version_of(path: &str) -> Option<(u32, u32)> {
 
 /// obmalloc's arena size for a CPython version (64-bit), if its arenas come
 /// from their own mmap (3.4 and later; 2.7 takes them from malloc).
-pub fn arena_size(version: (u32, u32)) -> Option<u64> {
+pub(crate) fn arena_size(version: (u32, u32)) -> Option<u64> {
     match version {
         (3, m) if m >= 10 => Some(1 << 20),
         (3, m) if m >= 4 => Some(256 << 10),
@@ -52,19 +52,19 @@ pub fn arena_size(version: (u32, u32)) -> Option<u64> {
 
 /// The arena size of the CPython whose files appear in `paths` (the files a
 /// process mapped), if any.
-pub fn arena_size_in<'a>(paths: impl IntoIterator<Item = &'a str>) -> Option<u64> {
+pub(crate) fn arena_size_in<'a>(paths: impl IntoIterator<Item = &'a str>) -> Option<u64> {
     paths.into_iter().filter_map(version_of).find_map(arena_size)
 }
 
 /// The paths of the files in `regions`.
-pub fn paths(regions: &[Region]) -> impl Iterator<Item = &str> {
+pub(crate) fn paths(regions: &[Region]) -> impl Iterator<Item = &str> {
     regions.iter().filter(|r| r.path.as_deref().is_some_and(|p| p.starts_with('/'))).filter_map(|r| r.path.as_deref())
 }
 
 /// Whether an mmap of `region` with `flags` is an obmalloc arena of `size`:
 /// anonymous, private, read-write, exactly `MAP_PRIVATE|MAP_ANONYMOUS`, at an
 /// address the kernel chose, of exactly the arena size.
-pub fn is_arena_mmap(region: &Region, flags: u64, size: u64) -> bool {
+pub(crate) fn is_arena_mmap(region: &Region, flags: u64, size: u64) -> bool {
     let want = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
     region.kind == RegionKind::Anon
         && region.path.is_none()
@@ -74,7 +74,7 @@ pub fn is_arena_mmap(region: &Region, flags: u64, size: u64) -> bool {
 }
 
 /// A region the kernel names as CPython's (newer versions name their arenas).
-pub fn is_kernel_named(region: &Region) -> bool {
+pub(crate) fn is_kernel_named(region: &Region) -> bool {
     region.path.as_deref() == Some(KERNEL_NAME)
 }
 

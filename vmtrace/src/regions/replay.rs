@@ -11,7 +11,7 @@ use crate::{model::RegionKind, procmaps::Region};
 
 /// What a fault's page was placed in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Placed {
+pub(crate) enum Placed {
     /// The mapping that covered it at its generation.
     Exact(usize),
     /// A change raced the fault, or was seen late: the nearest mapping in time.
@@ -20,7 +20,7 @@ pub enum Placed {
 
 /// A row of the region table while replaying.
 #[derive(Clone, Debug)]
-pub struct Row {
+pub(crate) struct Row {
     pub region: Region,
     lineage: u32,
     /// mmap flags of the mapping (MAP_STACK, MAP_NORESERVE).
@@ -74,8 +74,9 @@ impl RangeSet {
     }
 }
 
+#[cfg(test)]
 pub const MAP_NORESERVE: u64 = 0x4000;
-pub const MAP_STACK: u64 = 0x20000;
+pub(crate) const MAP_STACK: u64 = 0x20000;
 
 /// Births looked at after a page's generation before it is given up on (a
 /// churning process maps the same chunk again and again).
@@ -108,7 +109,7 @@ fn can_serve(perms: &str) -> bool {
 
 /// The replayed address space of one process.
 #[derive(Debug, Default)]
-pub struct Replay {
+pub(crate) struct Replay {
     model: BTreeMap<u64, Piece>,
     pub rows: Vec<Row>,
     by_lineage: HashMap<(u32, String), usize>,
@@ -134,7 +135,7 @@ pub struct Replay {
 
 impl Replay {
     /// Starts from `pieces` (a parent's address space at the fork).
-    pub fn from_regions(regions: &[Region]) -> Self {
+    pub(crate) fn from_regions(regions: &[Region]) -> Self {
         let mut r = Self::default();
         for reg in regions {
             let row = r.new_row(reg.clone(), 0, false);
@@ -146,13 +147,13 @@ impl Replay {
     /// Names the obmalloc arenas of a CPython with arenas of `size` as it
     /// maps them.
     #[must_use]
-    pub fn with_python_arenas(mut self, size: Option<u64>) -> Self {
+    pub(crate) fn with_python_arenas(mut self, size: Option<u64>) -> Self {
         self.python_arena = size;
         self
     }
 
     /// The mappings now, as regions.
-    pub fn regions(&self) -> Vec<Region> {
+    pub(crate) fn regions(&self) -> Vec<Region> {
         self.model
             .iter()
             .map(|(&start, p)| Region { start, end: p.end, offset: p.offset, ..self.rows[p.row].region.clone() })
@@ -235,7 +236,7 @@ impl Replay {
     }
 
     /// Applies one change in effect from `gen`.
-    pub fn apply(&mut self, gen: u32, change: &Change) {
+    pub(crate) fn apply(&mut self, gen: u32, change: &Change) {
         match change {
             Change::Map { region, flags } => {
                 let (start, end) = (region.start, page_up(region.end));
@@ -309,7 +310,7 @@ impl Replay {
 
     /// As `apply`, for a change logged at a generation some other change was
     /// in flight: a maps read is then only good for backdating.
-    pub fn apply_raced(&mut self, gen: u32, change: &Change) {
+    pub(crate) fn apply_raced(&mut self, gen: u32, change: &Change) {
         match change {
             Change::Snapshot(regions) => self.backdate_gaps(regions),
             c => self.apply(gen, c),
@@ -459,7 +460,7 @@ impl Replay {
     /// there since then.
     /// Also names files whose fd was closed before their path was read, and
     /// indexes what `later` looks up.
-    pub fn backdate(&mut self, regions: &[Region]) {
+    pub(crate) fn backdate(&mut self, regions: &[Region]) {
         self.finish(regions);
         self.backdate_gaps(regions);
         self.index_births();
@@ -519,7 +520,7 @@ impl Replay {
     /// The row that held `addr` at the current generation, if it could serve
     /// a fault (a reservation with no access cannot).
     /// With the file offset of `addr` in it.
-    pub fn find(&self, addr: u64) -> Option<(usize, u64)> {
+    pub(crate) fn find(&self, addr: u64) -> Option<(usize, u64)> {
         let (s, p) = self.model.range(..=addr).next_back().filter(|(_, p)| p.end > addr)?;
         if can_serve(&self.rows[p.row].region.perms) {
             return Some((p.row, p.offset + (addr - s)));
@@ -528,7 +529,7 @@ impl Replay {
     }
 
     /// A stack piece just above `addr`: the stack grew down to it.
-    pub fn grown_stack(&self, addr: u64) -> Option<usize> {
+    pub(crate) fn grown_stack(&self, addr: u64) -> Option<usize> {
         let (s, p) = self.model.range(addr..).next()?;
         (self.rows[p.row].region.kind == RegionKind::Stack && s - addr <= STACK_GROWTH).then_some(p.row)
     }
@@ -536,7 +537,7 @@ impl Replay {
     /// For a page no mapping held at `gen`: a mapping backdated over it (it
     /// was there all along), else the first to cover it after `gen`, before
     /// the next exec.
-    pub fn later(&self, addr: u64, gen: u32, epoch: u32) -> Option<Placed> {
+    pub(crate) fn later(&self, addr: u64, gen: u32, epoch: u32) -> Option<Placed> {
         self.later_in(addr, gen, epoch).or_else(|| {
             // A fault during execve, after the new address space was made and
             // before the exec hook bumped the generation: in the new one.
@@ -587,7 +588,7 @@ impl Replay {
         self.big_births.sort_by_key(|&i| births[i].gen);
     }
 
-    pub fn epoch(&self) -> u32 {
+    pub(crate) fn epoch(&self) -> u32 {
         self.epoch
     }
 }
@@ -595,7 +596,7 @@ impl Replay {
 /// The row kind and name a user looks for: thread stacks (MAP_STACK), malloc
 /// arena heaps (a reservation grown by mprotect), JIT code (anonymous and
 /// executable).
-pub fn label(row: &Row) -> (RegionKind, Option<String>) {
+pub(crate) fn label(row: &Row) -> (RegionKind, Option<String>) {
     let r = &row.region;
     if super::python::is_kernel_named(r) {
         return (RegionKind::PythonArena, Some(super::python::NAME.into()));

@@ -4,7 +4,7 @@
 use std::{fs::File, io::Read as _, path::Path};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Tensor {
+pub(crate) struct Tensor {
     pub name: String,
     /// Byte range in the file.
     pub start: u64,
@@ -12,7 +12,7 @@ pub struct Tensor {
 }
 
 /// The tensors of a safetensors file, sorted by offset; None if it is not one.
-pub fn tensors(path: &Path) -> Option<Vec<Tensor>> {
+pub(crate) fn tensors(path: &Path) -> Option<Vec<Tensor>> {
     let mut f = File::open(path).ok()?;
     let mut len = [0u8; 8];
     f.read_exact(&mut len).ok()?;
@@ -26,7 +26,7 @@ pub fn tensors(path: &Path) -> Option<Vec<Tensor>> {
     parse_header(&header, 8 + n)
 }
 
-pub fn parse_header(json: &[u8], data_start: u64) -> Option<Vec<Tensor>> {
+pub(crate) fn parse_header(json: &[u8], data_start: u64) -> Option<Vec<Tensor>> {
     let v: serde_json::Value = serde_json::from_slice(json).ok()?;
     let mut out: Vec<Tensor> = v
         .as_object()?
@@ -43,7 +43,7 @@ pub fn parse_header(json: &[u8], data_start: u64) -> Option<Vec<Tensor>> {
 }
 
 /// The tensor holding file offset `off`.
-pub fn find(tensors: &[Tensor], off: u64) -> Option<usize> {
+pub(crate) fn find(tensors: &[Tensor], off: u64) -> Option<usize> {
     let i = tensors.partition_point(|t| t.start <= off).checked_sub(1)?;
     (off < tensors[i].end).then_some(i)
 }

@@ -22,18 +22,18 @@ use crate::model::{CowFrom, Faults, FileSummary, RegionKind, RegionSummary};
 /// Where segments live: `/dev/shm`'s device, as tracepoints report it
 /// (major << 20 | minor).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct ShmDevice(pub Option<u32>);
+pub(crate) struct ShmDevice(pub Option<u32>);
 
 impl ShmDevice {
     /// This machine's `/dev/shm`.
-    pub fn here() -> Self {
+    pub(crate) fn here() -> Self {
         Self(super::kernel_dev_ino("/dev/shm").map(|(dev, _, _)| dev))
     }
 }
 
 /// The group of a segment at `path`, if it is one ("torch", "memfd:foo").
 /// `exists` says whether a path still names a file.
-pub fn group_of(path: &str, shm: ShmDevice, exists: &impl Fn(&str) -> bool) -> Option<String> {
+pub(crate) fn group_of(path: &str, shm: ShmDevice, exists: &impl Fn(&str) -> bool) -> Option<String> {
     if let Some(name) = path.strip_prefix("/dev/shm/") {
         let name = name.strip_suffix(" (deleted)").unwrap_or(name);
         if name.contains('/') || (!path.ends_with(" (deleted)") && exists(path)) {
@@ -72,7 +72,7 @@ fn label(group: &str, segments: usize) -> String {
 
 /// Groups the segments in `regions` (per process and program) and in
 /// `files` (per program).
-pub fn group(regions: &mut Vec<RegionSummary>, files: &mut Vec<FileSummary>, shm: ShmDevice) {
+pub(crate) fn group(regions: &mut Vec<RegionSummary>, files: &mut Vec<FileSummary>, shm: ShmDevice) {
     let exists = |p: &str| std::fs::symlink_metadata(p).is_ok();
     let group = |path: Option<&str>, kind: RegionKind| {
         matches!(kind, RegionKind::File | RegionKind::Shmem).then_some(path?).and_then(|p| group_of(p, shm, &exists))

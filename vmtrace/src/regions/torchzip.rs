@@ -19,7 +19,7 @@ const MAX_DEPTH: usize = 8;
 /// The tensors of a torch zip checkpoint, sorted by offset, named by their
 /// key path in the saved object (`layer.0.weight`, `model.fc.bias` for a
 /// dict nested in a dict); None if `path` is not one.
-pub fn tensors(path: &Path) -> Option<Vec<Tensor>> {
+pub(crate) fn tensors(path: &Path) -> Option<Vec<Tensor>> {
     let mut zip = zip::ZipArchive::new(File::open(path).ok()?).ok()?;
     let pkl_name =
         zip.file_names().filter_map(Result::ok).find(|n| n.ends_with("/data.pkl") || n == "data.pkl")?.into_owned();

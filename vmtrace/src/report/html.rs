@@ -3,7 +3,7 @@
 //! latency, regions, files and tensors, flamegraphs) as real tables and
 //! inline SVG charts ([`super::charts`]), the flamegraphs as embedded images,
 //! and summary.txt in full at the end, folded.
-use crate::model::short_name;
+use crate::model::{short_name, TargetKind};
 use std::{fmt::Write as _, path::Path};
 
 use super::{
@@ -577,13 +577,13 @@ pub fn page(title: &str, body: &str) -> String {
 /// `report.html` of one recording directory. A long command line is elided
 /// in the title, and shown whole (wrapped) in a fold below it.
 pub fn render(s: &Summary, dir: &Path) -> String {
-    let (target, full) = match s.target.kind.as_str() {
-        "command" => {
+    let (target, full) = match s.target.kind {
+        TargetKind::Command => {
             let cmd = s.target.command.as_deref().unwrap_or_default().join(" ");
             (short_cmdline(&cmd, 100), (cmd.chars().count() > 100).then_some(cmd))
         }
-        "pid" => (format!("pid {}", s.target.pid.unwrap_or(0)), None),
-        _ => ("the whole system".into(), None),
+        TargetKind::Pid => (format!("pid {}", s.target.pid.unwrap_or(0)), None),
+        TargetKind::System => ("the whole system".into(), None),
     };
     let mut body = String::new();
     if let Some(cmd) = full {

@@ -105,8 +105,6 @@ pub struct StackOutputs<'a> {
     pub resident: Option<(&'a [Stack], &'a [Stack])>,
 }
 
-/// Every file a recording writes (`pprof::ALL`'s stems give the flamegraph
-/// triples): the only ones [`remove_earlier_outputs`] may remove.
 /// Processes in the resident tables of summary.txt and report.html.
 pub const RESIDENT_ROWS: usize = 20;
 
@@ -121,6 +119,8 @@ pub(crate) fn resident_rows(s: &Summary) -> (Vec<(&crate::model::Process, &crate
     (procs, more)
 }
 
+/// Every file a recording writes (`pprof::ALL`'s stems give the flamegraph
+/// triples): the only ones [`remove_earlier_outputs`] may remove.
 pub fn owned_files() -> Vec<String> {
     let mut files: Vec<String> = ["summary.json", "summary.txt", "regions.txt", "report.html"].map(String::from).into();
     files.push(crate::export::perfetto::FILE.to_string());
@@ -336,9 +336,9 @@ pub fn rebuild(dir: &Path) -> Result<Summary, String> {
 fn recorded(s: &Summary) -> String {
     let program = s.target.command.as_ref().and_then(|c| c.first()).map(|p| p.rsplit('/').next().unwrap_or(p));
     let process = || s.target.pid.and_then(|pid| s.processes.iter().find(|p| p.pid == pid)).map(|p| p.comm.as_str());
-    match (program, s.target.kind.as_str()) {
+    match (program, s.target.kind) {
         (Some(p), _) => p.to_string(),
-        (None, "system") => "[all processes]".to_string(),
+        (None, crate::model::TargetKind::System) => "[all processes]".to_string(),
         (None, _) => process().unwrap_or("[traced process]").to_string(),
     }
 }

@@ -3,7 +3,7 @@ use std::fmt::Write as _;
 
 use crate::model::fmt_ns;
 use crate::model::{bytes, Faults, Hist, Summary, BROKEN_CHAIN};
-use crate::model::{clip, short_name};
+use crate::model::{clip, short_name, TargetKind};
 
 /// Upper bound of the 4× latency bucket holding quantile `q`, as "≤4.1 µs"
 /// ("-" when empty, ">1.07 s" for +inf): one scale in every table.
@@ -141,10 +141,10 @@ fn resident_section(out: &mut String, s: &Summary) {
 }
 
 fn header(out: &mut String, s: &Summary) {
-    let target = match s.target.kind.as_str() {
-        "command" => format!("command `{}`", s.target.command.as_deref().unwrap_or_default().join(" ")),
-        "pid" => format!("pid {}", s.target.pid.unwrap_or(0)),
-        _ => "the whole system".into(),
+    let target = match s.target.kind {
+        TargetKind::Command => format!("command `{}`", s.target.command.as_deref().unwrap_or_default().join(" ")),
+        TargetKind::Pid => format!("pid {}", s.target.pid.unwrap_or(0)),
+        TargetKind::System => "the whole system".into(),
     };
     let _ = writeln!(out, "vmtrace {} — {target}, {:.2} s, kernel {}", s.vmtrace_version, s.duration_s, s.kernel);
     if let Some(st) = s.target.exit_status {

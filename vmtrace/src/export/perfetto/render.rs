@@ -20,19 +20,19 @@ const COUNTER: u64 = 3 << 56;
 const CPU: u64 = 4 << 56;
 const STORMS: u64 = 5 << 56;
 
-pub fn process_uuid(pid: u32) -> u64 {
+pub(super) fn process_uuid(pid: u32) -> u64 {
     PROCESS | u64::from(pid)
 }
 
-pub fn thread_uuid(tid: u32) -> u64 {
+pub(super) fn thread_uuid(tid: u32) -> u64 {
     THREAD | u64::from(tid)
 }
 
 /// A per-process counter: its track's name, its unit, and what of an
 /// interval's growth it shows per second.
-pub type Counter = (&'static str, &'static str, fn(&Cum) -> f64);
+pub(super) type Counter = (&'static str, &'static str, fn(&Cum) -> f64);
 
-pub const COUNTERS: [Counter; 5] = [
+pub(super) const COUNTERS: [Counter; 5] = [
     ("faults/s", "faults/s", |c| c.faults as f64),
     ("major faults/s", "faults/s", |c| c.major as f64),
     ("COW faults/s", "faults/s", |c| c.cow as f64),
@@ -41,11 +41,11 @@ pub const COUNTERS: [Counter; 5] = [
     ("shootdown IPIs sent/s", "IPIs/s", |c| c.ipis as f64),
 ];
 
-pub fn counter_uuid(pid: u32, kind: usize) -> u64 {
+pub(super) fn counter_uuid(pid: u32, kind: usize) -> u64 {
     COUNTER | u64::from(pid) << 8 | kind as u64
 }
 
-pub fn cpu_uuid(cpu: u32) -> u64 {
+pub(super) fn cpu_uuid(cpu: u32) -> u64 {
     CPU | u64::from(cpu)
 }
 

@@ -25,7 +25,7 @@ pub enum LoadError {
 /// resident, and the kernel may drop them again (a compiler's `.eh_frame` is
 /// tens of MB, of which a few pages are read).
 #[derive(Clone)]
-pub struct Bytes {
+pub(super) struct Bytes {
     file: Arc<memmap2::Mmap>,
     range: Range<usize>,
 }
@@ -67,14 +67,14 @@ fn section_bytes(file: &Arc<memmap2::Mmap>, s: &object::Section<'_, '_>) -> Opti
 
 /// One section: its address as stated in the object (SVMA) and its bytes.
 #[derive(Clone, Debug)]
-pub struct Section {
+pub(super) struct Section {
     pub svma: Range<u64>,
     pub data: Bytes,
 }
 
 /// What framehop needs of an object, independent of where it is mapped.
 #[derive(Debug, Default)]
-pub struct ObjectInfo {
+pub(super) struct ObjectInfo {
     pub eh_frame: Option<Section>,
     pub eh_frame_hdr: Option<Section>,
     pub debug_frame: Option<Bytes>,
@@ -86,19 +86,19 @@ pub struct ObjectInfo {
 }
 
 impl ObjectInfo {
-    pub fn has_cfi(&self) -> bool {
+    pub(super) fn has_cfi(&self) -> bool {
         self.eh_frame.is_some() || self.debug_frame.is_some()
     }
 
     /// Bytes of the mapped sections (address space; resident only as read).
-    pub fn bytes(&self) -> usize {
+    pub(super) fn bytes(&self) -> usize {
         let sec = |s: &Option<Section>| s.as_ref().map_or(0, |s| s.data.len());
         sec(&self.eh_frame) + sec(&self.eh_frame_hdr) + self.debug_frame.as_ref().map_or(0, |d| d.len())
     }
 
     /// The load bias of a mapping at `start` of the file from `offset`:
     /// what is added to an SVMA to get the address in the process.
-    pub fn bias(&self, start: u64, offset: u64) -> Option<u64> {
+    pub(super) fn bias(&self, start: u64, offset: u64) -> Option<u64> {
         let (range, vaddr) = self.loads.iter().find(|(r, _)| {
             // Mappings start on page boundaries below the segment's offset.
             let page_start = r.start & !0xfff;
@@ -108,7 +108,7 @@ impl ObjectInfo {
         Some(start.wrapping_sub(svma))
     }
 
-    pub fn load(path: &Path) -> Result<Self, LoadError> {
+    pub(super) fn load(path: &Path) -> Result<Self, LoadError> {
         let file = map(&File::open(path)?)?;
         let obj = object::File::parse(&**file)?;
         let mut info = Self::from_object(&file, &obj);
