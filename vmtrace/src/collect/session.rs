@@ -267,6 +267,7 @@ impl Batch {
 impl<S: AggregateSource> Session<S> {
     pub fn new(source: S, opts: SessionOptions) -> Self {
         let now = Instant::now();
+        let page_salt = source.page_salt();
         Self {
             minor_period: source.minor_period(),
             fast_period: source.fast_period(),
@@ -286,7 +287,10 @@ impl<S: AggregateSource> Session<S> {
             native: NativeStacks::default(),
             python: super::python::Tracker::default(),
             trace: opts.trace_log.then(|| TraceRecorder::new(monotonic_ns())),
-            resident: opts.families.resident.then(ResidentTracker::default),
+            resident: opts
+                .families
+                .resident
+                .then(|| ResidentTracker::new(opts.stacks.map_or(1, |(_, period)| period), page_salt)),
             retiring: Vec::new(),
             last_retire: now,
             placed: crate::regions::Partial::default(),
