@@ -461,7 +461,11 @@ impl<S: AggregateSource> Session<S> {
     fn resident_counters(&mut self) {
         let Some(r) = self.resident.as_mut() else { return };
         let all = self.source.all_rss();
-        for mm_id in r.kernel_counters(&all, monotonic_ns()) {
+        let now_ns = monotonic_ns();
+        if let Some(t) = self.trace.as_mut() {
+            t.resident(now_ns, &all);
+        }
+        for mm_id in r.kernel_counters(&all, now_ns) {
             self.source.forget_rss(mm_id);
         }
     }
@@ -777,6 +781,7 @@ impl<S: AggregateSource> Session<S> {
         // The last, partial interval.
         self.tick(now());
         self.trace_interval();
+        self.resident_counters();
         let families = self.opts.families;
         if self.wants_python() {
             self.python.tick(now(), &self.table, &mut self.source);
