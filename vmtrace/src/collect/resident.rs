@@ -360,6 +360,11 @@ impl ResidentTracker {
         forget
     }
 
+    /// `pid`'s address space's counters as last read (`kernel_counters`).
+    pub fn kernel_of(&self, pid: u32) -> Option<RssMm> {
+        self.procs.get(&pid).and_then(|p| p.kernel)
+    }
+
     /// Each process's snapshots; processes still running get their end now.
     /// Also the OOM victims' live sets at their kills.
     pub fn finish(mut self, now_ns: u64) -> (BTreeMap<u32, ProcResident>, ResidentCounts, Vec<(u32, Snapshot)>) {
