@@ -140,12 +140,15 @@ fn top_shows_a_running_workloads_pid_and_fault_rate_and_answers_keys() {
     let pid = w.0.id();
     let tmux = Tmux::start("procs", &["top", "-p", &pid.to_string()]);
     let screen = tmux.wait_for("the workload's row with a fault rate", Duration::from_secs(20), |s| {
-        row_of(s, pid).is_some_and(|r| r.len() >= 3 && parse_human(&r[2]) > 0.0)
+        cell(s, pid, "FAULT/s").is_some_and(|c| parse_human(&c) > 0.0)
     });
     assert!(screen.contains(&format!("pid {pid}")), "title names the target:\n{screen}");
     let row = row_of(&screen, pid).unwrap();
     assert_eq!(row[1], "vmtrace", "{screen}");
-    assert!(parse_human(&row[2]) > 1000.0, "faults/s of a workload touching ~250 MiB/s:\n{screen}");
+    let rate = cell(&screen, pid, "FAULT/s").map_or(0.0, |c| parse_human(&c));
+    assert!(rate > 1000.0, "faults/s of a workload touching ~250 MiB/s:\n{screen}");
+    // Its resident size, growing with it.
+    assert!(cell(&screen, pid, "RSS").and_then(|c| parse_bytes(&c)).is_some(), "{screen}");
     assert!(screen.lines().count() <= 24 && screen.lines().all(|l| l.chars().count() <= 80), "{screen}");
     assert!(screen.contains("dTLB"), "dTLB line (unsupported without a PMU):\n{screen}");
 
