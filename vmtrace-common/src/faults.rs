@@ -157,3 +157,10 @@ pub const INFLIGHT_UNTRACED: u32 = 8;
 /// until the thread's next fault or switch so a MAJ event right after can
 /// still time it exactly.
 pub const INFLIGHT_ENDED: u32 = 16;
+/// `InflightFault::flags`: its page is in the resident sample
+/// (`page_sampled`): streamed at its end with its stack (`PageSample`).
+pub const INFLIGHT_PAGE: u32 = 32;
+/// `InflightFault::flags`: its stack was taken only for the resident sample
+/// (`INFLIGHT_PAGE`), not counted in the fault graphs' strata; a slow fault
+/// counts it in the exact stratum then.
+pub const INFLIGHT_PAGE_STACK: u32 = 64;

@@ -110,6 +110,23 @@ mod tests {
     }
 
     #[test]
+    fn pages_are_sampled_one_in_period_by_address_whatever_the_pattern() {
+        // Sequential pages, pages 16 apart (fault-around windows), and 2 MiB
+        // apart (huge-page heads): each 1 in 64 within a few percent.
+        for stride in [1u64, 16, 512] {
+            for salt in [0u64, 0x1234_5678_9abc_def0, u64::MAX] {
+                let n = 1u64 << 16;
+                let hit = (0..n).filter(|i| page_sampled(0x0007_f000_0000 + i * stride, salt, 64)).count() as f64;
+                let expect = n as f64 / 64.0;
+                assert!((hit - expect).abs() < 4.0 * expect.sqrt(), "stride {stride} salt {salt:#x}: {hit} of {n}");
+            }
+        }
+        // The same page is in or out whatever process asks; period 1 takes all.
+        assert_eq!(page_sampled(0x1234, 7, 16), page_sampled(0x1234, 7, 16));
+        assert!((0..1000).all(|p| page_sampled(p, 99, 1)));
+    }
+
+    #[test]
     fn stats_add_sums_every_field() {
         let mut a = FaultStats { started: 1, major: 2, ..Default::default() };
         a.minor_hist[3] = 4;

@@ -76,12 +76,41 @@ pub const RSS_PEAK_MIN_STEP: u64 = 1 << 20;
 /// `PageSample::flags`: served by a transparent huge page (PMD size).
 pub const PAGE_HUGE: u32 = 1;
 /// `PageSample::flags`: its stack is of the exact stratum (`STRATUM_EXACT`):
-/// the fault stands for itself, not for 1 in `stack_period`.
+/// the fault stands for itself, not for 1 in `stack_period`. No longer sent
+/// since pages are sampled by address (`page_sampled`): a huge page stands
+/// for itself (`PAGE_HUGE`), every other page is of the address sample.
 pub const PAGE_EXACT: u32 = 2;
 
-/// A fault whose stack was taken, streamed when resident attribution is on
-/// (`EventKind::PageSample`): the page it brought in is owned by the stack
-/// until the memory is given back.
+/// A 64-bit mix of a virtual page number (address >> 12) and the
+/// recording's salt: splitmix64's finalizer, a bijection, so with a uniform
+/// random salt the result is uniform for every page.
+#[inline(always)]
+#[must_use]
+pub fn page_hash(page: u64, salt: u64) -> u64 {
+    let mut z = page ^ salt;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Whether the small page `page` (address >> 12) is in the resident sample:
+/// 1 in `period` pages, chosen by a hash of the *virtual page address* alone,
+/// not by the fault or the process. A fork child and its parent therefore
+/// sample the same pages: a child's copy-on-write copy of a sampled page is
+/// seen where its parent's page was, and a page's later fates (copy,
+/// munmap, madvise) are seen for the same set. Each page is in with
+/// probability 1/`period` over the salt (drawn at random per recording), so
+/// the sample is unbiased whatever the program's access pattern.
+#[inline(always)]
+#[must_use]
+pub fn page_sampled(page: u64, salt: u64, period: u32) -> bool {
+    period <= 1 || page_hash(page, salt).is_multiple_of(u64::from(period))
+}
+
+/// A fault on a page of the resident sample (`page_sampled`), or served by
+/// a huge page (every one is streamed), with its stack, streamed when
+/// resident attribution is on (`EventKind::PageSample`): the page it brought
+/// in is owned by the stack until the memory is given back.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct PageSample {

@@ -53,6 +53,13 @@ struct Counts {
     cow: u64,
     fault_ns: u64,
     ipis: u64,
+    /// Resident bytes now (anon, file, shmem) and the peak (gauges);
+    /// `has_resident`: any process of the series had figures.
+    anon: u64,
+    file: u64,
+    shmem: u64,
+    peak: u64,
+    has_resident: bool,
 }
 
 impl Counts {
@@ -62,6 +69,12 @@ impl Counts {
         self.cow += o.cow;
         self.fault_ns += o.fault_ns;
         self.ipis += o.ipis;
+        self.anon += o.anon;
+        self.file += o.file;
+        self.shmem += o.shmem;
+        // "other": the sum of its processes' peaks, an upper bound.
+        self.peak += o.peak;
+        self.has_resident |= o.has_resident;
     }
 }
 
@@ -83,12 +96,18 @@ fn label_new(snap: &LiveSnapshot, labeled: &mut BTreeSet<u32>, top: usize) {
 fn render(snap: &LiveSnapshot, labeled: &BTreeSet<u32>) -> String {
     let mut series: BTreeMap<(String, String), Counts> = BTreeMap::new();
     for p in &snap.processes {
+        let r = p.resident.unwrap_or_default();
         let c = Counts {
             minor: p.faults.minor,
             major: p.faults.major,
             cow: p.faults.cow,
             fault_ns: p.faults.time_ns,
             ipis: p.ipis_sent,
+            anon: r.anon,
+            file: r.file,
+            shmem: r.shmem,
+            peak: r.peak,
+            has_resident: p.resident.is_some(),
         };
         let key = if labeled.contains(&p.pid) {
             (p.pid.to_string(), p.comm.clone().unwrap_or_default())
@@ -130,6 +149,26 @@ fn render(snap: &LiveSnapshot, labeled: &BTreeSet<u32>) -> String {
     let _ = writeln!(t, "# TYPE vmtrace_tlb_shootdown_ipis counter\n# HELP vmtrace_tlb_shootdown_ipis TLB-flush IPIs sent to other CPUs.");
     for ((pid, comm), c) in &series {
         let _ = writeln!(t, "vmtrace_tlb_shootdown_ipis_total{{pid=\"{pid}\",comm=\"{}\"}} {}", label(comm), c.ipis);
+    }
+    let resident: Vec<_> = series.iter().filter(|(_, c)| c.has_resident).collect();
+    if !resident.is_empty() {
+        let _ = writeln!(
+            t,
+            "# TYPE vmtrace_resident_bytes gauge\n# UNIT vmtrace_resident_bytes bytes\n# HELP vmtrace_resident_bytes Resident memory now, by kind (the kernel's rss_stat counters; 0 once exited)."
+        );
+        for ((pid, comm), c) in &resident {
+            for (kind, v) in [("anon", c.anon), ("file", c.file), ("shmem", c.shmem)] {
+                let _ =
+                    writeln!(t, "vmtrace_resident_bytes{{pid=\"{pid}\",comm=\"{}\",kind=\"{kind}\"}} {v}", label(comm));
+            }
+        }
+        let _ = writeln!(
+            t,
+            "# TYPE vmtrace_resident_peak_bytes gauge\n# UNIT vmtrace_resident_peak_bytes bytes\n# HELP vmtrace_resident_peak_bytes Largest resident memory (anon + file + shmem) so far (\"other\": the sum of its processes' peaks)."
+        );
+        for ((pid, comm), c) in &resident {
+            let _ = writeln!(t, "vmtrace_resident_peak_bytes{{pid=\"{pid}\",comm=\"{}\"}} {}", label(comm), c.peak);
+        }
     }
     let _ = writeln!(t, "# TYPE vmtrace_oom_kills counter\n# HELP vmtrace_oom_kills OOM kills seen on the machine.");
     let _ = writeln!(t, "vmtrace_oom_kills_total {}", snap.oom_kills);
@@ -217,7 +256,10 @@ mod tests {
     fn first_processes_keep_their_series_the_rest_are_other() {
         use crate::model::{DropCounts, LiveProcess};
         let stats = |started| vmtrace_common::FaultStats { started, ..Default::default() };
-        let proc = |pid, n| LiveProcess::from_counters(pid, Some(format!("p{pid}")), &stats(n), None, 1);
+        let proc = |pid: u32, n: u64| LiveProcess {
+            resident: Some(crate::model::LiveResident { anon: n << 20, file: 4096, shmem: 0, peak: 2 * (n << 20) }),
+            ..LiveProcess::from_counters(pid, Some(format!("p{pid}")), &stats(n), None, 1)
+        };
         let snap = LiveSnapshot {
             processes: vec![proc(3, 10), proc(5, 20), proc(9, 40)],
             drops: DropCounts { by_kind: vec![1, 0, 0, 7], malformed_events: 0 },
@@ -230,6 +272,11 @@ mod tests {
         assert!(t.contains("vmtrace_page_faults_total{pid=\"3\",comm=\"p3\",kind=\"minor\"} 10\n"), "{t}");
         assert!(t.contains("vmtrace_page_faults_total{pid=\"\",comm=\"other\",kind=\"minor\"} 60\n"), "{t}");
         assert!(t.contains("vmtrace_oom_kills_total 2\n"), "{t}");
+        assert!(t.contains("vmtrace_resident_bytes{pid=\"3\",comm=\"p3\",kind=\"anon\"} 10485760\n"), "{t}");
+        assert!(t.contains("vmtrace_resident_bytes{pid=\"3\",comm=\"p3\",kind=\"file\"} 4096\n"), "{t}");
+        assert!(t.contains("vmtrace_resident_bytes{pid=\"\",comm=\"other\",kind=\"anon\"} 62914560\n"), "{t}");
+        assert!(t.contains("vmtrace_resident_peak_bytes{pid=\"3\",comm=\"p3\"} 20971520\n"), "{t}");
+        assert!(t.contains("# UNIT vmtrace_resident_bytes bytes\n"), "{t}");
         assert!(t.contains("vmtrace_dropped_total 8\n"), "every drop counter, untimed faults included: {t}");
         assert!(render(&LiveSnapshot::default(), &labeled).ends_with("vmtrace_dropped_total 0\n# EOF\n"));
     }

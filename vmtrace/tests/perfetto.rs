@@ -293,3 +293,58 @@ fn oom_kill_is_an_instant_on_the_victim() {
     let faults = d.integral(pid, "faults/s").round() as u64;
     assert_eq!(faults, u(&run.process(pid)["faults"]["total"]));
 }
+
+/// A process's resident memory as counter tracks (bytes, the kernel's
+/// `rss_stat` counters): a C program keeps 112 MiB and frees a 96 MiB buffer
+/// before its end. The "resident bytes" track's maximum is its peak, against
+/// the VmHWM the program read of itself just before exiting (the peak lasts
+/// less than a collector interval: it is the kernel's own peak point), and
+/// its value before the teardown its VmRSS then; the anonymous track's
+/// maximum is the summary's `peak_anon_bytes`.
+#[test]
+fn resident_counter_per_process_peaks_at_its_vmhwm() {
+    privileged!();
+    let dir = disk_dir();
+    let bin = compile_c("resident_heap.c", dir.path());
+    let run = record(&["--perfetto"], &[bin.to_str().unwrap(), dir.path().to_str().unwrap()]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let own = std::fs::read_to_string(dir.path().join("status.txt")).expect("the workload's status.txt");
+    let kb = |key: &str| -> u64 {
+        own.lines()
+            .find_map(|l| l.strip_prefix(key).and_then(|r| r.trim_start_matches(':').split_whitespace().next()))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {key} in:\n{own}"))
+            * 1024
+    };
+    let pid = run.summary["target"]["pid"].as_u64().unwrap() as u32;
+    let d = decode(&run.out.path().join("trace.perfetto-trace"));
+    let parent = d.processes.iter().find(|(_, p)| **p == pid).map(|(u, _)| *u).expect("the target's process track");
+    let series = |counter: &str| -> Vec<f64> {
+        let uuid = d
+            .named
+            .iter()
+            .find(|(_, (n, p))| n == counter && *p == Some(parent))
+            .map_or_else(|| panic!("no {counter} track under {pid}: {:?}", d.named), |(u, _)| *u);
+        d.events
+            .iter()
+            .filter(|(_, e)| e.track_uuid == Some(uuid))
+            .filter_map(|(_, e)| match e.counter_value_field {
+                Some(track_event::CounterValueField::DoubleCounterValue(v)) => Some(v),
+                _ => None,
+            })
+            .collect()
+    };
+    let total = series("resident bytes");
+    let max = total.iter().copied().fold(0.0, f64::max) as u64;
+    eprintln!("resident bytes track: max {max}, VmHWM {}, {} points", kb("VmHWM"), total.len());
+    assert_close("the resident track's maximum", max, kb("VmHWM"), 5.0);
+    let r = &run.process(pid)["resident"];
+    assert_close("the resident track's maximum", max, u(&r["peak_bytes"]), 1.0);
+    // It ends at zero (the teardown), after its value at the end.
+    assert_eq!(total.last(), Some(&0.0), "{total:?}");
+    let at_end = total[total.len() - 2] as u64;
+    assert_close("the resident track at the end", at_end, kb("VmRSS"), 5.0);
+    let anon = series("resident anon bytes");
+    let anon_max = anon.iter().copied().fold(0.0, f64::max) as u64;
+    assert_close("the anonymous track's maximum", anon_max, u(&r["peak_anon_bytes"]), 1.0);
+}

@@ -143,6 +143,84 @@ fn fork_workers_copies_sit_under_the_workers_own_stack() {
     assert_close("the parent's buffer", site_bytes(&run.summary, parent, "fill_buffer", false), 64 * mib, 5.0);
 }
 
+/// A site's (bytes, sampled pages) in `top_at_end` for `pid`, as `site_bytes`.
+fn site(summary: &serde_json::Value, pid: u64, frame: &str, shared: bool) -> (u64, u64) {
+    summary["resident"]["top_at_end"]
+        .as_array()
+        .expect("resident.top_at_end")
+        .iter()
+        .filter(|s| s["pid"] == pid)
+        .filter(|s| {
+            let f = s["frames"].as_array().unwrap();
+            f.iter().any(|x| x == frame) && f.iter().any(|x| x == "[shared with parent]") == shared
+        })
+        .fold((0, 0), |(b, n), s| (b + u(&s["bytes"]), n + u(&s["sampled_pages"])))
+}
+
+/// Fork workers with pages *sampled* (1 in 8; small pages only, so no
+/// huge page stands for itself): a parent fills 128 MiB and forks two
+/// workers that copy 32 and 48 MiB of it. Pages are sampled by a hash of
+/// their address, so the worker's copies land on pages its parent sampled:
+/// its `private_bytes` and its copies under `worker_writes` match the
+/// Private_Dirty of its own smaps_rollup, and its `shared_with_parent_bytes`
+/// its Shared_Dirty. (Sampling faults at random instead gave 26.8 and 37.2
+/// MiB private for 32 and 48, the rest counted as shared.)
+///
+/// The bound is the sampling error's: the copies are estimated from the X
+/// sampled pages under `worker_writes` as a share of the worker's sampled
+/// pages, scaled to its exact anonymous total; the share's relative
+/// standard deviation is √((1-p)/X) ≤ 1/√X (p: the copies' share, ¼ and
+/// ⅜ here), so 3/√X is over 3σ: X ≈ 1024 and 1536 give 9.4% and 7.7%.
+#[test]
+fn fork_workers_private_and_shared_with_pages_sampled_by_address() {
+    privileged!();
+    let dir = disk_dir();
+    let bin = common::compile_c("fork_workers.c", dir.path());
+    let run = record(&["--stack-sample", "8"], &[bin.to_str().unwrap(), dir.path().to_str().unwrap(), "2", "nohuge"]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let parent = run.summary["target"]["pid"].as_u64().unwrap();
+    let workers: Vec<u64> = run.summary["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["ppid"] == parent)
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(workers.len(), 2, "{:#}", run.summary["processes"]);
+    let mib = 1u64 << 20;
+    let mut written = Vec::new();
+    for &w in &workers {
+        let own = std::fs::read_to_string(dir.path().join(format!("worker-{w}.txt"))).expect("the worker's smaps");
+        let dirty = kb(&own, "Private_Dirty");
+        written.push(dirty / mib);
+        let r = &run.process(w as u32)["resident"];
+        let (copies, sampled) = site(&run.summary, w, "worker_writes", false);
+        assert!(sampled >= 256, "worker {w}: only {sampled} sampled pages under worker_writes: {r:#}");
+        let bound = (300.0 / (sampled as f64).sqrt()).max(5.0);
+        eprintln!(
+            "worker {w}: Private_Dirty {dirty}, private_bytes {}, copies {copies} ({sampled} pages sampled; bound {bound:.1}%), \
+             Shared_Dirty {}, shared_with_parent_bytes {}",
+            u(&r["private_bytes"]),
+            kb(&own, "Shared_Dirty"),
+            u(&r["shared_with_parent_bytes"])
+        );
+        assert_close(&format!("worker {w}'s private bytes"), u(&r["private_bytes"]), dirty, bound);
+        assert_close(&format!("worker {w}'s copies under worker_writes"), copies, dirty, bound);
+        // The same error in bytes, on a larger base.
+        assert_close(
+            &format!("worker {w} shared with its parent"),
+            u(&r["shared_with_parent_bytes"]),
+            kb(&own, "Shared_Dirty"),
+            bound,
+        );
+        assert_close(&format!("worker {w}'s end"), u(&r["end_bytes"]), kb(&own, "Rss"), 5.0);
+        assert_eq!(site(&run.summary, w, "fill_buffer", false).0, 0, "the parent's pages are not the worker's own");
+    }
+    written.sort_unstable();
+    assert_eq!(written, [32, 48], "what the workers copied, by their own count");
+    assert_close("the parent's buffer", site(&run.summary, parent, "fill_buffer", false).0, 128 * mib, 5.0);
+}
+
 /// Line 5 keeps 96 MiB of numpy array; line 8 makes a 64 MiB one it frees.
 /// It leaves with `os._exit` right after reading its own figures: a normal
 /// exit finalizes the interpreter first, which frees the module's arrays

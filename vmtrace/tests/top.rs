@@ -140,12 +140,15 @@ fn top_shows_a_running_workloads_pid_and_fault_rate_and_answers_keys() {
     let pid = w.0.id();
     let tmux = Tmux::start("procs", &["top", "-p", &pid.to_string()]);
     let screen = tmux.wait_for("the workload's row with a fault rate", Duration::from_secs(20), |s| {
-        row_of(s, pid).is_some_and(|r| r.len() >= 3 && parse_human(&r[2]) > 0.0)
+        cell(s, pid, "FAULT/s").is_some_and(|c| parse_human(&c) > 0.0)
     });
     assert!(screen.contains(&format!("pid {pid}")), "title names the target:\n{screen}");
     let row = row_of(&screen, pid).unwrap();
     assert_eq!(row[1], "vmtrace", "{screen}");
-    assert!(parse_human(&row[2]) > 1000.0, "faults/s of a workload touching ~250 MiB/s:\n{screen}");
+    let rate = cell(&screen, pid, "FAULT/s").map_or(0.0, |c| parse_human(&c));
+    assert!(rate > 1000.0, "faults/s of a workload touching ~250 MiB/s:\n{screen}");
+    // Its resident size, growing with it.
+    assert!(cell(&screen, pid, "RSS").and_then(|c| parse_bytes(&c)).is_some(), "{screen}");
     assert!(screen.lines().count() <= 24 && screen.lines().all(|l| l.chars().count() <= 80), "{screen}");
     assert!(screen.contains("dTLB"), "dTLB line (unsupported without a PMU):\n{screen}");
 
@@ -215,4 +218,72 @@ fn top_without_a_terminal_says_so() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("needs a terminal") && err.contains("--stream json"), "{err}");
+}
+
+/// A /proc/PID/status line's value in kB, as bytes.
+fn status_kb(pid: u32, key: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_else(|e| panic!("pid {pid}: {e}"));
+    text.lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|r| r.trim_start_matches(':').split_whitespace().next()))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no {key} in:\n{text}"))
+        * 1024
+}
+
+/// "130M" → bytes (top's binary units).
+fn parse_bytes(s: &str) -> Option<f64> {
+    let unit = match s.chars().last()? {
+        'K' => 1024.0,
+        'M' => 1_048_576.0,
+        'G' => 1_073_741_824.0,
+        'T' => 1_099_511_627_776.0,
+        _ => return None,
+    };
+    s[..s.len() - 1].trim_start_matches('+').parse::<f64>().ok().map(|v| v * unit)
+}
+
+/// The cell under `column` of the row that starts with `pid`.
+fn cell(screen: &str, pid: u32, column: &str) -> Option<String> {
+    let head: Vec<&str> = screen.lines().find(|l| l.trim_start().starts_with("PID"))?.split_whitespace().collect();
+    let i = head.iter().position(|h| *h == column)?;
+    row_of(screen, pid)?.get(i).cloned()
+}
+
+/// Kills a pid when dropped.
+struct Kill(u32);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        // SAFETY: a pid this test's command holds until killed.
+        unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
+    }
+}
+
+/// Each process's resident size and its growth: a command that holds 128
+/// MiB (after freeing 64 more) shows an RSS within 3% of the VmRSS the
+/// kernel reports for it in /proc, and, holding still, a growth of 0.
+#[test]
+fn top_shows_each_processs_resident_size_and_growth() {
+    privileged!();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = compile_c("hold_memory.c", dir.path());
+    let ready = dir.path().join("ready");
+    let tmux = Tmux::start("rss", &["top", "--", bin.to_str().unwrap(), "128", ready.to_str().unwrap()]);
+    let start = Instant::now();
+    while !ready.exists() {
+        assert!(start.elapsed() < Duration::from_secs(30), "the command never got ready:\n{}", tmux.screen());
+        sleep(Duration::from_millis(100));
+    }
+    let pid: u32 = std::fs::read_to_string(&ready).unwrap().trim().parse().unwrap();
+    let _kill = Kill(pid);
+    let vm_rss = status_kb(pid, "VmRSS") as f64;
+    let screen = tmux.wait_for("the command's RSS, still", Duration::from_secs(20), |s| {
+        let rss = cell(s, pid, "RSS").and_then(|c| parse_bytes(&c));
+        rss.is_some_and(|r| (r - vm_rss).abs() <= vm_rss * 0.03) && cell(s, pid, "ΔRSS/s").as_deref() == Some("0")
+    });
+    let rss = cell(&screen, pid, "RSS").and_then(|c| parse_bytes(&c)).unwrap();
+    assert!(rss >= 128.0 * 1_048_576.0, "{screen}");
+    assert!(screen.lines().all(|l| l.chars().count() <= 80), "{screen}");
+    // q stops the command (SIGTERM), whose status top then exits with.
+    tmux.keys("q");
+    assert_eq!(tmux.exit_status(Duration::from_secs(20)), 128 + libc::SIGTERM);
 }

@@ -24,9 +24,9 @@ use aya_ebpf::{
 use vmtrace_common::{
     granule_bucket, hist_bucket, pf, DropKind, EventHeader, EventKind, FaultMajorEvent, GranuleCounts, GranuleCur,
     GranuleKey, InflightFault, Merge, StackCounts, StackCur, StackKey, GEN_UNKNOWN, GRANULE_PAGES, INFLIGHT_ENDED,
-    INFLIGHT_EXACT_STACK, INFLIGHT_HUGE, INFLIGHT_SAMPLED, INFLIGHT_UNTRACED, LEAF_BLOCK_SHIFT, PMD_ORDER,
-    REGION_GRANULE_SHIFT, STACK_CUR_SLOTS, STACK_ID_LOST, STACK_ID_NONE, STACK_KERNEL, STACK_USER, STRATUM_EXACT,
-    STRATUM_SAMPLED,
+    INFLIGHT_EXACT_STACK, INFLIGHT_HUGE, INFLIGHT_PAGE, INFLIGHT_PAGE_STACK, INFLIGHT_SAMPLED, INFLIGHT_UNTRACED,
+    LEAF_BLOCK_SHIFT, PMD_ORDER, REGION_GRANULE_SHIFT, STACK_CUR_SLOTS, STACK_ID_LOST, STACK_ID_NONE, STACK_KERNEL,
+    STACK_USER, STRATUM_EXACT, STRATUM_SAMPLED,
 };
 
 use crate::{
@@ -285,32 +285,70 @@ fn sample_time(fast_period: u32, slot: &mut InflightFault) -> u32 {
     INFLIGHT_SAMPLED
 }
 
-/// On 1 in `stack_period` faults of this CPU, the fault's stack ids, counted
-/// in `FAULT_STACKS`; (`STACK_ID_NONE`, `STACK_ID_NONE`) otherwise.
+/// The fault's stack ids on 1 in `stack_period` faults of this CPU, at
+/// random, counted in `FAULT_STACKS` (the fault graphs' sample); and on
+/// every fault whose page is in the resident sample (`page_sampled`: 1 in
+/// `stack_period` pages by address), marked `INFLIGHT_PAGE`, whose stack is
+/// taken for the resident profiles alone (`INFLIGHT_PAGE_STACK`) unless the
+/// random draw took it too. (`STACK_ID_NONE`, `STACK_ID_NONE`) otherwise.
+/// One stack walk either way: the walk is inlined once per program.
 #[inline(always)]
 fn sample_stack<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, slot: &mut InflightFault) -> (i32, i32) {
     if conf(|c| &c.stack_mode) == 0 {
         return (STACK_ID_NONE, STACK_ID_NONE);
     }
-    if slot.stack_countdown > 1 {
+    let stack_period = conf(|c| &c.stack_period);
+    let drawn = if slot.stack_countdown > 1 {
         slot.stack_countdown -= 1;
+        false
+    } else {
+        // Next sample in 1..=2N-1 faults, N on average: a fixed stride would
+        // alias with loops (an unrolled loop would always be caught at the
+        // same point).
+        slot.stack_countdown = if stack_period > 1 {
+            // SAFETY: no preconditions.
+            1 + unsafe { bpf_get_prandom_u32() } % (2 * stack_period - 1)
+        } else {
+            1
+        };
+        true
+    };
+    let page = crate::probes::rss::page_in_sample(address >> 12, stack_period);
+    if page {
+        slot.flags |= INFLIGHT_PAGE;
+    }
+    if !drawn && !page {
         return (STACK_ID_NONE, STACK_ID_NONE);
     }
-    // Next sample in 1..=2N-1 faults, N on average: a fixed stride would alias
-    // with loops (an unrolled loop would always be caught at the same point).
-    let stack_period = conf(|c| &c.stack_period);
-    slot.stack_countdown = if stack_period > 1 {
-        // SAFETY: no preconditions.
-        1 + unsafe { bpf_get_prandom_u32() } % (2 * stack_period - 1)
+    let ids = stack_ids(ctx);
+    if drawn {
+        count_stacks(tgid, ids, address, STRATUM_SAMPLED);
     } else {
-        1
-    };
-    take_stacks(ctx, tgid, address, STRATUM_SAMPLED)
+        slot.flags |= INFLIGHT_PAGE_STACK;
+    }
+    ids
 }
 
 /// The current stacks, counted as one fault of `stratum`.
 #[inline(always)]
 fn take_stacks<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, stratum: u32) -> (i32, i32) {
+    let ids = stack_ids(ctx);
+    count_stacks(tgid, ids, address, stratum);
+    ids
+}
+
+/// One fault of `stratum` under the stacks `(user, kernel)`.
+#[inline(always)]
+fn count_stacks(tgid: u32, (user, kernel): (i32, i32), address: u64, stratum: u32) {
+    let key = StackKey { tgid, user_stack: user, kernel_stack: kernel, stratum, leaf_block: leaf_block(address) };
+    if let Some(c) = stack_counts(&key) {
+        c.faults += 1;
+    }
+}
+
+/// The current user and kernel stack ids, as `stack_mode` asks.
+#[inline(always)]
+fn stack_ids<C: StackIdContext>(ctx: &C) -> (i32, i32) {
     let stack_mode = conf(|c| &c.stack_mode);
     let user = if stack_mode & STACK_USER != 0 {
         let id = user_stack_id(ctx);
@@ -332,10 +370,6 @@ fn take_stacks<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, stratum: u32
     } else {
         STACK_ID_NONE
     };
-    let key = StackKey { tgid, user_stack: user, kernel_stack: kernel, stratum, leaf_block: leaf_block(address) };
-    if let Some(c) = stack_counts(&key) {
-        c.faults += 1;
-    }
     (user, kernel)
 }
 
@@ -401,7 +435,8 @@ fn try_memcg_event<C: StackIdContext>(ctx: &C, item: u32) -> Option<()> {
         }
         return None;
     }
-    let tid = bpf_get_current_pid_tgid() as u32;
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
     // SAFETY: per-CPU slot; programs on one CPU do not interleave.
     let slot = unsafe { &mut *FAULT_SLOT.get_ptr_mut(0)? };
     let in_slot = slot.tid == tid;
@@ -414,6 +449,10 @@ fn try_memcg_event<C: StackIdContext>(ctx: &C, item: u32) -> Option<()> {
             // Fast and not sampled: counted at its start, its time stood for
             // by the samples. Left in the slot for a MAJ event right after.
             slot.flags |= INFLIGHT_ENDED;
+            // Its page, if of the resident sample, whether timed or not.
+            crate::probes::rss::stream_page((pid_tgid >> 32) as u32, slot);
+            // Once: a MAJ event right after ends it again (`try_fault_end`).
+            slot.flags &= !INFLIGHT_PAGE;
             // SAFETY: as above.
             unsafe { (*LAST_END.get_ptr_mut(0)?).tid = 0 };
             return None;
@@ -667,7 +706,8 @@ fn account_end(tgid: u32, start: &InflightFault, ns: u64, major: bool, weight: u
 /// Counts of the stack taken for this fault, if one was.
 #[inline(always)]
 fn fault_stack_counts(tgid: u32, f: &InflightFault) -> Option<&'static mut StackCounts> {
-    if f.user_stack == STACK_ID_NONE && f.kernel_stack == STACK_ID_NONE {
+    // A stack taken for the resident sample alone is in no stratum.
+    if (f.user_stack == STACK_ID_NONE && f.kernel_stack == STACK_ID_NONE) || f.flags & INFLIGHT_PAGE_STACK != 0 {
         return None;
     }
     let stratum = if f.flags & INFLIGHT_EXACT_STACK != 0 { STRATUM_EXACT } else { STRATUM_SAMPLED };
@@ -741,6 +781,13 @@ pub fn try_huge_alloc<C: StackIdContext>(ctx: &C) -> Option<()> {
 /// the exact stratum, unless it was sampled at its start.
 #[inline(always)]
 pub fn exact_stack<C: StackIdContext>(ctx: &C, tgid: u32, slot: &mut InflightFault) {
+    if slot.flags & INFLIGHT_PAGE_STACK != 0 {
+        // Taken for the resident sample only: the fault graphs count it now,
+        // in the exact stratum, with no second walk.
+        count_stacks(tgid, (slot.user_stack, slot.kernel_stack), slot.page << 12, STRATUM_EXACT);
+        slot.flags = (slot.flags & !INFLIGHT_PAGE_STACK) | INFLIGHT_EXACT_STACK;
+        return;
+    }
     if conf(|c| &c.stack_mode) == 0 || slot.user_stack != STACK_ID_NONE || slot.kernel_stack != STACK_ID_NONE {
         return;
     }

@@ -8,7 +8,9 @@
 //! member but not the summed size (the event's assign does not run for it),
 //! and summing a `percpu_counter` needs every CPU's slot.
 //!
-//! The fault path streams each fault whose stack was taken
+//! The fault path streams each fault on a page of the resident sample, 1 in
+//! `stack_period` pages chosen by a hash of the virtual page address
+//! (`page_in_sample`), and every huge-page fault, with its stack
 //! (`stream_page`): userspace attributes resident pages to those stacks.
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
@@ -17,8 +19,8 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use vmtrace_common::{
-    DropKind, EventHeader, EventKind, InflightFault, PageSample, RssEvent, RssMm, INFLIGHT_EXACT_STACK, INFLIGHT_HUGE,
-    PAGE_EXACT, PAGE_HUGE, RSS_ENDED, RSS_MEMBERS, RSS_PEAK_MIN_STEP, STACK_ID_NONE,
+    page_sampled, DropKind, EventHeader, EventKind, InflightFault, PageSample, RssEvent, RssMm, INFLIGHT_HUGE,
+    INFLIGHT_PAGE, PAGE_HUGE, RSS_ENDED, RSS_MEMBERS, RSS_PEAK_MIN_STEP, STACK_ID_NONE,
 };
 
 use crate::{
@@ -30,11 +32,26 @@ use crate::{
 #[unsafe(no_mangle)]
 static RESIDENT_PAGES: u32 = 0;
 
+/// Set by the loader: the recording's random salt of the page hash
+/// (`vmtrace_common::page_sampled`), which userspace knows too.
+#[unsafe(no_mangle)]
+static RESIDENT_SALT: u64 = 0;
+
 #[inline(always)]
 fn resident_pages() -> bool {
     // SAFETY: a global the loader rewrites before load; volatile so the
     // compiler does not fold the default in.
     unsafe { core::ptr::read_volatile(&raw const RESIDENT_PAGES) != 0 }
+}
+
+/// Whether the page `page` (address >> 12) is in the resident sample: 1 in
+/// `period` pages by a hash of the virtual page address alone, so a fork
+/// child samples the pages its parent sampled (its copy-on-write copies
+/// land where the parent's pages were).
+#[inline(always)]
+pub fn page_in_sample(page: u64, period: u32) -> bool {
+    // SAFETY: as for `resident_pages`.
+    resident_pages() && page_sampled(page, unsafe { core::ptr::read_volatile(&raw const RESIDENT_SALT) }, period)
 }
 
 /// Resident counters per address space, keyed by `mm_id`. Userspace
@@ -188,25 +205,24 @@ fn emit(kind: EventKind, tgid: u32, mm_id: u32, size: &[u64; RSS_MEMBERS]) {
     slot.submit(batched_wakeup());
 }
 
-/// The fault path's hook: a fault whose stack was taken (1 in
-/// `stack_period`, or slow) is streamed with its page, so userspace can make
-/// that stack the page's owner.
+/// The fault path's hook, at a fault's end: a fault on a page of the
+/// sample (`INFLIGHT_PAGE`), or served by a huge page (each one stands for
+/// itself), is streamed with its page and stack, so userspace can make that
+/// stack the page's owner. Faults whose stack the random draw alone took
+/// are not: the sample is of addresses, the same in parent and child.
 #[inline(always)]
 pub fn stream_page(tgid: u32, f: &InflightFault) {
-    if !resident_pages() || (f.user_stack == STACK_ID_NONE && f.kernel_stack == STACK_ID_NONE) {
+    if !resident_pages()
+        || f.flags & (INFLIGHT_PAGE | INFLIGHT_HUGE) == 0
+        || (f.user_stack == STACK_ID_NONE && f.kernel_stack == STACK_ID_NONE)
+    {
         return;
     }
     let Some(mut slot) = EVENTS.reserve::<PageSample>(0) else {
         count_drop(DropKind::PageSampleRingFull);
         return;
     };
-    let mut flags = 0;
-    if f.flags & INFLIGHT_HUGE != 0 {
-        flags |= PAGE_HUGE;
-    }
-    if f.flags & INFLIGHT_EXACT_STACK != 0 {
-        flags |= PAGE_EXACT;
-    }
+    let flags = if f.flags & INFLIGHT_HUGE != 0 { PAGE_HUGE } else { 0 };
     slot.write(PageSample {
         hdr: EventHeader {
             kind: EventKind::PageSample as u32,

@@ -50,6 +50,11 @@ impl<S: AggregateSource> Session<S> {
             }
             processes.sort_by_key(|p| p.pid);
         }
+        if let Some(r) = self.resident.as_ref() {
+            for p in &mut processes {
+                p.resident = r.kernel_of(p.pid).map(|m| crate::model::LiveResident::from_kernel(&m));
+            }
+        }
         let (all_faults, all_major) = self.source.totals();
         LiveSnapshot {
             t_s: self.started.elapsed().as_secs_f64(),

@@ -1,17 +1,21 @@
 //! Resident memory by call site. The kernel keeps each address space's exact
 //! resident counters (`probes/rss.rs`); the fault path streams every fault
-//! whose stack was taken (`PageSample`). Here each such page is owned by its
-//! stack until the memory is given back (munmap, mremap, madvise
+//! on a page of the address sample (1 in N pages by a hash of the virtual
+//! page address, `vmtrace_common::page_sampled`) and every huge-page fault,
+//! with its stack (`PageSample`). Here each such page is owned by its stack
+//! until the memory is given back (munmap, mremap, madvise
 //! DONTNEED/FREE/REMOVE, brk shrink, exec, exit); a later fault on the same
-//! page (a copy-on-write copy) takes it over. The live set of a process is
+//! page (a copy-on-write copy) takes it over. The sample being of addresses,
+//! a fork child's copy of a sampled page always lands on a page the parent
+//! sampled too. The live set of a process is
 //! snapshotted at its peaks (as the kernel reports them) and at its end,
 //! and the snapshot is scaled to the kernel's exact totals when the
 //! profiles are written.
 use std::collections::{BTreeMap, HashMap};
 
 use vmtrace_common::{
-    EventKind, MmCall, MmEvent, OomEvent, PageSample, RssEvent, RssMm, TaskEvent, LEAF_BLOCK_SHIFT, PAGE_EXACT,
-    PAGE_HUGE, RSS_ANON, RSS_ENDED, RSS_FILE, RSS_MEMBERS, RSS_SHMEM,
+    page_sampled, EventKind, MmCall, MmEvent, OomEvent, PageSample, RssEvent, RssMm, TaskEvent, LEAF_BLOCK_SHIFT,
+    PAGE_EXACT, PAGE_HUGE, RSS_ANON, RSS_ENDED, RSS_FILE, RSS_MEMBERS, RSS_SHMEM,
 };
 
 /// Sampled pages followed at once over all processes (~48 bytes each): at
@@ -118,6 +122,10 @@ pub(crate) struct ProcResident {
 pub(crate) struct ResidentTracker {
     procs: HashMap<u32, Proc>,
     live_pages: usize,
+    /// The address sample: 1 in `period` pages, by `page_sampled` with `salt`
+    /// (the programs' `RESIDENT_SALT`).
+    period: u32,
+    salt: u64,
     /// Sampled pages streamed, and those not followed (`MAX_LIVE_PAGES`).
     pub sampled_pages: u64,
     pub dropped_pages: u64,
@@ -136,10 +144,17 @@ fn page_bytes(flags: u32) -> u64 {
 }
 
 impl ResidentTracker {
+    /// A tracker of the pages the programs sample: 1 in `period` by the page
+    /// hash salted with `salt`.
+    pub fn new(period: u32, salt: u64) -> Self {
+        Self { period: period.max(1), salt, ..Self::default() }
+    }
+
     /// A sampled fault: its page is the stack's now (a copy-on-write copy
     /// of an inherited page becomes the writer's).
     pub(crate) fn page(&mut self, ev: &PageSample, kind: u8) {
         self.sampled_pages += 1;
+        let (period, salt) = (self.period, self.salt);
         let p = self.procs.entry(ev.tgid).or_default();
         let bytes = page_bytes(ev.flags);
         let addr = if ev.flags & PAGE_HUGE != 0 { ev.addr & !(bytes - 1) } else { ev.addr };
@@ -157,6 +172,7 @@ impl ResidentTracker {
             // sampled at its start): a census, each standing for itself. A
             // sampled one scaled like a small page stood for 1 in N faults
             // of 2 MiB (numpy's THP arrays came out 10% too large).
+            // (`PAGE_EXACT` is no longer sent; taken as before if it comes.)
             exact: ev.flags & (PAGE_EXACT | PAGE_HUGE) != 0,
             inherited: false,
             leaf_block: addr >> LEAF_BLOCK_SHIFT,
@@ -166,6 +182,12 @@ impl ResidentTracker {
             // A huge page replaces the small pages it covers.
             let gone = remove_range(&mut p.live, addr, addr + bytes);
             self.live_pages -= gone;
+        } else {
+            // A small page inside a huge one: the kernel split it (a
+            // copy-on-write copy of part of it, in a fork child or its
+            // parent). The huge page's other pages are now followed as the
+            // sample follows small pages.
+            self.live_pages = add(self.live_pages, split_huge(&mut p.live, addr, period, salt));
         }
         match p.live.insert(addr, Page { bytes, owner }) {
             Some(_) => {}
@@ -185,6 +207,23 @@ impl ResidentTracker {
             }
             return;
         };
+        // A huge page given back in part is split first: its pages inside
+        // the range leave, the sampled ones outside stay.
+        let cuts = match ev.call {
+            c if c == MmCall::Munmap as u32 || c == MmCall::Madvise as u32 => {
+                vec![ev.addr, ev.addr.saturating_add(ev.len)]
+            }
+            c if c == MmCall::Mremap as u32 => {
+                vec![ev.old_addr, ev.old_addr.saturating_add(ev.old_len), ev.old_addr.saturating_add(ev.len)]
+            }
+            c if c == MmCall::Brk as u32 => [Some(ev.addr), p.brk].into_iter().flatten().collect(),
+            _ => Vec::new(),
+        };
+        for cut in cuts {
+            // The page before the cut: a huge page holding both sides of it.
+            let n = split_huge_across(&mut p.live, cut, self.period, self.salt);
+            self.live_pages = add(self.live_pages, n);
+        }
         let gone = match ev.call {
             c if c == MmCall::Munmap as u32 || c == MmCall::Madvise as u32 => {
                 if p.given_back.len() >= GIVEN_BACK {
@@ -321,6 +360,11 @@ impl ResidentTracker {
         forget
     }
 
+    /// `pid`'s address space's counters as last read (`kernel_counters`).
+    pub fn kernel_of(&self, pid: u32) -> Option<RssMm> {
+        self.procs.get(&pid).and_then(|p| p.kernel)
+    }
+
     /// Each process's snapshots; processes still running get their end now.
     /// Also the OOM victims' live sets at their kills.
     pub(crate) fn finish(mut self, now_ns: u64) -> (BTreeMap<u32, ProcResident>, ResidentCounts, Vec<(u32, Snapshot)>) {
@@ -347,6 +391,49 @@ impl ResidentTracker {
 pub(crate) struct ResidentCounts {
     pub sampled_pages: u64,
     pub dropped_pages: u64,
+}
+
+/// `n + delta`, never below 0.
+fn add(n: usize, delta: isize) -> usize {
+    n.saturating_add_signed(delta)
+}
+
+/// Small pages of a huge one.
+const SMALL_PER_HUGE: u64 = 512;
+
+/// Turns the huge page holding `addr`, if any, into the small pages of it
+/// in the address sample (`page_sampled`), each of the same owner but no
+/// longer standing for itself: part of it is no longer the huge page's (the
+/// kernel split it), and the sample follows its small pages as it follows
+/// any. Returns the change in the number of live entries.
+fn split_huge(live: &mut BTreeMap<u64, Page>, addr: u64, period: u32, salt: u64) -> isize {
+    let Some((&base, &pg)) = live.range(..=addr).next_back() else { return 0 };
+    if pg.bytes <= 4096 || addr >= base + pg.bytes {
+        return 0;
+    }
+    live.remove(&base);
+    let owner = Owner { exact: false, ..pg.owner };
+    let mut n = -1;
+    for i in 0..(pg.bytes / 4096).min(SMALL_PER_HUGE) {
+        let a = base + i * 4096;
+        if page_sampled(a >> 12, salt, period) {
+            live.insert(a, Page { bytes: 4096, owner });
+            n += 1;
+        }
+    }
+    n
+}
+
+/// `split_huge` of the huge page holding both `cut - 4096` and `cut`, if any:
+/// a range starting or ending at `cut` takes part of it.
+fn split_huge_across(live: &mut BTreeMap<u64, Page>, cut: u64, period: u32, salt: u64) -> isize {
+    let Some(before) = cut.checked_sub(4096) else { return 0 };
+    match live.range(..=before).next_back() {
+        Some((&base, pg)) if pg.bytes > 4096 && base < cut && cut < base + pg.bytes => {
+            split_huge(live, before, period, salt)
+        }
+        _ => 0,
+    }
 }
 
 /// Removes the pages in `[start, end)`; returns how many.
@@ -509,6 +596,83 @@ mod tests {
         let own: u64 = end.by_owner.iter().filter(|(o, _)| o.user_stack == 9 && !o.inherited).map(|(_, v)| v.0).sum();
         assert_eq!((inherited, own), (3 * 4096, 4096));
         assert_eq!(end.resident(), 4 * 4096);
+    }
+
+    fn fork(child: u32, parent: u32) -> TaskEvent {
+        TaskEvent {
+            hdr: EventHeader { kind: EventKind::TaskFork as u32, size: 0, ts_ns: 2 },
+            pid: child,
+            tgid: child,
+            ppid: parent,
+            exit_code: 0,
+            group_dead: 0,
+            gen: 0,
+            kernel_min_flt: 0,
+            kernel_maj_flt: 0,
+            comm: [0; 16],
+        }
+    }
+
+    /// Owner bytes (scaled) at `pid`'s end: (its own under `stack`, inherited).
+    fn own_and_shared(procs: &BTreeMap<u32, ProcResident>, pid: u32, stack: i32) -> (f64, f64) {
+        let (owners, _) = scaled(procs[&pid].end.as_ref().unwrap());
+        let own = owners.iter().filter(|o| o.0.user_stack == stack && !o.0.inherited).map(|o| o.1).sum();
+        let shared = owners.iter().filter(|o| o.0.inherited).map(|o| o.1).sum();
+        (own, shared)
+    }
+
+    #[test]
+    fn a_childs_copies_are_its_own_when_pages_are_sampled_by_address() {
+        // 1 in 8 pages by address: the parent's sampled pages and the child's
+        // sampled copies are the same addresses, so the child's quarter of
+        // copies comes out a quarter of its memory (random sampling of the
+        // faults made it an eighth, and its shared part too large).
+        let (period, salt) = (8, 0x1234_5678_9abc_def1);
+        let mut t = ResidentTracker::new(period, salt);
+        let base = 0x7f00_0000_0000u64;
+        let pages = 8192u64;
+        let sampled = |i: u64| page_sampled((base + i * 4096) >> 12, salt, period);
+        for i in (0..pages).filter(|&i| sampled(i)) {
+            t.page_anon(&sample(5, base + i * 4096, 1));
+        }
+        t.task(&fork(6, 5));
+        for i in (0..pages / 4).filter(|&i| sampled(i)) {
+            t.page_anon(&sample(6, base + i * 4096, 9));
+        }
+        t.rss(&rss(EventKind::ResidentEnd, 6, pages * 4096));
+        let (procs, _, _) = t.finish(10);
+        let (own, shared) = own_and_shared(&procs, 6, 9);
+        let whole = (pages * 4096) as f64;
+        assert!((own / (whole / 4.0) - 1.0).abs() < 0.1, "own {own} of {whole}");
+        assert!((own + shared - whole).abs() < 1.0);
+    }
+
+    #[test]
+    fn a_huge_page_copied_in_part_is_split_into_its_sampled_small_pages() {
+        let (period, salt) = (4, 77);
+        let mut t = ResidentTracker::new(period, salt);
+        let base = 0x4000_0000u64;
+        let mut huge = sample(5, base + 0x3000, 1);
+        huge.flags = PAGE_HUGE;
+        t.page_anon(&huge);
+        t.task(&fork(6, 5));
+        let small: Vec<u64> =
+            (0..512).map(|i| base + i * 4096).filter(|a| page_sampled(a >> 12, salt, period)).collect();
+        // The child copies the first sampled page of the huge one.
+        t.page_anon(&sample(6, small[0], 9));
+        // The parent gives back the second half of its huge page.
+        t.mm_change(&mm(5, MmCall::Munmap, base + (1 << 20), 1 << 20));
+        let (procs, _, _) = t.finish(10);
+        let child = procs[&6].end.as_ref().unwrap();
+        let of = |s: &Snapshot, inherited: bool, stack: i32| -> u64 {
+            s.by_owner.iter().filter(|(o, _)| o.inherited == inherited && o.user_stack == stack).map(|(_, v)| v.1).sum()
+        };
+        assert_eq!(of(child, false, 9), 1);
+        assert_eq!(of(child, true, 1), small.len() as u64 - 1);
+        assert!(child.by_owner.keys().all(|o| !o.exact), "split pages stand for the sample: {child:?}");
+        let parent = procs[&5].end.as_ref().unwrap();
+        let first_half = small.iter().filter(|&&a| a < base + (1 << 20)).count() as u64;
+        assert_eq!(of(parent, false, 1), first_half);
     }
 
     #[test]
@@ -789,9 +953,10 @@ pub(crate) fn build(
         live_pages_at_end: live_at_end,
         estimate: format!(
             "exact: each process's resident bytes at its end and peak, by kind (the kernel's rss_stat counters); \
-             estimated: their split by call site, from the pages of 1 in {sample_period} faults (and every slow or \
-             huge-page fault) followed until given back, scaled to the exact totals; a site with n sampled pages is \
-             within about ±2/√n of its bytes (95%)"
+             estimated: their split by call site, from 1 in {sample_period} pages chosen by a hash of their \
+             virtual address (the same pages in a fork child as in its parent, so its copy-on-write copies are \
+             seen) and every huge page, followed until given back, scaled to the exact totals; a site with n \
+             sampled pages is within about ±2/√n of its bytes (95%)"
         ),
         dropped_pages: counts.dropped_pages,
         dropped_snapshots: 0,

@@ -266,6 +266,7 @@ impl Batch {
 impl<S: AggregateSource> Session<S> {
     pub fn new(source: S, opts: SessionOptions) -> Self {
         let now = Instant::now();
+        let page_salt = source.page_salt();
         Self {
             minor_period: source.minor_period(),
             fast_period: source.fast_period(),
@@ -285,7 +286,10 @@ impl<S: AggregateSource> Session<S> {
             native: NativeStacks::default(),
             python: super::python::Tracker::default(),
             trace: opts.trace_log.then(|| TraceRecorder::new(monotonic_ns())),
-            resident: opts.families.resident.then(ResidentTracker::default),
+            resident: opts
+                .families
+                .resident
+                .then(|| ResidentTracker::new(opts.stacks.map_or(1, |(_, period)| period), page_salt)),
             retiring: Vec::new(),
             last_retire: now,
             placed: crate::regions::Partial::default(),
@@ -456,7 +460,11 @@ impl<S: AggregateSource> Session<S> {
     fn resident_counters(&mut self) {
         let Some(r) = self.resident.as_mut() else { return };
         let all = self.source.all_rss();
-        for mm_id in r.kernel_counters(&all, monotonic_ns()) {
+        let now_ns = monotonic_ns();
+        if let Some(t) = self.trace.as_mut() {
+            t.resident(now_ns, &all);
+        }
+        for mm_id in r.kernel_counters(&all, now_ns) {
             self.source.forget_rss(mm_id);
         }
     }
@@ -760,6 +768,7 @@ impl<S: AggregateSource> Session<S> {
         // The last, partial interval.
         self.tick(now());
         self.trace_interval();
+        self.resident_counters();
         let families = self.opts.families;
         if self.wants_python() {
             self.python.tick(now(), &self.table, &mut self.source);

@@ -3,7 +3,10 @@
 //! since the last one. Bounded per kind ([`TraceLog::MAX_PER_KIND`]).
 use std::collections::HashMap;
 
-use vmtrace_common::{EventKind, FaultMajorEvent, MmEvent, MmStats, TaskEvent, MM_CALLS, MM_CALL_NAMES};
+use vmtrace_common::{
+    EventKind, FaultMajorEvent, MmEvent, MmStats, RssMm, TaskEvent, MM_CALLS, MM_CALL_NAMES, RSS_ANON, RSS_ENDED,
+    RSS_FILE, RSS_MEMBERS, RSS_SHMEM,
+};
 
 use super::{
     process::{ProcInfo, ProcessTable},
@@ -11,7 +14,7 @@ use super::{
 };
 use crate::model::{
     comm_str,
-    trace::{CounterPoint, CpuPoint, MajorFault, MmChange, TaskKind, TaskMark, TraceLog},
+    trace::{CounterPoint, CpuPoint, MajorFault, MmChange, ResidentPoint, TaskKind, TaskMark, TraceLog},
     Cum, LiveProcess,
 };
 use crate::{
@@ -34,6 +37,36 @@ pub(crate) struct TraceRecorder {
     /// Shootdowns received per CPU at the last interval.
     last_cpu: Vec<u64>,
     last_ts_ns: u64,
+    /// Resident points per address space (process, `mm_id`): the trace keeps
+    /// each process's last one (`finish`).
+    rss: HashMap<(u32, u32), RssTrack>,
+    rss_points: usize,
+}
+
+/// One address space's resident points, and what the last read of its
+/// counters (`RSS_MM`) showed.
+#[derive(Default)]
+struct RssTrack {
+    first_ns: u64,
+    peak_ns: u64,
+    size: [u64; RSS_MEMBERS],
+    ended: bool,
+    end_ns: u64,
+    points: Vec<ResidentPoint>,
+}
+
+impl RssTrack {
+    /// Which of a process's address spaces is its own, as the resident
+    /// figures choose (`ResidentTracker::kernel_counters`): the one it still
+    /// runs in, else the last torn down. (When each was first seen does not
+    /// tell: an exec's new one is filled before the old one's last event.)
+    fn rank(&self) -> (bool, u64, u64) {
+        (!self.ended, self.end_ns, self.first_ns)
+    }
+}
+
+fn resident_point(ts_ns: u64, pid: u32, size: &[u64; RSS_MEMBERS]) -> ResidentPoint {
+    ResidentPoint { ts_ns, pid, anon: size[RSS_ANON], file: size[RSS_FILE], shmem: size[RSS_SHMEM] }
 }
 
 impl TraceRecorder {
@@ -116,6 +149,49 @@ impl TraceRecorder {
             if received > 0 {
                 let point = CpuPoint { ts_ns, dur_ns, cpu: cpu as u32, received };
                 TraceLog::push(&mut self.log.cpu_ipis, &mut self.log.dropped, point, TraceLog::MAX_PER_KIND);
+            }
+        }
+    }
+
+    /// The kernel's resident counters of every address space (`RSS_MM`) as
+    /// read at `now_ns`: a point where they changed since the last read, one
+    /// at each new peak when the kernel saw it (so the track's maximum is
+    /// the process's peak, however briefly it lasted), and at a teardown the
+    /// figures then and zero.
+    pub fn resident(&mut self, now_ns: u64, all: &[(u32, RssMm)]) {
+        for (mm_id, m) in all {
+            if m.tgid == 0 {
+                continue;
+            }
+            let t = self.rss.entry((m.tgid, *mm_id)).or_default();
+            if t.first_ns != m.first_ns || (t.ended && m.flags & RSS_ENDED == 0) {
+                // A new address space under a reused id.
+                if !t.points.is_empty() {
+                    self.log.dropped += t.points.len() as u64;
+                    self.rss_points -= t.points.len();
+                }
+                *t = RssTrack { first_ns: m.first_ns, ..RssTrack::default() };
+            }
+            let before = t.points.len();
+            let ended = m.flags & RSS_ENDED != 0;
+            if m.peak > 0 && m.peak_ns != t.peak_ns && (!ended || m.peak_ns <= m.end_ns) {
+                t.points.push(resident_point(m.peak_ns, m.tgid, &m.peak_size));
+                t.peak_ns = m.peak_ns;
+            }
+            if ended && !t.ended {
+                t.points.push(resident_point(m.end_ns, m.tgid, &m.end));
+                t.points.push(resident_point(m.end_ns + 1, m.tgid, &[0; RSS_MEMBERS]));
+            } else if !ended && m.size != t.size {
+                t.points.push(resident_point(now_ns, m.tgid, &m.size));
+            }
+            (t.size, t.ended, t.end_ns) = (m.size, ended, m.end_ns);
+            // Bounded as the other counters are: the rest is counted dropped.
+            let added = t.points.len() - before;
+            if self.rss_points + added > TraceLog::MAX_COUNTERS {
+                t.points.truncate(before);
+                self.log.dropped += added as u64;
+            } else {
+                self.rss_points += added;
             }
         }
     }
@@ -204,6 +280,21 @@ pub(crate) fn finish(
         t.log.majors.push(fault);
     }
     t.log.end_ns = now_ns;
+    // Each process's last address space, as summary.json's figures are
+    // (an exec's old one, in `record -- CMD` a copy of vmtrace's own, is not
+    // the program's).
+    let mut last: HashMap<u32, RssTrack> = HashMap::new();
+    for ((pid, _), track) in t.rss {
+        match last.get(&pid) {
+            Some(l) if l.rank() > track.rank() => {}
+            _ => {
+                last.insert(pid, track);
+            }
+        }
+    }
+    let mut points: Vec<ResidentPoint> = last.into_values().flat_map(|t| t.points).collect();
+    points.sort_by_key(|p| (p.pid, p.ts_ns));
+    t.log.resident = points;
     t.log
 }
 
@@ -219,6 +310,7 @@ mod tests {
             faults: Faults { total: faults, major, ..Faults::default() },
             munmap: 0,
             ipis_sent: 0,
+            resident: None,
         }
     }
 
@@ -237,6 +329,39 @@ mod tests {
         assert_eq!(c.iter().map(|p| p.delta.faults).sum::<u64>(), 40);
         let cpu: Vec<(u32, u64)> = r.log.cpu_ipis.iter().map(|p| (p.cpu, p.received)).collect();
         assert_eq!(cpu, [(1, 5), (0, 3)]);
+    }
+
+    fn mm(tgid: u32, first_ns: u64, anon: u64) -> RssMm {
+        let mut m = RssMm { tgid, first_ns, ..RssMm::default() };
+        m.size[RSS_ANON] = anon;
+        m
+    }
+
+    #[test]
+    fn resident_points_change_peak_and_end_of_the_last_address_space() {
+        let mut r = TraceRecorder::new(0);
+        // The address space an exec left and the new one, first seen before
+        // it (filled by the exec while the old one was current).
+        let mut old = mm(7, 5, 50 << 20);
+        let mut new = mm(7, 1, 1 << 20);
+        r.resident(100, &[(1, old), (2, new)]);
+        // Unchanged: no point. Then a peak at 150 between two reads.
+        r.resident(200, &[(2, new)]);
+        new.size[RSS_ANON] = 3 << 20;
+        (new.peak, new.peak_ns, new.peak_size[RSS_ANON]) = (8 << 20, 150, 8 << 20);
+        old.flags = RSS_ENDED;
+        (old.end_ns, old.end[RSS_ANON]) = (120, 50 << 20);
+        r.resident(300, &[(1, old), (2, new)]);
+        new.flags = RSS_ENDED;
+        (new.end_ns, new.end[RSS_ANON]) = (350, 3 << 20);
+        new.size[RSS_ANON] = 0;
+        r.resident(400, &[(2, new)]);
+        let source = crate::collect::fake::FakeSource::default();
+        let log =
+            finish(r, &mut ProcessTable::default(), &source, &NativeStacks::default(), &CodeCache::default(), 500);
+        let got: Vec<(u64, u64)> = log.resident.iter().map(|p| (p.ts_ns, p.anon >> 20)).collect();
+        // The old address space's 50 MiB is not the program's.
+        assert_eq!(got, [(100, 1), (150, 8), (300, 3), (350, 3), (351, 0)]);
     }
 
     #[test]

@@ -132,6 +132,10 @@ impl AggregateSource for Probes {
         self.fast_period
     }
 
+    fn page_salt(&self) -> u64 {
+        self.page_salt
+    }
+
     /// Every address space's resident counters (`RSS_MM`), by `mm_id`.
     fn all_rss(&self) -> Vec<(u32, vmtrace_common::RssMm)> {
         self.maps.rss_mm.iter().filter_map(Result::ok).collect()

@@ -136,6 +136,14 @@ fn region_map_entries() -> u32 {
     (REGION_MAP_BUDGET / (per * cpus)).clamp(8192, 262_144) as u32
 }
 
+/// A random salt per recording for the resident sample's page hash: each
+/// page is then in the sample with probability 1/N whatever its address.
+fn random_salt() -> u64 {
+    use std::hash::BuildHasher as _;
+    // RandomState is seeded from the OS's random source.
+    std::collections::hash_map::RandomState::new().hash_one(std::process::id())
+}
+
 /// Address of a kernel symbol from /proc/kallsyms (root sees real addresses).
 /// Reads only up to the symbol: the kernel generates the file 4 KiB at a time,
 /// and reading all of it (modules last) showed in start-up time.
@@ -165,6 +173,8 @@ pub struct Probes {
     fault_end: Option<crate::perf::FaultEnd>,
     maps: maps::Maps,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+    /// The salt of the resident sample's page hash (`RESIDENT_SALT`).
+    page_salt: u64,
 }
 
 impl Probes {
@@ -228,6 +238,7 @@ impl Probes {
             memcg_thp_file: item(thp_items.1),
             _pad: 0,
         };
+        let page_salt = random_salt();
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
             .map_max_entries("REGION_STATS", region_map_entries())
@@ -239,6 +250,7 @@ impl Probes {
                 &u32::from(opts.families.resident && opts.stacks != StackMode::None),
                 true,
             )
+            .override_global("RESIDENT_SALT", &page_salt, true)
             .load(crate::EBPF_OBJECT)?;
         let logger = aya_log::EbpfLogger::init(&mut ebpf).ok();
         let wanted = |h: &&Hook| opts.families.has(h.family);
@@ -289,8 +301,9 @@ impl Probes {
             }
         }
         let maps = maps::Maps::take(&mut ebpf, user_walk != 0)?;
-        Ok(Self { ebpf, attached, minor_period, fast_period, end_programs, fault_end: None, maps, logger })
+        Ok(Self { ebpf, attached, minor_period, fast_period, end_programs, fault_end: None, maps, logger, page_salt })
     }
+
 
     /// What each hook got, in attach order (summary.json `probes[]`).
     pub fn attached(&self) -> &[Attachment] {

@@ -29,6 +29,9 @@ pub trait AggregateSource {
     fn fast_period(&self) -> u32;
     /// The programs as attached, for summary.json's `probes`.
     fn probe_info(&self) -> Vec<ProbeInfo>;
+    /// The salt of the resident sample's page hash
+    /// (`vmtrace_common::page_sampled`).
+    fn page_salt(&self) -> u64;
 
     /// Whether `tgid` is in the traced set.
     fn is_traced(&self, tgid: u32) -> bool;

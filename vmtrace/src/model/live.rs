@@ -18,6 +18,35 @@ pub struct LiveProcess {
     pub munmap: u64,
     /// TLB-flush IPIs sent to other CPUs.
     pub ipis_sent: u64,
+    /// Its resident memory now (the kernel's `rss_stat` counters; `None`
+    /// where resident memory is not traced or its address space not seen).
+    pub resident: Option<LiveResident>,
+}
+
+/// A process's resident memory as the kernel counts it (bytes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LiveResident {
+    pub anon: u64,
+    pub file: u64,
+    pub shmem: u64,
+    /// The largest anon + file + shmem so far.
+    pub peak: u64,
+}
+
+impl LiveResident {
+    /// From an address space's counters: what it holds now (nothing once
+    /// torn down: the process exited) and its peak.
+    pub fn from_kernel(m: &vmtrace_common::RssMm) -> Self {
+        use vmtrace_common::{RSS_ANON, RSS_ENDED, RSS_FILE, RSS_SHMEM};
+        let now = if m.flags & RSS_ENDED != 0 { [0; vmtrace_common::RSS_MEMBERS] } else { m.size };
+        let total = now[RSS_ANON] + now[RSS_FILE] + now[RSS_SHMEM];
+        Self { anon: now[RSS_ANON], file: now[RSS_FILE], shmem: now[RSS_SHMEM], peak: m.peak.max(total) }
+    }
+
+    /// anon + file + shmem.
+    pub fn total(&self) -> u64 {
+        self.anon + self.file + self.shmem
+    }
 }
 
 impl LiveProcess {
@@ -36,6 +65,7 @@ impl LiveProcess {
             faults: Faults::from_stats(stats, minor_period),
             munmap: mm.map_or(0, |m| m.calls[MmCall::Munmap as usize]),
             ipis_sent: mm.map_or(0, |m| m.ipis_sent),
+            resident: None,
         }
     }
 

@@ -22,7 +22,7 @@ pub use drops::{DropCounts, Drops};
 pub use faults::{largest_remainder, scale, Faults, Hist};
 pub use fold::{fold, Folding, OTHER_PID};
 pub use format::{bytes, clip, comm_str, escape_html, fmt_ns};
-pub use live::{Cum, LiveProcess, LiveSnapshot, RateKeeper, Rates};
+pub use live::{Cum, LiveProcess, LiveResident, LiveSnapshot, RateKeeper, Rates};
 pub use oom::{HeldRegion, OomRecord};
 pub use perf::{PerfSummary, RegionSamples};
 pub use regions::{CowFrom, FileSummary, RegionKind, RegionPlacement, RegionSummary, TensorSummary};

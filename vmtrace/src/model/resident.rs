@@ -46,8 +46,9 @@ pub struct Resident {
 pub struct ResidentSummary {
     /// The profile files written (`resident.*`, `resident-peak.*`).
     pub files: Vec<String>,
-    /// Faults whose pages were followed: 1 in `sample_period` faults (their
-    /// stacks), plus every slow or huge-page fault.
+    /// Pages followed: 1 in `sample_period` pages, chosen by a hash of their
+    /// virtual address (the same pages in every process), plus every huge
+    /// page.
     pub sample_period: u32,
     pub sampled_pages: u64,
     /// Sampled pages still live at the end of each process, summed.

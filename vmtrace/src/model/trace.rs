@@ -76,6 +76,25 @@ pub struct CpuPoint {
     pub received: u64,
 }
 
+/// A process's resident memory (bytes, the kernel's `rss_stat` counters) from
+/// this moment until its next point: each change seen at a collector
+/// interval, its peak at the moment the kernel recorded it, and its end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResidentPoint {
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub anon: u64,
+    pub file: u64,
+    pub shmem: u64,
+}
+
+impl ResidentPoint {
+    /// anon + file + shmem.
+    pub fn total(&self) -> u64 {
+        self.anon + self.file + self.shmem
+    }
+}
+
 /// The whole log. `dropped` counts records beyond the per-kind bound; they
 /// are in summary.json's `drops.trace_events` too.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -89,6 +108,9 @@ pub struct TraceLog {
     pub mm_changes: Vec<MmChange>,
     pub counters: Vec<CounterPoint>,
     pub cpu_ipis: Vec<CpuPoint>,
+    /// Resident memory per process, in time order per process (with
+    /// `--events resident`).
+    pub resident: Vec<ResidentPoint>,
     pub dropped: u64,
 }
 

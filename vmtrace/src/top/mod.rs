@@ -75,6 +75,8 @@ struct Model {
     procs: RateKeeper<u32>,
     regions: RateKeeper<(u32, u64)>,
     totals: RateKeeper<()>,
+    /// Each process's resident bytes at the last refresh.
+    resident_prev: HashMap<u32, u64>,
     dtlb_prev: Option<(u64, u64)>,
     last: Instant,
     names: Names,
@@ -88,6 +90,7 @@ impl Model {
             procs: RateKeeper::default(),
             regions: RateKeeper::default(),
             totals: RateKeeper::default(),
+            resident_prev: HashMap::new(),
             dtlb_prev: None,
             last: Instant::now(),
             names: Names::default(),
@@ -110,6 +113,14 @@ impl Model {
         let mut snap = session.live_snapshot(if ended { LiveScope::WholeTrace } else { LiveScope::Running });
         session.name_processes(&mut snap, |_| true);
         let rates = snap.rates(&mut self.procs, dt);
+        let resident_now: HashMap<u32, u64> =
+            snap.processes.iter().filter_map(|p| Some((p.pid, p.resident?.total()))).collect();
+        let resident_prev = std::mem::replace(&mut self.resident_prev, resident_now.clone());
+        // Growth over the refresh, per second; a process first seen now grew from nothing.
+        let growth = |pid: u32| -> Option<f64> {
+            let now = *resident_now.get(&pid)?;
+            (dt > 0.0).then(|| (now as f64 - resident_prev.get(&pid).copied().unwrap_or(0) as f64) / dt)
+        };
         let mut procs: Vec<ProcRow> = snap
             .processes
             .iter()
@@ -123,6 +134,8 @@ impl Model {
                     rates
                 },
                 total_faults: p.faults.total,
+                resident: resident_now.get(&p.pid).copied(),
+                resident_per_s: growth(p.pid),
             })
             .collect();
         model::sort_procs(&mut procs, sort);

@@ -58,6 +58,10 @@ pub struct ProcRow {
     pub comm: String,
     pub rates: Rates,
     pub total_faults: u64,
+    /// Resident bytes now (the kernel's counters), and their growth per
+    /// second over the last refresh; `None` where not known.
+    pub resident: Option<u64>,
+    pub resident_per_s: Option<f64>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -125,9 +129,53 @@ pub fn human(v: f64) -> String {
     }
 }
 
+/// Bytes in at most 5 columns, binary units:
+/// 900 KiB → "900K", 5.5 MiB → "5.5M", 130 MiB → "130M", 2.5 GiB → "2.5G".
+pub fn human_bytes(v: f64) -> String {
+    const K: f64 = 1024.0;
+    let (m, g) = (K * K, K * K * K);
+    if v >= 9.95 * K * g {
+        format!("{:.0}T", v / (K * g))
+    } else if v >= 999.5 * g {
+        format!("{:.1}T", v / (K * g))
+    } else if v >= 9.95 * g {
+        format!("{:.0}G", v / g)
+    } else if v >= 999.5 * m {
+        format!("{:.1}G", v / g)
+    } else if v >= 9.95 * m {
+        format!("{:.0}M", v / m)
+    } else if v >= 999.5 * K {
+        format!("{:.1}M", v / m)
+    } else {
+        format!("{:.0}K", v / K)
+    }
+}
+
+/// A growth in bytes with its sign ("+12M", "-96M"); "0" below 1 KiB.
+pub fn human_growth(v: f64) -> String {
+    if v.abs() < 1024.0 {
+        "0".into()
+    } else {
+        format!("{}{}", if v > 0.0 { "+" } else { "-" }, human_bytes(v.abs()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn human_byte_counts() {
+        assert_eq!(human_bytes(0.0), "0K");
+        assert_eq!(human_bytes(900.0 * 1024.0), "900K");
+        assert_eq!(human_bytes(5.5 * 1_048_576.0), "5.5M");
+        assert_eq!(human_bytes(130.0 * 1_048_576.0), "130M");
+        assert_eq!(human_bytes(2.5 * 1_073_741_824.0), "2.5G");
+        assert_eq!(human_bytes(40.0 * 1_073_741_824.0), "40G");
+        assert_eq!(human_growth(16.0 * 1_048_576.0), "+16M");
+        assert_eq!(human_growth(-96.0 * 1_048_576.0), "-96M");
+        assert_eq!(human_growth(100.0), "0");
+    }
 
     #[test]
     fn sorting_follows_the_key() {
@@ -136,6 +184,8 @@ mod tests {
             comm: String::new(),
             rates: Rates { faults, major, ..Rates::default() },
             total_faults: 0,
+            resident: None,
+            resident_per_s: None,
         };
         let mut rows = vec![row(1, 10.0, 5.0), row(2, 20.0, 0.0), row(3, 5.0, 9.0)];
         sort_procs(&mut rows, SortKey::Faults);

@@ -11,7 +11,7 @@ use ratatui::{
 
 use super::{
     layout,
-    model::{human, RegionRow, Snapshot, SortKey},
+    model::{human, human_bytes, human_growth, RegionRow, Snapshot, SortKey},
 };
 use crate::model::bytes;
 
@@ -228,10 +228,11 @@ fn fitted_table(
 }
 
 fn process_table(snap: &Snapshot, room: usize) -> Option<Table<'static>> {
-    let names = ["PID", "COMM", "FAULT/s", "MAJ/s", "TIME%", "COW/s", "UNMAP/s", "IPI/s", "FAULTS"];
+    let names = ["PID", "COMM", "RSS", "ΔRSS/s", "FAULT/s", "MAJ/s", "TIME%", "COW/s", "UNMAP/s", "IPI/s", "FAULTS"];
     // What goes first when narrow: munmap and COW rates, then IPIs, majors,
-    // the time share, the total; pid, name and fault rate stay.
-    let drop_order = [0, 0, 0, 3, 2, 5, 6, 4, 1];
+    // the time share, the resident growth, the total; pid, name, resident
+    // size and fault rate stay.
+    let drop_order = [0, 0, 0, 2, 0, 4, 3, 6, 7, 5, 1];
     let rows: Vec<Vec<String>> = snap
         .procs
         .iter()
@@ -240,6 +241,8 @@ fn process_table(snap: &Snapshot, room: usize) -> Option<Table<'static>> {
             vec![
                 p.pid.to_string(),
                 p.comm.clone(),
+                p.resident.map_or_else(|| "-".into(), |b| human_bytes(b as f64)),
+                p.resident_per_s.map_or_else(|| "-".into(), human_growth),
                 human(r.faults),
                 human(r.major),
                 pct(r.fault_pct),
@@ -326,6 +329,8 @@ mod tests {
                     comm: "python3".into(),
                     rates: Rates { faults: 612_300.0, major: 3.0, fault_pct: 43.0, ipis: 15_200.0, ..Rates::default() },
                     total_faults: 7_000_000,
+                    resident: Some(130 << 20),
+                    resident_per_s: Some(16.0 * 1_048_576.0),
                 },
                 ProcRow {
                     pid: 4_194_303,
@@ -340,6 +345,8 @@ mod tests {
                         ..Rates::default()
                     },
                     total_faults: 123_456_789,
+                    resident: Some(2560 << 20),
+                    resident_per_s: Some(-96.0 * 1_048_576.0),
                 },
             ],
             regions: Some(vec![RegionRow {
@@ -372,6 +379,9 @@ mod tests {
         assert!(text.contains("STORM"), "{text}");
         assert!(text.lines().nth(1).unwrap().trim_end().ends_with("handler 143%"), "totals fit one line:\n{text}");
         assert!(text.contains("FAULTS"), "the last column fits in 80 columns:\n{text}");
+        let (head, python) = row(&text, "4242");
+        let at = |name: &str| head.iter().position(|h| h == name).and_then(|i| python.get(i)).cloned();
+        assert_eq!((at("RSS"), at("ΔRSS/s")), (Some("130M".into()), Some("+16M".into())), "{text}");
         assert!(text.lines().last().unwrap().contains("q quit"), "{text}");
     }
 
@@ -384,6 +394,8 @@ mod tests {
         let whole = [
             ("PID", "4194303"),
             ("COMM", "pt_data_worker7"),
+            ("RSS", "2.5G"),
+            ("ΔRSS/s", "-96M"),
             ("FAULT/s", "999.9k"),
             ("MAJ/s", "9999"),
             ("TIME%", "1234%"),
@@ -392,7 +404,7 @@ mod tests {
             ("IPI/s", "98.8k"),
             ("FAULTS", "123M"),
         ];
-        for (w, dropped) in [(200, 0), (80, 0), (60, 1), (50, 3)] {
+        for (w, dropped) in [(200, 0), (80, 1), (60, 3), (50, 5)] {
             let text = screen_at(&snap, ViewState::default(), w, 24);
             let (head, row) = row(&text, "4194303");
             assert_eq!(head.len(), whole.len() - dropped, "{w} columns:\n{text}");
@@ -410,11 +422,13 @@ mod tests {
             // The header lines break between parts, never inside one.
             assert!(text.contains("handler 143%") && text.contains("7.0M faults"), "{w} columns:\n{text}");
         }
-        // The least important columns are the ones gone: at 60 the munmap
-        // rate, at 50 the COW and IPI rates too.
+        // The least important columns are the ones gone: at 80 the munmap
+        // rate, at 60 the COW and IPI rates too, at 50 the majors and the
+        // time share; the resident size and its growth stay.
         let heads = |w| row(&screen_at(&snap, ViewState::default(), w, 24), "4194303").0.join(" ");
-        assert_eq!(heads(60), "PID COMM FAULT/s MAJ/s TIME% COW/s IPI/s FAULTS");
-        assert_eq!(heads(50), "PID COMM FAULT/s MAJ/s TIME% FAULTS");
+        assert_eq!(heads(80), "PID COMM RSS ΔRSS/s FAULT/s MAJ/s TIME% COW/s IPI/s FAULTS");
+        assert_eq!(heads(60), "PID COMM RSS ΔRSS/s FAULT/s MAJ/s TIME% FAULTS");
+        assert_eq!(heads(50), "PID COMM RSS ΔRSS/s FAULT/s FAULTS");
     }
 
     #[test]

@@ -28,6 +28,10 @@ pub struct BenchArgs {
     /// Only scenarios whose name contains this.
     #[arg(long)]
     pub only: Option<String>,
+    /// Only these variants (names as the tables print them, comma-separated);
+    /// the untraced run is always kept. A loaded machine can measure a pair.
+    #[arg(long, value_delimiter = ',')]
+    pub variants: Vec<String>,
     /// Print the tables without rewriting docs/performance.md.
     #[arg(long)]
     pub no_write: bool,
@@ -122,6 +126,11 @@ fn variants(breakdown: bool) -> Vec<Variant> {
     ];
     if breakdown {
         v.extend([
+            variant(
+                "vmtrace resident off",
+                "default without resident memory (`--events faults,regions,mmap,tlb,oom,perf`): no `rss_stat` program, no page samples",
+                Tracer::Vmtrace(&["--events", "faults,regions,mmap,tlb,oom,perf"]),
+            ),
             variant("vmtrace --stacks none", "default without call stacks", Tracer::Vmtrace(&["--stacks", "none"])),
             variant(
                 "vmtrace --latency-sample 0",
@@ -368,8 +377,6 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     if let Some(secs) = args.soak {
         return soak(root, &env, args, secs);
     }
-    crate::ensure_tool(&["bpftrace"], "bpftrace", "a peer to compare with")?;
-    crate::ensure_tool(&["perf"], "linux-perf", "a peer to compare with")?;
     // On disk (target/ is not tmpfs), so a cold read is disk I/O.
     let dir = root.join("target/bench");
     std::fs::create_dir_all(&dir)?;
@@ -383,6 +390,21 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
         .into_iter()
         .filter(|s| args.only.as_deref().is_none_or(|o| s.name.contains(o)))
         .collect();
+    for sc in &mut scs {
+        sc.variants
+            .retain(|v| v.name == "untraced" || args.variants.is_empty() || args.variants.iter().any(|n| n == v.name));
+    }
+    if let Some(unknown) = args.variants.iter().find(|n| !scs.iter().any(|s| s.variants.iter().any(|v| &v.name == n))) {
+        bail!("--variants: no variant named {unknown:?} in the scenarios run");
+    }
+    // The peers, where a variant kept runs them.
+    let runs = |f: fn(&Tracer) -> bool| scs.iter().flat_map(|s| &s.variants).any(|v| f(&v.tracer));
+    if runs(|t| matches!(t, Tracer::Bpftrace)) {
+        crate::ensure_tool(&["bpftrace"], "bpftrace", "a peer to compare with")?;
+    }
+    if runs(|t| matches!(t, Tracer::PerfTrace | Tracer::PerfDwarf | Tracer::PerfDwarfXPerf)) {
+        crate::ensure_tool(&["perf"], "linux-perf", "a peer to compare with")?;
+    }
     for round in 0..args.rounds {
         for sc in &mut scs {
             let n = sc.variants.len();

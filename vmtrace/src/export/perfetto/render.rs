@@ -9,7 +9,7 @@ use super::{
     with_callstack, Arg, Writer,
 };
 use crate::model::{
-    trace::{CounterPoint, TaskKind, TraceLog},
+    trace::{CounterPoint, ResidentPoint, TaskKind, TraceLog},
     Cum, Summary,
 };
 
@@ -41,7 +41,19 @@ pub(super) const COUNTERS: [Counter; 5] = [
     ("shootdown IPIs sent/s", "IPIs/s", |c| c.ipis as f64),
 ];
 
-pub(super) fn counter_uuid(pid: u32, kind: usize) -> u64 {
+/// A per-process resident memory track: its name and which bytes of a
+/// point it shows. Their uuids follow `COUNTERS`' (`RESIDENT_UUID` + index).
+pub type ResidentCounter = (&'static str, fn(&ResidentPoint) -> u64);
+
+pub const RESIDENT: [ResidentCounter; 4] = [
+    ("resident bytes", ResidentPoint::total),
+    ("resident anon bytes", |p| p.anon),
+    ("resident file bytes", |p| p.file),
+    ("resident shmem bytes", |p| p.shmem),
+];
+const RESIDENT_UUID: usize = 16;
+
+pub fn counter_uuid(pid: u32, kind: usize) -> u64 {
     COUNTER | u64::from(pid) << 8 | kind as u64
 }
 
@@ -82,6 +94,11 @@ enum What {
     Cpu {
         point: u32,
         zero: bool,
+    },
+    /// `RESIDENT[k]` of a resident point.
+    Resident {
+        point: u32,
+        k: u8,
     },
 }
 const _: () = assert!(std::mem::size_of::<Timed>() == 32);
@@ -133,6 +150,12 @@ pub fn render<W: Write>(w: &mut Writer<W>, summary: &Summary, log: &TraceLog) ->
         timed.push(Timed::point(log.at(o.time_s), What::Oom(i)));
     }
     counter_points(&mut timed, &log.counters);
+    let resident = resident_tracks(&log.resident);
+    for (point, p) in (0u32..).zip(&log.resident) {
+        for (k, _) in (0u8..).zip(RESIDENT.iter()).filter(|(k, _)| resident.contains(&(p.pid, usize::from(*k)))) {
+            timed.push(Timed::point(p.ts_ns, What::Resident { point, k }));
+        }
+    }
     for (point, p) in (0u32..).zip(&log.cpu_ipis) {
         timed.push(Timed::point(p.ts_ns, What::Cpu { point, zero: false }));
         // Back to zero where the next interval has nothing.
@@ -189,6 +212,10 @@ pub fn render<W: Write>(w: &mut Writer<W>, summary: &Summary, log: &TraceLog) ->
                 let per_s = if zero { 0.0 } else { value(&p.delta) * 1e9 / p.dur_ns.max(1) as f64 };
                 counter(counter_uuid(p.pid, usize::from(k)), per_s)
             }
+            What::Resident { point, k } => {
+                let p = &log.resident[at(point)];
+                counter(counter_uuid(p.pid, RESIDENT_UUID + usize::from(k)), RESIDENT[usize::from(k)].1(p) as f64)
+            }
             What::Cpu { point, zero } => {
                 let p = &log.cpu_ipis[at(point)];
                 let per_s = if zero { 0.0 } else { p.received as f64 * 1e9 / p.dur_ns.max(1) as f64 };
@@ -244,6 +271,17 @@ fn counter_points(timed: &mut Vec<Timed>, points: &[CounterPoint]) {
     }
 }
 
+/// The resident tracks to write: each process's total, and each kind it
+/// ever held.
+fn resident_tracks(points: &[ResidentPoint]) -> BTreeSet<(u32, usize)> {
+    let mut tracks = BTreeSet::new();
+    for p in points {
+        tracks.insert((p.pid, 0));
+        tracks.extend(RESIDENT.iter().enumerate().skip(1).filter(|(_, r)| r.1(p) > 0).map(|(k, _)| (p.pid, k)));
+    }
+    tracks
+}
+
 /// Process and thread tracks for everything the events name, then the
 /// counter and storm tracks under their processes.
 fn tracks<W: Write>(w: &mut Writer<W>, summary: &Summary, log: &TraceLog) -> io::Result<()> {
@@ -270,7 +308,8 @@ fn tracks<W: Write>(w: &mut Writer<W>, summary: &Summary, log: &TraceLog) -> io:
     for p in &log.counters {
         moved.extend(COUNTERS.iter().enumerate().filter(|(_, c)| c.2(&p.delta) != 0.0).map(|(k, _)| (p.pid, k)));
     }
-    for pid in storm_pids.iter().chain(moved.iter().map(|(pid, _)| pid)) {
+    let resident = resident_tracks(&log.resident);
+    for pid in storm_pids.iter().chain(moved.iter().map(|(pid, _)| pid)).chain(resident.iter().map(|(pid, _)| pid)) {
         procs.entry(*pid).or_default();
     }
     for (pid, name) in &procs {
@@ -285,6 +324,10 @@ fn tracks<W: Write>(w: &mut Writer<W>, summary: &Summary, log: &TraceLog) -> io:
     for (pid, k) in moved {
         let (name, unit, _) = COUNTERS[k];
         w.track(named_track(counter_uuid(pid, k), process_uuid(pid), name, Some(unit)))?;
+    }
+    for (pid, k) in resident {
+        let uuid = counter_uuid(pid, RESIDENT_UUID + k);
+        w.track(named_track(uuid, process_uuid(pid), RESIDENT[k].0, Some("bytes")))?;
     }
     let cpus: BTreeSet<u32> = log.cpu_ipis.iter().map(|p| p.cpu).collect();
     for cpu in cpus {

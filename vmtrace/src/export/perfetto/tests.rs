@@ -5,7 +5,7 @@ use vmtrace_protos::perfetto::{trace_packet::Data, track_event, Trace, TrackEven
 
 use super::{render, render::COUNTERS, Writer};
 use crate::model::{
-    trace::{CounterPoint, CpuPoint, MajorFault, MmChange, TaskKind, TaskMark, TraceLog},
+    trace::{CounterPoint, CpuPoint, MajorFault, MmChange, ResidentPoint, TaskKind, TaskMark, TraceLog},
     Cum, Storm, Summary,
 };
 
@@ -68,6 +68,7 @@ fn log() -> TraceLog {
         // Two adjoining intervals, then one after a gap.
         counters: vec![point(0, 100, 1), point(100_000_000, 50, 0), point(400_000_000, 10, 2)],
         cpu_ipis: vec![CpuPoint { ts_ns: T0, dur_ns: 100_000_000, cpu: 1, received: 40 }],
+        resident: Vec::new(),
         dropped: 0,
     }
 }
@@ -196,6 +197,49 @@ fn counters_integrate_to_their_totals() {
     assert!((integral(COUNTERS[3].0) - 15.0).abs() < 1e-6);
     assert!((integral("cpu1 shootdowns received/s") - 40.0).abs() < 1e-6);
     assert!(!tracks.values().any(|n| n == "COW faults/s"), "a counter that never moved has no track");
+}
+
+/// Resident points become counter tracks in bytes under their process: the
+/// total, and each kind the process ever held; their values step from point
+/// to point, so the total's maximum is the peak point's.
+#[test]
+fn resident_points_are_byte_counters_per_process() {
+    let point = |ts: u64, anon: u64, file: u64| ResidentPoint { ts_ns: T0 + ts, pid: 13784, anon, file, shmem: 0 };
+    let log = TraceLog {
+        resident: vec![point(0, 1 << 20, 4096), point(50, 9 << 20, 4096), point(90, 2 << 20, 4096), point(91, 0, 0)],
+        ..log()
+    };
+    let trace = decode(&summary(), &log);
+    let mut tracks: HashMap<u64, (String, Option<String>, Option<u64>)> = HashMap::new();
+    let mut series: HashMap<String, Vec<f64>> = HashMap::new();
+    for p in &trace.packet {
+        match &p.data {
+            Some(Data::TrackDescriptor(t)) => {
+                if let Some(vmtrace_protos::perfetto::track_descriptor::StaticOrDynamicName::Name(n)) =
+                    &t.static_or_dynamic_name
+                {
+                    let unit = t.counter.as_ref().and_then(|c| c.unit_name.clone());
+                    tracks.insert(t.uuid.unwrap_or(0), (n.clone(), unit, t.parent_uuid));
+                }
+            }
+            Some(Data::TrackEvent(e)) => {
+                if let Some(track_event::CounterValueField::DoubleCounterValue(v)) = e.counter_value_field {
+                    let name = tracks[&e.track_uuid.unwrap_or(0)].0.clone();
+                    series.entry(name).or_default().push(v);
+                }
+            }
+            _ => {}
+        }
+    }
+    let process = super::render::process_uuid(13784);
+    for name in ["resident bytes", "resident anon bytes", "resident file bytes"] {
+        let (_, unit, parent) = tracks.values().find(|t| t.0 == name).unwrap_or_else(|| panic!("no {name} track"));
+        assert_eq!((unit.as_deref(), *parent), (Some("bytes"), Some(process)), "{name}");
+    }
+    assert!(!tracks.values().any(|t| t.0 == "resident shmem bytes"), "a kind never held has no track");
+    let total = &series["resident bytes"];
+    let mib = 1_048_576.0;
+    assert_eq!(total, &[mib + 4096.0, 9.0 * mib + 4096.0, 2.0 * mib + 4096.0, 0.0]);
 }
 
 #[test]
