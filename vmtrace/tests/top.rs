@@ -213,7 +213,7 @@ fn top_runs_a_command_and_says_when_it_ended() {
 /// Builds small objects, forks a worker that writes a reference count into
 /// each (a COW copy of every arena page in use), and the worker writes its
 /// pid and its own /proc/self/stat fault counts to argv[1] before `_exit`.
-const FORK_WORKER_PY: &str = r##"
+const FORK_WORKER_PY: &str = r#"
 import os, sys
 objs = [(i, str(i), [i]) for i in range(400_000)]
 pid = os.fork()
@@ -227,7 +227,7 @@ if pid == 0:
         f.write(f"{os.getpid()} {rest[7]} {rest[9]}\n")
     os._exit(0)
 os.waitpid(pid, 0)
-"##;
+"#;
 
 /// A forked Python worker's refcount COW shows in the regions pane as its
 /// Python arenas' row: one row of kind `python`, whose COW faults are
@@ -245,7 +245,7 @@ fn top_shows_a_fork_workers_python_arenas_and_their_cow() {
         200,
         &["top", "--", python.to_str().unwrap(), script.to_str().unwrap(), stat.to_str().unwrap()],
     );
-    tmux.wait_for("the end banner", Duration::from_secs(120), |s| s.contains("command exited with status 0"));
+    tmux.wait_for("the end banner", Duration::from_mins(2), |s| s.contains("command exited with status 0"));
     let worker: Vec<u64> =
         std::fs::read_to_string(&stat).unwrap().split_whitespace().map(|x| x.parse().unwrap()).collect();
     let (wpid, kernel) = (worker[0], worker[1] + worker[2]);

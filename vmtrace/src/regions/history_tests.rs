@@ -185,7 +185,7 @@ fn a_forked_child_starts_with_the_arenas_its_parent_freed_after_the_fork() {
     let arenas = |n: u64| (0..n).map(move |i| anon(at + i * MIB, at + (i + 1) * MIB, "rw-p"));
     let mut h = History::default();
     h.push_at(1, 1, 10, Change::Exec);
-    h.snapshot(1, &[exe.clone()], true, 20);
+    h.snapshot(1, std::slice::from_ref(&exe), true, 20);
     for (i, r) in arenas(4).enumerate() {
         let gen = 2 + i as u32;
         h.push_at(gen, gen - 1, 30 + i as u64, Change::Map { region: r, flags: 0x22 });
