@@ -54,8 +54,6 @@ fn is_arena(r: &Value) -> bool {
 }
 
 #[test]
-#[ignore = "fails: the worker starts from its parent's address space replayed to the fork's generation, \
-            which holds 3-4 of the parent's 96 arenas; its other rows come from its own maps read, merged"]
 fn obmalloc_arenas_are_python_object_memory_on_3_10_to_3_13() {
     privileged!();
     for minor in 10..=13 {

@@ -121,13 +121,15 @@ for p in pids:
             run.summary["processes"].as_array().unwrap().iter().filter(|p| p["ppid"] == parent).collect();
         assert_eq!(workers.len(), 2, "two workers");
         let per_worker: Vec<u64> = workers.iter().map(|w| u(&w["faults"]["cow"])).collect();
-        // The copies of the list land on the workers' heap/anonymous regions
-        // (the few of the bytes case are the interpreter's own housekeeping).
+        // The copies of the list land on the workers' anonymous memory: the
+        // int objects in CPython's obmalloc arenas, the rest on the heap or
+        // anonymous regions (the few of the bytes case are the interpreter's
+        // own housekeeping).
         for w in workers.iter().filter(|_| kind == "list") {
             let pid = w["pid"].as_u64().unwrap() as u32;
             let on_data: u64 = regions_of(&run, pid)
                 .iter()
-                .filter(|r| r["kind"] == "anon" || r["kind"] == "heap")
+                .filter(|r| ["anon", "heap", "python_arena"].iter().any(|k| r["kind"] == *k))
                 .map(|r| u(&r["faults"]["cow"]))
                 .sum();
             assert!(

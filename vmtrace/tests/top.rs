@@ -161,8 +161,9 @@ fn top_shows_a_running_workloads_pid_and_fault_rate_and_answers_keys() {
         .unwrap_or_else(|| panic!("no anon region row:\n{screen}"));
     assert!(screen.contains("GiB"), "the 8000 MiB mapping:\n{screen}");
     let fields: Vec<&str> = anon.split_whitespace().collect();
-    // PID COMM [anon] SIZE UNIT FAULT/s …
-    assert!(parse_human(fields[5]) > 0.0, "{anon}\n{screen}");
+    // PID COMM [anon] KIND SIZE UNIT FAULT/s …
+    assert_eq!(fields[3], "anon", "{anon}\n{screen}");
+    assert!(parse_human(fields[6]) > 0.0, "{anon}\n{screen}");
 
     // s: next sort key; p: pause; q: quit (the status lands in the file).
     tmux.keys("s");
@@ -210,6 +211,70 @@ fn top_runs_a_command_and_says_when_it_ended() {
         tmux.keys("q");
         assert_eq!(tmux.exit_status(Duration::from_secs(20)), 0);
     }
+}
+
+/// Builds small objects, forks a worker that writes a reference count into
+/// each (a COW copy of every arena page in use), and the worker writes its
+/// pid and its own /proc/self/stat fault counts to argv[1] before `_exit`.
+const FORK_WORKER_PY: &str = r#"
+import os, sys
+objs = [(i, str(i), [i]) for i in range(400_000)]
+pid = os.fork()
+if pid == 0:
+    n = 0
+    for o in objs:
+        n += o[0] + len(o[1]) + len(o[2])
+    with open("/proc/self/stat") as f:
+        rest = f.read().rsplit(")", 1)[1].split()
+    with open(sys.argv[1], "w") as f:
+        f.write(f"{os.getpid()} {rest[7]} {rest[9]}\n")
+    os._exit(0)
+os.waitpid(pid, 0)
+"#;
+
+/// A forked Python worker's refcount COW shows in the regions pane as its
+/// Python arenas' row: one row of kind `python`, whose COW faults are
+/// nearly all the faults the worker's own /proc/self/stat counts.
+#[test]
+fn top_shows_a_fork_workers_python_arenas_and_their_cow() {
+    privileged!();
+    let Some(python) = pyenv_python(12).or_else(|| pyenv_python(10)) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("fork_worker.py");
+    std::fs::write(&script, FORK_WORKER_PY).unwrap();
+    let stat = dir.path().join("worker.txt");
+    let tmux = Tmux::start_sized(
+        "arenas",
+        200,
+        &["top", "--", python.to_str().unwrap(), script.to_str().unwrap(), stat.to_str().unwrap()],
+    );
+    tmux.wait_for("the end banner", Duration::from_mins(2), |s| s.contains("command exited with status 0"));
+    let worker: Vec<u64> =
+        std::fs::read_to_string(&stat).unwrap().split_whitespace().map(|x| x.parse().unwrap()).collect();
+    let (wpid, kernel) = (worker[0], worker[1] + worker[2]);
+    tmux.keys("r");
+    // PID COMM [python arena] ×N KIND SIZE UNIT FAULT/s MAJ/s COW/s TIME% FAULTS COW
+    let arenas = |s: &str| {
+        s.lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|w| w.first() == Some(&wpid.to_string().as_str()) && w.contains(&"[python"))
+            .map(|w| w.iter().map(ToString::to_string).collect::<Vec<_>>())
+    };
+    let screen = tmux.wait_for("the worker's arenas row", Duration::from_secs(20), |s| arenas(s).is_some());
+    let row = arenas(&screen).unwrap();
+    let at = row.iter().position(|c| c == "arena]").unwrap_or_else(|| panic!("{row:?}\n{screen}"));
+    assert!(row[at + 1].starts_with('×'), "the arenas summed in one row: {row:?}\n{screen}");
+    assert_eq!(row[at + 2], "python", "its kind: {row:?}\n{screen}");
+    let (faults, cow) = (parse_human(&row[row.len() - 2]), parse_human(&row[row.len() - 1]));
+    let kernel = kernel as f64;
+    eprintln!("worker {wpid}: its arenas' row {row:?}; {kernel} faults by its own stat");
+    assert!(
+        cow >= 0.9 * kernel && faults <= kernel * 1.01 + 200.0,
+        "worker {wpid}: {faults} faults, {cow} COW in its arenas; {kernel} faults by its own stat\n{screen}"
+    );
+    assert!(screen.lines().filter(|l| l.contains("[python arena]")).count() <= 2, "one row per process:\n{screen}");
+    tmux.keys("q");
+    assert_eq!(tmux.exit_status(Duration::from_secs(20)), 0);
 }
 
 #[test]

@@ -19,13 +19,14 @@ fn shares_after_fork(table: &ProcessTable, parents: &HashSet<u32>, pid: u32) -> 
 /// The address space `pid` started from: its parent's at the fork, replayed
 /// (a chain of forks at most `depth` long).
 fn start_of(table: &ProcessTable, pid: u32, depth: u32) -> Option<Vec<Region>> {
-    let (ppid, gen) = table.get(pid)?.history.forked_from?;
+    let fork = table.get(pid)?.history.forked_from?;
+    let (ppid, gen) = (fork.parent, fork.gen);
     let parent = table.get(ppid)?;
     log::debug!("{pid}: forked from {ppid} at generation {gen}; its history empty: {}", parent.history.is_empty());
     if depth == 0 || parent.history.is_empty() {
         return None;
     }
-    Some(regions::regions_at(&parent.history, start_of(table, ppid, depth - 1), gen, &parent.maps))
+    Some(regions::regions_at(&parent.history, start_of(table, ppid, depth - 1), (gen, fork.at_ns), &parent.maps))
 }
 
 /// Faults per region of the processes `wanted` picks (`top` while running:

@@ -204,6 +204,7 @@ impl ProcessTable {
         let before = gen_of(pid);
         let read = crate::procmaps::read(pid);
         let after = gen_of(pid);
+        let read_at_ns = super::session::monotonic_ns();
         match read {
             Ok(m) if !m.is_empty() => {
                 if !self.procs.get(&pid).is_some_and(|p| p.exited) {
@@ -211,7 +212,7 @@ impl ProcessTable {
                 }
                 let p = self.procs.entry(pid).or_default();
                 if let (Some(b), Some(a)) = (before, after) {
-                    p.history.snapshot(a, &m, a == b);
+                    p.history.snapshot(a, &m, a == b, read_at_ns);
                 }
                 p.maps_gen = after.filter(|a| before == Some(*a));
                 // Regions gone since the last read are history, not forgotten:
@@ -245,7 +246,8 @@ impl ProcessTable {
                 let p = self.procs.entry(ev.tgid).or_default();
                 p.ppid = Some(ev.ppid);
                 p.comm = comm_str(&ev.comm);
-                p.history.forked_from = Some((ev.ppid, ev.gen));
+                p.history.forked_from =
+                    Some(crate::regions::history::Fork { parent: ev.ppid, gen: ev.gen, at_ns: ev.hdr.ts_ns });
             }
             EventKind::TaskExec => {
                 self.live.insert(ev.tgid);
@@ -441,7 +443,7 @@ impl ProcessTable {
             c if c == MmCall::Brk as u32 => Change::Brk { brk: ev.addr },
             _ => return,
         };
-        self.procs.entry(ev.tgid).or_default().history.push(ev.gen_exit, ev.gen_enter, change);
+        self.procs.entry(ev.tgid).or_default().history.push_at(ev.gen_exit, ev.gen_enter, ev.hdr.ts_ns, change);
     }
 }
 

@@ -824,7 +824,7 @@ fn profile(
         stacks.push(crate::stacks::Stack {
             pid,
             comm: comm_of(pid),
-            user: vec![UNSAMPLED_PAGES.into()],
+            user: vec![UNSAMPLED_PAGES.into()].into(),
             estimate: crate::stacks::weight::Estimate { faults: left.round(), time_ns: 0.0, major: 0.0 },
             ..crate::stacks::Stack::default()
         });

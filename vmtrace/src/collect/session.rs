@@ -143,7 +143,7 @@ pub struct Session<S: AggregateSource> {
     sure_folded: u64,
 }
 
-fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: valid out-pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
@@ -704,7 +704,7 @@ impl<S: AggregateSource> Session<S> {
         let table = &self.table;
         let needed: std::collections::HashSet<u32> = (self.table.live_pids().iter())
             .chain(self.retiring.iter().map(|(pid, _)| pid))
-            .filter_map(|pid| table.get(*pid)?.history.forked_from.map(|(parent, _)| parent))
+            .filter_map(|pid| table.get(*pid)?.history.forked_from.map(|f| f.parent))
             .collect();
         let in_flight = self.source.granules_in_flight();
         let mut batch = std::collections::HashSet::new();

@@ -184,7 +184,7 @@ pub(crate) fn symbolize_counts(
                 unwound,
                 pid,
                 comm: info.comm.clone(),
-                user,
+                user: names.intern_frames(user),
                 kernel: kernel.iter().rev().map(|&a| names.kernel(a)).collect(),
                 counts,
                 stratum: k.stratum,

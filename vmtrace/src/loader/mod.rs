@@ -304,7 +304,6 @@ impl Probes {
         Ok(Self { ebpf, attached, minor_period, fast_period, end_programs, fault_end: None, maps, logger, page_salt })
     }
 
-
     /// What each hook got, in attach order (summary.json `probes[]`).
     pub fn attached(&self) -> &[Attachment] {
         &self.attached

@@ -66,15 +66,32 @@ struct Logged {
     gen: u32,
     /// Faults at `[race_from, gen)` ran while it was being made.
     race_from: u32,
+    /// CLOCK_MONOTONIC when it was done (an mm call's return, the end of a
+    /// maps read; 0 if unknown): a fork at its generation came before or
+    /// after it (see `Fork`).
+    at_ns: u64,
     change: Change,
+}
+
+/// Where a forked process's address space came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fork {
+    pub parent: u32,
+    /// The parent's generation at the fork.
+    pub gen: u32,
+    /// CLOCK_MONOTONIC of the fork (`sched_process_fork`, after the
+    /// address space was copied). An munmap does not bump the generation,
+    /// nor does a change with no fault since the last bump: what the parent
+    /// logs at the fork's generation may come after the fork (a Python
+    /// parent freeing its arenas at exit), and is told apart by its time.
+    pub at_ns: u64,
 }
 
 /// Logged mapping changes of one process.
 #[derive(Clone, Debug, Default)]
 pub struct History {
     log: Vec<Logged>,
-    /// (parent, parent's generation at the fork).
-    pub forked_from: Option<(u32, u32)>,
+    pub forked_from: Option<Fork>,
     last_snapshot: Option<Vec<Region>>,
     /// The generation of the first change not logged (the log was full):
     /// faults from it on are placed approximately.
@@ -96,6 +113,11 @@ impl History {
     /// churning one size) are dropped: placing faults in the old mapping or
     /// the new one gives the same row, and the log stays small.
     pub fn push(&mut self, gen: u32, race_from: u32, change: Change) {
+        self.push_at(gen, race_from, 0, change);
+    }
+
+    /// `push` of a change done at `at_ns` (CLOCK_MONOTONIC).
+    pub fn push_at(&mut self, gen: u32, race_from: u32, at_ns: u64, change: Change) {
         match &change {
             Change::Map { region, flags } => {
                 if let Some(&(end, at, i)) = self.unmapped.get(&region.start) {
@@ -121,7 +143,7 @@ impl History {
             _ => {}
         }
         if self.log.len() < LOG_CAP && self.truncated_at.is_none() {
-            self.log.push(Logged { gen, race_from, change });
+            self.log.push(Logged { gen, race_from, at_ns, change });
         } else {
             self.truncated_at.get_or_insert(race_from);
         }
@@ -131,13 +153,14 @@ impl History {
     /// the last one (a long-running process is read every second).
     /// `settled`: no change was in flight (the generation before and after
     /// the read was `gen`); else `gen` is the one after.
-    pub fn snapshot(&mut self, gen: u32, maps: &[Region], settled: bool) {
+    /// `at_ns`: CLOCK_MONOTONIC when the read was done.
+    pub fn snapshot(&mut self, gen: u32, maps: &[Region], settled: bool, at_ns: u64) {
         if self.last_snapshot.as_deref() == Some(maps) {
             return;
         }
         self.last_snapshot = Some(maps.to_vec());
         let change = if settled { Change::Snapshot(maps.to_vec()) } else { Change::Backdate(maps.to_vec()) };
-        self.push(gen, gen, change);
+        self.push_at(gen, gen, at_ns, change);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -182,7 +205,21 @@ impl History {
 /// generation began with, then (`after_faults`) munmaps, which do not bump
 /// it, and maps reads.
 pub(crate) fn ordered(h: &History) -> Vec<(u32, u32, &Change)> {
-    let mut v: Vec<(u32, u32, &Change)> = h.log.iter().map(|l| (l.gen, l.race_from, &l.change)).collect();
+    ordered_until(h, None)
+}
+
+/// `ordered` up to a fork of the process (`fork.gen` and `fork.at_ns`,
+/// CLOCK_MONOTONIC): the changes of earlier generations, and those of the
+/// fork's own done before it. Changes that do not bump the generation
+/// (munmaps, a change with no fault since the last bump) and maps reads
+/// share it with the fork whether they came before or after, and only
+/// their time tells: an munmap's return (or a read's end) before the fork
+/// is in the child's address space, one after is not. A change of unknown
+/// time (0) is taken as before.
+pub(crate) fn ordered_until(h: &History, fork: Option<(u32, u64)>) -> Vec<(u32, u32, &Change)> {
+    let keep = |l: &Logged| fork.is_none_or(|(gen, at)| l.gen < gen || (l.gen == gen && l.at_ns <= at));
+    let mut v: Vec<(u32, u32, &Change)> =
+        h.log.iter().filter(|l| keep(l)).map(|l| (l.gen, l.race_from, &l.change)).collect();
     let class = |c: &Change| match c {
         Change::Unmap { .. } => 1,
         Change::Snapshot(_) | Change::Backdate(_) => 2,

@@ -118,7 +118,7 @@ fn exec_mappings_read_later_are_there_from_the_exec() {
     let mut h = History::default();
     h.push(1, 1, Change::Exec);
     h.push(3, 2, Change::Map { region: anon(0x7f00_0000_0000, 0x7f00_0000_0000 + MIB, "rw-p"), flags: 0 });
-    h.snapshot(3, &[bin.clone(), anon(0x7f00_0000_0000, 0x7f00_0000_0000 + MIB, "rw-p"), stack.clone()], true);
+    h.snapshot(3, &[bin.clone(), anon(0x7f00_0000_0000, 0x7f00_0000_0000 + MIB, "rw-p"), stack.clone()], true, 0);
     // The stack grew below what the read showed.
     let mut g = faults(bin.start, bin.end, 1);
     g.extend(faults(stack.start - MIB, stack.start, 3));
@@ -173,4 +173,36 @@ fn the_same_mapping_made_again_is_one_row_and_is_not_logged_again() {
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].1, 256);
     assert_eq!(how.exact.round() as u64, 256);
+}
+
+/// A Python parent maps its obmalloc arenas, forks, and frees most of them
+/// at exit: the munmaps (which never bump the generation) and a maps read
+/// after them share the fork's generation, and only their time keeps them
+/// out of the address space the child started from.
+#[test]
+fn a_forked_child_starts_with_the_arenas_its_parent_freed_after_the_fork() {
+    let (exe, at) = (file(0x5555_0000_0000, 0x5555_0000_0000 + MIB, "/usr/bin/python3.12"), 0x7f00_0000_0000u64);
+    let arenas = |n: u64| (0..n).map(move |i| anon(at + i * MIB, at + (i + 1) * MIB, "rw-p"));
+    let mut h = History::default();
+    h.push_at(1, 1, 10, Change::Exec);
+    h.snapshot(1, std::slice::from_ref(&exe), true, 20);
+    for (i, r) in arenas(4).enumerate() {
+        let gen = 2 + i as u32;
+        h.push_at(gen, gen - 1, 30 + i as u64, Change::Map { region: r, flags: 0x22 });
+    }
+    // An munmap before the fork (at its generation), the fork at time 100,
+    // then three munmaps and a read of the maps that shows what is left.
+    h.push_at(6, 6, 90, Change::Map { region: anon(at + 8 * MIB, at + 9 * MIB, "rw-p"), flags: 0 });
+    h.push_at(6, 6, 95, Change::Unmap { start: at + 8 * MIB, end: at + 9 * MIB });
+    for i in 1..4 {
+        h.push_at(6, 6, 100 + i, Change::Unmap { start: at + i * MIB, end: at + (i + 1) * MIB });
+    }
+    h.snapshot(6, &[exe, anon(at, at + MIB, "rw-p")], true, 120);
+    let start = crate::regions::place::regions_at(&h, None, (6, 100), &[]);
+    let named: Vec<u64> = start.iter().filter(|r| r.kind == RegionKind::PythonArena).map(|r| r.start).collect();
+    assert_eq!(named, (0..4).map(|i| at + i * MIB).collect::<Vec<_>>(), "{start:#?}");
+    assert!(start.iter().all(|r| r.start != at + 8 * MIB), "unmapped before the fork: {start:#?}");
+    // A fork after the last of them starts without them.
+    let later = crate::regions::place::regions_at(&h, None, (6, 130), &[]);
+    assert_eq!(later.iter().filter(|r| r.kind == RegionKind::PythonArena).count(), 1, "{later:#?}");
 }

@@ -63,21 +63,22 @@ pub(crate) struct ProcessInput<'a> {
     pub shares_after_fork: bool,
 }
 
-/// Replays `history` up to `gen` (inclusive) from `start`: a parent's
-/// address space at the moment of a fork. `final_maps`: its last maps read
-/// (which CPython it runs, if its maps were not read while it ran).
+/// Replays `history` up to a fork of its process at generation `gen` and
+/// time `at_ns` (CLOCK_MONOTONIC; `history::ordered_until`) from `start`: the
+/// parent's address space the child started from. `final_maps`: its last
+/// maps read (which CPython it runs, if its maps were not read while it ran).
 pub(crate) fn regions_at(
     history: &History,
     start: Option<Vec<Region>>,
-    gen: u32,
+    (gen, at_ns): (u32, u64),
     final_maps: &[Region],
 ) -> Vec<Region> {
     let arena = python_arena_size(history, start.as_deref(), final_maps);
     let mut r = start.map_or_else(Replay::default, |s| Replay::from_regions(&s)).with_python_arenas(arena);
-    let log = history::ordered(history);
+    let log = history::ordered_until(history, Some((gen, at_ns)));
     let mut races = Races::new(&log);
     let unmap_gens = unmap_gens(&log);
-    for entry in log.iter().take_while(|e| e.0 <= gen) {
+    for entry in &log {
         apply_logged(&mut r, &mut races, &unmap_gens, entry);
     }
     r.regions()

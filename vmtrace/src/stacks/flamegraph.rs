@@ -268,7 +268,7 @@ mod tests {
         let s: Vec<Stack> = (0..10)
             .map(|i| Stack {
                 comm: "tar".into(),
-                user: vec![format!("f{i}").into()],
+                user: vec![format!("f{i}").into()].into(),
                 estimate: super::super::weight::Estimate { faults: 0.4, ..Default::default() },
                 ..Stack::default()
             })

@@ -39,12 +39,19 @@ impl StackMode {
 /// and shared by every stack that shows it.
 pub type Frame = std::sync::Arc<str>;
 
+/// The frames of one stack, outermost first, kept once per distinct
+/// sequence (`symbolize::Names::intern_frames`) and shared by every stack
+/// that shows it: a fork worker's stacks are its parent's and its siblings'
+/// (one per process, sampling stratum and leaf), so a job with hundreds of
+/// thousands of stack keys keeps one sequence per distinct stack.
+pub type Frames = std::sync::Arc<[Frame]>;
+
 /// One aggregated stack, symbolized: frames outermost first.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Stack {
     pub pid: u32,
     pub comm: String,
-    pub user: Vec<Frame>,
+    pub user: Frames,
     pub kernel: Vec<Frame>,
     pub counts: StackCounts,
     /// The user stack could not be read (no frame pointers past a frame, or none at all).
@@ -242,7 +249,7 @@ mod tests {
     #[test]
     fn endings_count_roots_cuts_and_frame_pointer_stacks_by_faults() {
         let s = |unwound, user_cut, faults| Stack {
-            user: vec!["main".into()],
+            user: vec!["main".into()].into(),
             unwound,
             user_cut,
             counts: StackCounts { faults, ..Default::default() },

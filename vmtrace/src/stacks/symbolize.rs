@@ -14,7 +14,7 @@ use blazesym::symbolize::{
     Input, Symbolized, Symbolizer,
 };
 
-use super::Frame;
+use super::{Frame, Frames};
 use crate::{
     model::RegionKind,
     procmaps::{self, Region},
@@ -68,6 +68,8 @@ pub struct Names {
     user: HashMap<(PathBuf, u64), Frame>,
     /// Names made per address (JIT code, anonymous memory) and markers, once each.
     other: RefCell<HashSet<Frame>>,
+    /// Whole stacks, once each.
+    stacks: RefCell<HashSet<Frames>>,
 }
 
 impl Default for Names {
@@ -77,6 +79,7 @@ impl Default for Names {
             kernel: HashMap::new(),
             user: HashMap::new(),
             other: RefCell::new(HashSet::new()),
+            stacks: RefCell::new(HashSet::new()),
         }
     }
 }
@@ -148,6 +151,18 @@ impl Names {
         }
         let f: Frame = name.into();
         other.insert(f.clone());
+        f
+    }
+
+    /// `frames` kept once per distinct sequence: the same stack of another
+    /// process, stratum or leaf shares it.
+    pub fn intern_frames(&self, frames: Vec<Frame>) -> Frames {
+        let mut stacks = self.stacks.borrow_mut();
+        if let Some(f) = stacks.get(frames.as_slice()) {
+            return f.clone();
+        }
+        let f: Frames = frames.into();
+        stacks.insert(f.clone());
         f
     }
 

@@ -4,6 +4,7 @@ use super::*;
 use crate::stacks::{
     flamegraph::{self, fold, fold_small, PidLine},
     weight::Estimate,
+    Frames,
 };
 
 /// A line's weight, its processes' shares and its region leaf.
@@ -110,7 +111,7 @@ fn random_stacks(rng: &mut Rng, n: usize) -> Vec<Stack> {
             Stack {
                 pid: 100 + rng.next(3) as u32,
                 comm: comms[rng.next(comms.len() as u64) as usize].into(),
-                user: if missing { vec![] } else { user },
+                user: if missing { Frames::default() } else { user.into() },
                 kernel,
                 user_missing: missing,
                 leaf,
@@ -148,7 +149,7 @@ fn each_frame_name_is_kept_once() {
     let stacks: Vec<Stack> = (0..100)
         .map(|i| Stack {
             comm: "train".into(),
-            user: vec![main.clone(), format!("f{}", i % 10).into()],
+            user: vec![main.clone(), format!("f{}", i % 10).into()].into(),
             estimate: Estimate { faults: 1.0, ..Estimate::default() },
             ..Stack::default()
         })

@@ -121,7 +121,7 @@ pub fn weigh(stacks: &mut Vec<Stack>, totals: &BTreeMap<u32, Totals>) {
         stacks.push(Stack {
             pid,
             comm,
-            user: vec![UNSAMPLED.into()],
+            user: vec![UNSAMPLED.into()].into(),
             estimate: Estimate { faults: rest[0], time_ns: rest[1], major: rest[2] },
             ..Stack::default()
         });
@@ -158,7 +158,7 @@ mod tests {
         Stack {
             pid,
             comm: "w".into(),
-            user: vec![leaf.into()],
+            user: vec![leaf.into()].into(),
             counts: StackCounts { faults, major, time_ns, timed: faults },
             stratum,
             ..Stack::default()
@@ -192,7 +192,7 @@ mod tests {
         let totals = BTreeMap::from([(7, Totals { faults: 40, time_ns: 9_000, major: 1 })]);
         weigh(&mut stacks, &totals);
         assert_eq!(stacks.len(), 2);
-        assert_eq!(stacks[1].user, [UNSAMPLED.into()]);
+        assert_eq!(stacks[1].user[..], [UNSAMPLED.into()]);
         assert_eq!(stacks[1].estimate, Estimate { faults: 39.0, time_ns: 4_000.0, major: 0.0 });
     }
 }

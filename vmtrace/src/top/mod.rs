@@ -23,7 +23,7 @@ use view::{Pane, ViewState};
 use crate::{
     collect::{live::LiveScope, stop_signal, Session},
     loader::Probes,
-    model::{OomRecord, RegionKind, RegionSummary},
+    model::OomRecord,
     stacks::symbolize::Names,
     target::{pid_alive, wait_exit, Target},
     trace::{Front, PerfProbe, Plan, Stacks, Timing, TraceError, Tracer},
@@ -178,24 +178,20 @@ impl Model {
     /// the trace has seen, each second, grew with churn. Once it ended, all.
     fn regions(&mut self, session: &mut Session<Probes>, dt: f64, sort: model::SortKey, ended: bool) -> Vec<RegionRow> {
         let attributed = if ended { session.build_regions() } else { session.build_live_regions() }.regions;
-        let key = |r: &RegionSummary| (r.pid, u64::from_str_radix(r.start.trim_start_matches("0x"), 16).unwrap_or(0));
-        let cums: Vec<((u32, u64), Cum)> = attributed
-            .iter()
-            .map(|r| {
-                let f = &r.faults;
-                (key(r), Cum { faults: f.total, major: f.major, cow: f.cow, time_ns: f.time_ns, ..Cum::default() })
-            })
-            .collect();
+        let totals = model::region_totals(&attributed);
+        let cums: Vec<((u32, u64), Cum)> = totals.iter().map(|t| (t.key, t.cum)).collect();
         let rates: HashMap<(u32, u64), Rates> = self.regions.update(&cums, dt).into_iter().collect();
-        let mut rows: Vec<RegionRow> = attributed
-            .iter()
-            .map(|r| RegionRow {
-                pid: r.pid,
-                comm: session.known(r.pid).map_or_else(String::new, |p| p.comm.clone()),
-                name: r.path.clone().unwrap_or_else(|| format!("[{}]", kind_name(r.kind))),
-                size: r.size(),
-                rates: rates.get(&key(r)).copied().unwrap_or_default(),
-                total_faults: r.faults.total,
+        let mut rows: Vec<RegionRow> = totals
+            .into_iter()
+            .map(|t| RegionRow {
+                pid: t.key.0,
+                comm: session.known(t.key.0).map_or_else(String::new, |p| p.comm.clone()),
+                rates: rates.get(&t.key).copied().unwrap_or_default(),
+                name: t.name,
+                kind: t.kind,
+                size: t.size,
+                total_faults: t.cum.faults,
+                total_cow: t.cum.cow,
             })
             .collect();
         model::sort_regions(&mut rows, sort);
@@ -274,10 +270,6 @@ impl Model {
         let per_k = if di > 0.0 { format!(" ({:.2} per 1k instructions)", dm * 1000.0 / di) } else { String::new() };
         format!("dTLB misses {}/s{per_k}", model::human(dm / dt))
     }
-}
-
-fn kind_name(k: RegionKind) -> String {
-    k.label().to_string()
 }
 
 fn oom_line(o: &OomRecord) -> String {

@@ -1,7 +1,12 @@
 //! What `vmtrace top` shows: rates over the last refresh, computed from the
 //! cumulative counters the kernel keeps. No terminal here, so it is tested
 //! without one.
-use crate::model::live::Rates;
+use std::collections::HashMap;
+
+use crate::model::{
+    live::{Cum, Rates},
+    RegionKind, RegionSummary,
+};
 
 /// The rate a table is sorted by.
 fn key_of(r: &Rates, k: SortKey) -> f64 {
@@ -68,11 +73,73 @@ pub struct ProcRow {
 pub struct RegionRow {
     pub pid: u32,
     pub comm: String,
-    /// Path, or the kind in brackets (`[anon]`, `[heap]`…).
+    /// Path, or the kind in brackets (`[anon]`, `[heap]`…); a process's
+    /// Python arenas are one row, `[python arena] ×N`.
     pub name: String,
+    pub kind: RegionKind,
     pub size: u64,
     pub rates: Rates,
     pub total_faults: u64,
+    /// Write faults that found the page present and read-only: in a forked
+    /// worker's Python arenas, reference counts written into its parent's
+    /// objects.
+    pub total_cow: u64,
+}
+
+/// A row of the regions pane before its rates: one region, or all of one
+/// process's CPython obmalloc arenas (a Python process has one per MiB of
+/// small objects; a hundred rows of `[python arena]` say less than one).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RegionTotal {
+    /// (pid, start), or (pid, `ARENAS`) for the arenas' row.
+    pub key: (u32, u64),
+    pub kind: RegionKind,
+    pub name: String,
+    pub size: u64,
+    pub cum: Cum,
+}
+
+/// The start in the key of a process's arenas row.
+pub const ARENAS: u64 = u64::MAX;
+
+/// The pane's rows of `regions`: each region, a process's arenas summed.
+pub fn region_totals(regions: &[RegionSummary]) -> Vec<RegionTotal> {
+    let start = |r: &RegionSummary| u64::from_str_radix(r.start.trim_start_matches("0x"), 16).unwrap_or(0);
+    let mut out: Vec<RegionTotal> = Vec::new();
+    let mut arenas: HashMap<u32, (usize, usize)> = HashMap::new();
+    for r in regions {
+        let f = &r.faults;
+        let cum = Cum { faults: f.total, major: f.major, cow: f.cow, time_ns: f.time_ns, ..Cum::default() };
+        if r.kind == RegionKind::PythonArena {
+            if let Some(&(i, n)) = arenas.get(&r.pid) {
+                let t = &mut out[i];
+                t.size += r.size();
+                let c = &mut t.cum;
+                (c.faults, c.major, c.cow, c.time_ns) =
+                    (c.faults + cum.faults, c.major + cum.major, c.cow + cum.cow, c.time_ns + cum.time_ns);
+                t.name = format!("{} ×{}", crate::regions::python::NAME, n + 1);
+                arenas.insert(r.pid, (i, n + 1));
+                continue;
+            }
+            arenas.insert(r.pid, (out.len(), 1));
+            out.push(RegionTotal {
+                key: (r.pid, ARENAS),
+                kind: r.kind,
+                name: crate::regions::python::NAME.into(),
+                size: r.size(),
+                cum,
+            });
+            continue;
+        }
+        out.push(RegionTotal {
+            key: (r.pid, start(r)),
+            kind: r.kind,
+            name: r.path.clone().unwrap_or_else(|| format!("[{}]", r.kind.label())),
+            size: r.size(),
+            cum,
+        });
+    }
+    out
 }
 
 /// Everything one frame shows.
@@ -197,6 +264,43 @@ mod tests {
             k = k.next();
         }
         assert_eq!(k, SortKey::Faults);
+    }
+
+    #[test]
+    fn a_processs_python_arenas_are_one_row_with_their_cow() {
+        use crate::model::Faults;
+        let region = |pid: u32, start: u64, kind: RegionKind, path: Option<&str>, total: u64, cow: u64| RegionSummary {
+            pid,
+            start: format!("{start:#x}"),
+            end: format!("{:#x}", start + (1 << 20)),
+            perms: "rw-p".into(),
+            kind,
+            path: path.map(str::to_string),
+            offset: 0,
+            faults: Faults { total, cow, ..Faults::default() },
+            pages_touched: total,
+            cow_from: None,
+            folded: 0,
+        };
+        let arena =
+            |pid, start, total, cow| region(pid, start, RegionKind::PythonArena, Some("[python arena]"), total, cow);
+        let rows = region_totals(&[
+            arena(7, 0x7f00_0000_0000, 256, 250),
+            region(7, 0x7f00_0010_0000, RegionKind::Anon, None, 10, 0),
+            arena(7, 0x7f00_0020_0000, 200, 190),
+            arena(8, 0x7f00_0000_0000, 100, 100),
+            arena(7, 0x7f00_0030_0000, 50, 40),
+        ]);
+        let got: Vec<_> =
+            rows.iter().map(|r| (r.key, r.kind, r.name.as_str(), r.size >> 20, r.cum.faults, r.cum.cow)).collect();
+        assert_eq!(
+            got,
+            [
+                ((7, ARENAS), RegionKind::PythonArena, "[python arena] ×3", 3, 506, 480),
+                ((7, 0x7f00_0010_0000), RegionKind::Anon, "[anon]", 1, 10, 0),
+                ((8, ARENAS), RegionKind::PythonArena, "[python arena]", 1, 100, 100),
+            ]
+        );
     }
 
     #[test]

@@ -258,8 +258,10 @@ fn process_table(snap: &Snapshot, room: usize) -> Option<Table<'static>> {
 }
 
 fn region_table(regions: &[RegionRow], room: usize) -> Option<Table<'static>> {
-    let names = ["PID", "REGION", "SIZE", "FAULT/s", "MAJ/s", "TIME%", "FAULTS"];
-    let drop_order = [0, 0, 3, 0, 4, 2, 1];
+    let names = ["PID", "REGION", "KIND", "SIZE", "FAULT/s", "MAJ/s", "COW/s", "TIME%", "FAULTS", "COW"];
+    // What goes first when narrow: majors, the COW rate, the time share,
+    // the size, the kind; pid, name, fault rate and the totals stay longest.
+    let drop_order = [0, 0, 3, 4, 0, 7, 6, 5, 1, 2];
     let rows: Vec<Vec<String>> = regions
         .iter()
         .map(|g| {
@@ -267,15 +269,20 @@ fn region_table(regions: &[RegionRow], room: usize) -> Option<Table<'static>> {
             vec![
                 g.pid.to_string(),
                 format!("{} {}", g.comm, g.name),
+                g.kind.label().to_string(),
                 bytes(g.size),
                 human(r.faults),
                 human(r.major),
+                human(r.cow),
                 pct(r.fault_pct),
                 human(g.total_faults as f64),
+                human(g.total_cow as f64),
             ]
         })
         .collect();
-    let text = TextCol { index: 1, shrink_to: 10, elide: layout::keep_tail };
+    // The name shrinks to 20 (a file name, `[python arena] ×96`) before
+    // the rates drop.
+    let text = TextCol { index: 1, shrink_to: 20, elide: layout::keep_tail };
     fitted_table(&names, &drop_order, &text, &rows, room)
 }
 
@@ -349,14 +356,28 @@ mod tests {
                     resident_per_s: Some(-96.0 * 1_048_576.0),
                 },
             ],
-            regions: Some(vec![RegionRow {
-                pid: 4242,
-                comm: "python3".into(),
-                name: "/data/model.safetensors".into(),
-                size: 512 << 20,
-                rates: Rates { faults: 1000.0, ..Rates::default() },
-                total_faults: 5000,
-            }]),
+            regions: Some(vec![
+                RegionRow {
+                    pid: 4242,
+                    comm: "python3".into(),
+                    name: "/data/model.safetensors".into(),
+                    kind: crate::model::RegionKind::File,
+                    size: 512 << 20,
+                    rates: Rates { faults: 1000.0, ..Rates::default() },
+                    total_faults: 5000,
+                    total_cow: 0,
+                },
+                RegionRow {
+                    pid: 4243,
+                    comm: "pt_data_worker0".into(),
+                    name: "[python arena] ×96".into(),
+                    kind: crate::model::RegionKind::PythonArena,
+                    size: 96 << 20,
+                    rates: Rates { faults: 800.0, cow: 790.0, ..Rates::default() },
+                    total_faults: 22_211,
+                    total_cow: 22_147,
+                },
+            ]),
             storms: vec!["STORM pid 4242 (python3) 15.2k IPIs/s peak, for 3 s: munmap ← free ← worker_loop".into()],
             dtlb: "dTLB misses: unsupported".into(),
             ..Snapshot::default()
@@ -437,9 +458,15 @@ mod tests {
         for w in [60, 80, 200] {
             let text = screen_at(&snapshot(), v, w, 24);
             let (head, row) = row(&text, "4242");
-            assert!(head.contains(&"FAULTS".to_string()), "{w}:\n{text}");
-            assert_eq!(row.last().map(String::as_str), Some("5000"), "{w}:\n{text}");
+            // The region's name and size hold spaces: the totals are the last two cells.
+            assert!(head.ends_with(&["FAULTS".to_string(), "COW".to_string()]), "{w}:\n{text}");
+            assert_eq!(row[row.len() - 2..], ["5000", "0"], "{w}:\n{text}");
             assert!(text.contains("safetensors"), "{w}: the file name survives:\n{text}");
+            // A worker's Python arenas: one row, of its own kind, with its COW.
+            assert!(head.contains(&"KIND".to_string()), "{w}:\n{text}");
+            let (_, arenas) = self::row(&text, "4243");
+            assert!(arenas.contains(&"python".to_string()), "{w}:\n{text}");
+            assert_eq!(arenas[arenas.len() - 2..], ["22.2k", "22.1k"], "{w}:\n{text}");
         }
     }
 
