@@ -222,6 +222,8 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     // Before report.html, which links it when it is there, and from the
     // summary before small rows are folded: the trace has every process.
     let trace_failure = trace.and_then(|log| write_perfetto(&opts.out, &summary, &log));
+    // From every row, before the small ones are folded.
+    summary.findings = Some(crate::model::findings::diagnose(&summary));
     crate::model::fold(&mut summary, opts.output.fold_below);
     let writing = Instant::now();
     let mut write_failures = report::write_recording_with(&opts.out, &summary, &stack_outputs, &opts.output);

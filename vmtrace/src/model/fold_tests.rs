@@ -95,6 +95,7 @@ pub(crate) fn summary() -> Summary {
         storms: None,
         stacks: None,
         folding: None,
+        findings: None,
         resident: None,
     }
 }

@@ -5,6 +5,7 @@
 //! imports the other.
 pub mod drops;
 pub mod faults;
+pub mod findings;
 pub mod fold;
 pub mod format;
 pub mod live;
@@ -19,6 +20,7 @@ pub mod trace;
 
 pub use drops::{DropCounts, Drops};
 pub use faults::{largest_remainder, scale, Faults, Hist};
+pub use findings::Finding;
 pub use fold::{fold, Folding, OTHER_PID};
 pub use format::{bytes, comm_str, escape_html, fmt_ns};
 pub use live::{Cum, LiveProcess, LiveSnapshot, RateKeeper, Rates};

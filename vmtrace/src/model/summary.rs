@@ -62,6 +62,11 @@ pub struct Summary {
     /// How the resident profiles were made (`--events resident` with stacks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resident: Option<super::ResidentSummary>,
+    /// What is wrong and what to change (docs/findings.md), from this
+    /// recording's numbers; absent in summaries written before findings
+    /// (`vmtrace report` then derives them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub findings: Option<Vec<super::Finding>>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
