@@ -222,6 +222,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     // Before report.html, which links it when it is there, and from the
     // summary before small rows are folded: the trace has every process.
     let trace_failure = trace.and_then(|log| write_perfetto(&opts.out, &summary, &log));
+    summary.thp_anon_mode = crate::kernel::thp::anon_mode();
     // From every row, before the small ones are folded.
     summary.findings = Some(crate::model::findings::diagnose(&summary));
     crate::model::fold(&mut summary, opts.output.fold_below);

@@ -193,6 +193,7 @@ pub fn assemble(mut i: Inputs) -> Finished {
         files: i.attributed.map(|a| a.files),
         folding: None,
         findings: None,
+        thp_anon_mode: None,
         resident: None,
     };
     Finished { summary, stacks: i.stacks, mm_sites: i.mm_sites, trace: None, resident: None }

@@ -70,8 +70,14 @@ pub const GLIBC_MMAP_THRESHOLD_MAX: u64 = 32 << 20;
 /// with mmap and frees them with munmap.
 pub const GLIBC_MMAP_THRESHOLD_DEFAULT: u64 = 128 << 10;
 
+/// Anonymous memory faulted in 4 KiB pages where THP is `madvise`: at least
+/// this much of it touched in one process's unadvised regions.
+pub const THP_MIN_TOUCHED_BYTES: u64 = 64 << 20;
+/// Pages a PMD huge page maps (2 MiB / 4 KiB).
+pub const THP_PAGES: u64 = 512;
+
 /// Resident memory held by one call site: at least this much…
-pub const RESIDENT_MIN_BYTES: u64 = 64 << 20;
+pub const RESIDENT_MIN_BYTES: u64 = 1 << 30;
 /// …and at least this many times the next call site of the same process.
 pub const RESIDENT_DOMINANCE: f64 = 4.0;
 
@@ -87,6 +93,7 @@ pub fn diagnose(s: &Summary) -> Vec<Finding> {
     fork_cow(s, &mut out);
     storms(s, &mut out);
     cold_files(s, &mut out);
+    huge_pages_unused(s, &mut out);
     code_majors(s, &mut out);
     resident_sites(s, &mut out);
     out
@@ -286,8 +293,9 @@ fn fork_cow(s: &Summary, out: &mut Vec<Finding>) {
         let time = |n: u64| (p.faults.time_ns as f64 * n as f64 / p.faults.total.max(1) as f64) as u64;
         let children = s.processes.iter().filter(|q| q.ppid == Some(p.pid)).count();
         let forked = worker_of(s, p).is_some() || children > 0;
-        if c.python_objects >= FORK_COW_PYTHON_MIN_PAGES && forked {
-            let n = c.python_objects;
+        let in_arenas = copies_in_parent_arenas(s, p);
+        let n = c.python_objects.max(in_arenas);
+        if n >= FORK_COW_PYTHON_MIN_PAGES && forked {
             let mut f = finding(
                 s,
                 "fork_cow_python_objects",
@@ -304,6 +312,9 @@ fn fork_cow(s: &Summary, out: &mut Vec<Finding>) {
                     .into(),
             );
             ev(&mut f, "cow_python_objects", n);
+            if in_arenas > 0 {
+                ev(&mut f, "cow_in_parent_arenas", in_arenas);
+            }
             ev(&mut f, "cow_from_fork", c.fork);
             ev(&mut f, "cow_faults", p.faults.cow);
             ev(&mut f, "process_faults", p.faults.total);
@@ -343,6 +354,33 @@ fn fork_cow(s: &Summary, out: &mut Vec<Finding>) {
             out.push(f);
         }
     }
+}
+
+/// A worker's fork copies at its parent's Python arenas' addresses: for
+/// each of its regions that overlaps them, its COW copies of shared pages,
+/// at most the overlapped arena pages. A worker's own rows may not name the
+/// arenas (docs/design.md, "Python object memory": a child's map is its
+/// parent's replayed to the fork, then merged with its own maps read), but
+/// the addresses are the parent's.
+fn copies_in_parent_arenas(s: &Summary, p: &Process) -> u64 {
+    let (Some(regions), Some((_, ppid))) = (&s.regions, worker_of(s, p)) else { return 0 };
+    let span = |r: &super::RegionSummary| {
+        let h = |x: &str| u64::from_str_radix(x.trim_start_matches("0x"), 16).unwrap_or(0);
+        (h(&r.start), h(&r.end))
+    };
+    let arenas: Vec<(u64, u64)> =
+        regions.iter().filter(|r| r.pid == ppid && r.kind == RegionKind::PythonArena).map(span).collect();
+    let mut copies = 0;
+    for r in regions.iter().filter(|r| r.pid == p.pid && r.kind.is_anon_like()) {
+        let fork = r.cow_from.map_or(0, |c| c.fork);
+        if fork == 0 {
+            continue;
+        }
+        let (a, b) = span(r);
+        let overlap: u64 = arenas.iter().map(|&(x, y)| y.min(b).saturating_sub(x.max(a))).sum::<u64>() / PAGE;
+        copies += fork.min(overlap);
+    }
+    copies
 }
 
 /// Shootdown storms, one finding per process, with what drove them: the
@@ -524,6 +562,69 @@ fn cold_files(s: &Summary, out: &mut Vec<Finding>) {
                 fmt_ns(file.faults.major_time_ns)
             ));
         }
+        out.push(f);
+    }
+}
+
+/// Large anonymous buffers faulted in 4 KiB pages while THP is `madvise`:
+/// the program never asked for huge pages. A process that advised either
+/// way (MADV_HUGEPAGE, MADV_NOHUGEPAGE) made its choice and is left alone.
+fn huge_pages_unused(s: &Summary, out: &mut Vec<Finding>) {
+    if s.thp_anon_mode.as_deref() != Some("madvise") {
+        return;
+    }
+    let Some(regions) = &s.regions else { return };
+    for p in &s.processes {
+        let advised = p.mmap.as_ref().is_some_and(|m| {
+            m.madvise_by_advice.contains_key("hugepage") || m.madvise_by_advice.contains_key("nohugepage")
+        });
+        if advised {
+            continue;
+        }
+        // Regions of at least a huge page, none of whose faults got one.
+        let big: Vec<_> = regions
+            .iter()
+            .filter(|r| {
+                r.pid == p.pid
+                    && matches!(r.kind, RegionKind::Anon | RegionKind::Heap)
+                    && r.folded == 0
+                    && r.faults.huge == Some(0)
+                    && r.pages_touched >= THP_PAGES
+                    // Copies of a parent's pages are 4 KiB whatever the mode.
+                    && r.faults.cow * 2 < r.faults.total
+            })
+            .collect();
+        let pages: u64 = big.iter().map(|r| r.pages_touched).sum();
+        if pages * PAGE < THP_MIN_TOUCHED_BYTES {
+            continue;
+        }
+        let faults: u64 = big.iter().map(|r| r.faults.total).sum();
+        let time: u64 = big.iter().map(|r| r.faults.time_ns).sum();
+        let Some(largest) = big.iter().max_by_key(|r| r.pages_touched) else { continue };
+        let huge_faults = pages.div_ceil(THP_PAGES);
+        let mut f = finding(
+            s,
+            "huge_pages_unused",
+            p.pid,
+            format!(
+                "{} of anonymous memory ({} regions, the largest {}) was faulted in 4 KiB pages: {faults} faults,                  {}. Transparent huge pages are `madvise` here and the program never asked for them.",
+                bytes(pages * PAGE),
+                big.len(),
+                bytes(largest.size()),
+                fmt_ns(time)
+            ),
+            "Ask for huge pages on the large buffers: madvise(buf, len, MADV_HUGEPAGE) on a 2 MiB-aligned buffer              (posix_memalign(2 MiB) or mmap), before first touch; glibc 2.35+ malloc does it for its own mappings              with GLIBC_TUNABLES=glibc.malloc.hugetlb=1"
+                .into(),
+        );
+        ev(&mut f, "anon_bytes_touched", pages * PAGE);
+        ev(&mut f, "faults", faults);
+        ev(&mut f, "fault_time_ns", time);
+        ev(&mut f, "regions", big.len() as u64);
+        ev(&mut f, "largest_region_bytes", largest.size());
+        ev(&mut f, "thp_anon_mode", "madvise");
+        f.expected_gain = Some(format!(
+            "about {huge_faults} faults instead of {faults} (each huge fault zeroes 2 MiB, so the time falls by less),              and one TLB entry per 2 MiB instead of 512"
+        ));
         out.push(f);
     }
 }

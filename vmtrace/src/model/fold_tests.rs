@@ -96,6 +96,7 @@ pub(crate) fn summary() -> Summary {
         stacks: None,
         folding: None,
         findings: None,
+        thp_anon_mode: None,
         resident: None,
     }
 }

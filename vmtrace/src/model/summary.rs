@@ -67,6 +67,11 @@ pub struct Summary {
     /// (`vmtrace report` then derives them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub findings: Option<Vec<super::Finding>>,
+    /// The system's transparent-huge-page mode for anonymous memory at the
+    /// end of the recording: "always", "madvise" or "never" (absent without
+    /// THP, or in older summaries).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thp_anon_mode: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
