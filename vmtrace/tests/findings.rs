@@ -81,7 +81,7 @@ fn heap_trim_fires_and_the_suggested_env_removes_it() {
 /// A list of 400,000 small objects walked by two forked workers (each read
 /// writes a reference count: a COW copy of every arena page), or the same
 /// numbers in an `array` (no object per number: the workers copy nothing).
-const FORK_PY: &str = r##"
+const FORK_PY: &str = r#"
 import os, sys, array
 flat = sys.argv[1] == "array"
 data = array.array("q", range(400_000)) if flat else [(i, str(i), [i]) for i in range(400_000)]
@@ -102,7 +102,7 @@ for w in range(2):
     pids.append(pid)
 for p in pids:
     os.waitpid(p, 0)
-"##;
+"#;
 
 fn fork_run(kind: &str) -> Option<(Run, Vec<(u32, u64)>)> {
     let python = pyenv_python(12)?;

@@ -194,6 +194,7 @@ pub fn assemble(mut i: Inputs) -> Finished {
         folding: None,
         findings: None,
         thp_anon_mode: None,
+        code_locations: None,
         resident: None,
     };
     Finished { summary, stacks: i.stacks, mm_sites: i.mm_sites, trace: None, resident: None }

@@ -648,7 +648,7 @@ fn code_majors(s: &Summary, out: &mut Vec<Finding>) {
             *by_path.entry(r.path.as_deref().unwrap_or("?")).or_default() += r.faults.major;
         }
         let mut top: Vec<(&str, u64)> = by_path.into_iter().collect();
-        top.sort_by(|a, b| b.1.cmp(&a.1));
+        top.sort_by_key(|t| std::cmp::Reverse(t.1));
         let names: Vec<String> = top.iter().take(3).map(|(path, n)| format!("{} {n}", short_path(path))).collect();
         let mut f = finding(
             s,
@@ -695,7 +695,7 @@ fn resident_sites(s: &Summary, out: &mut Vec<Finding>) {
         by_pid.entry(site.pid).or_default().push(site);
     }
     for (pid, mut sites) in by_pid {
-        sites.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+        sites.sort_by_key(|site| std::cmp::Reverse(site.bytes));
         let top = sites[0];
         let next = sites.get(1).map_or(0, |n| n.bytes);
         if top.bytes < RESIDENT_MIN_BYTES || (top.bytes as f64) < RESIDENT_DOMINANCE * next as f64 {

@@ -85,6 +85,7 @@ fn summary(processes: Vec<Process>) -> Summary {
         resident: None,
         findings: None,
         thp_anon_mode: None,
+        code_locations: None,
     }
 }
 

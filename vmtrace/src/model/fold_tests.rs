@@ -97,6 +97,7 @@ pub(crate) fn summary() -> Summary {
         folding: None,
         findings: None,
         thp_anon_mode: None,
+        code_locations: None,
         resident: None,
     }
 }

@@ -72,6 +72,10 @@ pub struct Summary {
     /// THP, or in older summaries).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thp_anon_mode: Option<String>,
+    /// The top code locations by fault time, faults and resident bytes
+    /// (`--stacks`), for summary.txt and report.html to open with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code_locations: Option<super::CodeLocations>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -490,11 +490,44 @@ pub fn findings_section(findings: &[crate::model::Finding]) -> String {
     b
 }
 
-pub fn recording_body(s: &Summary, dir: &Path, flame_prefix: &str) -> String {
+/// The top code locations by fault time, faults and resident bytes.
+fn locations_section(l: &crate::model::CodeLocations) -> String {
+    let mut b = String::from(
+        "<h2>Top code locations</h2><p class='note'>The Python line, else the first frame of the program's own \
+         code (not libc's or the allocator's); estimated from the sampled stacks.</p>",
+    );
+    let lists: [crate::model::locations::Listed<'_>; 3] = [
+        ("By fault time", &l.by_fault_time, fmt_ns),
+        ("By faults", &l.by_faults, |v| thousands(v)),
+        ("By resident bytes at peak", &l.by_resident, bytes),
+    ];
+    for (what, list, fmt) in lists {
+        if list.is_empty() {
+            continue;
+        }
+        let rows: Vec<Vec<String>> = list
+            .iter()
+            .map(|c| vec![wrapping(&c.location), escape(&c.comm), fmt(c.value), format!("{:.1}%", c.share_pct)])
+            .collect();
+        let _ = write!(b, "<h3>{what}</h3>{}", table(&["l location", "l process", "value", "share"], &rows));
+    }
+    b
+}
+
+/// What the page opens with: the findings, then the top code locations.
+fn opening(s: &Summary) -> String {
     let mut b = String::new();
     if let Some(f) = &s.findings {
         b.push_str(&findings_section(f));
     }
+    if let Some(l) = &s.code_locations {
+        b.push_str(&locations_section(l));
+    }
+    b
+}
+
+pub fn recording_body(s: &Summary, dir: &Path, flame_prefix: &str) -> String {
+    let mut b = opening(s);
     let status = s.target.exit_status.map(|c| format!(" · exit status {}", exit_text(Some(c)))).unwrap_or_default();
     let _ = write!(
         b,

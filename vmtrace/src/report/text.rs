@@ -88,6 +88,10 @@ pub fn render(s: &Summary) -> String {
         out.push_str(&crate::model::findings::render_text(f));
         out.push('\n');
     }
+    if let Some(l) = &s.code_locations {
+        out.push_str(&l.render_text());
+        out.push('\n');
+    }
     header(&mut out, s);
     process_table(&mut out, s);
     resident_section(&mut out, s);
