@@ -57,6 +57,15 @@ fn heap_trim_fires_and_the_suggested_env_removes_it() {
     assert!(u(&f["evidence"]["brk_calls"]) >= 400, "a trim (brk) each of 400 rounds at least: {f:#}");
     let txt = summary_txt(&run);
     assert!(txt.starts_with("Findings (") && txt.contains("[heap_trim_refault]"), "{txt}");
+    // Then the top code locations: the fixture's own function, not memset's or malloc's.
+    let locations = txt.find("Top code locations").unwrap_or_else(|| panic!("{txt}"));
+    assert!(locations < txt.find("Page faults by process").unwrap_or(usize::MAX), "{txt}");
+    let by_faults = &run.summary["code_locations"]["by_faults"][0];
+    assert_eq!(by_faults["location"], "fill_round", "{:#}", run.summary["code_locations"]);
+    assert!(by_faults["share_pct"].as_f64().unwrap() > 90.0, "{by_faults:#}");
+    let html = std::fs::read_to_string(run.out.path().join("report.html")).unwrap();
+    let (f_at, l_at) = (html.find("<h2>Findings (1)</h2>"), html.find("<h2>Top code locations</h2>"));
+    assert!(f_at.is_some() && f_at < l_at && l_at < html.find("<h2>Processes</h2>"), "report.html opens with them");
 
     // The fix as the finding words it: the environment variables it names.
     let fix = f["fix"].as_str().unwrap();

@@ -280,7 +280,7 @@ fn advice_name(i: usize) -> String {
     }
 }
 
-fn mmap_counts(m: &MmStats) -> MmapCounts {
+pub(crate) fn mmap_counts(m: &MmStats) -> MmapCounts {
     MmapCounts {
         mmap: m.calls[MmCall::Mmap as usize],
         munmap: m.calls[MmCall::Munmap as usize],
