@@ -166,7 +166,9 @@ fn pow2_at_least(n: u64, floor: u64) -> u64 {
 
 /// An OOM kill: who was killed, what it held, the limit it hit, what grew.
 fn oom_kills(s: &Summary, out: &mut Vec<Finding>) {
-    for r in s.oom.iter().flatten() {
+    // Kills of processes outside the trace (OOM kills are seen system-wide)
+    // are another program's story.
+    for r in s.oom.iter().flatten().filter(|r| r.in_target) {
         let held_kb = r.anon_rss_kb + r.file_rss_kb + r.shmem_rss_kb;
         let limit = match (r.constraint.as_str(), &r.cgroup, r.cgroup_limit_bytes) {
             ("memcg", Some(cg), Some(l)) => format!("the memory cgroup {cg}'s limit of {}", bytes(l)),

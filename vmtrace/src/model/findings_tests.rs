@@ -377,6 +377,9 @@ fn an_oom_kill_names_the_limit_and_what_grew() {
     assert!(f[0].summary.contains("limit of 256.0 MiB; main ← grow ← [anon] held 250.0 MiB"), "{}", f[0].summary);
     assert!(f[0].fix.contains("memory.max"), "{}", f[0].fix);
     assert_eq!(f[0].evidence["cgroup_limit_bytes"], 256 << 20);
+    // A kill outside the trace (another program's cgroup): not this recording's.
+    s.oom.as_mut().unwrap()[0].in_target = false;
+    assert!(kinds(&s).is_empty());
     // No kill, no finding.
     s.oom = Some(Vec::new());
     assert!(kinds(&s).is_empty());

@@ -154,7 +154,10 @@ fn banners(snap: &Snapshot, room: usize) -> Vec<Line<'static>> {
         add(&format!("FINDING {f}"), Color::Yellow);
     }
     if snap.findings.len() > 3 {
-        add(&format!("FINDING … {} more (summary.txt of `vmtrace record` lists them all)", snap.findings.len() - 3), Color::Yellow);
+        add(
+            &format!("FINDING … {} more (summary.txt of `vmtrace record` lists them all)", snap.findings.len() - 3),
+            Color::Yellow,
+        );
     }
     out
 }
@@ -357,7 +360,9 @@ mod tests {
                 total_faults: 5000,
             }]),
             storms: vec!["STORM pid 4242 (python3) 15.2k IPIs/s peak, for 3 s: munmap ← free ← worker_loop".into()],
-            findings: vec!["heap_trim_refault python3 (pid 4242): The heap took 601688 faults on 1521 distinct pages".into()],
+            findings: vec![
+                "heap_trim_refault python3 (pid 4242): The heap took 601688 faults on 1521 distinct pages".into()
+            ],
             dtlb: "dTLB misses: unsupported".into(),
             ..Snapshot::default()
         }
