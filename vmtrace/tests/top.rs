@@ -216,3 +216,17 @@ fn top_without_a_terminal_says_so() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("needs a terminal") && err.contains("--stream json"), "{err}");
 }
+
+/// The findings so far as banners: the heap-trim fixture (glibc trims the
+/// heap top every round, and the next round faults it in again) run long
+/// enough to be seen live, and its finding still there once it ended.
+#[test]
+fn top_shows_a_finding_live() {
+    privileged!();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = compile_c("heap_trim.c", dir.path());
+    let tmux = Tmux::start_sized("finding", 200, &["top", "--", bin.to_str().unwrap(), "4000"]);
+    let screen =
+        tmux.wait_for("the heap-trim finding", Duration::from_secs(60), |s| s.contains("FINDING heap_trim_refault"));
+    assert!(screen.contains("brk calls"), "the banner says the evidence:\n{screen}");
+}
