@@ -641,7 +641,11 @@ fn code_majors(s: &Summary, out: &mut Vec<Finding>) {
             .filter(|r| r.pid == p.pid && r.kind == RegionKind::File && r.perms.contains('x') && r.faults.major > 0)
             .collect();
         let majors: u64 = code.iter().map(|r| r.faults.major).sum();
-        if majors < CODE_MIN_MAJORS {
+        let pages: u64 = code.iter().map(|r| r.pages_touched).sum();
+        // Under memory pressure: it stalled in reclaim, or code pages were
+        // read in more than once (evicted and read back). A cold start's
+        // majors, each page read once without a stall, are no finding.
+        if majors < CODE_MIN_MAJORS || (p.reclaim.stalls == 0 && majors <= pages) {
             continue;
         }
         let time: u64 = code.iter().map(|r| r.faults.major_time_ns).sum();
@@ -673,6 +677,7 @@ fn code_majors(s: &Summary, out: &mut Vec<Finding>) {
                 .into(),
         );
         ev(&mut f, "code_major_faults", majors);
+        ev(&mut f, "code_pages_touched", pages);
         ev(&mut f, "code_major_time_ns", time);
         ev(&mut f, "reclaim_stalls", p.reclaim.stalls);
         ev(&mut f, "reclaim_time_ns", p.reclaim.time_ns);

@@ -330,6 +330,12 @@ fn code_majors_fire_on_executable_mappings_only() {
     assert_eq!(f[0].kind, "code_major_faults");
     assert_eq!(f[0].evidence["code_major_faults"], 70);
     assert!(f[0].summary.contains("libtorch.so 70") && f[0].summary.contains("stalled 40 times"), "{}", f[0].summary);
+    // A cold start: each code page read once, no reclaim stall.
+    s.processes[0].reclaim = Reclaim::default();
+    assert!(kinds(&s).is_empty(), "{:#?}", diagnose(&s));
+    // The same pages read back (70 majors on 40 pages) is pressure, stall or not.
+    s.regions.as_mut().unwrap()[0].pages_touched = 40;
+    assert_eq!(kinds(&s), ["code_major_faults"]);
     // Under the threshold.
     s.regions.as_mut().unwrap()[0].faults.major = CODE_MIN_MAJORS - 1;
     assert!(kinds(&s).is_empty());
