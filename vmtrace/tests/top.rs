@@ -227,6 +227,6 @@ fn top_shows_a_finding_live() {
     let bin = compile_c("heap_trim.c", dir.path());
     let tmux = Tmux::start_sized("finding", 200, &["top", "--", bin.to_str().unwrap(), "4000"]);
     let screen =
-        tmux.wait_for("the heap-trim finding", Duration::from_secs(60), |s| s.contains("FINDING heap_trim_refault"));
+        tmux.wait_for("the heap-trim finding", Duration::from_mins(1), |s| s.contains("FINDING heap_trim_refault"));
     assert!(screen.contains("brk calls"), "the banner says the evidence:\n{screen}");
 }
