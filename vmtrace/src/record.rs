@@ -12,6 +12,7 @@ use crate::{
     collect::{stop_signal, Finished},
     model::{KernelAccounting, Summary},
     report,
+    stacks::Stack,
     target::{pid_alive, wait_exit_usage, Target},
     trace::{Front, Plan, Stopped, TraceError, Tracer},
 };
@@ -97,10 +98,9 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
         mm_sites: opts.plan.families.mmap.then_some(mm_sites.as_slice()),
         resident: resident.as_ref().map(|r| (r.end.as_slice(), r.peak.as_slice())),
     };
-    // Before report.html, which links it when it is there, and from the
-    // summary before small rows are folded: the trace has every process.
+    // Before report.html (it links it) and before folding: every process.
     let trace_failure = trace.and_then(|log| write_perfetto(&opts.out, &summary, &log));
-    crate::model::fold(&mut summary, opts.output.fold_below);
+    derive_and_fold(&mut summary, &stacks, resident.as_ref().map(|r| r.peak.as_slice()), opts.output.fold_below);
     let writing = Instant::now();
     let mut write_failures = report::write_recording_with(&opts.out, &summary, &stack_outputs, &opts.output);
     write_failures.extend(trace_failure);
@@ -136,7 +136,18 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     Ok(RecordOutcome { summary, exit_status, write_failures })
 }
 
-/// `trace.perfetto-trace`; a partial file is removed (report.html links the file if it is there).
+/// What the summaries open with, from every row before the small ones are
+/// folded: the top code locations (with stacks) and the findings; then the
+/// small rows folded.
+fn derive_and_fold(summary: &mut Summary, stacks: &[Stack], resident_peak: Option<&[Stack]>, fold_below: f64) {
+    summary.thp_anon_mode = crate::kernel::thp::anon_mode();
+    if summary.stacks.is_some() {
+        summary.code_locations = Some(crate::stacks::locations::code_locations(stacks, resident_peak));
+    }
+    summary.findings = Some(crate::model::findings::diagnose(summary));
+    crate::model::fold(summary, fold_below);
+}
+
 /// The collector's own peak resident memory (`VmHWM`), in KiB.
 fn peak_rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -144,6 +155,7 @@ fn peak_rss_kib() -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// `trace.perfetto-trace`; a partial file is removed (report.html links the file if it is there).
 fn write_perfetto(dir: &Path, summary: &Summary, log: &crate::model::trace::TraceLog) -> Option<report::WriteFailure> {
     let file = crate::export::perfetto::FILE;
     match crate::export::perfetto::write(dir, summary, log) {

@@ -55,6 +55,29 @@ fn demo_runs_every_scenario_and_reports_what_it_shows() {
     let oom = find(&rows, "oom-64mib-cgroup");
     assert_eq!(oom["exit_status"], 137, "{oom}");
     assert_eq!(oom["oom_kills"], 1, "{oom}");
+    // Each finding beside the experiment that teaches it, and none where
+    // nothing is wrong (4 KiB pages asked for, warm reads, reads of a flat buffer).
+    let kinds = |name: &str| -> Vec<String> {
+        find(&rows, name)["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["kind"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(kinds("ckpt-mmap-random-cold"), ["cold_file_random_reads"]);
+    assert!(kinds("cow-refcount").iter().filter(|k| *k == "fork_cow").count() == 2, "{:?}", kinds("cow-refcount"));
+    assert_eq!(kinds("oom-64mib-cgroup"), ["oom_kill"]);
+    for quiet in ["first-touch-4k", "ckpt-mmap-warm", "cow-flat"] {
+        assert!(kinds(quiet).is_empty(), "{quiet}: {:?}", kinds(quiet));
+    }
+    let churn_storms = u(&find(&rows, "churn-2-threads")["storms"]) > 0;
+    assert_eq!(kinds("churn-2-threads").contains(&"shootdown_storm".to_string()), churn_storms);
+    let text = std::fs::read_to_string(out.join("demo.txt")).unwrap();
+    assert!(
+        text.contains("What vmtrace diagnosed in each experiment") && text.contains("[cold_file_random_reads]"),
+        "{text}"
+    );
     for r in &rows {
         let dir = out.join(r["scenario"].as_str().unwrap());
         for f in ["summary.json", "summary.txt", "report.html", "faults.svg", "faults.folded"] {

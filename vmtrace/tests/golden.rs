@@ -79,3 +79,13 @@ fn a_version_1_summary_reads_as_its_version_2_form() {
     assert_eq!(text::render(&old), text::render(&new));
     assert_eq!(text::render_regions(&old), text::render_regions(&new));
 }
+
+/// The findings of the golden recording (its memcg OOM kill), as summary.txt
+/// opens with them.
+#[test]
+fn findings_txt_is_unchanged() {
+    let s = load().1;
+    let findings = vmtrace::model::findings::diagnose(&s);
+    assert!(findings.iter().any(|f| f.kind == "oom_kill"), "{findings:#?}");
+    check("findings.txt", &vmtrace::model::findings::render_text(&findings));
+}

@@ -352,3 +352,17 @@ fn top_shows_each_processs_resident_size_and_growth() {
     tmux.keys("q");
     assert_eq!(tmux.exit_status(Duration::from_secs(20)), 128 + libc::SIGTERM);
 }
+
+/// The findings so far as banners: the heap-trim fixture (glibc trims the
+/// heap top every round, and the next round faults it in again) run long
+/// enough to be seen live, and its finding still there once it ended.
+#[test]
+fn top_shows_a_finding_live() {
+    privileged!();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = compile_c("heap_trim.c", dir.path());
+    let tmux = Tmux::start_sized("finding", 200, &["top", "--", bin.to_str().unwrap(), "4000"]);
+    let screen =
+        tmux.wait_for("the heap-trim finding", Duration::from_mins(1), |s| s.contains("FINDING heap_trim_refault"));
+    assert!(screen.contains("brk calls"), "the banner says the evidence:\n{screen}");
+}

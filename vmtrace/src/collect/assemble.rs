@@ -193,6 +193,9 @@ pub(crate) fn assemble(mut i: Inputs) -> Finished {
         }),
         files: i.attributed.map(|a| a.files),
         folding: None,
+        findings: None,
+        thp_anon_mode: None,
+        code_locations: None,
         resident: None,
     };
     Finished { summary, stacks: i.stacks, mm_sites: i.mm_sites, trace: None, resident: None }
@@ -278,7 +281,7 @@ fn advice_name(i: usize) -> String {
     }
 }
 
-fn mmap_counts(m: &MmStats) -> MmapCounts {
+pub(crate) fn mmap_counts(m: &MmStats) -> MmapCounts {
     MmapCounts {
         mmap: m.calls[MmCall::Mmap as usize],
         munmap: m.calls[MmCall::Munmap as usize],

@@ -57,6 +57,17 @@ pub struct Row {
     /// null when none reported (a workload killed before it could).
     pub getrusage_faults: Option<u64>,
     pub note: String,
+    /// What vmtrace diagnosed in this experiment: one line per finding
+    /// (`kind process: what is wrong`), and the fix of each.
+    pub findings: Vec<DemoFinding>,
+}
+
+/// A finding of one experiment, as demo.txt and demo.json show it.
+#[derive(Clone, Debug, Serialize)]
+pub struct DemoFinding {
+    pub kind: String,
+    pub summary: String,
+    pub fix: String,
 }
 
 impl Row {
@@ -212,6 +223,16 @@ fn run_one(group: &str, name: &str, what: &str, argv: Vec<String>, out: &Path) -
         exit_status: s.target.exit_status,
         getrusage_faults: truth,
         note: String::new(),
+        findings: s
+            .findings
+            .iter()
+            .flatten()
+            .map(|f| DemoFinding {
+                kind: f.kind.clone(),
+                summary: format!("{}: {}", f.process, f.summary),
+                fix: f.fix.clone(),
+            })
+            .collect(),
     };
     println!(
         "  {name:<24} {:>9} faults  {:>9} major  {:>10}  {what}",
@@ -354,6 +375,15 @@ pub fn comparison(rows: &[Row]) -> String {
     if let Some(o) = find(rows, "oom-64mib-cgroup") {
         let _ = writeln!(t, "- {}", if o.note.is_empty() { "no OOM kill was seen".into() } else { o.note.clone() });
     }
+    let _ = writeln!(t, "\nWhat vmtrace diagnosed in each experiment (docs/findings.md):");
+    for r in rows {
+        if r.findings.is_empty() {
+            let _ = writeln!(t, "  {:<22} no finding", r.scenario);
+        }
+        for f in &r.findings {
+            let _ = writeln!(t, "  {:<22} [{}] {}\n  {:<22}   fix: {}", r.scenario, f.kind, f.summary, "", f.fix);
+        }
+    }
     t
 }
 
@@ -408,6 +438,7 @@ mod tests {
             exit_status: Some(0),
             getrusage_faults: Some(faults),
             note: String::new(),
+            findings: Vec::new(),
         }
     }
 

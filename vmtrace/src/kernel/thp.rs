@@ -26,6 +26,20 @@ pub fn why_impossible() -> Option<String> {
     settings.why_impossible()
 }
 
+/// The setting that decides whether an anonymous fault of PMD size may map
+/// a huge page: `always`, `madvise` or `never` (the PMD size's own control,
+/// 6.8+, unless it says `inherit`); `None` without THP.
+pub fn anon_mode() -> Option<String> {
+    let root = Path::new(SYSFS);
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).ok();
+    let enabled = selected(&read("enabled")?);
+    let pmd = read(&format!("hugepages-{}kB/enabled", pmd_kb())).map(|s| selected(&s));
+    Some(match pmd {
+        Some(m) if m != "inherit" => m,
+        _ => enabled,
+    })
+}
+
 /// Whether shmem or a tmpfs mount may map huge pages (whatever the anonymous
 /// setting): only then does a huge fault allocate outside THP_FAULT_ALLOC.
 pub fn shmem_huge_possible() -> bool {

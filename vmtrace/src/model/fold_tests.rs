@@ -95,6 +95,9 @@ pub(crate) fn summary() -> Summary {
         storms: None,
         stacks: None,
         folding: None,
+        findings: None,
+        thp_anon_mode: None,
+        code_locations: None,
         resident: None,
     }
 }

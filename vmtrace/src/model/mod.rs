@@ -5,9 +5,11 @@
 //! imports the other.
 pub mod drops;
 pub mod faults;
+pub mod findings;
 pub mod fold;
 pub mod format;
 pub mod live;
+pub mod locations;
 pub mod oom;
 pub mod perf;
 pub mod regions;
@@ -20,9 +22,11 @@ pub mod trace;
 
 pub use drops::{DropCounts, Drops};
 pub use faults::{largest_remainder, scale, Faults, Hist};
+pub use findings::Finding;
 pub use fold::{fold, Folding, OTHER_PID};
 pub use format::{bytes, clip, comm_str, escape_html, fmt_ns};
 pub use live::{Cum, LiveProcess, LiveResident, LiveSnapshot, RateKeeper, Rates};
+pub use locations::{CodeLocation, CodeLocations};
 pub use oom::{HeldRegion, OomRecord};
 pub use perf::{PerfSummary, RegionSamples};
 pub use regions::{CowFrom, FileSummary, RegionKind, RegionPlacement, RegionSummary, TensorSummary};

@@ -62,6 +62,20 @@ pub struct Summary {
     /// How the resident profiles were made (`--events resident` with stacks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resident: Option<super::ResidentSummary>,
+    /// What is wrong and what to change (docs/findings.md), from this
+    /// recording's numbers; absent in summaries written before findings
+    /// (`vmtrace report` then derives them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub findings: Option<Vec<super::Finding>>,
+    /// The system's transparent-huge-page mode for anonymous memory at the
+    /// end of the recording: "always", "madvise" or "never" (absent without
+    /// THP, or in older summaries).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thp_anon_mode: Option<String>,
+    /// The top code locations by fault time, faults and resident bytes
+    /// (`--stacks`), for summary.txt and report.html to open with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code_locations: Option<super::CodeLocations>,
 }
 
 /// What was traced.

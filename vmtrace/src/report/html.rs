@@ -41,7 +41,8 @@ vertical-align:top}td{white-space:nowrap}td:first-child,th:first-child,td.l,th.l
 th{background:#f4f4f4}td.w{white-space:normal;overflow-wrap:anywhere;min-width:16em;max-width:40em}\
 pre{background:#f8f8f8;padding:10px;overflow-x:auto;font-size:12px}pre.wrap{white-space:pre-wrap}img.flame{width:100%;border:1px solid #ddd}\
 svg.chart{width:100%;max-width:1100px;height:auto}li.w{overflow-wrap:anywhere}details p{overflow-wrap:anywhere;font-family:monospace;font-size:12px}\
-.note{color:#666}.bad{color:#b00;font-weight:bold}";
+.note{color:#666}.bad{color:#b00;font-weight:bold}\
+.finding{border-left:4px solid #c60;background:#fff8f0;padding:2px 12px;margin:10px 0;overflow-wrap:anywhere}.finding p{margin:4px 0}";
 
 /// A flamegraph SVG of `dir` as an embedded image (static; the .svg beside it is interactive).
 pub fn flame_img(dir: &Path, file: &str) -> String {
@@ -461,8 +462,72 @@ fn flame_heading(s: &Summary, dir: &Path, file: &str, title: &str) -> String {
 }
 
 /// The body of one recording: everything about it, for its own page or a demo section.
-pub fn recording_body(s: &Summary, dir: &Path, flame_prefix: &str) -> String {
+/// The findings, first on the page: what is wrong, the fix, the evidence.
+pub fn findings_section(findings: &[crate::model::Finding]) -> String {
+    if findings.is_empty() {
+        return "<h2>Findings: none</h2><p class='note'>No rule of docs/findings.md passed its threshold.</p>".into();
+    }
+    let mut b = format!("<h2>Findings ({})</h2>", findings.len());
+    for f in findings {
+        let _ = write!(
+            b,
+            "<div class='finding'><p><b>{}</b> <code>{}</code> — {}</p>",
+            escape(&f.process),
+            escape(&f.kind),
+            escape(&f.summary)
+        );
+        if let Some(site) = &f.site {
+            let _ = write!(b, "<p>At <code>{}</code></p>", escape(site));
+        }
+        let _ = write!(b, "<p><b>Fix:</b> {}</p>", escape(&f.fix));
+        if let Some(g) = &f.expected_gain {
+            let _ = write!(b, "<p><b>Expected gain:</b> {}</p>", escape(g));
+        }
+        let ev: Vec<String> =
+            f.evidence.iter().map(|(k, v)| format!("{k} = {}", escape(&crate::model::findings::plain(v)))).collect();
+        let _ = write!(b, "<p class='note'>Evidence: {}</p></div>", ev.join(" · "));
+    }
+    b
+}
+
+/// The top code locations by fault time, faults and resident bytes.
+fn locations_section(l: &crate::model::CodeLocations) -> String {
+    let mut b = String::from(
+        "<h2>Top code locations</h2><p class='note'>The Python line, else the first frame of the program's own \
+         code (not libc's or the allocator's); estimated from the sampled stacks.</p>",
+    );
+    let lists: [crate::model::locations::Listed<'_>; 3] = [
+        ("By fault time", &l.by_fault_time, fmt_ns),
+        ("By faults", &l.by_faults, |v| thousands(v)),
+        ("By resident bytes at peak", &l.by_resident, bytes),
+    ];
+    for (what, list, fmt) in lists {
+        if list.is_empty() {
+            continue;
+        }
+        let rows: Vec<Vec<String>> = list
+            .iter()
+            .map(|c| vec![wrapping(&c.location), escape(&c.comm), fmt(c.value), format!("{:.1}%", c.share_pct)])
+            .collect();
+        let _ = write!(b, "<h3>{what}</h3>{}", table(&["l location", "l process", "value", "share"], &rows));
+    }
+    b
+}
+
+/// What the page opens with: the findings, then the top code locations.
+fn opening(s: &Summary) -> String {
     let mut b = String::new();
+    if let Some(f) = &s.findings {
+        b.push_str(&findings_section(f));
+    }
+    if let Some(l) = &s.code_locations {
+        b.push_str(&locations_section(l));
+    }
+    b
+}
+
+pub fn recording_body(s: &Summary, dir: &Path, flame_prefix: &str) -> String {
+    let mut b = opening(s);
     let status = s.target.exit_status.map(|c| format!(" · exit status {}", exit_text(Some(c)))).unwrap_or_default();
     let _ = write!(
         b,

@@ -304,8 +304,12 @@ fn write_resident(w: &mut Writer, end: &[Stack], peak: &[Stack], r: &crate::mode
 pub fn rebuild(dir: &Path) -> Result<Summary, String> {
     let path = dir.join("summary.json");
     let data = fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let s: Summary =
+    let mut s: Summary =
         serde_json::from_str(&data).map_err(|e| format!("{} is not a vmtrace summary: {e}", path.display()))?;
+    // A summary written before findings: derived from its (folded) rows.
+    if s.findings.is_none() {
+        s.findings = Some(crate::model::findings::diagnose(&s));
+    }
     let mut w = Writer { dir, failed: Vec::new() };
     w.text("summary.txt", &text::render(&s));
     if s.regions.is_some() {

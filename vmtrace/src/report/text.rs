@@ -84,6 +84,14 @@ fn folded_names(p: &crate::model::Process) -> String {
 
 pub fn render(s: &Summary) -> String {
     let mut out = String::new();
+    if let Some(f) = &s.findings {
+        out.push_str(&crate::model::findings::render_text(f));
+        out.push('\n');
+    }
+    if let Some(l) = &s.code_locations {
+        out.push_str(&l.render_text());
+        out.push('\n');
+    }
     header(&mut out, s);
     process_table(&mut out, s);
     resident_section(&mut out, s);

@@ -3,6 +3,7 @@
 //! and flamegraphs (`faults`, `fault-time`, `major-faults`).
 pub mod drain;
 pub mod flamegraph;
+pub mod locations;
 pub mod native;
 pub mod symbolize;
 pub mod tree;

@@ -23,7 +23,7 @@ use view::{Pane, ViewState};
 use crate::{
     collect::{live::LiveScope, stop_signal, Session},
     loader::Probes,
-    model::OomRecord,
+    model::{OomRecord, RegionSummary},
     stacks::symbolize::Names,
     target::{pid_alive, wait_exit, Target},
     trace::{Front, PerfProbe, Plan, Stacks, Timing, TraceError, Tracer},
@@ -156,8 +156,12 @@ impl Model {
             ipis: sum(|r| r.ipis),
         };
 
-        let regions = session.families().regions.then(|| self.regions(session, dt, sort, ended));
+        let (regions, attributed) = match session.families().regions.then(|| self.regions(session, dt, sort, ended)) {
+            Some((rows, attributed)) => (Some(rows), Some(attributed)),
+            None => (None, None),
+        };
         let now_s = session.started().elapsed().as_secs_f64();
+        let findings = live_findings(session, &snap, attributed, now_s);
         Snapshot {
             target: String::new(),
             uptime_s: now_s,
@@ -166,6 +170,7 @@ impl Model {
             procs,
             regions,
             storms: self.storms(session, now_s),
+            findings,
             oom: session.ooms().iter().rev().find(|o| now_s - o.time_s < BANNER_HOLD_S).map(oom_line),
             dtlb: self.dtlb(perf, dt),
             lost_events: snap.drops.lost(),
@@ -176,7 +181,13 @@ impl Model {
     /// While the target runs, the regions of live processes (as the
     /// process pane shows them): attributing every region of every process
     /// the trace has seen, each second, grew with churn. Once it ended, all.
-    fn regions(&mut self, session: &mut Session<Probes>, dt: f64, sort: model::SortKey, ended: bool) -> Vec<RegionRow> {
+    fn regions(
+        &mut self,
+        session: &mut Session<Probes>,
+        dt: f64,
+        sort: model::SortKey,
+        ended: bool,
+    ) -> (Vec<RegionRow>, Vec<RegionSummary>) {
         let attributed = if ended { session.build_regions() } else { session.build_live_regions() }.regions;
         let totals = model::region_totals(&attributed);
         let cums: Vec<((u32, u64), Cum)> = totals.iter().map(|t| (t.key, t.cum)).collect();
@@ -196,7 +207,7 @@ impl Model {
             .collect();
         model::sort_regions(&mut rows, sort);
         rows.truncate(MAX_REGION_ROWS);
-        rows
+        (rows, attributed)
     }
 
     /// A line per storm going on, or ended in the last seconds, with the
@@ -481,4 +492,95 @@ impl App {
         }
         self.exit_status.unwrap_or(0)
     }
+}
+
+/// The findings so far (docs/findings.md), one line each: the rules of
+/// `record`'s summary run on what the trace holds now: each process's
+/// counters, the live regions (`--events regions`), the storms and OOM kills.
+fn live_findings(
+    session: &Session<Probes>,
+    snap: &crate::model::LiveSnapshot,
+    regions: Option<Vec<RegionSummary>>,
+    now_s: f64,
+) -> Vec<String> {
+    use crate::model::{CowFrom, Faults, Process, Sampling, Storm, Summary, TargetInfo};
+    let families = session.families();
+    let mm = if families.mmap { session.mm_totals() } else { std::collections::BTreeMap::new() };
+    let processes: Vec<Process> = snap
+        .processes
+        .iter()
+        .map(|p| {
+            let info = session.known(p.pid);
+            let mut cow = CowFrom::default();
+            for c in regions.iter().flatten().filter(|r| r.pid == p.pid).filter_map(|r| r.cow_from.as_ref()) {
+                cow.add(c);
+            }
+            Process {
+                pid: p.pid,
+                ppid: info.and_then(|i| i.ppid),
+                comm: p.comm.clone().or_else(|| info.map(|i| i.comm.clone())).unwrap_or_default(),
+                cmdline: info.and_then(|i| i.cmdline.clone()),
+                exit_code: info.and_then(|i| i.exit_code),
+                faults: p.faults.clone(),
+                reclaim: crate::model::Reclaim::default(),
+                mmap: mm.get(&p.pid).map(crate::collect::assemble::mmap_counts),
+                tlb: None,
+                kernel_accounting: None,
+                cow_from: (cow.total() > 0).then_some(cow),
+                folded: 0,
+                folded_comms: std::collections::BTreeMap::new(),
+                resident: None,
+            }
+        })
+        .collect();
+    let storms = families.tlb.then(|| {
+        let d = session.storms();
+        d.open_storms()
+            .chain(d.closed.iter())
+            .map(|s| {
+                let call = s.sites.iter().max_by_key(|(_, n)| **n).map_or(u32::MAX, |((call, _), _)| *call);
+                let top_call = vmtrace_common::MM_CALL_NAMES.get(call as usize).copied().unwrap_or("other");
+                Storm {
+                    pid: s.pid,
+                    comm: String::new(),
+                    start_s: s.start_s,
+                    end_s: if s.end_s > s.start_s { s.end_s } else { now_s },
+                    peak_per_s: s.peak_per_s as u64,
+                    shootdowns: s.ipis,
+                    top_stack: Vec::new(),
+                    top_call: top_call.into(),
+                    top_share: 1.0,
+                }
+            })
+            .collect()
+    });
+    let summary = Summary {
+        version: crate::model::SUMMARY_VERSION,
+        // No rule reads the target: the live view is of the traced processes.
+        target: TargetInfo { kind: crate::model::TargetKind::System, command: None, pid: None, exit_status: None },
+        duration_s: now_s,
+        lost_events: 0,
+        processes,
+        totals: Faults::default(),
+        sampling: Sampling::plain(1, false),
+        drops: crate::model::Drops::default(),
+        probes: Vec::new(),
+        program_stats: None,
+        kernel: String::new(),
+        vmtrace_version: String::new(),
+        perf: None,
+        oom: families.oom.then(|| session.ooms().to_vec()),
+        regions,
+        region_placement: None,
+        files: None,
+        timeline: None,
+        storms,
+        stacks: None,
+        folding: None,
+        resident: None,
+        findings: None,
+        thp_anon_mode: crate::kernel::thp::anon_mode(),
+        code_locations: None,
+    };
+    crate::model::findings::diagnose(&summary).iter().map(crate::model::findings::one_line).collect()
 }

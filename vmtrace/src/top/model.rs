@@ -154,6 +154,8 @@ pub struct Snapshot {
     pub regions: Option<Vec<RegionRow>>,
     /// One line per storm going on (or ended within the last seconds).
     pub storms: Vec<String>,
+    /// The findings so far, one line each (docs/findings.md).
+    pub findings: Vec<String>,
     /// The latest OOM kill.
     pub oom: Option<String>,
     /// dTLB misses per second, or why there are none.

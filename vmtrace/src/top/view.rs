@@ -150,6 +150,15 @@ fn banners(snap: &Snapshot, room: usize) -> Vec<Line<'static>> {
     if let Some(o) = &snap.oom {
         add(o, Color::Magenta);
     }
+    for f in snap.findings.iter().take(3) {
+        add(&format!("FINDING {f}"), Color::Yellow);
+    }
+    if snap.findings.len() > 3 {
+        add(
+            &format!("FINDING … {} more (summary.txt of `vmtrace record` lists them all)", snap.findings.len() - 3),
+            Color::Yellow,
+        );
+    }
     out
 }
 
@@ -379,6 +388,9 @@ mod tests {
                 },
             ]),
             storms: vec!["STORM pid 4242 (python3) 15.2k IPIs/s peak, for 3 s: munmap ← free ← worker_loop".into()],
+            findings: vec![
+                "heap_trim_refault python3 (pid 4242): The heap took 601688 faults on 1521 distinct pages".into()
+            ],
             dtlb: "dTLB misses: unsupported".into(),
             ..Snapshot::default()
         }

@@ -1,0 +1,148 @@
+//! The code location of a stack (`model::CodeLocations`): its innermost
+//! Python line, else its innermost native frame of the program's own code.
+use std::collections::HashMap;
+
+use super::{flamegraph::Weight, Stack};
+use crate::model::{CodeLocation, CodeLocations};
+
+/// Frames that are libc's, the allocator's, the dynamic loader's or a
+/// language runtime's, by name: never the answer to "which line?".
+fn is_runtime(frame: &str) -> bool {
+    const PREFIXES: [&str; 24] = [
+        "__",
+        "_int_",
+        "_IO_",
+        "_dl_",
+        "je_",
+        "mi_",
+        "_mi_",
+        "tc_",
+        "tcmalloc::",
+        "core::",
+        "std::",
+        "alloc::",
+        "<core::",
+        "<std::",
+        "<alloc::",
+        "pymalloc",
+        "_PyObject_Malloc",
+        "_PyMem_",
+        "PyMem_",
+        "PyObject_Malloc",
+        "PyObject_Calloc",
+        "PyObject_Realloc",
+        "_PyObject_GC_",
+        "_start",
+    ];
+    const EXACT: [&str; 22] = [
+        "malloc",
+        "calloc",
+        "realloc",
+        "free",
+        "memset",
+        "memcpy",
+        "memmove",
+        "memcmp",
+        "strlen",
+        "sysmalloc",
+        "brk",
+        "sbrk",
+        "mmap",
+        "mmap64",
+        "munmap",
+        "madvise",
+        "posix_memalign",
+        "aligned_alloc",
+        "valloc",
+        "operator new",
+        "start_thread",
+        "clone3",
+    ];
+    const MODULES: [&str; 6] = ["libc.so", "libc-", "ld-linux", "libjemalloc", "libmimalloc", "libtcmalloc"];
+    let name = frame.split(" (").next().unwrap_or(frame);
+    frame.starts_with('[')
+        || PREFIXES.iter().any(|p| name.starts_with(p))
+        || EXACT.iter().any(|e| name == *e || name.starts_with(&format!("{e}(")))
+        || MODULES.iter().any(|m| name.starts_with(m))
+        || name.contains("malloc")
+        || name.contains("calloc")
+        || name.contains("realloc")
+        || name.starts_with("operator new")
+}
+
+/// The location of a user stack (outermost first), or `None` when every
+/// frame is the runtime's.
+pub fn location(user: &[impl AsRef<str>]) -> Option<String> {
+    let frames: Vec<&str> = user.iter().map(AsRef::as_ref).collect();
+    if let Some(py) = frames.iter().rev().find(|f| crate::python::is_python_frame(f)) {
+        return Some((*py).to_string());
+    }
+    let native = frames.iter().rev().find(|f| !is_runtime(f))?;
+    Some(crate::model::clip(&crate::model::short_name(native), 100))
+}
+
+/// The top locations of `stacks` by `weight` (each stack's estimate).
+pub fn top(stacks: &[Stack], weight: Weight, limit: usize) -> Vec<CodeLocation> {
+    let value = |s: &Stack| match weight {
+        Weight::Faults => s.estimate.faults,
+        Weight::TimeNs => s.estimate.time_ns,
+        Weight::Major => s.estimate.major,
+    };
+    let mut by: HashMap<String, (f64, HashMap<&str, f64>)> = HashMap::new();
+    let mut total = 0.0;
+    for s in stacks {
+        let v = value(s);
+        total += v;
+        let Some(loc) = location(&s.user) else { continue };
+        let e = by.entry(loc).or_default();
+        e.0 += v;
+        *e.1.entry(s.comm.as_str()).or_default() += v;
+    }
+    let mut out: Vec<CodeLocation> = by
+        .into_iter()
+        .filter(|(_, (v, _))| *v >= 0.5)
+        .map(|(location, (v, comms))| CodeLocation {
+            location,
+            comm: comms
+                .into_iter()
+                .max_by(|a, b| a.1.total_cmp(&b.1).then_with(|| b.0.cmp(a.0)))
+                .map_or_else(String::new, |(c, _)| c.to_string()),
+            value: v.round() as u64,
+            share_pct: if total > 0.0 { (v * 1000.0 / total).round() / 10.0 } else { 0.0 },
+        })
+        .collect();
+    out.sort_by(|a, b| b.value.cmp(&a.value).then_with(|| a.location.cmp(&b.location)));
+    out.truncate(limit);
+    out
+}
+
+/// The three lists of a recording: faults' stacks by time and count, and
+/// the resident stacks at each process's peak by bytes.
+pub fn code_locations(faults: &[Stack], resident_peak: Option<&[Stack]>) -> CodeLocations {
+    CodeLocations {
+        by_fault_time: top(faults, Weight::TimeNs, CodeLocations::TOP),
+        by_faults: top(faults, Weight::Faults, CodeLocations::TOP),
+        by_resident: resident_peak.map_or_else(Vec::new, |r| top(r, Weight::Faults, CodeLocations::TOP)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_python_line_else_the_programs_own_frame() {
+        let py = ["_start", "main", "_PyEval_EvalFrameDefault", "load (train.py:12)", "PyList_Append", "_int_malloc"];
+        assert_eq!(location(&py).as_deref(), Some("load (train.py:12)"));
+        let c = ["_start", "__libc_start_main_impl", "main", "fill_round", "__memset_avx2_unaligned_erms"];
+        assert_eq!(location(&c).as_deref(), Some("fill_round"));
+        let rust = ["main", "vmtrace::demo::workload::touch", "core::ptr::write_volatile"];
+        assert_eq!(location(&rust).as_deref(), Some("vmtrace::demo::workload::touch"));
+        let alloc = ["worker", "je_malloc", "libc.so.6+0x9a3c", "[no unwind info]"];
+        assert_eq!(location(&alloc).as_deref(), Some("worker"));
+        let cpp =
+            ["main", "at::native::(anonymous namespace)::copy_impl<float, std::allocator<float> >(at::Tensor const&)"];
+        assert!(!location(&cpp).unwrap().contains("std::allocator"), "{:?}", location(&cpp));
+        assert_eq!(location(&["_start", "malloc", "[truncated]"]), None);
+    }
+}

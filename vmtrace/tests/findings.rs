@@ -1,0 +1,303 @@
+//! Findings on real programs (privileged): each diagnosis fires on the
+//! program that teaches it, with evidence checked against the kernel's own
+//! accounting of the run, and stays silent on a control; the heap-trim
+//! program re-run with the fix the finding suggests loses the evidence.
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+fn findings(run: &Run) -> &Vec<Value> {
+    run.summary["findings"].as_array().unwrap_or_else(|| panic!("no findings[] in {:#}", run.summary))
+}
+
+fn of_kind<'a>(run: &'a Run, kind: &str) -> Vec<&'a Value> {
+    findings(run).iter().filter(|f| f["kind"] == kind).collect()
+}
+
+fn kinds(run: &Run) -> Vec<String> {
+    findings(run).iter().map(|f| f["kind"].as_str().unwrap_or("?").to_string()).collect()
+}
+
+/// The fixture's own getrusage fault counts ("rusage MINOR MAJOR").
+fn rusage_line(run: &Run) -> (u64, u64) {
+    let out = String::from_utf8_lossy(&run.output.stdout);
+    let line = out.lines().find(|l| l.starts_with("rusage ")).unwrap_or_else(|| panic!("no rusage line: {out}"));
+    let v: Vec<u64> = line.split_whitespace().skip(1).map(|x| x.parse().unwrap()).collect();
+    (v[0], v[1])
+}
+
+fn summary_txt(run: &Run) -> String {
+    std::fs::read_to_string(run.out.path().join("summary.txt")).unwrap()
+}
+
+#[test]
+fn heap_trim_fires_and_the_suggested_env_removes_it() {
+    privileged!();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = compile_c("heap_trim.c", dir.path());
+    let bin = bin.to_str().unwrap();
+    let run = record(&[], &[bin]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let pid = u32::try_from(run.summary["target"]["pid"].as_u64().unwrap()).unwrap();
+    let (minor, major) = rusage_line(&run);
+    let p = run.process(pid);
+    let ours = u(&p["faults"]["total"]);
+    // The kernel also counts faults of get_user_pages() (no exception): a handful.
+    assert!(ours.abs_diff(minor + major) <= 200, "vmtrace {ours} faults, getrusage {minor}+{major}");
+    let found = of_kind(&run, "heap_trim_refault");
+    assert_eq!(found.len(), 1, "{:#?}", findings(&run));
+    let f = found[0];
+    assert_eq!(f["pid"], pid);
+    let heap = u(&f["evidence"]["heap_faults"]);
+    // Nearly all its faults are the heap's, refaulted: well past 8 a page.
+    assert!(heap * 10 >= ours * 9 && heap <= ours, "heap {heap} of the process's {ours}");
+    assert!(u(&f["evidence"]["heap_pages_touched"]) * 8 <= heap, "{f:#}");
+    assert_eq!(f["evidence"]["brk_calls"], p["mmap"]["brk"]);
+    assert!(u(&f["evidence"]["brk_calls"]) >= 400, "a trim (brk) each of 400 rounds at least: {f:#}");
+    let txt = summary_txt(&run);
+    assert!(txt.starts_with("Findings (") && txt.contains("[heap_trim_refault]"), "{txt}");
+    // Then the top code locations: the fixture's own function, not memset's or malloc's.
+    let locations = txt.find("Top code locations").unwrap_or_else(|| panic!("{txt}"));
+    assert!(locations < txt.find("Page faults by process").unwrap_or(usize::MAX), "{txt}");
+    let by_faults = &run.summary["code_locations"]["by_faults"][0];
+    assert_eq!(by_faults["location"], "fill_round", "{:#}", run.summary["code_locations"]);
+    assert!(by_faults["share_pct"].as_f64().unwrap() > 90.0, "{by_faults:#}");
+    let html = std::fs::read_to_string(run.out.path().join("report.html")).unwrap();
+    let (f_at, l_at) = (html.find("<h2>Findings (1)</h2>"), html.find("<h2>Top code locations</h2>"));
+    assert!(f_at.is_some() && f_at < l_at && l_at < html.find("<h2>Processes</h2>"), "report.html opens with them");
+
+    // The fix as the finding words it: the environment variables it names.
+    let fix = f["fix"].as_str().unwrap();
+    let env: Vec<&str> = fix.split_whitespace().filter(|w| w.starts_with("MALLOC_") && w.contains('=')).collect();
+    assert!(env.iter().any(|w| w.starts_with("MALLOC_TRIM_THRESHOLD_=")), "{fix}");
+    let mut argv = vec!["env"];
+    argv.extend(env.iter().copied());
+    argv.push(bin);
+    let fixed = record(&[], &argv);
+    assert_eq!(fixed.code(), Some(0), "{}", fixed.stderr());
+    let (minor2, major2) = rusage_line(&fixed);
+    // The kernel's own counts: far more than half the faults gone.
+    assert!(
+        (minor2 + major2) * 4 < minor + major,
+        "getrusage: {} faults with {env:?}, {} without",
+        minor2 + major2,
+        minor + major
+    );
+    assert!(of_kind(&fixed, "heap_trim_refault").is_empty(), "{:#?}", findings(&fixed));
+}
+
+/// A list of 400,000 small objects walked by two forked workers (each read
+/// writes a reference count: a COW copy of every arena page), or the same
+/// numbers in an `array` (no object per number: the workers copy nothing).
+const FORK_PY: &str = r#"
+import os, sys, array
+flat = sys.argv[1] == "array"
+data = array.array("q", range(400_000)) if flat else [(i, str(i), [i]) for i in range(400_000)]
+pids = []
+for w in range(2):
+    pid = os.fork()
+    if pid == 0:
+        n = 0
+        if flat:
+            n = sum(data)
+        else:
+            for o in data:
+                n += o[0] + len(o[1]) + len(o[2])
+        with open("/proc/self/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+        print("worker", os.getpid(), rest[7], rest[9], flush=True)
+        os._exit(0)
+    pids.append(pid)
+for p in pids:
+    os.waitpid(p, 0)
+"#;
+
+fn fork_run(kind: &str) -> Option<(Run, Vec<(u32, u64)>)> {
+    let python = pyenv_python(12)?;
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("fork_objects.py");
+    std::fs::write(&script, FORK_PY).unwrap();
+    let run = record(&[], &[python.to_str().unwrap(), script.to_str().unwrap(), kind]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let out = String::from_utf8_lossy(&run.output.stdout).into_owned();
+    // Each worker's /proc/self/stat minor + major just before _exit.
+    let workers: Vec<(u32, u64)> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("worker "))
+        .map(|l| {
+            let v: Vec<u64> = l.split_whitespace().map(|x| x.parse().unwrap()).collect();
+            (u32::try_from(v[0]).unwrap(), v[1] + v[2])
+        })
+        .collect();
+    assert_eq!(workers.len(), 2, "{out}");
+    Some((run, workers))
+}
+
+#[test]
+fn fork_workers_copying_python_objects_fire_and_an_array_stays_silent() {
+    privileged!();
+    let Some((run, workers)) = fork_run("objects") else { return };
+    let parent = run.summary["target"]["pid"].as_u64().unwrap();
+    let found = of_kind(&run, "fork_cow_python_objects");
+    for (i, (wpid, kernel)) in workers.iter().enumerate() {
+        let f = found
+            .iter()
+            .find(|f| f["pid"] == *wpid)
+            .unwrap_or_else(|| panic!("no finding for worker {wpid}: {:#?}", findings(&run)));
+        // Workers are named by their place among the parent's children.
+        let mut sorted: Vec<u32> = workers.iter().map(|w| w.0).collect();
+        sorted.sort_unstable();
+        let n = sorted.iter().position(|p| p == wpid).unwrap();
+        assert_eq!(f["process"], format!("worker {n} of {parent} (python3.12, pid {wpid})"), "worker {i}: {f:#}");
+        let copied = u(&f["evidence"]["cow_python_objects"]);
+        // 400,000 tuples, strings and lists are ~60 MiB of arenas: thousands
+        // of pages, and never more than the faults the kernel counted.
+        assert!(copied >= 5_000 && copied <= *kernel, "{copied} python-object copies, the worker's own stat {kernel}");
+        assert!(f["fix"].as_str().unwrap().contains("gc.freeze()"), "{f:#}");
+    }
+    let Some((control, _)) = fork_run("array") else { return };
+    let k = kinds(&control);
+    assert!(!k.iter().any(|k| k.starts_with("fork_cow")), "workers summing an array copy nothing: {k:?}");
+}
+
+#[test]
+fn a_munmap_churn_storm_is_a_finding_with_its_driver() {
+    privileged!();
+    let threshold = 200;
+    let before = tlb_ipis_received();
+    let argv = workload(&["churn", "--threads", "2"]);
+    let run = record(&["--storm-threshold", &threshold.to_string()], &strs(&argv));
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let storms = run.summary["storms"].as_array().expect("storms[]");
+    let found = of_kind(&run, "shootdown_storm");
+    if kernel_saw_a_storm(&run, before, threshold) {
+        assert!(!storms.is_empty(), "the kernel counted a storm's IPIs; vmtrace none");
+    }
+    // One finding per storming process, none without a storm.
+    let mut pids: Vec<u64> = storms.iter().map(|s| s["pid"].as_u64().unwrap()).collect();
+    pids.dedup();
+    assert_eq!(found.len(), pids.len(), "{storms:#?}\n{found:#?}");
+    let received = tlb_ipis_received() - before;
+    for f in found {
+        let pid = u32::try_from(f["pid"].as_u64().unwrap()).unwrap();
+        let p = run.process(pid);
+        let ipis: u64 = storms.iter().filter(|s| s["pid"] == pid).map(|s| u(&s["shootdowns"])).sum();
+        assert_eq!(u(&f["evidence"]["storm_ipis"]), ipis);
+        assert!(ipis <= received, "{ipis} IPIs in storms, the kernel's TLB row grew by {received}");
+        assert_eq!(f["evidence"]["top_call"], "munmap", "{f:#}");
+        assert_eq!(f["evidence"]["munmap_calls"], p["mmap"]["munmap"]);
+        assert!(u(&f["evidence"]["munmap_calls"]) >= 20_000, "the churn unmaps 20,000 times: {f:#}");
+        assert!(f["site"].as_str().unwrap_or("").contains("[munmap]"), "{f:#}");
+        assert!(f["fix"].as_str().unwrap().contains("MALLOC_MMAP_THRESHOLD_="), "{f:#}");
+    }
+}
+
+#[test]
+fn a_cold_random_checkpoint_read_fires_and_sequential_reads_stay_silent() {
+    privileged!();
+    let dir = disk_dir();
+    let path = dir.path().join("ckpt.bin");
+    let path = path.to_str().unwrap();
+    let ok = vmtrace().args(["workload", "make-file", path, "--mib", "64"]).status().unwrap();
+    assert!(ok.success());
+    let argv = workload(&["file-read", path, "--random", "--stride", "4", "--cold"]);
+    let run = record(&[], &strs(&argv));
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let pid = u32::try_from(run.summary["target"]["pid"].as_u64().unwrap()).unwrap();
+    let found = of_kind(&run, "cold_file_random_reads");
+    assert_eq!(found.len(), 1, "{:#?}", findings(&run));
+    let f = found[0];
+    assert_eq!(f["pid"], pid);
+    assert_eq!(f["evidence"]["path"], path);
+    let majors = u(&f["evidence"]["major_faults"]);
+    // Every 4th of 16,384 pages, read once each, with MADV_RANDOM: a major each.
+    let kernel = run.process(pid)["kernel_accounting"]["major"].as_u64().expect("the kernel's own majors");
+    assert!(majors <= kernel && majors * 10 >= kernel * 9, "{majors} majors on the file, the kernel's {kernel}");
+    assert!(majors * 10 >= 4096 * 9, "{majors} majors for 4,096 pages read at random, cold");
+    assert!(f["fix"].as_str().unwrap().contains("MADV_WILLNEED"), "{f:#}");
+
+    // Controls: the same file read sequentially, cold then warm.
+    for (what, extra) in [("cold sequential", Some("--cold")), ("warm sequential", None)] {
+        let mut args = vec!["file-read", path];
+        args.extend(extra);
+        let argv = workload(&args);
+        let run = record(&[], &strs(&argv));
+        assert_eq!(run.code(), Some(0), "{}", run.stderr());
+        assert!(kinds(&run).is_empty(), "{what}: {:#?}", findings(&run));
+    }
+}
+
+#[test]
+fn an_oom_kill_is_a_finding_with_the_limit_it_hit() {
+    privileged!();
+    let name = format!("vmtrace-findings-oom-{}", std::process::id());
+    let cg = vmtrace::demo::cgroup::ScratchCgroup::new(&name, 64 << 20).expect("a memory cgroup (v1 or v2)");
+    let argv = cg.run_inside(&[BIN, "workload", "touch", "--mib", "256", "--pace-ms", "5"]);
+    let run = record(&[], &strs(&argv));
+    assert_eq!(run.code(), Some(137), "{}", run.stderr());
+    let pid = run.summary["target"]["pid"].as_u64().unwrap();
+    let found: Vec<_> = of_kind(&run, "oom_kill").into_iter().filter(|f| f["pid"] == pid).collect();
+    assert_eq!(found.len(), 1, "{:#?}", findings(&run));
+    let f = found[0];
+    assert_eq!(f["evidence"]["cgroup_limit_bytes"], 64u64 << 20);
+    assert_eq!(f["evidence"]["constraint"], "memcg");
+    let anon = u(&f["evidence"]["anon_rss_kb"]);
+    assert!((48 * 1024..=66 * 1024).contains(&anon), "anon RSS near the 64 MiB limit: {anon} kB");
+    assert!(f["fix"].as_str().unwrap().contains("memory.limit_in_bytes"), "{f:#}");
+}
+
+#[test]
+fn a_plain_first_touch_and_a_short_sort_get_no_finding() {
+    privileged!();
+    let argv = workload(&["touch", "--mib", "128"]);
+    let run = record(&[], &strs(&argv));
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert!(findings(&run).is_empty(), "first touch: {:#?}", findings(&run));
+    assert!(summary_txt(&run).starts_with("Findings: none"));
+    let run = record(&[], &["sort", "/etc/passwd"]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert!(findings(&run).is_empty(), "sort: {:#?}", findings(&run));
+    let html = std::fs::read_to_string(run.out.path().join("report.html")).unwrap();
+    assert!(html.contains("<h2>Findings: none</h2>"), "report.html opens with the findings");
+}
+
+#[test]
+fn a_large_buffer_in_4k_pages_fires_where_thp_is_madvise_and_madv_hugepage_fixes_it() {
+    privileged!();
+    let mode = vmtrace::kernel::thp::anon_mode();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = compile_c("big_buffer.c", dir.path());
+    let bin = bin.to_str().unwrap();
+    let run = record(&[], &[bin, "256"]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.summary["thp_anon_mode"].as_str(), mode.as_deref());
+    let found = of_kind(&run, "huge_pages_unused");
+    if mode.as_deref() != Some("madvise") {
+        assert!(found.is_empty(), "THP {mode:?}: the rule is for `madvise` only: {found:#?}");
+        eprintln!("THP is {mode:?}, not madvise: only the silence is checked");
+        return;
+    }
+    let (minor, major) = rusage_line(&run);
+    assert_eq!(found.len(), 1, "{:#?}", findings(&run));
+    let f = found[0];
+    let faults = u(&f["evidence"]["faults"]);
+    // 65,536 pages written: a fault each, within what the kernel counted.
+    assert!((65_536..=minor + major).contains(&faults), "{faults} faults in the buffer, getrusage {minor}+{major}");
+    assert!(u(&f["evidence"]["anon_bytes_touched"]) >= 256 << 20, "{f:#}");
+    // The fix: MADV_HUGEPAGE on a 2 MiB-aligned buffer.
+    let fixed = record(&[], &[bin, "256", "huge"]);
+    assert_eq!(fixed.code(), Some(0), "{}", fixed.stderr());
+    let (minor2, major2) = rusage_line(&fixed);
+    assert!(of_kind(&fixed, "huge_pages_unused").is_empty(), "{:#?}", findings(&fixed));
+    // Unless memory is too fragmented for huge pages, the faults fall by far.
+    let huge = u(&fixed.summary["totals"]["huge"]);
+    if huge >= 64 {
+        assert!(
+            (minor2 + major2) * 4 < minor + major,
+            "getrusage {} with MADV_HUGEPAGE, {} without",
+            minor2 + major2,
+            minor + major
+        );
+    }
+}
