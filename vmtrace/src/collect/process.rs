@@ -204,7 +204,7 @@ impl ProcessTable {
         let before = gen_of(pid);
         let read = crate::procmaps::read(pid);
         let after = gen_of(pid);
-        let read_at_ns = super::session::monotonic_ns();
+        let read_at_ns = crate::kernel::monotonic_ns();
         match read {
             Ok(m) if !m.is_empty() => {
                 if !self.procs.get(&pid).is_some_and(|p| p.exited) {

@@ -143,12 +143,7 @@ pub struct Session<S: AggregateSource> {
     sure_folded: u64,
 }
 
-pub(crate) fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+use crate::kernel::monotonic_ns;
 
 /// Copies a `T` out of a ring-buffer record after checking its length.
 fn read_event<T: aya::Pod>(bytes: &[u8]) -> Option<T> {

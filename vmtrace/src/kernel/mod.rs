@@ -2,3 +2,12 @@
 pub mod btf;
 pub mod preflight;
 pub mod thp;
+
+/// CLOCK_MONOTONIC now, in ns: the kernel's clock, as `bpf_ktime_get_ns`
+/// and the Perfetto trace read it.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
