@@ -267,8 +267,11 @@ fn cargo_test_failures(c: &mut Command, extra: &[String]) -> Result<Vec<String>>
                 .strip_prefix('`')
                 .and_then(|l| l.strip_suffix('`'))
                 .or_else(|| t.split_once("to rerun pass `").and_then(|(_, r)| r.strip_suffix('`')));
-            if let Some(target) = named.filter(|n| n.starts_with("-p ")) {
-                failed.push(target.to_string());
+            // Each target is named twice (as it fails, and in the summary).
+            if let Some(target) = named.filter(|n| n.starts_with("-p ") || n.starts_with("--")) {
+                if !failed.iter().any(|f| f == target) {
+                    failed.push(target.to_string());
+                }
             }
         }
     }
