@@ -32,11 +32,11 @@ fn total(body: &str, metric: &str, with: &str) -> f64 {
         .sum()
 }
 
-#[test]
-fn serve_exposes_rising_fault_counters_with_bounded_labels() {
-    privileged!();
+/// `vmtrace serve -a --top TOP` on a free loopback port, and the address it
+/// says it serves on.
+fn serve_all(top: &str) -> (std::process::Child, String) {
     let mut vm = vmtrace()
-        .args(["serve", "--listen", "127.0.0.1:0", "-a", "--top", "3"])
+        .args(["serve", "--listen", "127.0.0.1:0", "-a", "--top", top])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -45,6 +45,13 @@ fn serve_exposes_rising_fault_counters_with_bounded_labels() {
     BufReader::new(vm.stderr.take().unwrap()).read_line(&mut line).unwrap();
     let addr =
         line.split("http://").nth(1).and_then(|r| r.split('/').next()).unwrap_or_else(|| panic!("{line}")).to_string();
+    (vm, addr)
+}
+
+#[test]
+fn serve_exposes_rising_fault_counters_with_bounded_labels() {
+    privileged!();
+    let (mut vm, addr) = serve_all("3");
     sleep(Duration::from_millis(1500));
     let first = scrape(&addr);
     for _ in 0..2 {
@@ -84,16 +91,6 @@ fn serve_refuses_a_public_address_without_the_flag() {
     );
 }
 
-/// A /proc/PID/status line's value in kB, as bytes.
-fn status_kb(pid: u32, key: &str) -> u64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_else(|e| panic!("pid {pid}: {e}"));
-    text.lines()
-        .find_map(|l| l.strip_prefix(key).and_then(|r| r.trim_start_matches(':').split_whitespace().next()))
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or_else(|| panic!("no {key} in:\n{text}"))
-        * 1024
-}
-
 /// Resident gauges per process: a program started under `serve -a` holds
 /// 128 MiB after freeing 64 more; `vmtrace_resident_bytes` (anon + file +
 /// shmem) is within 3% of the VmRSS of its /proc/PID/status, its anon series
@@ -103,16 +100,7 @@ fn serve_exports_each_processs_resident_bytes_and_peak() {
     privileged!();
     let dir = tempfile::tempdir().unwrap();
     let bin = compile_c("hold_memory.c", dir.path());
-    let mut vm = vmtrace()
-        .args(["serve", "--listen", "127.0.0.1:0", "-a", "--top", "100000"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(vm.stderr.take().unwrap()).read_line(&mut line).unwrap();
-    let addr =
-        line.split("http://").nth(1).and_then(|r| r.split('/').next()).unwrap_or_else(|| panic!("{line}")).to_string();
+    let (mut vm, addr) = serve_all("100000");
     let ready = dir.path().join("ready");
     let mut hold = Command::new(&bin).arg("128").arg(&ready).spawn().unwrap();
     let pid = hold.id();

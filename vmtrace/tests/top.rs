@@ -285,16 +285,6 @@ fn top_without_a_terminal_says_so() {
     assert!(err.contains("needs a terminal") && err.contains("--stream json"), "{err}");
 }
 
-/// A /proc/PID/status line's value in kB, as bytes.
-fn status_kb(pid: u32, key: &str) -> u64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_else(|e| panic!("pid {pid}: {e}"));
-    text.lines()
-        .find_map(|l| l.strip_prefix(key).and_then(|r| r.trim_start_matches(':').split_whitespace().next()))
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or_else(|| panic!("no {key} in:\n{text}"))
-        * 1024
-}
-
 /// "130M" → bytes (top's binary units).
 fn parse_bytes(s: &str) -> Option<f64> {
     let unit = match s.chars().last()? {

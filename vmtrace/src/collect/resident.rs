@@ -571,24 +571,13 @@ mod tests {
         for i in 0..4 {
             t.page_anon(&sample(5, 0x10_0000 + i * 4096, 1));
         }
-        let mut fork = TaskEvent {
-            hdr: EventHeader { kind: EventKind::TaskFork as u32, size: 0, ts_ns: 2 },
-            pid: 6,
-            tgid: 6,
-            ppid: 5,
-            exit_code: 0,
-            group_dead: 0,
-            gen: 0,
-            kernel_min_flt: 0,
-            kernel_maj_flt: 0,
-            comm: [0; 16],
-        };
-        t.task(&fork);
+        let mut ev = fork(6, 5);
+        t.task(&ev);
         // The child writes one page: a copy under its own stack.
         t.page_anon(&sample(6, 0x10_0000, 9));
-        fork.hdr.kind = EventKind::TaskExit as u32;
-        fork.group_dead = 1;
-        t.task(&fork);
+        ev.hdr.kind = EventKind::TaskExit as u32;
+        ev.group_dead = 1;
+        t.task(&ev);
         t.rss(&rss(EventKind::ResidentEnd, 6, 4 * 4096));
         let (procs, _, _) = t.finish(10);
         let end = procs[&6].end.as_ref().unwrap();

@@ -456,3 +456,13 @@ pub fn compile_c(name: &str, dir: &std::path::Path) -> std::path::PathBuf {
     assert!(ok.success(), "compiling {name} failed");
     bin
 }
+
+/// A /proc/PID/status line's value in kB, as bytes.
+pub fn status_kb(pid: u32, key: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_else(|e| panic!("pid {pid}: {e}"));
+    text.lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|r| r.trim_start_matches(':').split_whitespace().next()))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no {key} in:\n{text}"))
+        * 1024
+}
