@@ -94,18 +94,14 @@ fn site_bytes(summary: &serde_json::Value, pid: u64, frame: &str, shared: bool) 
         .sum()
 }
 
-/// Fork workers: a parent fills 64 MiB and forks two workers that write
-/// 16 and 24 MiB of it. Each worker's copy-on-write copies sit under its
-/// own `worker_writes`, within 5% of the Private_Dirty it read in its own
-/// smaps_rollup just before exiting; the rest of the buffer is shared with
-/// its parent (`shared_with_parent_bytes`, against its Shared_Dirty), and
-/// `private_bytes` is the rest of its end.
-#[test]
-fn fork_workers_copies_sit_under_the_workers_own_stack() {
-    privileged!();
+/// `fork_workers.c` (its folder, then `args`) recorded with a stack on 1 in
+/// `stack_sample` faults; its two workers' pids.
+fn fork_workers_run(stack_sample: &str, args: &[&str]) -> (Run, tempfile::TempDir, Vec<u64>) {
     let dir = disk_dir();
     let bin = common::compile_c("fork_workers.c", dir.path());
-    let run = record(&["--stack-sample", "1"], &[bin.to_str().unwrap(), dir.path().to_str().unwrap()]);
+    let mut argv = vec![bin.to_str().unwrap(), dir.path().to_str().unwrap()];
+    argv.extend_from_slice(args);
+    let run = record(&["--stack-sample", stack_sample], &argv);
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let parent = run.summary["target"]["pid"].as_u64().unwrap();
     let workers: Vec<u64> = run.summary["processes"]
@@ -116,6 +112,20 @@ fn fork_workers_copies_sit_under_the_workers_own_stack() {
         .map(|p| p["pid"].as_u64().unwrap())
         .collect();
     assert_eq!(workers.len(), 2, "{:#}", run.summary["processes"]);
+    (run, dir, workers)
+}
+
+/// Fork workers: a parent fills 64 MiB and forks two workers that write
+/// 16 and 24 MiB of it. Each worker's copy-on-write copies sit under its
+/// own `worker_writes`, within 5% of the Private_Dirty it read in its own
+/// smaps_rollup just before exiting; the rest of the buffer is shared with
+/// its parent (`shared_with_parent_bytes`, against its Shared_Dirty), and
+/// `private_bytes` is the rest of its end.
+#[test]
+fn fork_workers_copies_sit_under_the_workers_own_stack() {
+    privileged!();
+    let (run, dir, workers) = fork_workers_run("1", &[]);
+    let parent = run.summary["target"]["pid"].as_u64().unwrap();
     let mib = 1u64 << 20;
     let mut written = Vec::new();
     for &w in &workers {
@@ -174,19 +184,8 @@ fn site(summary: &serde_json::Value, pid: u64, frame: &str, shared: bool) -> (u6
 #[test]
 fn fork_workers_private_and_shared_with_pages_sampled_by_address() {
     privileged!();
-    let dir = disk_dir();
-    let bin = common::compile_c("fork_workers.c", dir.path());
-    let run = record(&["--stack-sample", "8"], &[bin.to_str().unwrap(), dir.path().to_str().unwrap(), "2", "nohuge"]);
-    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let (run, dir, workers) = fork_workers_run("8", &["2", "nohuge"]);
     let parent = run.summary["target"]["pid"].as_u64().unwrap();
-    let workers: Vec<u64> = run.summary["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["ppid"] == parent)
-        .map(|p| p["pid"].as_u64().unwrap())
-        .collect();
-    assert_eq!(workers.len(), 2, "{:#}", run.summary["processes"]);
     let mib = 1u64 << 20;
     let mut written = Vec::new();
     for &w in &workers {
