@@ -609,13 +609,16 @@ fn huge_pages_unused(s: &Summary, out: &mut Vec<Finding>) {
             "huge_pages_unused",
             p.pid,
             format!(
-                "{} of anonymous memory ({} regions, the largest {}) was faulted in 4 KiB pages: {faults} faults,                  {}. Transparent huge pages are `madvise` here and the program never asked for them.",
+                "{} of anonymous memory ({} regions, the largest {}) was faulted in 4 KiB pages: {faults} faults, \
+                {}. Transparent huge pages are `madvise` here and the program never asked for them.",
                 bytes(pages * PAGE),
                 big.len(),
                 bytes(largest.size()),
                 fmt_ns(time)
             ),
-            "Ask for huge pages on the large buffers: madvise(buf, len, MADV_HUGEPAGE) on a 2 MiB-aligned buffer              (posix_memalign(2 MiB) or mmap), before first touch; glibc 2.35+ malloc does it for its own mappings              with GLIBC_TUNABLES=glibc.malloc.hugetlb=1"
+            "Ask for huge pages on the large buffers: madvise(buf, len, MADV_HUGEPAGE) on a 2 MiB-aligned buffer \
+            (posix_memalign(2 MiB) or mmap), before first touch; glibc 2.35+ malloc does it for its own mappings \
+            with GLIBC_TUNABLES=glibc.malloc.hugetlb=1"
                 .into(),
         );
         ev(&mut f, "anon_bytes_touched", pages * PAGE);
@@ -625,7 +628,8 @@ fn huge_pages_unused(s: &Summary, out: &mut Vec<Finding>) {
         ev(&mut f, "largest_region_bytes", largest.size());
         ev(&mut f, "thp_anon_mode", "madvise");
         f.expected_gain = Some(format!(
-            "about {huge_faults} faults instead of {faults} (each huge fault zeroes 2 MiB, so the time falls by less),              and one TLB entry per 2 MiB instead of 512"
+            "about {huge_faults} faults instead of {faults} (each huge fault zeroes 2 MiB, so the time falls by less), \
+            and one TLB entry per 2 MiB instead of 512"
         ));
         out.push(f);
     }
