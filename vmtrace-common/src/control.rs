@@ -108,8 +108,21 @@ pub struct KernelOffsets {
     /// sets to the thread's `pthread_t` (CPython 3.10's thread states name
     /// their thread by it).
     pub task_fsbase: u32,
+    /// Resident counters, read by the `rss_stat` tp_btf program:
+    /// `task_struct.mm`, `mm_struct.rss_stat` (an array of `struct
+    /// percpu_counter` since 6.2), and in a `percpu_counter` its `count`
+    /// and its size (the array's stride). `pcpu_size` is `MISSING` where
+    /// `rss_stat` is the older `struct mm_rss_stat` (6.1): the tracepoint
+    /// then passes the count itself as its third argument.
+    pub task_mm: u32,
+    /// `mm_struct.context.ctx_id` (x86-64): an id per address space, from a
+    /// counter never reused in a boot; the resident counters' key.
+    pub mm_ctx_id: u32,
+    pub mm_rss_stat: u32,
+    pub pcpu_count: u32,
+    pub pcpu_size: u32,
 }
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 116);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 136);
 
 impl KernelOffsets {
     pub const MISSING: u32 = u32::MAX;
@@ -143,6 +156,11 @@ impl KernelOffsets {
         inode_sb: Self::MISSING,
         sb_dev: Self::MISSING,
         task_fsbase: Self::MISSING,
+        task_mm: Self::MISSING,
+        mm_ctx_id: Self::MISSING,
+        mm_rss_stat: Self::MISSING,
+        pcpu_count: Self::MISSING,
+        pcpu_size: Self::MISSING,
     };
 }
 

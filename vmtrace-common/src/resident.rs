@@ -41,8 +41,10 @@ pub struct RssMm {
     pub first_ns: u64,
     pub peak_ns: u64,
     pub end_ns: u64,
+    /// The peak when `peak_ns` was last read (once per `RSS_PEAK_TIME_STEP`).
+    pub peak_timed: u64,
 }
-const _: () = assert!(core::mem::size_of::<RssMm>() == 8 + 8 * (4 * RSS_MEMBERS + 2) + 24);
+const _: () = assert!(core::mem::size_of::<RssMm>() == 8 + 8 * (4 * RSS_MEMBERS + 2) + 32);
 
 impl RssMm {
     /// Resident bytes (file + anon + shmem; swap entries are not resident).
@@ -72,6 +74,10 @@ const _: () = assert!(core::mem::size_of::<RssEvent>() == 16 + 8 + 8 * RSS_MEMBE
 /// sixteenth (and at least this many bytes): a growing process sends a few
 /// dozen, not one per page.
 pub const RSS_PEAK_MIN_STEP: u64 = 1 << 20;
+
+/// The peak's time is read once per this much growth (not on every page of
+/// a growing process): it is the time the peak passed its last step.
+pub const RSS_PEAK_TIME_STEP: u64 = 256 << 10;
 
 /// `PageSample::flags`: served by a transparent huge page (PMD size).
 pub const PAGE_HUGE: u32 = 1;

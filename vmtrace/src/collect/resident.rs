@@ -940,8 +940,10 @@ pub(crate) fn build(
         sample_period,
         sampled_pages: counts.sampled_pages,
         live_pages_at_end: live_at_end,
+        counter_error_bytes: 0,
         estimate: format!(
-            "exact: each process's resident bytes at its end and peak, by kind (the kernel's rss_stat counters); \
+            "exact: each process's resident bytes at its end and peak, by kind (the kernel's rss_stat counters, \
+             within counter_error_bytes); \
              estimated: their split by call site, from 1 in {sample_period} pages chosen by a hash of their \
              virtual address (the same pages in a fork child as in its parent, so its copy-on-write copies are \
              seen) and every huge page, followed until given back, scaled to the exact totals; a site with n \
@@ -953,6 +955,19 @@ pub(crate) fn build(
         top_at_end: top_sites(&end, 10),
     };
     ResidentProfiles { end, peak, per_process, summary, ooms }
+}
+
+/// `ResidentSummary::counter_error_bytes` for the hook that ran: the tp_btf
+/// program reads a `percpu_counter`'s global count, which each CPU's share
+/// (under `percpu_counter_batch` = max(32, 2 × CPUs) pages) has not reached.
+fn counter_error_bytes(probes: &[crate::model::ProbeInfo]) -> u64 {
+    let btf = probes.iter().any(|p| p.what == "resident memory" && p.program_type == "tp_btf");
+    if !btf {
+        return 0;
+    }
+    // Possible CPUs: at least the online ones the batch is computed from.
+    let cpus = aya::util::nr_cpus().map_or(1, |n| n as u64);
+    cpus * (2 * cpus).max(32) * 4096
 }
 
 /// Puts the figures into the summary: `processes[].resident`, `resident`.
@@ -970,6 +985,7 @@ pub(crate) fn apply(summary: &mut crate::model::Summary, r: &ResidentProfiles, d
     }
     let d = |k: DropKind| drops.get(k as usize).copied().unwrap_or(0);
     let mut s = r.summary.clone();
+    s.counter_error_bytes = counter_error_bytes(&summary.probes);
     s.dropped_pages += d(DropKind::PageSampleRingFull);
     s.dropped_snapshots += d(DropKind::RssRingFull);
     if s.sample_period > 0 {

@@ -138,6 +138,11 @@ impl Btf {
     }
 }
 
+/// Size in bytes of `struct name`, if this kernel has it.
+pub fn struct_size(btf: &Btf, name: &str) -> Option<u32> {
+    btf.named(name).find(|t| t.kind == STRUCT && t.vlen > 0).map(|t| t.size_or_type)
+}
+
 /// Byte offset of `field` in `struct name`, looking through anonymous members.
 pub fn field_offset(btf: &Btf, name: &str, field: &str) -> Result<Option<u32>, BtfError> {
     let st = btf.named(name).find(|t| t.kind == STRUCT && t.vlen > 0).ok_or_else(|| BtfError::NoStruct(name.into()))?;
@@ -145,22 +150,46 @@ pub fn field_offset(btf: &Btf, name: &str, field: &str) -> Result<Option<u32>, B
 }
 
 fn find_member(btf: &Btf, st: &TypeRef, field: &str, base_bits: u32, depth: u32) -> Option<u32> {
+    find_member_typed(btf, st, field, base_bits, depth).map(|(off, _)| off)
+}
+
+/// (byte offset, type id) of `field`.
+fn find_member_typed(btf: &Btf, st: &TypeRef, field: &str, base_bits: u32, depth: u32) -> Option<(u32, u32)> {
     for (name_off, ty, bit_off) in btf.members(st) {
         let name = if name_off == 0 { &[][..] } else { btf.name(name_off) };
         let bits = base_bits + bit_off;
         if name == field.as_bytes() {
-            return Some(bits / 8);
+            return Some((bits / 8, ty));
         }
         if name.is_empty() && depth < 4 {
             // Anonymous struct/union: its members sit at this member's offset.
             if let Some(inner) = btf.resolve_composite(ty) {
-                if let Some(off) = find_member(btf, inner, field, bits, depth + 1) {
-                    return Some(off);
+                if let Some(found) = find_member_typed(btf, inner, field, bits, depth + 1) {
+                    return Some(found);
                 }
             }
         }
     }
     None
+}
+
+/// Byte offset of `a.b.c…` in `struct name`, through members whose types
+/// are structs (or typedefs of anonymous ones, as `mm_context_t`).
+pub fn path_offset(btf: &Btf, name: &str, path: &[&str]) -> Result<Option<u32>, BtfError> {
+    let mut st =
+        btf.named(name).find(|t| t.kind == STRUCT && t.vlen > 0).ok_or_else(|| BtfError::NoStruct(name.into()))?;
+    let mut total = 0;
+    for (i, field) in path.iter().enumerate() {
+        let Some((off, ty)) = find_member_typed(btf, st, field, 0, 0) else { return Ok(None) };
+        total += off;
+        if i + 1 < path.len() {
+            match btf.resolve_composite(ty) {
+                Some(inner) => st = inner,
+                None => return Ok(None),
+            }
+        }
+    }
+    Ok(Some(total))
 }
 
 /// Read from the file in one go and indexed ([`Btf`]); the bytes are freed
@@ -218,6 +247,18 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         ) {
             (Some(t), Some(f)) => t + f,
             _ => KernelOffsets::MISSING,
+        },
+        task_mm: o("task_struct", "mm")?,
+        // x86's per-mm id, from a counter never reused in a boot.
+        mm_ctx_id: path_offset(btf, "mm_struct", &["context", "ctx_id"])?.unwrap_or(KernelOffsets::MISSING),
+        mm_rss_stat: o("mm_struct", "rss_stat")?,
+        pcpu_count: o("percpu_counter", "count")?,
+        // Before 6.2 `rss_stat` is a `struct mm_rss_stat` of atomics, and
+        // the tracepoint carries the count (`TP_PROTO(mm, member, count)`).
+        pcpu_size: if struct_size(btf, "mm_rss_stat").is_some() {
+            KernelOffsets::MISSING
+        } else {
+            struct_size(btf, "percpu_counter").unwrap_or(KernelOffsets::MISSING)
         },
     })
 }

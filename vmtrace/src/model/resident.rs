@@ -55,6 +55,12 @@ pub struct ResidentSummary {
     pub live_pages_at_end: u64,
     /// What is exact and what is estimated, in words.
     pub estimate: String,
+    /// How far each process's figures may be from the exact sum of the
+    /// kernel's per-CPU counters: 0 when read from the classic `rss_stat`
+    /// event (the sum), else `nr_cpus × percpu_counter_batch` pages (the
+    /// counter's global count, what `get_mm_counter()` reads).
+    #[serde(default)]
+    pub counter_error_bytes: u64,
     /// Sampled pages not followed (the live set's bound, or the ring full),
     /// and peak/end snapshots missing (ring full).
     pub dropped_pages: u64,
