@@ -116,6 +116,25 @@ pub(super) struct Context<'a> {
     /// Events whose `btf_trace_*` typedef exists.
     pub tp_btf: &'a HashSet<&'static str>,
     pub force_tracepoints: bool,
+    /// The struct offsets the programs read (a tp_btf program that needs a
+    /// field this kernel lacks is not tried).
+    pub offsets: &'a vmtrace_common::KernelOffsets,
+}
+
+/// Why a tp_btf program cannot work on this kernel's structs, if it cannot.
+fn missing_fields(c: &Candidate, o: &vmtrace_common::KernelOffsets) -> Option<&'static str> {
+    use vmtrace_common::KernelOffsets as K;
+    match c.program {
+        "tp_btf_rss_stat" if o.mm_ctx_id == K::MISSING || o.task_mm == K::MISSING => {
+            Some("no mm_struct.context.ctx_id or task_struct.mm in kernel BTF (the mm's id)")
+        }
+        "tp_btf_rss_stat"
+            if o.pcpu_size != K::MISSING && (o.mm_rss_stat == K::MISSING || o.pcpu_count == K::MISSING) =>
+        {
+            Some("no mm_struct.rss_stat percpu counters in kernel BTF")
+        }
+        _ => None,
+    }
 }
 
 /// Attaches the first candidate of `hook` that the kernel takes.
@@ -150,6 +169,8 @@ pub(super) fn attach(cx: &mut Context<'_>, hook: &'static Hook) -> Result<Attach
             Refusal::NotTried("disabled by --force-tracepoints".into())
         } else if c.kind == ProgramKind::TpBtf && !cx.tp_btf.contains(c.target) {
             Refusal::NotTried(format!("no btf_trace_{} in kernel BTF", c.target))
+        } else if let Some(why) = missing_fields(c, cx.offsets) {
+            Refusal::NotTried(why.into())
         } else {
             match attach_one(cx.ebpf, cx.btf, c) {
                 Ok(()) => {

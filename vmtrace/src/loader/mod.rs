@@ -254,8 +254,13 @@ impl Probes {
             .load(crate::EBPF_OBJECT)?;
         let logger = aya_log::EbpfLogger::init(&mut ebpf).ok();
         let wanted = |h: &&Hook| opts.families.has(h.family);
-        let mut cx =
-            attach::Context { ebpf: &mut ebpf, btf: &btf, tp_btf: &tp_btf, force_tracepoints: opts.force_tracepoints };
+        let mut cx = attach::Context {
+            ebpf: &mut ebpf,
+            btf: &btf,
+            tp_btf: &tp_btf,
+            force_tracepoints: opts.force_tracepoints,
+            offsets: &offsets,
+        };
         // The memcg end marks anonymous huge faults itself (THP_FAULT_ALLOC);
         // where shmem or a tmpfs may map huge pages too, or the end is not the
         // memcg one, the `mm_page_alloc` hook does.
