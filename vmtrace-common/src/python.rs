@@ -41,8 +41,13 @@ pub struct PyProc {
     pub frame_is_entry: u32,
     /// `PY_THREAD_BY_PTHREAD`, `PY_FRAME_OBJECTS`.
     pub flags: u32,
+    /// Where a code object's stamp words start (`co_filename`; see
+    /// [`py_code_stamp`]).
+    pub code_stamp: u32,
+    /// How many words the stamp mixes (at most [`PY_STAMP_WORDS`]).
+    pub code_stamp_words: u32,
 }
-const _: () = assert!(core::mem::size_of::<PyProc>() == 56);
+const _: () = assert!(core::mem::size_of::<PyProc>() == 64);
 
 /// `native_tid` holds `pthread_self()`, not the tid (3.10): on x86-64 glibc
 /// that is the thread's FS base, which the kernel keeps in
@@ -61,10 +66,41 @@ pub const PY_FRAME_OBJECTS: u32 = 2;
 /// chunk's end fails as a whole.
 pub const PY_FRAME_READ: usize = 72;
 
-/// One Python frame: its code object and instruction pointer.
+/// One Python frame: its code object, the code object's stamp and the
+/// instruction pointer.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PyFrame {
     pub code: u64,
     pub instr: u64,
+    /// [`py_code_stamp`] of the code object as the kernel read it with the
+    /// frame; 0 where it could not be read.
+    pub stamp: u64,
+}
+
+/// Words of a code object read for its stamp: `co_filename`, `co_name`,
+/// `co_qualname`, `co_linetable` (3.11+); 3.10 has three (`co_filename`,
+/// `co_name`, `co_linetable`).
+pub const PY_STAMP_WORDS: usize = 4;
+
+/// What tells one code object from another that later took its address:
+/// its file name, name, qualified name and line table, all set when it is
+/// made and kept for its life, as pointers (strings are shared, a line
+/// table is its own). The kernel mixes them with each frame; userspace
+/// mixes the same words of the object it reads at that address, and a
+/// different stamp means the frame's code object was freed and its memory
+/// reused (a module body or class body after its import) before it was
+/// read. `n`: the words that count (`PyProc::code_stamp_words`). Never 0.
+#[inline(always)]
+pub fn py_code_stamp(words: &[u64; PY_STAMP_WORDS], n: u32) -> u64 {
+    let mut h: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut i = 0;
+    while i < PY_STAMP_WORDS {
+        if (i as u32) < n {
+            h = (h ^ words[i]).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            h ^= h >> 29;
+        }
+        i += 1;
+    }
+    h | 1
 }

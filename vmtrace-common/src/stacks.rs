@@ -112,4 +112,4 @@ pub struct UserStack {
     /// Innermost first.
     pub py: [PyFrame; PY_DEPTH],
 }
-const _: () = assert!(core::mem::size_of::<UserStack>() == 1032 + 16 + 16 * PY_DEPTH);
+const _: () = assert!(core::mem::size_of::<UserStack>() == 1032 + 16 + 24 * PY_DEPTH);

@@ -3,16 +3,17 @@
 //! `PY_PROCS`) to the thread's `PyThreadState` (matched by native thread id,
 //! or by `pthread_self()` for 3.10; remembered per thread), then up the
 //! `_PyInterpreterFrame` chain (3.10: `PyFrameObject`s). Each frame gives its
-//! code object and instruction pointer (3.10: `f_lasti`); userspace names
-//! them (docs/design.md, "Python frames").
+//! code object and instruction pointer (3.10: `f_lasti`), and the code
+//! object's stamp (`py_code_stamp`, one more read); userspace names them
+//! (docs/design.md, "Python frames").
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_probe_read_kernel, bpf_probe_read_user},
     macros::map,
     maps::{HashMap, LruHashMap},
 };
 use vmtrace_common::{
-    KernelOffsets, PyFrame, PyProc, UserStack, PY_DEPTH, PY_FRAME_OBJECTS, PY_FRAME_READ, PY_OFF_NONE,
-    PY_THREAD_BY_PTHREAD,
+    py_code_stamp, KernelOffsets, PyFrame, PyProc, UserStack, PY_DEPTH, PY_FRAME_OBJECTS, PY_FRAME_READ, PY_OFF_NONE,
+    PY_STAMP_WORDS, PY_THREAD_BY_PTHREAD,
 };
 
 /// Python processes by tgid (set by userspace once it found `_PyRuntime`).
@@ -173,14 +174,20 @@ pub fn walk(s: &mut UserStack, mut h: u64) -> u64 {
             } else {
                 word_at(&buf, p.frame_instr)
             };
+            // The code object's stamp, read now: by the time userspace reads
+            // the object at `code`, another may have taken its address.
+            // SAFETY: bpf_probe_read_user faults safely.
+            let stamp =
+                unsafe { bpf_probe_read_user((code + u64::from(p.code_stamp)) as *const [u64; PY_STAMP_WORDS]) }
+                    .map_or(0, |w| py_code_stamp(&w, p.code_stamp_words));
             if let Some(slot) = s.py.get_mut(nr & (PY_DEPTH - 1)) {
-                *slot = PyFrame { code, instr };
+                *slot = PyFrame { code, instr, stamp };
             }
             // A frame object is its own evaluation-loop call.
             if objects || (p.frame_is_entry != PY_OFF_NONE && byte_at(&buf, p.frame_is_entry) != 0) {
                 bit = 1 << (nr & 31);
             }
-            h = crate::shared::mix(h ^ code ^ instr.rotate_left(32));
+            h = crate::shared::mix(h ^ code ^ instr.rotate_left(32) ^ stamp.rotate_left(16));
             // SAFETY: as above.
             unsafe { core::ptr::write_volatile(nr_p, nr as u32 + 1) };
         }

@@ -193,3 +193,97 @@ fn python_3_12_spawned_workers_are_named() {
     privileged!();
     spawned_workers_are_named(12);
 }
+
+/// `alpha` faults (line 7), is freed, then copies of `betaa` are made until
+/// one's code object takes the freed one's address (the interpreter's own
+/// `id()` says when), and that `betaa` faults (line 18).
+const REUSE: &str = "\
+import sys, time
+A = 'def alpha():\\n    return bytearray(8 << 20)\\n'
+B = 'def betaa():\\n    return bytearray(8 << 20)\\n'
+ns = {}; exec(A, ns); f = ns.pop('alpha'); old = id(f.__code__)
+# Given time to be found, then to have its code object read while it lives.
+time.sleep(0.3)
+f()
+time.sleep(0.3)
+del f, ns
+kept = []
+for _ in range(5000):
+    ns = {}; exec(B, ns); g = ns['betaa']
+    if id(g.__code__) == old:
+        break
+    kept.append(g)
+else:
+    sys.exit('no code object took the address of the freed one')
+g()
+";
+
+/// A code object's address is taken by another once it is freed: the
+/// frames of each are named by their own code (the kernel stamps each
+/// frame's code object, `py_code_stamp`), never by the one read earlier at
+/// that address; a frame whose code object was gone before it was read is
+/// named `[python code freed]` and counted in summary.json.
+fn a_freed_code_objects_address_names_its_new_code(minor: u32) {
+    let Some(python) = pyenv_python(minor) else { return };
+    let dir = disk_dir();
+    let script = dir.path().join("reuse.py");
+    std::fs::write(&script, REUSE).unwrap();
+    let run =
+        record(&["--stacks", "user", "--stack-sample", "1"], &[python.to_str().unwrap(), script.to_str().unwrap()]);
+    assert_eq!(run.code(), Some(0), "3.{minor}: {}", run.stderr());
+    let f = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();
+    let chain = |l: &str| python_only(l);
+    let (alpha_call, betaa_call) = ("<module> (reuse.py:7)", "<module> (reuse.py:18)");
+    let misnamed: Vec<&str> = f
+        .lines()
+        .filter(|l| {
+            (chain(l).contains(betaa_call) && l.contains("alpha ("))
+                || (chain(l).contains(alpha_call) && l.contains("betaa ("))
+        })
+        .collect();
+    assert!(misnamed.is_empty(), "3.{minor}: frames named by another code object:\n{}", misnamed.join("\n"));
+    let share = |call: &str, name: &str| folded_share(&f, |l| chain(l).contains(call) && l.contains(name));
+    let st = &run.summary["stacks"];
+    eprintln!(
+        "3.{minor}: {:.1}% of fault weight named alpha, {:.1}% betaa; unnamed: faults {}, codes freed {}, unreadable {}",
+        share(alpha_call, "alpha (<string>:2)") * 100.0,
+        share(betaa_call, "betaa (<string>:2)") * 100.0,
+        st["python_unnamed_faults"],
+        st["python_codes_freed"],
+        st["python_codes_unreadable"]
+    );
+    // What could not be named is said, never left silent.
+    let unnamed = folded_share(&f, |l| l.contains("[python code freed]") || l.contains("[unknown python]"));
+    if unnamed > 0.0 {
+        assert!(u(&st["python_unnamed_faults"]) > 0, "3.{minor}: unnamed frames not counted: {st}");
+        let txt = std::fs::read_to_string(run.out.path().join("summary.txt")).unwrap();
+        assert!(txt.contains("Python frames not named"), "3.{minor}: summary.txt does not say so:\n{txt}");
+    }
+    if f.contains("[python code freed]") {
+        assert!(u(&st["python_codes_freed"]) > 0, "3.{minor}: {st}");
+    }
+}
+
+#[test]
+fn python_3_10_a_freed_code_objects_address_names_its_new_code() {
+    privileged!();
+    a_freed_code_objects_address_names_its_new_code(10);
+}
+
+#[test]
+fn python_3_11_a_freed_code_objects_address_names_its_new_code() {
+    privileged!();
+    a_freed_code_objects_address_names_its_new_code(11);
+}
+
+#[test]
+fn python_3_12_a_freed_code_objects_address_names_its_new_code() {
+    privileged!();
+    a_freed_code_objects_address_names_its_new_code(12);
+}
+
+#[test]
+fn python_3_13_a_freed_code_objects_address_names_its_new_code() {
+    privileged!();
+    a_freed_code_objects_address_names_its_new_code(13);
+}

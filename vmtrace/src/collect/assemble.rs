@@ -49,6 +49,8 @@ pub(crate) struct Inputs {
     pub unwound_samples: u64,
     /// Pythons seen without known structure offsets.
     pub python_native_only: Vec<String>,
+    /// Code objects not named: (freed before read, unreadable).
+    pub python_unnamed: (u64, u64),
     pub probes: Vec<ProbeInfo>,
     /// The kernel release.
     pub kernel: String,
@@ -163,6 +165,9 @@ pub(crate) fn assemble(mut i: Inputs) -> Finished {
         unwound_samples: i.unwound_samples,
         python_faults: i.stacks.iter().filter(|s| s.python).map(|s| s.counts.faults).sum(),
         python_pct: stacks::python_pct(&i.stacks),
+        python_unnamed_faults: i.stacks.iter().filter(|s| s.python_unnamed).map(|s| s.counts.faults).sum(),
+        python_codes_freed: i.python_unnamed.0,
+        python_codes_unreadable: i.python_unnamed.1,
         python_native_only: i.python_native_only.clone(),
         files: Vec::new(),
         ..StacksSummary::default()

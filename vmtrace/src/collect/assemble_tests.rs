@@ -111,6 +111,7 @@ fn inputs() -> Inputs {
         malformed_events: 1,
         unwound_samples: 0,
         python_native_only: Vec::new(),
+        python_unnamed: (0, 0),
         probes: Vec::new(),
         kernel: "6.1.0-test".into(),
     }

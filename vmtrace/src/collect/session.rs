@@ -815,6 +815,7 @@ impl<S: AggregateSource> Session<S> {
             malformed_events: self.malformed_events,
             unwound_samples: self.native.samples,
             python_native_only: std::mem::take(&mut self.python.unknown),
+            python_unnamed: self.python.codes.unnamed(),
             probes: self.source.probe_info(),
             kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().into(),
         });

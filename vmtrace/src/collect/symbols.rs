@@ -172,6 +172,7 @@ pub(crate) fn symbolize_counts(
             };
             let py_stack = source.python_stack(k.user_stack);
             let python = py_stack.is_some();
+            let python_unnamed = py_stack.as_ref().is_some_and(|ps| py.any_unnamed(pid, ps));
             let user = match py_stack {
                 // Python frames are named per stack: kept once each all the same.
                 Some(ps) => {
@@ -190,6 +191,7 @@ pub(crate) fn symbolize_counts(
                 stratum: k.stratum,
                 estimate: stacks::weight::Estimate::default(),
                 python,
+                python_unnamed,
                 user_missing: k.user_stack == STACK_ID_LOST,
                 user_cut,
                 leaf: (k.leaf_block != 0).then(|| {

@@ -70,6 +70,19 @@ pub struct StacksSummary {
     /// `python_faults` as a share (%) of the sampled faults with a user stack.
     #[serde(default)]
     pub python_pct: f64,
+    /// Sampled faults whose user stack has a Python frame that could not be
+    /// named: `[python code freed]` (its code object was freed, and another
+    /// took its address, before vmtrace read it) or `[unknown python]`
+    /// (unreadable: the process was gone).
+    #[serde(default)]
+    pub python_unnamed_faults: u64,
+    /// Code objects seen in stacks that were freed before they were read
+    /// (each named `[python code freed]`).
+    #[serde(default)]
+    pub python_codes_freed: u64,
+    /// Code objects seen in stacks that could not be read (`[unknown python]`).
+    #[serde(default)]
+    pub python_codes_unreadable: u64,
     /// Pythons seen whose version vmtrace has no structure offsets for:
     /// their stacks are native only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

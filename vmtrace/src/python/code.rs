@@ -5,7 +5,7 @@
 //! PEP 626 table).
 use std::{collections::HashMap, os::unix::fs::FileExt as _};
 
-use vmtrace_common::PyFrame;
+use vmtrace_common::{py_code_stamp, PyFrame, PY_STAMP_WORDS};
 
 use super::detect::{CodeLayout, Lines};
 
@@ -51,14 +51,37 @@ pub struct PyStack {
     pub ends: u32,
 }
 
-/// Code objects by (process, address).
+/// What reading a frame's code object gave.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Read {
+    Named(Code),
+    /// The object at its address was another by the time it was read (its
+    /// stamp differs): the frame's code object had been freed.
+    Freed,
+    /// Not readable: the process was gone, or the kernel could not read
+    /// the object's stamp, so what lies there could not be checked.
+    Unreadable,
+}
+
+/// The name of a frame whose code object was freed, and its memory reused,
+/// before it could be read.
+pub const FREED: &str = "[python code freed]";
+/// The name of a frame whose code object could not be read.
+pub const UNKNOWN: &str = "[unknown python]";
+
+/// Code objects by (process, address, stamp): a code object's address is
+/// taken by another once it is freed (a module's body after its import, a
+/// class body, an `exec`), so the address alone does not name it; the stamp
+/// the kernel read with the frame (`vmtrace_common::py_code_stamp`) tells
+/// which object was there.
 #[derive(Default)]
 pub struct CodeCache {
-    codes: HashMap<(u32, u64), Option<Code>>,
-    /// A process that read a code object at each address: a forked child's
-    /// frames are looked up there without a scan of every code object (a
-    /// scan per frame of every stack took minutes on a torch job's 280k).
-    by_addr: HashMap<u64, u32>,
+    codes: HashMap<(u32, u64, u64), Read>,
+    /// A process that read a code object at each (address, stamp): a forked
+    /// child's frames are looked up there without a scan of every code
+    /// object (a scan per frame of every stack took minutes on a torch
+    /// job's 280k).
+    by_addr: HashMap<(u64, u64), u32>,
     /// Layout of each Python process's code objects.
     layouts: HashMap<u32, CodeLayout>,
 }
@@ -75,11 +98,11 @@ impl CodeCache {
     /// hold other objects).
     pub fn forget(&mut self, tgid: u32) {
         self.layouts.remove(&tgid);
-        self.codes.retain(|(t, _), _| *t != tgid);
+        self.codes.retain(|(t, _, _), _| *t != tgid);
         self.by_addr.retain(|_, t| *t != tgid);
-        for ((t, a), c) in &self.codes {
-            if c.is_some() {
-                self.by_addr.entry(*a).or_insert(*t);
+        for ((t, a, st), c) in &self.codes {
+            if matches!(c, Read::Named(_)) {
+                self.by_addr.entry((*a, *st)).or_insert(*t);
             }
         }
     }
@@ -98,44 +121,60 @@ impl CodeCache {
         let Some(layout) = self.layouts.get(&stack.tgid).copied() else { return };
         let mut mem = None;
         for f in &stack.frames {
-            if f.code == 0 || self.codes.contains_key(&(stack.tgid, f.code)) {
+            let key = (stack.tgid, f.code, f.stamp);
+            if f.code == 0 || self.codes.contains_key(&key) {
+                continue;
+            }
+            if f.stamp == 0 {
+                self.codes.insert(key, Read::Unreadable);
                 continue;
             }
             if mem.is_none() {
                 mem = std::fs::File::open(format!("/proc/{}/mem", stack.tgid)).ok();
             }
-            let Some(m) = &mem else { return };
-            let code = read_code(m, f.code, &layout);
-            if code.is_some() {
-                self.by_addr.entry(f.code).or_insert(stack.tgid);
+            let read = match &mem {
+                Some(m) => read_code(m, f, &layout),
+                None => Read::Unreadable,
+            };
+            if matches!(read, Read::Named(_)) {
+                self.by_addr.entry((f.code, f.stamp)).or_insert(stack.tgid);
             }
-            self.codes.insert((stack.tgid, f.code), code);
+            self.codes.insert(key, read);
         }
     }
 
-    /// The code object at `addr` as process `tgid` (or, failing that, a
-    /// process forked with it, which shares its addresses) had it.
-    fn code(&self, tgid: u32, addr: u64) -> Option<&Code> {
-        if let Some(c) = self.codes.get(&(tgid, addr)) {
-            return c.as_ref();
+    /// What was read of `f`'s code object as process `tgid` (or, failing
+    /// that, a process forked with it, which shares its addresses) had it.
+    fn code(&self, tgid: u32, f: &PyFrame) -> Option<&Read> {
+        if let Some(c) = self.codes.get(&(tgid, f.code, f.stamp)).filter(|c| matches!(c, Read::Named(_))) {
+            return Some(c);
         }
-        let t = self.by_addr.get(&addr)?;
-        self.codes.get(&(*t, addr))?.as_ref()
+        let named = self.by_addr.get(&(f.code, f.stamp)).and_then(|t| self.codes.get(&(*t, f.code, f.stamp)));
+        named.or_else(|| self.codes.get(&(tgid, f.code, f.stamp)))
+    }
+
+    /// How many code objects seen in stacks could not be named:
+    /// `(freed, unreadable)` (see [`FREED`], [`UNKNOWN`]).
+    pub fn unnamed(&self) -> (u64, u64) {
+        let freed = self.codes.values().filter(|c| matches!(c, Read::Freed)).count();
+        let unreadable = self.codes.values().filter(|c| matches!(c, Read::Unreadable)).count();
+        (freed as u64, unreadable as u64)
     }
 
     /// `stack`'s frames as `function (file:line)`, split into the frames of
     /// each evaluation-loop call, outermost first; `tgid`: the process the
-    /// stack was counted in.
+    /// stack was counted in. A frame not named is [`FREED`] or [`UNKNOWN`].
     pub fn segments(&self, tgid: u32, stack: &PyStack) -> Vec<Vec<String>> {
         let mut segs: Vec<Vec<String>> = Vec::new();
         let mut cur: Vec<String> = Vec::new();
         for (i, f) in stack.frames.iter().enumerate().rev() {
-            let name = match self.code(tgid, f.code).or_else(|| self.code(stack.tgid, f.code)) {
-                Some(c) => match c.line(f.instr) {
+            let name = match self.code(tgid, f).or_else(|| self.code(stack.tgid, f)) {
+                Some(Read::Named(c)) => match c.line(f.instr) {
                     Some(line) => format!("{} ({}:{line})", c.name, c.file),
                     None => format!("{} ({})", c.name, c.file),
                 },
-                None => "[unknown python]".to_string(),
+                Some(Read::Freed) => FREED.to_string(),
+                Some(Read::Unreadable) | None => UNKNOWN.to_string(),
             };
             // Outermost first: a frame that ends a call (bit set) starts a segment.
             if stack.ends & (1 << (i as u32 & 31)) != 0 && !cur.is_empty() {
@@ -147,6 +186,14 @@ impl CodeCache {
             segs.push(cur);
         }
         segs
+    }
+
+    /// Whether a frame of `stack` is not named (see [`Self::segments`]).
+    pub fn any_unnamed(&self, tgid: u32, stack: &PyStack) -> bool {
+        stack
+            .frames
+            .iter()
+            .any(|f| !matches!(self.code(tgid, f).or_else(|| self.code(stack.tgid, f)), Some(Read::Named(_))))
     }
 }
 
@@ -161,15 +208,29 @@ fn u64_at(b: &[u8], off: u64) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?))
 }
 
-fn read_code(m: &std::fs::File, addr: u64, l: &CodeLayout) -> Option<Code> {
+/// Reads `f`'s code object: [`Read::Freed`] when the object now at its
+/// address has another stamp than the kernel read with the frame.
+fn read_code(m: &std::fs::File, f: &PyFrame, l: &CodeLayout) -> Read {
     // Up to the last field read (3.11+: the adaptive code, after them all).
     let fields = [l.name, l.qualname, l.filename, l.linetable].into_iter().max().unwrap_or(0) + 8;
-    let head = read_at(m, addr, fields.max(l.adaptive))?;
-    let name = read_str(m, u64_at(&head, l.qualname)?, l).or_else(|| read_str(m, u64_at(&head, l.name)?, l))?;
-    let path = read_str(m, u64_at(&head, l.filename)?, l)?;
+    let Some(head) = read_at(m, f.code, fields.max(l.adaptive)) else { return Read::Unreadable };
+    let (at, n) = l.stamp();
+    let mut words = [0u64; PY_STAMP_WORDS];
+    for (i, w) in words.iter_mut().enumerate().take(n as usize) {
+        *w = u64_at(&head, at + 8 * i as u64).unwrap_or(0);
+    }
+    if py_code_stamp(&words, n) != f.stamp {
+        return Read::Freed;
+    }
+    read_named(m, f.code, &head, l).map_or(Read::Unreadable, Read::Named)
+}
+
+fn read_named(m: &std::fs::File, addr: u64, head: &[u8], l: &CodeLayout) -> Option<Code> {
+    let name = read_str(m, u64_at(head, l.qualname)?, l).or_else(|| read_str(m, u64_at(head, l.name)?, l))?;
+    let path = read_str(m, u64_at(head, l.filename)?, l)?;
     let file = path.rsplit('/').next().unwrap_or(&path).to_string();
-    let firstlineno = i64::from(u64_at(&head, l.firstlineno)? as u32 as i32);
-    let table = u64_at(&head, l.linetable)?;
+    let firstlineno = i64::from(u64_at(head, l.firstlineno)? as u32 as i32);
+    let table = u64_at(head, l.linetable)?;
     // A bytes object: its size at 16, its bytes from 32.
     let size = u64_at(&read_at(m, table, 24)?, 16)?.min(MAX_READ);
     let linetable = read_at(m, table + 32, size)?;

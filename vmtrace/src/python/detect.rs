@@ -29,6 +29,15 @@ pub struct CodeLayout {
     pub lines: Lines,
 }
 
+impl CodeLayout {
+    /// Where the words of a code object's stamp start, and how many there
+    /// are (`vmtrace_common::py_code_stamp`): `co_filename` up to
+    /// `co_linetable`, immutable pointers, contiguous in every version here.
+    pub fn stamp(&self) -> (u64, u32) {
+        (self.filename, u32::try_from((self.linetable - self.filename) / 8 + 1).unwrap_or(0))
+    }
+}
+
 /// What a frame's instruction value is, and which line table its code has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lines {
@@ -79,6 +88,8 @@ pub fn layout(version: (u8, u8), runtime: u64) -> Option<(PyProc, CodeLayout)> {
         frame_owner: t[9],
         frame_is_entry: t[10],
         flags: if version == (3, 10) { PY_THREAD_BY_PTHREAD | PY_FRAME_OBJECTS } else { 0 },
+        code_stamp: u32::try_from(c[2]).ok()?,
+        code_stamp_words: u32::try_from((c[4] - c[2]) / 8 + 1).ok()?,
     };
     let code = CodeLayout {
         name: c[0],
@@ -151,8 +162,12 @@ impl Detector {
                 // The interpreter's own description wins over the table; a
                 // free-threaded build (other layouts) or a missing one has none.
                 match debug.as_deref().and_then(|d| from_debug_offsets(d, version)) {
-                    Some(p) => proc = PyProc { runtime: proc.runtime, ..p },
-                    None => return unknown(),
+                    Some(p) if (p.code_stamp, p.code_stamp_words) == (proc.code_stamp, proc.code_stamp_words) => {
+                        proc = PyProc { runtime: proc.runtime, ..p };
+                    }
+                    // (Code objects read with another layout than the table's
+                    // would never agree with their stamps.)
+                    Some(_) | None => return unknown(),
                 }
             }
             return Detected::Known(Found { version, proc, code });
@@ -176,6 +191,12 @@ fn from_debug_offsets(d: &[u64], version: (u8, u8)) -> Option<PyProc> {
         return None;
     }
     let w = |i: usize| u32::try_from(d[i]).ok();
+    // The code object's `co_filename`, `co_name`, `co_qualname`,
+    // `co_linetable`: the stamp's words, one after the other.
+    let (file, last) = (w(35)?, w(38)?);
+    if (w(36)?, w(37)?) != (file + 8, file + 16) || last != file + 24 {
+        return None;
+    }
     Some(PyProc {
         runtime: 0,
         interp_head: w(5)?,
@@ -190,6 +211,8 @@ fn from_debug_offsets(d: &[u64], version: (u8, u8)) -> Option<PyProc> {
         frame_owner: w(33)?,
         frame_is_entry: PY_OFF_NONE,
         flags: 0,
+        code_stamp: file,
+        code_stamp_words: 4,
     })
 }
 

@@ -4,7 +4,7 @@
 //! an installed version with no row (3.9) is detected as unknown.
 use std::os::unix::fs::FileExt as _;
 
-use vmtrace_common::{PyFrame, PY_FRAME_OBJECTS, PY_OFF_NONE, PY_THREAD_BY_PTHREAD};
+use vmtrace_common::{py_code_stamp, PyFrame, PY_FRAME_OBJECTS, PY_OFF_NONE, PY_STAMP_WORDS, PY_THREAD_BY_PTHREAD};
 
 use super::{
     detect::{Detected, Detector},
@@ -65,18 +65,29 @@ fn walk_live(minor: u32) {
         if p.frame_owner == PY_OFF_NONE || byte(&m, f + u64::from(p.frame_owner)) != 3 {
             let instr = word(&m, f + u64::from(p.frame_instr));
             let instr = if p.flags & PY_FRAME_OBJECTS != 0 { instr & 0xffff_ffff } else { instr };
-            frames.push(PyFrame { code: word(&m, f + u64::from(p.frame_code)), instr });
+            let code = word(&m, f + u64::from(p.frame_code));
+            let words: [u64; PY_STAMP_WORDS] =
+                std::array::from_fn(|i| word(&m, code + u64::from(p.code_stamp) + 8 * i as u64));
+            frames.push(PyFrame { code, instr, stamp: py_code_stamp(&words, p.code_stamp_words) });
         }
         f = word(&m, f + u64::from(p.frame_previous));
     }
+    // The same frames as if their code objects had been other ones (another
+    // stamp at the same addresses): what lies there now does not name them.
+    let other: Vec<PyFrame> = frames.iter().map(|f| PyFrame { stamp: f.stamp ^ 2, ..*f }).collect();
     let stack = PyStack { tgid: pid, frames, ends: 0 };
+    let freed = PyStack { tgid: pid, frames: other, ends: 0 };
     let mut codes = CodeCache::default();
     codes.set_layout(pid, found.code);
     codes.resolve(&stack);
+    codes.resolve(&freed);
     let _ = child.kill();
     let _ = child.wait();
     let names: Vec<String> = codes.segments(pid, &stack).concat();
     assert_eq!(names, ["<module> (<string>:10)", "outer (<string>:8)", "sleeper (<string>:5)"], "3.{minor}");
+    assert_eq!(codes.segments(pid, &freed).concat(), [super::code::FREED; 3], "3.{minor}");
+    assert_eq!(codes.unnamed(), (3, 0), "3.{minor}");
+    assert!(codes.any_unnamed(pid, &freed) && !codes.any_unnamed(pid, &stack), "3.{minor}");
 }
 
 #[test]

@@ -371,6 +371,9 @@ fn stacks_section(out: &mut String, s: &Summary) {
     if st.lost > 0 {
         let _ = writeln!(out, "  {}", lost_line(st));
     }
+    if st.python_unnamed_faults > 0 {
+        let _ = writeln!(out, "  {}", python_unnamed_line(st));
+    }
     // Both are what code built without frame pointers does to a walk: the
     // chain ends at once (shallow), or runs into data (broken, then cut).
     if st.broken_chain_pct >= 1.0 || st.shallow_user_stacks_pct > 50.0 {
@@ -386,6 +389,31 @@ fn stacks_section(out: &mut String, s: &Summary) {
         }
     }
     native_stacks_line(out, st);
+}
+
+/// Python frames that could not be named, and why.
+fn python_unnamed_line(st: &crate::model::StacksSummary) -> String {
+    let mut why = Vec::new();
+    if st.python_codes_freed > 0 {
+        why.push(format!(
+            "{} code objects freed before they were read, their address taken by another ({})",
+            st.python_codes_freed,
+            crate::python::code::FREED
+        ));
+    }
+    if st.python_codes_unreadable > 0 {
+        why.push(format!(
+            "{} code objects not readable: the process was gone, or the kernel could not read them ({})",
+            st.python_codes_unreadable,
+            crate::python::code::UNKNOWN
+        ));
+    }
+    format!(
+        "Python frames not named in stacks of {} sampled faults ({:.2}%): {}",
+        st.python_unnamed_faults,
+        st.python_unnamed_faults as f64 * 100.0 / st.sampled_faults.max(1) as f64,
+        why.join("; ")
+    )
 }
 
 /// What stacks were lost and why (their faults are counted all the same).

@@ -117,7 +117,7 @@ mod tests {
         let c = StackCounts { faults: 3, major: 1, time_ns: 30, timed: 3 };
         d.add_counts(key(0x4000_0001), &c);
         d.add_counts(key(0x4000_0001), &c);
-        let py = PyStack { tgid: 7, frames: vec![PyFrame { code: 1, instr: 2 }], ends: 1 };
+        let py = PyStack { tgid: 7, frames: vec![PyFrame { code: 1, instr: 2, stamp: 3 }], ends: 1 };
         assert!(d.add_stack(0x4000_0001, 99, &[1, 2, 3], Some(&py)));
         // Drained again after being walked again: same hash, same stack.
         assert!(d.add_stack(0x4000_0001, 99, &[1, 2, 3], Some(&py)));

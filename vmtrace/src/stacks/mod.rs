@@ -49,6 +49,7 @@ pub type Frames = std::sync::Arc<[Frame]>;
 
 /// One aggregated stack, symbolized: frames outermost first.
 #[derive(Clone, Debug, Default, PartialEq)]
+#[allow(clippy::struct_excessive_bools, reason = "independent facts about one stack, each read on its own")]
 pub struct Stack {
     pub pid: u32,
     pub comm: String,
@@ -72,6 +73,8 @@ pub struct Stack {
     pub estimate: weight::Estimate,
     /// Python frames were spliced into `user`.
     pub python: bool,
+    /// One of them could not be named (`python::code::FREED`, `UNKNOWN`).
+    pub python_unnamed: bool,
 }
 
 /// The leaf frame naming the region that holds `addr`: in the last map read
