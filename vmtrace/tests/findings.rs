@@ -27,6 +27,28 @@ fn rusage_line(run: &Run) -> (u64, u64) {
     (v[0], v[1])
 }
 
+/// The heap-trim fixture's own count of frees (or malloc_trim calls) across
+/// which its break moved down ("trims N").
+fn trims_line(run: &Run) -> u64 {
+    let out = String::from_utf8_lossy(&run.output.stdout);
+    let line = out.lines().find_map(|l| l.strip_prefix("trims ")).unwrap_or_else(|| panic!("no trims line: {out}"));
+    line.trim().parse().unwrap()
+}
+
+/// vmtrace's heap trims of `pid` against the program's own count: equal,
+/// unless mapping-change events were dropped (then no more than it).
+fn check_trims(run: &Run, pid: u32, own: u64) -> u64 {
+    let m = &run.process(pid)["mmap"];
+    let shrinks = u(&m["brk_shrinks"]);
+    if u(&run.summary["drops"]["mm"]) == 0 {
+        assert_eq!(shrinks, own, "brk shrinks: vmtrace {shrinks}, the program saw {own}: {m:#}");
+    } else {
+        assert!(shrinks <= own, "brk shrinks: vmtrace {shrinks}, the program saw {own}: {m:#}");
+    }
+    assert!(u(&m["brk"]) > shrinks, "the heap grew with brk too: {m:#}");
+    shrinks
+}
+
 fn summary_txt(run: &Run) -> String {
     std::fs::read_to_string(run.out.path().join("summary.txt")).unwrap()
 }
@@ -54,7 +76,10 @@ fn heap_trim_fires_and_the_suggested_env_removes_it() {
     assert!(heap * 10 >= ours * 9 && heap <= ours, "heap {heap} of the process's {ours}");
     assert!(u(&f["evidence"]["heap_pages_touched"]) * 8 <= heap, "{f:#}");
     assert_eq!(f["evidence"]["brk_calls"], p["mmap"]["brk"]);
-    assert!(u(&f["evidence"]["brk_calls"]) >= 400, "a trim (brk) each of 400 rounds at least: {f:#}");
+    // glibc trims once a round, as the last free joins the top (400 rounds).
+    let own = trims_line(&run);
+    assert!(own >= 400, "the program saw {own} trims");
+    assert_eq!(u(&f["evidence"]["heap_trims"]), check_trims(&run, pid, own), "{f:#}");
     let txt = summary_txt(&run);
     assert!(txt.starts_with("Findings (") && txt.contains("[heap_trim_refault]"), "{txt}");
     // Then the top code locations: the fixture's own function, not memset's or malloc's.
@@ -85,6 +110,29 @@ fn heap_trim_fires_and_the_suggested_env_removes_it() {
         minor + major
     );
     assert!(of_kind(&fixed, "heap_trim_refault").is_empty(), "{:#?}", findings(&fixed));
+    // The threshold raised, free never trims: no brk moved the break down.
+    let pid2 = u32::try_from(fixed.summary["target"]["pid"].as_u64().unwrap()).unwrap();
+    assert_eq!(trims_line(&fixed), 0);
+    check_trims(&fixed, pid2, 0);
+}
+
+/// Heap trims are the brk calls that move the break down, not every brk:
+/// with glibc's trim threshold raised, free gives nothing back, and an
+/// explicit malloc_trim(0) after each of 100 rounds trims exactly once each
+/// (the program watches its own break across each call), while the heap's
+/// growth takes over a thousand brk calls.
+#[test]
+fn brk_shrinks_are_the_trims_malloc_trim_makes() {
+    privileged!();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = compile_c("heap_trim.c", dir.path());
+    let run = record(&[], &["env", "MALLOC_TRIM_THRESHOLD_=1073741824", bin.to_str().unwrap(), "100", "malloc_trim"]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let pid = u32::try_from(run.summary["target"]["pid"].as_u64().unwrap()).unwrap();
+    let own = trims_line(&run);
+    assert_eq!(own, 100, "malloc_trim(0) gives the free top back each round");
+    check_trims(&run, pid, own);
+    assert!(u(&run.process(pid)["mmap"]["brk"]) >= 1_000, "{:#}", run.process(pid)["mmap"]);
 }
 
 /// A list of 400,000 small objects walked by two forked workers (each read
