@@ -350,3 +350,105 @@ fn a_large_buffer_in_4k_pages_fires_where_thp_is_madvise_and_madv_hugepage_fixes
         );
     }
 }
+
+/// A line "KEY N M…" of a fixture's stdout, as numbers.
+fn stdout_numbers(run: &Run, key: &str) -> Vec<u64> {
+    let out = String::from_utf8_lossy(&run.output.stdout);
+    let line = out.lines().find_map(|l| l.strip_prefix(key)).unwrap_or_else(|| panic!("no {key} line: {out}"));
+    line.split_whitespace().map(|x| x.parse().unwrap()).collect()
+}
+
+/// Code evicted and read back: a 64 KiB file of `ret` instructions mapped
+/// executable, its pages called into 200 times with the page cache dropped
+/// before each round (as memory pressure drops a hot library's pages), takes
+/// a major fault a round: more majors than pages, the finding, with the
+/// majors the program counted itself (getrusage). The same rounds without
+/// eviction read the file once: silent.
+#[test]
+fn code_read_back_after_eviction_fires_and_code_kept_cached_stays_silent() {
+    privileged!();
+    let dir = disk_dir();
+    let bin = compile_c("code_evicted.c", dir.path());
+    let code = dir.path().join("code.bin");
+    std::fs::write(&code, vec![0xc3u8; 64 << 10]).unwrap();
+    // Written back before the program drops it: dirty pages cannot be dropped.
+    std::fs::File::open(&code).unwrap().sync_all().unwrap();
+    let (bin, path) = (bin.to_str().unwrap(), code.to_str().unwrap());
+    let run = record(&[], &[bin, path, "200"]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let pid = u32::try_from(run.summary["target"]["pid"].as_u64().unwrap()).unwrap();
+    let own = stdout_numbers(&run, "majflt ");
+    let (rounds_majors, all_majors) = (own[0], own[1]);
+    // The precondition: the evictions took (each round read the file again).
+    assert!(
+        rounds_majors >= 100,
+        "posix_fadvise(DONTNEED) dropped too little: {own:?}, {}",
+        stdout_numbers(&run, "cached_after_evict ")[0]
+    );
+    let found = of_kind(&run, "code_major_faults");
+    assert_eq!(found.len(), 1, "{:#?}", findings(&run));
+    let f = found[0];
+    assert_eq!(f["pid"], pid);
+    assert_eq!(f["evidence"]["top_file"], path, "{f:#}");
+    let (file_majors, code_majors) = (u(&f["evidence"]["top_file_majors"]), u(&f["evidence"]["code_major_faults"]));
+    // Every major of the rounds is on the file, and none beyond the process's own count.
+    assert!(
+        file_majors * 10 >= rounds_majors * 9 && code_majors <= all_majors,
+        "vmtrace: {file_majors} majors on the file, {code_majors} on code; getrusage: {rounds_majors} in the rounds, {all_majors} in all"
+    );
+    assert!(code_majors > u(&f["evidence"]["code_pages_touched"]), "read back: more majors than pages: {f:#}");
+    assert!(f["fix"].as_str().unwrap().contains("memory.low"), "{f:#}");
+    // No read-ahead advice for code: the file is not a cold data file.
+    assert!(of_kind(&run, "cold_file_random_reads").is_empty(), "{:#?}", findings(&run));
+
+    let kept = record(&[], &[bin, path, "200", "keep"]);
+    assert_eq!(kept.code(), Some(0), "{}", kept.stderr());
+    assert!(stdout_numbers(&kept, "majflt ")[0] <= 2, "kept cached: the file is read once");
+    assert!(of_kind(&kept, "code_major_faults").is_empty(), "{:#?}", findings(&kept));
+}
+
+/// One call site holding 1,280 MiB (malloc'd and written, never freed): the
+/// finding, with the site's bytes at the peak between 90% of what the
+/// kernel reported resident for the process at its end (its own VmHWM,
+/// nothing freed) and the kernel's peak. The same 1,280 MiB from two call
+/// sites of 640 MiB each: silent.
+#[test]
+fn one_call_site_holding_most_memory_fires_and_two_halves_stay_silent() {
+    privileged!();
+    let dir = disk_dir();
+    let bin = compile_c("resident_one_site.c", dir.path());
+    let (bin, d) = (bin.to_str().unwrap(), dir.path().to_str().unwrap());
+    let run = record(&["--stack-sample", "16"], &[bin, d, "one", "1280"]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let pid = u32::try_from(run.summary["target"]["pid"].as_u64().unwrap()).unwrap();
+    let own = std::fs::read_to_string(dir.path().join("status.txt")).expect("the workload's status.txt");
+    let hwm = own
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no VmHWM in {own}"))
+        * 1024;
+    let peak = u(&run.process(pid)["resident"]["peak_bytes"]);
+    assert_close("the kernel's peak (rss_stat) against VmHWM", peak, hwm, 2.0);
+    let found = of_kind(&run, "resident_site_dominant");
+    assert_eq!(found.len(), 1, "{:#?}", findings(&run));
+    let f = found[0];
+    assert_eq!(f["pid"], pid);
+    let site = u(&f["evidence"]["site_bytes"]);
+    assert!(site * 10 >= hwm * 9 && site <= peak, "site {site} bytes, VmHWM {hwm}, the kernel's peak {peak}");
+    assert_eq!(u(&f["evidence"]["peak_bytes"]), peak);
+    assert!(f["site"].as_str().unwrap_or("").contains("hold_all"), "{f:#}");
+
+    let halves = record(&["--stack-sample", "16"], &[bin, d, "two", "1280"]);
+    assert_eq!(halves.code(), Some(0), "{}", halves.stderr());
+    assert!(of_kind(&halves, "resident_site_dominant").is_empty(), "{:#?}", findings(&halves));
+    // Both halves are seen: the silence is the rule's, not a lost site.
+    let pid = halves.summary["target"]["pid"].as_u64().unwrap();
+    let sites: Vec<&Value> = halves.summary["resident"]["top_at_peak"]
+        .as_array()
+        .expect("resident.top_at_peak")
+        .iter()
+        .filter(|s| s["pid"] == pid && u(&s["bytes"]) >= 512 << 20)
+        .collect();
+    assert_eq!(sites.len(), 2, "{:#}", halves.summary["resident"]["top_at_peak"]);
+}

@@ -498,6 +498,15 @@ fn cold_files(s: &Summary, out: &mut Vec<Finding>) {
         if majors < FILE_MIN_MAJORS || (majors as f64) < FILE_MIN_MAJOR_SHARE * file.faults.total as f64 {
             continue;
         }
+        // A file mapped executable is a program or a library the loader
+        // mapped, not data the program reads: its majors are
+        // `code_major_faults`' (and read-ahead advice does not apply).
+        let code = s.regions.iter().flatten().any(|r| {
+            r.path.as_deref() == Some(file.path.as_str()) && r.kind == RegionKind::File && r.perms.contains('x')
+        });
+        if code {
+            continue;
+        }
         // The process with most of its majors.
         let pid = s
             .regions

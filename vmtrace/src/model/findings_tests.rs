@@ -326,6 +326,16 @@ fn sequential_and_warm_reads_are_silent() {
     assert!(kinds(&file_summary(file(4_000, 999, 32_000, 31_000, 128 << 20))).is_empty());
 }
 
+/// A library read cold at random (its text mapped executable, its data
+/// read-only) is code: no read-ahead advice for it.
+#[test]
+fn a_file_mapped_executable_is_no_cold_data_file() {
+    let mut s = file_summary(file(16_384, 16_384, 16_384, 0, 64 << 20));
+    let text = region(100, RegionKind::File, "r-xp", Some("/data/ckpt.bin"), faults(10, 0, 10), 10);
+    s.regions.as_mut().unwrap().push(text);
+    assert!(!kinds(&s).contains(&"cold_file_random_reads".to_string()), "{:#?}", diagnose(&s));
+}
+
 #[test]
 fn code_majors_fire_on_executable_mappings_only() {
     let mut p = process(100, 1, "server", 10_000);
