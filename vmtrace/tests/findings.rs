@@ -452,3 +452,42 @@ fn one_call_site_holding_most_memory_fires_and_two_halves_stay_silent() {
         .collect();
     assert_eq!(sites.len(), 2, "{:#}", halves.summary["resident"]["top_at_peak"]);
 }
+
+/// A stripped program's code locations are offsets in its file, and say
+/// so: the row is the frame the folded files and pprof show
+/// (`heap_trim+0x…`), marked "(no symbols)", with the object's path and how
+/// to get symbols. The same binary with its debug file beside it (a
+/// .gnu_debuglink, as distro -dbgsym packages use) names the function.
+#[test]
+fn a_stripped_programs_locations_name_the_object_and_how_to_get_symbols() {
+    privileged!();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = compile_c("heap_trim.c", dir.path());
+    let run_tool = |args: &[&str]| {
+        let ok = std::process::Command::new(args[0]).args(&args[1..]).current_dir(dir.path()).status();
+        assert!(ok.is_ok_and(|s| s.success()), "{args:?} (binutils)");
+    };
+    run_tool(&["objcopy", "--only-keep-debug", "heap_trim", "heap_trim.debug"]);
+    run_tool(&["strip", "heap_trim"]);
+    let bin = bin.to_str().unwrap();
+    let stripped = record(&[], &[bin, "50"]);
+    assert_eq!(stripped.code(), Some(0), "{}", stripped.stderr());
+    let top = &stripped.summary["code_locations"]["by_faults"][0];
+    let location = top["location"].as_str().unwrap();
+    assert!(location.starts_with("heap_trim+0x"), "{top:#}");
+    assert_eq!(top["no_symbols"], bin, "{top:#}");
+    let folded = std::fs::read_to_string(stripped.out.path().join("faults.folded")).unwrap();
+    assert!(folded.lines().any(|l| l.contains(&format!(";{location};"))), "the folded file's frame: {folded}");
+    let txt = summary_txt(&stripped);
+    assert!(txt.contains(&format!("{location} (no symbols)")), "{txt}");
+    assert!(txt.contains(&format!("no symbols: {bin} has no symbols")) && txt.contains("-dbgsym"), "{txt}");
+    let html = std::fs::read_to_string(stripped.out.path().join("report.html")).unwrap();
+    assert!(html.contains("(no symbols)") && html.contains("No symbols: "), "report.html says it too");
+
+    run_tool(&["objcopy", "--add-gnu-debuglink=heap_trim.debug", "heap_trim"]);
+    let linked = record(&[], &[bin, "50"]);
+    assert_eq!(linked.code(), Some(0), "{}", linked.stderr());
+    let top = &linked.summary["code_locations"]["by_faults"][0];
+    assert_eq!(top["location"], "fill_round", "{top:#}");
+    assert!(top.get("no_symbols").is_none(), "{top:#}");
+}
