@@ -303,7 +303,7 @@ fn file_summary(f: FileSummary) -> Summary {
 
 #[test]
 fn a_cold_random_read_fires_with_the_majors_it_could_save() {
-    // The demo's ckpt-mmap-random-cold: 16,384 majors, 16,384 pages added.
+    // A cold read of every 4th page of 256 MiB with MADV_RANDOM: 16,384 majors, 16,384 pages added.
     let s = file_summary(file(16_384, 16_384, 16_384, 0, 64 << 20));
     let f = diagnose(&s);
     assert_eq!(f.len(), 1, "{f:#?}");
