@@ -281,6 +281,13 @@ pub enum WorkloadCmd {
         #[arg(long, default_value_t = 64)]
         kib: usize,
     },
+    /// glibc's heap trimmed and faulted in again: ROUNDS times, 32 blocks of
+    /// 96 KiB malloc'd, written and freed (glibc gives the heap top back with
+    /// brk each round unless MALLOC_TRIM_THRESHOLD_ is raised).
+    HeapTrim {
+        #[arg(long, default_value_t = 100)]
+        rounds: usize,
+    },
     /// read(2) a file into a fresh buffer.
     ReadFile {
         path: PathBuf,

@@ -137,6 +137,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                     workload::churn(threads, iterations, madvise, kib << 10)
                 }
                 WorkloadCmd::Fork { children, mib, exit } => workload::fork_children(children, mib, exit),
+                WorkloadCmd::HeapTrim { rounds } => workload::heap_trim(rounds),
             };
             r.map_err(anyhow::Error::msg)?;
             Ok(0)

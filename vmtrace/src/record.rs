@@ -142,7 +142,11 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
 fn derive_and_fold(summary: &mut Summary, stacks: &[Stack], resident_peak: Option<&[Stack]>, fold_below: f64) {
     summary.thp_anon_mode = crate::kernel::thp::anon_mode();
     if summary.stacks.is_some() {
-        summary.code_locations = Some(crate::stacks::locations::code_locations(stacks, resident_peak));
+        let mut l = crate::stacks::locations::code_locations(stacks, resident_peak);
+        let paths: Vec<&str> =
+            summary.regions.iter().flatten().filter_map(|r| r.path.as_deref()).filter(|p| p.starts_with('/')).collect();
+        l.name_objects(&paths);
+        summary.code_locations = Some(l);
     }
     summary.findings = Some(crate::model::findings::diagnose(summary));
     crate::model::fold(summary, fold_below);

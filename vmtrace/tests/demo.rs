@@ -68,14 +68,24 @@ fn demo_runs_every_scenario_and_reports_what_it_shows() {
     assert_eq!(kinds("ckpt-mmap-random-cold"), ["cold_file_random_reads"]);
     assert!(kinds("cow-refcount").iter().filter(|k| *k == "fork_cow").count() == 2, "{:?}", kinds("cow-refcount"));
     assert_eq!(kinds("oom-64mib-cgroup"), ["oom_kill"]);
-    for quiet in ["first-touch-4k", "ckpt-mmap-warm", "cow-flat"] {
+    // The heap trim: the finding with glibc's defaults, and its fix (the
+    // trim threshold raised) takes far fewer faults by the workload's own count.
+    assert_eq!(kinds("heap-trim-default"), ["heap_trim_refault"]);
+    let (trimmed, kept) = (find(&rows, "heap-trim-default"), find(&rows, "heap-trim-kept"));
+    assert!(
+        u(&kept["getrusage_faults"]) * 4 < u(&trimmed["getrusage_faults"]),
+        "getrusage: {kept} with the threshold raised, {trimmed} without"
+    );
+    for quiet in ["first-touch-4k", "ckpt-mmap-warm", "cow-flat", "heap-trim-kept"] {
         assert!(kinds(quiet).is_empty(), "{quiet}: {:?}", kinds(quiet));
     }
     let churn_storms = u(&find(&rows, "churn-2-threads")["storms"]) > 0;
     assert_eq!(kinds("churn-2-threads").contains(&"shootdown_storm".to_string()), churn_storms);
     let text = std::fs::read_to_string(out.join("demo.txt")).unwrap();
     assert!(
-        text.contains("What vmtrace diagnosed in each experiment") && text.contains("[cold_file_random_reads]"),
+        text.contains("What vmtrace diagnosed in each experiment")
+            && text.contains("[cold_file_random_reads]")
+            && text.contains("[heap_trim_refault]"),
         "{text}"
     );
     for r in &rows {

@@ -27,6 +27,28 @@ fn rusage_line(run: &Run) -> (u64, u64) {
     (v[0], v[1])
 }
 
+/// The heap-trim fixture's own count of frees (or malloc_trim calls) across
+/// which its break moved down ("trims N").
+fn trims_line(run: &Run) -> u64 {
+    let out = String::from_utf8_lossy(&run.output.stdout);
+    let line = out.lines().find_map(|l| l.strip_prefix("trims ")).unwrap_or_else(|| panic!("no trims line: {out}"));
+    line.trim().parse().unwrap()
+}
+
+/// vmtrace's heap trims of `pid` against the program's own count: equal,
+/// unless mapping-change events were dropped (then no more than it).
+fn check_trims(run: &Run, pid: u32, own: u64) -> u64 {
+    let m = &run.process(pid)["mmap"];
+    let shrinks = u(&m["brk_shrinks"]);
+    if u(&run.summary["drops"]["mm"]) == 0 {
+        assert_eq!(shrinks, own, "brk shrinks: vmtrace {shrinks}, the program saw {own}: {m:#}");
+    } else {
+        assert!(shrinks <= own, "brk shrinks: vmtrace {shrinks}, the program saw {own}: {m:#}");
+    }
+    assert!(u(&m["brk"]) > shrinks, "the heap grew with brk too: {m:#}");
+    shrinks
+}
+
 fn summary_txt(run: &Run) -> String {
     std::fs::read_to_string(run.out.path().join("summary.txt")).unwrap()
 }
@@ -54,7 +76,10 @@ fn heap_trim_fires_and_the_suggested_env_removes_it() {
     assert!(heap * 10 >= ours * 9 && heap <= ours, "heap {heap} of the process's {ours}");
     assert!(u(&f["evidence"]["heap_pages_touched"]) * 8 <= heap, "{f:#}");
     assert_eq!(f["evidence"]["brk_calls"], p["mmap"]["brk"]);
-    assert!(u(&f["evidence"]["brk_calls"]) >= 400, "a trim (brk) each of 400 rounds at least: {f:#}");
+    // glibc trims once a round, as the last free joins the top (400 rounds).
+    let own = trims_line(&run);
+    assert!(own >= 400, "the program saw {own} trims");
+    assert_eq!(u(&f["evidence"]["heap_trims"]), check_trims(&run, pid, own), "{f:#}");
     let txt = summary_txt(&run);
     assert!(txt.starts_with("Findings (") && txt.contains("[heap_trim_refault]"), "{txt}");
     // Then the top code locations: the fixture's own function, not memset's or malloc's.
@@ -85,6 +110,29 @@ fn heap_trim_fires_and_the_suggested_env_removes_it() {
         minor + major
     );
     assert!(of_kind(&fixed, "heap_trim_refault").is_empty(), "{:#?}", findings(&fixed));
+    // The threshold raised, free never trims: no brk moved the break down.
+    let pid2 = u32::try_from(fixed.summary["target"]["pid"].as_u64().unwrap()).unwrap();
+    assert_eq!(trims_line(&fixed), 0);
+    check_trims(&fixed, pid2, 0);
+}
+
+/// Heap trims are the brk calls that move the break down, not every brk:
+/// with glibc's trim threshold raised, free gives nothing back, and an
+/// explicit malloc_trim(0) after each of 100 rounds trims exactly once each
+/// (the program watches its own break across each call), while the heap's
+/// growth takes over a thousand brk calls.
+#[test]
+fn brk_shrinks_are_the_trims_malloc_trim_makes() {
+    privileged!();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = compile_c("heap_trim.c", dir.path());
+    let run = record(&[], &["env", "MALLOC_TRIM_THRESHOLD_=1073741824", bin.to_str().unwrap(), "100", "malloc_trim"]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let pid = u32::try_from(run.summary["target"]["pid"].as_u64().unwrap()).unwrap();
+    let own = trims_line(&run);
+    assert_eq!(own, 100, "malloc_trim(0) gives the free top back each round");
+    check_trims(&run, pid, own);
+    assert!(u(&run.process(pid)["mmap"]["brk"]) >= 1_000, "{:#}", run.process(pid)["mmap"]);
 }
 
 /// A list of 400,000 small objects walked by two forked workers (each read
@@ -301,4 +349,145 @@ fn a_large_buffer_in_4k_pages_fires_where_thp_is_madvise_and_madv_hugepage_fixes
             minor + major
         );
     }
+}
+
+/// A line "KEY N M…" of a fixture's stdout, as numbers.
+fn stdout_numbers(run: &Run, key: &str) -> Vec<u64> {
+    let out = String::from_utf8_lossy(&run.output.stdout);
+    let line = out.lines().find_map(|l| l.strip_prefix(key)).unwrap_or_else(|| panic!("no {key} line: {out}"));
+    line.split_whitespace().map(|x| x.parse().unwrap()).collect()
+}
+
+/// Code evicted and read back: a 64 KiB file of `ret` instructions mapped
+/// executable, its pages called into 200 times with the page cache dropped
+/// before each round (as memory pressure drops a hot library's pages), takes
+/// a major fault a round: more majors than pages, the finding, with the
+/// majors the program counted itself (getrusage). The same rounds without
+/// eviction read the file once: silent.
+#[test]
+fn code_read_back_after_eviction_fires_and_code_kept_cached_stays_silent() {
+    privileged!();
+    let dir = disk_dir();
+    let bin = compile_c("code_evicted.c", dir.path());
+    let code = dir.path().join("code.bin");
+    std::fs::write(&code, vec![0xc3u8; 64 << 10]).unwrap();
+    // Written back before the program drops it: dirty pages cannot be dropped.
+    std::fs::File::open(&code).unwrap().sync_all().unwrap();
+    let (bin, path) = (bin.to_str().unwrap(), code.to_str().unwrap());
+    let run = record(&[], &[bin, path, "200"]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let pid = u32::try_from(run.summary["target"]["pid"].as_u64().unwrap()).unwrap();
+    let own = stdout_numbers(&run, "majflt ");
+    let (rounds_majors, all_majors) = (own[0], own[1]);
+    // The precondition: the evictions took (each round read the file again).
+    assert!(
+        rounds_majors >= 100,
+        "posix_fadvise(DONTNEED) dropped too little: {own:?}, {}",
+        stdout_numbers(&run, "cached_after_evict ")[0]
+    );
+    let found = of_kind(&run, "code_major_faults");
+    assert_eq!(found.len(), 1, "{:#?}", findings(&run));
+    let f = found[0];
+    assert_eq!(f["pid"], pid);
+    assert_eq!(f["evidence"]["top_file"], path, "{f:#}");
+    let (file_majors, code_majors) = (u(&f["evidence"]["top_file_majors"]), u(&f["evidence"]["code_major_faults"]));
+    // Every major of the rounds is on the file, and none beyond the process's own count.
+    assert!(
+        file_majors * 10 >= rounds_majors * 9 && code_majors <= all_majors,
+        "vmtrace: {file_majors} majors on the file, {code_majors} on code; getrusage: {rounds_majors} in the rounds, {all_majors} in all"
+    );
+    assert!(code_majors > u(&f["evidence"]["code_pages_touched"]), "read back: more majors than pages: {f:#}");
+    assert!(f["fix"].as_str().unwrap().contains("memory.low"), "{f:#}");
+    // No read-ahead advice for code: the file is not a cold data file.
+    assert!(of_kind(&run, "cold_file_random_reads").is_empty(), "{:#?}", findings(&run));
+
+    let kept = record(&[], &[bin, path, "200", "keep"]);
+    assert_eq!(kept.code(), Some(0), "{}", kept.stderr());
+    assert!(stdout_numbers(&kept, "majflt ")[0] <= 2, "kept cached: the file is read once");
+    assert!(of_kind(&kept, "code_major_faults").is_empty(), "{:#?}", findings(&kept));
+}
+
+/// One call site holding 1,280 MiB (malloc'd and written, never freed): the
+/// finding, with the site's bytes at the peak between 90% of what the
+/// kernel reported resident for the process at its end (its own VmHWM,
+/// nothing freed) and the kernel's peak. The same 1,280 MiB from two call
+/// sites of 640 MiB each: silent.
+#[test]
+fn one_call_site_holding_most_memory_fires_and_two_halves_stay_silent() {
+    privileged!();
+    let dir = disk_dir();
+    let bin = compile_c("resident_one_site.c", dir.path());
+    let (bin, d) = (bin.to_str().unwrap(), dir.path().to_str().unwrap());
+    let run = record(&["--stack-sample", "16"], &[bin, d, "one", "1280"]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let pid = u32::try_from(run.summary["target"]["pid"].as_u64().unwrap()).unwrap();
+    let own = std::fs::read_to_string(dir.path().join("status.txt")).expect("the workload's status.txt");
+    let hwm = own
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no VmHWM in {own}"))
+        * 1024;
+    let peak = u(&run.process(pid)["resident"]["peak_bytes"]);
+    assert_close("the kernel's peak (rss_stat) against VmHWM", peak, hwm, 2.0);
+    let found = of_kind(&run, "resident_site_dominant");
+    assert_eq!(found.len(), 1, "{:#?}", findings(&run));
+    let f = found[0];
+    assert_eq!(f["pid"], pid);
+    let site = u(&f["evidence"]["site_bytes"]);
+    assert!(site * 10 >= hwm * 9 && site <= peak, "site {site} bytes, VmHWM {hwm}, the kernel's peak {peak}");
+    assert_eq!(u(&f["evidence"]["peak_bytes"]), peak);
+    assert!(f["site"].as_str().unwrap_or("").contains("hold_all"), "{f:#}");
+
+    let halves = record(&["--stack-sample", "16"], &[bin, d, "two", "1280"]);
+    assert_eq!(halves.code(), Some(0), "{}", halves.stderr());
+    assert!(of_kind(&halves, "resident_site_dominant").is_empty(), "{:#?}", findings(&halves));
+    // Both halves are seen: the silence is the rule's, not a lost site.
+    let pid = halves.summary["target"]["pid"].as_u64().unwrap();
+    let sites: Vec<&Value> = halves.summary["resident"]["top_at_peak"]
+        .as_array()
+        .expect("resident.top_at_peak")
+        .iter()
+        .filter(|s| s["pid"] == pid && u(&s["bytes"]) >= 512 << 20)
+        .collect();
+    assert_eq!(sites.len(), 2, "{:#}", halves.summary["resident"]["top_at_peak"]);
+}
+
+/// A stripped program's code locations are offsets in its file, and say
+/// so: the row is the frame the folded files and pprof show
+/// (`heap_trim+0x…`), marked "(no symbols)", with the object's path and how
+/// to get symbols. The same binary with its debug file beside it (a
+/// .gnu_debuglink, as distro -dbgsym packages use) names the function.
+#[test]
+fn a_stripped_programs_locations_name_the_object_and_how_to_get_symbols() {
+    privileged!();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = compile_c("heap_trim.c", dir.path());
+    let run_tool = |args: &[&str]| {
+        let ok = std::process::Command::new(args[0]).args(&args[1..]).current_dir(dir.path()).status();
+        assert!(ok.is_ok_and(|s| s.success()), "{args:?} (binutils)");
+    };
+    run_tool(&["objcopy", "--only-keep-debug", "heap_trim", "heap_trim.debug"]);
+    run_tool(&["strip", "heap_trim"]);
+    let bin = bin.to_str().unwrap();
+    let stripped = record(&[], &[bin, "50"]);
+    assert_eq!(stripped.code(), Some(0), "{}", stripped.stderr());
+    let top = &stripped.summary["code_locations"]["by_faults"][0];
+    let location = top["location"].as_str().unwrap();
+    assert!(location.starts_with("heap_trim+0x"), "{top:#}");
+    assert_eq!(top["no_symbols"], bin, "{top:#}");
+    let folded = std::fs::read_to_string(stripped.out.path().join("faults.folded")).unwrap();
+    assert!(folded.lines().any(|l| l.contains(&format!(";{location};"))), "the folded file's frame: {folded}");
+    let txt = summary_txt(&stripped);
+    assert!(txt.contains(&format!("{location} (no symbols)")), "{txt}");
+    assert!(txt.contains(&format!("no symbols: {bin} has no symbols")) && txt.contains("-dbgsym"), "{txt}");
+    let html = std::fs::read_to_string(stripped.out.path().join("report.html")).unwrap();
+    assert!(html.contains("(no symbols)") && html.contains("No symbols: "), "report.html says it too");
+
+    run_tool(&["objcopy", "--add-gnu-debuglink=heap_trim.debug", "heap_trim"]);
+    let linked = record(&[], &[bin, "50"]);
+    assert_eq!(linked.code(), Some(0), "{}", linked.stderr());
+    let top = &linked.summary["code_locations"]["by_faults"][0];
+    assert_eq!(top["location"], "fill_round", "{top:#}");
+    assert!(top.get("no_symbols").is_none(), "{top:#}");
 }

@@ -226,7 +226,7 @@ fn processes(i: &Inputs) -> (Vec<Process>, Faults) {
         };
         let m = i.mm.get(&pid).copied().unwrap_or_default();
         out.push(Process {
-            mmap: i.families.mmap.then(|| mmap_counts(&m)),
+            mmap: i.families.mmap.then(|| MmapCounts { brk_shrinks: info.brk_shrinks, ..mmap_counts(&m) }),
             tlb: i.families.tlb.then(|| tlb_counts(&m)),
             reclaim: Reclaim { stalls: st.reclaim, time_ns: st.reclaim_ns },
             pid,
@@ -295,6 +295,8 @@ pub(crate) fn mmap_counts(m: &MmStats) -> MmapCounts {
         madvise: m.calls[MmCall::Madvise as usize],
         mprotect: m.calls[MmCall::Mprotect as usize],
         brk: m.calls[MmCall::Brk as usize],
+        // Told from the streamed brk events (`ProcessTable::note_change`), not the kernel's counts.
+        brk_shrinks: 0,
         madvise_by_advice: m
             .advice
             .iter()

@@ -144,7 +144,7 @@ fn the_summary_has_the_contracts_fields() {
     assert_eq!(
         p["mmap"],
         serde_json::json!({"mmap": 4, "munmap": 2, "munmap_bytes": 8192, "mremap": 0, "madvise": 1,
-                           "mprotect": 0, "brk": 0, "madvise_by_advice": {"dontneed": 1}})
+                           "mprotect": 0, "brk": 0, "brk_shrinks": 0, "madvise_by_advice": {"dontneed": 1}})
     );
     let tlb = &p["tlb"];
     assert_eq!((&tlb["remote_shootdown"], &tlb["pages"], &tlb["ipis_sent"]), (&6.into(), &3.into(), &7.into()));

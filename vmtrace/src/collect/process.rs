@@ -48,6 +48,13 @@ pub struct ProcInfo {
     /// What its COW faults copied, when its regions were folded into the
     /// other process's as it retired (they no longer carry its pid).
     pub cow_from: Option<crate::model::CowFrom>,
+    /// Its program break as the last `brk` returned it (a forked child
+    /// starts from its parent's; an exec forgets it).
+    pub brk: Option<u64>,
+    /// `brk` calls that moved the break down: heap trims (glibc's free and
+    /// malloc_trim give the heap top back this way). Calls that grow the
+    /// heap or only ask where the break is are not counted.
+    pub brk_shrinks: u64,
 }
 
 impl Default for ProcInfo {
@@ -71,6 +78,8 @@ impl Default for ProcInfo {
             exited: false,
             retired: false,
             cow_from: None,
+            brk: None,
+            brk_shrinks: 0,
         }
     }
 }
@@ -243,7 +252,10 @@ impl ProcessTable {
         match kind {
             EventKind::TaskFork => {
                 self.live.insert(ev.tgid);
+                // fork copies the address space, its break included.
+                let brk = self.procs.get(&ev.ppid).and_then(|p| p.brk);
                 let p = self.procs.entry(ev.tgid).or_default();
+                p.brk = p.brk.or(brk);
                 p.ppid = Some(ev.ppid);
                 p.comm = comm_str(&ev.comm);
                 p.history.forked_from =
@@ -254,6 +266,8 @@ impl ProcessTable {
                 let p = self.procs.entry(ev.tgid).or_default();
                 p.comm = comm_str(&ev.comm);
                 p.execs += 1;
+                // A new address space: the first brk (glibc's brk(0)) tells its break.
+                p.brk = None;
                 p.history.push(ev.gen, ev.gen, crate::regions::history::Change::Exec);
                 // Read now, while it lives: after exit /proc has nothing.
                 p.cmdline = read_cmdline(ev.tgid).or_else(|| p.cmdline.take());
@@ -440,7 +454,15 @@ impl ProcessTable {
                 }
                 Change::Remap { old_start: ev.old_addr, old_len: ev.old_len, new_start: ev.addr, new_len: ev.len }
             }
-            c if c == MmCall::Brk as u32 => Change::Brk { brk: ev.addr },
+            c if c == MmCall::Brk as u32 => {
+                // The event's address is what brk returned: the break in force after it.
+                let p = self.procs.entry(ev.tgid).or_default();
+                if p.brk.is_some_and(|old| ev.addr < old) {
+                    p.brk_shrinks += 1;
+                }
+                p.brk = Some(ev.addr);
+                Change::Brk { brk: ev.addr }
+            }
             _ => return,
         };
         self.procs.entry(ev.tgid).or_default().history.push_at(ev.gen_exit, ev.gen_enter, ev.hdr.ts_ns, change);
@@ -480,6 +502,50 @@ mod tests {
         let p = &t.procs[&4242];
         assert_eq!((p.ppid, p.comm.as_str(), p.exit_code), (Some(1), "work", Some(137)));
         assert_eq!(p.kernel, Some(KernelAccounting { minor: 10, major: 0 }));
+    }
+
+    fn brk(tgid: u32, returned: u64) -> vmtrace_common::MmEvent {
+        vmtrace_common::MmEvent {
+            hdr: EventHeader { kind: EventKind::MmMapChange as u32, size: 0, ts_ns: 1 },
+            tgid,
+            call: vmtrace_common::MmCall::Brk as u32,
+            addr: returned,
+            len: 0,
+            prot: 0,
+            flags: 0,
+            fd: u64::MAX,
+            offset: 0,
+            old_addr: 0,
+            old_len: 0,
+            gen_enter: 0,
+            gen_exit: 0,
+            dev: 0,
+            tid: tgid,
+            ino: 0,
+            start_ns: 0,
+        }
+    }
+
+    /// Only a break moved down is a trim: glibc's brk(0) query, its grows, a
+    /// failed grow (the old break returned) are not. A forked child starts
+    /// from its parent's break; an exec from none.
+    #[test]
+    fn brk_shrinks_count_the_breaks_moved_down() {
+        let mut t = ProcessTable::default();
+        let base = 0x5555_0000_0000;
+        for addr in [base, base + 0x21000, base + 0x42000, base + 0x42000, base + 0x10000, base + 0x30000, base] {
+            t.note_change(&brk(4242, addr));
+        }
+        assert_eq!(t.procs[&4242].brk_shrinks, 2);
+        let mut fork = ev(EventKind::TaskFork, 4243);
+        fork.ppid = 4242;
+        t.apply(&fork);
+        t.note_change(&brk(4243, base - 0x1000));
+        assert_eq!(t.procs[&4243].brk_shrinks, 1, "the child's first brk, below its parent's break");
+        t.apply(&ev(EventKind::TaskExec, 4243));
+        t.note_change(&brk(4243, 0x1000));
+        assert_eq!(t.procs[&4243].brk_shrinks, 1, "a new program's first break is no shrink");
+        assert_eq!(t.procs[&4242].brk_shrinks, 2);
     }
 
     #[test]

@@ -112,6 +112,10 @@ fn named_exe(bin: &Path, exe: &Path, comm: &str) -> PathBuf {
     }
 }
 
+/// The trim threshold and top pad of `heap-trim-kept`: what `heap_trim_refault`
+/// suggests for a heap of this size (at least 64 MiB).
+const HEAP_KEPT: u64 = crate::model::findings::HEAP_SUGGESTED_MIN;
+
 fn scenarios(exe: &Path, bin: &Path, ckpt: &str) -> Vec<Scenario> {
     let named = |name: &str| named_exe(bin, exe, name);
     vec![
@@ -174,6 +178,26 @@ fn scenarios(exe: &Path, bin: &Path, ckpt: &str) -> Vec<Scenario> {
             name: "churn-1-thread",
             what: "the same with one thread",
             argv: workload(&named("churn-1thr"), &["churn", "--threads", "1"]),
+        },
+        Scenario {
+            group: "5. heap trim",
+            name: "heap-trim-default",
+            what: "malloc/write/free 32 × 96 KiB, 100 rounds, glibc's defaults (trims the heap top on free)",
+            argv: workload(&named("heap-trim"), &["heap-trim", "--rounds", "100"]),
+        },
+        Scenario {
+            group: "5. heap trim",
+            name: "heap-trim-kept",
+            what: "the same with MALLOC_TRIM_THRESHOLD_ and MALLOC_TOP_PAD_ at 64 MiB (the finding's fix)",
+            argv: [
+                vec![
+                    "env".into(),
+                    format!("MALLOC_TRIM_THRESHOLD_={HEAP_KEPT}"),
+                    format!("MALLOC_TOP_PAD_={HEAP_KEPT}"),
+                ],
+                workload(&named("heap-kept"), &["heap-trim", "--rounds", "100"]),
+            ]
+            .concat(),
         },
     ]
 }
@@ -256,14 +280,14 @@ pub fn run(out: &Path) -> Result<i32, DemoError> {
         sections.push((sc.name.to_string(), sc.what.to_string(), s));
         rows.push(row);
     }
-    // 5. OOM in a 64 MiB memory cgroup, when one can be made.
+    // 6. OOM in a 64 MiB memory cgroup, when one can be made.
     let cg_name = format!("vmtrace-demo-{}", std::process::id());
     match ScratchCgroup::new(&cg_name, 64 << 20) {
         Ok(cg) => {
             let exe = named_exe(&out.join("bin"), &exe, "oom-hog").display().to_string();
             let hog = [exe.as_str(), "workload", "touch", "--mib", "256", "--pace-ms", "2"];
             let what = "a hog grows in a 64 MiB memory cgroup";
-            let (mut row, s) = run_one("5. OOM kill", "oom-64mib-cgroup", what, cg.run_inside(&hog), out)?;
+            let (mut row, s) = run_one("6. OOM kill", "oom-64mib-cgroup", what, cg.run_inside(&hog), out)?;
             if let Some(o) = s.oom.as_ref().and_then(|v| v.first()) {
                 row.note = render(o);
             }
@@ -371,6 +395,16 @@ pub fn comparison(rows: &[Row]) -> String {
                  (on a VM two vCPUs may share one host CPU)."
             );
         }
+    }
+    if let (Some(a), Some(b)) = (find(rows, "heap-trim-default"), find(rows, "heap-trim-kept")) {
+        let _ = writeln!(
+            t,
+            "- glibc trimming its heap on free: {} faults ({}); with the trim threshold raised: {} ({})",
+            a.faults,
+            fmt_ns(a.fault_time_ns),
+            b.faults,
+            fmt_ns(b.fault_time_ns)
+        );
     }
     if let Some(o) = find(rows, "oom-64mib-cgroup") {
         let _ = writeln!(t, "- {}", if o.note.is_empty() { "no OOM kill was seen".into() } else { o.note.clone() });

@@ -38,8 +38,9 @@ pub struct Finding {
 pub const HEAP_MIN_FAULTS: u64 = 10_000;
 /// …at least this many faults per distinct heap page touched…
 pub const HEAP_MIN_FAULTS_PER_PAGE: f64 = 8.0;
-/// …and at least this many `brk` calls (glibc gives the top back with brk).
-pub const HEAP_MIN_BRK: u64 = 64;
+/// …and at least this many heap trims: `brk` calls that moved the break
+/// down (glibc gives the free top back that way; grows are not counted).
+pub const HEAP_MIN_TRIMS: u64 = 64;
 /// The smallest trim threshold and top pad suggested (64 MiB).
 pub const HEAP_SUGGESTED_MIN: u64 = 64 << 20;
 
@@ -245,7 +246,7 @@ fn heap_trim(s: &Summary, out: &mut Vec<Finding>) {
             pages += r.pages_touched;
             time_ns += r.faults.time_ns;
         }
-        if faults < HEAP_MIN_FAULTS || m.brk < HEAP_MIN_BRK || pages == 0 {
+        if faults < HEAP_MIN_FAULTS || m.brk_shrinks < HEAP_MIN_TRIMS || pages == 0 {
             continue;
         }
         let per_page = faults as f64 / pages as f64;
@@ -259,9 +260,10 @@ fn heap_trim(s: &Summary, out: &mut Vec<Finding>) {
             "heap_trim_refault",
             p.pid,
             format!(
-                "The heap took {faults} faults on {pages} distinct pages ({per_page:.0} per page) with {} brk calls: \
-                 glibc trims the free top of the heap back to the kernel, and the next allocations fault it in again.",
-                m.brk
+                "The heap took {faults} faults on {pages} distinct pages ({per_page:.0} per page) and was trimmed {} \
+                 times (brk moved the break down; {} brk calls in all): glibc gives the free top of the heap back to \
+                 the kernel, and the next allocations fault it in again.",
+                m.brk_shrinks, m.brk
             ),
             format!(
                 "Keep the heap: run with MALLOC_TRIM_THRESHOLD_={setting} MALLOC_TOP_PAD_={setting} \
@@ -273,6 +275,7 @@ fn heap_trim(s: &Summary, out: &mut Vec<Finding>) {
         ev(&mut f, "heap_pages_touched", pages);
         ev(&mut f, "faults_per_page", (per_page * 10.0).round() / 10.0);
         ev(&mut f, "brk_calls", m.brk);
+        ev(&mut f, "heap_trims", m.brk_shrinks);
         ev(&mut f, "heap_fault_time_ns", time_ns);
         ev(&mut f, "process_faults", p.faults.total);
         ev(&mut f, "suggested_bytes", setting);
@@ -493,6 +496,15 @@ fn cold_files(s: &Summary, out: &mut Vec<Finding>) {
     for file in files {
         let majors = file.faults.major;
         if majors < FILE_MIN_MAJORS || (majors as f64) < FILE_MIN_MAJOR_SHARE * file.faults.total as f64 {
+            continue;
+        }
+        // A file mapped executable is a program or a library the loader
+        // mapped, not data the program reads: its majors are
+        // `code_major_faults`' (and read-ahead advice does not apply).
+        let code = s.regions.iter().flatten().any(|r| {
+            r.path.as_deref() == Some(file.path.as_str()) && r.kind == RegionKind::File && r.perms.contains('x')
+        });
+        if code {
             continue;
         }
         // The process with most of its majors.

@@ -94,10 +94,12 @@ fn kinds(s: &Summary) -> Vec<String> {
 }
 
 /// The heap-trim C program as vmtrace recorded it: 601,688 faults, 598,721
-/// and 2,912 of them in two [heap] rows of 33 and 1,488 pages, 13,203 brk.
-fn heap_trim_summary(heap_faults: u64, heap_pages: u64, brk: u64) -> Summary {
+/// and 2,912 of them in two [heap] rows of 33 and 1,488 pages, 13,203 brk
+/// of which `trims` moved the break down.
+fn heap_trim_summary(heap_faults: u64, heap_pages: u64, brk: u64, trims: u64) -> Summary {
     let mut p = process(100, 1, "heap_trim", heap_faults + 100);
-    p.mmap.as_mut().unwrap().brk = brk;
+    let m = p.mmap.as_mut().unwrap();
+    (m.brk, m.brk_shrinks) = (brk, trims);
     let mut s = summary(vec![p]);
     let heap = s.regions.as_mut().unwrap();
     let first = heap_faults * 99 / 100;
@@ -117,7 +119,7 @@ fn heap_trim_summary(heap_faults: u64, heap_pages: u64, brk: u64) -> Summary {
 
 #[test]
 fn heap_trim_fires_on_refaults_with_brk() {
-    let s = heap_trim_summary(601_588, 1_521, 13_203);
+    let s = heap_trim_summary(601_588, 1_521, 13_203, 400);
     let f = diagnose(&s);
     assert_eq!(f.len(), 1, "{f:#?}");
     let f = &f[0];
@@ -125,6 +127,12 @@ fn heap_trim_fires_on_refaults_with_brk() {
     assert_eq!(f.evidence["heap_faults"], 601_588);
     assert_eq!(f.evidence["heap_pages_touched"], 1_521);
     assert_eq!(f.evidence["brk_calls"], 13_203);
+    assert_eq!(f.evidence["heap_trims"], 400);
+    assert!(
+        f.summary.contains("trimmed 400 times (brk moved the break down; 13203 brk calls in all)"),
+        "{}",
+        f.summary
+    );
     // 2 × 1,521 pages is 12 MiB: the floor of 64 MiB is suggested.
     assert!(f.fix.contains("MALLOC_TRIM_THRESHOLD_=67108864 MALLOC_TOP_PAD_=67108864"), "{}", f.fix);
     let gain = f.expected_gain.as_deref().unwrap();
@@ -134,7 +142,7 @@ fn heap_trim_fires_on_refaults_with_brk() {
 #[test]
 fn heap_trim_suggests_twice_a_large_heap() {
     // 100,000 pages (390 MiB) touched: 2× rounded up to a power of two, 1 GiB.
-    let s = heap_trim_summary(1_000_000, 100_000, 5_000);
+    let s = heap_trim_summary(1_000_000, 100_000, 5_000, 400);
     let f = diagnose(&s);
     assert!(f[0].fix.contains("MALLOC_TRIM_THRESHOLD_=1073741824"), "{}", f[0].fix);
 }
@@ -142,13 +150,14 @@ fn heap_trim_suggests_twice_a_large_heap() {
 #[test]
 fn heap_trim_is_silent_on_its_controls() {
     // First touch: one fault per page.
-    assert!(kinds(&heap_trim_summary(200_000, 200_000, 5_000)).is_empty());
+    assert!(kinds(&heap_trim_summary(200_000, 200_000, 5_000, 400)).is_empty());
     // Just under 8 faults a page.
-    assert!(kinds(&heap_trim_summary(79_000, 10_000, 5_000)).is_empty());
-    // Refaults without brk (madvise, not trims): not this rule.
-    assert!(kinds(&heap_trim_summary(601_588, 1_521, HEAP_MIN_BRK - 1)).is_empty());
+    assert!(kinds(&heap_trim_summary(79_000, 10_000, 5_000, 400)).is_empty());
+    // Refaults without trims (madvise, or a heap that only grows, however
+    // many brk calls it made): not this rule.
+    assert!(kinds(&heap_trim_summary(601_588, 1_521, 13_203, HEAP_MIN_TRIMS - 1)).is_empty());
     // Too few faults to matter.
-    assert!(kinds(&heap_trim_summary(HEAP_MIN_FAULTS - 1, 100, 5_000)).is_empty());
+    assert!(kinds(&heap_trim_summary(HEAP_MIN_FAULTS - 1, 100, 5_000, 400)).is_empty());
 }
 
 /// A Python parent and two forked workers, as the objects script gave them:
@@ -294,7 +303,7 @@ fn file_summary(f: FileSummary) -> Summary {
 
 #[test]
 fn a_cold_random_read_fires_with_the_majors_it_could_save() {
-    // The demo's ckpt-mmap-random-cold: 16,384 majors, 16,384 pages added.
+    // A cold read of every 4th page of 256 MiB with MADV_RANDOM: 16,384 majors, 16,384 pages added.
     let s = file_summary(file(16_384, 16_384, 16_384, 0, 64 << 20));
     let f = diagnose(&s);
     assert_eq!(f.len(), 1, "{f:#?}");
@@ -315,6 +324,16 @@ fn sequential_and_warm_reads_are_silent() {
     assert!(kinds(&file_summary(file(FILE_MIN_MAJORS - 1, FILE_MIN_MAJORS - 1, 255, 0, 1 << 20))).is_empty());
     // Many majors, under a quarter of the faults.
     assert!(kinds(&file_summary(file(4_000, 999, 32_000, 31_000, 128 << 20))).is_empty());
+}
+
+/// A library read cold at random (its text mapped executable, its data
+/// read-only) is code: no read-ahead advice for it.
+#[test]
+fn a_file_mapped_executable_is_no_cold_data_file() {
+    let mut s = file_summary(file(16_384, 16_384, 16_384, 0, 64 << 20));
+    let text = region(100, RegionKind::File, "r-xp", Some("/data/ckpt.bin"), faults(10, 0, 10), 10);
+    s.regions.as_mut().unwrap().push(text);
+    assert!(!kinds(&s).contains(&"cold_file_random_reads".to_string()), "{:#?}", diagnose(&s));
 }
 
 #[test]
@@ -428,7 +447,7 @@ fn an_empty_recording_has_no_finding_and_says_so() {
 
 #[test]
 fn findings_round_trip_through_json() {
-    let mut s = heap_trim_summary(601_588, 1_521, 13_203);
+    let mut s = heap_trim_summary(601_588, 1_521, 13_203, 400);
     s.findings = Some(diagnose(&s));
     let text = serde_json::to_string(&s).unwrap();
     assert!(text.contains(r#""findings":[{"kind":"heap_trim_refault","pid":100"#), "{text}");

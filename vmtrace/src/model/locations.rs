@@ -19,6 +19,37 @@ pub struct CodeLocation {
     pub value: u64,
     /// Of the list's whole (every stack's weight), in %.
     pub share_pct: f64,
+    /// When the location is code no symbol covers (`object+0xOFF`, as the
+    /// folded files and pprof name it): the object, by path where the
+    /// recording's regions name it. Its row is an offset in that file, not
+    /// a function.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_symbols: Option<String>,
+}
+
+/// The object of a frame no symbol covers: `sort+0x77b8` → `sort` (as
+/// `stacks::symbolize` writes them; markers in brackets and `[kernel]
+/// 0x…` are not objects).
+pub fn unsymbolized_object(frame: &str) -> Option<&str> {
+    let (object, off) = frame.rsplit_once('+')?;
+    let hex = off.strip_prefix("0x")?;
+    (!object.is_empty()
+        && !object.starts_with('[')
+        && !object.contains(' ')
+        && !hex.is_empty()
+        && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+    .then_some(object)
+}
+
+/// How to get symbols for `object`, for the note under the lists.
+pub fn symbols_hint(object: &str) -> String {
+    format!(
+        "{object} has no symbols for this code (stripped): its rows are offsets in that file, not functions. \
+         Install its debug symbols and record again: Debian/Ubuntu the -dbgsym package of the package that ships \
+         it (dpkg -S {object}), Fedora `dnf debuginfo-install`; or fetch them with `debuginfod-find debuginfo \
+         {object}` and put the file at /usr/lib/debug/.build-id/NN/REST.debug (its build id). vmtrace follows the \
+         binary's .gnu_debuglink there, and to a file of that name beside the binary."
+    )
 }
 
 /// `code_locations` in summary.json (with `--stacks`).
@@ -53,9 +84,82 @@ impl CodeLocations {
             }
             let _ = writeln!(s, "  {what}:");
             for l in list.iter().take(5) {
-                let _ = writeln!(s, "    {:>10} {:>5.1}%  {} [{}]", fmt(l.value), l.share_pct, l.location, l.comm);
+                let stripped = if l.no_symbols.is_some() { " (no symbols)" } else { "" };
+                let _ = writeln!(
+                    s,
+                    "    {:>10} {:>5.1}%  {}{stripped} [{}]",
+                    fmt(l.value),
+                    l.share_pct,
+                    l.location,
+                    l.comm
+                );
             }
         }
+        for object in self.unsymbolized() {
+            let _ = writeln!(s, "  no symbols: {}", symbols_hint(object));
+        }
         s
+    }
+
+    /// The objects of the shown rows that have no symbols, each once.
+    pub fn unsymbolized(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        for l in [&self.by_fault_time, &self.by_faults, &self.by_resident].into_iter().flat_map(|v| v.iter().take(5)) {
+            if let Some(o) = l.no_symbols.as_deref().filter(|o| !out.contains(o)) {
+                out.push(o);
+            }
+        }
+        out
+    }
+
+    /// Names each unsymbolized object by its path, from the regions of the
+    /// recording (a frame names only the file's base name).
+    pub fn name_objects(&mut self, paths: &[&str]) {
+        for l in self.by_fault_time.iter_mut().chain(self.by_faults.iter_mut()).chain(self.by_resident.iter_mut()) {
+            if let Some(o) = l.no_symbols.as_mut().filter(|o| !o.contains('/')) {
+                if let Some(p) = paths.iter().find(|p| p.rsplit('/').next() == Some(o.as_str())) {
+                    *o = p.to_string();
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_offset_in_an_object_is_told_from_a_function() {
+        assert_eq!(unsymbolized_object("sort+0x77b8"), Some("sort"));
+        assert_eq!(unsymbolized_object("libtorch_cpu.so+0x1a2b3c"), Some("libtorch_cpu.so"));
+        for named in ["fill_round", "operator+", "a+b", "[anon]+0x40", "[kernel] 0xffff", "f (x.py:3)", "x+0x"] {
+            assert_eq!(unsymbolized_object(named), None, "{named}");
+        }
+    }
+
+    /// A stripped program's row says it is an offset in a file with no
+    /// symbols, names the file by path and says how to get symbols, once.
+    #[test]
+    fn rows_without_symbols_name_their_object_and_how_to_get_symbols() {
+        let row = |location: &str| CodeLocation {
+            location: location.into(),
+            comm: "sort".into(),
+            value: 10,
+            share_pct: 50.0,
+            no_symbols: unsymbolized_object(location).map(str::to_string),
+        };
+        let mut l = CodeLocations {
+            by_fault_time: vec![row("sort+0x77b8"), row("main")],
+            by_faults: vec![row("sort+0x77b8"), row("sort+0x1000")],
+            by_resident: Vec::new(),
+        };
+        l.name_objects(&["/usr/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/sort"]);
+        assert_eq!(l.by_faults[1].no_symbols.as_deref(), Some("/usr/bin/sort"));
+        assert_eq!(l.unsymbolized(), ["/usr/bin/sort"]);
+        let text = l.render_text();
+        assert!(text.contains("sort+0x77b8 (no symbols) [sort]") && text.contains("main [sort]"), "{text}");
+        assert_eq!(text.matches("no symbols: /usr/bin/sort has no symbols").count(), 1, "{text}");
+        assert!(text.contains("-dbgsym") && text.contains("debuginfod-find debuginfo /usr/bin/sort"), "{text}");
     }
 }

@@ -225,6 +225,10 @@ pub struct MmapCounts {
     pub madvise: u64,
     pub mprotect: u64,
     pub brk: u64,
+    /// Of `brk`: calls that moved the break down (heap trims: glibc's free
+    /// past `M_TRIM_THRESHOLD`, malloc_trim). Absent in older summaries.
+    #[serde(default)]
+    pub brk_shrinks: u64,
     /// `madvise` calls by advice name (non-zero ones).
     pub madvise_by_advice: std::collections::BTreeMap<String, u64>,
 }
@@ -238,6 +242,7 @@ impl MmapCounts {
         self.madvise += o.madvise;
         self.mprotect += o.mprotect;
         self.brk += o.brk;
+        self.brk_shrinks += o.brk_shrinks;
         for (k, v) in &o.madvise_by_advice {
             *self.madvise_by_advice.entry(k.clone()).or_default() += v;
         }

@@ -507,9 +507,20 @@ fn locations_section(l: &crate::model::CodeLocations) -> String {
         }
         let rows: Vec<Vec<String>> = list
             .iter()
-            .map(|c| vec![wrapping(&c.location), escape(&c.comm), fmt(c.value), format!("{:.1}%", c.share_pct)])
+            .map(|c| {
+                let stripped = if c.no_symbols.is_some() { " (no symbols)" } else { "" };
+                vec![
+                    format!("{}{stripped}", wrapping(&c.location)),
+                    escape(&c.comm),
+                    fmt(c.value),
+                    format!("{:.1}%", c.share_pct),
+                ]
+            })
             .collect();
         let _ = write!(b, "<h3>{what}</h3>{}", table(&["l location", "l process", "value", "share"], &rows));
+    }
+    for object in l.unsymbolized() {
+        let _ = write!(b, "<p class='note'>No symbols: {}</p>", escape(&crate::model::locations::symbols_hint(object)));
     }
     b
 }

@@ -34,7 +34,9 @@ fn is_runtime(frame: &str) -> bool {
         "_PyObject_GC_",
         "_start",
     ];
-    const EXACT: [&str; 22] = [
+    const EXACT: [&str; 23] = [
+        // The dynamic loader's (ld-linux), relocating the program before main.
+        "dl_main",
         "malloc",
         "calloc",
         "realloc",
@@ -102,6 +104,7 @@ pub fn top(stacks: &[Stack], weight: Weight, limit: usize) -> Vec<CodeLocation> 
         .into_iter()
         .filter(|(_, (v, _))| *v >= 0.5)
         .map(|(location, (v, comms))| CodeLocation {
+            no_symbols: crate::model::locations::unsymbolized_object(&location).map(str::to_string),
             location,
             comm: comms
                 .into_iter()

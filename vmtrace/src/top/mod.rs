@@ -523,7 +523,10 @@ fn live_findings(
                 exit_code: info.and_then(|i| i.exit_code),
                 faults: p.faults.clone(),
                 reclaim: crate::model::Reclaim::default(),
-                mmap: mm.get(&p.pid).map(crate::collect::assemble::mmap_counts),
+                mmap: mm.get(&p.pid).map(|m| crate::model::MmapCounts {
+                    brk_shrinks: info.map_or(0, |i| i.brk_shrinks),
+                    ..crate::collect::assemble::mmap_counts(m)
+                }),
                 tlb: None,
                 kernel_accounting: None,
                 cow_from: (cow.total() > 0).then_some(cow),

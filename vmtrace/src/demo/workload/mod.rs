@@ -307,6 +307,46 @@ pub fn churn(threads: usize, iterations: usize, madvise: bool, bytes: usize) -> 
     Ok(())
 }
 
+/// Blocks of one heap round: 32 × 96 KiB, each under glibc's mmap threshold
+/// (128 KiB), so they come from the heap; all freed, their 3 MiB join the
+/// heap's free top, past M_TRIM_THRESHOLD (128 KiB): glibc trims it.
+const HEAP_BLOCKS: usize = 32;
+const HEAP_BLOCK: usize = 96 << 10;
+
+/// One round: malloc, write a byte per page, free. Not inlined, so the
+/// faults have a frame of their own (`heap_round`) in the stacks.
+#[inline(never)]
+fn heap_round() -> Result<(), String> {
+    let mut blocks = [std::ptr::null_mut::<u8>(); HEAP_BLOCKS];
+    for b in &mut blocks {
+        // SAFETY: plain malloc; checked for null below.
+        *b = unsafe { libc::malloc(HEAP_BLOCK) }.cast();
+        if b.is_null() {
+            return Err(format!("malloc {HEAP_BLOCK} bytes failed"));
+        }
+        touch(*b, HEAP_BLOCK);
+    }
+    for b in std::hint::black_box(blocks) {
+        // SAFETY: each block came from malloc above and is freed once.
+        unsafe { libc::free(b.cast()) };
+    }
+    Ok(())
+}
+
+/// glibc's heap trimmed and faulted in again (`heap_trim_refault` in
+/// docs/findings.md): `rounds` of [`heap_round`]. With glibc's defaults the
+/// heap's free top goes back to the kernel at each round's last free and the
+/// next round faults it in again; run with `MALLOC_TRIM_THRESHOLD_` (and
+/// `MALLOC_TOP_PAD_`) raised, the rounds reuse the same pages.
+pub fn heap_trim(rounds: usize) -> Result<(), String> {
+    let t0 = Instant::now();
+    for _ in 0..rounds {
+        heap_round()?;
+    }
+    emit("heap-trim", (HEAP_BLOCKS * HEAP_BLOCK / PAGE) as u64, t0.elapsed().as_nanos() as u64);
+    Ok(())
+}
+
 /// Reads `path` with read(2) into a fresh buffer: the buffer's first-touch
 /// faults are taken by the kernel while it copies (kernel-mode faults).
 pub fn read_file(path: &Path, cold: bool) -> Result<(), String> {
