@@ -50,6 +50,9 @@ impl<S: AggregateSource> Session<S> {
             }
             processes.sort_by_key(|p| p.pid);
         }
+        for p in &mut processes {
+            p.identity = self.table.identify(p.pid);
+        }
         if let Some(r) = self.resident.as_ref() {
             for p in &mut processes {
                 p.resident = r.kernel_of(p.pid).map(|m| crate::model::LiveResident::from_kernel(&m));

@@ -335,6 +335,16 @@ pub struct Meta<'a> {
     pub duration_s: f64,
     /// What was recorded (the command's name), pprof's `File:`.
     pub main: &'a str,
+    /// Each process's cgroup, pod, container and rank: labels of its samples.
+    pub identities: &'a Identities<'a>,
+}
+
+/// Identities by pid, for [`Meta::identities`].
+pub type Identities<'a> = std::collections::BTreeMap<u32, &'a crate::model::Identity>;
+
+/// The labels `meta` gives the samples of `pid`.
+fn identity_labels(meta: &Meta, pid: Option<u32>) -> Vec<(&'static str, String)> {
+    pid.and_then(|p| meta.identities.get(&p)).map(|i| i.labels()).unwrap_or_default()
 }
 
 /// A whole profile: `samples` of `kind`.
@@ -343,7 +353,8 @@ pub fn profile(kind: Kind, meta: &Meta, samples: impl IntoIterator<Item = Sample
     b.main_name(meta.main);
     b.comment(meta.comment);
     b.duration(meta.duration_s);
-    for s in samples {
+    for mut s in samples {
+        s.labels.extend(identity_labels(meta, s.pid));
         b.add(&s);
     }
     b.finish()
@@ -361,6 +372,7 @@ pub fn graph_profile(kind: Kind, meta: &Meta, graph: &Graph) -> pb::Profile {
     // Location ids by frame id, 0 until made.
     let mut located = vec![0u64; tree.frame_count()];
     let mut path = Vec::new();
+    let mut identities: HashMap<u32, Vec<(&'static str, String)>> = HashMap::new();
     for l in &graph.lines {
         let mut parts = l.parts().peekable();
         if parts.peek().is_none() {
@@ -388,7 +400,14 @@ pub fn graph_profile(kind: Kind, meta: &Meta, graph: &Graph) -> pb::Profile {
                 }
                 location_id.push(*at);
             }
-            b.add_located(location_id, vec![weight as i64], Some(pid), &labels);
+            let id = identities.entry(pid).or_insert_with(|| identity_labels(meta, Some(pid)));
+            if id.is_empty() {
+                b.add_located(location_id, vec![weight as i64], Some(pid), &labels);
+            } else {
+                let mut all = labels.clone();
+                all.extend(id.iter().map(|(k, v)| (*k, v.as_str())));
+                b.add_located(location_id, vec![weight as i64], Some(pid), &all);
+            }
         }
     }
     b.finish()
