@@ -18,7 +18,7 @@
 //! processes outside it start with `/..` components; those are skipped.
 use std::fs;
 
-use crate::model::Identity;
+use crate::model::{Identity, Rank};
 
 /// The cgroup path `/proc/PID/cgroup` gives: the v1 memory controller's
 /// line (the one memory is accounted in), else the v2 line (`0::`), else
@@ -137,14 +137,13 @@ pub fn identity_from(cgroup: Option<&str>, environ: Option<&[u8]>) -> Identity {
     let path = cgroup.and_then(pick_cgroup);
     let (runtime, container_id, pod_uid) = path.as_deref().map_or((None, None, None), parse_cgroup_path);
     let (rank, local_rank, world_size) = environ.map_or((None, None, None), rank_from_environ);
+    let rank = Rank { rank, local_rank, world_size };
     Identity {
         cgroup: path,
         container_id,
         container_runtime: runtime.map(str::to_string),
         pod_uid,
-        rank,
-        local_rank,
-        world_size,
+        rank: (rank != Rank::default()).then_some(rank),
     }
 }
 

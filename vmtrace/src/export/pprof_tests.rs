@@ -166,7 +166,7 @@ fn samples_carry_their_process_identity() {
     let id = crate::model::Identity {
         cgroup: Some("/kubepods/burstable/pod4e5b6f1a-2c3d-4e5f-8a9b-0c1d2e3f4a5b/c0".into()),
         pod_uid: Some("4e5b6f1a-2c3d-4e5f-8a9b-0c1d2e3f4a5b".into()),
-        rank: Some(2),
+        rank: Some(crate::model::Rank { rank: Some(2), ..crate::model::Rank::default() }),
         ..crate::model::Identity::default()
     };
     let ids: crate::export::pprof::Identities = [(11, &id)].into_iter().collect();

@@ -8,29 +8,34 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Identity {
     /// Its cgroup path as `/proc/PID/cgroup` gives it: the v1 memory
-    /// controller's line, else the v2 (unified) line.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// controller's line, else the v2 (unified) line; null: not read.
+    #[serde(default)]
     pub cgroup: Option<String>,
     /// The container id the cgroup path names (64 hex digits, as `crictl ps`
-    /// and `docker ps --no-trunc` show it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// and `docker ps --no-trunc` show it); null: none named.
+    #[serde(default)]
     pub container_id: Option<String>,
     /// Who made that container's cgroup: "containerd", "cri-o", "docker",
     /// "podman", or "kubepods" (a bare id under a pod's cgroup, cgroupfs driver).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_runtime: Option<String>,
     /// The Kubernetes pod's uid (`kubectl get pod -o jsonpath='{.metadata.uid}'`),
-    /// with dashes (the systemd driver's slice names write underscores).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// with dashes (the systemd driver's slice names write underscores); null: none named.
+    #[serde(default)]
     pub pod_uid: Option<String>,
-    /// Its rank in the job: `RANK`, else `SLURM_PROCID`, else `OMPI_COMM_WORLD_RANK`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Its place in a distributed job, from its environment; null: none named.
+    #[serde(default)]
+    pub rank: Option<Rank>,
+}
+
+/// A process's rank, as its environment names it (each null where unset).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Rank {
+    /// `RANK`, else `SLURM_PROCID`, else `OMPI_COMM_WORLD_RANK`.
     pub rank: Option<u32>,
-    /// Its rank on this node: `LOCAL_RANK`, `SLURM_LOCALID`, `OMPI_COMM_WORLD_LOCAL_RANK`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// `LOCAL_RANK`, `SLURM_LOCALID`, `OMPI_COMM_WORLD_LOCAL_RANK`.
     pub local_rank: Option<u32>,
-    /// Ranks in the job: `WORLD_SIZE`, `SLURM_NTASKS`, `OMPI_COMM_WORLD_SIZE`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// `WORLD_SIZE`, `SLURM_NTASKS`, `OMPI_COMM_WORLD_SIZE`.
     pub world_size: Option<u32>,
 }
 
@@ -38,6 +43,11 @@ impl Identity {
     /// Nothing known.
     pub fn is_empty(&self) -> bool {
         *self == Self::default()
+    }
+
+    /// The rank number, where one is named.
+    pub fn rank_number(&self) -> Option<u32> {
+        self.rank.and_then(|r| r.rank)
     }
 
     /// The container id shortened as `docker ps` and `crictl ps` show it (12 digits).
@@ -56,17 +66,19 @@ impl Identity {
         put("cgroup", self.cgroup.clone());
         put("pod_uid", self.pod_uid.clone());
         put("container_id", self.container_id.clone());
-        put("rank", self.rank.map(|r| r.to_string()));
-        put("local_rank", self.local_rank.map(|r| r.to_string()));
-        put("world_size", self.world_size.map(|r| r.to_string()));
+        let r = self.rank.unwrap_or_default();
+        put("rank", r.rank.map(|r| r.to_string()));
+        put("local_rank", r.local_rank.map(|r| r.to_string()));
+        put("world_size", r.world_size.map(|r| r.to_string()));
         l
     }
 
-    /// A short text for a view: `rank 3/8 pod 1f2e… ctr 0123456789ab`, empty when nothing is known
-    /// but the cgroup (the cgroup is shown on its own).
+    /// A short text for a view: `rank 3/8 pod 1f2e3d4c ctr 0123456789ab`;
+    /// empty when only the cgroup is known.
     pub fn short(&self) -> String {
         let mut parts = Vec::new();
-        match (self.rank, self.world_size) {
+        let r = self.rank.unwrap_or_default();
+        match (r.rank, r.world_size) {
             (Some(r), Some(n)) => parts.push(format!("rank {r}/{n}")),
             (Some(r), None) => parts.push(format!("rank {r}")),
             _ => {}
@@ -86,15 +98,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn flattened_fields_are_left_out_when_unknown() {
+    fn flattened_fields_are_null_when_unknown() {
         #[derive(Serialize, Deserialize)]
         struct Row {
             pid: u32,
             #[serde(flatten)]
             identity: Identity,
         }
-        let row = Row { pid: 7, identity: Identity { rank: Some(3), ..Identity::default() } };
-        assert_eq!(serde_json::to_string(&row).unwrap(), r#"{"pid":7,"rank":3}"#);
+        let rank = Rank { rank: Some(3), ..Rank::default() };
+        let row = Row { pid: 7, identity: Identity { rank: Some(rank), ..Identity::default() } };
+        // As vmtrace-contract.md writes them: null where unknown, the runtime absent.
+        assert_eq!(
+            serde_json::to_string(&row).unwrap(),
+            r#"{"pid":7,"cgroup":null,"container_id":null,"pod_uid":null,"rank":{"rank":3,"local_rank":null,"world_size":null}}"#
+        );
+        // A summary written before identities reads.
         let back: Row = serde_json::from_str(r#"{"pid":7}"#).unwrap();
         assert!(back.identity.is_empty());
     }
@@ -104,8 +122,7 @@ mod tests {
         let id = Identity {
             pod_uid: Some("1f2e3d4c-0000-1111-2222-333344445555".into()),
             container_id: Some("a".repeat(64)),
-            rank: Some(3),
-            world_size: Some(8),
+            rank: Some(Rank { rank: Some(3), local_rank: None, world_size: Some(8) }),
             ..Identity::default()
         };
         assert_eq!(id.short(), "rank 3/8 pod 1f2e3d4c ctr aaaaaaaaaaaa");

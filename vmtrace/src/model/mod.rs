@@ -26,7 +26,7 @@ pub use faults::{largest_remainder, scale, Faults, Hist};
 pub use findings::Finding;
 pub use fold::{fold, Folding, OTHER_PID};
 pub use format::{bytes, clip, comm_str, escape_html, fmt_ns};
-pub use identity::Identity;
+pub use identity::{Identity, Rank};
 pub use live::{Cum, LiveProcess, LiveResident, LiveSnapshot, RateKeeper, Rates};
 pub use locations::{CodeLocation, CodeLocations};
 pub use oom::{HeldRegion, OomRecord};

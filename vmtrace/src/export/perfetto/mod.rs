@@ -161,7 +161,7 @@ fn clock_ns(c: libc::clockid_t) -> u64 {
 /// apart in the track list) and its identity as process labels
 /// (`pod_uid=…`, `container_id=…`, `cgroup=…`, `rank=…`).
 pub fn process_track(uuid: u64, pid: u32, name: &str, id: Option<&crate::model::Identity>) -> TrackDescriptor {
-    let name = match id.and_then(|i| i.rank) {
+    let name = match id.and_then(crate::model::Identity::rank_number) {
         Some(r) if !name.is_empty() => format!("{name} [rank {r}]"),
         _ => name.to_string(),
     };

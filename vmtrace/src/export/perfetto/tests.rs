@@ -255,7 +255,7 @@ fn process_tracks_carry_rank_pod_and_container() {
     p.identity = crate::model::Identity {
         cgroup: Some("/kubepods/burstable/pod4e5b6f1a-2c3d-4e5f-8a9b-0c1d2e3f4a5b/0123".into()),
         pod_uid: Some("4e5b6f1a-2c3d-4e5f-8a9b-0c1d2e3f4a5b".into()),
-        rank: Some(3),
+        rank: Some(crate::model::Rank { rank: Some(3), ..crate::model::Rank::default() }),
         ..crate::model::Identity::default()
     };
     let comm = p.comm.clone();
