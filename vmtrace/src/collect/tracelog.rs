@@ -312,6 +312,7 @@ mod tests {
             ipis_sent: 0,
             resident: None,
             identity: None,
+            exited: false,
         }
     }
 

@@ -42,6 +42,10 @@ pub const RESIDENT: Kind =
 pub const RESIDENT_PEAK: Kind =
     Kind { stem: "resident-peak", values: &[("inuse_space", "bytes")], period_type: ("space", "bytes") };
 
+/// Copy-on-write faults by process (`serve`'s `/debug/pprof/cow`): the
+/// stacks count no COW faults apart, so each process is one sample.
+pub const COW: Kind = Kind { stem: "cow", values: &[("cow_faults", "count")], period_type: ("faults", "count") };
+
 /// Every profile, in the order they are written.
 pub const ALL: [Kind; 7] = [FAULTS, FAULT_TIME, MAJOR_FAULTS, MMAP, SHOOTDOWNS, RESIDENT, RESIDENT_PEAK];
 
@@ -411,6 +415,51 @@ pub fn graph_profile(kind: Kind, meta: &Meta, graph: &Graph) -> pb::Profile {
         }
     }
     b.finish()
+}
+
+/// The samples of a graph's lines, one per line and process, as
+/// [`graph_profile`] makes them (for profiles built from samples, such as
+/// `serve`'s windows, which subtract two of them).
+pub fn graph_samples(kind: Kind, graph: &Graph) -> Vec<Sample> {
+    let mut out = Vec::new();
+    for l in &graph.lines {
+        if l.parts().next().is_none() {
+            continue;
+        }
+        let line = graph.tree.line(l.node);
+        for (pid, weight) in l.parts() {
+            out.push(sample(kind, &line, Some(pid), l.region, vec![weight as i64]));
+        }
+    }
+    out
+}
+
+/// The samples of `mmap` (calls) or `shootdowns` (IPIs sent, and the calls
+/// of the site that sent them) from the symbolized call sites: a sample per
+/// folded line and process, as `mmap.folded` and `shootdowns.folded` hold them.
+pub fn mm_samples(kind: Kind, sites: &[crate::model::MmSite]) -> Vec<Sample> {
+    use crate::stacks::flamegraph::folded_lines_by_pid;
+    let frames =
+        |m: &crate::model::MmSite| std::iter::once(m.comm.clone()).chain(m.frames.iter().cloned()).collect::<Vec<_>>();
+    let calls = folded_lines_by_pid(sites.iter().map(|m| (m.pid, frames(m), m.calls)));
+    if kind != SHOOTDOWNS {
+        return calls.iter().map(|p| sample(kind, &p.line, Some(p.pid), None, vec![p.weight as i64])).collect();
+    }
+    let calls_of: HashMap<(&str, u32), u64> = calls.iter().map(|p| ((p.line.as_str(), p.pid), p.weight)).collect();
+    let ipis = folded_lines_by_pid(sites.iter().map(|m| (m.pid, frames(m), m.ipis)));
+    ipis.iter()
+        .map(|p| {
+            let c = calls_of.get(&(p.line.as_str(), p.pid)).copied().unwrap_or(0);
+            sample(kind, &p.line, Some(p.pid), None, vec![p.weight as i64, c as i64])
+        })
+        .collect()
+}
+
+/// A profile gzipped, as pprof reads it from a file or over HTTP.
+pub fn gzipped(profile: &pb::Profile) -> io::Result<Vec<u8>> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&profile.encode_to_vec())?;
+    gz.finish()
 }
 
 /// The samples of `kind` from its folded file alone (`vmtrace report DIR`):

@@ -24,6 +24,8 @@ pub struct LiveProcess {
     /// Its cgroup, container, pod and rank, where read (shared by the
     /// processes of one container).
     pub identity: Option<std::sync::Arc<super::Identity>>,
+    /// Its exit was seen (its counters are final).
+    pub exited: bool,
 }
 
 /// A process's resident memory as the kernel counts it (bytes).
@@ -70,6 +72,7 @@ impl LiveProcess {
             ipis_sent: mm.map_or(0, |m| m.ipis_sent),
             resident: None,
             identity: None,
+            exited: false,
         }
     }
 

@@ -255,8 +255,6 @@ fn write_mm_flamegraphs(w: &mut Writer, sites: &[MmSite], s: &Summary) {
     let frames = |m: &MmSite| std::iter::once(m.comm.clone()).chain(m.frames.iter().cloned()).collect::<Vec<_>>();
     let calls = flamegraph::folded_lines_by_pid(sites.iter().map(|m| (m.pid, frames(m), m.calls)));
     let ipis = flamegraph::folded_lines_by_pid(sites.iter().map(|m| (m.pid, frames(m), m.ipis)));
-    let calls_of: std::collections::HashMap<(&str, u32), u64> =
-        calls.iter().map(|p| ((p.line.as_str(), p.pid), p.weight)).collect();
     for (kind, parts, title, unit) in [
         (pprof::MMAP, &calls, "mmap-family calls by call site", "calls"),
         (pprof::SHOOTDOWNS, &ipis, "TLB shootdown IPIs sent, by initiating call site", "IPIs"),
@@ -265,13 +263,6 @@ fn write_mm_flamegraphs(w: &mut Writer, sites: &[MmSite], s: &Summary) {
         let total = flamegraph::total(&f);
         let title = format!("{title} — {total} {unit}");
         w.flamegraph(kind.stem, &f, &title, unit);
-        let samples = parts.iter().map(|p| {
-            let mut values = vec![p.weight as i64];
-            if kind == pprof::SHOOTDOWNS {
-                values.push(calls_of.get(&(p.line.as_str(), p.pid)).copied().unwrap_or(0) as i64);
-            }
-            pprof::sample(kind, &p.line, Some(p.pid), None, values)
-        });
         let meta = pprof::Meta {
             period: 1,
             comment: &title,
@@ -279,7 +270,7 @@ fn write_mm_flamegraphs(w: &mut Writer, sites: &[MmSite], s: &Summary) {
             main: &recorded(s),
             identities: &identities(s),
         };
-        w.pprof(kind, || pprof::profile(kind, &meta, samples));
+        w.pprof(kind, || pprof::profile(kind, &meta, pprof::mm_samples(kind, sites)));
     }
 }
 
