@@ -156,7 +156,10 @@ fn start_serve() -> (Killed, String) {
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(vm.stderr.take().unwrap()).read_line(&mut line).unwrap();
+    let mut err = BufReader::new(vm.stderr.take().unwrap());
+    err.read_line(&mut line).unwrap();
+    // Whatever it says later goes to the test's stderr (a closed pipe would fail its writes).
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::stderr()));
     let vm = Killed(vm);
     let addr =
         line.split("http://").nth(1).and_then(|r| r.split('/').next()).unwrap_or_else(|| panic!("{line}")).to_string();
@@ -287,16 +290,20 @@ fn prometheus_and_pprof_read_a_pods_faults_by_pod_container_and_rank() {
     assert!(in_pod > 0 && in_pod.abs_diff(metric) <= 2 + metric / 200, "profile {in_pod} vs metrics {metric}\n{raw}");
     assert!(raw.contains("rank:[5]") && raw.contains(&format!("container_id:[{}]", cg.id)), "{raw}");
 
-    // Bad requests are answered clearly.
-    let (status, body) = get(&addr, "/debug/pprof/heap");
-    assert_eq!(status, 404);
-    assert!(String::from_utf8_lossy(&body).contains("faults, fault-time"), "{}", String::from_utf8_lossy(&body));
-    let (status, body) = get(&addr, "/debug/pprof/faults?seconds=soon");
-    assert_eq!(status, 400);
-    assert!(String::from_utf8_lossy(&body).contains("not a whole number"));
-    assert_eq!(get(&addr, "/healthz"), (200, b"ok\n".to_vec()));
+    bad_requests_are_answered_clearly(&addr);
     drop(work);
     drop(vm);
+}
+
+/// An unknown profile, a bad window, and the health check.
+fn bad_requests_are_answered_clearly(addr: &str) {
+    let (status, body) = get(addr, "/debug/pprof/heap");
+    assert_eq!(status, 404);
+    assert!(String::from_utf8_lossy(&body).contains("faults, fault-time"), "{}", String::from_utf8_lossy(&body));
+    let (status, body) = get(addr, "/debug/pprof/faults?seconds=soon");
+    assert_eq!(status, 400);
+    assert!(String::from_utf8_lossy(&body).contains("not a whole number"));
+    assert_eq!(get(addr, "/healthz"), (200, b"ok\n".to_vec()));
 }
 
 /// The total of a `go tool pprof -raw` listing's samples whose labels hold `label`.

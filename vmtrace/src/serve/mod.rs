@@ -176,10 +176,10 @@ pub fn serve(opts: &ServeOptions) -> Result<i32, ServeError> {
             });
         }
     });
-    eprintln!("vmtrace: serving OpenMetrics on http://{addr}/metrics (Ctrl-C to stop)");
-    if opts.profiles {
-        eprintln!("vmtrace: profiles on http://{addr}/debug/pprof/ ; health on http://{addr}/healthz");
-    }
+    // One write: a reader that takes the first line and closes the pipe
+    // (the tests) must not make a second one fail.
+    let profiles = if opts.profiles { format!(", profiles on http://{addr}/debug/pprof/") } else { String::new() };
+    eprintln!("vmtrace: serving OpenMetrics on http://{addr}/metrics{profiles}, health on http://{addr}/healthz (Ctrl-C to stop)");
     let mut agg = metrics::Aggregator::new(opts.top, opts.cgroups);
     let mut next = Instant::now();
     let session = tracer.session();
