@@ -48,9 +48,15 @@ pub enum Command {
         /// Trace the whole system (the default).
         #[arg(short, long)]
         all: bool,
-        /// Processes with series of their own; the rest add into comm="other".
+        /// Processes with series of their own (the busiest, as places free up); the rest add into comm="other".
         #[arg(long, default_value_t = 20)]
         top: usize,
+        /// Cgroups (with ranks) with series of their own; later ones add into cgroup="other".
+        #[arg(long, default_value_t = 200)]
+        cgroups: usize,
+        /// Take no fault stacks: no profiles at /debug/pprof/ (cheaper).
+        #[arg(long)]
+        no_profiles: bool,
     },
     /// Run the built-in workload under trace and write a report.
     Demo {

@@ -112,12 +112,14 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 storm_threshold: a.storm_threshold,
             })?)
         }
-        Command::Serve { listen, allow_remote, pid, all: _, top } => {
+        Command::Serve { listen, allow_remote, pid, all: _, top, cgroups, no_profiles } => {
             Ok(vmtrace::serve::serve(&vmtrace::serve::ServeOptions {
                 listen,
                 allow_remote,
                 target: pid.map_or(Target::System, Target::Pid),
                 top,
+                cgroups,
+                profiles: !no_profiles,
             })?)
         }
         Command::Workload(w) => {

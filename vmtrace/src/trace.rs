@@ -138,8 +138,9 @@ impl Plan {
         };
         SessionOptions {
             families: self.families,
-            // Only a recording aggregates fault stacks (`top` takes them for storm culprits).
-            stacks: (record.is_some() && self.stacks.mode != StackMode::None)
+            // A recording and `serve` (its profiles) aggregate fault stacks
+            // (`top` takes them for storm culprits only).
+            stacks: (front != Front::Live && self.stacks.mode != StackMode::None)
                 .then(|| (self.stacks.mode, self.stacks.period.max(1))),
             storm_threshold: self.storm_threshold,
             python_frames: self.stacks.python_frames,
@@ -465,7 +466,7 @@ mod tests {
         let live = plan.session_options(Front::Live);
         assert!(live.forget_exited && !live.retire_exited && live.stacks.is_none());
         let serve = plan.session_options(Front::Metrics);
-        assert!(!serve.forget_exited && !serve.retire_exited && serve.stacks.is_none());
+        assert!(!serve.forget_exited && !serve.retire_exited && serve.stacks.is_some());
         // The Perfetto trace needs every row: nothing folds as processes retire.
         let perfetto = Plan { perfetto: true, ..Plan::new(Target::Pid(1)) };
         let o = perfetto.session_options(Front::Record { fold_below: 0.1 });

@@ -226,6 +226,12 @@ fn test(extra: &[String]) -> Result<()> {
         let why = "the pprof test (`go tool pprof` reads every profile; VMTRACE_SKIP_GO_PPROF=1 skips it)";
         ensure_tool_answering(&["go"], &["version"], "golang-go", why)?;
     }
+    if env::var("VMTRACE_SKIP_PROMETHEUS").as_deref() == Ok("1") {
+        say("VMTRACE_SKIP_PROMETHEUS=1: without `prometheus`, the node-agent test will report itself skipped");
+    } else {
+        let why = "the node-agent test (Prometheus scrapes `vmtrace serve`; VMTRACE_SKIP_PROMETHEUS=1 skips it)";
+        ensure_tool(&["prometheus"], "prometheus", why)?;
+    }
     if env::var("VMTRACE_SKIP_TORCH").as_deref() == Ok("1") {
         say("VMTRACE_SKIP_TORCH=1: the torch tests will report themselves skipped");
     }

@@ -240,6 +240,7 @@ fn processes(i: &Inputs) -> (Vec<Process>, Faults) {
             folded: 0,
             folded_comms: BTreeMap::new(),
             resident: None,
+            identity: info.identity.as_deref().cloned().unwrap_or_default(),
         });
     }
     (out, totals)

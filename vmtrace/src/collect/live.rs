@@ -50,6 +50,10 @@ impl<S: AggregateSource> Session<S> {
             }
             processes.sort_by_key(|p| p.pid);
         }
+        for p in &mut processes {
+            p.identity = self.table.identify(p.pid);
+            p.exited = self.table.get(p.pid).is_some_and(|i| i.exited);
+        }
         if let Some(r) = self.resident.as_ref() {
             for p in &mut processes {
                 p.resident = r.kernel_of(p.pid).map(|m| crate::model::LiveResident::from_kernel(&m));
@@ -75,5 +79,33 @@ impl<S: AggregateSource> Session<S> {
                 p.comm = Some(self.table.ensure(p.pid).comm.clone());
             }
         }
+    }
+
+    /// The fault stacks of the whole trace so far, symbolized and weighted
+    /// to each process's totals as a recording's flamegraphs are (so they add
+    /// up to the same counts `live_snapshot` gives), and the mmap-family call
+    /// sites with the IPIs they sent: what `serve`'s profiles are made of.
+    /// Empty without stacks.
+    pub fn live_stacks(&mut self) -> (Vec<crate::stacks::Stack>, Vec<crate::model::MmSite>) {
+        if self.opts.stacks.is_none() {
+            return (Vec::new(), Vec::new());
+        }
+        let (native, py) = (&self.native, &self.python.codes);
+        let mut stacks = super::symbols::build_stacks(&mut self.table, &self.source, native, py);
+        let totals = self
+            .stats_totals()
+            .iter()
+            .map(|(pid, s)| {
+                let f = crate::model::Faults::from_stats(s, self.minor_period);
+                (*pid, crate::stacks::weight::Totals { faults: f.total, time_ns: f.time_ns, major: f.major })
+            })
+            .collect();
+        crate::stacks::weight::weigh(&mut stacks, &totals);
+        let sites = if self.opts.families.mmap {
+            super::symbols::build_mm_sites(&mut self.table, &self.source, native, py)
+        } else {
+            Vec::new()
+        };
+        (stacks, sites)
     }
 }

@@ -2,13 +2,14 @@
 //! Built from the kernel's task events while processes live, so short-lived
 //! ones keep their identity after they are gone.
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashSet},
     fs,
+    sync::Arc,
 };
 
 use vmtrace_common::{EventKind, FaultStats, TaskEvent};
 
-use crate::model::comm_str;
+use crate::model::{comm_str, Identity};
 use crate::{model::KernelAccounting, target::shell_status};
 
 #[derive(Clone, Debug)]
@@ -22,6 +23,10 @@ pub struct ProcInfo {
     pub stats: Option<FaultStats>,
     /// Its memory cgroup, read while it lived (for OOM reports).
     pub cgroup: Option<(crate::oom::CgroupVersion, String)>,
+    /// Its cgroup, container, pod and rank (`crate::identity`): read at its
+    /// exec (a new environment) or when first seen, inherited at fork.
+    /// `None`: not read yet; an empty identity: read, nothing known.
+    pub identity: Option<Arc<Identity>>,
     /// Its memory map, read while it lived (to symbolize its stacks after it exits).
     pub maps: Vec<crate::procmaps::Region>,
     pub maps_read: Option<std::time::Instant>,
@@ -67,6 +72,7 @@ impl Default for ProcInfo {
             kernel: None,
             stats: None,
             cgroup: None,
+            identity: None,
             maps: Vec::new(),
             maps_read: None,
             maps_gen: None,
@@ -91,6 +97,8 @@ pub(crate) struct ProcessTable {
     /// re-reads, Python detection) walk these, not every process the
     /// recording has seen, so their cost follows what is live.
     live: BTreeSet<u32>,
+    /// Every distinct identity, kept once: the processes of a container share one.
+    identities: HashSet<Arc<Identity>>,
 }
 
 /// Reading the table, and the changes the session makes to it besides the
@@ -166,6 +174,30 @@ impl ProcessTable {
             p.retired = true;
             p.history.forget_log();
         }
+    }
+
+    /// `pid`'s identity, read from /proc the first time it is asked for
+    /// (a process the trace has not seen start or exec); an exited process
+    /// not read before has none.
+    pub(crate) fn identify(&mut self, pid: u32) -> Option<Arc<Identity>> {
+        if let Some(id) = self.procs.get(&pid).and_then(|p| p.identity.clone()) {
+            return Some(id);
+        }
+        if self.procs.get(&pid).is_some_and(|p| p.exited) {
+            return None;
+        }
+        let id = self.intern(crate::identity::read(pid).unwrap_or_default());
+        self.procs.entry(pid).or_default().identity = Some(Arc::clone(&id));
+        Some(id)
+    }
+
+    fn intern(&mut self, id: Identity) -> Arc<Identity> {
+        if let Some(known) = self.identities.get(&id) {
+            return Arc::clone(known);
+        }
+        let id = Arc::new(id);
+        self.identities.insert(Arc::clone(&id));
+        id
     }
 
     /// Forgets `pid` altogether (`top -a`: exited processes are not shown again).
@@ -252,10 +284,16 @@ impl ProcessTable {
         match kind {
             EventKind::TaskFork => {
                 self.live.insert(ev.tgid);
-                // fork copies the address space, its break included.
-                let brk = self.procs.get(&ev.ppid).and_then(|p| p.brk);
+                // fork copies the address space, its break included; a child
+                // starts in its parent's cgroup with its environment.
+                let parent = self.procs.get(&ev.ppid);
+                let brk = parent.and_then(|p| p.brk);
+                let inherited = parent.and_then(|pp| pp.identity.clone());
                 let p = self.procs.entry(ev.tgid).or_default();
                 p.brk = p.brk.or(brk);
+                if p.identity.is_none() {
+                    p.identity = inherited;
+                }
                 p.ppid = Some(ev.ppid);
                 p.comm = comm_str(&ev.comm);
                 p.history.forked_from =
@@ -276,6 +314,14 @@ impl ProcessTable {
                 // and an OOM victim is often gone before its /proc can be read.
                 if let Some(cg) = crate::oom::memory_cgroup_of(ev.tgid) {
                     p.cgroup = Some(cg);
+                }
+                // exec gave it a new environment (a launcher sets RANK for it);
+                // one already gone keeps what it inherited.
+                if let Some(id) = crate::identity::read(ev.tgid) {
+                    let id = self.intern(id);
+                    if let Some(p) = self.procs.get_mut(&ev.tgid) {
+                        p.identity = Some(id);
+                    }
                 }
             }
             EventKind::TaskExit if ev.group_dead == 0 => {
@@ -346,7 +392,10 @@ impl ProcessTable {
         if p.comm.is_empty() {
             p.comm = "?".into();
         }
-        p
+        if p.identity.is_none() {
+            self.identify(pid);
+        }
+        self.procs.entry(pid).or_default()
     }
 }
 

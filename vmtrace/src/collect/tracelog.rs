@@ -311,6 +311,8 @@ mod tests {
             munmap: 0,
             ipis_sent: 0,
             resident: None,
+            identity: None,
+            exited: false,
         }
     }
 

@@ -42,6 +42,10 @@ pub const RESIDENT: Kind =
 pub const RESIDENT_PEAK: Kind =
     Kind { stem: "resident-peak", values: &[("inuse_space", "bytes")], period_type: ("space", "bytes") };
 
+/// Copy-on-write faults by process (`serve`'s `/debug/pprof/cow`): the
+/// stacks count no COW faults apart, so each process is one sample.
+pub const COW: Kind = Kind { stem: "cow", values: &[("cow_faults", "count")], period_type: ("faults", "count") };
+
 /// Every profile, in the order they are written.
 pub const ALL: [Kind; 7] = [FAULTS, FAULT_TIME, MAJOR_FAULTS, MMAP, SHOOTDOWNS, RESIDENT, RESIDENT_PEAK];
 
@@ -335,6 +339,16 @@ pub struct Meta<'a> {
     pub duration_s: f64,
     /// What was recorded (the command's name), pprof's `File:`.
     pub main: &'a str,
+    /// Each process's cgroup, pod, container and rank: labels of its samples.
+    pub identities: &'a Identities<'a>,
+}
+
+/// Identities by pid, for [`Meta::identities`].
+pub type Identities<'a> = std::collections::BTreeMap<u32, &'a crate::model::Identity>;
+
+/// The labels `meta` gives the samples of `pid`.
+fn identity_labels(meta: &Meta, pid: Option<u32>) -> Vec<(&'static str, String)> {
+    pid.and_then(|p| meta.identities.get(&p)).map(|i| i.labels()).unwrap_or_default()
 }
 
 /// A whole profile: `samples` of `kind`.
@@ -343,7 +357,8 @@ pub fn profile(kind: Kind, meta: &Meta, samples: impl IntoIterator<Item = Sample
     b.main_name(meta.main);
     b.comment(meta.comment);
     b.duration(meta.duration_s);
-    for s in samples {
+    for mut s in samples {
+        s.labels.extend(identity_labels(meta, s.pid));
         b.add(&s);
     }
     b.finish()
@@ -361,6 +376,7 @@ pub fn graph_profile(kind: Kind, meta: &Meta, graph: &Graph) -> pb::Profile {
     // Location ids by frame id, 0 until made.
     let mut located = vec![0u64; tree.frame_count()];
     let mut path = Vec::new();
+    let mut identities: HashMap<u32, Vec<(&'static str, String)>> = HashMap::new();
     for l in &graph.lines {
         let mut parts = l.parts().peekable();
         if parts.peek().is_none() {
@@ -388,10 +404,62 @@ pub fn graph_profile(kind: Kind, meta: &Meta, graph: &Graph) -> pb::Profile {
                 }
                 location_id.push(*at);
             }
-            b.add_located(location_id, vec![weight as i64], Some(pid), &labels);
+            let id = identities.entry(pid).or_insert_with(|| identity_labels(meta, Some(pid)));
+            if id.is_empty() {
+                b.add_located(location_id, vec![weight as i64], Some(pid), &labels);
+            } else {
+                let mut all = labels.clone();
+                all.extend(id.iter().map(|(k, v)| (*k, v.as_str())));
+                b.add_located(location_id, vec![weight as i64], Some(pid), &all);
+            }
         }
     }
     b.finish()
+}
+
+/// The samples of a graph's lines, one per line and process, as
+/// [`graph_profile`] makes them (for profiles built from samples, such as
+/// `serve`'s windows, which subtract two of them).
+pub fn graph_samples(kind: Kind, graph: &Graph) -> Vec<Sample> {
+    let mut out = Vec::new();
+    for l in &graph.lines {
+        if l.parts().next().is_none() {
+            continue;
+        }
+        let line = graph.tree.line(l.node);
+        for (pid, weight) in l.parts() {
+            out.push(sample(kind, &line, Some(pid), l.region, vec![weight as i64]));
+        }
+    }
+    out
+}
+
+/// The samples of `mmap` (calls) or `shootdowns` (IPIs sent, and the calls
+/// of the site that sent them) from the symbolized call sites: a sample per
+/// folded line and process, as `mmap.folded` and `shootdowns.folded` hold them.
+pub fn mm_samples(kind: Kind, sites: &[crate::model::MmSite]) -> Vec<Sample> {
+    use crate::stacks::flamegraph::folded_lines_by_pid;
+    let frames =
+        |m: &crate::model::MmSite| std::iter::once(m.comm.clone()).chain(m.frames.iter().cloned()).collect::<Vec<_>>();
+    let calls = folded_lines_by_pid(sites.iter().map(|m| (m.pid, frames(m), m.calls)));
+    if kind != SHOOTDOWNS {
+        return calls.iter().map(|p| sample(kind, &p.line, Some(p.pid), None, vec![p.weight as i64])).collect();
+    }
+    let calls_of: HashMap<(&str, u32), u64> = calls.iter().map(|p| ((p.line.as_str(), p.pid), p.weight)).collect();
+    let ipis = folded_lines_by_pid(sites.iter().map(|m| (m.pid, frames(m), m.ipis)));
+    ipis.iter()
+        .map(|p| {
+            let c = calls_of.get(&(p.line.as_str(), p.pid)).copied().unwrap_or(0);
+            sample(kind, &p.line, Some(p.pid), None, vec![p.weight as i64, c as i64])
+        })
+        .collect()
+}
+
+/// A profile gzipped, as pprof reads it from a file or over HTTP.
+pub fn gzipped(profile: &pb::Profile) -> io::Result<Vec<u8>> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&profile.encode_to_vec())?;
+    gz.finish()
 }
 
 /// The samples of `kind` from its folded file alone (`vmtrace report DIR`):

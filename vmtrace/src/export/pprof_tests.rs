@@ -113,7 +113,13 @@ fn written_profiles_decode_with_their_totals() {
     let dir = tempfile::tempdir().unwrap();
     let folded = "train;main;load;[file /w.bin] 9\ntrain;main;init 3\nworker;run 5\n";
     let samples = folded_samples(FAULT_TIME, folded, |c| (c == "train").then_some(11), None);
-    let meta = Meta { period: 4, comment: "fault time", duration_s: 1.5, main: "train" };
+    let meta = Meta {
+        period: 4,
+        comment: "fault time",
+        duration_s: 1.5,
+        main: "train",
+        identities: &crate::export::pprof::Identities::new(),
+    };
     let p = profile(FAULT_TIME, &meta, samples);
     let path = dir.path().join("fault-time.pb.gz");
     write(&path, &p).unwrap();
@@ -153,4 +159,24 @@ fn shootdowns_carry_their_sites_calls() {
     // No region is read into a syscall leaf.
     assert!(!s[0].labels.iter().any(|l| l.0 == "region"));
     assert_eq!(folded_samples(MMAP, mmap, |_| None, None).iter().map(|s| s.values[0]).sum::<i64>(), 14);
+}
+
+#[test]
+fn samples_carry_their_process_identity() {
+    let id = crate::model::Identity {
+        cgroup: Some("/kubepods/burstable/pod4e5b6f1a-2c3d-4e5f-8a9b-0c1d2e3f4a5b/c0".into()),
+        pod_uid: Some("4e5b6f1a-2c3d-4e5f-8a9b-0c1d2e3f4a5b".into()),
+        rank: Some(crate::model::Rank { rank: Some(2), ..crate::model::Rank::default() }),
+        ..crate::model::Identity::default()
+    };
+    let ids: crate::export::pprof::Identities = [(11, &id)].into_iter().collect();
+    let meta = Meta { period: 1, comment: "", duration_s: 1.0, main: "train", identities: &ids };
+    let samples = folded_samples(FAULTS, "train;main 9\nworker;run 5\n", |c| (c == "train").then_some(11), None);
+    let p = profile(FAULTS, &meta, samples);
+    let s = |i: i64| p.string_table[i as usize].as_str();
+    let labels = |i: usize| p.sample[i].label.iter().map(|l| format!("{}={}", s(l.key), s(l.str))).collect::<Vec<_>>();
+    assert!(labels(0).contains(&"pod_uid=4e5b6f1a-2c3d-4e5f-8a9b-0c1d2e3f4a5b".to_string()), "{:?}", labels(0));
+    assert!(labels(0).contains(&"rank=2".to_string()));
+    assert!(labels(0).iter().any(|l| l.starts_with("cgroup=/kubepods/")));
+    assert!(!labels(1).iter().any(|l| l.starts_with("rank")));
 }

@@ -35,6 +35,7 @@ fn process(pid: u32, ppid: u32, comm: &str, total: u64) -> Process {
         folded: 0,
         folded_comms: BTreeMap::new(),
         resident: None,
+        identity: crate::model::Identity::default(),
     }
 }
 

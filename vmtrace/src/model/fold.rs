@@ -123,6 +123,7 @@ fn other_process(folded: &[Process]) -> Process {
         folded: 0,
         folded_comms: BTreeMap::new(),
         resident: None,
+        identity: super::Identity::default(),
     };
     let mut comms: HashMap<&str, u64> = HashMap::new();
     let mut cow = CowFrom::default();

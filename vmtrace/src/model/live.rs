@@ -21,6 +21,11 @@ pub struct LiveProcess {
     /// Its resident memory now (the kernel's `rss_stat` counters; `None`
     /// where resident memory is not traced or its address space not seen).
     pub resident: Option<LiveResident>,
+    /// Its cgroup, container, pod and rank, where read (shared by the
+    /// processes of one container).
+    pub identity: Option<std::sync::Arc<super::Identity>>,
+    /// Its exit was seen (its counters are final).
+    pub exited: bool,
 }
 
 /// A process's resident memory as the kernel counts it (bytes).
@@ -66,6 +71,8 @@ impl LiveProcess {
             munmap: mm.map_or(0, |m| m.calls[MmCall::Munmap as usize]),
             ipis_sent: mm.map_or(0, |m| m.ipis_sent),
             resident: None,
+            identity: None,
+            exited: false,
         }
     }
 

@@ -209,6 +209,11 @@ pub struct Process {
     /// Resident memory at its end and at its peak (`--events resident`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resident: Option<super::Resident>,
+    /// Its cgroup, container id, pod uid and rank (`cgroup`, `container_id`,
+    /// `container_runtime`, `pod_uid`, `rank`, `local_rank`, `world_size`
+    /// in the row itself; each absent where unknown).
+    #[serde(flatten)]
+    pub identity: super::Identity,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference

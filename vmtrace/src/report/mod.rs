@@ -237,7 +237,13 @@ fn write_flamegraphs(w: &mut Writer, stacks: &[Stack], st: &StacksSummary, s: &S
         let extra = if weight == Weight::TimeNs { format!("{timing}{how}") } else { how.clone() };
         let title = format!("{title} — {total_text} ({extra})");
         w.flamegraph_folded(weight.file_stem(), &graph.folded_small(flamegraph::MIN_SHARE), &title, unit);
-        let meta = pprof::Meta { period: n, comment: &title, duration_s: s.duration_s, main: &recorded(s) };
+        let meta = pprof::Meta {
+            period: n,
+            comment: &title,
+            duration_s: s.duration_s,
+            main: &recorded(s),
+            identities: &identities(s),
+        };
         w.pprof(kind, || pprof::graph_profile(kind, &meta, &graph));
     }
 }
@@ -249,8 +255,6 @@ fn write_mm_flamegraphs(w: &mut Writer, sites: &[MmSite], s: &Summary) {
     let frames = |m: &MmSite| std::iter::once(m.comm.clone()).chain(m.frames.iter().cloned()).collect::<Vec<_>>();
     let calls = flamegraph::folded_lines_by_pid(sites.iter().map(|m| (m.pid, frames(m), m.calls)));
     let ipis = flamegraph::folded_lines_by_pid(sites.iter().map(|m| (m.pid, frames(m), m.ipis)));
-    let calls_of: std::collections::HashMap<(&str, u32), u64> =
-        calls.iter().map(|p| ((p.line.as_str(), p.pid), p.weight)).collect();
     for (kind, parts, title, unit) in [
         (pprof::MMAP, &calls, "mmap-family calls by call site", "calls"),
         (pprof::SHOOTDOWNS, &ipis, "TLB shootdown IPIs sent, by initiating call site", "IPIs"),
@@ -259,15 +263,14 @@ fn write_mm_flamegraphs(w: &mut Writer, sites: &[MmSite], s: &Summary) {
         let total = flamegraph::total(&f);
         let title = format!("{title} — {total} {unit}");
         w.flamegraph(kind.stem, &f, &title, unit);
-        let samples = parts.iter().map(|p| {
-            let mut values = vec![p.weight as i64];
-            if kind == pprof::SHOOTDOWNS {
-                values.push(calls_of.get(&(p.line.as_str(), p.pid)).copied().unwrap_or(0) as i64);
-            }
-            pprof::sample(kind, &p.line, Some(p.pid), None, values)
-        });
-        let meta = pprof::Meta { period: 1, comment: &title, duration_s: s.duration_s, main: &recorded(s) };
-        w.pprof(kind, || pprof::profile(kind, &meta, samples));
+        let meta = pprof::Meta {
+            period: 1,
+            comment: &title,
+            duration_s: s.duration_s,
+            main: &recorded(s),
+            identities: &identities(s),
+        };
+        w.pprof(kind, || pprof::profile(kind, &meta, pprof::mm_samples(kind, sites)));
     }
 }
 
@@ -294,7 +297,13 @@ fn write_resident(w: &mut Writer, end: &[Stack], peak: &[Stack], r: &crate::mode
         let total = graph.total();
         let title = format!("{what} — {} ({how})", crate::model::bytes(total));
         w.flamegraph_folded(kind.stem, &graph.folded_small(flamegraph::MIN_SHARE), &title, "bytes");
-        let meta = pprof::Meta { period: 4096, comment: &title, duration_s: s.duration_s, main: &recorded(s) };
+        let meta = pprof::Meta {
+            period: 4096,
+            comment: &title,
+            duration_s: s.duration_s,
+            main: &recorded(s),
+            identities: &identities(s),
+        };
         w.pprof(kind, || pprof::graph_profile(kind, &meta, &graph));
     }
 }
@@ -335,6 +344,11 @@ pub fn rebuild(dir: &Path) -> Result<Summary, String> {
     }
 }
 
+/// Each process's identity, for its profile samples' labels.
+fn identities(s: &Summary) -> pprof::Identities<'_> {
+    s.processes.iter().filter(|p| !p.identity.is_empty()).map(|p| (p.pid, &p.identity)).collect()
+}
+
 /// What a recording traced, as a profile's `File:` names it: the command's
 /// program, the traced process's name, or every process.
 fn recorded(s: &Summary) -> String {
@@ -366,7 +380,13 @@ fn rebuild_profiles(w: &mut Writer, s: &Summary) {
             _ => s.stacks.as_ref().map_or(1, |st| u64::from(st.sample_period.max(1))),
         };
         let title = format!("{} — rebuilt by vmtrace report from {}.folded", kind.stem, kind.stem);
-        let meta = pprof::Meta { period, comment: &title, duration_s: s.duration_s, main: &recorded(s) };
+        let meta = pprof::Meta {
+            period,
+            comment: &title,
+            duration_s: s.duration_s,
+            main: &recorded(s),
+            identities: &identities(s),
+        };
         w.pprof(kind, || {
             pprof::profile(kind, &meta, pprof::folded_samples(kind, &f, |c| pids.get(c).copied(), calls.as_deref()))
         });

@@ -171,7 +171,13 @@ fn a_profile_from_the_tree_is_the_one_the_folded_lines_made() {
         let stacks = random_stacks(&mut rng, [5, 60, 300][round % 3]);
         let tree = Tree::new(&stacks);
         for (weight, kind) in [(Weight::Faults, pprof::FAULTS), (Weight::TimeNs, pprof::FAULT_TIME)] {
-            let meta = pprof::Meta { period: 1, comment: "c", duration_s: 1.0, main: "train" };
+            let meta = pprof::Meta {
+                period: 1,
+                comment: "c",
+                duration_s: 1.0,
+                main: "train",
+                identities: &crate::export::pprof::Identities::new(),
+            };
             let parts = flamegraph::folded_by_pid(&stacks, weight);
             let samples = parts
                 .iter()

@@ -127,7 +127,7 @@ impl Model {
             .zip(rates)
             .map(|(p, (_, rates))| ProcRow {
                 pid: p.pid,
-                comm: p.comm.clone().unwrap_or_default(),
+                comm: with_identity(p.comm.clone().unwrap_or_default(), p.identity.as_deref()),
                 rates: if ended && session.known(p.pid).is_some_and(|k| k.exit_code.is_some()) {
                     Rates::default()
                 } else {
@@ -533,6 +533,7 @@ fn live_findings(
                 folded: 0,
                 folded_comms: std::collections::BTreeMap::new(),
                 resident: None,
+                identity: p.identity.as_deref().cloned().unwrap_or_default(),
             }
         })
         .collect();
@@ -586,4 +587,13 @@ fn live_findings(
         code_locations: None,
     };
     crate::model::findings::diagnose(&summary).iter().map(crate::model::findings::one_line).collect()
+}
+
+/// A process's name as the table shows it: with its rank, pod and
+/// container where known (`python3 [rank 3/8 pod 1f2e3d4c ctr 0123456789ab]`).
+fn with_identity(comm: String, id: Option<&crate::model::Identity>) -> String {
+    match id.map(crate::model::Identity::short).filter(|s| !s.is_empty()) {
+        Some(who) => format!("{comm} [{who}]"),
+        None => comm,
+    }
 }

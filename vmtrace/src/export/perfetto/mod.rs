@@ -157,12 +157,22 @@ fn clock_ns(c: libc::clockid_t) -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-pub fn process_track(uuid: u64, pid: u32, name: &str) -> TrackDescriptor {
+/// A process's track: its name (with its rank where known, so ranks tell
+/// apart in the track list) and its identity as process labels
+/// (`pod_uid=…`, `container_id=…`, `cgroup=…`, `rank=…`).
+pub fn process_track(uuid: u64, pid: u32, name: &str, id: Option<&crate::model::Identity>) -> TrackDescriptor {
+    let name = match id.and_then(crate::model::Identity::rank_number) {
+        Some(r) if !name.is_empty() => format!("{name} [rank {r}]"),
+        _ => name.to_string(),
+    };
     TrackDescriptor {
         uuid: Some(uuid),
         process: Some(ProcessDescriptor {
             pid: Some(pid as i32),
-            process_name: (!name.is_empty()).then(|| name.to_string()),
+            process_name: (!name.is_empty()).then_some(name),
+            process_labels: id
+                .map(|i| i.labels().into_iter().map(|(k, v)| format!("{k}={v}")).collect())
+                .unwrap_or_default(),
             ..ProcessDescriptor::default()
         }),
         ..TrackDescriptor::default()

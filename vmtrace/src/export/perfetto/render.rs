@@ -286,6 +286,8 @@ fn resident_tracks(points: &[ResidentPoint]) -> BTreeSet<(u32, usize)> {
 /// counter and storm tracks under their processes.
 fn tracks<W: Write>(w: &mut Writer<W>, summary: &Summary, log: &TraceLog) -> io::Result<()> {
     let mut procs: BTreeMap<u32, String> = summary.processes.iter().map(|p| (p.pid, p.comm.clone())).collect();
+    let identities: BTreeMap<u32, &crate::model::Identity> =
+        summary.processes.iter().filter(|p| !p.identity.is_empty()).map(|p| (p.pid, &p.identity)).collect();
     let mut threads: BTreeMap<u32, (u32, Option<String>)> = BTreeMap::new();
     for t in &log.tasks {
         let e = threads.entry(t.tid).or_insert((t.tgid, None));
@@ -313,7 +315,7 @@ fn tracks<W: Write>(w: &mut Writer<W>, summary: &Summary, log: &TraceLog) -> io:
         procs.entry(*pid).or_default();
     }
     for (pid, name) in &procs {
-        w.track(process_track(process_uuid(*pid), *pid, name))?;
+        w.track(process_track(process_uuid(*pid), *pid, name, identities.get(pid).copied()))?;
     }
     for (tid, (pid, name)) in &threads {
         w.track(thread_track(thread_uuid(*tid), *pid, *tid, name.as_deref()))?;

@@ -247,3 +247,34 @@ fn an_empty_log_is_a_valid_trace() {
     let trace = decode(&summary(), &TraceLog::default());
     assert!(trace.packet.len() > 1);
 }
+
+#[test]
+fn process_tracks_carry_rank_pod_and_container() {
+    let mut s = summary();
+    let p = s.processes.iter_mut().find(|p| p.pid == 13784).expect("process 13784");
+    p.identity = crate::model::Identity {
+        cgroup: Some("/kubepods/burstable/pod4e5b6f1a-2c3d-4e5f-8a9b-0c1d2e3f4a5b/0123".into()),
+        pod_uid: Some("4e5b6f1a-2c3d-4e5f-8a9b-0c1d2e3f4a5b".into()),
+        rank: Some(crate::model::Rank { rank: Some(3), ..crate::model::Rank::default() }),
+        ..crate::model::Identity::default()
+    };
+    let comm = p.comm.clone();
+    let trace = decode(&s, &log());
+    let track = trace
+        .packet
+        .iter()
+        .find_map(|p| match &p.data {
+            Some(Data::TrackDescriptor(t)) => t.process.as_ref().filter(|pr| pr.pid == Some(13784)),
+            _ => None,
+        })
+        .expect("a process track");
+    assert_eq!(track.process_name.as_deref(), Some(format!("{comm} [rank 3]").as_str()));
+    assert!(track.process_labels.contains(&"pod_uid=4e5b6f1a-2c3d-4e5f-8a9b-0c1d2e3f4a5b".to_string()), "{track:?}");
+    assert!(track.process_labels.contains(&"rank=3".to_string()), "{track:?}");
+    // A process with nothing known has no labels.
+    let other = trace.packet.iter().find_map(|p| match &p.data {
+        Some(Data::TrackDescriptor(t)) => t.process.as_ref().filter(|pr| pr.pid == Some(13787)),
+        _ => None,
+    });
+    assert!(other.is_some_and(|t| t.process_labels.is_empty()));
+}
