@@ -236,9 +236,59 @@ fn test(extra: &[String]) -> Result<()> {
         say("VMTRACE_SKIP_TORCH=1: the torch tests will report themselves skipped");
     }
     say("running tests");
-    // Every target runs even after one fails, so a run shows all its
-    // failures (cargo names the failed targets at the end).
-    run(cmd("cargo").args(["test", "--release", "--no-fail-fast"]).args(USER_CRATES).arg("--").args(extra))
+    let failed =
+        cargo_test_failures(cmd("cargo").args(["test", "--release", "--no-fail-fast"]).args(USER_CRATES), extra)?;
+    if failed.is_empty() {
+        return Ok(());
+    }
+    // Some tests are still load-sensitive (docs/performance.md lists the
+    // known ones); a target that failed runs once more, named loudly here,
+    // and a second failure fails the run.
+    say(&format!(
+        "RETRY: {} test target(s) failed; running each once more (a test that passes on retry is flaky: a bug to fix): {}",
+        failed.len(),
+        failed.join(", ")
+    ));
+    for t in &failed {
+        run(cmd("cargo").args(["test", "--release"]).args(t.split_whitespace()).arg("--").args(extra))?;
+    }
+    say(&format!("RETRY: passed on retry (flaky): {}", failed.join(", ")));
+    Ok(())
+}
+
+/// Runs `cargo test` with its messages passed through, and returns the
+/// targets it says failed (`-p CRATE --test NAME`), or an error when it
+/// failed without naming any.
+fn cargo_test_failures(c: &mut Command, extra: &[String]) -> Result<Vec<String>> {
+    use std::io::BufRead as _;
+    c.arg("--").args(extra).stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().with_context(|| format!("cannot start {c:?}"))?;
+    let mut failed = Vec::new();
+    if let Some(err) = child.stderr.take() {
+        for line in std::io::BufReader::new(err).lines() {
+            let line = line?;
+            eprintln!("{line}");
+            let t = line.trim();
+            let named = t
+                .strip_prefix('`')
+                .and_then(|l| l.strip_suffix('`'))
+                .or_else(|| t.split_once("to rerun pass `").and_then(|(_, r)| r.strip_suffix('`')));
+            // Each target is named twice (as it fails, and in the summary).
+            if let Some(target) = named.filter(|n| n.starts_with("-p ") || n.starts_with("--")) {
+                if !failed.iter().any(|f| f == target) {
+                    failed.push(target.to_string());
+                }
+            }
+        }
+    }
+    let status = child.wait()?;
+    if status.success() {
+        return Ok(Vec::new());
+    }
+    if failed.is_empty() {
+        bail!("{c:?} failed: {status}");
+    }
+    Ok(failed)
 }
 
 /// A tool a test drives: one of `binaries` must answer `--version` (or `-V`),

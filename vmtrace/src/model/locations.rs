@@ -44,12 +44,36 @@ pub fn unsymbolized_object(frame: &str) -> Option<&str> {
 /// How to get symbols for `object`, for the note under the lists.
 pub fn symbols_hint(object: &str) -> String {
     format!(
-        "{object} has no symbols for this code (stripped): its rows are offsets in that file, not functions. \
-         Install its debug symbols and record again: Debian/Ubuntu the -dbgsym package of the package that ships \
-         it (dpkg -S {object}), Fedora `dnf debuginfo-install`; or fetch them with `debuginfod-find debuginfo \
-         {object}` and put the file at /usr/lib/debug/.build-id/NN/REST.debug (its build id). vmtrace follows the \
-         binary's .gnu_debuglink there, and to a file of that name beside the binary."
+        "{object} is stripped: its rows are offsets in that file, not functions. For names, install its debug \
+         symbols (the distro's -dbgsym or debuginfo package of what ships it, or `debuginfod-find debuginfo \
+         {object}`) as /usr/lib/debug/.build-id/NN/REST.debug, or beside it as its .gnu_debuglink names, and \
+         record again."
     )
+}
+
+/// `text` in lines of at most `width` characters (words are not split),
+/// each after `indent`.
+pub fn wrap(text: &str, width: usize, indent: &str) -> String {
+    let mut out = String::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
+            out.push_str(indent);
+            out.push_str(&line);
+            out.push('\n');
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        out.push_str(indent);
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
 }
 
 /// `code_locations` in summary.json (with `--stacks`).
@@ -96,7 +120,7 @@ impl CodeLocations {
             }
         }
         for object in self.unsymbolized() {
-            let _ = writeln!(s, "  no symbols: {}", symbols_hint(object));
+            s.push_str(&wrap(&format!("no symbols: {}", symbols_hint(object)), 100, "  "));
         }
         s
     }
