@@ -183,7 +183,8 @@ mod tests {
         assert_eq!(l.unsymbolized(), ["/usr/bin/sort"]);
         let text = l.render_text();
         assert!(text.contains("sort+0x77b8 (no symbols) [sort]") && text.contains("main [sort]"), "{text}");
-        assert_eq!(text.matches("no symbols: /usr/bin/sort has no symbols").count(), 1, "{text}");
-        assert!(text.contains("-dbgsym") && text.contains("debuginfod-find debuginfo /usr/bin/sort"), "{text}");
+        assert_eq!(text.matches("no symbols: /usr/bin/sort is stripped").count(), 1, "{text}");
+        assert!(text.contains("-dbgsym") && text.contains("debuginfod-find"), "{text}");
+        assert!(text.lines().all(|l| l.chars().count() <= 102), "wrapped at 100 columns:\n{text}");
     }
 }
