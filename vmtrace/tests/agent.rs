@@ -19,33 +19,6 @@ use std::{
 use common::*;
 use serde_json::Value;
 
-/// True when `prometheus` runs. Missing, it fails the test unless the
-/// opt-out variable says to skip it (`cargo xtask test` installs it first).
-fn have_prometheus(test: &str) -> bool {
-    if Command::new("prometheus").arg("--version").output().is_ok_and(|o| o.status.success()) {
-        return true;
-    }
-    if std::env::var("VMTRACE_SKIP_PROMETHEUS").as_deref() == Ok("1") {
-        eprintln!("SKIPPED {test}: VMTRACE_SKIP_PROMETHEUS=1 and no `prometheus` to scrape vmtrace");
-        return false;
-    }
-    panic!(
-        "{test} scrapes vmtrace with Prometheus and there is no `prometheus`: install Debian's prometheus \
-         (cargo xtask test does), or set VMTRACE_SKIP_PROMETHEUS=1 to skip it explicitly"
-    );
-}
-
-fn have_go(test: &str) -> bool {
-    if Command::new("go").arg("version").output().is_ok_and(|o| o.status.success()) {
-        return true;
-    }
-    if std::env::var("VMTRACE_SKIP_GO_PPROF").as_deref() == Ok("1") {
-        eprintln!("SKIPPED {test}: VMTRACE_SKIP_GO_PPROF=1 and no `go` to run `go tool pprof`");
-        return false;
-    }
-    panic!("{test} reads profiles with `go tool pprof`: install Debian's golang-go, or set VMTRACE_SKIP_GO_PPROF=1");
-}
-
 /// A child killed and reaped on drop.
 struct Killed(Child);
 

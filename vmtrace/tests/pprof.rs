@@ -16,22 +16,6 @@ const PROFILES: [(&str, &str, &str); 5] = [
     ("shootdowns", "ipis", "count"),
 ];
 
-/// True when `go` runs. Missing, it fails the test unless the opt-out
-/// variable says to skip it (`cargo xtask test` installs golang-go first).
-fn have_go(test: &str) -> bool {
-    if Command::new("go").arg("version").output().is_ok_and(|o| o.status.success()) {
-        return true;
-    }
-    if std::env::var("VMTRACE_SKIP_GO_PPROF").as_deref() == Ok("1") {
-        eprintln!("SKIPPED {test}: VMTRACE_SKIP_GO_PPROF=1 and no `go` to run `go tool pprof`");
-        return false;
-    }
-    panic!(
-        "{test} reads the profiles with `go tool pprof` and there is no `go`: install Debian's golang-go \
-         (cargo xtask test does), or set VMTRACE_SKIP_GO_PPROF=1 to skip it explicitly"
-    );
-}
-
 /// `go tool pprof -top`'s "… of TOTAL total" for one value of a profile.
 fn pprof_total(file: &Path, index: &str, unit: &str) -> u64 {
     let out = Command::new("go")

@@ -15,6 +15,33 @@ use vmtrace::demo::workload::Report;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_vmtrace");
 
+/// True when `program` runs (`program version_arg`). Missing, the test
+/// fails unless `skip_var`=1 says to skip it explicitly (`cargo xtask test`
+/// installs `package` first); `does` says what the test needs it for.
+fn have_tool(test: &str, (program, version_arg): (&str, &str), skip_var: &str, does: &str, package: &str) -> bool {
+    if Command::new(program).arg(version_arg).output().is_ok_and(|o| o.status.success()) {
+        return true;
+    }
+    if std::env::var(skip_var).as_deref() == Ok("1") {
+        eprintln!("SKIPPED {test}: {skip_var}=1 and no `{program}` to {does}");
+        return false;
+    }
+    panic!(
+        "{test} needs `{program}` to {does} and there is none: install Debian's {package} (cargo xtask test does), \
+         or set {skip_var}=1 to skip it explicitly"
+    );
+}
+
+/// `go`, for `go tool pprof` (`VMTRACE_SKIP_GO_PPROF=1` skips).
+pub fn have_go(test: &str) -> bool {
+    have_tool(test, ("go", "version"), "VMTRACE_SKIP_GO_PPROF", "run `go tool pprof`", "golang-go")
+}
+
+/// `prometheus`, to scrape vmtrace (`VMTRACE_SKIP_PROMETHEUS=1` skips).
+pub fn have_prometheus(test: &str) -> bool {
+    have_tool(test, ("prometheus", "--version"), "VMTRACE_SKIP_PROMETHEUS", "scrape vmtrace", "prometheus")
+}
+
 /// Workload divisor for slow machines: `cargo xtask vmtest` sets
 /// VMTRACE_TEST_SCALE=10 under software emulation, where every instruction
 /// costs ~50×. Tests shrink their workloads (and rate thresholds) by it rather
