@@ -151,6 +151,7 @@ impl Plan {
             // The Perfetto trace is written from the summary before folding.
             fold_below: if self.perfetto { 0.0 } else { record.unwrap_or(0.0) },
             fold_processes: record.is_some() && self.system(),
+            release_above: crate::collect::session::RELEASE_ABOVE,
         }
     }
 }

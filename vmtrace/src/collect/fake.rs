@@ -161,8 +161,22 @@ impl AggregateSource for FakeSource {
         self.stack_counts.clone()
     }
 
+    fn stack_keys_of(&self, tgids: &std::collections::HashSet<u32>) -> Vec<StackKey> {
+        self.stack_counts.iter().map(|(k, _)| *k).filter(|k| tgids.contains(&k.tgid)).collect()
+    }
+
+    fn stacks_in_flight(&self) -> std::collections::HashSet<u32> {
+        std::collections::HashSet::new()
+    }
+
     fn all_mm_stacks(&self) -> Vec<(MmStackKey, MmStackCounts)> {
         self.mm_stacks.clone()
+    }
+
+    fn take_mm_stacks(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(MmStackKey, MmStackCounts)> {
+        let (taken, kept) = std::mem::take(&mut self.mm_stacks).into_iter().partition(|(k, _)| tgids.contains(&k.tgid));
+        self.mm_stacks = kept;
+        taken
     }
 
     fn stack_ips(&self, id: i32) -> Option<Vec<u64>> {

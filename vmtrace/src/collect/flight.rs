@@ -41,6 +41,9 @@ impl FlightRecorder {
                 h.pop_front();
             }
         }
+        // Processes gone from the aggregates (they exited) are not sampled
+        // again: their history goes once it is all older than the window.
+        self.history.retain(|_, h| h.back().is_some_and(|&(t, _)| now_s - t <= HISTORY.as_secs_f64()));
     }
 
     /// Fault rate of `pid` over the window, up to `now_s`, when it had made

@@ -91,7 +91,7 @@ impl<S: AggregateSource> Session<S> {
             return (Vec::new(), Vec::new());
         }
         let (native, py) = (&self.native, &self.python.codes);
-        let mut stacks = super::symbols::build_stacks(&mut self.table, &self.source, native, py);
+        let mut stacks = super::symbols::build_stacks(&mut self.table, &self.source, native, py, &mut self.syms);
         let totals = self
             .stats_totals()
             .iter()
@@ -102,7 +102,8 @@ impl<S: AggregateSource> Session<S> {
             .collect();
         crate::stacks::weight::weigh(&mut stacks, &totals);
         let sites = if self.opts.families.mmap {
-            super::symbols::build_mm_sites(&mut self.table, &self.source, native, py)
+            let raw = self.source.all_mm_stacks();
+            super::symbols::build_mm_sites(raw, &mut self.table, &self.source, native, py, &mut self.syms)
         } else {
             Vec::new()
         };

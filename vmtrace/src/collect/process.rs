@@ -50,6 +50,9 @@ pub struct ProcInfo {
     /// Its faults were placed in its regions after its exit, and its
     /// mapping history dropped (`Session::retire_exited`).
     pub retired: bool,
+    /// Its maps and mapping log were let go after its stacks were symbolized
+    /// (`Session::retire_exited`): they are not read again.
+    pub released: bool,
     /// What its COW faults copied, when its regions were folded into the
     /// other process's as it retired (they no longer carry its pid).
     pub cow_from: Option<crate::model::CowFrom>,
@@ -83,6 +86,7 @@ impl Default for ProcInfo {
             execs: 0,
             exited: false,
             retired: false,
+            released: false,
             cow_from: None,
             brk: None,
             brk_shrinks: 0,
@@ -169,6 +173,18 @@ impl ProcessTable {
     }
 
     /// An exited process whose faults are placed: its mapping log goes.
+    /// Lets go of the memory maps of retired processes whose stacks were
+    /// symbolized: what is kept of them is their counts and identity.
+    pub(crate) fn release(&mut self, pids: &std::collections::HashSet<u32>) {
+        for pid in pids {
+            if let Some(p) = self.procs.get_mut(pid) {
+                p.released = true;
+                p.maps = Vec::new();
+                p.mapped = crate::procmaps::MappedRegions::default();
+            }
+        }
+    }
+
     pub(crate) fn mark_retired(&mut self, pid: u32) {
         if let Some(p) = self.procs.get_mut(&pid) {
             p.retired = true;

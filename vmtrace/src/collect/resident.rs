@@ -360,6 +360,25 @@ impl ResidentTracker {
         forget
     }
 
+    /// The stacks the snapshots of `pids` hold pages under, as
+    /// `symbols::SymKey`s (what the profiles will symbolize).
+    pub(crate) fn owner_keys(&self, pids: &std::collections::HashSet<u32>) -> Vec<super::symbols::SymKey> {
+        let mut out = Vec::new();
+        for pid in pids {
+            let Some(p) = self.procs.get(pid) else { continue };
+            for s in [&p.peak, &p.end].into_iter().flatten() {
+                for o in s.by_owner.keys() {
+                    out.push((*pid, o.user_stack, o.kernel_stack, o.leaf_block));
+                    if o.leaf_block != 0 {
+                        // The profiles leave the leaf out unless the fault stacks end in one.
+                        out.push((*pid, o.user_stack, o.kernel_stack, 0));
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// `pid`'s address space's counters as last read (`kernel_counters`).
     pub fn kernel_of(&self, pid: u32) -> Option<RssMm> {
         self.procs.get(&pid).and_then(|p| p.kernel)

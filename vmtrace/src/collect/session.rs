@@ -7,8 +7,8 @@ use std::{
 };
 
 use vmtrace_common::{
-    EventHeader, EventKind, FaultMajorEvent, FaultStats, Merge, MmEvent, MmStackKey, MmStats, OomEvent, PyStackEvent,
-    TaskEvent,
+    EventHeader, EventKind, FaultMajorEvent, FaultStats, Merge, MmEvent, MmStackCounts, MmStackKey, MmStats, OomEvent,
+    PyStackEvent, TaskEvent,
 };
 
 use super::{
@@ -41,6 +41,16 @@ const STORM_TICK: Duration = Duration::from_millis(100);
 /// by then.
 const RETIRE_EVERY: Duration = Duration::from_secs(1);
 const RETIRE_AFTER: Duration = Duration::from_secs(1);
+/// Retired processes whose maps are kept (symbolized at the end) before the
+/// oldest are symbolized and let go (`Session::release_some`): ~30 KB each.
+pub(crate) const RELEASE_ABOVE: usize = 512;
+/// Processes symbolized at once, and the time a tick may spend on them.
+const RELEASE_SLICE: usize = 32;
+const RELEASE_BUDGET: Duration = Duration::from_millis(250);
+/// Slices after which the symbolizer's object files are closed: parsing
+/// them again costs more than symbolizing a slice, holding them all keeps
+/// every program ever seen mapped.
+const CLOSE_OBJECTS_EVERY: u64 = 16;
 
 /// The live snapshot: a child module, for the session's private state.
 #[path = "live.rs"]
@@ -79,6 +89,9 @@ pub struct SessionOptions {
     /// process the end's fold is sure to fold has its regions summed into
     /// the other process's as it retires.
     pub fold_processes: bool,
+    /// Retired processes whose maps are kept for the end before the oldest
+    /// are symbolized and let go (`Session::release_some`).
+    pub release_above: usize,
 }
 
 impl SessionOptions {
@@ -94,6 +107,7 @@ impl SessionOptions {
             retire_exited: false,
             fold_below: 0.0,
             fold_processes: false,
+            release_above: RELEASE_ABOVE,
         }
     }
 }
@@ -141,6 +155,18 @@ pub struct Session<S: AggregateSource> {
     retired_sum: (u64, u64),
     retired_top: (crate::regions::TopN, crate::regions::TopN),
     sure_folded: u64,
+    /// Symbol caches, and the stacks and call sites of retired processes
+    /// symbolized as they retired (`release_retired`).
+    syms: symbols::Symbols,
+    /// The call-site counts of retired processes, taken out of the kernel's map.
+    retired_mm: Vec<(MmStackKey, MmStackCounts)>,
+    /// Retired processes whose maps, unwound stacks and code objects were let go.
+    pub released: u64,
+    /// Retired processes whose maps are still held, oldest first.
+    to_release: std::collections::VecDeque<u32>,
+    release_slices: u64,
+    /// Call-site counts of retired processes waiting to be released, by process.
+    mm_waiting: HashMap<u32, Vec<(MmStackKey, MmStackCounts)>>,
 }
 
 use crate::kernel::monotonic_ns;
@@ -292,6 +318,12 @@ impl<S: AggregateSource> Session<S> {
             retired_sum: (0, 0),
             retired_top: Default::default(),
             sure_folded: 0,
+            syms: symbols::Symbols::default(),
+            retired_mm: Vec::new(),
+            released: 0,
+            to_release: std::collections::VecDeque::new(),
+            release_slices: 0,
+            mm_waiting: HashMap::new(),
         }
     }
 
@@ -477,7 +509,8 @@ impl<S: AggregateSource> Session<S> {
         let period = self.opts.stacks.map_or(0, |(_, n)| n);
         let (table, source, native, py) = (&mut self.table, &self.source, &self.native, &self.python.codes);
         let comms: HashMap<u32, String> = table.iter().map(|(p, i)| (*p, i.comm.clone())).collect();
-        let mut symbolize = |raw| symbols::symbolize_counts(raw, table, source, native, py);
+        let syms = &mut self.syms;
+        let mut symbolize = |raw| symbols::symbolize_counts(raw, table, source, native, py, syms);
         let comm_of = |pid: u32| comms.get(&pid).cloned().unwrap_or_default();
         let params = (leaf, period, self.started_mono_ns);
         Some(super::resident::build((&procs, counts, &ooms), params, &mut symbolize, &comm_of))
@@ -701,7 +734,10 @@ impl<S: AggregateSource> Session<S> {
             .chain(self.retiring.iter().map(|(pid, _)| pid))
             .filter_map(|pid| table.get(*pid)?.history.forked_from.map(|f| f.parent))
             .collect();
-        let in_flight = self.source.granules_in_flight();
+        let mut in_flight = self.source.granules_in_flight();
+        if self.opts.stacks.is_some() {
+            in_flight.extend(self.source.stacks_in_flight());
+        }
         let mut batch = std::collections::HashSet::new();
         self.retiring.retain(|(pid, at)| {
             let ready =
@@ -731,6 +767,104 @@ impl<S: AggregateSource> Session<S> {
             self.table.mark_retired(*pid);
         }
         self.retired += batch.len() as u64;
+        let came = if self.trace.is_none() { batch.len() } else { 0 };
+        if self.trace.is_none() {
+            if self.opts.families.mmap {
+                // One walk of the kernel's call-site map per tick, not per slice.
+                for (k, c) in self.source.take_mm_stacks(&batch) {
+                    self.mm_waiting.entry(k.tgid).or_default().push((k, c));
+                }
+            }
+            let mut pids: Vec<u32> = batch.into_iter().collect();
+            pids.sort_unstable();
+            self.to_release.extend(pids);
+        }
+        self.release_some(now, came);
+    }
+
+    /// Lets go of retired processes' maps (`release_retired`) once more than
+    /// `RELEASE_ABOVE` wait, oldest first, in slices of `RELEASE_SLICE`
+    /// within `RELEASE_BUDGET` a tick: a short recording symbolizes at its
+    /// end as before, and a long one under process churn keeps the maps of
+    /// a bounded number of exited processes, without stalling the ring
+    /// buffer's drain.
+    fn release_some(&mut self, now: Instant, came: usize) {
+        let before = self.released;
+        let above = self.opts.release_above;
+        // At least as many as came in this tick, so that the queue cannot
+        // grow past `above` however slow the machine; the budget then
+        // works through a backlog.
+        let floor = self.to_release.len().saturating_sub(above).min(came);
+        while self.to_release.len() > above && (self.released - before < floor as u64 || now.elapsed() < RELEASE_BUDGET) {
+            let n = RELEASE_SLICE.min(self.to_release.len() - above);
+            let slice: std::collections::HashSet<u32> = self.to_release.drain(..n).collect();
+            self.release_retired(&slice);
+        }
+        if self.released > before {
+            log::debug!(
+                target: "vmtrace::release",
+                "released {} in {:?}; {} released, {} waiting",
+                self.released - before,
+                now.elapsed(),
+                self.released,
+                self.to_release.len()
+            );
+        }
+    }
+
+    /// Symbolizes what the end will need of retired processes' maps (their
+    /// fault stacks, call sites and resident owners), then lets go of the
+    /// maps, unwound stacks and Python code objects: of an exited process
+    /// the collector then holds its counts, identity and named stacks.
+    /// Processes a storm or an OOM kill names keep theirs (the end names
+    /// their culprits), as does every process when the Perfetto trace is
+    /// kept (it names call sites at the end).
+    fn release_retired(&mut self, batch: &std::collections::HashSet<u32>) {
+        if self.trace.is_some() {
+            return;
+        }
+        let storms = &self.storms;
+        let ooms = self.flight.ooms();
+        let pinned = |pid: u32| {
+            storms.in_storm(pid)
+                || storms.closed.iter().any(|s| s.pid == pid)
+                || ooms.iter().any(|o| o.victim_pid == pid || o.trigger_pid == pid)
+        };
+        let pids: std::collections::HashSet<u32> = batch.iter().copied().filter(|p| !pinned(*p)).collect();
+        if pids.is_empty() {
+            return;
+        }
+        let (table, source, native, py) = (&mut self.table, &self.source, &self.native, &self.python.codes);
+        if self.opts.stacks.is_some() {
+            let mut keys: Vec<symbols::SymKey> = source.stack_keys_of(&pids).iter().map(symbols::sym_key).collect();
+            if let Some(r) = &self.resident {
+                keys.extend(r.owner_keys(&pids));
+            }
+            let t = Instant::now();
+            let n = keys.len();
+            self.syms.keep_stacks(keys, table, source, native, py);
+            log::trace!(target: "vmtrace::release", "{} stack keys of {} processes in {:?}", n, pids.len(), t.elapsed());
+        }
+        if self.opts.families.mmap {
+            let taken: Vec<_> = pids.iter().filter_map(|p| self.mm_waiting.remove(p)).flatten().collect();
+            let (table, source) = (&mut self.table, &self.source);
+            let t = Instant::now();
+            self.syms.keep_sites(taken.iter().map(|(k, _)| (k.tgid, k.call, k.user_stack)), table, source, native, py);
+            log::trace!(target: "vmtrace::release", "{} call sites in {:?}", taken.len(), t.elapsed());
+            self.retired_mm.extend(taken);
+        }
+        self.release_slices += 1;
+        if self.release_slices.is_multiple_of(CLOSE_OBJECTS_EVERY) {
+            self.syms.close_objects();
+        }
+        self.table.release(&pids);
+        self.native.forget_retired(&pids);
+        self.python.codes.forget_retired(&pids);
+        self.released += pids.len() as u64;
+        // What was let go lies scattered through the heap, between what is
+        // kept: glibc gives back only the heap's top by itself.
+        // SAFETY: malloc_trim only returns free pages to the kernel.
+        unsafe { libc::malloc_trim(0) };
     }
 
     /// `build_regions` for live processes only.
@@ -771,12 +905,18 @@ impl<S: AggregateSource> Session<S> {
         let native = &self.native;
         let py = &self.python.codes;
         let stacks = if self.opts.stacks.is_some() {
-            symbols::build_stacks(&mut self.table, &self.source, native, py)
+            symbols::build_stacks(&mut self.table, &self.source, native, py, &mut self.syms)
         } else {
             Vec::new()
         };
-        let mm_sites =
-            if families.mmap { symbols::build_mm_sites(&mut self.table, &self.source, native, py) } else { Vec::new() };
+        let mm_sites = if families.mmap {
+            let mut raw = std::mem::take(&mut self.retired_mm);
+            raw.extend(std::mem::take(&mut self.mm_waiting).into_values().flatten());
+            raw.extend(self.source.all_mm_stacks());
+            symbols::build_mm_sites(raw, &mut self.table, &self.source, native, py, &mut self.syms)
+        } else {
+            Vec::new()
+        };
         let storms = families.tlb.then(|| {
             let raw = std::mem::replace(&mut self.storms, StormDetector::new(f64::MAX)).finish();
             symbols::name_storms(&mut self.table, &self.source, native, py, raw)

@@ -230,3 +230,53 @@ fn an_exited_process_is_retired_and_its_regions_still_add_up() {
     assert_eq!(retired, at_end);
     assert_eq!(retired.iter().filter(|r| r.0 == CHILD).map(|r| r.1).sum::<u64>(), 32);
 }
+
+/// `record` under process churn: a retired process's stacks and call sites
+/// are symbolized as it is let go, and the end gives what it gives when
+/// every process is symbolized at the end.
+#[test]
+fn a_released_process_keeps_its_stacks_and_call_sites() {
+    use vmtrace_common::{StackCounts, StackKey};
+    let run = |release_above: usize| {
+        let mut src = FakeSource::new(1);
+        src.push(&task(EventKind::TaskFork, CHILD, CHILD, PARENT, "work"));
+        src.push(&exit(CHILD, 0, "work"));
+        src.stats.insert(PARENT, faults(16, 0));
+        src.stats.insert(CHILD, faults(32, 0));
+        src.user_stacks.insert(5, vec![0x1000, 0x2000]);
+        for tgid in [PARENT, CHILD] {
+            let key = StackKey { tgid, user_stack: 5, kernel_stack: -1, ..StackKey::default() };
+            src.stack_counts.push((key, StackCounts { faults: 8, timed: 8, time_ns: 800, major: 0 }));
+            let site = MmStackKey { tgid, call: MmCall::Munmap as u32, user_stack: 5, _pad: 0 };
+            src.mm_stacks.push((site, MmStackCounts { calls: 3, ipis: 2 }));
+        }
+        let families = Families { regions: true, mmap: true, ..Families::default() };
+        let opts = SessionOptions {
+            retire_exited: true,
+            release_above,
+            stacks: Some((StackMode::User, 1)),
+            ..SessionOptions::new(families)
+        };
+        let mut s = session(src, opts);
+        let t0 = s.started;
+        s.step(t0 + ms(10));
+        s.step(t0 + ms(5000));
+        assert_eq!(s.released, u64::from(release_above == 0));
+        assert_eq!(s.known(CHILD).is_some_and(|p| p.released), release_above == 0);
+        if release_above == 0 {
+            assert!(s.source().mm_stacks.iter().all(|(k, _)| k.tgid == PARENT), "the child's sites taken out");
+        }
+        let f = finish_at(s, ms(6000));
+        let mut stacks: Vec<String> =
+            f.stacks.iter().map(|s| format!("{} {} {:?} {}", s.pid, s.comm, s.user, s.counts.faults)).collect();
+        stacks.sort();
+        let mut sites: Vec<String> =
+            f.mm_sites.iter().map(|m| format!("{} {} {:?} {} {}", m.pid, m.comm, m.frames, m.calls, m.ipis)).collect();
+        sites.sort();
+        (stacks, sites)
+    };
+    let (released, at_end) = (run(0), run(usize::MAX));
+    assert_eq!(released, at_end);
+    assert_eq!(released.0.len(), 2, "{released:?}");
+    assert_eq!(released.1.len(), 2, "{released:?}");
+}

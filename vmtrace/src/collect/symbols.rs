@@ -93,15 +93,11 @@ impl MapsRefresh {
 
 /// Reads `pid`'s maps unless some are known already.
 fn ensure_maps(table: &mut ProcessTable, pid: u32) {
-    if table.get(pid).is_none_or(|p| p.maps.is_empty()) {
+    // A released process's pid may be another process's now.
+    if table.get(pid).is_none_or(|p| p.maps.is_empty() && !p.released) {
         table.snapshot_maps(pid);
     }
 }
-
-/// One aggregated stack before symbolization: key, counts, user and kernel
-/// IPs, and how the user stack ended when it was unwound from a copy
-/// (`None`: frame pointers only).
-type RawStack = (StackKey, StackCounts, Vec<u64>, Vec<u64>, Option<Option<stacks::native::Cut>>);
 
 /// The counts of one frame-pointer stack shared out over the unwound
 /// stacks its samples gave (`native::shares`).
@@ -112,6 +108,118 @@ fn split_counts(c: &StackCounts, weights: &[u64]) -> Vec<StackCounts> {
         .collect()
 }
 
+/// What a stack key's frames depend on: its process, its user and kernel
+/// stacks and its leaf block (not its stratum, which only sorts counts).
+pub(crate) type SymKey = (u32, i32, i32, u64);
+
+pub(crate) fn sym_key(k: &StackKey) -> SymKey {
+    (k.tgid, k.user_stack, k.kernel_stack, k.leaf_block)
+}
+
+/// A key's stacks without their counts, and the weights its counts are
+/// shared out by: one stack, or the unwound stacks a frame-pointer stack's
+/// samples gave (`split`: a part that gets nothing is left out).
+#[derive(Clone, Debug)]
+struct Symbolized {
+    variants: Box<[(Template, u64)]>,
+    split: bool,
+}
+
+/// A symbolized stack without its process and counts: what is kept per
+/// key of a retired process (a fifth of a `Stack`).
+#[derive(Clone, Debug)]
+#[allow(clippy::struct_excessive_bools, reason = "the flags of `Stack`, kept as they are")]
+#[allow(clippy::option_option, reason = "`Stack::unwound` as it is")]
+struct Template {
+    user: stacks::Frames,
+    kernel: stacks::Frames,
+    leaf: Option<stacks::Frame>,
+    unwound: Option<Option<&'static str>>,
+    python: bool,
+    python_unnamed: bool,
+    user_missing: bool,
+    user_cut: bool,
+}
+
+impl Template {
+    fn stack(&self, pid: u32, comm: &str, counts: StackCounts, stratum: u32) -> Stack {
+        Stack {
+            pid,
+            comm: comm.to_string(),
+            user: self.user.clone(),
+            kernel: self.kernel.to_vec(),
+            counts,
+            user_missing: self.user_missing,
+            user_cut: self.user_cut,
+            unwound: self.unwound,
+            leaf: self.leaf.as_deref().map(ToString::to_string),
+            stratum,
+            estimate: stacks::weight::Estimate::default(),
+            python: self.python,
+            python_unnamed: self.python_unnamed,
+        }
+    }
+}
+
+/// The symbol caches of the whole recording (one ELF read per object, one
+/// kallsyms read per kernel address), and the stacks and call sites of the
+/// processes that retired, symbolized as they retired: their memory maps,
+/// unwound stacks and Python code objects are let go then
+/// (`Session::retire_exited`), so the collector holds those for live
+/// processes only.
+#[derive(Default)]
+pub(crate) struct Symbols {
+    names: Names,
+    stacks: HashMap<SymKey, Symbolized>,
+    sites: HashMap<(u32, u32, i32), Vec<(stacks::Frames, u64)>>,
+}
+
+impl Symbols {
+    /// Symbolizes `keys` now, while their processes' maps are still known
+    /// (what `symbolize_counts` does later with their counts).
+    pub(crate) fn keep_stacks(
+        &mut self,
+        keys: impl IntoIterator<Item = SymKey>,
+        table: &mut ProcessTable,
+        source: &impl AggregateSource,
+        native: &NativeStacks,
+        py: &CodeCache,
+    ) {
+        let todo: Vec<SymKey> = keys.into_iter().filter(|k| !self.stacks.contains_key(k)).collect();
+        let done = symbolize_keys(todo, &mut self.names, table, source, native, py);
+        self.stacks.extend(done);
+    }
+
+    /// Closes the object files read for the last symbolization.
+    pub(crate) fn close_objects(&mut self) {
+        self.names.close_objects();
+    }
+
+    /// Symbolizes the call sites `keys` (tgid, call, user stack) now.
+    pub(crate) fn keep_sites(
+        &mut self,
+        keys: impl IntoIterator<Item = (u32, u32, i32)>,
+        table: &mut ProcessTable,
+        source: &impl AggregateSource,
+        native: &NativeStacks,
+        py: &CodeCache,
+    ) {
+        for key in keys {
+            if self.sites.contains_key(&key) {
+                continue;
+            }
+            let v = site_variants(table, source, &mut self.names, key, native, py);
+            let v = v.into_iter().map(|(f, w)| (intern_strings(&self.names, &f), w)).collect();
+            self.sites.insert(key, v);
+        }
+    }
+}
+
+/// Frames given as strings, kept once (`Names::intern_frames`).
+fn intern_strings(names: &Names, frames: &[String]) -> stacks::Frames {
+    names.intern_frames(frames.iter().map(|f| names.intern(f)).collect())
+}
+
 /// Symbolizes the in-kernel stack aggregate; user stacks with copied samples
 /// are replaced by their unwound stacks.
 pub(crate) fn build_stacks(
@@ -119,58 +227,102 @@ pub(crate) fn build_stacks(
     source: &impl AggregateSource,
     native: &NativeStacks,
     py: &CodeCache,
+    syms: &mut Symbols,
 ) -> Vec<Stack> {
-    symbolize_counts(source.all_stack_counts(), table, source, native, py)
+    symbolize_counts(source.all_stack_counts(), table, source, native, py, syms)
 }
 
 /// Symbolizes stacks given as (key, counts), as the fault aggregate's are
-/// (the resident profiles weigh their owners' pages the same way).
+/// (the resident profiles weigh their owners' pages the same way). Keys
+/// of retired processes were symbolized as they retired (`Symbols`).
 pub(crate) fn symbolize_counts(
     raw: Vec<(StackKey, StackCounts)>,
     table: &mut ProcessTable,
     source: &impl AggregateSource,
     native: &NativeStacks,
     py: &CodeCache,
+    syms: &mut Symbols,
 ) -> Vec<Stack> {
-    let mut names = Names::default();
+    let todo: Vec<SymKey> = raw.iter().map(|(k, _)| sym_key(k)).filter(|k| !syms.stacks.contains_key(k)).collect();
+    let mut fresh = symbolize_keys(todo, &mut syms.names, table, source, native, py);
     let mut out = Vec::new();
-    let mut by_pid: HashMap<u32, Vec<RawStack>> = HashMap::new();
+    let mut comms: HashMap<u32, String> = HashMap::new();
     for (k, c) in raw {
-        let kernel = if k.kernel_stack >= 0 { source.stack_ips(k.kernel_stack).unwrap_or_default() } else { vec![] };
-        let variants = native.variants(k.tgid, k.user_stack);
-        if variants.is_empty() {
-            let user = if k.user_stack >= 0 { source.user_stack_ips(k.user_stack).unwrap_or_default() } else { vec![] };
-            by_pid.entry(k.tgid).or_default().push((k, c, user, kernel, None));
+        let key = sym_key(&k);
+        let Some(sym) = syms.stacks.get(&key).or_else(|| fresh.get(&key)) else { continue };
+        let comm = comms.entry(k.tgid).or_insert_with(|| table.ensure(k.tgid).comm.clone());
+        if !sym.split {
+            for (t, _) in &sym.variants {
+                out.push(t.stack(k.tgid, comm, c, k.stratum));
+            }
             continue;
         }
-        let weights: Vec<u64> = variants.iter().map(|(_, n)| *n).collect();
-        for ((v, _), counts) in variants.iter().zip(split_counts(&c, &weights)) {
+        let weights: Vec<u64> = sym.variants.iter().map(|(_, n)| *n).collect();
+        for ((t, _), counts) in sym.variants.iter().zip(split_counts(&c, &weights)) {
             if counts.faults | counts.timed | counts.major == 0 {
                 continue;
             }
-            by_pid.entry(k.tgid).or_default().push((k, counts, v.frames.clone(), kernel.clone(), Some(v.cut.clone())));
+            out.push(t.stack(k.tgid, comm, counts, k.stratum));
+        }
+    }
+    fresh.clear();
+    out
+}
+
+/// One key to symbolize: its user and kernel IPs, how the user stack ended
+/// when it was unwound from a copy (`None`: frame pointers only), and the
+/// weight of this unwound stack among its key's.
+type RawVariant = (SymKey, Vec<u64>, Vec<u64>, Option<Option<stacks::native::Cut>>, u64);
+
+/// The stacks of `keys`, without counts (`Symbolized`).
+fn symbolize_keys(
+    keys: Vec<SymKey>,
+    names: &mut Names,
+    table: &mut ProcessTable,
+    source: &impl AggregateSource,
+    native: &NativeStacks,
+    py: &CodeCache,
+) -> HashMap<SymKey, Symbolized> {
+    let mut out: HashMap<SymKey, (Vec<(Template, u64)>, bool)> = HashMap::new();
+    let mut by_pid: HashMap<u32, Vec<RawVariant>> = HashMap::new();
+    for key in keys {
+        if out.contains_key(&key) {
+            continue;
+        }
+        let (tgid, user_stack, kernel_stack, _) = key;
+        let kernel = if kernel_stack >= 0 { source.stack_ips(kernel_stack).unwrap_or_default() } else { vec![] };
+        let variants = native.variants(tgid, user_stack);
+        out.insert(key, (Vec::with_capacity(variants.len().max(1)), !variants.is_empty()));
+        if variants.is_empty() {
+            let user = if user_stack >= 0 { source.user_stack_ips(user_stack).unwrap_or_default() } else { vec![] };
+            by_pid.entry(tgid).or_default().push((key, user, kernel, None, 1));
+            continue;
+        }
+        for (v, n) in variants {
+            by_pid.entry(tgid).or_default().push((key, v.frames.clone(), kernel.clone(), Some(v.cut.clone()), *n));
         }
     }
     for (pid, entries) in by_pid {
         ensure_maps(table, pid);
-        let info = table.ensure(pid).clone();
+        let info: &super::process::ProcInfo = table.ensure(pid);
         let jit = PerfMap::read(pid);
-        let all_user: Vec<u64> = entries.iter().flat_map(|e| e.2.iter().copied()).collect();
+        let all_user: Vec<u64> = entries.iter().flat_map(|e| e.1.iter().copied()).collect();
         names.prepare_user(&all_user, &info.maps);
-        let all_kernel: Vec<u64> = entries.iter().flat_map(|e| e.3.iter().copied()).collect();
+        let all_kernel: Vec<u64> = entries.iter().flat_map(|e| e.2.iter().copied()).collect();
         names.prepare_kernel(&all_kernel);
-        for (k, counts, user, kernel, unwound) in entries {
+        for (key, user, kernel, unwound, weight) in entries {
+            let (_, user_stack, _, leaf_block) = key;
             let (user, user_cut, unwound) = match &unwound {
                 None => {
-                    let (frames, cut) = stacks::user_frames(&user, &names, &info.maps, &info.mapped, jit.as_ref());
+                    let (frames, cut) = stacks::user_frames(&user, names, &info.maps, &info.mapped, jit.as_ref());
                     (frames, cut, None)
                 }
                 Some(cut) => {
-                    let (frames, why) = stacks::native_frames(&user, cut.as_ref(), &names, &info.maps, jit.as_ref());
+                    let (frames, why) = stacks::native_frames(&user, cut.as_ref(), names, &info.maps, jit.as_ref());
                     (frames, why.is_some(), Some(why))
                 }
             };
-            let py_stack = source.python_stack(k.user_stack);
+            let py_stack = source.python_stack(user_stack);
             let python = py_stack.is_some();
             let python_unnamed = py_stack.as_ref().is_some_and(|ps| py.any_unnamed(pid, ps));
             let user = match py_stack {
@@ -181,34 +333,33 @@ pub(crate) fn symbolize_counts(
                 }
                 None => user,
             };
-            out.push(Stack {
+            let stack = Template {
                 unwound,
-                pid,
-                comm: info.comm.clone(),
                 user: names.intern_frames(user),
-                kernel: kernel.iter().rev().map(|&a| names.kernel(a)).collect(),
-                counts,
-                stratum: k.stratum,
-                estimate: stacks::weight::Estimate::default(),
+                kernel: names.intern_frames(kernel.iter().rev().map(|&a| names.kernel(a)).collect()),
                 python,
                 python_unnamed,
-                user_missing: k.user_stack == STACK_ID_LOST,
+                user_missing: user_stack == STACK_ID_LOST,
                 user_cut,
-                leaf: (k.leaf_block != 0).then(|| {
-                    let a = k.leaf_block << LEAF_BLOCK_SHIFT;
+                leaf: (leaf_block != 0).then(|| {
+                    let a = leaf_block << LEAF_BLOCK_SHIFT;
                     let end = a + (1 << LEAF_BLOCK_SHIFT) - 1;
                     // A region may start inside the block: try its last byte too.
                     let leaf = stacks::region_leaf(&info.maps, &info.mapped, a);
-                    if leaf == "[unmapped region]" {
+                    let leaf = if leaf == "[unmapped region]" {
                         stacks::region_leaf(&info.maps, &info.mapped, end)
                     } else {
                         leaf
-                    }
+                    };
+                    names.intern(&leaf)
                 }),
-            });
+            };
+            if let Some(sym) = out.get_mut(&key) {
+                sym.0.push((stack, weight));
+            }
         }
     }
-    out
+    out.into_iter().map(|(k, (v, split))| (k, Symbolized { variants: v.into_boxed_slice(), split })).collect()
 }
 
 /// Frames of a call site, outermost first, the syscall as leaf: the unwound
@@ -256,32 +407,53 @@ fn call_name(call: u32) -> &'static str {
     MM_CALL_NAMES.get(call as usize).copied().unwrap_or("other")
 }
 
+/// A call site's frames (`site_frames`) for each unwound stack its
+/// frame-pointer stack's samples gave, with the weight its calls and IPIs
+/// are shared out by; one with weight 1 when none was unwound.
+fn site_variants(
+    table: &mut ProcessTable,
+    source: &impl AggregateSource,
+    names: &mut Names,
+    key: (u32, u32, i32),
+    native: &NativeStacks,
+    py: &CodeCache,
+) -> Vec<(Vec<String>, u64)> {
+    let variants = native.variants(key.0, key.2);
+    if variants.is_empty() {
+        return vec![(site_frames(table, source, names, key, None, py), 1)];
+    }
+    variants.iter().map(|(v, n)| (site_frames(table, source, names, key, Some(v), py), *n)).collect()
+}
+
 /// Call sites of mmap-family syscalls, symbolized, with calls and IPIs sent
-/// (shared out over the unwound stacks of a frame-pointer stack).
+/// (shared out over the unwound stacks of a frame-pointer stack); sites of
+/// retired processes were symbolized as they retired (`Symbols`).
 pub(crate) fn build_mm_sites(
+    raw: Vec<(vmtrace_common::MmStackKey, vmtrace_common::MmStackCounts)>,
     table: &mut ProcessTable,
     source: &impl AggregateSource,
     native: &NativeStacks,
     py: &CodeCache,
+    syms: &mut Symbols,
 ) -> Vec<MmSite> {
-    let raw = source.all_mm_stacks();
-    let mut names = Names::default();
     let mut out = Vec::new();
     for (k, c) in raw {
+        let key = (k.tgid, k.call, k.user_stack);
+        let variants: Vec<(Vec<String>, u64)> = match syms.sites.get(&key) {
+            Some(v) => v.iter().map(|(f, n)| (f.iter().map(ToString::to_string).collect(), *n)).collect(),
+            None => site_variants(table, source, &mut syms.names, key, native, py),
+        };
         let comm = table.ensure(k.tgid).comm.clone();
-        let variants = native.variants(k.tgid, k.user_stack);
-        if variants.is_empty() {
-            let frames = site_frames(table, source, &mut names, (k.tgid, k.call, k.user_stack), None, py);
-            out.push(MmSite { pid: k.tgid, comm, frames, calls: c.calls, ipis: c.ipis });
+        if let [(frames, _)] = variants.as_slice() {
+            out.push(MmSite { pid: k.tgid, comm, frames: frames.clone(), calls: c.calls, ipis: c.ipis });
             continue;
         }
         let weights: Vec<u64> = variants.iter().map(|(_, n)| *n).collect();
         let (calls, ipis) = (shares(c.calls, &weights), shares(c.ipis, &weights));
-        for (i, (v, _)) in variants.iter().enumerate() {
+        for (i, (frames, _)) in variants.into_iter().enumerate() {
             if calls[i] | ipis[i] == 0 {
                 continue;
             }
-            let frames = site_frames(table, source, &mut names, (k.tgid, k.call, k.user_stack), Some(v), py);
             out.push(MmSite { pid: k.tgid, comm: comm.clone(), frames, calls: calls[i], ipis: ipis[i] });
         }
     }

@@ -200,6 +200,37 @@ impl AggregateSource for Probes {
         self.maps.mm_stacks.iter().filter_map(Result::ok).map(|(k, v)| (k, sum_cpus(v.iter()))).collect()
     }
 
+    fn stack_keys_of(&self, tgids: &std::collections::HashSet<u32>) -> Vec<StackKey> {
+        let mut keys: std::collections::HashSet<StackKey> = self.maps.drained.keys_of(tgids).collect();
+        keys.extend(self.maps.fault_stacks.keys().filter_map(Result::ok).filter(|k| tgids.contains(&k.tgid)));
+        keys.into_iter().collect()
+    }
+
+    fn stacks_in_flight(&self) -> std::collections::HashSet<u32> {
+        let mut out = std::collections::HashSet::new();
+        for i in 0..vmtrace_common::STACK_CUR_SLOTS {
+            let Ok(cur) = self.maps.stack_cur.get(&i, 0) else { continue };
+            out.extend(
+                cur.iter().filter(|c| c.counts.faults | c.counts.major | c.counts.timed != 0).map(|c| c.key.tgid),
+            );
+        }
+        out
+    }
+
+    fn take_mm_stacks(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(MmStackKey, MmStackCounts)> {
+        let keys: Vec<MmStackKey> =
+            self.maps.mm_stacks.keys().filter_map(Result::ok).filter(|k| tgids.contains(&k.tgid)).collect();
+        let mut out = Vec::new();
+        for k in keys {
+            if let Ok(v) = self.maps.mm_stacks.get(&k, 0) {
+                if self.maps.mm_stacks.remove(&k).is_ok() {
+                    out.push((k, sum_cpus(v.iter())));
+                }
+            }
+        }
+        out
+    }
+
     /// Every stack aggregate, summed over CPUs, with the keys each CPU is
     /// still counting into.
     fn all_stack_counts(&self) -> Vec<(StackKey, StackCounts)> {

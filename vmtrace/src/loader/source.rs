@@ -55,8 +55,16 @@ pub trait AggregateSource {
 
     /// Fault stack aggregates.
     fn all_stack_counts(&self) -> Vec<(StackKey, StackCounts)>;
+    /// The stack keys of `tgids` (retiring processes): drained, still in
+    /// the kernel's map, or in a CPU's current slot.
+    fn stack_keys_of(&self, tgids: &std::collections::HashSet<u32>) -> Vec<StackKey>;
+    /// Processes a CPU's current stack slot still counts into (not ready to
+    /// retire: the slot's counts reach the aggregate later).
+    fn stacks_in_flight(&self) -> std::collections::HashSet<u32>;
     /// mmap-family call-site aggregates.
     fn all_mm_stacks(&self) -> Vec<(MmStackKey, MmStackCounts)>;
+    /// Takes the call-site aggregates of exited processes out of the kernel's map.
+    fn take_mm_stacks(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(MmStackKey, MmStackCounts)>;
     /// A kernel stack's instruction pointers, innermost first.
     fn stack_ips(&self, id: i32) -> Option<Vec<u64>>;
     /// A user stack's instruction pointers, innermost first.

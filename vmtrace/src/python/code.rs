@@ -84,6 +84,8 @@ pub struct CodeCache {
     by_addr: HashMap<(u64, u64), u32>,
     /// Layout of each Python process's code objects.
     layouts: HashMap<u32, CodeLayout>,
+    /// Code objects freed and unreadable of processes let go (`forget_retired`).
+    forgotten: (u64, u64),
 }
 
 /// Longest string or line table read.
@@ -100,6 +102,38 @@ impl CodeCache {
         self.layouts.remove(&tgid);
         self.codes.retain(|(t, _, _), _| *t != tgid);
         self.by_addr.retain(|_, t| *t != tgid);
+        for ((t, a, st), c) in &self.codes {
+            if matches!(c, Read::Named(_)) {
+                self.by_addr.entry((*a, *st)).or_insert(*t);
+            }
+        }
+    }
+
+    /// Drops what was read of retired processes whose stacks are named
+    /// already; their unnamed code objects stay counted.
+    pub fn forget_retired(&mut self, tgids: &std::collections::HashSet<u32>) {
+        if !self.codes.keys().any(|(t, _, _)| tgids.contains(t)) {
+            for t in tgids {
+                self.layouts.remove(t);
+            }
+            return;
+        }
+        for t in tgids {
+            self.layouts.remove(t);
+        }
+        let forgotten = &mut self.forgotten;
+        self.codes.retain(|(t, _, _), c| {
+            let keep = !tgids.contains(t);
+            if !keep {
+                match c {
+                    Read::Freed => forgotten.0 += 1,
+                    Read::Unreadable => forgotten.1 += 1,
+                    Read::Named(_) => {}
+                }
+            }
+            keep
+        });
+        self.by_addr.retain(|_, t| !tgids.contains(t));
         for ((t, a, st), c) in &self.codes {
             if matches!(c, Read::Named(_)) {
                 self.by_addr.entry((*a, *st)).or_insert(*t);
@@ -158,7 +192,7 @@ impl CodeCache {
     pub fn unnamed(&self) -> (u64, u64) {
         let freed = self.codes.values().filter(|c| matches!(c, Read::Freed)).count();
         let unreadable = self.codes.values().filter(|c| matches!(c, Read::Unreadable)).count();
-        (freed as u64, unreadable as u64)
+        (freed as u64 + self.forgotten.0, unreadable as u64 + self.forgotten.1)
     }
 
     /// `stack`'s frames as `function (file:line)`, split into the frames of

@@ -34,7 +34,8 @@ struct Stored {
 /// Counts and stacks drained from the kernel maps.
 #[derive(Default)]
 pub struct Drained {
-    counts: HashMap<StackKey, StackCounts>,
+    /// By process: a retiring process's keys are found without a walk of all.
+    counts: HashMap<u32, HashMap<StackKey, StackCounts>>,
     stacks: HashMap<u32, Stored>,
     /// Stacks found under an id already holding another stack (see the module doc).
     reused: std::collections::HashSet<u32>,
@@ -45,7 +46,12 @@ pub struct Drained {
 impl Drained {
     /// Adds the counts of a key taken out of `FAULT_STACKS`.
     pub fn add_counts(&mut self, key: StackKey, c: &StackCounts) {
-        self.counts.entry(key).or_default().merge(c);
+        self.counts.entry(key.tgid).or_default().entry(key).or_default().merge(c);
+    }
+
+    /// The keys of `tgids` drained so far.
+    pub fn keys_of<'a>(&'a self, tgids: &'a std::collections::HashSet<u32>) -> impl Iterator<Item = StackKey> + 'a {
+        tgids.iter().filter_map(|t| self.counts.get(t)).flat_map(|m| m.keys().copied())
     }
 
     /// Keeps a stack taken out of `USER_STACKS`; false when its id already
@@ -78,7 +84,7 @@ impl Drained {
 
     /// Adds every drained count into `all`.
     pub fn merge_into(&self, all: &mut HashMap<StackKey, StackCounts>) {
-        for (k, c) in &self.counts {
+        for (k, c) in self.counts.values().flatten() {
             all.entry(*k).or_default().merge(c);
         }
     }
@@ -89,7 +95,7 @@ impl Drained {
             return 0;
         }
         let reused = |k: &StackKey| u32::try_from(k.user_stack).is_ok_and(|id| self.reused.contains(&id));
-        self.counts.iter().filter(|(k, _)| reused(k)).map(|(_, c)| c.faults).sum()
+        self.counts.values().flatten().filter(|(k, _)| reused(k)).map(|(_, c)| c.faults).sum()
     }
 
     /// Distinct user stacks kept.

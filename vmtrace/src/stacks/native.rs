@@ -156,6 +156,15 @@ impl NativeStacks {
         self.spaces.remove(&tgid);
     }
 
+    /// Forgets the unwound stacks of retired processes (their stacks are
+    /// symbolized already).
+    pub fn forget_retired(&mut self, tgids: &std::collections::HashSet<u32>) {
+        for t in tgids {
+            self.spaces.remove(t);
+        }
+        self.by_id.retain(|(t, _), _| !tgids.contains(t));
+    }
+
     /// Forgets `tgid`'s unwound stacks too (nothing will read them).
     pub fn forget(&mut self, tgid: u32) {
         self.spaces.remove(&tgid);

@@ -107,6 +107,14 @@ fn place<'a>(addr: u64, maps: &'a [Region], jit: Option<&PerfMap>) -> Place<'a> 
 }
 
 impl Names {
+    /// Lets go of the object files the symbolizer holds open and parsed
+    /// (names already resolved stay): a recording that symbolizes as
+    /// processes retire would otherwise keep every program it ever saw
+    /// mapped.
+    pub fn close_objects(&mut self) {
+        self.symbolizer = Symbolizer::new();
+    }
+
     /// Resolves user addresses of one process in bulk (call before `user`).
     pub fn prepare_user(&mut self, addrs: &[u64], maps: &[Region]) {
         let mut by_file: HashMap<&str, Vec<u64>> = HashMap::new();
