@@ -13,7 +13,7 @@ use crate::{
     model::{KernelAccounting, Summary},
     report,
     stacks::Stack,
-    target::{pid_alive, wait_exit_usage, Target},
+    target::{pid_alive, stat_faults, wait_exit_usage, StatFaults, Target},
     trace::{Front, Plan, Stopped, TraceError, Tracer},
 };
 
@@ -79,12 +79,23 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     session.poll(Duration::from_millis(10));
     session.stop_clock();
     // The command's own counts, read before reaping it, replace the exit hook's read.
-    if let (Some(pid), Some((minor, major))) = (tracer.child().map(|c| c.pid), usage) {
-        tracer.session().set_kernel_accounting(pid, KernelAccounting { minor, major });
+    if let (Some(pid), Some(u)) = (tracer.child().map(|c| c.pid), usage) {
+        tracer.session().set_kernel_accounting(pid, KernelAccounting { minor: u.minor, major: u.major });
     }
     // One moment for everything: stop counting, then read the kernel's own
     // counters (processes may go on faulting while the reports are built).
-    let Stopped { perf, program_stats } = tracer.stop(opts.detach);
+    let Stopped { mut perf, program_stats } = tracer.stop(opts.detach);
+    if let (Some(p), Some(c)) = (perf.as_mut(), tracer.child()) {
+        // No minor-fault perf event was opened on the command: its count is
+        // the kernel's task counters of the command and the children it
+        // waited for (what getrusage reads), from its release on.
+        let still_running = || stat_faults(c.pid);
+        if let Some(f) = usage.or_else(still_running).filter(|_| p.minor_from_tasks) {
+            p.kernel_minor_faults = (f.minor + f.children_minor).saturating_sub(c.minor_at_release);
+            p.kernel_page_faults = p.kernel_minor_faults + p.kernel_major_faults;
+            p.scope.push_str("; minor faults from its task counters, with the children it waited for");
+        }
+    }
     let (session, info, child) = tracer.into_parts();
     let ending = Instant::now();
     let Finished { mut summary, stacks, mm_sites, trace, resident } = session.finish(info);
@@ -200,7 +211,7 @@ fn report_write_failures(dir: &Path, failures: &[report::WriteFailure], command_
 
 /// Collects until the target ends, a stop signal arrives or the duration is up.
 /// Returns the signal that stopped vmtrace, if one did.
-fn wait_for_end(tracer: &mut Tracer, opts: &RecordOptions, usage: &mut Option<(u64, u64)>) -> Option<i32> {
+fn wait_for_end(tracer: &mut Tracer, opts: &RecordOptions, usage: &mut Option<StatFaults>) -> Option<i32> {
     let started = tracer.session().started();
     let deadline = opts.duration.map(|d| started + d);
     let mut rates = crate::model::RateKeeper::default();

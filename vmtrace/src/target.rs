@@ -68,6 +68,10 @@ pub fn check_pid(pid: u32) -> Result<(), TargetError> {
 /// A forked child waiting at a pipe to `exec` the command.
 pub struct GatedChild {
     pub pid: u32,
+    /// Its minor faults before it was released (between the fork and the
+    /// gate): the kernel's count of the command's tree, taken from its task
+    /// counters, starts after them as vmtrace's does.
+    pub minor_at_release: u64,
     go: Option<OwnedFd>,
     status: OwnedFd,
     program: String,
@@ -136,12 +140,14 @@ impl GatedChild {
         }
         drop(go_r);
         drop(st_w);
-        Ok(Self { pid: pid as u32, go: Some(go_w), status: st_r, program: program.clone() })
+        Ok(Self { pid: pid as u32, minor_at_release: 0, go: Some(go_w), status: st_r, program: program.clone() })
     }
 
     /// Lets the child exec; returns once exec succeeded (or why it failed).
     pub fn release(&mut self) -> Result<(), TargetError> {
         if let Some(go) = self.go.take() {
+            // Blocked at the gate: its count does not move until the write.
+            self.minor_at_release = stat_faults(self.pid).map_or(0, |f| f.minor);
             let b = 1u8;
             // SAFETY: writing one byte from a valid buffer.
             unsafe { libc::write(go.as_raw_fd(), (&raw const b).cast(), 1) };
@@ -185,12 +191,11 @@ pub fn wait_exit(pid: u32, block: bool) -> Option<i32> {
     (r == pid as i32).then(|| shell_status(st))
 }
 
-/// Like `wait_exit`, with the child's own fault counts: (status, (minor,
-/// major)), read from /proc/PID/stat while it is a zombie, before reaping it.
-/// By then every thread has folded its counts into the process's, which a read
-/// at the exit tracepoint cannot promise; wait4's rusage would add the
-/// children it reaped.
-pub fn wait_exit_usage(pid: u32, block: bool) -> Option<(i32, (u64, u64))> {
+/// Like `wait_exit`, with the child's fault counts (`StatFaults`), read from
+/// /proc/PID/stat while it is a zombie, before reaping it. By then every
+/// thread has folded its counts into the process's, which a read at the exit
+/// tracepoint cannot promise.
+pub fn wait_exit_usage(pid: u32, block: bool) -> Option<(i32, StatFaults)> {
     // SAFETY: zeroed siginfo is a valid out-parameter.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
     let flags = libc::WEXITED | libc::WNOWAIT | if block { 0 } else { libc::WNOHANG };
@@ -200,16 +205,31 @@ pub fn wait_exit_usage(pid: u32, block: bool) -> Option<(i32, (u64, u64))> {
     if r != 0 || unsafe { info.si_pid() } == 0 {
         return None;
     }
-    let usage = own_faults(pid).unwrap_or((0, 0));
+    let usage = stat_faults(pid).unwrap_or_default();
     wait_exit(pid, true).map(|st| (st, usage))
 }
 
-/// (minflt, majflt) of a process from /proc/PID/stat: its own, without children.
-fn own_faults(pid: u32) -> Option<(u64, u64)> {
+/// A process's fault counts from /proc/PID/stat: the kernel's task counters
+/// (`min_flt`/`maj_flt`, what getrusage reads), its own (every thread,
+/// live or gone) and its waited-for children's (`cminflt`: the children it
+/// reaped, with theirs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatFaults {
+    pub minor: u64,
+    pub major: u64,
+    pub children_minor: u64,
+}
+
+/// `StatFaults` of `pid`, while it exists (a zombie too).
+pub fn stat_faults(pid: u32) -> Option<StatFaults> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // After "(comm)": state, ppid, pgrp, session, tty_nr, tpgid, flags, minflt, cminflt, majflt.
     let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    Some((f.get(7)?.parse().ok()?, f.get(9)?.parse().ok()?))
+    Some(StatFaults {
+        minor: f.get(7)?.parse().ok()?,
+        children_minor: f.get(8)?.parse().ok()?,
+        major: f.get(9)?.parse().ok()?,
+    })
 }
 
 /// True while a (non-child) process exists.
@@ -253,9 +273,9 @@ mod tests {
     fn exited_child_is_reaped_with_its_status_and_faults() {
         let mut c = GatedChild::spawn(&["sh".into(), "-c".into(), "exit 3".into()]).unwrap();
         c.release().unwrap();
-        let (st, (minor, _)) = wait_exit_usage(c.pid, true).unwrap();
+        let (st, f) = wait_exit_usage(c.pid, true).unwrap();
         assert_eq!(st, 3);
-        assert!(minor > 0, "a shell takes some faults of its own");
+        assert!(f.minor > c.minor_at_release, "a shell takes some faults of its own: {f:?}");
         assert_eq!(wait_exit_usage(c.pid, false), None, "reaped");
     }
 

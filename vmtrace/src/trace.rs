@@ -320,8 +320,8 @@ pub struct PerfProbe {
 }
 
 impl PerfProbe {
-    fn open(scope: &Scope, end: Option<FaultEnd>) -> Result<Self, TraceError> {
-        let counters = Counters::open(scope.clone(), end)?;
+    fn open(scope: &Scope, end: Option<FaultEnd>, minor_from_tasks: bool) -> Result<Self, TraceError> {
+        let counters = Counters::open(scope.clone(), end, minor_from_tasks)?;
         let sampler = if counters.hardware_supported() {
             DataSampler::open_tlb(scope).map_err(|e| log::info!("no TLB-miss address sampling: {e}")).ok()
         } else {
@@ -366,13 +366,15 @@ fn start_target(
 ) -> Result<Started, TraceError> {
     // The target's own fault-end events (when the loader left them to us)
     // serve the perf counters too; without counters the probes keep them.
-    let mut perf_for = |scope: Scope| -> Result<Option<PerfProbe>, TraceError> {
+    // `minor_from_tasks`: a command's minor faults are read from its task
+    // counters at the end (`record`), not counted by a perf event of their own.
+    let mut perf_for = |scope: Scope, minor_from_tasks: bool| -> Result<Option<PerfProbe>, TraceError> {
         let end = match session.source().end_programs() {
             Some(p) => Some(FaultEnd::open(&scope, &p)?),
             None => None,
         };
         if perf {
-            return PerfProbe::open(&scope, end).map(Some);
+            return PerfProbe::open(&scope, end, minor_from_tasks).map(Some);
         }
         session.source_mut().keep_fault_end(end);
         Ok(None)
@@ -380,7 +382,7 @@ fn start_target(
     Ok(match target {
         Target::Command(argv) => {
             let mut c = GatedChild::spawn_with_output(argv, output)?;
-            let counters = perf_for(Scope::Tasks(vec![c.pid]))?;
+            let counters = perf_for(Scope::Tasks(vec![c.pid]), true)?;
             session.source_mut().trace_pid(c.pid).map_err(|e| TraceError::Trace(c.pid, e))?;
             session.set_parent(c.pid, std::process::id());
             session.read_maps(c.pid);
@@ -394,13 +396,13 @@ fn start_target(
             (info, Some(c), counters)
         }
         Target::Pid(pid) => {
-            let counters = perf_for(Scope::process(*pid))?;
+            let counters = perf_for(Scope::process(*pid), false)?;
             session.source_mut().trace_pid(*pid).map_err(|e| TraceError::Trace(*pid, e))?;
             session.process(*pid);
             (TargetInfo { kind: TargetKind::Pid, command: None, pid: Some(*pid), exit_status: None }, None, counters)
         }
         Target::System => {
-            let counters = perf_for(Scope::system())?;
+            let counters = perf_for(Scope::system(), false)?;
             session.source_mut().start_counting();
             (TargetInfo { kind: TargetKind::System, command: None, pid: None, exit_status: None }, None, counters)
         }

@@ -114,6 +114,17 @@ fn check_checkpoint(run: &Run, path: &std::path::Path, keys: &[String], read_byt
         assert!(u(&t["from_disk_bytes"]) <= u(&t["bytes"]), "{name}: never more from disk than the tensor: {t}");
     }
     // From disk: what the kernel read for the load, at most the file once.
+    // Time, under the default (stratified where the memcg end serves: every
+    // slow fault exact, fast ones sampled and weighted): the tensors' times
+    // add up to at most their file's (the rest is the pages outside every
+    // tensor: the header, the zip entries, the pickle). Each view scaled by
+    // its own sample made a cold checkpoint's tensors sum more than the file.
+    let (t_time, f_time) = (sum("time_ns"), u(&f["faults"]["time_ns"]));
+    assert!(
+        t_time <= f_time + f_time / 100 + 1000,
+        "{name}: tensors' time {t_time} ns within the file's {f_time}: {f:#}"
+    );
+    assert!(t_time * 2 >= f_time, "{name}: tensors' time {t_time} ns is most of the file's {f_time}: {f:#}");
     let disk = u(&f["from_disk_bytes"]);
     assert!(t_disk <= disk, "{name}: tensors {t_disk} of the file's {disk} bytes from disk");
     assert!(disk <= size.next_multiple_of(4096), "{name}: {disk} bytes from disk for a {size}-byte file");
@@ -133,6 +144,9 @@ fn torch_checkpoints_are_attributed_per_tensor_with_what_came_from_disk() {
     assert!(ok.success(), "saving the checkpoints");
     let run = record(&[], &[py, "-c", LOAD, d]);
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    if let Some(n) = run.summary["sampling"]["fast_sample_period"].as_u64() {
+        assert_eq!(n, 16, "the default samples 1 in 16 fast faults: {:#}", run.summary["sampling"]);
+    }
     let io: Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("io.json")).unwrap()).unwrap();
     let mut keys: Vec<String> = (0..13).map(|i| format!("layers.{i}.weight")).collect();
     keys.extend(["head.bias".to_string(), "embed.scale".to_string()]);

@@ -22,9 +22,14 @@ fn check_invariants(run: &Run, what: &str) {
     let totals = &s["totals"];
     // Every fault the kernel accounts is timed, or stood for by a sample of
     // the fast ones (a few enter the handler and never complete: bad
-    // addresses; the fast faults after a CPU's last sample stand unweighted).
+    // addresses). Stratified, the fast faults after a CPU's last sample
+    // stand unweighted: at most 2N-1 per CPU (the random stride's longest),
+    // a share that matters only for a short recording (tar: 14 of 152).
     let (total, timed) = (u(&totals["total"]), u(&totals["timed"]));
-    assert!(timed * 1000 >= total * 990, "{what}: {timed} of {total} faults timed");
+    let period = s["sampling"]["fast_sample_period"].as_u64().unwrap_or(1);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    let tail = if period > 1 { (2 * period - 1) * cpus } else { 0 };
+    assert!((timed + tail) * 1000 >= total * 990, "{what}: {timed} of {total} faults timed (tail allowed: {tail})");
     assert_eq!(s["sampling"]["minor_latency_period"], 1, "{what}: the default's end sees every fault");
     // Stratified (the memcg end): the estimate says how far off it may be.
     if let Some(n) = s["sampling"]["fast_sample_period"].as_u64() {

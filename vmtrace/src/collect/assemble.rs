@@ -102,19 +102,36 @@ pub(crate) fn fast_stratum(s: &FaultStats) -> (u64, f64) {
     (fast, ff * ff * var / nf * (1.0 - (nf / ff).min(1.0)))
 }
 
+/// The fast faults of one process that no sample's weight stood for, or
+/// (negative) the weight its samples carried for other processes' faults:
+/// each sample stands for the fast faults started on its CPU since the one
+/// before, whoever took them, and those after a CPU's last sample stand
+/// unweighted. Its time, valued at `mean_ns`, is a bias of the process's
+/// estimate (the total's is only the unweighted tail).
+pub(crate) fn unweighted_fast(s: &FaultStats) -> i64 {
+    let minor = s.started.max(s.major) - s.major;
+    minor as i64 - s.minor_timed as i64
+}
+
 fn sampling(i: &Inputs, time_estimated: bool, stratified: bool, total_ns: u64) -> Sampling {
     let mut s = Sampling::plain(i.minor_period, time_estimated);
     if !stratified {
         return s;
     }
-    let (mut var, mut samples, mut fast) = (0.0, 0, 0);
+    let (mut var, mut samples, mut fast, mut sampled_ns) = (0.0, 0, 0, 0u64);
     for st in i.stats.values() {
         let (f, v) = fast_stratum(st);
         var += v;
         fast += f;
         samples += st.minor_sampled;
+        sampled_ns += st.minor_sampled_ns;
     }
-    let err = var.sqrt();
+    // The fast faults no weight stood for (the tail after each CPU's last
+    // sample), valued at the mean sampled latency: a bias, added to the
+    // error rather than to the time, so that every view still adds up.
+    let mean = if samples > 0 { sampled_ns as f64 / samples as f64 } else { 0.0 };
+    let tail: i64 = i.stats.values().map(unweighted_fast).sum();
+    let err = var.sqrt() + tail.max(0) as f64 * mean;
     s.fast_sample_period = Some(i.fast_period);
     s.time_error_ns = Some(err.round() as u64);
     s.time_error_pct = Some(if total_ns > 0 { (err * 1000.0 / total_ns as f64).round() / 10.0 } else { 0.0 });

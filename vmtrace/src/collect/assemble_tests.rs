@@ -197,3 +197,34 @@ fn pids_of_the_summary() {
     let system = TargetInfo { kind: TargetKind::System, command: None, pid: None, exit_status: None };
     assert_eq!(summary_pids(&system, [9].into_iter(), [7].into_iter(), |_| false), [9]);
 }
+
+/// Stratified timing (the default where the memcg end serves): a process's
+/// time is its exact slow faults plus its weighted samples, not scaled (its
+/// regions, files and tensors sum the same weighted granules), and the
+/// error states the fast faults no weight stood for.
+#[test]
+fn stratified_time_is_summed_as_weighted_and_the_unweighted_tail_is_in_the_error() {
+    let mut i = inputs();
+    (i.minor_period, i.fast_period) = (1, 16);
+    let s = FaultStats {
+        started: 1000,
+        // 2 slow faults (1 ms each) and 50 samples of 1 µs standing for 960
+        // fast faults: the last 38 stood for by none.
+        minor_seen: 52,
+        minor_sampled: 50,
+        minor_sampled_ns: 50_000,
+        minor_sampled_sq: 50 * 1_000_000,
+        minor_timed: 962,
+        minor_time_ns: 2_000_000 + 960_000,
+        ..FaultStats::default()
+    };
+    i.stats = BTreeMap::from([(10, s)]);
+    let f = assemble(i).summary;
+    let p = f.processes.iter().find(|p| p.pid == 10).unwrap();
+    assert_eq!(p.faults.minor_time_ns, 2_960_000, "weighted, not scaled to the 998 fast faults");
+    assert_eq!(f.sampling.fast_sample_period, Some(16));
+    assert_eq!(f.sampling.fast_faults, Some(998));
+    // All samples equal: no sampling variance; the tail, 38 x 1 µs.
+    assert_eq!(f.sampling.time_error_ns, Some(38_000), "{:?}", f.sampling);
+    assert_eq!(super::unweighted_fast(&s), 38);
+}

@@ -37,11 +37,18 @@ pub(crate) fn build_regions_of(
     source: &impl AggregateSource,
     wanted: impl Fn(u32) -> bool,
 ) -> Attributed {
-    let mut partial = Partial::default();
+    let mut partial = Partial::new(weighted_time(source));
     let mut granules = source.all_granules();
     granules.retain(|(k, _)| wanted(k.tgid));
     place_into(&mut partial, table, &granules);
     finish(partial, source)
+}
+
+/// Whether `source`'s timed faults carry their weights (stratified timing:
+/// every slow fault exact, 1 in N fast minor faults weighted), so that fault
+/// time is summed as is in every view (`regions::Partial::new`).
+pub(crate) fn weighted_time(source: &impl AggregateSource) -> bool {
+    source.fast_period() > 1 && source.minor_period() == 1
 }
 
 /// Places `granules` in the regions of their processes, into `partial`.

@@ -288,6 +288,7 @@ impl<S: AggregateSource> Session<S> {
     pub fn new(source: S, opts: SessionOptions) -> Self {
         let now = Instant::now();
         let page_salt = source.page_salt();
+        let placed = crate::regions::Partial::new(attribute::weighted_time(&source));
         Self {
             minor_period: source.minor_period(),
             fast_period: source.fast_period(),
@@ -313,7 +314,7 @@ impl<S: AggregateSource> Session<S> {
                 .then(|| ResidentTracker::new(opts.stacks.map_or(1, |(_, period)| period), page_salt)),
             retiring: Vec::new(),
             last_retire: now,
-            placed: crate::regions::Partial::default(),
+            placed,
             retired: 0,
             retired_sum: (0, 0),
             retired_top: Default::default(),

@@ -165,7 +165,13 @@ impl Faults {
         let minor = total - major;
         let minor_time_ns = if minor_period == 0 {
             0
-        } else if minor_period == 1 && s.minor_sampled == 0 {
+        } else if minor_period == 1 && s.minor_sampled > 0 {
+            // Stratified (`--fast-sample N`): every slow fault timed exactly,
+            // each sampled fast one already weighted by the faults it stands
+            // for. Summed as is, so that regions, files and tensors (summed
+            // the same way from their granules) add up to the process.
+            s.minor_time_ns
+        } else if minor_period == 1 {
             scale(s.minor_time_ns, s.minor_timed, s.minor_seen)
         } else {
             scale(s.minor_time_ns, s.minor_timed, minor)

@@ -23,11 +23,19 @@ pub struct PerfSummary {
     /// The kernel's software counters for the same target. `kernel_page_faults`
     /// is the faults it accounted (minor + major, as getrusage counts them).
     pub kernel_page_faults: u64,
+    /// With a command target, taken from the kernel's task counters
+    /// (`minor_from_tasks`), else from a counting perf event.
     pub kernel_minor_faults: u64,
     pub kernel_major_faults: u64,
     pub context_switches: u64,
     /// What the counters watched.
     pub scope: String,
+    /// `kernel_minor_faults` is to be read from the command's task counters
+    /// (`min_flt` of it and the children it waited for, as getrusage): no
+    /// PAGE_FAULTS_MIN event was opened, which would cost each of its faults
+    /// the kernel's software-event path (~45 ns here).
+    #[serde(skip)]
+    pub minor_from_tasks: bool,
     /// dTLB-miss samples attributed to memory regions, where a PMU samples data addresses.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tlb_miss_regions: Vec<RegionSamples>,

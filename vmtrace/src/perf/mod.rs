@@ -161,7 +161,9 @@ fn is_intel() -> bool {
 
 pub struct Counters {
     scope: Scope,
-    minor: Multi,
+    /// `None`: minor faults are counted from the tasks' own counters
+    /// (`PerfSummary::minor_from_tasks`).
+    minor: Option<Multi>,
     major: Multi,
     switches: Multi,
     hw: Result<Hw, String>,
@@ -195,12 +197,25 @@ impl Counters {
     /// entry, in the kernel's software-event path, which costs every fault of
     /// the target ~45 ns while an event of that type exists; vmtrace's start
     /// hook sees the same entries.
-    pub fn open(scope: Scope, end: Option<FaultEnd>) -> Result<Self, CountersError> {
+    ///
+    /// `minor_from_tasks` (a command, whose task counters vmtrace reads when
+    /// it ends): no counting PAGE_FAULTS_MIN event either, for the same
+    /// reason; the minor count is then filled in from the task counters. The
+    /// fault end's own sampled PAGE_FAULTS_MIN event, where there is one,
+    /// still counts them.
+    pub fn open(scope: Scope, end: Option<FaultEnd>, minor_from_tasks: bool) -> Result<Self, CountersError> {
         let sw = |event: &'static str, e: Software| Multi::open(&scope, &e).map_err(|err| CountersError { event, err });
+        let minor_event = || -> Result<Option<Multi>, CountersError> {
+            if minor_from_tasks {
+                Ok(None)
+            } else {
+                sw("minor-faults", Software::PAGE_FAULTS_MIN).map(Some)
+            }
+        };
         let (minor, major) = match end {
-            Some(FaultEnd { min: Some(min), maj }) => (min, maj),
-            Some(FaultEnd { min: None, maj }) => (sw("minor-faults", Software::PAGE_FAULTS_MIN)?, maj),
-            None => (sw("minor-faults", Software::PAGE_FAULTS_MIN)?, sw("major-faults", Software::PAGE_FAULTS_MAJ)?),
+            Some(FaultEnd { min: Some(min), maj }) => (Some(min), maj),
+            Some(FaultEnd { min: None, maj }) => (minor_event()?, maj),
+            None => (minor_event()?, sw("major-faults", Software::PAGE_FAULTS_MAJ)?),
         };
         let switches = sw("context-switches", Software::CONTEXT_SWITCHES)?;
         let hw = match Multi::open(&scope, &DTLB_LOAD_MISS) {
@@ -224,13 +239,14 @@ impl Counters {
     }
 
     pub fn read(&mut self) -> PerfSummary {
-        let (minor, major) = (self.minor.read(), self.major.read());
+        let (minor, major) = (self.minor.as_mut().map_or(0, Multi::read), self.major.read());
         let mut s = PerfSummary {
             kernel_page_faults: minor + major,
             kernel_minor_faults: minor,
             kernel_major_faults: major,
             context_switches: self.switches.read(),
             scope: self.scope.describe(),
+            minor_from_tasks: self.minor.is_none(),
             ..PerfSummary::default()
         };
         match &mut self.hw {

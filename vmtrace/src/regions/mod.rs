@@ -77,15 +77,23 @@ impl Acc {
         self.pages + (self.huge.round().max(0.0) as u64) * 511
     }
 
-    fn faults(&self) -> Faults {
+    /// `weighted`: the kernel weighted each timed fault by the faults it
+    /// stands for (stratified timing, `--fast-sample N`), so the time is
+    /// summed as is and every view of it (region, file, tensor) adds up;
+    /// else minor time measured on 1 in N faults is scaled to all of them.
+    fn faults(&self, weighted: bool) -> Faults {
         let total = self.faults.round() as u64;
         let major = (self.major.round() as u64).min(total);
-        // Minor latency may be sampled: its time alone is scaled to all minor
-        // faults (majors are all timed), as for the process (`scale`).
         let round = |v: f64| v.round().max(0.0) as u64;
         let (major_time, timed) = (round(self.major_time_ns), round(self.timed));
         let minor_time = round(self.time_ns).saturating_sub(major_time);
-        let time_ns = scale(minor_time, timed.saturating_sub(major), total - major) + major_time;
+        // Sampled minor latency: its time alone is scaled to all minor faults
+        // (majors are all timed), as for the process (`scale`). Scaling each
+        // view by its own sample would not add up: a tensor with one exact
+        // slow fault and few weighted samples would multiply the slow one.
+        let minor_time =
+            if weighted { minor_time } else { scale(minor_time, timed.saturating_sub(major), total - major) };
+        let time_ns = minor_time + major_time;
         let mut hist = Hist::default();
         for (i, v) in self.hist.iter().enumerate() {
             // Coarse bucket i is fine bucket 2i (upper bound 1024 << 2i ns).
@@ -132,6 +140,8 @@ pub(crate) struct Attributed {
 /// the files and tensors.
 #[derive(Default)]
 pub(crate) struct Partial {
+    /// Timed faults carry their weights (stratified timing): see `Acc::faults`.
+    weighted: bool,
     regions: Vec<RegionSummary>,
     files: BTreeMap<String, Acc>,
     /// File pages hit, kept for the files that may be checkpoints only.
@@ -167,6 +177,12 @@ impl TopN {
 }
 
 impl Partial {
+    /// `weighted`: stratified fault time (`AggregateSource::fast_period` > 1),
+    /// whose timed faults carry their weights.
+    pub(crate) fn new(weighted: bool) -> Self {
+        Self { weighted, ..Self::default() }
+    }
+
     /// Places the faults of the processes of `granules` and adds their rows.
     pub(crate) fn add<'a>(
         &mut self,
@@ -229,7 +245,7 @@ impl Partial {
             if let (RegionKind::File, Some(p)) = (r.kind, &r.path) {
                 self.files.entry(p.clone()).or_default().merge(&a);
             }
-            let mut faults = a.faults();
+            let mut faults = a.faults(self.weighted);
             if r.kind == RegionKind::Hugetlb {
                 // A hugetlb mapping has no small pages: every fault maps a huge one.
                 faults.huge = Some(faults.total);
@@ -308,15 +324,15 @@ impl Partial {
     /// The files and tensors; `page_cache` gives pages added per file path
     /// (readahead).
     pub(crate) fn finish(self, page_cache: impl Fn(&str) -> Option<PageCache>) -> Attributed {
-        let Partial { mut regions, files, file_pages, placement, other, .. } = self;
+        let Partial { mut regions, files, file_pages, placement, other, weighted, .. } = self;
         regions.extend(other.into_values());
         let mut files: Vec<FileSummary> = files
             .into_iter()
             .map(|(path, a)| {
-                let faults = a.faults();
+                let faults = a.faults(weighted);
                 let cache = page_cache(&path).unwrap_or_default();
                 let added = cache.added;
-                let tensors = tensor_view(&path, &file_pages, &cache.chunks);
+                let tensors = tensor_view(&path, &file_pages, &cache.chunks, weighted);
                 FileSummary {
                     cold_fraction: if faults.total > 0 { faults.major as f64 / faults.total as f64 } else { 0.0 },
                     readahead_pages: added.saturating_sub(faults.major),
@@ -487,7 +503,12 @@ fn checkpoint_tensors(path: &str) -> Option<Vec<safetensors::Tensor>> {
 
 /// Per-tensor faults of a checkpoint, from the file pages that faulted, and
 /// how much of each came from disk (`chunks`).
-fn tensor_view(path: &str, hits: &[(GranuleCounts, FileHit)], chunks: &[(u64, u64)]) -> Vec<TensorSummary> {
+fn tensor_view(
+    path: &str,
+    hits: &[(GranuleCounts, FileHit)],
+    chunks: &[(u64, u64)],
+    weighted: bool,
+) -> Vec<TensorSummary> {
     if !path.starts_with('/') || !hits.iter().any(|(_, h)| h.path == path) {
         return Vec::new();
     }
@@ -502,7 +523,7 @@ fn tensor_view(path: &str, hits: &[(GranuleCounts, FileHit)], chunks: &[(u64, u6
         .iter()
         .zip(acc)
         .map(|(t, a)| {
-            let f = a.faults();
+            let f = a.faults(weighted);
             TensorSummary {
                 name: t.name.clone(),
                 offset: t.start,
@@ -680,6 +701,69 @@ mod tests {
         let mut thirds = [10.0 / 3.0; 3];
         largest_remainder(&mut thirds);
         assert_eq!(thirds.map(|x| x.round() as u64), [4, 3, 3]);
+    }
+
+    /// Stratified timing (the default where the memcg end serves): a
+    /// checkpoint's tensors add up to their file's time. One slow fault
+    /// (1 ms, timed exactly) and one sample standing for 20 fast faults in
+    /// the first tensor's granule; samples standing for the other 106 fast
+    /// faults (the first granule's among them: a CPU's weight runs across
+    /// granules) in the second. Scaling each view by its own sample made the
+    /// first tensor 3x its measured time, the tensors more than their file.
+    #[test]
+    fn a_files_tensors_add_up_to_its_time_when_samples_carry_weights() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        let json = format!(
+            r#"{{"a":{{"dtype":"F32","shape":[64512],"data_offsets":[0,{a}]}},"b":{{"dtype":"F32","shape":[65536],"data_offsets":[{a},{b}]}}}}"#,
+            a = 63 * 4096,
+            b = 127 * 4096
+        );
+        // The data starts at the second page: the header is the first.
+        let mut header = json.into_bytes();
+        header.resize(4096 - 8, b' ');
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend(header);
+        bytes.resize(128 * 4096, 0);
+        std::fs::write(&path, bytes).unwrap();
+        let name = path.to_str().unwrap();
+        let maps = vec![region(G, 3 * G, RegionKind::File, Some(name))];
+        let first = GranuleCounts {
+            faults: 63,
+            touched: !1,
+            timed: 21,
+            time_ns: 1_000_000 + 20 * 1_000,
+            hist: [20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0],
+            ..Default::default()
+        };
+        let second = GranuleCounts {
+            faults: 64,
+            touched: !0,
+            timed: 106,
+            time_ns: 106 * 1_000,
+            hist: [106, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            ..Default::default()
+        };
+        let keys =
+            [(GranuleKey { tgid: 1, gen: 0, granule: 1 }, first), (GranuleKey { tgid: 1, gen: 0, granule: 2 }, second)];
+        for weighted in [true, false] {
+            let mut p = Partial::new(weighted);
+            p.add(&keys, |_| Some(input(&maps)));
+            let a = p.finish(|_| None);
+            let f = a.files.iter().find(|f| f.path == name).expect("the file's row");
+            let tensors: u64 = f.tensors.iter().map(|t| t.time_ns).sum();
+            let regions: u64 = a.regions.iter().map(|r| r.faults.time_ns).sum();
+            assert_eq!(f.tensors.len(), 2, "{:?}", f.tensors);
+            if weighted {
+                assert_eq!(f.faults.time_ns, 1_126_000, "the file's time as measured, weights carried");
+                assert_eq!(tensors, f.faults.time_ns, "the tensors add up to their file: {:?}", f.tensors);
+                assert_eq!(regions, f.faults.time_ns, "the region adds up to its file");
+                assert_eq!(f.tensors[0].time_ns, 1_020_000, "the slow fault counted once: {:?}", f.tensors[0]);
+            } else {
+                // What the scaling per view gave (why it is not used for weighted time).
+                assert!(tensors > f.faults.time_ns * 2, "{tensors} vs {}", f.faults.time_ns);
+            }
+        }
     }
 
     #[test]

@@ -108,12 +108,12 @@ fn variants(breakdown: bool) -> Vec<Variant> {
         variant("untraced", "the workload alone", Tracer::None),
         variant(
             "vmtrace",
-            "`vmtrace record` default: every fault counted and placed in its region, every slow fault (slept, huge page, major) timed exactly and 1 in 16 fast minor faults (`--fast-sample 16`, error stated), user stacks 1 in 64 plus every slow fault, mmap/TLB/OOM hooks, perf counters",
+            "`vmtrace record` default: every fault counted and placed in its region, every slow fault (slept, huge page, major) timed exactly and 1 in 16 fast minor faults weighted by the fast faults each stands for (`--fast-sample 16`, the default since 2026-12-02 where the memcg end serves, error stated; every fault timed elsewhere), user stacks 1 in 64 plus every slow fault, mmap/TLB/OOM hooks, resident memory, perf counters",
             Tracer::Vmtrace(&[]),
         ),
         variant(
             "vmtrace --fast-sample 1",
-            "default, but every fault timed at the memcg end (the default until 2026-12-01, evening)",
+            "default, but every fault timed at the memcg end (the default from 2026-12-01, evening, to 2026-12-02)",
             Tracer::Vmtrace(&["--fast-sample", "1"]),
         ),
         variant("vmtrace --stack-sample 1", "default with a user stack on every fault", Tracer::Vmtrace(&["--stack-sample", "1"])),
