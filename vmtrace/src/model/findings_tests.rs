@@ -87,6 +87,8 @@ fn summary(processes: Vec<Process>) -> Summary {
         findings: None,
         thp_anon_mode: None,
         code_locations: None,
+        pinned: None,
+        numa: None,
     }
 }
 
