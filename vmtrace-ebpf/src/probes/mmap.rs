@@ -202,8 +202,7 @@ fn enter(ctx: &TracePointContext, pid_tgid: u64, call: MmCall, a: [u64; 6]) {
     // munmap (no fault can follow it in what it removed), nor an mmap likely
     // to make again what the last munmap removed (see `same_again`).
     let gen = match call {
-        // Locking changes no mapping (it may split one; no fault is misplaced by that).
-        MmCall::Madvise | MmCall::Mlock | MmCall::Munlock | MmCall::Mlockall | MmCall::Munlockall => 0,
+        MmCall::Madvise => 0,
         MmCall::Munmap => map_gen(tgid),
         MmCall::Mmap if same_again(pid_tgid as u32, &a, None) => map_gen(tgid),
         _ => bump_gen(tgid, false),
@@ -439,7 +438,7 @@ fn forget_map(tid: u32) {
 // sections: userspace attaches each program to every tracepoint by name.
 #[tracepoint(category = "syscalls", name = "sys_enter_mmap")]
 pub fn tp_syscalls_sys_enter(ctx: TracePointContext) -> u32 {
-    let _ = try_sys_enter(&ctx, call_of);
+    let _ = try_sys_enter(&ctx, false);
     0
 }
 
@@ -447,7 +446,7 @@ pub fn tp_syscalls_sys_enter(ctx: TracePointContext) -> u32 {
 /// as the family's (`enter`), in a program of its own.
 #[tracepoint(category = "syscalls", name = "sys_enter_mlock")]
 pub fn tp_syscalls_sys_enter_lock(ctx: TracePointContext) -> u32 {
-    let _ = try_sys_enter(&ctx, lock_call_of);
+    let _ = try_sys_enter(&ctx, true);
     0
 }
 
@@ -467,8 +466,9 @@ fn try_sys_exit_lock(ctx: &TracePointContext) -> Option<()> {
 }
 
 #[inline(always)]
-fn try_sys_enter(ctx: &TracePointContext, call_of: fn(i32) -> Option<(MmCall, usize)>) -> Option<()> {
-    let (call, n) = call_of(tp_field(ctx, SYSCALL_NR))?;
+fn try_sys_enter(ctx: &TracePointContext, lock: bool) -> Option<()> {
+    let nr = tp_field(ctx, SYSCALL_NR);
+    let (call, n) = if lock { lock_call_of(nr)? } else { call_of(nr)? };
     // Every process's calls come here: the copy below is for traced ones only.
     let pid_tgid = bpf_get_current_pid_tgid();
     if !is_traced((pid_tgid >> 32) as u32) {
@@ -483,8 +483,31 @@ fn try_sys_enter(ctx: &TracePointContext, call_of: fn(i32) -> Option<(MmCall, us
             *v = 0;
         }
     }
-    enter(ctx, pid_tgid, call, a);
+    if lock {
+        enter_lock(ctx, pid_tgid, call, a);
+    } else {
+        enter(ctx, pid_tgid, call, a);
+    }
     Some(())
+}
+
+/// `enter` for a locking call: the same count, call-site stack and bracket;
+/// no address-space generation (locking changes no mapping). Apart from
+/// `enter` so the family's program stays as the verifier accepted it.
+fn enter_lock(ctx: &TracePointContext, pid_tgid: u64, call: MmCall, a: [u64; 6]) {
+    let tgid = (pid_tgid >> 32) as u32;
+    if let Some(m) = mm_stats(tgid) {
+        if let Some(c) = m.calls.get_mut(call as usize) {
+            *c += 1;
+        }
+    }
+    let user_stack = if config().stack_mode & STACK_USER != 0 { user_stack_id(ctx) } else { STACK_ID_NONE };
+    if let Some(c) = mm_stack_counts(&stack_key(tgid, call as u32, user_stack)) {
+        c.calls += 1;
+    }
+    // SAFETY: no preconditions.
+    let start_ns = unsafe { bpf_ktime_get_ns() };
+    mm_begin(pid_tgid as u32, &MmInflight { call: call as u32, user_stack, args: a, gen: 0, _pad: 0, start_ns });
 }
 
 #[tracepoint(category = "syscalls", name = "sys_exit_mmap")]
