@@ -121,8 +121,13 @@ pub struct KernelOffsets {
     pub mm_rss_stat: u32,
     pub pcpu_count: u32,
     pub pcpu_size: u32,
+    /// `mm_struct.locked_vm` (unsigned long) and `.pinned_vm` (atomic64_t):
+    /// pages locked (mlock, `MAP_LOCKED`, mlockall) and pinned long-term
+    /// (RDMA, io_uring, vfio), read at each mlock-family call's return.
+    pub mm_locked_vm: u32,
+    pub mm_pinned_vm: u32,
 }
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 136);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 144);
 
 impl KernelOffsets {
     pub const MISSING: u32 = u32::MAX;
@@ -161,6 +166,8 @@ impl KernelOffsets {
         mm_rss_stat: Self::MISSING,
         pcpu_count: Self::MISSING,
         pcpu_size: Self::MISSING,
+        mm_locked_vm: Self::MISSING,
+        mm_pinned_vm: Self::MISSING,
     };
 }
 

@@ -45,6 +45,7 @@ mod pod {
     unsafe impl aya::Pod for super::MmStackKey {}
     unsafe impl aya::Pod for super::MmStackCounts {}
     unsafe impl aya::Pod for super::MmEvent {}
+    unsafe impl aya::Pod for super::MmLockEvent {}
     unsafe impl aya::Pod for super::FaultMajorEvent {}
     unsafe impl aya::Pod for super::EventHeader {}
     unsafe impl aya::Pod for super::TaskEvent {}
@@ -96,6 +97,7 @@ mod tests {
             EventKind::TaskExit,
             EventKind::FaultMajor,
             EventKind::MmMapChange,
+            EventKind::MmLock,
             EventKind::OomMarkVictim,
             EventKind::StackSample,
             EventKind::PyStackStored,

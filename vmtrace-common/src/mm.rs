@@ -17,9 +17,25 @@ pub enum MmCall {
     Madvise = 3,
     Mprotect = 4,
     Brk = 5,
+    /// mlock and mlock2.
+    Mlock = 6,
+    Munlock = 7,
+    Mlockall = 8,
+    Munlockall = 9,
 }
-pub const MM_CALLS: usize = 6;
-pub const MM_CALL_NAMES: [&str; MM_CALLS] = ["mmap", "munmap", "mremap", "madvise", "mprotect", "brk"];
+pub const MM_CALLS: usize = 10;
+pub const MM_CALL_NAMES: [&str; MM_CALLS] =
+    ["mmap", "munmap", "mremap", "madvise", "mprotect", "brk", "mlock", "munlock", "mlockall", "munlockall"];
+/// mmap's `MAP_LOCKED` flag: the mapping is faulted in and locked as mlock does.
+pub const MAP_LOCKED: u64 = 0x2000;
+
+impl MmCall {
+    /// Whether this call locks or unlocks memory (mlock family).
+    #[must_use]
+    pub fn is_lock_family(call: u32) -> bool {
+        (MmCall::Mlock as u32..=MmCall::Munlockall as u32).contains(&call)
+    }
+}
 /// `madvise` advice values are counted in slots 0..31; larger ones (hwpoison…) in 31.
 pub const ADVICE_SLOTS: usize = 32;
 /// `tlb:tlb_flush` reasons (enum tlb_flush_reason): task switch, remote
@@ -173,3 +189,32 @@ pub struct MmEvent {
     pub start_ns: u64,
 }
 const _: () = assert!(core::mem::size_of::<MmEvent>() == 16 + 8 + 64 + 8 + 16 + 8);
+
+/// A call that locked or unlocked memory (mlock, mlock2, munlock, mlockall,
+/// munlockall, or an mmap with `MAP_LOCKED`), streamed at its return with the
+/// process's locked and pinned page counts as the kernel then kept them
+/// (`EventKind::MmLock`; these calls are rare).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MmLockEvent {
+    pub hdr: EventHeader,
+    pub tgid: u32,
+    pub tid: u32,
+    /// An `MmCall` (`Mmap` for an mmap with `MAP_LOCKED`).
+    pub call: u32,
+    /// The call site (`MmStackKey::user_stack`, `STACK_ID_NONE`: none taken).
+    pub user_stack: i32,
+    /// The syscall's return value (`-errno` on failure).
+    pub ret: i64,
+    /// mlock/munlock/mmap: the start (mmap: as asked) and the length; mlockall: 0, 0.
+    pub addr: u64,
+    pub len: u64,
+    /// mlock2 and mlockall flags; mmap: its flags.
+    pub flags: u64,
+    /// `mm->locked_vm` and `mm->pinned_vm` in pages after the call; `u64::MAX`: unknown.
+    pub locked_pages: u64,
+    pub pinned_pages: u64,
+    /// When the call entered (`hdr.ts_ns` is when it returned).
+    pub start_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<MmLockEvent>() == 16 + 16 + 8 + 24 + 16 + 8);

@@ -128,5 +128,9 @@ pub struct PageSample {
     pub addr: u64,
     pub user_stack: i32,
     pub kernel_stack: i32,
+    /// The CPU the fault ended on: the page was allocated on its node
+    /// unless a memory policy said otherwise (remote first touch, `numa.rs`).
+    pub cpu: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<PageSample>() == 16 + 8 + 8 + 8);
+const _: () = assert!(core::mem::size_of::<PageSample>() == 16 + 8 + 8 + 8 + 8);

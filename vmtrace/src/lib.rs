@@ -16,6 +16,7 @@ pub mod identity;
 pub mod kernel;
 pub mod loader;
 pub mod model;
+pub mod numa;
 mod oom;
 pub mod perf;
 mod procmaps;

@@ -40,6 +40,9 @@ const TESTS: &[(&str, &str)] = &[
     ("tlb", ""),
     // Loads the programs with majors streamed (`--perfetto`): their ring path verified.
     ("perfetto", "oom_kill_is_an_instant_on_the_victim"),
+    // The guest has two NUMA nodes (one CPU each): numactl-bound placement.
+    ("numa", ""),
+    ("pinned", ""),
 ];
 
 /// Debian package name pattern per kernel series.
@@ -59,12 +62,17 @@ fn ensure_packages() -> Result<()> {
     let have = |b: &str| {
         Command::new("sh").args(["-c", &format!("command -v {b}")]).output().is_ok_and(|o| o.status.success())
     };
-    if have("qemu-system-x86_64") && Path::new("/bin/busybox").exists() && have("cpio") && have("depmod") {
+    if have("qemu-system-x86_64")
+        && Path::new("/bin/busybox").exists()
+        && have("cpio")
+        && have("depmod")
+        && have("numactl")
+    {
         return Ok(());
     }
     eprintln!("xtask: installing qemu-system-x86, busybox-static, cpio, kmod");
     sh("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        qemu-system-x86 busybox-static cpio kmod xz-utils")?;
+        qemu-system-x86 busybox-static cpio kmod xz-utils numactl")?;
     Ok(())
 }
 
@@ -231,6 +239,15 @@ fn run_guest(root: &Path, work: &Path, bins: &[(String, PathBuf)], series: &str,
             "2",
             "-m",
             "1G",
+            // Two NUMA nodes, a CPU and 512 MiB each (tests/numa.rs).
+            "-object",
+            "memory-backend-ram,id=m0,size=512M",
+            "-object",
+            "memory-backend-ram,id=m1,size=512M",
+            "-numa",
+            "node,nodeid=0,cpus=0,memdev=m0",
+            "-numa",
+            "node,nodeid=1,cpus=1,memdev=m1",
             "-nographic",
             "-no-reboot",
         ])

@@ -11,8 +11,8 @@ use aya_ebpf::{
     EbpfContext as _,
 };
 use vmtrace_common::{
-    DropKind, EventHeader, EventKind, MmCall, MmEvent, MmInflight, MmStackCounts, MmStackKey, MmStats, ADVICE_SLOTS,
-    STACK_ID_NONE, STACK_USER,
+    DropKind, EventHeader, EventKind, MmCall, MmEvent, MmInflight, MmLockEvent, MmStackCounts, MmStackKey, MmStats,
+    ADVICE_SLOTS, MAP_LOCKED, STACK_ID_NONE, STACK_USER,
 };
 
 use crate::{
@@ -135,6 +135,8 @@ pub fn mm_park(tid: u32) {
 //   mremap(addr, old_len, new_len, flags, new_addr)
 //   madvise(start, len_in, behavior)           mprotect(start, len, prot)
 //   brk(brk)                                   pkey_mprotect(start, len, prot, pkey)
+//   mlock(start, len)  mlock2(start, len, flags)  munlock(start, len)
+//   mlockall(flags)    munlockall()
 // sys_exit_*: `long ret` at 16.
 const SYSCALL_NR: usize = 8;
 const ARG0: usize = 16;
@@ -153,6 +155,22 @@ fn call_of(nr: i32) -> Option<(MmCall, usize)> {
         28 => (MmCall::Madvise, 3),
         // Counted as mprotect: the same change to the address space.
         329 => (MmCall::Mprotect, 4),
+        _ => return None,
+    })
+}
+
+/// The locking calls' x86-64 syscall numbers (their own enter and exit
+/// programs: in the family's, five more calls made the verifier's walk of
+/// the enter program pass its 1M-instruction limit).
+#[inline(always)]
+fn lock_call_of(nr: i32) -> Option<(MmCall, usize)> {
+    Some(match nr {
+        149 => (MmCall::Mlock, 2),
+        150 => (MmCall::Munlock, 2),
+        151 => (MmCall::Mlockall, 1),
+        152 => (MmCall::Munlockall, 0),
+        // mlock2: mlock with flags (MLOCK_ONFAULT), counted as mlock.
+        325 => (MmCall::Mlock, 3),
         _ => return None,
     })
 }
@@ -210,6 +228,9 @@ fn try_sys_exit(ctx: &TracePointContext) -> Option<()> {
     let ret: i64 = tp_field(ctx, EXIT_RET);
     let ok = !(-4095..0).contains(&ret);
     let a = f.args;
+    if f.call == MmCall::Mmap as u32 && a[3] & MAP_LOCKED != 0 {
+        emit_lock(tgid, tid, &f, ret, ok);
+    }
     // madvise changes no mapping; only advice that gives memory back is
     // streamed, for resident attribution (`probes/rss.rs`).
     if f.call == MmCall::Madvise as u32 && (ret != 0 || !gives_back(a[2])) {
@@ -286,6 +307,50 @@ fn try_sys_exit(ctx: &TracePointContext) -> Option<()> {
     // wake the collector now. Other changes can wait for its next poll.
     slot.submit(if file_backed { WAKE_NOW } else { batched_wakeup() });
     Some(())
+}
+
+/// Streams a locking call at its return, with the process's locked and
+/// pinned pages as the kernel now counts them.
+#[inline(always)]
+fn emit_lock(tgid: u32, tid: u32, f: &MmInflight, ret: i64, ok: bool) {
+    let a = f.args;
+    let (addr, len, flags) = match f.call {
+        c if c == MmCall::Mmap as u32 => (if ok { ret as u64 } else { a[0] }, a[1], a[3]),
+        c if c == MmCall::Mlock as u32 || c == MmCall::Munlock as u32 => (a[0], a[1], a[2]),
+        c if c == MmCall::Mlockall as u32 => (0, 0, a[0]),
+        _ => (0, 0, 0),
+    };
+    let off = koffsets();
+    // SAFETY: no preconditions; the pointer is only read through bpf_probe_read_kernel.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let mm: u64 = read_field(task, off.task_mm).unwrap_or(0);
+    let locked_pages: u64 = read_field(mm as *const u8, off.mm_locked_vm).unwrap_or(u64::MAX);
+    let pinned_pages: u64 = read_field(mm as *const u8, off.mm_pinned_vm).unwrap_or(u64::MAX);
+    let Some(mut slot) = EVENTS.reserve::<MmLockEvent>(0) else {
+        count_drop(DropKind::MmEventRingFull);
+        return;
+    };
+    slot.write(MmLockEvent {
+        hdr: EventHeader {
+            kind: EventKind::MmLock as u32,
+            size: core::mem::size_of::<MmLockEvent>() as u32,
+            // SAFETY: no preconditions.
+            ts_ns: unsafe { bpf_ktime_get_ns() },
+        },
+        tgid,
+        tid,
+        call: f.call,
+        user_stack: f.user_stack,
+        ret,
+        addr,
+        len,
+        flags,
+        locked_pages,
+        pinned_pages,
+        start_ns: f.start_ns,
+    });
+    // Userspace reads the process's RLIMIT_MEMLOCK while it lives.
+    slot.submit(WAKE_NOW);
 }
 
 /// (dev, inode) of the current task's open file `fd`, as `stat` reports
@@ -373,13 +438,37 @@ fn forget_map(tid: u32) {
 // sections: userspace attaches each program to every tracepoint by name.
 #[tracepoint(category = "syscalls", name = "sys_enter_mmap")]
 pub fn tp_syscalls_sys_enter(ctx: TracePointContext) -> u32 {
-    let _ = try_sys_enter(&ctx);
+    let _ = try_sys_enter(&ctx, false);
     0
 }
 
+/// The locking calls' enter: the same counts, call-site stack and bracket
+/// as the family's (`enter`), in a program of its own.
+#[tracepoint(category = "syscalls", name = "sys_enter_mlock")]
+pub fn tp_syscalls_sys_enter_lock(ctx: TracePointContext) -> u32 {
+    let _ = try_sys_enter(&ctx, true);
+    0
+}
+
+/// The locking calls' exit: each streamed with the locked and pinned pages after it.
+#[tracepoint(category = "syscalls", name = "sys_exit_mlock")]
+pub fn tp_syscalls_sys_exit_lock(ctx: TracePointContext) -> u32 {
+    let _ = try_sys_exit_lock(&ctx);
+    0
+}
+
+fn try_sys_exit_lock(ctx: &TracePointContext) -> Option<()> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let f = mm_end(pid_tgid as u32)?;
+    let ret: i64 = tp_field(ctx, EXIT_RET);
+    emit_lock((pid_tgid >> 32) as u32, pid_tgid as u32, &f, ret, !(-4095..0).contains(&ret));
+    Some(())
+}
+
 #[inline(always)]
-fn try_sys_enter(ctx: &TracePointContext) -> Option<()> {
-    let (call, n) = call_of(tp_field(ctx, SYSCALL_NR))?;
+fn try_sys_enter(ctx: &TracePointContext, lock: bool) -> Option<()> {
+    let nr = tp_field(ctx, SYSCALL_NR);
+    let (call, n) = if lock { lock_call_of(nr)? } else { call_of(nr)? };
     // Every process's calls come here: the copy below is for traced ones only.
     let pid_tgid = bpf_get_current_pid_tgid();
     if !is_traced((pid_tgid >> 32) as u32) {
@@ -394,8 +483,31 @@ fn try_sys_enter(ctx: &TracePointContext) -> Option<()> {
             *v = 0;
         }
     }
-    enter(ctx, pid_tgid, call, a);
+    if lock {
+        enter_lock(ctx, pid_tgid, call, a);
+    } else {
+        enter(ctx, pid_tgid, call, a);
+    }
     Some(())
+}
+
+/// `enter` for a locking call: the same count, call-site stack and bracket;
+/// no address-space generation (locking changes no mapping). Apart from
+/// `enter` so the family's program stays as the verifier accepted it.
+fn enter_lock(ctx: &TracePointContext, pid_tgid: u64, call: MmCall, a: [u64; 6]) {
+    let tgid = (pid_tgid >> 32) as u32;
+    if let Some(m) = mm_stats(tgid) {
+        if let Some(c) = m.calls.get_mut(call as usize) {
+            *c += 1;
+        }
+    }
+    let user_stack = if config().stack_mode & STACK_USER != 0 { user_stack_id(ctx) } else { STACK_ID_NONE };
+    if let Some(c) = mm_stack_counts(&stack_key(tgid, call as u32, user_stack)) {
+        c.calls += 1;
+    }
+    // SAFETY: no preconditions.
+    let start_ns = unsafe { bpf_ktime_get_ns() };
+    mm_begin(pid_tgid as u32, &MmInflight { call: call as u32, user_stack, args: a, gen: 0, _pad: 0, start_ns });
 }
 
 #[tracepoint(category = "syscalls", name = "sys_exit_mmap")]

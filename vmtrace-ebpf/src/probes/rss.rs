@@ -15,7 +15,7 @@
 //! (`page_in_sample`), and every huge-page fault, with its stack
 //! (`stream_page`): userspace attributes resident pages to those stacks.
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_ktime_get_ns},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_get_smp_processor_id, bpf_ktime_get_ns},
     macros::{btf_tracepoint, map, tracepoint},
     maps::HashMap,
     programs::{BtfTracePointContext, TracePointContext},
@@ -296,6 +296,9 @@ pub fn stream_page(tgid: u32, f: &InflightFault) {
         addr: f.page << 12,
         user_stack: f.user_stack,
         kernel_stack: f.kernel_stack,
+        // SAFETY: no preconditions.
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        _pad: 0,
     });
     slot.submit(batched_wakeup());
 }

@@ -218,6 +218,8 @@ pub(crate) fn assemble(mut i: Inputs) -> Finished {
         findings: None,
         thp_anon_mode: None,
         code_locations: None,
+        pinned: None,
+        numa: None,
         resident: None,
     };
     Finished { summary, stacks: i.stacks, mm_sites: i.mm_sites, trace: None, resident: None }

@@ -12,6 +12,8 @@ pub(crate) mod attribute;
 #[cfg(test)]
 pub mod fake;
 pub(crate) mod flight;
+pub(crate) mod pinned;
+pub(crate) mod placement;
 pub(crate) mod process;
 pub(crate) mod python;
 pub(crate) mod resident;

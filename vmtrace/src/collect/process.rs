@@ -349,6 +349,7 @@ impl ProcessTable {
             }
             EventKind::OomMarkVictim
             | EventKind::MmMapChange
+            | EventKind::MmLock
             | EventKind::StackSample
             | EventKind::PyStackStored
             | EventKind::FaultMajor

@@ -525,12 +525,14 @@ mod tests {
 
     fn sample(tgid: u32, addr: u64, stack: i32) -> PageSample {
         PageSample {
-            hdr: EventHeader { kind: EventKind::PageSample as u32, size: 40, ts_ns: 1 },
+            hdr: EventHeader { kind: EventKind::PageSample as u32, size: 48, ts_ns: 1 },
             tgid,
             flags: 0,
             addr,
             user_stack: stack,
             kernel_stack: -1,
+            cpu: 0,
+            _pad: 0,
         }
     }
 

@@ -143,6 +143,8 @@ pub struct Session<S: AggregateSource> {
     trace: Option<TraceRecorder>,
     /// Sampled pages and their owners (`--events resident`).
     resident: Option<ResidentTracker>,
+    /// Locked and pinned memory, NUMA placement (`collect/placement.rs`).
+    placement: Option<super::placement::Placement>,
     /// Exited processes not retired yet, with when their exit was applied.
     retiring: Vec<(u32, Instant)>,
     last_retire: Instant,
@@ -185,6 +187,9 @@ struct Batch {
     ooms: Vec<OomEvent>,
     /// User stacks with Python frames, new in the map.
     py_stored: Vec<u32>,
+    /// Processes that made a locking call: their maps are read at once,
+    /// so the call site is named even if they exit right after.
+    locked: Vec<u32>,
     malformed: u64,
 }
 
@@ -199,6 +204,7 @@ impl Batch {
         native: &mut NativeStacks,
         mut trace: Option<&mut TraceRecorder>,
         resident: Option<&mut ResidentTracker>,
+        placement: Option<&mut super::placement::Placement>,
     ) {
         let Some(hdr) = read_event::<EventHeader>(bytes) else {
             self.malformed += 1;
@@ -259,8 +265,20 @@ impl Batch {
                 Some(ev) => self.py_stored.push(ev.id),
                 None => self.malformed += 1,
             },
+            Some(EventKind::MmLock) => match read_event::<vmtrace_common::MmLockEvent>(bytes) {
+                Some(ev) => {
+                    if let Some(p) = placement {
+                        p.lock(&ev);
+                    }
+                    self.locked.push(ev.tgid);
+                }
+                None => self.malformed += 1,
+            },
             Some(EventKind::PageSample) => match read_event::<vmtrace_common::PageSample>(bytes) {
                 Some(ev) => {
+                    if let Some(p) = placement {
+                        p.page(&ev);
+                    }
                     if let Some(r) = resident {
                         let anon = vmtrace_common::RSS_ANON as u8;
                         let kind = table.get(ev.tgid).map_or(anon, |p| super::resident::page_kind(p, ev.addr));
@@ -312,6 +330,7 @@ impl<S: AggregateSource> Session<S> {
                 .families
                 .resident
                 .then(|| ResidentTracker::new(opts.stacks.map_or(1, |(_, period)| period), page_salt)),
+            placement: Some(super::placement::Placement::new(opts.families.mmap)),
             retiring: Vec::new(),
             last_retire: now,
             placed,
@@ -444,6 +463,10 @@ impl<S: AggregateSource> Session<S> {
         self.record_history(now);
         self.trace_interval();
         self.resident_counters();
+        if let Some(p) = self.placement.as_mut() {
+            let live: Vec<u32> = self.table.live_pids().iter().copied().collect();
+            p.tick(now, &live);
+        }
         if self.opts.stacks.is_some() || self.opts.families.regions {
             let source = &self.source;
             self.maps_refresh.run(now, &mut self.table, &|pid| source.map_gen(pid));
@@ -586,9 +609,11 @@ impl<S: AggregateSource> Session<S> {
     fn drain_at(&mut self, now: Instant) {
         let mut batch = Batch::default();
         let (table, native, trace) = (&mut self.table, &mut self.native, &mut self.trace);
-        let resident = &mut self.resident;
+        let (resident, placement) = (&mut self.resident, &mut self.placement);
         let malformed_samples = native.malformed;
-        self.source.drain_events(&mut |bytes| batch.take(bytes, table, native, trace.as_mut(), resident.as_mut()));
+        self.source.drain_events(&mut |bytes| {
+            batch.take(bytes, table, native, trace.as_mut(), resident.as_mut(), placement.as_mut());
+        });
         self.malformed_events += batch.malformed + (self.native.malformed - malformed_samples);
         for ev in &batch.ooms {
             self.on_oom(ev, now);
@@ -597,6 +622,7 @@ impl<S: AggregateSource> Session<S> {
             self.python.read_stored(now, &batch.py_stored, &mut self.source);
         }
         let mut born = batch.born;
+        born.extend(batch.locked.iter().filter(|p| !born.contains(p)).copied().collect::<Vec<_>>());
         // A thread the fallback fork hook reported, and whose exit came in the
         // same batch, is gone from the table: reading its /proc now would fail
         // and give it back an entry (its parent's maps) as a process.
@@ -887,6 +913,19 @@ impl<S: AggregateSource> Session<S> {
         symbols::culprit_frames(self.site_frames(names, tgid, call, user_stack))
     }
 
+    /// Locked and pinned memory and NUMA placement into the summary.
+    fn finish_placement(&mut self, summary: &mut crate::model::Summary) {
+        let Some(placement) = self.placement.take() else { return };
+        let live: Vec<u32> = self.table.live_pids().iter().copied().collect();
+        let comms: HashMap<u32, String> = self.table.iter().map(|(p, i)| (*p, i.comm.clone())).collect();
+        let comm_of = |pid: u32| comms.get(&pid).cloned().unwrap_or_default();
+        let (started, started_ns) = (self.started, self.started_mono_ns);
+        let since = move |ts: u64| ts.saturating_sub(started_ns) as f64 / 1e9;
+        let mut names = Names::default();
+        let mut frames = |pid: u32, call: u32, stack: i32| self.site_frames(&mut names, pid, call, stack);
+        placement.finish(summary, (started, &live), &comm_of, &mut frames, &since);
+    }
+
     /// Reads the aggregates one last time and builds the summary.
     pub fn finish(self, target: TargetInfo) -> Finished {
         self.finish_with(target, Instant::now)
@@ -970,6 +1009,7 @@ impl<S: AggregateSource> Session<S> {
             (st.shared_id_faults, st.drained_stacks, _) = self.source.drained_stacks();
         }
         finished.trace = trace;
+        self.finish_placement(&mut finished.summary);
         if let Some(r) = resident {
             super::resident::apply(&mut finished.summary, &r, &self.source.drops());
             finished.resident = Some(r);

@@ -252,6 +252,8 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         // x86's per-mm id, from a counter never reused in a boot.
         mm_ctx_id: path_offset(btf, "mm_struct", &["context", "ctx_id"])?.unwrap_or(KernelOffsets::MISSING),
         mm_rss_stat: o("mm_struct", "rss_stat")?,
+        mm_locked_vm: o("mm_struct", "locked_vm")?,
+        mm_pinned_vm: o("mm_struct", "pinned_vm")?,
         pcpu_count: o("percpu_counter", "count")?,
         // Before 6.2 `rss_stat` is a `struct mm_rss_stat` of atomics, and
         // the tracepoint carries the count (`TP_PROTO(mm, member, count)`).

@@ -148,6 +148,20 @@ macro_rules! syscall_pair {
     ($call:literal) => {
         syscall_pair!($call, None)
     };
+    (lock $call:literal) => {
+        [
+            hook(
+                concat!($call, " enter"),
+                Family::Mmap,
+                &[tp("tp_syscalls_sys_enter_lock", concat!("syscalls:sys_enter_", $call))],
+            ),
+            hook(
+                concat!($call, " exit"),
+                Family::Mmap,
+                &[tp("tp_syscalls_sys_exit_lock", concat!("syscalls:sys_exit_", $call))],
+            ),
+        ]
+    };
     ($call:literal, $doc:expr) => {
         [
             Hook {
@@ -284,7 +298,7 @@ pub const HOOKS: &[Hook] = &[
 
 /// mmap-family syscalls: per-syscall tracepoints, so nothing runs on other
 /// syscalls; one enter and one exit program serve them all.
-pub const MMAP_HOOKS: [[Hook; 2]; 7] = [
+pub const MMAP_HOOKS: [[Hook; 2]; 12] = [
     syscall_pair!(
         "mmap",
         doc(
@@ -298,6 +312,11 @@ pub const MMAP_HOOKS: [[Hook; 2]; 7] = [
     syscall_pair!("mprotect"),
     syscall_pair!("brk"),
     syscall_pair!("pkey_mprotect"),
+    syscall_pair!(lock "mlock"),
+    syscall_pair!(lock "mlock2"),
+    syscall_pair!(lock "munlock"),
+    syscall_pair!(lock "mlockall"),
+    syscall_pair!(lock "munlockall"),
 ];
 
 /// The OOM domain (the kernel's constraint, the memcg that ran out).

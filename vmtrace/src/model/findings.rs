@@ -97,8 +97,13 @@ pub fn diagnose(s: &Summary) -> Vec<Finding> {
     huge_pages_unused(s, &mut out);
     code_majors(s, &mut out);
     resident_sites(s, &mut out);
+    placement::run(s, &mut out);
     out
 }
+
+#[path = "findings_placement.rs"]
+mod placement;
+pub use placement::{NUMA_MIN_SAMPLED, NUMA_REMOTE_SHARE, PINNED_MIN_BYTES, PINNED_OVER_REST};
 
 /// The process as people tell it apart. A child of a traced process that
 /// runs the same program (same name; no exec) is a worker: "worker N of

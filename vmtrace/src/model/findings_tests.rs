@@ -87,6 +87,8 @@ fn summary(processes: Vec<Process>) -> Summary {
         findings: None,
         thp_anon_mode: None,
         code_locations: None,
+        pinned: None,
+        numa: None,
     }
 }
 
@@ -525,4 +527,106 @@ fn a_workers_copies_at_its_parents_arena_addresses_count_as_python_objects() {
     // At most the 80 arenas' 20,480 pages overlapped: all 20,007 copies.
     assert_eq!(f[1].evidence["cow_in_parent_arenas"], 20_007);
     assert_eq!(f[1].evidence["cow_python_objects"], 20_007);
+}
+
+fn pinned_summary(locked: u64, rss: u64) -> Summary {
+    let mut s = summary(vec![process(40, 1, "trainer", 100)]);
+    s.pinned = Some(crate::model::Pinned {
+        processes: vec![crate::model::PinnedProcess {
+            pid: 40,
+            comm: "trainer".into(),
+            locked_bytes_peak: locked,
+            locked_bytes_last: locked,
+            rss_bytes_at_peak: Some(rss),
+            ..Default::default()
+        }],
+        sites: vec![crate::model::LockSite {
+            pid: 40,
+            comm: "trainer".into(),
+            call: "mlock".into(),
+            calls: 1,
+            bytes: locked,
+            failed: 0,
+            frames: vec!["main".into(), "make_pool".into(), "[mlock]".into()],
+        }],
+        failures: vec![],
+    });
+    s
+}
+
+#[test]
+fn pinned_pool_fires_past_both_thresholds_only() {
+    let mib = 1u64 << 20;
+    // 512 MiB locked, 64 MiB else: 8×.
+    let s = pinned_summary(512 * mib, 576 * mib);
+    let f = diagnose(&s);
+    let p = f.iter().find(|f| f.kind == "pinned_pool_oversized").expect("fires");
+    assert_eq!(p.evidence["rest_bytes"], 64 * mib);
+    assert!(p.site.as_deref().is_some_and(|x| x.contains("make_pool")), "{p:?}");
+    // 4× exactly fires; under it, or under 64 MiB, silent.
+    assert!(kinds(&pinned_summary(256 * mib, 320 * mib)).contains(&"pinned_pool_oversized".to_string()));
+    assert!(!kinds(&pinned_summary(256 * mib, 384 * mib)).contains(&"pinned_pool_oversized".to_string()));
+    assert!(!kinds(&pinned_summary(PINNED_MIN_BYTES - mib, PINNED_MIN_BYTES))
+        .contains(&"pinned_pool_oversized".to_string()));
+}
+
+#[test]
+fn memlock_limit_fires_once_per_process() {
+    let mut s = pinned_summary(0, 0);
+    let fail = crate::model::LockFailure {
+        pid: 40,
+        comm: "trainer".into(),
+        call: "mlock".into(),
+        errno: "ENOMEM".into(),
+        bytes_asked: 1 << 20,
+        limit_soft_bytes: Some(64 << 10),
+        limit_hard_bytes: Some(64 << 10),
+        rlimit_memlock: true,
+        cause: "trainer (pid 40) mlock of 1.0 MiB failed with ENOMEM: over RLIMIT_MEMLOCK 64 KiB".into(),
+        fix: "`ulimit -l 1024`".into(),
+        ..Default::default()
+    };
+    let p = s.pinned.as_mut().unwrap();
+    p.failures = vec![fail.clone(), fail.clone(), crate::model::LockFailure { rlimit_memlock: false, ..fail }];
+    let f: Vec<Finding> = diagnose(&s).into_iter().filter(|f| f.kind == "memlock_limit").collect();
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0].evidence["refused"], 2);
+    assert!(f[0].summary.contains("RLIMIT_MEMLOCK 64 KiB") && f[0].fix.contains("ulimit -l"), "{:?}", f[0]);
+}
+
+fn numa_summary(sampled: u64, remote: u64) -> Summary {
+    let mut s = summary(vec![process(41, 1, "loader", 100)]);
+    s.numa = Some(crate::model::Numa {
+        nodes: 2,
+        processes: vec![crate::model::NumaProcess {
+            pid: 41,
+            comm: "loader".into(),
+            sampled_pages: sampled,
+            remote_first_touch: remote,
+            sampled_by_node: [("1".to_string(), sampled)].into_iter().collect(),
+            faulting_cpu_node: [("0".to_string(), sampled)].into_iter().collect(),
+            policies: [("bind:1".to_string(), sampled)].into_iter().collect(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    s
+}
+
+#[test]
+fn numa_remote_fires_on_mostly_remote_pages() {
+    let f = diagnose(&numa_summary(1000, 900));
+    let n = f.iter().find(|f| f.kind == "numa_remote_memory").expect("fires");
+    assert!(n.fix.contains("--cpunodebind=0 --membind=0"), "{}", n.fix);
+    assert!(!kinds(&numa_summary(1000, 499)).contains(&"numa_remote_memory".to_string()));
+    assert!(
+        !kinds(&numa_summary(NUMA_MIN_SAMPLED - 1, NUMA_MIN_SAMPLED - 1)).contains(&"numa_remote_memory".to_string())
+    );
+}
+
+#[test]
+fn one_node_fires_nothing() {
+    let mut s = summary(vec![process(42, 1, "x", 100)]);
+    s.numa = Some(crate::model::Numa { nodes: 1, note: Some("1 NUMA node".into()), ..Default::default() });
+    assert!(!kinds(&s).iter().any(|k| k.starts_with("numa")));
 }

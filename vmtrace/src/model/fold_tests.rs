@@ -99,6 +99,8 @@ pub(crate) fn summary() -> Summary {
         findings: None,
         thp_anon_mode: None,
         code_locations: None,
+        pinned: None,
+        numa: None,
         resident: None,
     }
 }

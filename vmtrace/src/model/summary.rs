@@ -76,6 +76,12 @@ pub struct Summary {
     /// (`--stacks`), for summary.txt and report.html to open with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code_locations: Option<super::CodeLocations>,
+    /// Locked and pinned memory, locking call sites and refused calls (`--events mmap`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<super::Pinned>,
+    /// NUMA placement: nodes, pages by node, remote first touches, numa_* counters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa: Option<super::Numa>,
 }
 
 /// What was traced.

@@ -57,6 +57,96 @@ pub fn flame_img(dir: &Path, file: &str) -> String {
     }
 }
 
+/// Locked and pinned memory, then NUMA placement.
+fn placement_sections(s: &Summary) -> String {
+    pinned_section(s) + &numa_section(s)
+}
+
+/// Locked and pinned memory: each process, the call sites that locked, the calls refused.
+fn pinned_section(s: &Summary) -> String {
+    let Some(p) = &s.pinned else { return String::new() };
+    if p.processes.is_empty() && p.failures.is_empty() {
+        return "<h2>Locked and pinned memory: none</h2>".into();
+    }
+    let mut out = String::from("<h2>Locked and pinned memory</h2>");
+    let rows: Vec<Vec<String>> = p
+        .processes
+        .iter()
+        .map(|q| {
+            vec![
+                q.pid.to_string(),
+                escape(&q.comm),
+                bytes(q.locked_bytes_peak),
+                bytes(q.locked_bytes_last),
+                bytes(q.pinned_bytes_peak),
+                q.memlock_limit_bytes.map_or_else(|| "unlimited".into(), bytes),
+            ]
+        })
+        .collect();
+    out.push_str(&table(&["pid", "l comm", "locked peak", "locked last", "pinned peak", "RLIMIT_MEMLOCK"], &rows));
+    let rows: Vec<Vec<String>> = p
+        .sites
+        .iter()
+        .take(20)
+        .map(|site| {
+            vec![
+                site.pid.to_string(),
+                escape(&site.call),
+                thousands(site.calls),
+                bytes(site.bytes),
+                thousands(site.failed),
+                format!("\u{1}{}", escape(&crate::model::pinned::short_stack(&site.frames))),
+            ]
+        })
+        .collect();
+    if !rows.is_empty() {
+        out.push_str("<h3>Locking call sites</h3>");
+        out.push_str(&table(&["pid", "l call", "calls", "bytes", "refused", "l call site (innermost first)"], &rows));
+    }
+    if !p.failures.is_empty() {
+        out.push_str("<ul>");
+        for f in &p.failures {
+            let _ = write!(out, "<li class='bad'>{:.2} s: {}<br>fix: {}</li>", f.t_s, escape(&f.cause), escape(&f.fix));
+        }
+        out.push_str("</ul>");
+    }
+    out
+}
+
+/// NUMA placement, or a plain line that the host has one node.
+fn numa_section(s: &Summary) -> String {
+    let Some(n) = &s.numa else { return String::new() };
+    if let Some(note) = &n.note {
+        return format!("<h2>NUMA</h2><p class='note'>{}</p>", escape(note));
+    }
+    let mut out = format!("<h2>NUMA placement ({} nodes)</h2>", n.nodes);
+    let rows: Vec<Vec<String>> = n
+        .processes
+        .iter()
+        .map(|p| {
+            let nodes: Vec<String> = p.pages_by_node.iter().map(|(k, v)| format!("{k}: {}", bytes(v * 4096))).collect();
+            let pol: Vec<&str> = p.policies.keys().map(String::as_str).collect();
+            vec![
+                p.pid.to_string(),
+                escape(&p.comm),
+                escape(&nodes.join(", ")),
+                thousands(p.sampled_pages),
+                thousands(p.remote_first_touch),
+                escape(&pol.join(", ")),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &["pid", "l comm", "l resident by node", "sampled pages", "remote first touch", "l policy"],
+        &rows,
+    ));
+    let v: Vec<String> = n.vmstat_delta.iter().filter(|(_, v)| **v > 0).map(|(k, v)| format!("{k} +{v}")).collect();
+    if !v.is_empty() {
+        let _ = write!(out, "<p class='note'>/proc/vmstat over the recording: {}</p>", escape(&v.join(", ")));
+    }
+    out
+}
+
 /// A table: header cells (an `l ` prefix: left-aligned text), then rows of
 /// preformatted, escaped cells (a cell starting with `\u{1}` wraps).
 fn table(head: &[&str], rows: &[Vec<String>]) -> String {
@@ -576,7 +666,7 @@ pub fn recording_body(s: &Summary, dir: &Path, flame_prefix: &str) -> String {
     }
     b.push_str(&process_section(s));
     b.push_str(&resident_section(s));
-    b.push_str(&oom_section(s));
+    b.push_str(&(oom_section(s) + &placement_sections(s)));
     b.push_str(&storms_section(s));
     if let Some(t) = &s.timeline {
         let svg = timeline_svg(t);

@@ -100,10 +100,28 @@ pub fn render(s: &Summary) -> String {
     perf_section(&mut out, s);
     tlb_section(&mut out, s);
     oom_section(&mut out, s);
+    placement_section(&mut out, s);
     stacks_section(&mut out, s);
     histogram(&mut out, "Minor-fault latency", &s.totals.minor_latency_hist_ns);
     histogram(&mut out, "Major-fault latency", &s.totals.major_latency_hist_ns);
     out
+}
+
+/// Locked and pinned memory, then NUMA placement (or that there is one node).
+fn placement_section(out: &mut String, s: &Summary) {
+    if let Some(p) = &s.pinned {
+        let t = crate::model::pinned::render_text(p);
+        if t.is_empty() {
+            let _ = writeln!(out, "\nLocked and pinned memory: none");
+        } else {
+            out.push('\n');
+            out.push_str(&t);
+        }
+    }
+    if let Some(n) = &s.numa {
+        out.push('\n');
+        out.push_str(&crate::model::numa::render_text(n));
+    }
 }
 
 /// Resident memory: the call sites holding the most at their process's

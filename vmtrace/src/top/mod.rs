@@ -585,6 +585,8 @@ fn live_findings(
         findings: None,
         thp_anon_mode: crate::kernel::thp::anon_mode(),
         code_locations: None,
+        pinned: None,
+        numa: None,
     };
     crate::model::findings::diagnose(&summary).iter().map(crate::model::findings::one_line).collect()
 }

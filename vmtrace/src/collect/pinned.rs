@@ -1,0 +1,387 @@
+//! Locked and pinned memory during a recording: each locking call as the
+//! kernel streams it (`MmLockEvent`, with `mm->locked_vm` and
+//! `mm->pinned_vm` read at its return), `/proc/PID/status` `VmLck`/`VmPin`
+//! every half second (pins taken without a syscall of the family: RDMA,
+//! io_uring, vfio; mlockall(MCL_FUTURE) growth), and refused calls named
+//! with the process's `RLIMIT_MEMLOCK`.
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::{Duration, Instant},
+};
+
+use vmtrace_common::{MmCall, MmLockEvent, MM_CALL_NAMES};
+
+use crate::model::{bytes, LockFailure, LockPoint, LockSite, Pinned, PinnedProcess};
+
+/// How often `/proc/PID/status` is read.
+const STATUS_EVERY: Duration = Duration::from_millis(500);
+/// At most this many processes' status files per read (those that locked first).
+const MAX_STATUS_READS: usize = 64;
+/// A timeline keeps this many points per process (the peak is kept apart).
+const MAX_POINTS: usize = 2_000;
+
+fn page_size() -> u64 {
+    // SAFETY: no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(p).ok().filter(|p| *p > 0).unwrap_or(4096)
+}
+
+/// The name a locking call goes by in the summary.
+#[must_use]
+pub fn call_label(call: u32) -> String {
+    if call == MmCall::Mmap as u32 {
+        "mmap(MAP_LOCKED)".into()
+    } else {
+        MM_CALL_NAMES.get(call as usize).copied().unwrap_or("other").into()
+    }
+}
+
+/// `RLIMIT_MEMLOCK` from `/proc/PID/limits`: (soft, hard), `None` = unlimited.
+#[must_use]
+pub fn parse_memlock_limit(limits: &str) -> Option<(Option<u64>, Option<u64>)> {
+    let line = limits.lines().find(|l| l.starts_with("Max locked memory"))?;
+    let rest = line.trim_start_matches("Max locked memory").split_whitespace().collect::<Vec<_>>();
+    let v = |s: &str| if s == "unlimited" { Some(None) } else { s.parse::<u64>().ok().map(Some) };
+    Some((v(rest.first()?)?, v(rest.get(1)?)?))
+}
+
+/// (VmLck, VmPin, VmRSS) in bytes from `/proc/PID/status`.
+#[must_use]
+pub fn parse_status(text: &str) -> Option<(u64, u64, u64)> {
+    let kb = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|r| r.trim_start_matches(':').split_whitespace().next()?.parse::<u64>().ok())
+            .map(|v| v * 1024)
+    };
+    Some((kb("VmLck")?, kb("VmPin").unwrap_or(0), kb("VmRSS").unwrap_or(0)))
+}
+
+fn errno_name(e: i64) -> String {
+    match e {
+        1 => "EPERM".into(),
+        11 => "EAGAIN".into(),
+        12 => "ENOMEM".into(),
+        22 => "EINVAL".into(),
+        14 => "EFAULT".into(),
+        _ => format!("errno {e}"),
+    }
+}
+
+#[derive(Default)]
+struct ProcLock {
+    points: Vec<(u64, u64, u64, &'static str)>,
+    peak_locked: u64,
+    peak_pinned: u64,
+    rss_at_peak: Option<u64>,
+    last: (u64, u64),
+    limit: Option<(Option<u64>, Option<u64>)>,
+}
+
+#[derive(Default)]
+struct SiteAcc {
+    calls: u64,
+    bytes: u64,
+    failed: u64,
+}
+
+struct RawFailure {
+    ts_ns: u64,
+    ev: MmLockEvent,
+    locked_before: u64,
+    limit: Option<(Option<u64>, Option<u64>)>,
+}
+
+/// Collects locked and pinned memory (`--events mmap`).
+pub struct PinnedTracker {
+    page: u64,
+    procs: BTreeMap<u32, ProcLock>,
+    sites: HashMap<(u32, u32, i32), SiteAcc>,
+    failures: Vec<RawFailure>,
+    last_status: Option<Instant>,
+}
+
+impl Default for PinnedTracker {
+    fn default() -> Self {
+        Self {
+            page: page_size(),
+            procs: BTreeMap::new(),
+            sites: HashMap::new(),
+            failures: Vec::new(),
+            last_status: None,
+        }
+    }
+}
+
+impl PinnedTracker {
+    fn point(&mut self, pid: u32, ts_ns: u64, locked: u64, pinned: u64, source: &'static str, rss: Option<u64>) {
+        let p = self.procs.entry(pid).or_default();
+        if p.points.last().is_some_and(|l| l.1 == locked && l.2 == pinned) {
+            return;
+        }
+        if locked >= p.peak_locked {
+            p.peak_locked = locked;
+            if rss.is_some() {
+                p.rss_at_peak = rss;
+            }
+        }
+        p.peak_pinned = p.peak_pinned.max(pinned);
+        p.last = (locked, pinned);
+        if p.points.len() < MAX_POINTS {
+            p.points.push((ts_ns, locked, pinned, source));
+        }
+    }
+
+    /// A locking call's return.
+    pub fn call(&mut self, ev: &MmLockEvent) {
+        let failed = ev.ret < 0 && ev.ret > -4096;
+        let site = self.sites.entry((ev.tgid, ev.call, ev.user_stack)).or_default();
+        site.calls += 1;
+        if failed {
+            site.failed += 1;
+        } else {
+            site.bytes += ev.len;
+        }
+        let locked_before = self.procs.get(&ev.tgid).map_or(0, |p| p.last.0);
+        if ev.locked_pages != u64::MAX {
+            let pinned = if ev.pinned_pages == u64::MAX { 0 } else { ev.pinned_pages * self.page };
+            self.point(ev.tgid, ev.hdr.ts_ns, ev.locked_pages * self.page, pinned, "call", None);
+        }
+        let limit =
+            std::fs::read_to_string(format!("/proc/{}/limits", ev.tgid)).ok().and_then(|t| parse_memlock_limit(&t));
+        if let Some(l) = limit {
+            self.procs.entry(ev.tgid).or_default().limit = Some(l);
+        }
+        if failed {
+            let before = if ev.locked_pages == u64::MAX { locked_before } else { ev.locked_pages * self.page };
+            self.failures.push(RawFailure { ts_ns: ev.hdr.ts_ns, ev: *ev, locked_before: before, limit });
+        }
+    }
+
+    /// Every half second: `VmLck`/`VmPin` of the processes that locked, and
+    /// of the other live ones (`live`) up to a bound.
+    pub fn tick(&mut self, now: Instant, live: &[u32]) {
+        if self.last_status.is_some_and(|t| now.saturating_duration_since(t) < STATUS_EVERY) {
+            return;
+        }
+        self.last_status = Some(now);
+        self.read_all(live);
+    }
+
+    /// Reads the status of `live` now (also at the end).
+    pub fn read_all(&mut self, live: &[u32]) {
+        let mono = crate::kernel::monotonic_ns();
+        let mut pids: Vec<u32> = self.procs.keys().copied().filter(|p| live.contains(p)).collect();
+        pids.extend(live.iter().filter(|p| !self.procs.contains_key(p)));
+        for pid in pids.into_iter().take(MAX_STATUS_READS) {
+            self.read_status(pid, mono);
+        }
+    }
+
+    fn read_status(&mut self, pid: u32, mono: u64) {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return };
+        let Some((locked, pinned, rss)) = parse_status(&text) else { return };
+        if locked == 0 && pinned == 0 && !self.procs.contains_key(&pid) {
+            return;
+        }
+        if self.procs.get(&pid).is_none_or(|p| p.limit.is_none()) {
+            let limit =
+                std::fs::read_to_string(format!("/proc/{pid}/limits")).ok().and_then(|t| parse_memlock_limit(&t));
+            self.procs.entry(pid).or_default().limit = limit;
+        }
+        self.point(pid, mono, locked, pinned, "status", Some(rss));
+    }
+
+    /// The model. `frames(pid, call, user_stack)` symbolizes a call site;
+    /// `since(ts_ns)` turns a kernel time into seconds since the start.
+    pub fn finish(
+        self,
+        comm_of: &dyn Fn(u32) -> String,
+        frames: &mut dyn FnMut(u32, u32, i32) -> Vec<String>,
+        since: &dyn Fn(u64) -> f64,
+    ) -> Pinned {
+        let mut processes: Vec<PinnedProcess> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| p.peak_locked > 0 || p.peak_pinned > 0)
+            .map(|(pid, p)| PinnedProcess {
+                pid: *pid,
+                comm: comm_of(*pid),
+                locked_bytes_peak: p.peak_locked,
+                locked_bytes_last: p.last.0,
+                pinned_bytes_peak: p.peak_pinned,
+                pinned_bytes_last: p.last.1,
+                rss_bytes_at_peak: p.rss_at_peak,
+                memlock_limit_bytes: p.limit.and_then(|l| l.0),
+                timeline: p
+                    .points
+                    .iter()
+                    .map(|(ts, l, pi, src)| LockPoint {
+                        t_s: since(*ts),
+                        locked_bytes: *l,
+                        pinned_bytes: *pi,
+                        source: (*src).into(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        processes.sort_by(|a, b| {
+            (b.locked_bytes_peak + b.pinned_bytes_peak)
+                .cmp(&(a.locked_bytes_peak + a.pinned_bytes_peak))
+                .then(a.pid.cmp(&b.pid))
+        });
+        let mut sites: Vec<LockSite> = self
+            .sites
+            .iter()
+            .map(|((pid, call, stack), acc)| LockSite {
+                pid: *pid,
+                comm: comm_of(*pid),
+                call: call_label(*call),
+                calls: acc.calls,
+                bytes: acc.bytes,
+                failed: acc.failed,
+                frames: frames(*pid, *call, *stack),
+            })
+            .collect();
+        sites.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(b.calls.cmp(&a.calls)).then(a.pid.cmp(&b.pid)));
+        let failures = self
+            .failures
+            .iter()
+            .map(|f| {
+                describe_failure(f, comm_of(f.ev.tgid), frames(f.ev.tgid, f.ev.call, f.ev.user_stack), since(f.ts_ns))
+            })
+            .collect();
+        Pinned { processes, sites, failures }
+    }
+}
+
+fn describe_failure(f: &RawFailure, comm: String, frames: Vec<String>, t_s: f64) -> LockFailure {
+    let e = &f.ev;
+    let errno = -e.ret;
+    let call = call_label(e.call);
+    let (soft, hard) = f.limit.map_or((None, None), |l| l);
+    // The kernel's check (mm/mlock.c `can_do_mlock`, `do_mlock`; mm/mmap.c
+    // `mlock_future_ok`): without CAP_IPC_LOCK, locked + asked > the soft
+    // limit is ENOMEM (mlock), EAGAIN (mmap MAP_LOCKED), and a 0 limit EPERM.
+    let over =
+        soft.is_some_and(|s| s == 0 || f.locked_before.saturating_add(e.len) > s || e.call == MmCall::Mlockall as u32);
+    let rlimit = matches!(errno, 1 | 11 | 12) && over;
+    let limit_text = match (f.limit, soft) {
+        (None, _) => "RLIMIT_MEMLOCK unread (the process was gone)".to_string(),
+        (Some(_), None) => "RLIMIT_MEMLOCK unlimited".to_string(),
+        (Some(_), Some(s)) => format!("RLIMIT_MEMLOCK {}", bytes(s)),
+    };
+    let asked = if e.call == MmCall::Mlockall as u32 { "all its memory".to_string() } else { bytes(e.len) };
+    let cause = if rlimit {
+        format!(
+            "{comm} (pid {}) {call} of {asked} failed with {}: over {limit_text} (already locked {})",
+            e.tgid,
+            errno_name(errno),
+            bytes(f.locked_before)
+        )
+    } else {
+        format!("{comm} (pid {}) {call} of {asked} failed with {} ({limit_text})", e.tgid, errno_name(errno))
+    };
+    let fix = if rlimit {
+        let need = f.locked_before.saturating_add(e.len);
+        format!(
+            "raise the limit to at least {} before the process starts: `ulimit -l {}` (or unlimited) in its shell, \
+             `LimitMEMLOCK=infinity` in a systemd unit, `--ulimit memlock=-1:-1` for docker, a memlock ulimit in the \
+             container runtime for Kubernetes; or grant CAP_IPC_LOCK; or lock less",
+            bytes(need),
+            need.div_ceil(1024).max(1)
+        )
+    } else if errno == 12 {
+        "the range is not mapped, or locking it would exceed the memory available: check the address and length".into()
+    } else {
+        "see mlock(2) for this error".into()
+    };
+    LockFailure {
+        t_s,
+        pid: e.tgid,
+        comm,
+        call,
+        errno: errno_name(errno),
+        bytes_asked: e.len,
+        locked_bytes_before: f.locked_before,
+        limit_soft_bytes: soft,
+        limit_hard_bytes: hard,
+        rlimit_memlock: rlimit,
+        cause,
+        fix,
+        frames,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use vmtrace_common::{EventHeader, EventKind};
+
+    use super::*;
+
+    #[test]
+    fn limits_line() {
+        let t = "Limit                     Soft Limit           Hard Limit           Units\n\
+                 Max locked memory         65536                131072               bytes\n";
+        assert_eq!(parse_memlock_limit(t), Some((Some(65536), Some(131_072))));
+        let t = "Max locked memory         unlimited            unlimited            bytes\n";
+        assert_eq!(parse_memlock_limit(t), Some((None, None)));
+    }
+
+    #[test]
+    fn status_fields() {
+        let t = "Name:\tx\nVmLck:\t    8192 kB\nVmPin:\t       0 kB\nVmRSS:\t   10000 kB\n";
+        assert_eq!(parse_status(t), Some((8192 * 1024, 0, 10000 * 1024)));
+    }
+
+    fn ev(call: MmCall, ret: i64, len: u64, locked_pages: u64) -> MmLockEvent {
+        MmLockEvent {
+            hdr: EventHeader { kind: EventKind::MmLock as u32, size: 0, ts_ns: 2_000_000_000 },
+            tgid: u32::MAX - 1,
+            tid: 1,
+            call: call as u32,
+            user_stack: 7,
+            ret,
+            addr: 0x1000,
+            len,
+            flags: 0,
+            locked_pages,
+            pinned_pages: 0,
+            start_ns: 0,
+        }
+    }
+
+    #[test]
+    fn calls_and_a_refusal() {
+        let mut t = PinnedTracker::default();
+        let page = t.page;
+        t.call(&ev(MmCall::Mlock, 0, 8 << 20, (8 << 20) / page));
+        t.call(&ev(MmCall::Mlock, -12, 1 << 20, (8 << 20) / page));
+        let mut frames = |_: u32, _: u32, _: i32| vec!["main".to_string(), "[mlock]".to_string()];
+        let p = t.finish(&|_| "w".into(), &mut frames, &|ts| ts as f64 / 1e9);
+        assert_eq!(p.processes.len(), 1);
+        assert_eq!(p.processes[0].locked_bytes_peak, 8 << 20);
+        assert_eq!(p.sites.len(), 1);
+        assert_eq!((p.sites[0].calls, p.sites[0].bytes, p.sites[0].failed), (2, 8 << 20, 1));
+        assert_eq!(p.failures.len(), 1);
+        assert_eq!(p.failures[0].errno, "ENOMEM");
+        assert_eq!(p.failures[0].locked_bytes_before, 8 << 20);
+        // No /proc for this pid: the limit is unread, and said so.
+        assert!(!p.failures[0].rlimit_memlock);
+        assert!(p.failures[0].cause.contains("unread"), "{}", p.failures[0].cause);
+    }
+
+    #[test]
+    fn rlimit_named_with_the_fix() {
+        let f = RawFailure {
+            ts_ns: 0,
+            ev: ev(MmCall::Mlock, -12, 1 << 20, 0),
+            locked_before: 0,
+            limit: Some((Some(64 << 10), Some(64 << 10))),
+        };
+        let d = describe_failure(&f, "w".into(), vec![], 0.0);
+        assert!(d.rlimit_memlock);
+        assert!(d.cause.contains("RLIMIT_MEMLOCK 64 KiB"), "{}", d.cause);
+        assert!(d.fix.contains("ulimit -l 1024"), "{}", d.fix);
+    }
+}

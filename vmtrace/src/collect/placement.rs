@@ -1,0 +1,76 @@
+//! Where memory sits: locked and pinned memory (`pinned.rs`) and NUMA
+//! placement (`crate::numa`), fed by the session from its events and ticks
+//! and turned into summary.json's `pinned` and `numa` at the end.
+use std::time::Instant;
+
+use vmtrace_common::{MmLockEvent, PageSample};
+
+use super::pinned::PinnedTracker;
+use crate::{
+    model::Summary,
+    numa::{self, NumaTracker, Topology},
+};
+
+/// The trackers a recording runs; `None` where its family is off or the
+/// host has one NUMA node.
+pub(crate) struct Placement {
+    pinned: Option<PinnedTracker>,
+    topo: Topology,
+    numa: Option<NumaTracker>,
+}
+
+impl Placement {
+    /// Locked memory with `--events mmap`; NUMA on hosts with two nodes or more.
+    pub(crate) fn new(mmap: bool) -> Self {
+        let topo = Topology::read();
+        Self { pinned: mmap.then(PinnedTracker::default), numa: NumaTracker::new(topo.clone()), topo }
+    }
+
+    pub(crate) fn lock(&mut self, ev: &MmLockEvent) {
+        if let Some(p) = self.pinned.as_mut() {
+            p.call(ev);
+        }
+    }
+
+    pub(crate) fn page(&mut self, ev: &PageSample) {
+        if let Some(n) = self.numa.as_mut() {
+            n.page(ev);
+        }
+    }
+
+    /// Every housekeeping tick, with the live traced processes.
+    pub(crate) fn tick(&mut self, now: Instant, live: &[u32]) {
+        if let Some(p) = self.pinned.as_mut() {
+            p.tick(now, live);
+        }
+        if let Some(n) = self.numa.as_mut() {
+            n.tick(now, live);
+        }
+    }
+
+    /// Fills `summary.pinned` and `summary.numa`.
+    pub(crate) fn finish(
+        mut self,
+        summary: &mut Summary,
+        (started, live): (Instant, &[u32]),
+        comm_of: &dyn Fn(u32) -> String,
+        frames: &mut dyn FnMut(u32, u32, i32) -> Vec<String>,
+        since: &dyn Fn(u64) -> f64,
+    ) {
+        let now = Instant::now();
+        if let Some(mut p) = self.pinned.take() {
+            // The last read, forced: a process that locked and still lives.
+            p.read_all(live);
+            summary.pinned = Some(p.finish(comm_of, frames, since));
+        }
+        summary.numa = Some(match self.numa.take() {
+            Some(mut n) => {
+                for &pid in live {
+                    n.read_maps(pid, now);
+                }
+                n.finish(started, comm_of)
+            }
+            None => numa::one_node(&self.topo),
+        });
+    }
+}

@@ -1,0 +1,140 @@
+//! Findings on where memory sits: locked and pinned memory (`pinned`) and
+//! NUMA placement (`numa`). A child of `findings.rs`: the same helpers, the
+//! thresholds written in docs/findings.md.
+use super::{bytes, ev, finding, pct, Finding, Summary};
+
+/// A locked or pinned pool of at least this many bytes…
+pub const PINNED_MIN_BYTES: u64 = 64 << 20;
+/// …at least this many times the rest of the process's resident memory
+/// (what it otherwise holds, read in the same /proc read).
+pub const PINNED_OVER_REST: f64 = 4.0;
+
+/// A process with at least this many sampled pages whose node was read…
+pub const NUMA_MIN_SAMPLED: u64 = 256;
+/// …of which at least this share was placed off the faulting CPU's node.
+pub const NUMA_REMOTE_SHARE: f64 = 0.5;
+
+pub(super) fn run(s: &Summary, out: &mut Vec<Finding>) {
+    memlock_limit(s, out);
+    pinned_pool(s, out);
+    numa_remote(s, out);
+}
+
+/// A locking call refused for `RLIMIT_MEMLOCK`.
+fn memlock_limit(s: &Summary, out: &mut Vec<Finding>) {
+    let Some(p) = &s.pinned else { return };
+    let mut seen = std::collections::BTreeSet::new();
+    for fl in p.failures.iter().filter(|f| f.rlimit_memlock) {
+        if !seen.insert(fl.pid) {
+            continue;
+        }
+        let refused = p.failures.iter().filter(|f| f.pid == fl.pid && f.rlimit_memlock).count();
+        let mut f = finding(s, "memlock_limit", fl.pid, format!("{} ({refused} refused).", fl.cause), fl.fix.clone());
+        if f.comm.is_empty() {
+            f.comm.clone_from(&fl.comm);
+        }
+        ev(&mut f, "call", fl.call.clone());
+        ev(&mut f, "errno", fl.errno.clone());
+        ev(&mut f, "bytes_asked", fl.bytes_asked);
+        ev(&mut f, "locked_bytes_before", fl.locked_bytes_before);
+        ev(&mut f, "limit_soft_bytes", fl.limit_soft_bytes);
+        ev(&mut f, "limit_hard_bytes", fl.limit_hard_bytes);
+        ev(&mut f, "refused", refused as u64);
+        if !fl.frames.is_empty() {
+            f.site = Some(crate::model::oom::site_tail(&fl.frames));
+        }
+        f.expected_gain = Some("the call succeeds instead of failing (or the program's fallback)".into());
+        out.push(f);
+    }
+}
+
+/// A locked or pinned pool far above the rest of what the process holds.
+fn pinned_pool(s: &Summary, out: &mut Vec<Finding>) {
+    let Some(p) = &s.pinned else { return };
+    for q in &p.processes {
+        let pool = q.locked_bytes_peak.max(q.pinned_bytes_peak);
+        let Some(rss) = q.rss_bytes_at_peak else { continue };
+        let rest = rss.saturating_sub(q.locked_bytes_peak);
+        if pool < PINNED_MIN_BYTES || (pool as f64) < PINNED_OVER_REST * rest.max(4096) as f64 {
+            continue;
+        }
+        let site = p
+            .sites
+            .iter()
+            .filter(|x| x.pid == q.pid && x.call != "munlock" && x.call != "munlockall")
+            .max_by_key(|x| x.bytes);
+        let mut f = finding(
+            s,
+            "pinned_pool_oversized",
+            q.pid,
+            format!(
+                "{} locked or pinned at its peak, {:.0}× the {} of everything else it held: memory the kernel can \
+                 neither reclaim, swap nor migrate for the whole machine.",
+                bytes(pool),
+                pool as f64 / rest.max(4096) as f64,
+                bytes(rest)
+            ),
+            "Size the pool to what one step uses: lock or pin the buffers in flight, not a reserve (PyTorch: \
+             `pin_memory=True` pins each batch, prefetch_factor × num_workers of them; a cudaHostAlloc/mlock pool: \
+             the largest transfer; `mlockall(MCL_FUTURE)` locks every later allocation, lock the buffers that need \
+             it with mlock instead)"
+                .into(),
+        );
+        if f.comm.is_empty() {
+            f.comm.clone_from(&q.comm);
+        }
+        ev(&mut f, "locked_bytes_peak", q.locked_bytes_peak);
+        ev(&mut f, "pinned_bytes_peak", q.pinned_bytes_peak);
+        ev(&mut f, "rss_bytes_at_peak", rss);
+        ev(&mut f, "rest_bytes", rest);
+        if let Some(site) = site {
+            f.site = Some(crate::model::oom::site_tail(&site.frames));
+        }
+        f.expected_gain =
+            Some(format!("up to {} back to the page cache and other processes", bytes(pool.saturating_sub(rest))));
+        out.push(f);
+    }
+}
+
+/// A process whose sampled pages landed mostly off the faulting CPU's node.
+fn numa_remote(s: &Summary, out: &mut Vec<Finding>) {
+    let Some(n) = &s.numa else { return };
+    for p in &n.processes {
+        if p.sampled_pages < NUMA_MIN_SAMPLED
+            || (p.remote_first_touch as f64) < NUMA_REMOTE_SHARE * p.sampled_pages as f64
+        {
+            continue;
+        }
+        let cpu_node = p.faulting_cpu_node.iter().max_by_key(|(_, c)| **c).map(|(k, _)| k.clone()).unwrap_or_default();
+        let mem_node = p.sampled_by_node.iter().max_by_key(|(_, c)| **c).map(|(k, _)| k.clone()).unwrap_or_default();
+        let pol: Vec<&str> = p.policies.keys().map(String::as_str).collect();
+        let mut f = finding(
+            s,
+            "numa_remote_memory",
+            p.pid,
+            format!(
+                "{}% of its sampled pages ({} of {}) were placed on a node other than the faulting CPU's: it ran \
+                 mostly on node {cpu_node} and its memory is mostly on node {mem_node} (policy {}); every access to \
+                 them crosses the interconnect.",
+                pct(p.remote_first_touch, p.sampled_pages),
+                p.remote_first_touch,
+                p.sampled_pages,
+                pol.join(", ")
+            ),
+            format!(
+                "Run and allocate on the same node: `numactl --cpunodebind={cpu_node} --membind={cpu_node}` (or \
+                 `--cpunodebind={mem_node} --membind={mem_node}`); drop a `--membind`/`set_mempolicy` that points \
+                 elsewhere; for DataLoader workers feeding a GPU, bind them to that GPU's node"
+            ),
+        );
+        if f.comm.is_empty() {
+            f.comm.clone_from(&p.comm);
+        }
+        ev(&mut f, "sampled_pages", p.sampled_pages);
+        ev(&mut f, "remote_first_touch", p.remote_first_touch);
+        ev(&mut f, "cpu_node", cpu_node);
+        ev(&mut f, "memory_node", mem_node);
+        f.expected_gain = Some("remote accesses cost 1.5–3× a local one on two-socket hosts".into());
+        out.push(f);
+    }
+}

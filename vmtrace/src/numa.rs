@@ -1,0 +1,391 @@
+//! NUMA placement, read from the kernel's own accounting: the node topology
+//! (`/sys/devices/system/node`), each traced process's pages by node and its
+//! memory policies (`/proc/PID/numa_maps`), the node of sampled pages
+//! (`move_pages(2)` with `nodes` NULL, which only reports), and the
+//! `/proc/vmstat` `numa_*` counters over the recording. A host with one
+//! node is said to have one node; nothing else is read there.
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::{Duration, Instant},
+};
+
+use vmtrace_common::PageSample;
+
+use crate::model::{Numa, NumaProcess, NumaRegion};
+
+const NODE_DIR: &str = "/sys/devices/system/node";
+/// How often the numa_maps of live traced processes are re-read.
+const MAPS_EVERY: Duration = Duration::from_secs(1);
+/// Processes whose numa_maps are read per round (the largest by pages are kept).
+const MAX_PROCESSES: usize = 64;
+/// Regions listed in summary.json.
+const MAX_REGIONS: usize = 50;
+
+/// Parses a kernel CPU or node list ("0-3,8,10-11").
+#[must_use]
+pub fn parse_list(s: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                if let (Ok(a), Ok(b)) = (a.parse::<u32>(), b.parse::<u32>()) {
+                    out.extend(a..=b);
+                }
+            }
+            None => out.extend(part.parse::<u32>().ok()),
+        }
+    }
+    out
+}
+
+/// The host's memory nodes and which node each CPU belongs to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Topology {
+    pub nodes: Vec<u32>,
+    /// CPU → node.
+    pub cpu_node: HashMap<u32, u32>,
+    /// Node → its cpulist as the kernel wrote it.
+    pub node_cpus: BTreeMap<u32, String>,
+}
+
+impl Topology {
+    /// Read from sysfs; a kernel without NUMA (no node directory) is one node.
+    #[must_use]
+    pub fn read() -> Self {
+        let nodes = std::fs::read_to_string(format!("{NODE_DIR}/online")).map_or_else(|_| vec![0], |s| parse_list(&s));
+        let mut t = Self { nodes, ..Self::default() };
+        for &n in &t.nodes {
+            let Ok(list) = std::fs::read_to_string(format!("{NODE_DIR}/node{n}/cpulist")) else { continue };
+            for cpu in parse_list(&list) {
+                t.cpu_node.insert(cpu, n);
+            }
+            t.node_cpus.insert(n, list.trim().to_string());
+        }
+        t
+    }
+
+    #[must_use]
+    pub fn single_node(&self) -> bool {
+        self.nodes.len() <= 1
+    }
+}
+
+/// What summary.json says on a host with one node.
+#[must_use]
+pub fn one_node_note(nodes: usize) -> String {
+    format!(
+        "{nodes} NUMA node: every page is on node 0 and every access is local; \
+         placement (pages by node, remote first touches, migrations) is not analysed"
+    )
+}
+
+/// `/proc/vmstat` counters of NUMA placement and migration.
+#[must_use]
+pub fn vmstat_numa() -> BTreeMap<String, u64> {
+    let text = std::fs::read_to_string("/proc/vmstat").unwrap_or_default();
+    parse_vmstat_numa(&text)
+}
+
+#[must_use]
+pub fn parse_vmstat_numa(text: &str) -> BTreeMap<String, u64> {
+    text.lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(k, _)| k.starts_with("numa_") || k.starts_with("pgmigrate_") || *k == "pgpromote_success")
+        .filter_map(|(k, v)| Some((k.to_string(), v.trim().parse().ok()?)))
+        .collect()
+}
+
+/// One line of `/proc/PID/numa_maps`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NumaMapsLine {
+    pub start: u64,
+    pub policy: String,
+    /// "anon", "heap", "stack" or the file.
+    pub what: String,
+    /// Pages by node (`N<node>=<pages>`), in the line's page size converted to 4 KiB pages.
+    pub by_node: BTreeMap<u32, u64>,
+}
+
+/// Parses `/proc/PID/numa_maps` (fs/proc/task_mmu.c `show_numa_map`).
+#[must_use]
+pub fn parse_numa_maps(text: &str) -> Vec<NumaMapsLine> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let (Some(start), Some(policy)) = (words.next(), words.next()) else { continue };
+        let Ok(start) = u64::from_str_radix(start, 16) else { continue };
+        let mut l = NumaMapsLine { start, policy: policy.to_string(), what: "anon".into(), ..Default::default() };
+        let mut page_kb = 4u64;
+        let mut raw: Vec<(u32, u64)> = Vec::new();
+        for w in words {
+            if let Some(f) = w.strip_prefix("file=") {
+                l.what = f.to_string();
+            } else if w == "heap" || w == "stack" || w == "huge" {
+                l.what = w.to_string();
+            } else if let Some(k) = w.strip_prefix("kernelpagesize_kB=") {
+                page_kb = k.parse().unwrap_or(4);
+            } else if let Some(rest) = w.strip_prefix('N') {
+                if let Some((n, p)) = rest.split_once('=') {
+                    if let (Ok(n), Ok(p)) = (n.parse::<u32>(), p.parse::<u64>()) {
+                        raw.push((n, p));
+                    }
+                }
+            }
+        }
+        for (n, p) in raw {
+            *l.by_node.entry(n).or_default() += p * (page_kb / 4).max(1);
+        }
+        out.push(l);
+    }
+    out
+}
+
+/// The node of each page of `pid` at `addrs`, by `move_pages(2)` with
+/// `nodes` NULL (a query: nothing moves); `None` for a page not present.
+#[must_use]
+pub fn nodes_of_pages(pid: u32, addrs: &[u64]) -> Option<Vec<Option<u32>>> {
+    if addrs.is_empty() {
+        return Some(Vec::new());
+    }
+    let pages: Vec<*mut libc::c_void> = addrs.iter().map(|a| *a as *mut libc::c_void).collect();
+    let mut status = vec![0i32; addrs.len()];
+    // SAFETY: `pages` and `status` hold `addrs.len()` elements each; nodes
+    // NULL makes the call report each page's node in `status` only.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_pages,
+            libc::c_long::from(pid as i32),
+            addrs.len() as libc::c_ulong,
+            pages.as_ptr(),
+            std::ptr::null::<i32>(),
+            status.as_mut_ptr(),
+            0 as libc::c_int,
+        )
+    };
+    if r < 0 {
+        return None;
+    }
+    Some(status.into_iter().map(|s| u32::try_from(s).ok()).collect())
+}
+
+#[derive(Default)]
+struct ProcNuma {
+    lines: Vec<NumaMapsLine>,
+    read_at: Option<Instant>,
+    sampled: u64,
+    sampled_by_node: BTreeMap<u32, u64>,
+    remote: u64,
+    cpu_node: BTreeMap<u32, u64>,
+}
+
+/// Collects placement during a recording on a host with two nodes or more.
+pub struct NumaTracker {
+    topo: Topology,
+    vmstat_start: BTreeMap<String, u64>,
+    /// Sampled faults not yet looked up: (tgid, page address, cpu).
+    pending: Vec<(u32, u64, u32)>,
+    procs: HashMap<u32, ProcNuma>,
+    last_maps: Option<Instant>,
+}
+
+impl NumaTracker {
+    /// `None` on a one-node host (nothing to track; see [`one_node_note`]).
+    #[must_use]
+    pub fn new(topo: Topology) -> Option<Self> {
+        if topo.single_node() {
+            return None;
+        }
+        Some(Self { topo, vmstat_start: vmstat_numa(), pending: Vec::new(), procs: HashMap::new(), last_maps: None })
+    }
+
+    /// A fault on a page of the resident sample.
+    pub fn page(&mut self, ev: &PageSample) {
+        if self.pending.len() < 1 << 16 {
+            self.pending.push((ev.tgid, ev.addr, ev.cpu));
+        }
+    }
+
+    /// Looks up the pending pages' nodes (while their processes live), and
+    /// every second re-reads the numa_maps of `live`.
+    pub fn tick(&mut self, now: Instant, live: &[u32]) {
+        self.resolve_pending();
+        if self.last_maps.is_some_and(|t| now.saturating_duration_since(t) < MAPS_EVERY) {
+            return;
+        }
+        self.last_maps = Some(now);
+        for &pid in live.iter().take(MAX_PROCESSES) {
+            self.read_maps(pid, now);
+        }
+    }
+
+    /// Reads `pid`'s numa_maps now (a process about to be gone, or the end).
+    pub fn read_maps(&mut self, pid: u32, now: Instant) {
+        if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/numa_maps")) {
+            let lines = parse_numa_maps(&text);
+            if !lines.is_empty() {
+                let p = self.procs.entry(pid).or_default();
+                p.lines = lines;
+                p.read_at = Some(now);
+            }
+        }
+    }
+
+    fn resolve_pending(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let mut by_pid: HashMap<u32, Vec<(u64, u32)>> = HashMap::new();
+        for (tgid, addr, cpu) in self.pending.drain(..) {
+            by_pid.entry(tgid).or_default().push((addr, cpu));
+        }
+        for (pid, pages) in by_pid {
+            let addrs: Vec<u64> = pages.iter().map(|(a, _)| *a).collect();
+            let Some(nodes) = nodes_of_pages(pid, &addrs) else { continue };
+            let p = self.procs.entry(pid).or_default();
+            for ((_, cpu), node) in pages.iter().zip(nodes) {
+                let Some(node) = node else { continue };
+                let cpu_node = self.topo.cpu_node.get(cpu).copied();
+                p.sampled += 1;
+                *p.sampled_by_node.entry(node).or_default() += 1;
+                if let Some(c) = cpu_node {
+                    *p.cpu_node.entry(c).or_default() += 1;
+                    if c != node {
+                        p.remote += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The model, `started` being the start of the recording.
+    pub fn finish(mut self, started: Instant, comm_of: &dyn Fn(u32) -> String) -> Numa {
+        self.resolve_pending();
+        let end = vmstat_numa();
+        let vmstat_delta =
+            end.iter().map(|(k, v)| (k.clone(), v.saturating_sub(*self.vmstat_start.get(k).unwrap_or(v)))).collect();
+        let key = |n: &u32| n.to_string();
+        let mut processes = Vec::new();
+        let mut regions = Vec::new();
+        for (pid, p) in &self.procs {
+            let mut by_node: BTreeMap<u32, u64> = BTreeMap::new();
+            let mut policies: BTreeMap<String, u64> = BTreeMap::new();
+            for l in &p.lines {
+                let pages: u64 = l.by_node.values().sum();
+                for (n, c) in &l.by_node {
+                    *by_node.entry(*n).or_default() += c;
+                }
+                *policies.entry(l.policy.clone()).or_default() += pages;
+                if pages > 0 {
+                    regions.push(NumaRegion {
+                        pid: *pid,
+                        start: format!("{:#x}", l.start),
+                        policy: l.policy.clone(),
+                        what: l.what.clone(),
+                        pages_by_node: l.by_node.iter().map(|(n, c)| (key(n), *c)).collect(),
+                    });
+                }
+            }
+            let total: u64 = by_node.values().sum();
+            if total == 0 && p.sampled == 0 {
+                continue;
+            }
+            let main = by_node.iter().max_by_key(|(_, c)| **c).map(|(n, c)| (*n, *c));
+            processes.push(NumaProcess {
+                pid: *pid,
+                comm: comm_of(*pid),
+                pages_by_node: by_node.iter().map(|(n, c)| (key(n), *c)).collect(),
+                numa_maps_at_s: p.read_at.map_or(0.0, |t| t.saturating_duration_since(started).as_secs_f64()),
+                sampled_pages: p.sampled,
+                sampled_by_node: p.sampled_by_node.iter().map(|(n, c)| (key(n), *c)).collect(),
+                remote_first_touch: p.remote,
+                faulting_cpu_node: p.cpu_node.iter().map(|(n, c)| (key(n), *c)).collect(),
+                main_node: main.map(|(n, _)| n),
+                main_node_share: main.map_or(0.0, |(_, c)| if total == 0 { 0.0 } else { c as f64 / total as f64 }),
+                policies,
+            });
+        }
+        let pages = |p: &NumaProcess| p.pages_by_node.values().sum::<u64>();
+        processes.sort_by(|a, b| pages(b).cmp(&pages(a)).then(a.pid.cmp(&b.pid)));
+        let rpages = |r: &NumaRegion| r.pages_by_node.values().sum::<u64>();
+        regions.sort_by(|a, b| rpages(b).cmp(&rpages(a)).then(a.pid.cmp(&b.pid)));
+        regions.truncate(MAX_REGIONS);
+        Numa {
+            nodes: self.topo.nodes.len() as u32,
+            note: None,
+            node_cpus: self.topo.node_cpus.iter().map(|(n, c)| (key(n), c.clone())).collect(),
+            vmstat_delta,
+            processes,
+            regions,
+        }
+    }
+}
+
+/// summary.json's `numa` for a host with one node.
+#[must_use]
+pub fn one_node(topo: &Topology) -> Numa {
+    Numa {
+        nodes: topo.nodes.len().max(1) as u32,
+        note: Some(one_node_note(topo.nodes.len().max(1))),
+        node_cpus: topo.node_cpus.iter().map(|(n, c)| (n.to_string(), c.clone())).collect(),
+        ..Numa::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists() {
+        assert_eq!(parse_list("0-3,8,10-11\n"), vec![0, 1, 2, 3, 8, 10, 11]);
+        assert_eq!(parse_list("0"), vec![0]);
+        assert!(parse_list("").is_empty());
+    }
+
+    #[test]
+    fn numa_maps_lines() {
+        let text = "\
+7f0000000000 bind:1 anon=256 dirty=256 active=0 N1=256 kernelpagesize_kB=4
+55d000000000 default file=/usr/bin/python3 mapped=10 N0=7 N1=3 kernelpagesize_kB=4
+55e000000000 default heap anon=5 dirty=5 N0=5 kernelpagesize_kB=4
+7ff000000000 interleave:0-1 anon=2 dirty=2 N0=1 N1=1 kernelpagesize_kB=2048
+7ffd00000000 default stack anon=3 dirty=3 N0=3 kernelpagesize_kB=4
+";
+        let l = parse_numa_maps(text);
+        assert_eq!(l.len(), 5);
+        assert_eq!(l[0].policy, "bind:1");
+        assert_eq!(l[0].by_node.get(&1), Some(&256));
+        assert_eq!(l[1].what, "/usr/bin/python3");
+        assert_eq!(l[1].by_node.get(&0), Some(&7));
+        assert_eq!(l[2].what, "heap");
+        // A 2 MiB page is 512 4 KiB pages.
+        assert_eq!(l[3].by_node.get(&0), Some(&512));
+        assert_eq!(l[4].what, "stack");
+    }
+
+    #[test]
+    fn vmstat_counters() {
+        let v = parse_vmstat_numa("nr_free_pages 10\nnuma_hit 5\nnuma_miss 2\npgmigrate_success 7\npgfault 9\n");
+        assert_eq!(v.len(), 3);
+        assert_eq!(v["numa_miss"], 2);
+    }
+
+    #[test]
+    fn one_node_says_so() {
+        let t = Topology { nodes: vec![0], ..Topology::default() };
+        assert!(t.single_node());
+        let n = one_node(&t);
+        assert_eq!(n.nodes, 1);
+        assert!(n.note.as_deref().is_some_and(|s| s.starts_with("1 NUMA node")));
+        assert!(n.processes.is_empty());
+    }
+
+    #[test]
+    fn own_pages_have_a_node() {
+        let buf = vec![1u8; 4 * 4096];
+        let page = (buf.as_ptr() as u64 + 4095) & !4095;
+        let nodes = nodes_of_pages(std::process::id(), &[page]).expect("move_pages query");
+        assert_eq!(nodes.len(), 1);
+        assert!(nodes[0].is_some(), "a touched page of this process has a node: {nodes:?}");
+    }
+}

@@ -1,0 +1,117 @@
+//! NUMA placement against `/proc/PID/numa_maps`: a workload bound with
+//! `numactl --cpunodebind=0 --membind=N` touches 64 MiB while vmtrace
+//! records it (`-p`, stopped by SIGINT while it still holds the memory).
+//! On a host with two nodes or more (`cargo xtask vmtest` boots one),
+//! `--membind=1` puts its pages on node 1, remote from the CPUs it runs on,
+//! and `--membind=0` keeps them local; on a host with one node vmtrace says
+//! "1 NUMA node" and lists no placement (never zeros).
+mod common;
+
+use std::{collections::BTreeMap, path::Path, process::Command};
+
+use common::{compile_c, disk_dir, finish, privileged, spawn_traced, u, Run};
+
+const MIB: u64 = 64;
+
+/// Kills the workload when the test ends, however it ends.
+struct Workload(std::process::Child);
+impl Drop for Workload {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn nodes() -> usize {
+    std::fs::read_to_string("/sys/devices/system/node/online").map_or(1, |s| vmtrace::numa::parse_list(&s).len())
+}
+
+/// Pages by node of `pid`, as the kernel counts them.
+fn numa_maps(pid: u32) -> BTreeMap<u32, u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/numa_maps")).expect("numa_maps");
+    let mut by = BTreeMap::new();
+    for l in vmtrace::numa::parse_numa_maps(&text) {
+        for (n, c) in l.by_node {
+            *by.entry(n).or_default() += c;
+        }
+    }
+    by
+}
+
+/// The bound workload recorded; returns the run, its pid and its numa_maps
+/// pages by node read just before vmtrace was stopped.
+fn bound_run(membind: u32) -> (Run, u32, BTreeMap<u32, u64>) {
+    let dir = disk_dir();
+    let bin = compile_c("numa_touch.c", dir.path());
+    let child = Command::new("numactl")
+        .args(["--cpunodebind=0", &format!("--membind={membind}")])
+        .arg(&bin)
+        .arg(MIB.to_string())
+        .arg(dir.path())
+        .spawn()
+        .expect("numactl (Debian: apt-get install numactl)");
+    let mut w = Workload(child);
+    let pid = w.0.id();
+    let out = tempfile::tempdir().unwrap();
+    let traced = spawn_traced(&["record", "-p", &pid.to_string(), "--out", out.path().to_str().unwrap()]);
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    let ready: &Path = &dir.path().join("ready");
+    while !ready.exists() {
+        if let Ok(Some(st)) = w.0.try_wait() {
+            panic!("the workload ended ({st}) before touching its memory");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let truth = numa_maps(pid);
+    // SAFETY: kill has no memory preconditions.
+    unsafe { libc::kill(traced.child.id() as i32, libc::SIGINT) };
+    let run = finish(out, traced.wait());
+    drop(w);
+    (run, pid, truth)
+}
+
+fn numa_process(run: &Run, pid: u32) -> &serde_json::Value {
+    let numa = &run.summary["numa"];
+    numa["processes"]
+        .as_array()
+        .and_then(|v| v.iter().find(|p| p["pid"] == pid))
+        .unwrap_or_else(|| panic!("pid {pid} not in numa.processes: {numa:#}"))
+}
+
+#[test]
+fn membind_local_and_remote() {
+    privileged!();
+    if nodes() < 2 {
+        // One node: the bound workload still runs, and vmtrace says so plainly.
+        let (run, _, truth) = bound_run(0);
+        let numa = &run.summary["numa"];
+        assert_eq!(numa["nodes"], 1, "{numa:#}");
+        assert!(numa["note"].as_str().is_some_and(|n| n.starts_with("1 NUMA node")), "{numa:#}");
+        assert!(numa.get("processes").is_none() && numa.get("vmstat_delta").is_none(), "{numa:#}");
+        assert!(truth.keys().all(|n| *n == 0), "numa_maps on one node: {truth:?}");
+        eprintln!("membind_local_and_remote: 1 NUMA node here; the two-node checks run in `cargo xtask vmtest`");
+        return;
+    }
+    let want = MIB << 20 >> 12;
+    for membind in [1u32, 0] {
+        let (run, pid, truth) = bound_run(membind);
+        let p = numa_process(&run, pid);
+        let key = membind.to_string();
+        let got = u(&p["pages_by_node"][&key]);
+        let kernel = truth.get(&membind).copied().unwrap_or(0);
+        assert!(kernel >= want, "numa_maps: {truth:?}");
+        common::assert_close(&format!("pages on node {membind}"), got, kernel, 2.0);
+        let sampled = u(&p["sampled_pages"]);
+        let remote = u(&p["remote_first_touch"]);
+        assert!(sampled >= 64, "sampled pages with a node: {p:#}");
+        assert!(p["policies"].as_object().unwrap().keys().any(|k| k.contains(&format!("bind:{membind}"))), "{p:#}");
+        let finding = run.summary["findings"].as_array().unwrap().iter().any(|f| f["kind"] == "numa_remote_memory");
+        if membind == 1 {
+            assert!(remote * 10 >= sampled * 9, "--membind=1 from node 0's CPUs: remote first touches {p:#}");
+            assert!(finding, "a numa_remote_memory finding: {:#}", run.summary["findings"]);
+        } else {
+            assert!(remote * 10 <= sampled, "--membind=0 on node 0's CPUs: local {p:#}");
+            assert!(!finding, "{:#}", run.summary["findings"]);
+        }
+    }
+}
