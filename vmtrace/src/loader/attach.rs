@@ -497,8 +497,14 @@ pub(super) fn user_stacks(user_walk: u32, forced: bool) -> Attachment {
             "bpf_get_stackid, STACKS",
             Outcome::Fallback {
                 kind: ProgramKind::StackId,
-                reason: if forced { "forced (--force-tracepoints)" } else { "no bpf_task_pt_regs (before 5.15)" }
-                    .to_string()
+                reason: if forced {
+                    "forced (--force-tracepoints)"
+                } else if cfg!(target_arch = "aarch64") {
+                    "arm64: the verifier gives up on the mmap enter program with the own walk (1M instructions on 6.1 and 6.12)"
+                } else {
+                    "no bpf_task_pt_regs (before 5.15)"
+                }
+                .to_string()
                     + ": the kernel's walker, which faults on the frame at address 0 ending each chain (~1 µs per stack)",
             },
         ),

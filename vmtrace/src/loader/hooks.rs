@@ -151,20 +151,27 @@ macro_rules! syscall_pair {
         syscall_pair!($call, None)
     };
     ($call:literal, $doc:expr) => {
+        syscall_pair!($call, $doc, None)
+    };
+    ($call:literal, $doc:expr, $without:expr) => {
         [
             Hook {
                 doc: $doc,
+                without: $without,
                 ..hook(
                     concat!($call, " enter"),
                     Family::Mmap,
                     &[tp("tp_syscalls_sys_enter", concat!("syscalls:sys_enter_", $call))],
                 )
             },
-            hook(
-                concat!($call, " exit"),
-                Family::Mmap,
-                &[tp("tp_syscalls_sys_exit", concat!("syscalls:sys_exit_", $call))],
-            ),
+            Hook {
+                without: $without,
+                ..hook(
+                    concat!($call, " exit"),
+                    Family::Mmap,
+                    &[tp("tp_syscalls_sys_exit", concat!("syscalls:sys_exit_", $call))],
+                )
+            },
         ]
     };
 }
@@ -344,7 +351,8 @@ pub const MMAP_HOOKS: [[Hook; 2]; 7] = [
     syscall_pair!("madvise"),
     syscall_pair!("mprotect"),
     syscall_pair!("brk"),
-    syscall_pair!("pkey_mprotect"),
+    // arm64 has the syscall from 6.12 (POE) only.
+    syscall_pair!("pkey_mprotect", None, Some("no pkey_mprotect syscall on this kernel (arm64 before 6.12)")),
 ];
 
 /// The OOM domain (the kernel's constraint, the memcg that ran out).
