@@ -108,7 +108,7 @@ fn variants(breakdown: bool) -> Vec<Variant> {
         variant("untraced", "the workload alone", Tracer::None),
         variant(
             "vmtrace",
-            "`vmtrace record` default: every fault counted and placed in its region, every slow fault (slept, huge page, major) timed exactly and 1 in 16 fast minor faults weighted by the fast faults each stands for (`--fast-sample 16`, the default since 2026-12-02 where the memcg end serves, error stated; every fault timed elsewhere), user stacks 1 in 64 plus every slow fault, mmap/TLB/OOM hooks, resident memory, perf counters",
+            "`vmtrace record` default: every fault counted and placed in its region, every fault timed (`--fast-sample 1`; `--fast-sample 16` is opt-in, docs/performance.md), user stacks 1 in 64 plus every slow fault, mmap/TLB/OOM hooks, resident memory, perf counters",
             Tracer::Vmtrace(&[]),
         ),
         variant(
