@@ -822,7 +822,8 @@ impl<S: AggregateSource> Session<S> {
         // grow past `above` however slow the machine; the budget then
         // works through a backlog.
         let floor = self.to_release.len().saturating_sub(above).min(came);
-        while self.to_release.len() > above && (self.released - before < floor as u64 || now.elapsed() < RELEASE_BUDGET) {
+        while self.to_release.len() > above && (self.released - before < floor as u64 || now.elapsed() < RELEASE_BUDGET)
+        {
             let n = RELEASE_SLICE.min(self.to_release.len() - above);
             let slice: std::collections::HashSet<u32> = self.to_release.drain(..n).collect();
             self.release_retired(&slice);
