@@ -723,14 +723,9 @@ impl<S: AggregateSource> Session<S> {
         }
         let (sum, top) = (self.retired_sum, &self.retired_top);
         let light = |x: u64, of: u64| (x as f64) * 100.0 < of as f64 * pct || of == 0;
-        let pinned = |pid: u32| {
-            self.storms.in_storm(pid)
-                || self.storms.closed.iter().any(|s| s.pid == pid)
-                || self.flight.ooms().iter().any(|o| o.victim_pid == pid || o.trigger_pid == pid)
-        };
         let mut out = std::collections::HashSet::new();
         for (pid, total, time_ns) in faults {
-            let sure = !pinned(pid)
+            let sure = !self.named_by_storm_or_oom(pid)
                 && light(total, sum.0)
                 && light(time_ns, sum.1)
                 && top.0.n_above(total, keep)
@@ -840,6 +835,14 @@ impl<S: AggregateSource> Session<S> {
         }
     }
 
+    /// A storm or an OOM kill names `pid`: its row is never folded, and its
+    /// maps stay for the end to name its culprit.
+    fn named_by_storm_or_oom(&self, pid: u32) -> bool {
+        self.storms.in_storm(pid)
+            || self.storms.closed.iter().any(|s| s.pid == pid)
+            || self.flight.ooms().iter().any(|o| o.victim_pid == pid || o.trigger_pid == pid)
+    }
+
     /// Symbolizes what the end will need of retired processes' maps (their
     /// fault stacks, call sites and resident owners), then lets go of the
     /// maps, unwound stacks and Python code objects: of an exited process
@@ -851,14 +854,8 @@ impl<S: AggregateSource> Session<S> {
         if self.trace.is_some() {
             return;
         }
-        let storms = &self.storms;
-        let ooms = self.flight.ooms();
-        let pinned = |pid: u32| {
-            storms.in_storm(pid)
-                || storms.closed.iter().any(|s| s.pid == pid)
-                || ooms.iter().any(|o| o.victim_pid == pid || o.trigger_pid == pid)
-        };
-        let pids: std::collections::HashSet<u32> = batch.iter().copied().filter(|p| !pinned(*p)).collect();
+        let pids: std::collections::HashSet<u32> =
+            batch.iter().copied().filter(|p| !self.named_by_storm_or_oom(*p)).collect();
         if pids.is_empty() {
             return;
         }
