@@ -92,6 +92,11 @@ impl MappedRegions {
         self.by_start.range(..=addr).rev().take(8).map(|(_, r)| r).find(|r| r.contains(addr))
     }
 
+    /// The regions, lowest start first.
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &Region> {
+        self.by_start.values()
+    }
+
     pub fn len(&self) -> usize {
         self.by_start.len()
     }

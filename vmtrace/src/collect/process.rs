@@ -12,6 +12,9 @@ use vmtrace_common::{EventKind, FaultStats, TaskEvent};
 use crate::model::{comm_str, Identity};
 use crate::{model::KernelAccounting, target::shell_status};
 
+// `exited`, `retired` and `released` are stages of one life (an enum would
+// say so; 36 uses read them as bools today) and `maps_stale` is apart.
+#[allow(clippy::struct_excessive_bools)]
 #[derive(Clone, Debug)]
 pub struct ProcInfo {
     pub ppid: Option<u32>,
@@ -33,6 +36,9 @@ pub struct ProcInfo {
     /// Its address-space generation at the last maps read, when the kernel
     /// counts them: the same generation later means the same maps.
     pub maps_gen: Option<u32>,
+    /// It mapped something (a library, JIT code) or exec'd since its maps
+    /// were read: an unwinder missing its code may read them again at once.
+    pub maps_stale: bool,
     /// When vmtrace first heard of it.
     pub first_seen: std::time::Instant,
     /// Regions it mapped, from mapping-change events (newest last, bounded):
@@ -79,6 +85,7 @@ impl Default for ProcInfo {
             maps: Vec::new(),
             maps_read: None,
             maps_gen: None,
+            maps_stale: false,
             first_seen: std::time::Instant::now(),
             mapped: crate::procmaps::MappedRegions::default(),
             mm: None,
@@ -280,9 +287,12 @@ impl ProcessTable {
                     }
                 }
                 p.maps_read = Some(std::time::Instant::now());
+                p.maps_stale = false;
             }
             _ => {
-                let parent = self.procs.get(&pid).and_then(|p| p.ppid);
+                // Only fork copies the parent's address space: after an
+                // exec it is the new program's, which is not known.
+                let parent = self.procs.get(&pid).filter(|p| p.execs == 0).and_then(|p| p.ppid);
                 let inherited = parent.and_then(|pp| self.procs.get(&pp)).map(|p| p.maps.clone());
                 let p = self.procs.entry(pid).or_default();
                 if p.maps.is_empty() {
@@ -290,6 +300,45 @@ impl ProcessTable {
                 }
             }
         }
+    }
+
+    /// For a process whose maps can no longer be read (it exited before the
+    /// collector re-read them): adds the regions its mapping events mapped
+    /// (ld.so's libraries, dlopen) that no region of its last read covers,
+    /// so a stack sample drained late still unwinds through them. True when
+    /// any was added (the maps then count as read now).
+    pub(crate) fn add_mapped_to_maps(&mut self, pid: u32) -> bool {
+        let Some(p) = self.procs.get_mut(&pid) else { return false };
+        // Nothing more to learn until it maps something else.
+        p.maps_stale = false;
+        if p.released {
+            return false;
+        }
+        let overlaps = |maps: &[crate::procmaps::Region], r: &crate::procmaps::Region| {
+            maps.iter().any(|m| m.start < r.end && r.start < m.end)
+        };
+        // Of two remembered regions that overlap (one unmapped, the other
+        // mapped in its place), neither is trusted.
+        // `mapped` is sorted by start: a region overlaps an earlier one when
+        // it starts below their furthest end, a later one when that starts
+        // below its end.
+        let mapped: Vec<_> = p.mapped.iter().collect();
+        let mut furthest = 0;
+        let mut missing = Vec::new();
+        for (i, r) in mapped.iter().enumerate() {
+            let alone = r.start >= furthest && mapped.get(i + 1).is_none_or(|n| n.start >= r.end);
+            furthest = furthest.max(r.end);
+            if alone && !overlaps(&p.maps, r) {
+                missing.push((*r).clone());
+            }
+        }
+        let added = !missing.is_empty();
+        p.maps.extend(missing);
+        if added {
+            p.maps.sort_by_key(|r| r.start);
+            p.maps_read = Some(std::time::Instant::now());
+        }
+        added
     }
 
     /// Applies one task event from the kernel.
@@ -323,6 +372,14 @@ impl ProcessTable {
                 // A new address space: the first brk (glibc's brk(0)) tells its break.
                 p.brk = None;
                 p.history.push(ev.gen, ev.gen, crate::regions::history::Change::Exec);
+                // The maps read before (the launcher's, copied at fork) are
+                // another program's: history, as a later read would make them.
+                for old in std::mem::take(&mut p.maps) {
+                    p.mapped.insert(old);
+                }
+                p.maps_read = None;
+                p.maps_gen = None;
+                p.maps_stale = true;
                 // Read now, while it lives: after exit /proc has nothing.
                 p.cmdline = read_cmdline(ev.tgid).or_else(|| p.cmdline.take());
                 // A launcher moves itself into a cgroup and then execs (systemd-run,
@@ -505,7 +562,9 @@ impl ProcessTable {
         let change = match ev.call {
             c if c == MmCall::Mmap as u32 => {
                 let r = region_from_event(ev);
-                self.procs.entry(ev.tgid).or_default().mapped.insert(r.clone());
+                let p = self.procs.entry(ev.tgid).or_default();
+                p.mapped.insert(r.clone());
+                p.maps_stale = true;
                 Change::Map { region: r, flags: ev.flags }
             }
             c if c == MmCall::Munmap as u32 => Change::Unmap { start: ev.addr, end: ev.addr + ev.len },
@@ -518,6 +577,7 @@ impl ProcessTable {
                     let r = crate::procmaps::Region { start: ev.addr, end: ev.addr + ev.len, ..old };
                     p.mapped.insert(r);
                 }
+                p.maps_stale = true;
                 Change::Remap { old_start: ev.old_addr, old_len: ev.old_len, new_start: ev.addr, new_len: ev.len }
             }
             c if c == MmCall::Brk as u32 => {
@@ -635,6 +695,58 @@ mod tests {
         t.procs.entry(pid).or_default().maps = vec![gone.clone()];
         t.snapshot_maps(pid);
         assert_eq!(t.procs[&pid].mapped.find(0x1800), Some(&gone));
+    }
+
+    #[test]
+    fn maps_read_before_an_exec_are_history_and_a_mapping_makes_them_stale() {
+        use crate::{model::RegionKind, procmaps::Region};
+        let mut t = ProcessTable::default();
+        let launcher =
+            Region { start: 0x1000, end: 0x2000, perms: "r-xp".into(), offset: 0, kind: RegionKind::File, path: None };
+        let p = t.procs.entry(u32::MAX).or_default();
+        p.maps = vec![launcher.clone()];
+        p.maps_read = Some(std::time::Instant::now());
+        t.apply(&ev(EventKind::TaskExec, u32::MAX));
+        let p = &t.procs[&u32::MAX];
+        assert!(
+            p.maps.is_empty() && p.maps_read.is_none() && p.maps_stale,
+            "the launcher's maps are not the program's"
+        );
+        assert_eq!(p.mapped.find(0x1800), Some(&launcher), "kept as history");
+        t.procs.get_mut(&u32::MAX).unwrap().maps_stale = false;
+        t.note_change(&vmtrace_common::MmEvent { call: vmtrace_common::MmCall::Mmap as u32, ..brk(u32::MAX, 0x5000) });
+        assert!(t.procs[&u32::MAX].maps_stale, "a library mapped since the read");
+    }
+
+    #[test]
+    fn a_gone_process_unwinds_through_the_libraries_it_mapped() {
+        use crate::{model::RegionKind, procmaps::Region};
+        let r = |start: u64, end: u64, path: &str| Region {
+            start,
+            end,
+            perms: "r-xp".into(),
+            offset: 0,
+            kind: RegionKind::File,
+            path: Some(path.into()),
+        };
+        let mut t = ProcessTable::default();
+        // Read at exec: the program and ld.so; then ld.so mapped libc, and
+        // two mappings that overlap (one unmapped, the other in its place).
+        let p = t.procs.entry(u32::MAX).or_default();
+        p.maps = vec![r(0x1000, 0x2000, "/bin/prog"), r(0x9000, 0xa000, "/lib/ld.so")];
+        for m in [
+            r(0x5000, 0x6000, "/lib/libc.so"),
+            r(0x1000, 0x2000, "/bin/prog"),
+            r(0x7000, 0x8000, "/a"),
+            r(0x7800, 0x8800, "/b"),
+        ] {
+            p.mapped.insert(m);
+        }
+        assert!(t.add_mapped_to_maps(u32::MAX));
+        let paths: Vec<_> = t.procs[&u32::MAX].maps.iter().map(|m| m.path.clone().unwrap()).collect();
+        assert_eq!(paths, ["/bin/prog", "/lib/libc.so", "/lib/ld.so"]);
+        assert!(t.procs[&u32::MAX].maps_read.is_some());
+        assert!(!t.add_mapped_to_maps(u32::MAX), "nothing new the second time");
     }
 
     #[test]

@@ -42,8 +42,15 @@ impl ProcessMaps for ProcessTable {
         let young = self.get(tgid).is_some_and(|p| p.first_seen.elapsed() < YOUNG);
         let retry = if young { MAPS_RETRY_YOUNG } else { MAPS_RETRY };
         let recent = self.get(tgid).and_then(|p| p.maps_read).is_some_and(|t| t.elapsed() < retry);
-        if !recent {
+        // A library ld.so mapped a moment ago is not waited for.
+        let stale = self.get(tgid).is_some_and(|p| p.maps_stale);
+        if !recent || stale {
+            let before = self.get(tgid).and_then(|p| p.maps_read);
             self.snapshot_maps(tgid);
+            // Not read (gone): the libraries its mapping events mapped.
+            if self.get(tgid).and_then(|p| p.maps_read) == before {
+                self.add_mapped_to_maps(tgid);
+            }
         }
     }
 }
@@ -96,6 +103,9 @@ fn ensure_maps(table: &mut ProcessTable, pid: u32) {
     // A released process's pid may be another process's now.
     if table.get(pid).is_none_or(|p| p.maps.is_empty() && !p.released) {
         table.snapshot_maps(pid);
+        if table.get(pid).is_some_and(|p| p.maps_read.is_none()) {
+            table.add_mapped_to_maps(pid);
+        }
     }
 }
 
