@@ -126,8 +126,11 @@ pub struct KernelOffsets {
     /// (RDMA, io_uring, vfio), read at each mlock-family call's return.
     pub mm_locked_vm: u32,
     pub mm_pinned_vm: u32,
+    /// `signal_struct.rlim` (`struct rlimit[RLIM_NLIMITS]`): a failed
+    /// locking call's `RLIMIT_MEMLOCK`, read as it returns.
+    pub signal_rlim: u32,
 }
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 144);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 148);
 
 impl KernelOffsets {
     pub const MISSING: u32 = u32::MAX;
@@ -168,6 +171,7 @@ impl KernelOffsets {
         pcpu_size: Self::MISSING,
         mm_locked_vm: Self::MISSING,
         mm_pinned_vm: Self::MISSING,
+        signal_rlim: Self::MISSING,
     };
 }
 

@@ -216,5 +216,12 @@ pub struct MmLockEvent {
     pub pinned_pages: u64,
     /// When the call entered (`hdr.ts_ns` is when it returned).
     pub start_ns: u64,
+    /// A failed call's `RLIMIT_MEMLOCK` (soft, hard) in bytes as the kernel
+    /// held it at the return (`u64::MAX`: unlimited), when `memlock_read`
+    /// is 1: the process may be gone before /proc/PID/limits is read.
+    pub memlock_cur: u64,
+    pub memlock_max: u64,
+    pub memlock_read: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<MmLockEvent>() == 16 + 16 + 8 + 24 + 16 + 8);
+const _: () = assert!(core::mem::size_of::<MmLockEvent>() == 16 + 16 + 8 + 24 + 16 + 8 + 24);

@@ -66,6 +66,14 @@ pub fn current_fault(tid: u32) -> Option<*mut InflightFault> {
     }
 }
 
+/// Whether thread `tid` is inside a fault now: a fast fault the memcg end
+/// let pass stays in the slot (`INFLIGHT_ENDED`) but is over.
+#[inline(always)]
+pub fn in_fault(tid: u32) -> bool {
+    // SAFETY: this CPU's slot or the thread's parked entry; read only.
+    current_fault(tid).is_some_and(|f| unsafe { (*f).flags } & INFLIGHT_ENDED == 0)
+}
+
 /// Moves the leaving thread's fault in flight from this CPU's slot to
 /// `FAULT_PARKED` (`sched_switch`), after `before` has seen it.
 #[inline(always)]

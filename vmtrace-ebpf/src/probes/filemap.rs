@@ -13,7 +13,7 @@ use vmtrace_common::{DropKind, FileChunkKey, FileKey, FILE_CHUNK_SHIFT, FILE_KEY
 use super::fault::try_huge_alloc;
 use crate::{
     globals::config,
-    inflight::current_fault,
+    inflight::in_fault,
     shared::{count_drop, is_traced, tp_field},
 };
 
@@ -53,8 +53,9 @@ fn try_add_to_page_cache(ctx: &TracePointContext) -> Option<()> {
     }
     let pages = 1u64 << (order & 15);
     // A fault in flight reads its page from storage even inside a write
-    // syscall (the source buffer of a write() mapped from a file).
-    if current_fault(bpf_get_current_pid_tgid() as u32).is_none() && in_write_syscall() {
+    // syscall (the source buffer of a write() mapped from a file); a fast
+    // fault that ended before the write is not in flight.
+    if !in_fault(bpf_get_current_pid_tgid() as u32) && in_write_syscall() {
         // The page holds what the process wrote (write_begin): no read from
         // storage, and no chunk of the file read either.
         let key = FileKey { dev, kind: FILE_KEY_WRITTEN, ino };

@@ -11,9 +11,12 @@ use aya_ebpf::{
     EbpfContext as _,
 };
 use vmtrace_common::{
-    DropKind, EventHeader, EventKind, MmCall, MmEvent, MmInflight, MmLockEvent, MmStackCounts, MmStackKey, MmStats,
-    ADVICE_SLOTS, MAP_LOCKED, STACK_ID_NONE, STACK_USER,
+    DropKind, EventHeader, EventKind, KernelOffsets, MmCall, MmEvent, MmInflight, MmLockEvent, MmStackCounts,
+    MmStackKey, MmStats, ADVICE_SLOTS, MAP_LOCKED, STACK_ID_NONE, STACK_USER,
 };
+
+/// `RLIMIT_MEMLOCK`'s index in `signal_struct.rlim` (the same on every architecture).
+const RLIMIT_MEMLOCK: u32 = 8;
 
 use crate::{
     globals::{config, koffsets},
@@ -326,6 +329,19 @@ fn emit_lock(tgid: u32, tid: u32, f: &MmInflight, ret: i64, ok: bool) {
     let mm: u64 = read_field(task, off.task_mm).unwrap_or(0);
     let locked_pages: u64 = read_field(mm as *const u8, off.mm_locked_vm).unwrap_or(u64::MAX);
     let pinned_pages: u64 = read_field(mm as *const u8, off.mm_pinned_vm).unwrap_or(u64::MAX);
+    // A refusal is explained by the limit in force: read it now, as the
+    // process may exit before userspace reads /proc/PID/limits.
+    let (mut memlock_cur, mut memlock_max, mut memlock_read) = (0u64, 0u64, 0u32);
+    if !ok && off.signal_rlim != KernelOffsets::MISSING {
+        let signal: u64 = read_field(task, off.task_signal).unwrap_or(0);
+        // struct rlimit { rlim_cur; rlim_max; }, RLIMIT_MEMLOCK = 8.
+        let at = off.signal_rlim.wrapping_add(RLIMIT_MEMLOCK * 16);
+        if let (Some(c), Some(m)) =
+            (read_field::<u64>(signal as *const u8, at), read_field::<u64>(signal as *const u8, at.wrapping_add(8)))
+        {
+            (memlock_cur, memlock_max, memlock_read) = (c, m, 1);
+        }
+    }
     let Some(mut slot) = EVENTS.reserve::<MmLockEvent>(0) else {
         count_drop(DropKind::MmEventRingFull);
         return;
@@ -348,6 +364,10 @@ fn emit_lock(tgid: u32, tid: u32, f: &MmInflight, ret: i64, ok: bool) {
         locked_pages,
         pinned_pages,
         start_ns: f.start_ns,
+        memlock_cur,
+        memlock_max,
+        memlock_read,
+        _pad: 0,
     });
     // Userspace reads the process's RLIMIT_MEMLOCK while it lives.
     slot.submit(WAKE_NOW);

@@ -147,8 +147,13 @@ impl PinnedTracker {
             let pinned = if ev.pinned_pages == u64::MAX { 0 } else { ev.pinned_pages * self.page };
             self.point(ev.tgid, ev.hdr.ts_ns, ev.locked_pages * self.page, pinned, "call", None);
         }
-        let limit =
-            std::fs::read_to_string(format!("/proc/{}/limits", ev.tgid)).ok().and_then(|t| parse_memlock_limit(&t));
+        // The kernel's at a failure's return; else /proc while it lives.
+        let unlimited = |v: u64| (v != u64::MAX).then_some(v);
+        let limit = if ev.memlock_read == 1 {
+            Some((unlimited(ev.memlock_cur), unlimited(ev.memlock_max)))
+        } else {
+            std::fs::read_to_string(format!("/proc/{}/limits", ev.tgid)).ok().and_then(|t| parse_memlock_limit(&t))
+        };
         if let Some(l) = limit {
             self.procs.entry(ev.tgid).or_default().limit = Some(l);
         }
@@ -348,6 +353,10 @@ mod tests {
             locked_pages,
             pinned_pages: 0,
             start_ns: 0,
+            memlock_cur: 0,
+            memlock_max: 0,
+            memlock_read: 0,
+            _pad: 0,
         }
     }
 
