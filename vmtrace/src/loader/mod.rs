@@ -53,14 +53,13 @@ pub fn enable_run_stats() -> Result<std::os::fd::OwnedFd, LoadError> {
     aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|e| LoadError::Stats(e.to_string()))
 }
 
-/// `record`'s default `--fast-sample`: every fault timed. Stratified timing
-/// (`--fast-sample 16`: every slow fault exact, 1 in 16 fast minors timed and
-/// weighted; the views add up since 2026-12-02) stays opt-in: a fast fault
-/// left unsampled leaves its CPU's in-flight slot marked ended but still
-/// naming its thread, and the page-cache hook takes that thread's next
-/// write() for a fault, so a file the process wrote shows as read from disk
-/// (`checkpoints` `pages_a_process_wrote_are_not_from_disk`: 64 MiB of 64).
-pub const DEFAULT_FAST_PERIOD: u32 = 1;
+/// `record`'s default `--fast-sample`: stratified fault time where the memcg
+/// end serves, every slow fault exact and 1 in 16 fast minors timed and
+/// weighted (docs/design.md). A fast fault left unsampled stays in its CPU's
+/// slot marked ended: the page-cache hook takes it for over (`in_fault`), so
+/// a file a process wrote is not read from disk (`checkpoints`
+/// `pages_a_process_wrote_are_not_from_disk`, under both periods).
+pub const DEFAULT_FAST_PERIOD: u32 = 16;
 
 #[allow(clippy::struct_excessive_bools, reason = "independent switches of one load")]
 pub struct LoadOptions {

@@ -108,12 +108,12 @@ fn variants(breakdown: bool) -> Vec<Variant> {
         variant("untraced", "the workload alone", Tracer::None),
         variant(
             "vmtrace",
-            "`vmtrace record` default: every fault counted and placed in its region, every fault timed (`--fast-sample 1`; `--fast-sample 16` is opt-in, docs/performance.md), user stacks 1 in 64 plus every slow fault, mmap/TLB/OOM hooks, resident memory, perf counters",
+            "`vmtrace record` default: every fault counted and placed in its region, every slow fault timed and 1 in 16 fast ones (`--fast-sample 16`, docs/design.md), user stacks 1 in 64 plus every slow fault, mmap/TLB/OOM hooks, resident memory, perf counters",
             Tracer::Vmtrace(&[]),
         ),
         variant(
             "vmtrace --fast-sample 1",
-            "default, but every fault timed at the memcg end (the default from 2026-12-01, evening, to 2026-12-02)",
+            "default, but every fault timed at the memcg end (the default from 2026-12-01, evening, to 2026-12-02, evening)",
             Tracer::Vmtrace(&["--fast-sample", "1"]),
         ),
         variant("vmtrace --stack-sample 1", "default with a user stack on every fault", Tracer::Vmtrace(&["--stack-sample", "1"])),
