@@ -41,6 +41,9 @@ const STORM_TICK: Duration = Duration::from_millis(100);
 /// by then.
 const RETIRE_EVERY: Duration = Duration::from_secs(1);
 const RETIRE_AFTER: Duration = Duration::from_secs(1);
+/// Held region rows at which the retired ones are first folded again
+/// (`Session::refold`); then each time they have doubled.
+const REFOLD_FIRST: usize = 4096;
 /// Retired processes whose maps are kept (symbolized at the end) before the
 /// oldest are symbolized and let go (`Session::release_some`): ~30 KB each.
 pub(crate) const RELEASE_ABOVE: usize = 512;
@@ -153,10 +156,17 @@ pub struct Session<S: AggregateSource> {
     /// Processes retired (their regions placed before the end).
     pub retired: u64,
     /// Faults and fault time of the retired processes, the 20 largest of
-    /// each, and how many the end's fold is sure to fold.
+    /// each.
     retired_sum: (u64, u64),
     retired_top: (crate::regions::TopN, crate::regions::TopN),
-    sure_folded: u64,
+    /// The first retired process sure to be folded (left unfolded).
+    first_sure: Option<u32>,
+    /// Retired processes not folded whole yet, with their faults and fault
+    /// time: looked at again when the held region rows have doubled
+    /// (`refold`).
+    unfolded: Vec<(u32, u64, u64)>,
+    /// The held region rows at which they are folded again.
+    refold_at: usize,
     /// Symbol caches, and the stacks and call sites of retired processes
     /// symbolized as they retired (`release_retired`).
     syms: symbols::Symbols,
@@ -337,7 +347,9 @@ impl<S: AggregateSource> Session<S> {
             retired: 0,
             retired_sum: (0, 0),
             retired_top: Default::default(),
-            sure_folded: 0,
+            first_sure: None,
+            unfolded: Vec::new(),
+            refold_at: REFOLD_FIRST,
             syms: symbols::Symbols::default(),
             retired_mm: Vec::new(),
             released: 0,
@@ -717,6 +729,14 @@ impl<S: AggregateSource> Session<S> {
             self.retired_top.1.push(f.time_ns, keep);
             faults.push((*pid, f.total, f.time_ns));
         }
+        self.pick_sure_to_fold(faults)
+    }
+
+    /// Of `faults` (pid, faults, fault time), the processes the end's fold
+    /// is sure to fold by the retired processes' totals now; the others are
+    /// kept in `unfolded` to be looked at again.
+    fn pick_sure_to_fold(&mut self, faults: Vec<(u32, u64, u64)>) -> std::collections::HashSet<u32> {
+        let keep = crate::model::fold::KEEP_TOP_PROCESSES;
         let pct = self.opts.fold_below;
         if !self.opts.fold_processes || pct <= 0.0 {
             return std::collections::HashSet::new();
@@ -730,14 +750,56 @@ impl<S: AggregateSource> Session<S> {
                 && light(time_ns, sum.1)
                 && top.0.n_above(total, keep)
                 && top.1.n_above(time_ns, keep);
-            if sure {
-                self.sure_folded += 1;
-                if self.sure_folded > 1 {
-                    out.insert(pid);
-                }
+            // The first process sure to be folded is left as it is, so that
+            // the end's fold has two to fold (looked at again, it is still
+            // the first).
+            if sure && self.first_sure.is_some_and(|first| first != pid) {
+                out.insert(pid);
+                continue;
             }
+            if sure && self.first_sure.is_none() {
+                self.first_sure = Some(pid);
+            }
+            self.unfolded.push((pid, total, time_ns));
         }
         out
+    }
+
+    /// Folds whole the processes `pids` whose rows are placed from row
+    /// `from` on: what their COW faults copied stays with the process (its
+    /// rows no longer carry its pid).
+    fn fold_whole(&mut self, pids: &std::collections::HashSet<u32>, from: usize) {
+        for pid in pids {
+            let mut cow = crate::model::CowFrom::default();
+            for c in self.placed.regions()[from..].iter().filter(|r| r.pid == *pid).filter_map(|r| r.cow_from.as_ref())
+            {
+                cow.add(c);
+            }
+            self.table.set_cow_from(*pid, (cow.total() > 0).then_some(cow));
+        }
+    }
+
+    /// Once the held region rows have doubled: the retired processes and
+    /// rows that have become light as the recording grew are folded.
+    fn refold(&mut self) {
+        if self.placed.regions().len() < self.refold_at {
+            return;
+        }
+        let t = Instant::now();
+        let before = self.placed.regions().len();
+        let waiting = std::mem::take(&mut self.unfolded);
+        let n = waiting.len();
+        let folded = self.pick_sure_to_fold(waiting);
+        self.fold_whole(&folded, 0);
+        self.placed.refold(self.opts.fold_below, |pid| folded.contains(&pid));
+        self.refold_at = (2 * self.placed.regions().len()).max(REFOLD_FIRST);
+        log::debug!(
+            target: "vmtrace::retire",
+            "refolded {before} region rows to {} in {:?}: {} of {n} retired processes folded whole",
+            self.placed.regions().len(),
+            t.elapsed(),
+            folded.len()
+        );
     }
 
     /// Places the faults of processes that exited a moment ago in their
@@ -776,15 +838,17 @@ impl<S: AggregateSource> Session<S> {
         let from = self.placed.regions().len();
         attribute::place_into(&mut self.placed, &mut self.table, &granules);
         let folded = self.sure_to_fold(&batch);
-        for pid in &folded {
-            let mut cow = crate::model::CowFrom::default();
-            for c in self.placed.regions()[from..].iter().filter(|r| r.pid == *pid).filter_map(|r| r.cow_from.as_ref())
-            {
-                cow.add(c);
-            }
-            self.table.set_cow_from(*pid, (cow.total() > 0).then_some(cow));
-        }
+        self.fold_whole(&folded, from);
         self.placed.fold_small(from, self.opts.fold_below, |pid| folded.contains(&pid));
+        log::debug!(
+            target: "vmtrace::retire",
+            "retired {} ({} folded whole): {} region rows added, {} held",
+            batch.len(),
+            folded.len(),
+            self.placed.regions().len().saturating_sub(from),
+            self.placed.regions().len()
+        );
+        self.refold();
         for pid in &batch {
             self.table.mark_retired(*pid);
         }

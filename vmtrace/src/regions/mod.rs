@@ -286,6 +286,27 @@ impl Partial {
         if pct <= 0.0 {
             return;
         }
+        let new = self.regions.split_off(from);
+        self.fold_rows_of(new, pct, folded_pid);
+    }
+
+    /// Folds again every row held, by the faults and time of all the rows
+    /// added so far: a row or a process that was not sure to be folded when
+    /// it was placed (early in a recording every row is a large share) is
+    /// once the recording has grown. What the rows hold is then bounded by
+    /// the rows that are heavy, not by the processes seen.
+    pub(crate) fn refold(&mut self, pct: f64, folded_pid: impl Fn(u32) -> bool) {
+        if pct <= 0.0 {
+            return;
+        }
+        let all = std::mem::take(&mut self.regions);
+        self.fold_rows_of(all, pct, folded_pid);
+    }
+
+    /// Folds `rows` into the rows held: those of `folded_pid` processes into
+    /// the pid 0 rows per kind, the light ones per (process, kind, named kind).
+    fn fold_rows_of(&mut self, rows: Vec<RegionSummary>, pct: f64, folded_pid: impl Fn(u32) -> bool) {
+        let keep = crate::model::fold::KEEP_TOP_REGIONS;
         let (sum, top) = (self.sum, &self.top);
         let light = |x: u64, of: u64| (x as f64) * 100.0 < of as f64 * pct || of == 0;
         let foldable = |r: &RegionSummary| {
@@ -299,8 +320,7 @@ impl Partial {
                 && top.0.n_above(r.faults.total, keep)
                 && top.1.n_above(r.faults.time_ns, keep)
         };
-        let new = self.regions.split_off(from);
-        let (gone, kept): (Vec<RegionSummary>, Vec<RegionSummary>) = new.into_iter().partition(|r| folded_pid(r.pid));
+        let (gone, kept): (Vec<RegionSummary>, Vec<RegionSummary>) = rows.into_iter().partition(|r| folded_pid(r.pid));
         self.regions.extend(crate::model::fold::fold_rows(kept, foldable));
         let mut by_kind: BTreeMap<u8, Vec<RegionSummary>> = BTreeMap::new();
         for r in gone {
@@ -651,7 +671,10 @@ mod tests {
             v.sort();
             v
         };
-        for fold_processes in [false, true] {
+        // Folding again after every batch (`refold`: rows and processes
+        // light by the totals grown since they were placed) changes nothing
+        // the end's fold gives.
+        for (fold_processes, refold) in [(false, false), (true, false), (false, true), (true, true)] {
             let mut by_pid: BTreeMap<u32, Vec<RegionSummary>> = BTreeMap::new();
             for r in whole.regions.clone().unwrap() {
                 by_pid.entry(r.pid).or_default().push(r);
@@ -663,6 +686,9 @@ mod tests {
                 let from = p.regions.len();
                 p.regions.extend(batch);
                 p.fold_small(from, 0.1, |pid| fold_processes && !listed.contains(&pid));
+                if refold {
+                    p.refold(0.1, |pid| fold_processes && !listed.contains(&pid));
+                }
             }
             if fold_processes {
                 // The listed processes' rows, and one per kind for the rest.
@@ -675,7 +701,11 @@ mod tests {
             got.regions = Some(regions);
             fold(&mut got, 0.1);
             assert_eq!(got.processes, expected.processes);
-            assert_eq!(rows(&got), rows(&expected), "folding processes as they retire: {fold_processes}");
+            assert_eq!(
+                rows(&got),
+                rows(&expected),
+                "folding processes as they retire: {fold_processes}, refold {refold}"
+            );
             assert_eq!(got.folding, expected.folding);
         }
     }
