@@ -220,6 +220,7 @@ fn test(extra: &[String]) -> Result<()> {
         "the report.html test",
     )?;
     ensure_tool(&["tmux"], "tmux", "the `vmtrace top` test (a real pseudo-terminal)")?;
+    ensure_tool_answering(&["numactl"], &["--show"], "numactl", "the NUMA test (numactl binds a workload's memory)")?;
     if env::var("VMTRACE_SKIP_GO_PPROF").as_deref() == Ok("1") {
         say("VMTRACE_SKIP_GO_PPROF=1: without `go`, the pprof test will report itself skipped");
     } else {
