@@ -9,6 +9,7 @@
 // An atomic add (mapgen.rs): core's atomics have no read-modify-write on BPF.
 #![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
+mod arch;
 mod globals;
 mod inflight;
 mod mapgen;

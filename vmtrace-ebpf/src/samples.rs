@@ -7,11 +7,8 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    bindings::{pt_regs, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    helpers::{
-        bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_task_pt_regs,
-        generated,
-    },
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns, generated},
     macros::map,
     maps::{LruHashMap, RingBuf},
 };
@@ -112,17 +109,7 @@ fn send<const N: usize>(id: i32, weight: u32) {
         count_drop(DropKind::StackSampleRingFull);
         return;
     };
-    // SAFETY: the current task is valid for the program's run; its user-mode
-    // registers are at the top of its kernel stack (BTF pointer: the verifier
-    // makes these loads fault-safe).
-    let (ip, sp, bp) = unsafe {
-        let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const pt_regs;
-        (
-            core::ptr::read_volatile(&raw const (*regs).rip),
-            core::ptr::read_volatile(&raw const (*regs).rsp),
-            core::ptr::read_volatile(&raw const (*regs).rbp),
-        )
-    };
+    let crate::arch::UserRegs { ip, sp, fp: bp, .. } = crate::arch::user_regs();
     // SAFETY: reserved ring memory of the record's size, written before submit.
     let s = unsafe { &mut *e.as_mut_ptr() };
     let dst = s.stack.as_mut_ptr();

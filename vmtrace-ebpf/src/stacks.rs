@@ -14,8 +14,8 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    bindings::{pt_regs, BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST},
-    helpers::{bpf_get_current_task_btf, bpf_probe_read_user, bpf_task_pt_regs, generated},
+    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST},
+    helpers::{bpf_probe_read_user, generated},
     macros::map,
     maps::{HashMap, PerCpuArray, StackTrace},
     programs::tracing::StackIdContext,
@@ -117,12 +117,8 @@ const WINDOW_BYTES: u64 = 1024;
 #[map]
 static WINDOW: PerCpuArray<[u64; WINDOW_BYTES as usize / 8 + 2]> = PerCpuArray::with_max_entries(1, 0);
 
-/// Above every user address on x86-64 (5-level paging included).
+/// Above every user address on x86-64 (5-level paging included) and arm64 (52-bit VA).
 const USER_END: u64 = 1 << 56;
-
-/// x86-64 user code segment selector (`__USER_CS`): any other is a 32-bit
-/// task, whose 4-byte frames this walk does not read.
-const USER_CS_64: u64 = 0x33;
 
 /// Walks the current task's user stack and stores it: `Some((id, clean))`
 /// with its id in `USER_STACKS`, or `STACK_ID_LOST` when it cannot be read or
@@ -135,21 +131,8 @@ fn walk() -> Option<(i32, bool)> {
     let Some(s) = SCRATCH.get_ptr_mut(0) else { return Some((STACK_ID_LOST, false)) };
     // SAFETY: this CPU's scratch; programs on one CPU do not interleave.
     let s = unsafe { &mut *s };
-    // SAFETY: the current task is valid for the program's run; the user-mode
-    // registers saved at kernel entry are at the top of its kernel stack.
-    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
-    // SAFETY: the helper returns a BTF pointer to `struct pt_regs`: the
-    // verifier turns these loads into fault-safe ones, without a helper call
-    // of bpf_probe_read_kernel each.
-    let (ip, cs, fp, sp) = unsafe {
-        (
-            core::ptr::read_volatile(&raw const (*regs).rip),
-            core::ptr::read_volatile(&raw const (*regs).cs),
-            core::ptr::read_volatile(&raw const (*regs).rbp),
-            core::ptr::read_volatile(&raw const (*regs).rsp),
-        )
-    };
-    if cs & 0xffff != USER_CS_64 {
+    let crate::arch::UserRegs { ip, sp, fp, is64 } = crate::arch::user_regs();
+    if !is64 {
         return None;
     }
     s.ips[0] = ip;

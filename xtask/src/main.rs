@@ -26,8 +26,12 @@ struct Cli {
 enum Cmd {
     /// Install missing toolchain pieces (nightly rust-src, bpf-linker).
     Bootstrap,
-    /// Bootstrap, then build target/release/vmtrace with its eBPF embedded.
-    Build,
+    /// Bootstrap, then build target/release/vmtrace with its eBPF embedded
+    /// (`--arch arm64`: target/aarch64-unknown-linux-gnu/release/vmtrace).
+    Build {
+        #[arg(long, value_enum, default_value_t = Arch::X86_64)]
+        arch: Arch,
+    },
     /// Bootstrap, build, then run lints and every test (privileged ones need root).
     Test {
         /// Extra arguments for `cargo test` (e.g. a test name filter).
@@ -46,15 +50,41 @@ enum Cmd {
     Vmtest(vmtest::VmtestArgs),
 }
 
+/// The architecture a build is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Arch {
+    #[value(name = "x86_64", alias = "amd64")]
+    X86_64,
+    #[value(name = "arm64", alias = "aarch64")]
+    Arm64,
+}
+
+impl Arch {
+    pub const fn triple(self) -> &'static str {
+        match self {
+            Self::X86_64 => "x86_64-unknown-linux-gnu",
+            Self::Arm64 => "aarch64-unknown-linux-gnu",
+        }
+    }
+
+    /// Where `cargo xtask build --arch` leaves the binary.
+    pub fn binary(self, root: &Path) -> PathBuf {
+        match self {
+            Self::X86_64 => root.join("target/release/vmtrace"),
+            Self::Arm64 => root.join("target").join(self.triple()).join("release/vmtrace"),
+        }
+    }
+}
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     let root = workspace_root();
     env::set_current_dir(&root)?;
     match cli.cmd {
         Cmd::Bootstrap => bootstrap(),
-        Cmd::Build => {
+        Cmd::Build { arch } => {
             bootstrap()?;
-            build()
+            build_arch(arch)
         }
         Cmd::Test { args } => {
             bootstrap()?;
@@ -73,7 +103,7 @@ fn main() -> Result<()> {
         }
         Cmd::Vmtest(args) => {
             bootstrap()?;
-            build()?;
+            build_arch(args.arch)?;
             vmtest::run(&root, &args).map(|_| ())
         }
     }
@@ -178,6 +208,47 @@ fn install_bpf_linker() -> Result<()> {
 fn build() -> Result<()> {
     say("building target/release/vmtrace (eBPF programs embedded)");
     run(cmd("cargo").args(["build", "--release", "-p", "vmtrace"]))
+}
+
+fn build_arch(arch: Arch) -> Result<()> {
+    match arch {
+        Arch::X86_64 => build(),
+        Arch::Arm64 => build_cross(arch),
+    }
+}
+
+/// The Debian cross linker for `arch`, and the environment that names it to
+/// cc-built dependencies (.cargo/config.toml names it to rustc).
+const fn cross_gcc(arch: Arch) -> (&'static str, &'static str, &'static str) {
+    match arch {
+        Arch::X86_64 => ("x86_64-linux-gnu-gcc", "gcc-x86-64-linux-gnu", "CC_x86_64_unknown_linux_gnu"),
+        Arch::Arm64 => {
+            ("aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu libc6-dev-arm64-cross", "CC_aarch64_unknown_linux_gnu")
+        }
+    }
+}
+
+/// Cross-builds vmtrace for `arch`: the eBPF programs are built for the
+/// same arch (aya-build passes `--cfg bpf_target_arch` from the target), so
+/// the binary carries the programs that read that arch's registers.
+fn build_cross(arch: Arch) -> Result<()> {
+    let triple = arch.triple();
+    let installed = output(cmd("rustup").args(["target", "list", "--installed"]))?;
+    if !installed.lines().any(|l| l.trim() == triple) {
+        say(&format!("installing the {triple} standard library (rustup target add {triple})"));
+        run(cmd("rustup").args(["target", "add", triple]))?;
+    }
+    let (gcc, packages, cc_var) = cross_gcc(arch);
+    if output(cmd(gcc).arg("--version")).is_err() {
+        say(&format!("installing the {triple} linker (apt-get install {packages})"));
+        let script =
+            format!("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends {packages}");
+        if !Command::new("sh").args(["-c", &script]).status()?.success() {
+            bail!("installing {packages} failed; install it by hand (apt-get install {packages})");
+        }
+    }
+    say(&format!("building {} (eBPF programs for {triple} embedded)", arch.binary(Path::new("")).display()));
+    run(cmd("cargo").args(["build", "--release", "-p", "vmtrace", "--target", triple]).env(cc_var, gcc))
 }
 
 const USER_CRATES: [&str; 8] = ["-p", "vmtrace", "-p", "vmtrace-common", "-p", "vmtrace-protos", "-p", "xtask"];

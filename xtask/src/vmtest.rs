@@ -15,6 +15,8 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
+use crate::Arch;
+
 #[derive(clap::Args)]
 pub struct VmtestArgs {
     /// Which kernel: 6.1, 6.12 or all.
@@ -30,6 +32,11 @@ pub struct VmtestArgs {
     /// Minutes before a guest is given up on.
     #[arg(long, default_value_t = 30)]
     pub timeout_min: u64,
+    /// Guest architecture: x86_64 (the host's userspace over 9p), or arm64
+    /// (Debian's arm64 kernel under qemu-system-aarch64, a minimal arm64
+    /// userspace, the cross-built vmtrace and test binaries).
+    #[arg(long, value_enum, default_value_t = Arch::X86_64)]
+    pub arch: Arch,
 }
 
 /// Tests run in each guest: the fault count, OOM (fentry, and kprobe via
@@ -45,11 +52,17 @@ const TESTS: &[(&str, &str)] = &[
     ("pinned", ""),
 ];
 
+/// Tests run in each arm64 guest (TCG emulation of arm64 is slow): the
+/// fault count against getrusage.
+const ARM64_TESTS: &[(&str, &str)] = &[("record", "first_touch_total_equals_getrusage")];
+
 /// Debian package name pattern per kernel series.
-fn package_pattern(series: &str) -> Result<&'static str> {
-    Ok(match series {
-        "6.1" => r"^linux-image-6\.1\.0-[0-9]+-amd64-unsigned$",
-        "6.12" => r"^linux-image-6\.12\.[0-9]+\+deb[0-9]+-amd64-unsigned$",
+fn package_pattern(series: &str, arch: Arch) -> Result<&'static str> {
+    Ok(match (series, arch) {
+        ("6.1", Arch::X86_64) => r"^linux-image-6\.1\.0-[0-9]+-amd64-unsigned$",
+        ("6.12", Arch::X86_64) => r"^linux-image-6\.12\.[0-9]+\+deb[0-9]+-amd64-unsigned$",
+        ("6.1", Arch::Arm64) => r"^linux-image-6\.1\.0-[0-9]+-arm64-unsigned$",
+        ("6.12", Arch::Arm64) => r"^linux-image-6\.12\.[0-9]+\+deb[0-9]+-arm64-unsigned$",
         _ => bail!("unknown kernel `{series}`: choose 6.1, 6.12 or all"),
     })
 }
@@ -58,10 +71,21 @@ fn sh(script: &str) -> Result<String> {
     crate::output(Command::new("sh").args(["-c", script]))
 }
 
-fn ensure_packages() -> Result<()> {
+fn ensure_packages(arch: Arch) -> Result<()> {
     let have = |b: &str| {
         Command::new("sh").args(["-c", &format!("command -v {b}")]).output().is_ok_and(|o| o.status.success())
     };
+    if arch == Arch::Arm64 {
+        // Debian's arm64 kernels and userspace come from the arm64 archive.
+        if !sh("dpkg --print-foreign-architectures")?.lines().any(|l| l.trim() == "arm64") {
+            eprintln!("xtask: adding the arm64 architecture (dpkg --add-architecture arm64; apt-get update)");
+            sh("dpkg --add-architecture arm64 && apt-get update -qq")?;
+        }
+        if !have("qemu-system-aarch64") {
+            eprintln!("xtask: installing qemu-system-arm");
+            sh("DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-arm")?;
+        }
+    }
     if have("qemu-system-x86_64")
         && Path::new("/bin/busybox").exists()
         && have("cpio")
@@ -77,8 +101,8 @@ fn ensure_packages() -> Result<()> {
 }
 
 /// Downloads and unpacks the newest kernel of `series`; returns (dir, release).
-fn kernel(work: &Path, series: &str) -> Result<(PathBuf, String)> {
-    let pattern = package_pattern(series)?;
+fn kernel(work: &Path, series: &str, arch: Arch) -> Result<(PathBuf, String)> {
+    let pattern = package_pattern(series, arch)?;
     let names = sh(&format!("apt-cache search --names-only '{pattern}' | awk '{{print $1}}' | sort -V"))?;
     let Some(pkg) = names.lines().last() else {
         bail!("no package matches {pattern}: run apt-get update (bookworm and bookworm-security sources)")
@@ -113,6 +137,8 @@ if ! mount -t 9p -o trans=virtio,version=9p2000.L,ro host /host; then
   echo "vmtest: cannot mount the host"; grep 9p /proc/filesystems; ls /sys/bus/virtio/devices; dmesg | tail -20
 fi
 H=/host
+WS=$(sed -n 's/.*vmtest_ws=\([^ ]*\).*/\1/p' /proc/cmdline)
+if [ -n "$WS" ]; then mount -t 9p -o trans=virtio,version=9p2000.L,ro ws $H$WS; fi
 mount -t 9p -o trans=virtio,version=9p2000.L xchg $H/mnt
 mount -t proc proc $H/proc
 mount -t sysfs sys $H/sys
@@ -131,13 +157,13 @@ poweroff -f
 "#;
 
 /// A busybox initramfs that loads the 9p modules of `release` and runs /mnt/run.sh in the host chroot.
-fn initramfs(kdir: &Path, release: &str, out: &Path) -> Result<()> {
+fn initramfs(kdir: &Path, release: &str, out: &Path, busybox: &Path) -> Result<()> {
     let root = out.with_extension("d");
     let _ = fs::remove_dir_all(&root);
     for d in ["bin", "proc", "sys", "dev", "modules"] {
         fs::create_dir_all(root.join(d))?;
     }
-    fs::copy("/bin/busybox", root.join("bin/busybox"))?;
+    fs::copy(busybox, root.join("bin/busybox"))?;
     fs::write(root.join("init"), INIT)?;
     sh(&format!("chmod +x '{}'", root.join("init").display()))?;
     let deps = sh(&format!(
@@ -163,12 +189,55 @@ fn initramfs(kdir: &Path, release: &str, out: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Test binaries built by `cargo test --no-run`, by name.
-fn test_binaries(root: &Path) -> Result<Vec<(String, PathBuf)>> {
-    let out = Command::new("cargo")
-        .current_dir(root)
-        .args(["test", "--release", "-p", "vmtrace", "--no-run", "--message-format=json"])
-        .output()?;
+/// A minimal arm64 userspace for the guest to chroot into: Debian's arm64
+/// glibc, libgcc and static busybox, unpacked (nothing runs on the host),
+/// with the workspace's path as a mount point for its 9p share.
+fn arm64_rootfs(work: &Path, root: &Path) -> Result<PathBuf> {
+    let dir = work.join("rootfs-arm64");
+    if !["bin/busybox", "usr/bin/busybox"].iter().any(|b| dir.join(b).exists()) {
+        eprintln!("xtask: building the arm64 guest userspace (libc6, libgcc-s1, busybox-static for arm64)");
+        let debs = work.join("debs-arm64");
+        fs::create_dir_all(&debs)?;
+        fs::create_dir_all(&dir)?;
+        sh(&format!(
+            "cd '{}' && apt-get download libc6:arm64 libgcc-s1:arm64 busybox-static:arm64 2>/dev/null && for d in *.deb; do dpkg-deb -x $d '{}'; done",
+            debs.display(),
+            dir.display()
+        ))?;
+    }
+    // Debian 12's packages ship /bin and /lib (usrmerge links them on a
+    // system); busybox's applets the run script uses, as links to it.
+    let busybox = ["bin/busybox", "usr/bin/busybox"]
+        .iter()
+        .map(|b| dir.join(b))
+        .find(|b| b.exists())
+        .context("busybox-static:arm64 has no bin/busybox")?;
+    let bin = busybox.parent().unwrap_or(&dir).to_path_buf();
+    for applet in ["sh", "uname", "cat", "echo", "ls", "mkdir", "sleep", "id", "env", "sed", "grep", "true"] {
+        let link = bin.join(applet);
+        if fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink("busybox", &link)?;
+        }
+    }
+    for d in ["mnt", "proc", "sys", "dev", "tmp"] {
+        fs::create_dir_all(dir.join(d))?;
+    }
+    fs::create_dir_all(dir.join(root.strip_prefix("/").unwrap_or(root)))?;
+    Ok(dir)
+}
+
+/// Test binaries built by `cargo test --no-run`, by name (for arm64: cross-built, only `names`).
+fn test_binaries(root: &Path, arch: Arch, names: &[&str]) -> Result<Vec<(String, PathBuf)>> {
+    let mut c = Command::new("cargo");
+    c.current_dir(root).args(["test", "--release", "-p", "vmtrace", "--no-run", "--message-format=json"]);
+    if arch != Arch::X86_64 {
+        let (gcc, _, cc_var) = crate::cross_gcc(arch);
+        c.args(["--target", arch.triple()]).env(cc_var, gcc);
+        for n in names {
+            c.args(["--test", n]);
+        }
+    }
+    let out = c.output()?;
     if !out.status.success() {
         bail!("building the tests failed: {}", String::from_utf8_lossy(&out.stderr));
     }
@@ -192,23 +261,28 @@ pub struct Outcome {
     pub summary: String,
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "one guest run, start to end: the qemu command with its NUMA nodes, then the console read; split with the arm64 work (91df0e5) when it comes back"
-)]
 fn run_guest(root: &Path, work: &Path, bins: &[(String, PathBuf)], series: &str, args: &VmtestArgs) -> Result<Outcome> {
-    let (kdir, release) = kernel(work, series)?;
+    let (kdir, release) = kernel(work, series, args.arch)?;
     let initrd = work.join(format!("initramfs-{release}.cpio.gz"));
-    initramfs(&kdir, &release, &initrd)?;
+    // The guest's root: the host's own (x86_64), or a minimal arm64 one.
+    let (guest_root, busybox) = match args.arch {
+        Arch::X86_64 => (PathBuf::from("/"), PathBuf::from("/bin/busybox")),
+        Arch::Arm64 => {
+            let r = arm64_rootfs(work, root)?;
+            let b = if r.join("bin/busybox").exists() { r.join("bin/busybox") } else { r.join("usr/bin/busybox") };
+            (r, b)
+        }
+    };
+    initramfs(&kdir, &release, &initrd, &busybox)?;
     let xchg = work.join(format!("xchg-{release}"));
     let _ = fs::remove_dir_all(&xchg);
     fs::create_dir_all(&xchg)?;
-    let vmtrace = root.join("target/release/vmtrace");
+    let vmtrace = args.arch.binary(root);
     let mut script =
         String::from("set -u\nexport PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp VMTRACE_TEST_SCALE=10\n");
     let _ = writeln!(script, "uname -r > /mnt/uname\n'{}' check > /mnt/check 2>&1", vmtrace.display());
     let _ = writeln!(script, "fail=0");
-    for (bin, test) in TESTS {
+    for (bin, test) in if args.arch == Arch::Arm64 { ARM64_TESTS } else { TESTS } {
         let Some((_, exe)) = bins.iter().find(|(n, _)| n == bin) else { bail!("no test binary `{bin}`") };
         let filter = args.filter.as_deref().unwrap_or(test);
         let _ = writeln!(script, "echo '=== {bin} {filter}' ; '{}' --test-threads 1 {filter} || fail=1", exe.display());
@@ -222,50 +296,14 @@ fn run_guest(root: &Path, work: &Path, bins: &[(String, PathBuf)], series: &str,
     fs::write(xchg.join("writable"), format!("{}\n", root.join("target/tmp").display()))?;
     fs::create_dir_all(root.join("target/tmp"))?;
     let vmlinuz = kdir.join(format!("boot/vmlinuz-{release}"));
-    let fsdev = |id: &str, path: &Path, ro: bool| {
-        format!(
-            "local,id={id},path={},security_model=none,multidevs=remap{}",
-            path.display(),
-            if ro { ",readonly=on" } else { "" }
-        )
-    };
     eprintln!("xtask: booting {release} under qemu (TCG)");
     let t0 = Instant::now();
-    let mut child = Command::new("qemu-system-x86_64")
-        .args([
-            "-accel",
-            "tcg,thread=single",
-            "-machine",
-            "q35",
-            "-cpu",
-            "max",
-            "-smp",
-            "2",
-            "-m",
-            "1G",
-            // Two NUMA nodes, a CPU and 512 MiB each (tests/numa.rs).
-            "-object",
-            "memory-backend-ram,id=m0,size=512M",
-            "-object",
-            "memory-backend-ram,id=m1,size=512M",
-            "-numa",
-            "node,nodeid=0,cpus=0,memdev=m0",
-            "-numa",
-            "node,nodeid=1,cpus=1,memdev=m1",
-            "-nographic",
-            "-no-reboot",
-        ])
-        .arg("-kernel")
-        .arg(&vmlinuz)
-        .arg("-initrd")
-        .arg(&initrd)
-        .args(["-append", "console=ttyS0 quiet panic=-1"])
-        .args(["-fsdev", &fsdev("host", Path::new("/"), true), "-device", "virtio-9p-pci,fsdev=host,mount_tag=host"])
-        .args(["-fsdev", &fsdev("xchg", &xchg, false), "-device", "virtio-9p-pci,fsdev=xchg,mount_tag=xchg"])
+    let (mut qemu_cmd, qemu) = qemu_command(args.arch, root, &vmlinuz, &initrd, &guest_root, &xchg);
+    let mut child = qemu_cmd
         .stdout(fs::File::create(work.join(format!("console-{release}.log")))?)
         .stderr(std::process::Stdio::null())
         .spawn()
-        .context("starting qemu-system-x86_64")?;
+        .with_context(|| format!("starting {qemu}"))?;
     let deadline = t0 + Duration::from_secs(args.timeout_min * 60);
     let timed_out = loop {
         if child.try_wait()?.is_some() {
@@ -308,12 +346,72 @@ fn run_guest(root: &Path, work: &Path, bins: &[(String, PathBuf)], series: &str,
     })
 }
 
+/// The qemu command line of a guest of `arch` (without its console log), and
+/// the qemu binary's name.
+fn qemu_command(
+    arch: Arch,
+    root: &Path,
+    vmlinuz: &Path,
+    initrd: &Path,
+    guest_root: &Path,
+    xchg: &Path,
+) -> (Command, &'static str) {
+    let fsdev = |id: &str, path: &Path, ro: bool| {
+        format!(
+            "local,id={id},path={},security_model=none,multidevs=remap{}",
+            path.display(),
+            if ro { ",readonly=on" } else { "" }
+        )
+    };
+    let (qemu, machine, console): (&str, &[&str], &str) = match arch {
+        Arch::X86_64 => ("qemu-system-x86_64", &["-machine", "q35", "-cpu", "max"], "ttyS0"),
+        // cortex-a72: no pointer authentication to emulate (much slower under TCG).
+        Arch::Arm64 => ("qemu-system-aarch64", &["-machine", "virt", "-cpu", "cortex-a72"], "ttyAMA0"),
+    };
+    let mut append = format!("console={console} quiet panic=-1");
+    let mut qemu_cmd = Command::new(qemu);
+    qemu_cmd
+        .args(["-accel", "tcg,thread=single"])
+        .args(machine)
+        .args(["-smp", "2", "-m", "1G", "-nographic", "-no-reboot"])
+        .arg("-kernel")
+        .arg(vmlinuz)
+        .arg("-initrd")
+        .arg(initrd)
+        .args(["-fsdev", &fsdev("host", guest_root, true), "-device", "virtio-9p-pci,fsdev=host,mount_tag=host"])
+        .args(["-fsdev", &fsdev("xchg", xchg, false), "-device", "virtio-9p-pci,fsdev=xchg,mount_tag=xchg"]);
+    if arch == Arch::X86_64 {
+        // Two NUMA nodes, a CPU and 512 MiB each (tests/numa.rs).
+        qemu_cmd.args([
+            "-object",
+            "memory-backend-ram,id=m0,size=512M",
+            "-object",
+            "memory-backend-ram,id=m1,size=512M",
+            "-numa",
+            "node,nodeid=0,cpus=0,memdev=m0",
+            "-numa",
+            "node,nodeid=1,cpus=1,memdev=m1",
+        ]);
+    }
+    if arch == Arch::Arm64 {
+        // The workspace (vmtrace, the test binaries) at its own path in the guest.
+        qemu_cmd.args(["-fsdev", &fsdev("ws", root, true), "-device", "virtio-9p-pci,fsdev=ws,mount_tag=ws"]);
+        let _ = write!(append, " vmtest_ws={}", root.display());
+    }
+    qemu_cmd.args(["-append", &append]);
+    (qemu_cmd, qemu)
+}
+
 pub fn run(root: &Path, args: &VmtestArgs) -> Result<Vec<Outcome>> {
-    ensure_packages()?;
-    let work = root.join("target/vmtest");
+    ensure_packages(args.arch)?;
+    let work = match args.arch {
+        Arch::X86_64 => root.join("target/vmtest"),
+        Arch::Arm64 => root.join("target/vmtest-arm64"),
+    };
     fs::create_dir_all(&work)?;
     let series: Vec<&str> = if args.kernel == "all" { vec!["6.1", "6.12"] } else { vec![args.kernel.as_str()] };
-    let bins = test_binaries(root)?;
+    let names: Vec<&str> = ARM64_TESTS.iter().map(|(n, _)| *n).collect();
+    let bins = test_binaries(root, args.arch, &names)?;
     let mut out = Vec::new();
     for s in series {
         out.push(run_guest(root, &work, &bins, s, args)?);

@@ -201,7 +201,12 @@ fn try_tp_page_fault(ctx: &TracePointContext, kernel_mode: bool) -> Option<()> {
 }
 
 #[inline(always)]
-fn try_fault_start<C: StackIdContext>(ctx: &C, address: u64, error_code: u64, kernel_mode: bool) -> Option<()> {
+pub(crate) fn try_fault_start<C: StackIdContext>(
+    ctx: &C,
+    address: u64,
+    error_code: u64,
+    kernel_mode: bool,
+) -> Option<()> {
     if kernel_mode && nofault_read() {
         return None;
     }

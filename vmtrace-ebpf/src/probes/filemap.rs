@@ -3,7 +3,7 @@
 //! write syscall adds hold what the process wrote, not data read from
 //! storage: they are counted apart (`FILE_KEY_WRITTEN`).
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_task_pt_regs},
+    helpers::bpf_get_current_pid_tgid,
     macros::{map, tracepoint},
     maps::PerCpuHashMap,
     programs::TracePointContext,
@@ -55,7 +55,7 @@ fn try_add_to_page_cache(ctx: &TracePointContext) -> Option<()> {
     // A fault in flight reads its page from storage even inside a write
     // syscall (the source buffer of a write() mapped from a file); a fast
     // fault that ended before the write is not in flight.
-    if !in_fault(bpf_get_current_pid_tgid() as u32) && in_write_syscall() {
+    if !in_fault(bpf_get_current_pid_tgid() as u32) && crate::arch::in_write_syscall() {
         // The page holds what the process wrote (write_begin): no read from
         // storage, and no chunk of the file read either.
         let key = FileKey { dev, kind: FILE_KEY_WRITTEN, ino };
@@ -88,23 +88,4 @@ fn try_add_to_page_cache(ctx: &TracePointContext) -> Option<()> {
         }
     }
     Some(())
-}
-
-/// Whether the current task is in a syscall that writes file data from a
-/// buffer (x86-64 numbers: write, pwrite64, writev, pwritev, pwritev2). The
-/// number is `orig_ax` of the task's user registers (`struct pt_regs`: the
-/// 16th 8-byte slot), as the syscall entry saved it.
-#[inline(always)]
-fn in_write_syscall() -> bool {
-    const ORIG_AX: usize = 15 * 8;
-    // SAFETY: no preconditions (the helper wants the trusted BTF pointer of
-    // the task, not bpf_get_current_task's scalar); the registers are only
-    // read through bpf_probe_read_kernel.
-    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u8;
-    if regs.is_null() {
-        return false;
-    }
-    // SAFETY: a kernel address read with the checked helper.
-    let nr: i64 = unsafe { bpf_probe_read_kernel(regs.wrapping_add(ORIG_AX).cast::<i64>()) }.unwrap_or(-1);
-    matches!(nr, 1 | 18 | 20 | 296 | 328)
 }

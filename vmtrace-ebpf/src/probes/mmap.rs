@@ -146,7 +146,24 @@ const ARG0: usize = 16;
 const EXIT_RET: usize = 16;
 const MAP_ANONYMOUS: u64 = 0x20;
 
+/// The family's arm64 (asm-generic) syscall numbers, and how many arguments each has.
+#[cfg(bpf_target_arch = "aarch64")]
+#[inline(always)]
+fn call_of(nr: i32) -> Option<(MmCall, usize)> {
+    Some(match nr {
+        222 => (MmCall::Mmap, 6),
+        226 => (MmCall::Mprotect, 3),
+        215 => (MmCall::Munmap, 2),
+        214 => (MmCall::Brk, 1),
+        216 => (MmCall::Mremap, 5),
+        233 => (MmCall::Madvise, 3),
+        288 => (MmCall::Mprotect, 4),
+        _ => return None,
+    })
+}
+
 /// The family's x86-64 syscall numbers, and how many arguments each has.
+#[cfg(not(bpf_target_arch = "aarch64"))]
 #[inline(always)]
 fn call_of(nr: i32) -> Option<(MmCall, usize)> {
     Some(match nr {

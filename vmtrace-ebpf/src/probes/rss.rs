@@ -82,7 +82,46 @@ pub fn tp_kmem_rss_stat(ctx: TracePointContext) -> u32 {
 }
 
 /// x86-64's page size; the counters count pages.
+#[cfg(not(bpf_target_arch = "aarch64"))]
 const PAGE_SHIFT: u32 = 12;
+
+/// Set by the loader on arm64: log2 of the kernel's page size (4, 16 or
+/// 64 KiB kernels); the counters count pages.
+#[cfg(bpf_target_arch = "aarch64")]
+#[unsafe(no_mangle)]
+static RSS_PAGE_SHIFT: u32 = 12;
+
+#[inline(always)]
+fn page_shift() -> u32 {
+    #[cfg(not(bpf_target_arch = "aarch64"))]
+    return PAGE_SHIFT;
+    // SAFETY: as for `resident_pages`.
+    #[cfg(bpf_target_arch = "aarch64")]
+    return unsafe { core::ptr::read_volatile(&raw const RSS_PAGE_SHIFT) } & 31;
+}
+
+/// The address space's id: x86-64's `mm->context.ctx_id`, unique per mm for
+/// the boot. arm64's `mm->context.id` is the ASID, reassigned at each
+/// generation rollover: the mm pointer is folded into 32 bits instead, as
+/// the classic event hashes it (a freed mm's pointer handed to the next mm
+/// is a reused id, which `update` already tells apart).
+#[cfg(not(bpf_target_arch = "aarch64"))]
+#[inline(always)]
+fn mm_id(mm: *const u8, off: &KernelOffsets) -> u64 {
+    btf_load::<u64>(mm, off.mm_ctx_id)
+}
+
+#[cfg(bpf_target_arch = "aarch64")]
+#[inline(always)]
+fn mm_id(mm: *const u8, _off: &KernelOffsets) -> u64 {
+    // mm_structs are 64-byte aligned slab objects.
+    let p = mm as u64;
+    if p == 0 {
+        0
+    } else {
+        u64::from(((p >> 6) as u32) ^ ((p >> 38) as u32)) | 1
+    }
+}
 
 // TP_PROTO(struct mm_struct *mm, int member) (6.2+; before: `, long count`).
 // The classic event's assign sums the counter over every CPU under its lock
@@ -99,6 +138,7 @@ pub fn tp_btf_rss_stat(ctx: BtfTracePointContext) -> i32 {
 #[inline(always)]
 fn try_btf_rss_stat(ctx: &BtfTracePointContext) -> Option<()> {
     let off = koffsets();
+    #[cfg(not(bpf_target_arch = "aarch64"))]
     if off.mm_ctx_id == KernelOffsets::MISSING {
         return None;
     }
@@ -119,13 +159,13 @@ fn try_btf_rss_stat(ctx: &BtfTracePointContext) -> Option<()> {
             _ => return None,
         }
     };
-    let id = btf_load::<u64>(mm, off.mm_ctx_id);
+    let id = mm_id(mm, &off);
     // SAFETY: no preconditions; the current task's BTF pointer.
     let task = unsafe { bpf_get_current_task_btf() }.cast::<u8>().cast_const();
     let current_mm = btf_load::<*const u8>(task, off.task_mm);
     // A kernel thread has no mm: its load reads 0, never an id (from 1).
-    let curr = btf_load::<u64>(current_mm, off.mm_ctx_id) == id;
-    update(id as u32, curr, member, (pages.max(0) as u64) << PAGE_SHIFT)
+    let curr = mm_id(current_mm, &off) == id;
+    update(id as u32, curr, member, (pages.max(0) as u64) << page_shift())
 }
 
 /// A load at `base + off` through a BTF pointer.

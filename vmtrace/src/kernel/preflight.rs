@@ -32,6 +32,7 @@ impl Check {
 }
 
 /// Tracepoints the fault and task probes attach to (category, name).
+#[cfg(not(target_arch = "aarch64"))]
 pub const TRACEPOINTS: &[(&str, &str)] = &[
     ("exceptions", "page_fault_user"),
     ("exceptions", "page_fault_kernel"),
@@ -41,8 +42,19 @@ pub const TRACEPOINTS: &[(&str, &str)] = &[
     ("sched", "sched_process_exit"),
 ];
 
+/// arm64 has no `exceptions:page_fault_*`: the fault start is fentry on
+/// `handle_mm_fault` or the software event PAGE_FAULTS (`arm64_checks`).
+#[cfg(target_arch = "aarch64")]
+pub const TRACEPOINTS: &[(&str, &str)] = &[
+    ("sched", "sched_switch"),
+    ("sched", "sched_process_fork"),
+    ("sched", "sched_process_exec"),
+    ("sched", "sched_process_exit"),
+];
+
 /// Tracepoints of the optional families (mmap, tlb, oom): a missing one fails
 /// only when its family is asked for.
+#[cfg(not(target_arch = "aarch64"))]
 pub const OPTIONAL_TRACEPOINTS: &[(&str, &str)] = &[
     ("syscalls", "sys_enter_munmap"),
     ("tlb", "tlb_flush"),
@@ -50,6 +62,40 @@ pub const OPTIONAL_TRACEPOINTS: &[(&str, &str)] = &[
     ("oom", "mark_victim"),
     ("vmscan", "mm_vmscan_direct_reclaim_begin"),
 ];
+
+/// arm64: no `tlb:tlb_flush` and no shootdown IPIs (`arm64_checks`).
+#[cfg(target_arch = "aarch64")]
+pub const OPTIONAL_TRACEPOINTS: &[(&str, &str)] =
+    &[("syscalls", "sys_enter_munmap"), ("oom", "mark_victim"), ("vmscan", "mm_vmscan_direct_reclaim_begin")];
+
+/// What arm64 offers in place of x86's fault tracepoints and TLB hooks,
+/// said plainly: `vmtrace check` prints these rows.
+#[cfg(target_arch = "aarch64")]
+fn arm64_checks() -> Vec<Check> {
+    let mut start = sw_event_check("perf sw PAGE_FAULTS (fault start)", PERF_COUNT_SW_PAGE_FAULTS);
+    if start.status == Status::Ok {
+        start.detail = "software perf event available: the fault start where fentry on handle_mm_fault is \
+                        refused (no access type there: write, exec and COW faults are not counted)"
+            .into();
+    }
+    vec![
+        Check::new(
+            "exceptions:page_fault_*",
+            Status::Info,
+            "not on arm64: faults start at fentry handle_mm_fault, else the software event PAGE_FAULTS \
+             (probe selection below says which)",
+            None,
+        ),
+        start,
+        Check::new(
+            "TLB shootdowns (arm64)",
+            Status::Info,
+            "not counted: arm64 flushes TLBs with broadcast TLBI instructions, so there are no shootdown \
+             IPIs, and it has no tlb:tlb_flush tracepoint; the TLB family records nothing here",
+            None,
+        ),
+    ]
+}
 
 /// Mounts tracefs at its usual place when it is not there (a fresh machine).
 pub fn ensure_tracefs() -> Result<(), String> {
@@ -178,6 +224,8 @@ pub fn perf_event_available(type_: u32, config: u64) -> Result<(), std::io::Erro
 pub const PERF_TYPE_HARDWARE: u32 = 0;
 pub const PERF_TYPE_SOFTWARE: u32 = 1;
 pub const PERF_TYPE_HW_CACHE: u32 = 3;
+/// Every fault (arm64's fault start where fentry is refused).
+pub const PERF_COUNT_SW_PAGE_FAULTS: u64 = 2;
 pub const PERF_COUNT_SW_PAGE_FAULTS_MIN: u64 = 5;
 pub const PERF_COUNT_SW_PAGE_FAULTS_MAJ: u64 = 6;
 /// dTLB read misses: PERF_COUNT_HW_CACHE_DTLB | OP_READ << 8 | RESULT_MISS << 16.
@@ -224,6 +272,8 @@ pub fn run_all() -> Vec<Check> {
         }
         checks.push(chk);
     }
+    #[cfg(target_arch = "aarch64")]
+    checks.extend(arm64_checks());
     checks.push(sw_event_check("perf sw PAGE_FAULTS_MIN", PERF_COUNT_SW_PAGE_FAULTS_MIN));
     checks.push(sw_event_check("perf sw PAGE_FAULTS_MAJ", PERF_COUNT_SW_PAGE_FAULTS_MAJ));
     checks.push(pmu_check());

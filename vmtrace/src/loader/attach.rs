@@ -125,7 +125,8 @@ pub(super) struct Context<'a> {
 fn missing_fields(c: &Candidate, o: &vmtrace_common::KernelOffsets) -> Option<&'static str> {
     use vmtrace_common::KernelOffsets as K;
     match c.program {
-        "tp_btf_rss_stat" if o.mm_ctx_id == K::MISSING || o.task_mm == K::MISSING => {
+        // arm64 keys mms by their pointer (its context.id is the ASID, reassigned).
+        "tp_btf_rss_stat" if (cfg!(target_arch = "x86_64") && o.mm_ctx_id == K::MISSING) || o.task_mm == K::MISSING => {
             Some("no mm_struct.context.ctx_id or task_struct.mm in kernel BTF (the mm's id)")
         }
         "tp_btf_rss_stat"
@@ -137,8 +138,12 @@ fn missing_fields(c: &Candidate, o: &vmtrace_common::KernelOffsets) -> Option<&'
     }
 }
 
-/// Attaches the first candidate of `hook` that the kernel takes.
+/// Attaches the first candidate of `hook` that the kernel takes (arm64's
+/// fault start its own way: its perf event is per CPU).
 pub(super) fn attach(cx: &mut Context<'_>, hook: &'static Hook) -> Result<Attachment, LoadError> {
+    if hook.what == super::hooks::ARM64_FAULT_START.what {
+        return fault_start_arm64(cx);
+    }
     let Some(last) = hook.candidates.last() else {
         return Err(LoadError::EmptyHook(hook.what));
     };
@@ -155,6 +160,7 @@ pub(super) fn attach(cx: &mut Context<'_>, hook: &'static Hook) -> Result<Attach
                 return Ok(skipped(format!("no {} on this kernel ({before}): {text}", last.target)));
             }
         }
+        Gate::Unsupported(why) => return Ok(skipped(why.into())),
         Gate::HugePagesPossible => {
             if let Some(why) = crate::kernel::thp::why_impossible() {
                 return Ok(skipped(format!(
@@ -288,6 +294,50 @@ pub(super) fn enable_oom_helper(ebpf: &mut Ebpf, attached: &[Attachment], offset
     if let Err(e) = set {
         log::warn!("OOM victims' cgroups will come from /proc: {e}");
     }
+}
+
+/// arm64's fault start (`ARM64_FAULT_START`): fentry on `handle_mm_fault`
+/// where the kernel allows trampolines, else the software event PAGE_FAULTS
+/// (period 1) on every CPU, filtered by tgid in the program.
+pub(super) fn fault_start_arm64(cx: &mut Context<'_>) -> Result<Attachment, LoadError> {
+    let hook = &super::hooks::ARM64_FAULT_START;
+    let [fentry, perf] = hook.candidates else { return Err(LoadError::EmptyHook(hook.what)) };
+    let refusal = if cx.force_tracepoints {
+        Refusal::NotTried("disabled by --force-tracepoints".into())
+    } else {
+        match attach_one(cx.ebpf, cx.btf, fentry) {
+            Ok(()) => {
+                return Ok(Attachment {
+                    what: hook.what,
+                    target: fentry.target.into(),
+                    outcome: Outcome::Preferred(ProgramKind::Fentry),
+                })
+            }
+            Err(error) => Refusal::Failed { kind: fentry.kind, error },
+        }
+    };
+    log::debug!("fault start: fentry unavailable ({refusal}); using the software event PAGE_FAULTS");
+    let label = "PAGE_FAULTS";
+    let cpus = aya::util::online_cpus().map_err(|(_, e)| LoadError::Cpus(e))?;
+    let prog = load_perf_prog(cx.ebpf, perf.program, label)?;
+    for &cpu in &cpus {
+        prog.attach(
+            PerfEventConfig::Software(SoftwareEvent::PageFaults),
+            PerfEventScope::AllProcessesOneCpu { cpu },
+            SamplePolicy::Period(1),
+            false,
+        )
+        .map_err(|error| LoadError::Perf { event: label, err: AttachError::OnCpu { cpu, error } })?;
+    }
+    Ok(Attachment {
+        what: hook.what,
+        target: format!(
+            "{} on {} CPUs (no access type: write, exec and COW faults not counted)",
+            perf.target,
+            cpus.len()
+        ),
+        outcome: Outcome::Fallback { kind: ProgramKind::PerfEvent, reason: format!("{}{refusal}", fentry.label) },
+    })
 }
 
 /// The fault end: fexit on `handle_mm_fault` where allowed, else software
@@ -447,8 +497,14 @@ pub(super) fn user_stacks(user_walk: u32, forced: bool) -> Attachment {
             "bpf_get_stackid, STACKS",
             Outcome::Fallback {
                 kind: ProgramKind::StackId,
-                reason: if forced { "forced (--force-tracepoints)" } else { "no bpf_task_pt_regs (before 5.15)" }
-                    .to_string()
+                reason: if forced {
+                    "forced (--force-tracepoints)"
+                } else if cfg!(target_arch = "aarch64") {
+                    "arm64: the verifier gives up on the mmap enter program with the own walk (1M instructions on 6.1 and 6.12)"
+                } else {
+                    "no bpf_task_pt_regs (before 5.15)"
+                }
+                .to_string()
                     + ": the kernel's walker, which faults on the frame at address 0 ending each chain (~1 µs per stack)",
             },
         ),

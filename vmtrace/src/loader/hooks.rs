@@ -100,6 +100,8 @@ pub enum Gate {
     },
     /// Some fault can map a huge page (`kernel::thp::why_impossible`).
     HugePagesPossible,
+    /// Nothing on this architecture serves the hook: always skipped, with the reason.
+    Unsupported(&'static str),
 }
 
 /// A row of the docs' compatibility table, on the first hook it covers.
@@ -163,20 +165,27 @@ macro_rules! syscall_pair {
         ]
     };
     ($call:literal, $doc:expr) => {
+        syscall_pair!($call, $doc, None)
+    };
+    ($call:literal, $doc:expr, $without:expr) => {
         [
             Hook {
                 doc: $doc,
+                without: $without,
                 ..hook(
                     concat!($call, " enter"),
                     Family::Mmap,
                     &[tp("tp_syscalls_sys_enter", concat!("syscalls:sys_enter_", $call))],
                 )
             },
-            hook(
-                concat!($call, " exit"),
-                Family::Mmap,
-                &[tp("tp_syscalls_sys_exit", concat!("syscalls:sys_exit_", $call))],
-            ),
+            Hook {
+                without: $without,
+                ..hook(
+                    concat!($call, " exit"),
+                    Family::Mmap,
+                    &[tp("tp_syscalls_sys_exit", concat!("syscalls:sys_exit_", $call))],
+                )
+            },
         ]
     };
 }
@@ -188,13 +197,12 @@ pub const OOM_VICTIM: Hook = Hook {
     ..hook("OOM victim's cgroup", Family::Oom, &[tp_btf("tp_btf_mark_victim", "mark_victim")])
 };
 
-/// Hooks attached through `attach::attach`, in attach order (the order of
-/// `probes[]` in summary.json).
-pub const HOOKS: &[Hook] = &[
+/// The fault start on x86-64: `exceptions:page_fault_*` (arch/x86/mm/fault.c).
+pub const X86_FAULT_START: [Hook; 2] = [
     Hook {
         doc: doc(
             "fault start",
-            "tp_btf is ~30 ns/fault cheaper (docs/performance.md). x86 only for now: `exceptions:page_fault_*` exist on x86 (arch/x86/mm/fault.c)",
+            "tp_btf is ~30 ns/fault cheaper (docs/performance.md). x86 only: `exceptions:page_fault_*` exist on x86 (arch/x86/mm/fault.c); arm64 has its own row",
         ),
         ..hook(
             "fault start (user mode)",
@@ -213,6 +221,52 @@ pub const HOOKS: &[Hook] = &[
             tp("tp_exceptions_page_fault_kernel", "exceptions:page_fault_kernel"),
         ],
     ),
+];
+
+/// The fault start on arm64, which has no fault tracepoints and whose fault
+/// entry points cannot be kprobed; attached by `attach::fault_start_arm64`.
+pub const ARM64_FAULT_START: Hook = Hook {
+    doc: doc(
+        "fault start (arm64)",
+        "arm64 has no `exceptions:page_fault_*`, and `do_page_fault`/`do_mem_abort` cannot be kprobed. fentry sees the fault's flags (write, exec, user/kernel mode) and skips retries; the software event PAGE_FAULTS (raised once per fault in `do_page_fault`, with the address and registers) has no access type: write, exec and COW faults are not counted there. COW is counted by neither",
+    ),
+    ..hook(
+        "fault start",
+        Family::Core,
+        &[
+            Candidate {
+                kind: ProgramKind::Fentry,
+                program: "fentry_handle_mm_fault",
+                target: "handle_mm_fault",
+                needs: TRAMPOLINES,
+                label: "fentry handle_mm_fault: ",
+            },
+            Candidate {
+                kind: ProgramKind::PerfEvent,
+                program: "perf_event_page_faults",
+                target: "sw PAGE_FAULTS period 1",
+                needs: "CONFIG_PERF_EVENTS",
+                label: "",
+            },
+        ],
+    )
+};
+
+/// The architectures the hook table knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    X86_64,
+    Aarch64,
+}
+
+impl Arch {
+    /// The architecture this binary runs on.
+    pub const HOST: Self = if cfg!(target_arch = "aarch64") { Self::Aarch64 } else { Self::X86_64 };
+}
+
+/// Hooks attached through `attach::attach`, in attach order (the order of
+/// `probes[]` in summary.json), after the fault start.
+pub const HOOKS: &[Hook] = &[
     Hook {
         doc: doc("park in-flight faults", "as above"),
         ..hook(
@@ -311,7 +365,8 @@ pub const MMAP_HOOKS: [[Hook; 2]; 12] = [
     syscall_pair!("madvise"),
     syscall_pair!("mprotect"),
     syscall_pair!("brk"),
-    syscall_pair!("pkey_mprotect"),
+    // arm64 has the syscall from 6.12 (POE) only.
+    syscall_pair!("pkey_mprotect", None, Some("no pkey_mprotect syscall on this kernel (arm64 before 6.12)")),
     syscall_pair!(lock "mlock"),
     syscall_pair!(lock "mlock2"),
     syscall_pair!(lock "munlock"),
@@ -412,6 +467,16 @@ pub const TLB_HOOKS: &[Hook] = &[
     },
 ];
 
+/// Why arm64 has no TLB hooks (`vmtrace check`, probes[], the summary).
+pub const ARM64_NO_TLB: &str = "not on arm64: TLBs are flushed with broadcast TLBI instructions, so there are no shootdown IPIs to count, and there is no tlb:tlb_flush tracepoint";
+
+/// arm64's TLB row: nothing to attach, said so.
+pub const ARM64_TLB_HOOKS: &[Hook] = &[Hook {
+    gate: Gate::Unsupported(ARM64_NO_TLB),
+    doc: doc("TLB flushes, shootdown IPIs (arm64)", "broadcast TLBI: no IPIs exist to count"),
+    ..hook("TLB flushes", Family::Tlb, &[tp_btf("tp_btf_tlb_flush", "tlb_flush")])
+}];
+
 /// The perf-event fault-end programs (minor, major): `FAULT_END`'s second
 /// candidate is the two.
 pub const PERF_END_PROGRAMS: [&str; 2] = ["perf_event_page_faults_min", "perf_event_page_faults_maj"];
@@ -496,24 +561,39 @@ pub const USER_STACKS: Hook = Hook {
 /// so it is also the order of `probes[]` in summary.json and of the docs'
 /// table.
 pub fn all() -> impl Iterator<Item = &'static Hook> {
-    HOOKS
+    all_for(Arch::HOST)
+}
+
+/// The hook table of `arch`.
+pub fn all_for(arch: Arch) -> impl Iterator<Item = &'static Hook> {
+    let (start, tlb): (&'static [Hook], &'static [Hook]) = match arch {
+        Arch::X86_64 => (&X86_FAULT_START, TLB_HOOKS),
+        Arch::Aarch64 => (std::slice::from_ref(&ARM64_FAULT_START), ARM64_TLB_HOOKS),
+    };
+    start
         .iter()
+        .chain(HOOKS)
         .chain(MMAP_HOOKS.iter().flatten())
         .chain([&OOM_DOMAIN, &FILEMAP_HOOK, &HUGE_HOOK])
-        .chain(TLB_HOOKS)
+        .chain(tlb)
         .chain([&RSS_HOOK, &FAULT_END, &MEMCG_END, &USER_STACKS])
 }
 
 /// The kernel-compatibility table of docs/design.md, one row per documented
 /// capability.
 pub fn compat_table() -> String {
+    compat_table_for(Arch::X86_64)
+}
+
+/// The compatibility table of `arch`'s hooks.
+pub fn compat_table_for(arch: Arch) -> String {
     use std::fmt::Write as _;
     let mut out = String::from("| capability | preferred | fallback | why |\n|---|---|---|---|\n");
     let show = |c: &Candidate| {
         let needs = if c.needs.is_empty() { String::new() } else { format!(" ({})", c.needs) };
         format!("{} `{}`{needs}", c.kind, c.target)
     };
-    for h in all() {
+    for h in all_for(arch) {
         let Some(doc) = &h.doc else { continue };
         let (first, rest) = h.candidates.split_first().map_or((String::new(), &[][..]), |(f, r)| (show(f), r));
         let mut fallback: Vec<String> = rest.iter().map(show).collect();
@@ -524,6 +604,10 @@ pub fn compat_table() -> String {
             Gate::Always => {}
             Gate::TracefsEvent { before, text } => fallback.push(format!("{before}: {text}")),
             Gate::HugePagesPossible => fallback.push("none when THP is off everywhere".into()),
+            Gate::Unsupported(why) => {
+                let _ = writeln!(out, "| {} | none | — | {why} |", doc.capability);
+                continue;
+            }
         }
         let fallback = if fallback.is_empty() { "—".to_string() } else { fallback.join("; else ") };
         let _ = writeln!(out, "| {} | {first} | {fallback} | {} |", doc.capability, doc.why);
@@ -537,22 +621,30 @@ mod tests {
 
     const BEGIN: &str = "<!-- compat-table: generated from vmtrace/src/loader/hooks.rs -->\n";
     const END: &str = "<!-- /compat-table -->";
+    const BEGIN_ARM64: &str = "<!-- compat-table-arm64: generated from vmtrace/src/loader/hooks.rs -->\n";
+    const END_ARM64: &str = "<!-- /compat-table-arm64 -->";
 
-    /// The docs' table is the hook table's: regenerate it with
-    /// `VMTRACE_WRITE_DOCS=1 cargo test -p vmtrace --lib compat_table`.
+    /// The docs' tables are the hook table's, per architecture: regenerate
+    /// them with `VMTRACE_WRITE_DOCS=1 cargo test -p vmtrace --lib compat_table`.
     #[test]
     fn docs_compat_table_is_the_hook_table() {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/design.md");
-        let text = std::fs::read_to_string(path).expect("docs/design.md");
-        let start = text.find(BEGIN).expect("compat-table begin marker") + BEGIN.len();
-        let end = start + text[start..].find(END).expect("compat-table end marker");
-        let want = compat_table();
-        if std::env::var_os("VMTRACE_WRITE_DOCS").is_some() {
-            let new = format!("{}{want}{}", &text[..start], &text[end..]);
-            std::fs::write(path, new).expect("writing docs/design.md");
-            return;
+        for (begin, end, arch) in [(BEGIN, END, Arch::X86_64), (BEGIN_ARM64, END_ARM64, Arch::Aarch64)] {
+            let text = std::fs::read_to_string(path).expect("docs/design.md");
+            let start = text.find(begin).expect("compat-table begin marker") + begin.len();
+            let stop = start + text[start..].find(end).expect("compat-table end marker");
+            let want = compat_table_for(arch);
+            if std::env::var_os("VMTRACE_WRITE_DOCS").is_some() {
+                let new = format!("{}{want}{}", &text[..start], &text[stop..]);
+                std::fs::write(path, new).expect("writing docs/design.md");
+                continue;
+            }
+            assert_eq!(
+                &text[start..stop],
+                want,
+                "docs/design.md's {arch:?} table differs from the hooks; see this test's doc"
+            );
         }
-        assert_eq!(&text[start..end], want, "docs/design.md's table differs from HOOKS; see this test's doc");
     }
 
     #[test]

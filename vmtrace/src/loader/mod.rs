@@ -241,7 +241,9 @@ impl Probes {
             _pad: 0,
         };
         let page_salt = random_salt();
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        arch_globals(&mut loader);
+        let mut ebpf = loader
             .btf(Some(&btf))
             .map_max_entries("REGION_STATS", region_map_entries())
             .map_max_entries("REGION_LATE", (region_map_entries() / 16).max(1024))
@@ -365,6 +367,27 @@ impl Probes {
     }
 }
 
+/// The programs' globals only one architecture has. arm64 kernels run 4,
+/// 16 or 64 KiB pages; the resident counters count them (`RSS_PAGE_SHIFT`).
+#[allow(clippy::missing_const_for_fn, clippy::needless_pass_by_ref_mut, reason = "empty on x86-64")]
+fn arch_globals(loader: &mut EbpfLoader<'_>) {
+    #[cfg(target_arch = "aarch64")]
+    {
+        static SHIFT: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+        let shift = SHIFT.get_or_init(|| {
+            // SAFETY: sysconf has no preconditions.
+            let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+            if n > 0 {
+                (n as u64).trailing_zeros()
+            } else {
+                12
+            }
+        });
+        loader.override_global("RSS_PAGE_SHIFT", shift, true);
+    }
+    let _ = loader;
+}
+
 /// How the programs walk user stacks (`Config::user_walk`): 0 where they
 /// cannot (the kernel's walker); by 1 KiB windows where the verifier is known
 /// to take that loop (6.12+; 6.1's runs out of its 1M-instruction budget), else
@@ -372,6 +395,9 @@ impl Probes {
 fn user_walk_mode(own: bool) -> u32 {
     match crate::kernel::preflight::kernel_release() {
         _ if !own => 0,
+        // arm64: the verifier gives up on the mmap enter program with either
+        // walk (1M instructions, 6.1 and 6.12; not yet understood): the kernel's walker.
+        _ if cfg!(target_arch = "aarch64") => 0,
         Some(v) if v >= (6, 12) => vmtrace_common::USER_WALK_WINDOWS,
         _ => vmtrace_common::USER_WALK_FRAMES,
     }

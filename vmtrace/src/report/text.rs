@@ -493,6 +493,12 @@ fn tlb_section(out: &mut String, s: &Summary) {
         return;
     }
     let _ = writeln!(out, "\nMemory-map calls and TLB");
+    // A TLB hook with nothing to attach (arm64's broadcast TLBI): its zeros
+    // below are not measurements.
+    for p in s.probes.iter().filter(|p| p.what == "TLB flushes" && p.program_type == "none") {
+        let why = p.fallback_reason.as_deref().unwrap_or("no hook on this kernel");
+        let _ = writeln!(out, "  TLB flushes and shootdown IPIs not recorded: {why}");
+    }
     let _ = writeln!(
         out,
         "{:>7}  {:<16} {:>8} {:>8} {:>10} {:>8} {:>9} {:>9} {:>10} {:>10}  SENT DURING",
