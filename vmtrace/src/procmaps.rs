@@ -93,7 +93,7 @@ impl MappedRegions {
     }
 
     /// The regions, lowest start first.
-    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &Region> {
+    pub fn iter(&self) -> impl Iterator<Item = &Region> {
         self.by_start.values()
     }
 

@@ -15,9 +15,6 @@ use vmtrace_common::{
     MmStackKey, MmStats, ADVICE_SLOTS, MAP_LOCKED, STACK_ID_NONE, STACK_USER,
 };
 
-/// `RLIMIT_MEMLOCK`'s index in `signal_struct.rlim` (the same on every architecture).
-const RLIMIT_MEMLOCK: u32 = 8;
-
 use crate::{
     globals::{config, koffsets},
     mapgen::{bump_gen, map_gen, mark_gen},
@@ -25,6 +22,9 @@ use crate::{
     shared::{batched_wakeup, count_drop, get_or_insert, is_traced, tp_field, EVENTS, WAKE_NOW},
     stacks::user_stack_id,
 };
+
+/// `RLIMIT_MEMLOCK`'s index in `signal_struct.rlim` (the same on every architecture).
+const RLIMIT_MEMLOCK: u32 = 8;
 
 /// Per-process mmap-family and TLB aggregate, keyed by tgid (processes in the
 /// traced set only). Userspace takes an exited process's entry, as for faults.

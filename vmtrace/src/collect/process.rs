@@ -256,15 +256,16 @@ pub(crate) fn is_thread(pid: u32) -> bool {
 
 impl ProcessTable {
     /// Reads `pid`'s memory map now if it lives; a child without one of its own
-    /// yet starts from its parent's (fork copies the address space).
-    pub(crate) fn snapshot_maps(&mut self, pid: u32) {
-        self.snapshot_maps_at(pid, &|_| None);
+    /// yet starts from its parent's (fork copies the address space). False
+    /// when it could not be read (gone).
+    pub(crate) fn snapshot_maps(&mut self, pid: u32) -> bool {
+        self.snapshot_maps_at(pid, &|_| None)
     }
 
     /// As `snapshot_maps`; the read is also logged in the process's history
     /// when `gen_of` gives the same address-space generation before and
     /// after it (no mapping change was in flight).
-    pub(crate) fn snapshot_maps_at(&mut self, pid: u32, gen_of: &dyn Fn(u32) -> Option<u32>) {
+    pub(crate) fn snapshot_maps_at(&mut self, pid: u32, gen_of: &dyn Fn(u32) -> Option<u32>) -> bool {
         let before = gen_of(pid);
         let read = crate::procmaps::read(pid);
         let after = gen_of(pid);
@@ -288,6 +289,7 @@ impl ProcessTable {
                 }
                 p.maps_read = Some(std::time::Instant::now());
                 p.maps_stale = false;
+                true
             }
             _ => {
                 // Only fork copies the parent's address space: after an
@@ -298,6 +300,7 @@ impl ProcessTable {
                 if p.maps.is_empty() {
                     p.maps = inherited.unwrap_or_default();
                 }
+                false
             }
         }
     }

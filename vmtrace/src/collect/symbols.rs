@@ -44,13 +44,9 @@ impl ProcessMaps for ProcessTable {
         let recent = self.get(tgid).and_then(|p| p.maps_read).is_some_and(|t| t.elapsed() < retry);
         // A library ld.so mapped a moment ago is not waited for.
         let stale = self.get(tgid).is_some_and(|p| p.maps_stale);
-        if !recent || stale {
-            let before = self.get(tgid).and_then(|p| p.maps_read);
-            self.snapshot_maps(tgid);
-            // Not read (gone): the libraries its mapping events mapped.
-            if self.get(tgid).and_then(|p| p.maps_read) == before {
-                self.add_mapped_to_maps(tgid);
-            }
+        // Not read (gone): the libraries its mapping events mapped.
+        if (!recent || stale) && !self.snapshot_maps(tgid) {
+            self.add_mapped_to_maps(tgid);
         }
     }
 }
@@ -101,11 +97,8 @@ impl MapsRefresh {
 /// Reads `pid`'s maps unless some are known already.
 fn ensure_maps(table: &mut ProcessTable, pid: u32) {
     // A released process's pid may be another process's now.
-    if table.get(pid).is_none_or(|p| p.maps.is_empty() && !p.released) {
-        table.snapshot_maps(pid);
-        if table.get(pid).is_some_and(|p| p.maps_read.is_none()) {
-            table.add_mapped_to_maps(pid);
-        }
+    if table.get(pid).is_none_or(|p| p.maps.is_empty() && !p.released) && !table.snapshot_maps(pid) {
+        table.add_mapped_to_maps(pid);
     }
 }
 
