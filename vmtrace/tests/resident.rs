@@ -278,3 +278,49 @@ fn python_numpy_resident_at_end_and_peak_by_line() {
     assert_close("load_weights at the peak", weight(&peak, keep), 96 * mib, 10.0);
     assert_close("resident.folded total", weight(&end, |_| true), u(&r["end_bytes"]), 1.0);
 }
+
+/// `-p` of a process that sits idle while traced: its resident size never
+/// changes, so the kernel sends no rss_stat event for it, and its figures
+/// come from what the kernel shows of it at the end. Checked against its
+/// smaps_rollup and VmHWM read right after the recording, while it still
+/// sleeps.
+#[test]
+fn an_idle_process_traced_by_pid_has_its_resident_figures() {
+    use std::io::BufRead as _;
+    privileged!();
+    let mut idle = Command::new("python3")
+        .args([
+            "-c",
+            // Every page written (a zeroed bytearray is calloc'd, untouched).
+            "b = bytearray(48 << 20)\nb[::4096] = b'\\x01' * (12 << 10)\nprint('ready', flush=True)\n\
+             import time\ntime.sleep(120)",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let pid = idle.id();
+    let mut line = String::new();
+    std::io::BufReader::new(idle.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let out = tempfile::tempdir().unwrap();
+    let vm = common::vmtrace()
+        .args(["record", "--duration", "1", "--out"])
+        .arg(out.path())
+        .args(["-p", &pid.to_string()])
+        .output()
+        .unwrap();
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let _ = idle.kill();
+    let _ = idle.wait();
+    let run = common::finish(out, vm);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let r = &run.process(pid)["resident"];
+    assert!(r.is_object(), "no resident figures for an idle -p target: {:#}", run.process(pid));
+    assert!(kb(&rollup, "Anonymous") > 48 << 20, "the buffer is resident:\n{rollup}");
+    assert_close("resident at the end (anon)", u(&r["anon_bytes"]), kb(&rollup, "Anonymous"), 5.0);
+    assert_close("resident at the end", u(&r["end_bytes"]), kb(&rollup, "Rss"), 5.0);
+    assert_close("peak resident", u(&r["peak_bytes"]), kb(&status, "VmHWM"), 5.0);
+    let folded = std::fs::read_to_string(run.out.path().join("resident.folded")).unwrap();
+    assert_close("resident.folded total", weight(&folded, |_| true), u(&r["end_bytes"]), 1.0);
+}

@@ -379,6 +379,20 @@ impl ResidentTracker {
         out
     }
 
+    /// A traced process still running whose address space the kernel map
+    /// never held (its resident size did not change while traced: `-p` of
+    /// an idle process) gets the kernel's figures from `/proc/PID/status`:
+    /// `RssAnon`/`RssFile`/`RssShmem`/`VmSwap` now, `VmHWM` as its peak
+    /// (since it started, with no time).
+    pub(crate) fn fill_from_status(&mut self, pid: u32, status: &str) -> bool {
+        if self.procs.get(&pid).is_some_and(|p| p.kernel.is_some()) {
+            return false;
+        }
+        let Some(m) = status_counters(pid, status) else { return false };
+        self.procs.entry(pid).or_default().kernel = Some(m);
+        true
+    }
+
     /// `pid`'s address space's counters as last read (`kernel_counters`).
     pub fn kernel_of(&self, pid: u32) -> Option<RssMm> {
         self.procs.get(&pid).and_then(|p| p.kernel)
@@ -404,6 +418,26 @@ impl ResidentTracker {
         }
         (out, counts, ooms)
     }
+}
+
+/// A live process's counters as its `/proc/PID/status` gives them (kB
+/// lines), in the shape the kernel map's entries have; `None` without
+/// `RssAnon` (a kernel thread, or a process gone).
+pub(crate) fn status_counters(pid: u32, status: &str) -> Option<RssMm> {
+    let kb = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+            .and_then(|r| r.split_whitespace().next()?.parse::<u64>().ok())
+            .map(|v| v * 1024)
+    };
+    let mut size = [0; RSS_MEMBERS];
+    size[RSS_ANON] = kb("RssAnon")?;
+    size[RSS_FILE] = kb("RssFile").unwrap_or(0);
+    size[RSS_SHMEM] = kb("RssShmem").unwrap_or(0);
+    size[vmtrace_common::RSS_SWAP] = kb("VmSwap").unwrap_or(0);
+    let hwm = kb("VmHWM").unwrap_or(0).max(RssMm::resident(&size));
+    Some(RssMm { tgid: pid, size, peak: hwm, peak_size: size, ..RssMm::default() })
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -560,6 +594,25 @@ mod tests {
 
     fn rss(kind: EventKind, tgid: u32, anon: u64) -> RssEvent {
         RssEvent { hdr: EventHeader { kind: kind as u32, size: 56, ts_ns: 3 }, tgid, mm_id: 7, size: [0, anon, 0, 0] }
+    }
+
+    #[test]
+    fn an_idle_process_gets_its_figures_from_proc_status() {
+        let status = "Name:\tpython3\nVmHWM:\t  104000 kB\nVmRSS:\t   60000 kB\nRssAnon:\t   50000 kB\n\
+                      RssFile:\t    9000 kB\nRssShmem:\t    1000 kB\nVmSwap:\t       8 kB\n";
+        let mut t = ResidentTracker::new(1, 0);
+        assert!(t.fill_from_status(7, status));
+        let (procs, _, _) = t.finish(10);
+        let p = &procs[&7];
+        let end = p.end.as_ref().unwrap();
+        assert_eq!(end.size[RSS_ANON], 50_000 * 1024);
+        assert_eq!(end.resident(), 60_000 * 1024);
+        assert_eq!(p.kernel.unwrap().peak, 104_000 * 1024);
+        // The kernel's own counters are not replaced.
+        let mut t = ResidentTracker::new(1, 0);
+        let _ = t.kernel_counters(&[(1, RssMm { tgid: 7, size: [1, 2, 0, 0], ..RssMm::default() })], 0);
+        assert!(!t.fill_from_status(7, status));
+        assert!(status_counters(8, "Name:\tkthreadd\n").is_none(), "a kernel thread has no RssAnon");
     }
 
     #[test]
@@ -909,7 +962,7 @@ pub(crate) fn build(
             continue;
         }
         let (peak, peak_size, peak_ns) = match (k, p.peak.as_ref()) {
-            (Some(k), _) if k.peak > 0 => (k.peak, k.peak_size, Some(k.peak_ns)),
+            (Some(k), _) if k.peak > 0 => (k.peak, k.peak_size, Some(k.peak_ns).filter(|&t| t > 0)),
             (_, Some(s)) => (s.resident(), s.size, Some(s.ts_ns)),
             _ => (end.resident(), end.size, None),
         };

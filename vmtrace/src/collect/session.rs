@@ -541,6 +541,15 @@ impl<S: AggregateSource> Session<S> {
         }
         // Nothing is forgotten now: every address space's figures are wanted.
         let _ = tracker.kernel_counters(&all, 0);
+        // A live process whose resident size never changed while traced has
+        // no entry in the kernel's map: its /proc figures stand in.
+        for pid in self.table.live_pids() {
+            if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+                if tracker.fill_from_status(*pid, &status) {
+                    log::debug!("resident {pid}: no rss_stat event while traced, figures from /proc/{pid}/status");
+                }
+            }
+        }
         let (procs, counts, ooms) = tracker.finish(monotonic_ns());
         let period = self.opts.stacks.map_or(0, |(_, n)| n);
         let (table, source, native, py) = (&mut self.table, &self.source, &self.native, &self.python.codes);
