@@ -151,7 +151,12 @@ impl Plan {
             // The Perfetto trace is written from the summary before folding.
             fold_below: if self.perfetto { 0.0 } else { record.unwrap_or(0.0) },
             fold_processes: record.is_some() && self.system(),
-            release_above: crate::collect::session::RELEASE_ABOVE,
+            // `VMTRACE_RELEASE_ABOVE`: the tests let go of every retired
+            // process, not only past the 512th.
+            release_above: std::env::var("VMTRACE_RELEASE_ABOVE")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(crate::collect::session::RELEASE_ABOVE),
         }
     }
 }

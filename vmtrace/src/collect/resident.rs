@@ -295,6 +295,8 @@ impl ResidentTracker {
                 }
                 self.live_pages -= p.live.len();
                 p.live = BTreeMap::new();
+                // Nothing of it is followed any more (~800 bytes a process).
+                p.given_back = std::collections::VecDeque::new();
             }
             _ => {}
         }

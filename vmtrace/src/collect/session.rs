@@ -890,16 +890,23 @@ impl<S: AggregateSource> Session<S> {
         // grow past `above` however slow the machine; the budget then
         // works through a backlog.
         let floor = self.to_release.len().saturating_sub(above).min(came);
+        let mut gone = std::collections::HashSet::new();
         while self.to_release.len() > above && (self.released - before < floor as u64 || now.elapsed() < RELEASE_BUDGET)
         {
             let n = RELEASE_SLICE.min(self.to_release.len() - above);
             let slice: std::collections::HashSet<u32> = self.to_release.drain(..n).collect();
             self.release_retired(&slice);
+            gone.extend(slice);
         }
         if self.released > before {
+            // Their stacks are templates now: the drained frames go, once
+            // per tick (one walk of the unreleased processes' keys).
+            let table = &self.table;
+            gone.retain(|pid| table.get(*pid).is_some_and(|p| p.released));
+            let forgot = self.source.forget_stacks(&gone, &|t| table.get(t).is_none_or(|p| !p.released));
             log::debug!(
                 target: "vmtrace::release",
-                "released {} in {:?}; {} released, {} waiting",
+                "released {} in {:?}; {} released, {} waiting; {forgot} drained stacks let go",
                 self.released - before,
                 now.elapsed(),
                 self.released,

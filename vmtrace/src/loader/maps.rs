@@ -48,6 +48,9 @@ pub(super) struct Maps {
     drained: crate::stacks::drain::Drained,
     /// Resident counters per address space (`RSS_MM`).
     rss_mm: aya::maps::HashMap<MapData, u32, vmtrace_common::RssMm>,
+    /// Each CPU's stacks stored lately (`RECENT`: hash, id, clean), to be
+    /// cleared when drained stacks are let go.
+    recent: Option<PerCpuArray<MapData, [u64; 2]>>,
 }
 
 impl Maps {
@@ -78,6 +81,7 @@ impl Maps {
             py_seen: std::collections::HashSet::new(),
             drained: crate::stacks::drain::Drained::default(),
             rss_mm: take_map(ebpf, "RSS_MM")?,
+            recent: take_map(ebpf, "RECENT").ok(),
         })
     }
 }
@@ -298,6 +302,38 @@ impl AggregateSource for Probes {
         }
         self.maps.drained.drains += u64::from(moved);
         fresh
+    }
+
+    /// A CPU's `RECENT` slot hands out an id without looking in
+    /// `USER_STACKS`: once ids are let go, the slots are cleared, so that a
+    /// live process walking the same stack (a fork child of the one
+    /// released) stores it again instead of counting under a forgotten id.
+    fn forget_stacks(&mut self, gone: &std::collections::HashSet<u32>, keep: &dyn Fn(u32) -> bool) -> usize {
+        if gone.is_empty() {
+            return 0;
+        }
+        // First the slots, then the keys still in the kernel (counted, or
+        // in flight in a CPU's `STACK_CUR`): an id handed out before the
+        // slots were cleared is in one of them.
+        if let (Some(recent), Ok(n)) = (self.maps.recent.as_mut(), aya::util::nr_cpus()) {
+            for slot in 0..recent.len() {
+                if let Ok(zeros) = aya::maps::PerCpuValues::try_from(vec![[0u64; 2]; n]) {
+                    let _ = recent.set(slot, zeros, 0);
+                }
+            }
+        }
+        let user = |k: &StackKey| (!gone.contains(&k.tgid)).then(|| u32::try_from(k.user_stack).ok()).flatten();
+        let mut kept: std::collections::HashSet<u32> =
+            self.maps.fault_stacks.keys().filter_map(Result::ok).filter_map(|k| user(&k)).collect();
+        for i in 0..vmtrace_common::STACK_CUR_SLOTS {
+            let Ok(cur) = self.maps.stack_cur.get(&i, 0) else { continue };
+            kept.extend(cur.iter().filter_map(|c| user(&c.key)));
+        }
+        let ids = self.maps.drained.forget_stacks(gone, keep, &kept);
+        for id in &ids {
+            self.maps.py_seen.remove(id);
+        }
+        ids.len()
     }
 
     /// Faults counted under a stack id that two stacks came to share

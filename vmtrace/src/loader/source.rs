@@ -84,6 +84,12 @@ pub trait AggregateSource {
     /// Moves the stack aggregates out of the kernel maps (`stacks::drain`);
     /// the Python frames of stacks not looked at yet.
     fn drain_stacks(&mut self) -> Vec<crate::python::PyStack>;
+    /// Lets go of the drained user stacks only the released processes
+    /// `gone` were counted under (`Drained::forget_stacks`), and has the
+    /// programs forget the ids they remember; returns how many went.
+    fn forget_stacks(&mut self, _gone: &std::collections::HashSet<u32>, _keep: &dyn Fn(u32) -> bool) -> usize {
+        0
+    }
     /// (faults under an id two stacks came to share, distinct stacks
     /// drained, bytes of their frames).
     fn drained_stacks(&self) -> (u64, usize, usize);

@@ -89,6 +89,38 @@ impl Drained {
         }
     }
 
+    /// Lets go of the stacks that only the processes `gone` were counted
+    /// under (their keys were symbolized as they were released), keeping
+    /// every id a process for which `keep` holds is counted under. Their
+    /// counts stay (the end adds them up). Returns the ids let go.
+    /// `kept`: ids the kernel's maps still count under for others.
+    pub fn forget_stacks(
+        &mut self,
+        gone: &std::collections::HashSet<u32>,
+        keep: &dyn Fn(u32) -> bool,
+        kept: &std::collections::HashSet<u32>,
+    ) -> Vec<u32> {
+        let ids_of = |m: &HashMap<StackKey, StackCounts>| {
+            m.keys().filter_map(|k| u32::try_from(k.user_stack).ok()).collect::<Vec<u32>>()
+        };
+        let mut ids: std::collections::HashSet<u32> =
+            gone.iter().filter_map(|t| self.counts.get(t)).flat_map(ids_of).collect();
+        if ids.is_empty() {
+            return Vec::new();
+        }
+        for (_, m) in self.counts.iter().filter(|(t, _)| !gone.contains(t) && keep(**t)) {
+            for id in ids_of(m) {
+                ids.remove(&id);
+            }
+        }
+        let out: Vec<u32> =
+            ids.into_iter().filter(|id| !kept.contains(id)).filter(|id| self.stacks.remove(id).is_some()).collect();
+        if self.stacks.capacity() > 4 * self.stacks.len().max(1024) {
+            self.stacks.shrink_to_fit();
+        }
+        out
+    }
+
     /// Faults counted under an id two stacks came to share.
     pub fn reused_faults(&self) -> u64 {
         if self.reused.is_empty() {
@@ -115,6 +147,31 @@ mod tests {
 
     fn key(user_stack: i32) -> StackKey {
         StackKey { tgid: 7, user_stack, ..StackKey::default() }
+    }
+
+    #[test]
+    fn a_released_processs_stacks_go_unless_another_process_counts_under_them() {
+        let mut d = Drained::default();
+        let c = StackCounts { faults: 1, ..StackCounts::default() };
+        let of = |tgid: u32, user_stack: i32| StackKey { tgid, user_stack, ..StackKey::default() };
+        // 7 and 8 share stack 1 (a fork child and its parent); 7 alone has 2.
+        d.add_counts(of(7, 0x4000_0001), &c);
+        d.add_counts(of(7, 0x4000_0002), &c);
+        d.add_counts(of(8, 0x4000_0001), &c);
+        d.add_counts(of(9, 0x4000_0003), &c);
+        for id in [0x4000_0001, 0x4000_0002, 0x4000_0003] {
+            assert!(d.add_stack(id, u64::from(id), &[u64::from(id)], None));
+        }
+        let gone: std::collections::HashSet<u32> = [7].into();
+        // 9 was released before: its stack is not kept for it.
+        let mut forgot = d.forget_stacks(&gone, &|t| t != 9, &std::collections::HashSet::new());
+        forgot.sort_unstable();
+        assert_eq!(forgot, vec![0x4000_0002]);
+        assert!(d.ips(0x4000_0001).is_some(), "8 still counts under it");
+        assert!(d.ips(0x4000_0003).is_some(), "not 7's");
+        let mut all = HashMap::new();
+        d.merge_into(&mut all);
+        assert_eq!(all.len(), 4, "every count stays");
     }
 
     #[test]
