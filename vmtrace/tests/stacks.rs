@@ -79,17 +79,23 @@ int main(int argc, char **argv) {
 /// Builds the C workload into a scratch directory (kept alive by the caller).
 fn faulter() -> (tempfile::TempDir, PathBuf) {
     let dir = disk_dir();
-    let src = dir.path().join("faulter.c");
-    let bin = dir.path().join("faulter");
-    std::fs::write(&src, FAULTER_C).unwrap();
+    let bin = compile_source(dir.path(), "faulter", FAULTER_C);
+    (dir, bin)
+}
+
+/// Compiles the C program `source` as `dir/name` (-g -O1, frame pointers).
+fn compile_source(dir: &std::path::Path, name: &str, source: &str) -> PathBuf {
+    let src = dir.join(format!("{name}.c"));
+    let bin = dir.join(name);
+    std::fs::write(&src, source).unwrap();
     let ok = Command::new("cc")
         .args(["-g", "-O1", "-fno-omit-frame-pointer", "-o"])
         .arg(&bin)
         .arg(&src)
         .status()
         .expect("a C compiler (cc) is needed for the stack tests");
-    assert!(ok.success(), "compiling the C workload failed");
-    (dir, bin)
+    assert!(ok.success(), "compiling {name}.c failed");
+    bin
 }
 
 /// A 32-bit program without libc (no multilib needed): 4-byte frames.
@@ -388,16 +394,7 @@ int main(void) {
 fn stacks_of_released_children_go_and_their_parent_keeps_the_same_stack() {
     privileged!();
     let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("family.c");
-    std::fs::write(&src, FAMILY_C).unwrap();
-    let bin = dir.path().join("family");
-    let ok = Command::new("cc")
-        .args(["-O1", "-fno-omit-frame-pointer", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .status()
-        .expect("a C compiler (cc)");
-    assert!(ok.success());
+    let bin = compile_source(dir.path(), "family", FAMILY_C);
     // A child whose exit is not retired in time (seen rarely) keeps the
     // shared stack for all: the run is repeated until the stacks were let go.
     let mut let_go = 0;

@@ -45,15 +45,18 @@ pub fn parse_memlock_limit(limits: &str) -> Option<(Option<u64>, Option<u64>)> {
     Some((v(rest.first()?)?, v(rest.get(1)?)?))
 }
 
+/// A `/proc/PID/status` line's value ("VmRSS:   10000 kB"), in bytes.
+pub(crate) fn status_kb(text: &str, key: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|r| r.trim_start_matches(':').split_whitespace().next()?.parse::<u64>().ok())
+        .map(|v| v * 1024)
+}
+
 /// (VmLck, VmPin, VmRSS) in bytes from `/proc/PID/status`.
 #[must_use]
 pub fn parse_status(text: &str) -> Option<(u64, u64, u64)> {
-    let kb = |key: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|r| r.trim_start_matches(':').split_whitespace().next()?.parse::<u64>().ok())
-            .map(|v| v * 1024)
-    };
+    let kb = |key: &str| status_kb(text, key);
     Some((kb("VmLck")?, kb("VmPin").unwrap_or(0), kb("VmRSS").unwrap_or(0)))
 }
 

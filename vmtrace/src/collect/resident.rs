@@ -426,13 +426,7 @@ impl ResidentTracker {
 /// lines), in the shape the kernel map's entries have; `None` without
 /// `RssAnon` (a kernel thread, or a process gone).
 pub(crate) fn status_counters(pid: u32, status: &str) -> Option<RssMm> {
-    let kb = |key: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-            .and_then(|r| r.split_whitespace().next()?.parse::<u64>().ok())
-            .map(|v| v * 1024)
-    };
+    let kb = |key: &str| super::pinned::status_kb(status, key);
     let mut size = [0; RSS_MEMBERS];
     size[RSS_ANON] = kb("RssAnon")?;
     size[RSS_FILE] = kb("RssFile").unwrap_or(0);

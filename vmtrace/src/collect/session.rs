@@ -543,9 +543,11 @@ impl<S: AggregateSource> Session<S> {
         let _ = tracker.kernel_counters(&all, 0);
         // A live process whose resident size never changed while traced has
         // no entry in the kernel's map: its /proc figures stand in.
-        for pid in self.table.live_pids() {
+        let unseen: Vec<u32> =
+            self.table.live_pids().iter().copied().filter(|p| tracker.kernel_of(*p).is_none()).collect();
+        for pid in unseen {
             if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
-                if tracker.fill_from_status(*pid, &status) {
+                if tracker.fill_from_status(pid, &status) {
                     log::debug!("resident {pid}: no rss_stat event while traced, figures from /proc/{pid}/status");
                 }
             }

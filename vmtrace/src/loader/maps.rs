@@ -86,6 +86,19 @@ impl Maps {
     }
 }
 
+impl Probes {
+    /// The keys each CPU is still counting into (`STACK_CUR`), with counts
+    /// not yet added to `FAULT_STACKS`.
+    fn stack_keys_in_flight(&self) -> Vec<StackKey> {
+        let mut out = Vec::new();
+        for i in 0..vmtrace_common::STACK_CUR_SLOTS {
+            let Ok(cur) = self.maps.stack_cur.get(&i, 0) else { continue };
+            out.extend(cur.iter().filter(|c| c.counts.faults | c.counts.major | c.counts.timed != 0).map(|c| c.key));
+        }
+        out
+    }
+}
+
 fn take_map<T: TryFrom<aya::maps::Map>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, LoadError> {
     ebpf.take_map(name).and_then(|m| T::try_from(m).ok()).ok_or(LoadError::Map(name))
 }
@@ -211,14 +224,7 @@ impl AggregateSource for Probes {
     }
 
     fn stacks_in_flight(&self) -> std::collections::HashSet<u32> {
-        let mut out = std::collections::HashSet::new();
-        for i in 0..vmtrace_common::STACK_CUR_SLOTS {
-            let Ok(cur) = self.maps.stack_cur.get(&i, 0) else { continue };
-            out.extend(
-                cur.iter().filter(|c| c.counts.faults | c.counts.major | c.counts.timed != 0).map(|c| c.key.tgid),
-            );
-        }
-        out
+        self.stack_keys_in_flight().iter().map(|k| k.tgid).collect()
     }
 
     fn take_mm_stacks(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(MmStackKey, MmStackCounts)> {
@@ -325,10 +331,7 @@ impl AggregateSource for Probes {
         let user = |k: &StackKey| (!gone.contains(&k.tgid)).then(|| u32::try_from(k.user_stack).ok()).flatten();
         let mut kept: std::collections::HashSet<u32> =
             self.maps.fault_stacks.keys().filter_map(Result::ok).filter_map(|k| user(&k)).collect();
-        for i in 0..vmtrace_common::STACK_CUR_SLOTS {
-            let Ok(cur) = self.maps.stack_cur.get(&i, 0) else { continue };
-            kept.extend(cur.iter().filter_map(|c| user(&c.key)));
-        }
+        kept.extend(self.stack_keys_in_flight().iter().filter_map(user));
         let ids = self.maps.drained.forget_stacks(gone, keep, &kept);
         for id in &ids {
             self.maps.py_seen.remove(id);
