@@ -51,3 +51,78 @@ fn many_processes_fold_into_a_small_summary_that_adds_up() {
     let out = vmtrace().arg("report").arg(run.out.path()).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// `record -a` beside process churn folds the exited processes it is sure to
+/// fold while it records (so that the collector keeps nothing per process
+/// for them), and the summary and flamegraphs still count every one of
+/// them: their number, under their name, and their faults against what the
+/// kernel counted for each (`wait4`'s rusage).
+#[test]
+#[allow(clippy::zombie_processes, reason = "each child is reaped by wait4, for its rusage")]
+fn churned_processes_are_folded_while_recording_and_keep_their_names_and_faults() {
+    privileged!();
+    let dir = tempfile::tempdir().unwrap();
+    // A name no other process on the machine has.
+    let bin = dir.path().join("vmt-fold-away");
+    std::fs::copy("/bin/true", &bin).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let mut args: Vec<std::ffi::OsString> =
+        ["record", "-a", "--fold-below", "1", "--out"].iter().map(Into::into).collect();
+    args.push(out.path().into());
+    // Every retired process is let go (not only past the 512th), so that
+    // this short run folds some while it records.
+    let env = [("VMTRACE_RELEASE_ABOVE", "0"), ("RUST_LOG", "info,vmtrace::release=debug")];
+    let vm = spawn_traced_with(&env, &args);
+    let n = 300 / scale();
+    let (mut faults, mut started) = (0u64, 0u64);
+    for i in 0..n {
+        let child = std::process::Command::new(&bin).spawn().unwrap();
+        let mut status = 0;
+        // SAFETY: plain syscalls on our own child, reaped here only.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        let pid = unsafe { libc::wait4(child.id() as i32, &raw mut status, 0, &raw mut ru) };
+        assert_eq!(pid, child.id() as i32);
+        faults += (ru.ru_minflt + ru.ru_majflt) as u64;
+        started += 1;
+        if i % 50 == 49 {
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
+    }
+    // Retired (a second after exit) and released on the next ticks.
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(vm.child.id() as i32, libc::SIGINT) };
+    let run = finish(out, vm.wait());
+    assert_eq!(run.code(), Some(130), "stopped by SIGINT: {}", run.stderr());
+    let s = &run.summary;
+    let away = u(&s["folding"]["while_recording"]);
+    assert!(away > 0, "nothing folded while recording: {}\n{}", s["folding"], run.stderr());
+    assert!(run.stderr().contains("folded away"), "{}", run.stderr());
+    // Every process started is counted: listed, or under its name in the other row.
+    let procs = s["processes"].as_array().unwrap();
+    let other = procs.iter().find(|p| p["pid"] == 0).unwrap_or_else(|| panic!("an other row: {procs:#?}"));
+    let listed = procs.iter().filter(|p| p["comm"] == "vmt-fold-away").count() as u64;
+    let folded = other["folded_comms"]["vmt-fold-away"].as_u64().unwrap_or(0);
+    assert_eq!(listed + folded, started, "listed {listed}, folded {folded}: {}", other["folded_comms"]);
+    assert!(u(&other["folded"]) >= away);
+    // Processes add up to the totals.
+    let total: u64 = procs.iter().map(|p| u(&p["faults"]["total"])).sum();
+    assert_eq!(total, u(&s["totals"]["total"]));
+    // Their faults, folded or not, under their name in the flamegraph, as
+    // the kernel counted them for each: a line rounds by under one fault,
+    // and the kernel also counts exec's get_user_pages() faults (copying
+    // argv), which raise no exception and no event: one or two a process.
+    let folded = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();
+    let lines: Vec<u64> = folded
+        .lines()
+        .filter(|l| l.starts_with("vmt-fold-away;"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse().ok())
+        .collect();
+    let under: u64 = lines.iter().sum();
+    let slack = lines.len() as u64;
+    assert!(
+        under <= faults + slack && under + 2 * started + slack >= faults,
+        "{under} faults under vmt-fold-away in faults.folded, the kernel counted {faults} ({} lines)",
+        lines.len()
+    );
+}

@@ -54,6 +54,8 @@ pub(crate) struct Inputs {
     pub probes: Vec<ProbeInfo>,
     /// The kernel release.
     pub kernel: String,
+    /// The processes folded away while recording (`collect::folded`).
+    pub folded: Option<super::folded::FoldedAway>,
 }
 
 /// Which processes the summary lists: every one that faulted and, unless the
@@ -129,8 +131,15 @@ fn sampling(i: &Inputs, time_estimated: bool, stratified: bool, total_ns: u64) -
     // The fast faults no weight stood for (the tail after each CPU's last
     // sample), valued at the mean sampled latency: a bias, added to the
     // error rather than to the time, so that every view still adds up.
+    let mut tail: i64 = i.stats.values().map(unweighted_fast).sum();
+    if let Some(f) = i.folded.as_ref().map(|f| f.fast) {
+        var += f.var;
+        fast += f.fast;
+        samples += f.samples;
+        sampled_ns += f.sampled_ns;
+        tail += f.unweighted;
+    }
     let mean = if samples > 0 { sampled_ns as f64 / samples as f64 } else { 0.0 };
-    let tail: i64 = i.stats.values().map(unweighted_fast).sum();
     let err = var.sqrt() + tail.max(0) as f64 * mean;
     s.fast_sample_period = Some(i.fast_period);
     s.time_error_ns = Some(err.round() as u64);
@@ -141,6 +150,11 @@ fn sampling(i: &Inputs, time_estimated: bool, stratified: bool, total_ns: u64) -
 }
 
 pub(crate) fn assemble(mut i: Inputs) -> Finished {
+    if let Some(f) = i.folded.as_ref() {
+        // Weighed already: `weigh` leaves them as they are.
+        i.stacks.extend(f.fault_stacks());
+        i.mm_sites.extend(f.sites());
+    }
     let drop_counts = DropCounts { by_kind: i.drops.clone(), malformed_events: i.malformed_events };
     let drops = drop_counts.summary();
     let (processes, totals) = processes(&i);
@@ -154,9 +168,11 @@ pub(crate) fn assemble(mut i: Inputs) -> Finished {
             r.victim_reclaim_ns = Some(s.reclaim_ns);
         }
     }
-    // Each stack's share of its process: the flamegraphs add up to the table.
+    // Each stack's share of its process: the flamegraphs add up to the table
+    // (the other row folded while recording: its stacks are weighed already).
     let by_pid = processes
         .iter()
+        .filter(|p| p.folded == 0)
         .map(|p| {
             let t = stacks::weight::Totals { faults: p.faults.total, time_ns: p.faults.time_ns, major: p.faults.major };
             (p.pid, t)
@@ -165,7 +181,11 @@ pub(crate) fn assemble(mut i: Inputs) -> Finished {
     let (exact_faults, _) = stacks::weight::strata(&i.stacks);
     let (reached_root, cut, frame_pointer_only) = stacks::endings(&i.stacks);
     let sampled_faults = i.stacks.iter().map(|s| s.counts.faults).sum();
-    stacks::weight::weigh(&mut i.stacks, &by_pid);
+    if i.stack_mode.is_some() {
+        let comms: BTreeMap<u32, &str> = processes.iter().map(|p| (p.pid, p.comm.as_str())).collect();
+        let comm_of = |pid: u32| comms.get(&pid).map_or_else(String::new, |c| (*c).to_string());
+        stacks::weight::weigh(&mut i.stacks, &by_pid, &comm_of);
+    }
     let stacks_summary = i.stack_mode.map(|(mode, period)| StacksSummary {
         mode: format!("{mode:?}").to_lowercase(),
         sample_period: period,
@@ -225,44 +245,61 @@ pub(crate) fn assemble(mut i: Inputs) -> Finished {
     Finished { summary, stacks: i.stacks, mm_sites: i.mm_sites, trace: None, resident: None }
 }
 
-/// One entry per process of the trace, and their fault totals.
+/// One entry per process of the trace, and their fault totals; the
+/// processes folded away while recording as one "other" row.
 fn processes(i: &Inputs) -> (Vec<Process>, Faults) {
     let mut totals = Faults::default();
     let mut out = Vec::new();
     for (pid, info) in &i.processes {
         let pid = *pid;
         let st = i.stats.get(&pid).copied().unwrap_or_default();
-        let mut faults = Faults::from_stats(&st, i.minor_period);
-        if i.families.regions {
-            faults.huge = Some(st.huge);
-        }
-        // After `huge` is known, or the total's stays null.
-        totals.add(&faults);
-        let exit_code = if Some(pid) == i.target.pid && i.target.kind == TargetKind::Command {
-            i.target.exit_status.or(info.exit_code)
-        } else {
-            info.exit_code
-        };
         let m = i.mm.get(&pid).copied().unwrap_or_default();
-        out.push(Process {
-            mmap: i.families.mmap.then(|| MmapCounts { brk_shrinks: info.brk_shrinks, ..mmap_counts(&m) }),
-            tlb: i.families.tlb.then(|| tlb_counts(&m)),
-            reclaim: Reclaim { stalls: st.reclaim, time_ns: st.reclaim_ns },
-            pid,
-            ppid: info.ppid,
-            comm: info.comm.clone(),
-            cmdline: info.cmdline.clone(),
-            exit_code,
-            faults,
-            kernel_accounting: info.kernel,
-            cow_from: cow_of(i, pid).or(info.cow_from),
-            folded: 0,
-            folded_comms: BTreeMap::new(),
-            resident: None,
-            identity: info.identity.as_deref().cloned().unwrap_or_default(),
-        });
+        let mut p = process_row(pid, info, &st, &m, i.families, i.minor_period);
+        if Some(pid) == i.target.pid && i.target.kind == TargetKind::Command {
+            p.exit_code = i.target.exit_status.or(info.exit_code);
+        }
+        p.cow_from = cow_of(i, pid).or(info.cow_from);
+        totals.add(&p.faults);
+        out.push(p);
+    }
+    if let Some(row) = i.folded.as_ref().and_then(super::folded::FoldedAway::row) {
+        totals.add(&row.faults);
+        out.push(row);
     }
     (out, totals)
+}
+
+/// A process's row from its table entry and aggregates (its COW copies
+/// as its entry has them).
+pub(crate) fn process_row(
+    pid: u32,
+    info: &ProcInfo,
+    st: &FaultStats,
+    m: &MmStats,
+    families: Families,
+    minor_period: u32,
+) -> Process {
+    let mut faults = Faults::from_stats(st, minor_period);
+    if families.regions {
+        faults.huge = Some(st.huge);
+    }
+    Process {
+        mmap: families.mmap.then(|| MmapCounts { brk_shrinks: info.brk_shrinks, ..mmap_counts(m) }),
+        tlb: families.tlb.then(|| tlb_counts(m)),
+        reclaim: Reclaim { stalls: st.reclaim, time_ns: st.reclaim_ns },
+        pid,
+        ppid: info.ppid,
+        comm: info.comm.clone(),
+        cmdline: info.cmdline.clone(),
+        exit_code: info.exit_code,
+        faults,
+        kernel_accounting: info.kernel,
+        cow_from: info.cow_from,
+        folded: 0,
+        folded_comms: BTreeMap::new(),
+        resident: None,
+        identity: info.identity.as_deref().cloned().unwrap_or_default(),
+    }
 }
 
 /// A process's COW faults by what was copied, from its regions.

@@ -77,6 +77,7 @@ fn inputs() -> Inputs {
     drops[DropKind::MmEventRingFull as usize] = 3;
     drops[DropKind::FaultUntimed as usize] = 4;
     Inputs {
+        folded: None,
         target: TargetInfo {
             kind: TargetKind::Command,
             command: Some(vec!["hog".into()]),

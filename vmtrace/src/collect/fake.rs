@@ -169,6 +169,13 @@ impl AggregateSource for FakeSource {
         std::collections::HashSet::new()
     }
 
+    fn take_stack_counts(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(StackKey, StackCounts)> {
+        let (out, kept) =
+            std::mem::take(&mut self.stack_counts).into_iter().partition(|(k, _)| tgids.contains(&k.tgid));
+        self.stack_counts = kept;
+        out
+    }
+
     fn all_mm_stacks(&self) -> Vec<(MmStackKey, MmStackCounts)> {
         self.mm_stacks.clone()
     }

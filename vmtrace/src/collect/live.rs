@@ -100,7 +100,9 @@ impl<S: AggregateSource> Session<S> {
                 (*pid, crate::stacks::weight::Totals { faults: f.total, time_ns: f.time_ns, major: f.major })
             })
             .collect();
-        crate::stacks::weight::weigh(&mut stacks, &totals);
+        let table = &self.table;
+        let comm_of = |pid: u32| table.get(pid).map_or_else(String::new, |p| p.comm.clone());
+        crate::stacks::weight::weigh(&mut stacks, &totals, &comm_of);
         let sites = if self.opts.families.mmap {
             let raw = self.source.all_mm_stacks();
             super::symbols::build_mm_sites(raw, &mut self.table, &self.source, native, py, &mut self.syms)

@@ -12,6 +12,7 @@ pub(crate) mod attribute;
 #[cfg(test)]
 pub mod fake;
 pub(crate) mod flight;
+pub(crate) mod folded;
 pub(crate) mod pinned;
 pub(crate) mod placement;
 pub(crate) mod process;

@@ -192,6 +192,15 @@ impl ProcessTable {
         }
     }
 
+    /// Forgets the released processes `pids` (folded away: the summary
+    /// holds them in its other process row).
+    pub(crate) fn remove(&mut self, pids: &std::collections::HashSet<u32>) {
+        for pid in pids {
+            self.procs.remove(pid);
+            self.live.remove(pid);
+        }
+    }
+
     pub(crate) fn mark_retired(&mut self, pid: u32) {
         if let Some(p) = self.procs.get_mut(&pid) {
             p.retired = true;

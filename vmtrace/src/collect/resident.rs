@@ -405,20 +405,33 @@ impl ResidentTracker {
     pub(crate) fn finish(mut self, now_ns: u64) -> (BTreeMap<u32, ProcResident>, ResidentCounts, Vec<(u32, Snapshot)>) {
         let counts = ResidentCounts { sampled_pages: self.sampled_pages, dropped_pages: self.dropped_pages };
         let ooms = std::mem::take(&mut self.ooms);
-        let mut out = BTreeMap::new();
-        for (pid, p) in self.procs.drain() {
-            let mut end = p.end;
-            if end.is_none() {
-                let size = p.kernel.map_or([0; 4], |k| if k.flags & RSS_ENDED != 0 { k.end } else { k.size });
-                end = Some(snapshot(&p.live, size, now_ns));
-            } else if let (Some(e), Some(k)) = (end.as_mut(), p.kernel) {
-                if e.resident() == 0 && k.flags & RSS_ENDED != 0 {
-                    e.size = k.end;
-                }
-            }
-            out.insert(pid, ProcResident { peak: p.peak, end, kernel: p.kernel, exited: p.exited });
-        }
+        let out = self.procs.drain().map(|(pid, p)| (pid, p.ended(now_ns))).collect();
         (out, counts, ooms)
+    }
+
+    /// Takes `pid`'s snapshots out (an exited process folded away).
+    pub(crate) fn take(&mut self, pid: u32, now_ns: u64) -> Option<ProcResident> {
+        let p = self.procs.remove(&pid)?;
+        if self.procs.capacity() > 4 * self.procs.len().max(1024) {
+            self.procs.shrink_to_fit();
+        }
+        Some(p.ended(now_ns))
+    }
+}
+
+impl Proc {
+    /// Its snapshots, with its end taken now if it has none.
+    fn ended(self, now_ns: u64) -> ProcResident {
+        let mut end = self.end;
+        if end.is_none() {
+            let size = self.kernel.map_or([0; 4], |k| if k.flags & RSS_ENDED != 0 { k.end } else { k.size });
+            end = Some(snapshot(&self.live, size, now_ns));
+        } else if let (Some(e), Some(k)) = (end.as_mut(), self.kernel) {
+            if e.resident() == 0 && k.flags & RSS_ENDED != 0 {
+                e.size = k.end;
+            }
+        }
+        ProcResident { peak: self.peak, end, kernel: self.kernel, exited: self.exited }
     }
 }
 
@@ -1025,6 +1038,25 @@ pub(crate) fn build(
         top_at_end: top_sites(&end, 10),
     };
     ResidentProfiles { end, peak, per_process, summary, ooms }
+}
+
+impl ResidentProfiles {
+    /// Adds the processes folded away while recording: the other
+    /// process's figures and stacks (`collect::folded`).
+    pub(crate) fn add_folded(
+        &mut self,
+        r: crate::model::Resident,
+        end: Vec<crate::stacks::Stack>,
+        peak: Vec<crate::stacks::Stack>,
+        live_pages: u64,
+    ) {
+        self.per_process.insert(crate::model::OTHER_PID, r);
+        self.end.extend(end);
+        self.peak.extend(peak);
+        self.summary.live_pages_at_end += live_pages;
+        self.summary.top_at_peak = top_sites(&self.peak, 10);
+        self.summary.top_at_end = top_sites(&self.end, 10);
+    }
 }
 
 /// `ResidentSummary::counter_error_bytes` for the hook that ran: the tp_btf

@@ -179,6 +179,13 @@ pub struct Session<S: AggregateSource> {
     release_slices: u64,
     /// Call-site counts of retired processes waiting to be released, by process.
     mm_waiting: HashMap<u32, Vec<(MmStackKey, MmStackCounts)>>,
+    /// Retired processes folded whole, to be folded away once released.
+    whole: std::collections::HashSet<u32>,
+    /// What is kept of the processes folded away (`fold_away`).
+    folded: super::folded::FoldedAway,
+    /// A fault stack with a region leaf was seen (`--leaf region`): the
+    /// resident profiles of processes folded away keep theirs too.
+    leaf_seen: bool,
 }
 
 use crate::kernel::monotonic_ns;
@@ -356,6 +363,9 @@ impl<S: AggregateSource> Session<S> {
             to_release: std::collections::VecDeque::new(),
             release_slices: 0,
             mm_waiting: HashMap::new(),
+            whole: std::collections::HashSet::new(),
+            folded: super::folded::FoldedAway::default(),
+            leaf_seen: false,
         }
     }
 
@@ -560,7 +570,12 @@ impl<S: AggregateSource> Session<S> {
         let mut symbolize = |raw| symbols::symbolize_counts(raw, table, source, native, py, syms);
         let comm_of = |pid: u32| comms.get(&pid).cloned().unwrap_or_default();
         let params = (leaf, period, self.started_mono_ns);
-        Some(super::resident::build((&procs, counts, &ooms), params, &mut symbolize, &comm_of))
+        let mut profiles = super::resident::build((&procs, counts, &ooms), params, &mut symbolize, &comm_of);
+        if let Some(r) = self.folded.row().and_then(|row| row.resident) {
+            let (end, peak, live_pages) = self.folded.resident();
+            profiles.add_folded(r, end, peak, live_pages);
+        }
+        Some(profiles)
     }
 
     /// Every few hundred ms, the fault count of each live traced process.
@@ -788,6 +803,89 @@ impl<S: AggregateSource> Session<S> {
             }
             self.table.set_cow_from(*pid, (cow.total() > 0).then_some(cow));
         }
+        // Without the Perfetto trace (which names every process's call
+        // sites at the end), they go once released (`fold_away`).
+        if self.trace.is_none() {
+            self.whole.extend(pids);
+        }
+    }
+
+    /// Folds away the processes folded whole that have been released: their
+    /// rows, stacks, resident profiles and call sites go into the other
+    /// process's (`collect::folded`), and the collector forgets them.
+    fn fold_away(&mut self) {
+        let table = &self.table;
+        let ready: std::collections::HashSet<u32> = (self.whole.iter().copied())
+            .filter(|p| table.get(*p).is_none_or(|i| i.released) && !self.named_by_storm_or_oom(*p))
+            .collect();
+        if ready.is_empty() {
+            return;
+        }
+        let t = Instant::now();
+        self.whole.retain(|p| !ready.contains(p));
+        let (families, minor_period) = (self.opts.families, self.minor_period);
+        let mut rows: BTreeMap<u32, crate::model::Process> = BTreeMap::new();
+        let mut totals = BTreeMap::new();
+        for pid in &ready {
+            let Some(info) = self.table.get(*pid) else { continue };
+            let st = info.stats.unwrap_or_default();
+            let row = assemble::process_row(*pid, info, &st, &info.mm.unwrap_or_default(), families, minor_period);
+            let f = &row.faults;
+            totals.insert(*pid, crate::stacks::weight::Totals { faults: f.total, time_ns: f.time_ns, major: f.major });
+            self.folded.fast.add(&st);
+            rows.insert(*pid, row);
+        }
+        let (table, source, native, py) = (&mut self.table, &mut self.source, &self.native, &self.python.codes);
+        if self.opts.stacks.is_some() {
+            let raw = source.take_stack_counts(&ready);
+            let mut stacks = symbols::symbolize_counts(raw, table, source, native, py, &mut self.syms);
+            self.leaf_seen |= stacks.iter().any(|s| s.leaf.is_some());
+            let comm_of = |pid: u32| rows.get(&pid).map_or_else(String::new, |r| r.comm.clone());
+            crate::stacks::weight::weigh(&mut stacks, &totals, &comm_of);
+            self.folded.add_stacks(stacks);
+        }
+        if let Some(r) = self.resident.as_mut() {
+            let now_ns = monotonic_ns();
+            let procs: BTreeMap<u32, super::resident::ProcResident> =
+                ready.iter().filter_map(|pid| Some((*pid, r.take(*pid, now_ns)?))).collect();
+            let comms: HashMap<u32, String> =
+                ready.iter().filter_map(|p| Some((*p, table.get(*p)?.comm.clone()))).collect();
+            let syms = &mut self.syms;
+            let mut symbolize = |raw| symbols::symbolize_counts(raw, table, source, native, py, syms);
+            let comm_of = |pid: u32| comms.get(&pid).cloned().unwrap_or_default();
+            let period = self.opts.stacks.map_or(0, |(_, n)| n);
+            let params = (self.leaf_seen, period, self.started_mono_ns);
+            let counts = super::resident::ResidentCounts::default();
+            let p = super::resident::build((&procs, counts, &[]), params, &mut symbolize, &comm_of);
+            for (pid, r) in p.per_process {
+                if let Some(row) = rows.get_mut(&pid) {
+                    row.resident = Some(r);
+                }
+            }
+            self.folded.add_resident(p.end, p.peak, p.summary.live_pages_at_end);
+        }
+        if families.mmap {
+            let (taken, kept) =
+                std::mem::take(&mut self.retired_mm).into_iter().partition(|(k, _)| ready.contains(&k.tgid));
+            self.retired_mm = kept;
+            let sites = symbols::build_mm_sites(taken, table, source, native, py, &mut self.syms);
+            self.folded.add_sites(sites);
+        }
+        for row in rows.values() {
+            self.folded.add_row(row);
+        }
+        self.syms.forget(&ready);
+        self.table.remove(&ready);
+        let pruned = self.syms.prune();
+        let (stacks, resident, sites) = self.folded.sizes();
+        log::debug!(
+            target: "vmtrace::release",
+            "folded away {} in {:?}: {} so far; {stacks} fault stacks, {resident} resident stacks, {sites} call sites; \
+             {pruned} names let go",
+            ready.len(),
+            t.elapsed(),
+            self.folded.processes()
+        );
     }
 
     /// Once the held region rows have doubled: the retired processes and
@@ -915,6 +1013,7 @@ impl<S: AggregateSource> Session<S> {
                 self.to_release.len()
             );
         }
+        self.fold_away();
     }
 
     /// A storm or an OOM kill names `pid`: its row is never folded, and its
@@ -1078,9 +1177,20 @@ impl<S: AggregateSource> Session<S> {
             python_unnamed: self.python.codes.unnamed(),
             probes: self.source.probe_info(),
             kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().into(),
+            folded: (self.folded.processes() > 0).then(|| std::mem::take(&mut self.folded)),
         });
         if let Some(t) = &trace {
             finished.summary.drops.trace_events += t.dropped;
+        }
+        if let Some(other) =
+            finished.summary.processes.iter().find(|p| p.pid == crate::model::OTHER_PID && p.folded > 0)
+        {
+            finished.summary.folding = Some(crate::model::Folding {
+                below_pct: self.opts.fold_below,
+                processes: other.folded,
+                regions: 0,
+                while_recording: other.folded,
+            });
         }
         if let Some(st) = finished.summary.stacks.as_mut() {
             let by_kind = |k: vmtrace_common::DropKind| drop_kinds.get(k as usize).copied().unwrap_or(0);

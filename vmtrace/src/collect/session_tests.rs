@@ -280,3 +280,88 @@ fn a_released_process_keeps_its_stacks_and_call_sites() {
     assert_eq!(released.0.len(), 2, "{released:?}");
     assert_eq!(released.1.len(), 2, "{released:?}");
 }
+
+/// `record -a` under process churn: the light exited processes are folded
+/// away once released (the collector forgets them), and the summary, fault
+/// stacks and call sites come out as when every process is kept to the end
+/// and folded there.
+#[test]
+fn light_exited_processes_are_folded_away_and_the_end_is_the_same() {
+    use vmtrace_common::{StackCounts, StackKey};
+    const CHILDREN: u32 = 40;
+    let child = |i: u32| CHILD + 10 + i;
+    let run = |fold_away: bool| {
+        let mut src = FakeSource::new(1);
+        src.stats.insert(PARENT, FaultStats { minor_time_ns: 1_000_000, minor_timed: 10_000, ..faults(10_000, 0) });
+        src.user_stacks.insert(5, vec![0x1000, 0x2000]);
+        src.user_stacks.insert(6, vec![0x1000, 0x3000]);
+        for i in 0..CHILDREN {
+            let pid = child(i);
+            src.push(&task(EventKind::TaskFork, pid, pid, PARENT, "work"));
+            let n = 10 + u64::from(i);
+            let st = FaultStats { minor_time_ns: 100 * n, minor_timed: n, minor_seen: n, ..faults(n, 0) };
+            src.push(&exit(pid, 0, "work"));
+            src.stats.insert(pid, st);
+            for (stack, share) in [(5, 2), (6, 1)] {
+                let key = StackKey { tgid: pid, user_stack: stack, kernel_stack: -1, ..StackKey::default() };
+                src.stack_counts
+                    .push((key, StackCounts { faults: share, timed: share, time_ns: 10 * share, major: 0 }));
+            }
+            let site = MmStackKey { tgid: pid, call: MmCall::Munmap as u32, user_stack: 5, _pad: 0 };
+            src.mm_stacks.push((site, MmStackCounts { calls: 3, ipis: 2 }));
+        }
+        let families = Families { regions: true, mmap: true, ..Families::default() };
+        let opts = SessionOptions {
+            retire_exited: true,
+            release_above: 0,
+            fold_below: 5.0,
+            fold_processes: fold_away,
+            stacks: Some((StackMode::User, 1)),
+            ..SessionOptions::new(families)
+        };
+        let mut s = session(src, opts);
+        let t0 = s.started;
+        s.step(t0 + ms(10));
+        for k in 2..8 {
+            s.step(t0 + ms(1000 * k));
+        }
+        let gone = (0..CHILDREN).filter(|i| s.known(child(*i)).is_none()).count();
+        let end = s.started + ms(9000);
+        let mut f = s.finish_with(
+            TargetInfo { kind: TargetKind::System, command: None, pid: None, exit_status: None },
+            move || end,
+        );
+        crate::model::fold(&mut f.summary, 5.0);
+        let other = f.summary.processes.iter().find(|p| p.pid == crate::model::OTHER_PID).cloned();
+        let mut by_comm: std::collections::BTreeMap<String, (f64, f64)> = std::collections::BTreeMap::new();
+        for st in &f.stacks {
+            // (Raw addresses of processes folded away are left out.)
+            let e = by_comm.entry(st.comm.clone()).or_default();
+            e.0 += st.estimate.faults;
+            e.1 += st.estimate.time_ns;
+        }
+        let mut sites: std::collections::BTreeMap<String, (u64, u64)> = std::collections::BTreeMap::new();
+        for m in &f.mm_sites {
+            let e = sites.entry(format!("{} {}", m.comm, m.frames.len())).or_default();
+            e.0 += m.calls;
+            e.1 += m.ipis;
+        }
+        (gone, f.summary.totals.clone(), other, by_comm, sites, f.summary.folding.clone())
+    };
+    let (away, kept) = (run(true), run(false));
+    assert!(away.0 > 10, "{} of {CHILDREN} folded away", away.0);
+    assert_eq!(kept.0, 0);
+    assert_eq!(away.1, kept.1, "totals");
+    let (a, k) = (away.2.unwrap(), kept.2.unwrap());
+    assert_eq!((a.folded, &a.faults, &a.folded_comms), (k.folded, &k.faults, &k.folded_comms));
+    assert_eq!(a.folded_comms.get("work").copied(), Some(u64::from(CHILDREN) - 19));
+    assert_eq!(away.3.len(), kept.3.len(), "{:?}\n{:?}", away.3, kept.3);
+    for ((ka, va), (kk, vk)) in away.3.iter().zip(&kept.3) {
+        assert_eq!(ka, kk);
+        assert!((va.0 - vk.0).abs() < 1e-6 && (va.1 - vk.1).abs() < 1e-3, "{ka}: {va:?} against {vk:?}");
+    }
+    assert_eq!(away.4, kept.4, "call sites");
+    let folding = away.5.unwrap();
+    assert_eq!(folding.while_recording, away.0 as u64);
+    assert_eq!(folding.processes, a.folded);
+}

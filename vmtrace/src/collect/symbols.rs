@@ -193,7 +193,25 @@ impl Symbols {
         self.stacks.extend(done);
     }
 
+    /// Forgets the stacks and call sites of `pids` (folded away: their
+    /// counts were symbolized into the other process's).
+    pub(crate) fn forget(&mut self, pids: &std::collections::HashSet<u32>) {
+        self.stacks.retain(|k, _| !pids.contains(&k.0));
+        self.sites.retain(|k, _| !pids.contains(&k.0));
+        if self.stacks.capacity() > 4 * self.stacks.len().max(1024) {
+            self.stacks.shrink_to_fit();
+        }
+        if self.sites.capacity() > 4 * self.sites.len().max(1024) {
+            self.sites.shrink_to_fit();
+        }
+    }
+
     /// Closes the object files read for the last symbolization.
+    /// Forgets the names nothing holds any more (`Names::prune`).
+    pub(crate) fn prune(&mut self) -> usize {
+        self.names.prune()
+    }
+
     pub(crate) fn close_objects(&mut self) {
         self.names.close_objects();
     }

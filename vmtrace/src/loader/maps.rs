@@ -227,6 +227,12 @@ impl AggregateSource for Probes {
         self.stack_keys_in_flight().iter().map(|k| k.tgid).collect()
     }
 
+    /// A released process's keys were drained long before (every 100 ms):
+    /// the drained tables hold all of them.
+    fn take_stack_counts(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(StackKey, StackCounts)> {
+        self.maps.drained.take_counts(tgids)
+    }
+
     fn take_mm_stacks(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(MmStackKey, MmStackCounts)> {
         let keys: Vec<MmStackKey> =
             self.maps.mm_stacks.keys().filter_map(Result::ok).filter(|k| tgids.contains(&k.tgid)).collect();

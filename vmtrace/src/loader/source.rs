@@ -61,6 +61,9 @@ pub trait AggregateSource {
     /// Processes a CPU's current stack slot still counts into (not ready to
     /// retire: the slot's counts reach the aggregate later).
     fn stacks_in_flight(&self) -> std::collections::HashSet<u32>;
+    /// Takes the stack counts of released processes `tgids` out of the
+    /// drained tables (`collect::folded`: they are folded away).
+    fn take_stack_counts(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(StackKey, StackCounts)>;
     /// mmap-family call-site aggregates.
     fn all_mm_stacks(&self) -> Vec<(MmStackKey, MmStackCounts)>;
     /// Takes the call-site aggregates of exited processes out of the kernel's map.

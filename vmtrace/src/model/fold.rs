@@ -30,6 +30,12 @@ pub struct Folding {
     pub processes: u64,
     /// Regions summed in "other" rows (`folded` > 0).
     pub regions: u64,
+    /// Of `processes`, those folded while recording (a system-wide
+    /// recording folds an exited process it is sure to fold once it has
+    /// symbolized its stacks, so that the collector's memory follows what
+    /// is live: `collect::folded`).
+    #[serde(default)]
+    pub while_recording: u64,
 }
 
 /// Folds the small processes and regions of `s` (below `below_pct` percent
@@ -49,13 +55,11 @@ pub fn fold(s: &mut Summary, below_pct: f64) {
         folded_regions = fold_regions(regions, below_pct, &folded_pids);
     }
     // The other row's own count: a refolded "other" row stands for many.
-    let processes = if folded_pids.is_empty() {
-        0
-    } else {
-        s.processes.iter().find(|p| p.pid == OTHER_PID).map_or(0, |p| p.folded)
-    };
+    // (one folded while recording holds processes too).
+    let processes = s.processes.iter().find(|p| p.pid == OTHER_PID).map_or(0, |p| p.folded);
+    let while_recording = s.folding.as_ref().map_or(0, |f| f.while_recording);
     if processes + folded_regions > 0 {
-        s.folding = Some(Folding { below_pct, processes, regions: folded_regions });
+        s.folding = Some(Folding { below_pct, processes, regions: folded_regions, while_recording });
     }
 }
 
@@ -82,7 +86,11 @@ fn top(faults: &[&Faults], n: usize) -> BTreeSet<usize> {
 fn fold_processes(procs: &mut Vec<Process>, pct: f64, pinned: &BTreeSet<u32>) -> BTreeSet<u32> {
     let all: Vec<&Faults> = procs.iter().map(|p| &p.faults).collect();
     let (total, time_ns) = (all.iter().map(|f| f.total).sum(), all.iter().map(|f| f.time_ns).sum());
-    let keep = top(&all, KEEP_TOP_PROCESSES);
+    // An "other" row folded while recording takes no place among the
+    // heaviest: it is folded into again.
+    let fresh: Vec<usize> = (0..procs.len()).filter(|&i| procs[i].folded == 0).collect();
+    let fresh_faults: Vec<&Faults> = fresh.iter().map(|&i| &procs[i].faults).collect();
+    let keep: BTreeSet<usize> = top(&fresh_faults, KEEP_TOP_PROCESSES).into_iter().map(|j| fresh[j]).collect();
     let mut fold: BTreeSet<u32> = procs
         .iter()
         .enumerate()
@@ -105,7 +113,19 @@ fn fold_processes(procs: &mut Vec<Process>, pct: f64, pinned: &BTreeSet<u32>) ->
 
 /// The sum of `folded` as one row: counts add, identities are dropped.
 fn other_process(folded: &[Process]) -> Process {
-    let mut o = Process {
+    let mut o = empty_other(folded.iter().all(|p| p.kernel_accounting.is_some()));
+    let mut comms: HashMap<String, u64> = HashMap::new();
+    for p in folded {
+        add_to_other(&mut o, p, &mut comms);
+    }
+    o.folded_comms = top_comms(&comms, FOLDED_COMMS);
+    o
+}
+
+/// An "other" row with nothing in it yet; `kernel_accounting`: whether
+/// every process it will hold has the kernel's own fault counts.
+pub fn empty_other(kernel_accounting: bool) -> Process {
+    Process {
         pid: OTHER_PID,
         ppid: None,
         comm: "other".into(),
@@ -115,44 +135,63 @@ fn other_process(folded: &[Process]) -> Process {
         reclaim: super::Reclaim::default(),
         mmap: None,
         tlb: None,
-        kernel_accounting: folded
-            .iter()
-            .all(|p| p.kernel_accounting.is_some())
-            .then_some(KernelAccounting { minor: 0, major: 0 }),
+        kernel_accounting: kernel_accounting.then_some(KernelAccounting { minor: 0, major: 0 }),
         cow_from: None,
         folded: 0,
         folded_comms: BTreeMap::new(),
         resident: None,
         identity: super::Identity::default(),
-    };
-    let mut comms: HashMap<&str, u64> = HashMap::new();
-    let mut cow = CowFrom::default();
-    for p in folded {
-        o.faults.add(&p.faults);
-        o.reclaim.stalls += p.reclaim.stalls;
-        o.reclaim.time_ns += p.reclaim.time_ns;
-        if let Some(m) = &p.mmap {
-            o.mmap.get_or_insert_with(Default::default).add(m);
-        }
-        if let Some(t) = &p.tlb {
-            o.tlb.get_or_insert_with(Default::default).add(t);
-        }
-        if let (Some(sum), Some(k)) = (o.kernel_accounting.as_mut(), p.kernel_accounting) {
+    }
+}
+
+/// Adds `p` into the "other" row `o`, its name into `comms` (an "other" row
+/// folded again brings its own count and names).
+pub(crate) fn add_to_other(o: &mut Process, p: &Process, comms: &mut HashMap<String, u64>) {
+    o.faults.add(&p.faults);
+    o.reclaim.stalls += p.reclaim.stalls;
+    o.reclaim.time_ns += p.reclaim.time_ns;
+    if let Some(m) = &p.mmap {
+        o.mmap.get_or_insert_with(Default::default).add(m);
+    }
+    if let Some(t) = &p.tlb {
+        o.tlb.get_or_insert_with(Default::default).add(t);
+    }
+    match (o.kernel_accounting.as_mut(), p.kernel_accounting) {
+        (Some(sum), Some(k)) => {
             sum.minor += k.minor;
             sum.major += k.major;
         }
-        if let Some(c) = &p.cow_from {
-            cow.add(c);
-        }
-        // An "other" row folded again (a refold) carries its own count.
-        o.folded += p.folded.max(1);
-        *comms.entry(p.comm.as_str()).or_default() += p.folded.max(1);
+        _ => o.kernel_accounting = None,
     }
-    o.cow_from = (cow.total() > 0).then_some(cow);
-    let mut by_count: Vec<(&str, u64)> = comms.into_iter().collect();
-    by_count.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-    o.folded_comms = by_count.into_iter().take(FOLDED_COMMS).map(|(c, n)| (c.to_string(), n)).collect();
-    o
+    if let Some(c) = &p.cow_from {
+        o.cow_from.get_or_insert_with(CowFrom::default).add(c);
+    }
+    if let Some(r) = &p.resident {
+        let sum = o.resident.get_or_insert_with(|| super::Resident { exited: true, ..Default::default() });
+        sum.add(r);
+    }
+    o.folded += p.folded.max(1);
+    if p.folded > 0 && !p.folded_comms.is_empty() {
+        let named: u64 = p.folded_comms.values().sum();
+        for (c, n) in &p.folded_comms {
+            *comms.entry(c.clone()).or_default() += n;
+        }
+        if p.folded > named {
+            *comms.entry(OTHER_NAMES.into()).or_default() += p.folded - named;
+        }
+    } else {
+        *comms.entry(p.comm.clone()).or_default() += p.folded.max(1);
+    }
+}
+
+/// The name counted for folded processes whose names were not kept.
+pub const OTHER_NAMES: &str = "[other names]";
+
+/// The `n` names counted most (ties by name).
+fn top_comms(comms: &HashMap<String, u64>, n: usize) -> BTreeMap<String, u64> {
+    let mut by_count: Vec<(&String, &u64)> = comms.iter().collect();
+    by_count.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    by_count.into_iter().take(n).map(|(c, k)| (c.clone(), *k)).collect()
 }
 
 /// The "other" row a folded region adds into: per process, per kind, and per

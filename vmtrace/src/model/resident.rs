@@ -41,6 +41,26 @@ pub struct Resident {
     pub exited: bool,
 }
 
+impl Resident {
+    /// Adds `r` in, for an "other" row: its figures are sums over the
+    /// processes it holds (their peaks each at its own time, so no time).
+    pub fn add(&mut self, r: &Self) {
+        self.end_bytes += r.end_bytes;
+        self.peak_bytes += r.peak_bytes;
+        self.anon_bytes += r.anon_bytes;
+        self.file_bytes += r.file_bytes;
+        self.shmem_bytes += r.shmem_bytes;
+        self.shared_with_parent_bytes += r.shared_with_parent_bytes;
+        self.private_bytes += r.private_bytes;
+        self.swap_bytes += r.swap_bytes;
+        self.peak_anon_bytes += r.peak_anon_bytes;
+        self.peak_file_bytes += r.peak_file_bytes;
+        self.peak_shmem_bytes += r.peak_shmem_bytes;
+        self.peak_at_s = None;
+        self.exited &= r.exited;
+    }
+}
+
 /// How the resident profiles were made (`resident` in summary.json).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct ResidentSummary {

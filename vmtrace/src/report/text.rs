@@ -251,6 +251,15 @@ fn process_table(out: &mut String, s: &Summary) {
         let n: u64 = procs.iter().map(|p| p.folded.max(1)).sum();
         row(out, "all", &format!("{n} processes"), &s.totals, "");
     }
+    if let Some(f) = s.folding.as_ref().filter(|f| f.while_recording > 0) {
+        let _ = writeln!(
+            out,
+            "  {} exited processes under {}% were folded into \"other\" while recording (their stacks are \
+             under their names in the flamegraphs; --fold-below 0 keeps each, and the collector's memory then \
+             grows with every process seen)",
+            f.while_recording, f.below_pct
+        );
+    }
     let mut cow = crate::model::CowFrom::default();
     for c in s.processes.iter().filter_map(|p| p.cow_from.as_ref()) {
         cow.add(c);

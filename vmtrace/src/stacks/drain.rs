@@ -82,6 +82,15 @@ impl Drained {
         Some(PyStack { tgid: *tgid, frames: frames.to_vec(), ends: *ends })
     }
 
+    /// Takes the counts of `tgids` out.
+    pub fn take_counts(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(StackKey, StackCounts)> {
+        let out = tgids.iter().filter_map(|t| self.counts.remove(t)).flatten().collect();
+        if self.counts.capacity() > 4 * self.counts.len().max(1024) {
+            self.counts.shrink_to_fit();
+        }
+        out
+    }
+
     /// Adds every drained count into `all`.
     pub fn merge_into(&self, all: &mut HashMap<StackKey, StackCounts>) {
         for (k, c) in self.counts.values().flatten() {

@@ -115,6 +115,24 @@ impl Names {
         self.symbolizer = Symbolizer::new();
     }
 
+    /// Forgets the names and stacks kept once that nothing holds any more
+    /// (those of processes folded away, whose raw addresses no other
+    /// process shares): the sets then follow what is held.
+    pub fn prune(&mut self) -> usize {
+        let (other, stacks) = (self.other.get_mut(), self.stacks.get_mut());
+        let before = other.len() + stacks.len();
+        // Stacks first: they hold names.
+        stacks.retain(|f| std::sync::Arc::strong_count(f) > 1);
+        other.retain(|f| std::sync::Arc::strong_count(f) > 1);
+        if other.capacity() > 4 * other.len().max(1024) {
+            other.shrink_to_fit();
+        }
+        if stacks.capacity() > 4 * stacks.len().max(1024) {
+            stacks.shrink_to_fit();
+        }
+        before - other.len() - stacks.len()
+    }
+
     /// Resolves user addresses of one process in bulk (call before `user`).
     pub fn prepare_user(&mut self, addrs: &[u64], maps: &[Region]) {
         let mut by_file: HashMap<&str, Vec<u64>> = HashMap::new();

@@ -66,9 +66,21 @@ pub struct Totals {
 /// process may take fewer faults than the sampling period).
 pub const UNSAMPLED: &str = "[no stack sampled]";
 
-/// Sets every stack's `estimate` and appends one `UNSAMPLED` stack per
-/// process whose left-over has no sampled stack to go to.
-pub fn weigh(stacks: &mut Vec<Stack>, totals: &BTreeMap<u32, Totals>) {
+/// `Stack::stratum` bit of a stack weighed already: the stacks of exited
+/// processes folded into the "other" process while recording, each weighed
+/// against its own process's totals then. `weigh` leaves its estimate.
+pub const WEIGHED: u32 = 1 << 16;
+
+/// Whether `s` is of the exact stratum (weighed already or not).
+pub fn exact(s: &Stack) -> bool {
+    s.stratum & !WEIGHED == STRATUM_EXACT
+}
+
+/// Sets every stack's `estimate` (but those `WEIGHED` already) and appends
+/// one `UNSAMPLED` stack per process whose left-over has no sampled stack
+/// to go to, named by `comm_of` for a process with no stack at all (a
+/// short one).
+pub fn weigh(stacks: &mut Vec<Stack>, totals: &BTreeMap<u32, Totals>, comm_of: &dyn Fn(u32) -> String) {
     #[derive(Default)]
     struct Sums {
         exact: [f64; 3],
@@ -77,7 +89,7 @@ pub fn weigh(stacks: &mut Vec<Stack>, totals: &BTreeMap<u32, Totals>) {
     }
     let measured = |s: &Stack| [s.counts.faults as f64, s.counts.time_ns as f64, s.counts.major as f64];
     let mut sums: HashMap<u32, Sums> = HashMap::new();
-    for s in stacks.iter() {
+    for s in stacks.iter().filter(|s| s.stratum & WEIGHED == 0) {
         let e = sums.entry(s.pid).or_default();
         e.comm.clone_from(&s.comm);
         let side = if s.stratum == STRATUM_EXACT { &mut e.exact } else { &mut e.sampled };
@@ -107,7 +119,13 @@ pub fn weigh(stacks: &mut Vec<Stack>, totals: &BTreeMap<u32, Totals>) {
             unsampled.push((pid, sum.comm.clone(), rest));
         }
     }
-    for s in stacks.iter_mut() {
+    for (&pid, t) in totals.iter().filter(|(pid, _)| !sums.contains_key(pid)) {
+        let rest = [t.faults as f64, t.time_ns as f64, t.major as f64];
+        if rest.iter().any(|&r| r >= 0.5) {
+            unsampled.push((pid, comm_of(pid), rest));
+        }
+    }
+    for s in stacks.iter_mut().filter(|s| s.stratum & WEIGHED == 0) {
         let m = measured(s);
         s.estimate = if s.stratum == STRATUM_EXACT {
             Estimate { faults: m[0], time_ns: m[1], major: m[2] }
@@ -139,13 +157,16 @@ pub struct Estimate {
 /// How the stacks of a recording were chosen, for flamegraph titles: faults
 /// with an exact stack, and faults sampled at random.
 pub fn strata(stacks: &[Stack]) -> (u64, u64) {
-    stacks.iter().fold((0, 0), |(e, s), st| {
-        if st.stratum == STRATUM_EXACT {
-            (e + st.counts.faults, s)
-        } else {
-            (e, s + st.counts.faults)
-        }
-    })
+    stacks.iter().fold(
+        (0, 0),
+        |(e, s), st| {
+            if exact(st) {
+                (e + st.counts.faults, s)
+            } else {
+                (e, s + st.counts.faults)
+            }
+        },
+    )
 }
 
 #[cfg(test)]
@@ -175,7 +196,7 @@ mod tests {
             stack(1, "b", STRATUM_SAMPLED, 5, 10_000, 0),
         ];
         let totals = BTreeMap::from([(1, Totals { faults: 1000, time_ns: 10_000_000, major: 2 })]);
-        weigh(&mut stacks, &totals);
+        weigh(&mut stacks, &totals, &|_| "w".into());
         assert_eq!(stacks[0].estimate, Estimate { faults: 2.0, time_ns: 8e6, major: 2.0 });
         assert!((stacks[1].estimate.faults - 998.0 * 10.0 / 15.0).abs() < 1e-6);
         assert!((stacks[1].estimate.time_ns - 2e6 * 2.0 / 3.0).abs() < 1e-3);
@@ -190,9 +211,23 @@ mod tests {
     fn a_process_without_sampled_stacks_keeps_its_share_under_a_named_frame() {
         let mut stacks = vec![stack(7, "slow", STRATUM_EXACT, 1, 5_000, 1)];
         let totals = BTreeMap::from([(7, Totals { faults: 40, time_ns: 9_000, major: 1 })]);
-        weigh(&mut stacks, &totals);
+        weigh(&mut stacks, &totals, &|_| "w".into());
         assert_eq!(stacks.len(), 2);
         assert_eq!(stacks[1].user[..], [UNSAMPLED.into()]);
         assert_eq!(stacks[1].estimate, Estimate { faults: 39.0, time_ns: 4_000.0, major: 0.0 });
+    }
+
+    #[test]
+    fn a_process_without_any_stack_keeps_its_share_under_its_name() {
+        let mut stacks = vec![stack(7, "slow", STRATUM_EXACT, 1, 5_000, 1)];
+        let totals = BTreeMap::from([
+            (7, Totals { faults: 1, time_ns: 5_000, major: 1 }),
+            (8, Totals { faults: 30, time_ns: 600, major: 0 }),
+        ]);
+        weigh(&mut stacks, &totals, &|pid| format!("p{pid}"));
+        assert_eq!(stacks.len(), 2);
+        assert_eq!((stacks[1].pid, stacks[1].comm.as_str()), (8, "p8"));
+        assert_eq!(stacks[1].user[..], [UNSAMPLED.into()]);
+        assert_eq!(stacks[1].estimate, Estimate { faults: 30.0, time_ns: 600.0, major: 0.0 });
     }
 }

@@ -128,7 +128,14 @@ pub struct Traced {
 /// start-up (BTF, verifying the programs) takes a second or two: a fixed wait
 /// before starting a workload races with it.
 pub fn spawn_traced<S: AsRef<OsStr>>(args: &[S]) -> Traced {
-    let mut child = vmtrace().arg("-v").args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    spawn_traced_with(&[], args)
+}
+
+/// [`spawn_traced`] with environment variables set for vmtrace.
+pub fn spawn_traced_with<S: AsRef<OsStr>>(env: &[(&str, &str)], args: &[S]) -> Traced {
+    let mut c = vmtrace();
+    c.envs(env.iter().copied());
+    let mut child = c.arg("-v").args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let mut err: BufReader<ChildStderr> = BufReader::new(child.stderr.take().unwrap());
     let mut stderr = String::new();
     while !stderr.contains("] tracing ") {

@@ -1,0 +1,303 @@
+//! The exited processes a system-wide recording folds away while it runs.
+//!
+//! A process the end's fold is sure to fold (`Session::sure_to_fold`) has
+//! its region rows summed into the other process's as it retires. Once its
+//! stacks are symbolized (`Session::release_retired`), the rest of it goes
+//! the same way: its row into the "other" process row, its fault stacks
+//! (weighed against its own totals first), resident profiles and mmap call
+//! sites into stacks of the other process under its name, its sampling
+//! error into a running sum. What the collector keeps of it is then
+//! nothing per process: these tables grow with the distinct names and
+//! stacks of the folded, not with how many came and went, so a recording
+//! under process churn stays bounded (issue #31) while every count still
+//! adds up in the summary and each flamegraph keeps its names.
+use std::collections::{BTreeMap, HashMap};
+
+use crate::{
+    model::{fold, MmSite, Process},
+    stacks::{
+        weight::{Estimate, WEIGHED},
+        Frame, Frames, Stack,
+    },
+};
+
+/// Names of folded processes counted one by one; beyond, they count under
+/// `fold::OTHER_NAMES` (a name per process would grow with the churn).
+const MAX_NAMES: usize = 4096;
+
+/// What makes two folded stacks one: everything a `Stack` shows but its
+/// process and counts.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[allow(clippy::option_option, reason = "`Stack::unwound` as it is")]
+struct Shape {
+    comm: String,
+    user: Frames,
+    kernel: Vec<Frame>,
+    leaf: Option<String>,
+    stratum: u32,
+    unwound: Option<Option<&'static str>>,
+    flags: u8,
+}
+
+/// A frame no map named (`[unknown] 0xADDR`) without its address: the
+/// address of one process folded away says nothing of another's (address
+/// space layout is random), and a table keyed by it would grow with every
+/// process.
+const UNKNOWN: &str = "[unknown]";
+
+fn is_raw(f: &str) -> bool {
+    f.starts_with("[unknown] 0x")
+}
+
+/// `frames` with raw addresses left out (`UNKNOWN`).
+fn without_addresses(frames: &Frames) -> Frames {
+    if !frames.iter().any(|f| is_raw(f)) {
+        return frames.clone();
+    }
+    let unknown: Frame = UNKNOWN.into();
+    frames.iter().map(|f| if is_raw(f) { unknown.clone() } else { f.clone() }).collect()
+}
+
+impl Shape {
+    fn of(s: &Stack) -> Self {
+        let flags = u8::from(s.user_missing)
+            | u8::from(s.user_cut) << 1
+            | u8::from(s.python) << 2
+            | u8::from(s.python_unnamed) << 3;
+        Self {
+            comm: s.comm.clone(),
+            user: without_addresses(&s.user),
+            kernel: s.kernel.clone(),
+            leaf: s.leaf.clone(),
+            stratum: s.stratum | WEIGHED,
+            unwound: s.unwound,
+            flags,
+        }
+    }
+
+    fn stack(&self, counts: vmtrace_common::StackCounts, estimate: Estimate) -> Stack {
+        Stack {
+            pid: fold::OTHER_PID,
+            comm: self.comm.clone(),
+            user: self.user.clone(),
+            kernel: self.kernel.clone(),
+            counts,
+            user_missing: self.flags & 1 != 0,
+            user_cut: self.flags & 2 != 0,
+            unwound: self.unwound,
+            leaf: self.leaf.clone(),
+            stratum: self.stratum,
+            estimate,
+            python: self.flags & 4 != 0,
+            python_unnamed: self.flags & 8 != 0,
+        }
+    }
+}
+
+/// Weighed stacks of folded processes, one per shape.
+#[derive(Default)]
+struct StackSums(HashMap<Shape, (vmtrace_common::StackCounts, Estimate)>);
+
+impl StackSums {
+    fn add(&mut self, stacks: impl IntoIterator<Item = Stack>) {
+        use vmtrace_common::Merge as _;
+        for s in stacks {
+            let e = self.0.entry(Shape::of(&s)).or_default();
+            e.0.merge(&s.counts);
+            e.1.faults += s.estimate.faults;
+            e.1.time_ns += s.estimate.time_ns;
+            e.1.major += s.estimate.major;
+        }
+    }
+
+    fn stacks(&self) -> impl Iterator<Item = Stack> + '_ {
+        self.0.iter().map(|(k, (c, e))| k.stack(*c, *e))
+    }
+}
+
+/// The fast stratum's error terms of the folded processes
+/// (`assemble::sampling` adds them to the live ones').
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct FastSums {
+    pub var: f64,
+    pub fast: u64,
+    pub samples: u64,
+    pub sampled_ns: u64,
+    pub unweighted: i64,
+}
+
+impl FastSums {
+    /// Adds a process's fast stratum (`assemble::fast_stratum`).
+    pub(crate) fn add(&mut self, st: &vmtrace_common::FaultStats) {
+        let (fast, var) = super::assemble::fast_stratum(st);
+        self.var += var;
+        self.fast += fast;
+        self.samples += st.minor_sampled;
+        self.sampled_ns += st.minor_sampled_ns;
+        self.unweighted += super::assemble::unweighted_fast(st);
+    }
+}
+
+/// Everything the recording keeps of the processes it folded away.
+#[derive(Default)]
+pub(crate) struct FoldedAway {
+    row: Option<Process>,
+    names: HashMap<String, u64>,
+    stacks: StackSums,
+    resident_end: StackSums,
+    resident_peak: StackSums,
+    resident_live_pages: u64,
+    sites: HashMap<(String, Vec<String>), (u64, u64)>,
+    pub fast: FastSums,
+}
+
+impl FoldedAway {
+    /// Processes folded away so far.
+    pub(crate) fn processes(&self) -> u64 {
+        self.row.as_ref().map_or(0, |r| r.folded)
+    }
+
+    /// Adds a process's row (as the summary would list it).
+    pub(crate) fn add_row(&mut self, p: &Process) {
+        let row = self.row.get_or_insert_with(|| fold::empty_other(p.kernel_accounting.is_some()));
+        let mut one = HashMap::new();
+        fold::add_to_other(row, p, &mut one);
+        for (name, n) in one {
+            let name = if self.names.len() < MAX_NAMES || self.names.contains_key(&name) {
+                name
+            } else {
+                fold::OTHER_NAMES.to_string()
+            };
+            *self.names.entry(name).or_default() += n;
+        }
+    }
+
+    /// Adds a process's fault stacks, weighed against its totals already.
+    pub(crate) fn add_stacks(&mut self, stacks: Vec<Stack>) {
+        self.stacks.add(stacks);
+    }
+
+    /// Adds a process's resident profiles (weighed in bytes) and the
+    /// sampled pages it held at its end.
+    pub(crate) fn add_resident(&mut self, end: Vec<Stack>, peak: Vec<Stack>, live_pages: u64) {
+        self.resident_end.add(end);
+        self.resident_peak.add(peak);
+        self.resident_live_pages += live_pages;
+    }
+
+    /// Adds a process's mmap-family call sites.
+    pub(crate) fn add_sites(&mut self, sites: Vec<MmSite>) {
+        for mut s in sites {
+            for f in s.frames.iter_mut().filter(|f| is_raw(f)) {
+                UNKNOWN.clone_into(f);
+            }
+            let e = self.sites.entry((s.comm, s.frames)).or_default();
+            e.0 += s.calls;
+            e.1 += s.ipis;
+        }
+    }
+
+    /// The "other" process row, its names counted (all of them, for the
+    /// end's fold to add to).
+    pub(crate) fn row(&self) -> Option<Process> {
+        let mut row = self.row.clone()?;
+        row.folded_comms = self.names.iter().map(|(k, v)| (k.clone(), *v)).collect::<BTreeMap<_, _>>();
+        Some(row)
+    }
+
+    /// The folded fault stacks, under the other process.
+    pub(crate) fn fault_stacks(&self) -> impl Iterator<Item = Stack> + '_ {
+        self.stacks.stacks()
+    }
+
+    /// The folded resident profiles (end, peak) and sampled pages at the end.
+    pub(crate) fn resident(&self) -> (Vec<Stack>, Vec<Stack>, u64) {
+        (self.resident_end.stacks().collect(), self.resident_peak.stacks().collect(), self.resident_live_pages)
+    }
+
+    /// The folded mmap-family call sites, under the other process.
+    pub(crate) fn sites(&self) -> impl Iterator<Item = MmSite> + '_ {
+        self.sites.iter().map(|((comm, frames), (calls, ipis))| MmSite {
+            pid: fold::OTHER_PID,
+            comm: comm.clone(),
+            frames: frames.clone(),
+            calls: *calls,
+            ipis: *ipis,
+        })
+    }
+
+    /// Distinct stacks and sites held (for the debug log).
+    pub(crate) fn sizes(&self) -> (usize, usize, usize) {
+        (self.stacks.0.len(), self.resident_end.0.len() + self.resident_peak.0.len(), self.sites.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmtrace_common::StackCounts;
+
+    fn stack(pid: u32, comm: &str, leaf: &str, faults: u64, estimate: f64) -> Stack {
+        Stack {
+            pid,
+            comm: comm.into(),
+            user: vec![Frame::from("main"), Frame::from(leaf)].into(),
+            counts: StackCounts { faults, ..StackCounts::default() },
+            estimate: Estimate { faults: estimate, ..Estimate::default() },
+            ..Stack::default()
+        }
+    }
+
+    #[test]
+    fn stacks_of_one_name_and_frames_add_up_under_the_other_process() {
+        let mut f = FoldedAway::default();
+        f.add_stacks(vec![stack(10, "sh", "a", 2, 20.0), stack(10, "sh", "b", 1, 5.0)]);
+        f.add_stacks(vec![stack(11, "sh", "a", 3, 7.0), stack(12, "true", "a", 1, 1.0)]);
+        let mut out: Vec<(String, String, u64, f64, u32)> = f
+            .fault_stacks()
+            .map(|s| (s.comm.clone(), s.user[1].to_string(), s.counts.faults, s.estimate.faults, s.pid))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+        assert_eq!(
+            out,
+            [
+                ("sh".into(), "a".into(), 5, 27.0, 0),
+                ("sh".into(), "b".into(), 1, 5.0, 0),
+                ("true".into(), "a".into(), 1, 1.0, 0)
+            ]
+        );
+        assert!(f.fault_stacks().all(|s| s.stratum & WEIGHED != 0));
+    }
+
+    #[test]
+    fn raw_addresses_of_processes_folded_away_merge() {
+        let mut f = FoldedAway::default();
+        for (pid, addr) in [(10, "[unknown] 0x7f01922589b3"), (11, "[unknown] 0x7f55aa2589b3")] {
+            let mut s = stack(pid, "bash", "a", 1, 1.0);
+            s.user = vec![Frame::from("main"), Frame::from(addr)].into();
+            f.add_stacks(vec![s]);
+            let frames = vec!["bash".to_string(), addr.to_string(), "[mmap]".to_string()];
+            f.add_sites(vec![MmSite { pid, comm: "bash".into(), frames, calls: 2, ipis: 1 }]);
+        }
+        let stacks: Vec<Stack> = f.fault_stacks().collect();
+        assert_eq!(stacks.len(), 1);
+        assert_eq!((&*stacks[0].user[1], stacks[0].counts.faults), (UNKNOWN, 2));
+        let sites: Vec<MmSite> = f.sites().collect();
+        assert_eq!(sites.len(), 1);
+        assert_eq!((sites[0].frames[1].as_str(), sites[0].calls, sites[0].ipis), (UNKNOWN, 4, 2));
+    }
+
+    #[test]
+    fn rows_add_and_every_name_is_counted() {
+        let mut f = FoldedAway::default();
+        for (pid, comm, faults) in [(10, "sh", 5), (11, "sh", 7), (12, "true", 1)] {
+            let mut p = fold::empty_other(true);
+            (p.pid, p.comm, p.faults.total) = (pid, comm.into(), faults);
+            f.add_row(&p);
+        }
+        let row = f.row().unwrap();
+        assert_eq!((row.pid, row.folded, row.faults.total), (fold::OTHER_PID, 3, 13));
+        assert_eq!(row.folded_comms, BTreeMap::from([("sh".into(), 2), ("true".into(), 1)]));
+        assert_eq!(f.processes(), 3);
+    }
+}
