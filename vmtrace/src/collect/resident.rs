@@ -381,6 +381,21 @@ impl ResidentTracker {
         out
     }
 
+    /// The user stack ids the pages and snapshots of the processes `of`
+    /// picks are owned by.
+    pub(crate) fn stack_ids(&self, of: impl Fn(u32) -> bool) -> std::collections::HashSet<u32> {
+        let mut out = std::collections::HashSet::new();
+        for (_, p) in self.procs.iter().filter(|(pid, _)| of(**pid)) {
+            let snaps = [&p.peak, &p.end].into_iter().flatten().flat_map(|s| s.by_owner.keys());
+            for o in p.live.values().map(|page| &page.owner).chain(snaps) {
+                if let Ok(id) = u32::try_from(o.user_stack) {
+                    out.insert(id);
+                }
+            }
+        }
+        out
+    }
+
     /// A traced process still running whose address space the kernel map
     /// never held (its resident size did not change while traced: `-p` of
     /// an idle process) gets the kernel's figures from `/proc/PID/status`:

@@ -1003,14 +1003,30 @@ impl<S: AggregateSource> Session<S> {
             // per tick (one walk of the unreleased processes' keys).
             let table = &self.table;
             gone.retain(|pid| table.get(*pid).is_some_and(|p| p.released));
-            let forgot = self.source.forget_stacks(&gone, &|t| table.get(t).is_none_or(|p| !p.released));
+            let id = |s: i32| u32::try_from(s).ok();
+            let mut users = crate::loader::StackUsers::default();
+            // Call sites: of the released (just taken), of those waiting.
+            users.also.extend(
+                self.retired_mm.iter().filter(|(k, _)| gone.contains(&k.tgid)).filter_map(|(k, _)| id(k.user_stack)),
+            );
+            users.in_use.extend(self.mm_waiting.values().flatten().filter_map(|(k, _)| id(k.user_stack)));
+            if let Some(r) = self.resident.as_ref() {
+                users.also.extend(r.stack_ids(|p| gone.contains(&p)));
+                users.in_use.extend(r.stack_ids(|p| !gone.contains(&p) && table.get(p).is_none_or(|i| !i.released)));
+            }
+            users.gone = gone;
+            let forgot = self.source.forget_stacks(&users, &|t| table.get(t).is_none_or(|p| !p.released));
+            let (_, held, bytes) = self.source.drained_stacks();
             log::debug!(
                 target: "vmtrace::release",
-                "released {} in {:?}; {} released, {} waiting; {forgot} drained stacks let go",
+                "released {} in {:?}; {} released, {} waiting; {forgot} drained stacks let go, {held} held ({bytes} bytes); \
+                 {} processes in the table, {} live",
                 self.released - before,
                 now.elapsed(),
                 self.released,
-                self.to_release.len()
+                self.to_release.len(),
+                self.table.iter().count(),
+                self.table.live_pids().len()
             );
         }
         self.fold_away();

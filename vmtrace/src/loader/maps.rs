@@ -320,7 +320,8 @@ impl AggregateSource for Probes {
     /// `USER_STACKS`: once ids are let go, the slots are cleared, so that a
     /// live process walking the same stack (a fork child of the one
     /// released) stores it again instead of counting under a forgotten id.
-    fn forget_stacks(&mut self, gone: &std::collections::HashSet<u32>, keep: &dyn Fn(u32) -> bool) -> usize {
+    fn forget_stacks(&mut self, users: &super::source::StackUsers, keep: &dyn Fn(u32) -> bool) -> usize {
+        let gone = &users.gone;
         if gone.is_empty() {
             return 0;
         }
@@ -338,7 +339,14 @@ impl AggregateSource for Probes {
         let mut kept: std::collections::HashSet<u32> =
             self.maps.fault_stacks.keys().filter_map(Result::ok).filter_map(|k| user(&k)).collect();
         kept.extend(self.stack_keys_in_flight().iter().filter_map(user));
-        let ids = self.maps.drained.forget_stacks(gone, keep, &kept);
+        kept.extend(users.in_use.iter().copied());
+        // The call sites of processes still running, in the kernel's map.
+        kept.extend(
+            (self.maps.mm_stacks.keys().filter_map(Result::ok))
+                .filter(|k| !gone.contains(&k.tgid))
+                .filter_map(|k| u32::try_from(k.user_stack).ok()),
+        );
+        let ids = self.maps.drained.forget_stacks(gone, keep, &kept, &users.also);
         for id in &ids {
             self.maps.py_seen.remove(id);
         }

@@ -23,7 +23,7 @@ mod source;
 pub use attach::{AttachError, Attachment, Outcome};
 pub use check::render_selection;
 pub use hooks::{Family, Hook, ProgramKind};
-pub use source::AggregateSource;
+pub use source::{AggregateSource, StackUsers};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {

@@ -14,6 +14,18 @@ use crate::model::ProbeInfo;
 
 /// Every method is required: a source that forgets one does not build
 /// (a default body would answer "nothing" in production with a green build).
+/// The released processes whose drained stacks may go, and the stack ids
+/// they and the others refer to besides their fault counts
+/// (`AggregateSource::forget_stacks`).
+#[derive(Default)]
+pub struct StackUsers {
+    pub gone: std::collections::HashSet<u32>,
+    /// Ids of `gone`'s call sites and resident pages.
+    pub also: std::collections::HashSet<u32>,
+    /// Ids the call sites and resident pages of processes not released refer to.
+    pub in_use: std::collections::HashSet<u32>,
+}
+
 pub trait AggregateSource {
     /// Waits up to `timeout` until events may be ready (returns early on a signal).
     fn wait_for_events(&self, timeout: Duration);
@@ -90,7 +102,10 @@ pub trait AggregateSource {
     /// Lets go of the drained user stacks only the released processes
     /// `gone` were counted under (`Drained::forget_stacks`), and has the
     /// programs forget the ids they remember; returns how many went.
-    fn forget_stacks(&mut self, _gone: &std::collections::HashSet<u32>, _keep: &dyn Fn(u32) -> bool) -> usize {
+    /// `also`: ids the released processes used besides their fault counts
+    /// (call sites, resident pages); `in_use`: ids something not released
+    /// still refers to (kept whatever the counts say).
+    fn forget_stacks(&mut self, _gone: &StackUsers, _keep: &dyn Fn(u32) -> bool) -> usize {
         0
     }
     /// (faults under an id two stacks came to share, distinct stacks

@@ -108,12 +108,14 @@ impl Drained {
         gone: &std::collections::HashSet<u32>,
         keep: &dyn Fn(u32) -> bool,
         kept: &std::collections::HashSet<u32>,
+        also: &std::collections::HashSet<u32>,
     ) -> Vec<u32> {
         let ids_of = |m: &HashMap<StackKey, StackCounts>| {
             m.keys().filter_map(|k| u32::try_from(k.user_stack).ok()).collect::<Vec<u32>>()
         };
         let mut ids: std::collections::HashSet<u32> =
             gone.iter().filter_map(|t| self.counts.get(t)).flat_map(ids_of).collect();
+        ids.extend(also);
         if ids.is_empty() {
             return Vec::new();
         }
@@ -173,11 +175,20 @@ mod tests {
         }
         let gone: std::collections::HashSet<u32> = [7].into();
         // 9 was released before: its stack is not kept for it.
-        let mut forgot = d.forget_stacks(&gone, &|t| t != 9, &std::collections::HashSet::new());
+        // 7's call site walked 4 (never a fault stack); 5 is a live
+        // process's resident page's.
+        for id in [0x4000_0004, 0x4000_0005] {
+            assert!(d.add_stack(id, u64::from(id), &[u64::from(id)], None));
+        }
+        let none = std::collections::HashSet::new();
+        let (also, in_use) = ([0x4000_0004, 0x4000_0005].into(), [0x4000_0005].into());
+        let mut forgot = d.forget_stacks(&gone, &|t| t != 9, &in_use, &also);
         forgot.sort_unstable();
-        assert_eq!(forgot, vec![0x4000_0002]);
+        assert_eq!(forgot, vec![0x4000_0002, 0x4000_0004]);
         assert!(d.ips(0x4000_0001).is_some(), "8 still counts under it");
         assert!(d.ips(0x4000_0003).is_some(), "not 7's");
+        assert!(d.ips(0x4000_0005).is_some(), "in use");
+        assert!(d.forget_stacks(&gone, &|t| t != 9, &none, &none).is_empty());
         let mut all = HashMap::new();
         d.merge_into(&mut all);
         assert_eq!(all.len(), 4, "every count stays");
