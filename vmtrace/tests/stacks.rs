@@ -414,7 +414,7 @@ fn stacks_of_released_children_go_and_their_parent_keeps_the_same_stack() {
         let_go = run
             .stderr()
             .lines()
-            .filter_map(|l| l.split("; ").last()?.strip_suffix(" drained stacks let go")?.parse::<u64>().ok())
+            .filter_map(|l| l.split_once(" drained stacks let go")?.0.rsplit(' ').next()?.parse::<u64>().ok())
             .sum();
         let folded = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();
         let under: u64 = folded
