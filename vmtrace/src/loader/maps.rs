@@ -7,10 +7,7 @@ use std::{
 };
 
 use aya::{
-    maps::{
-        ring_buf::RingBufItem, IterableMap as _, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, RingBuf,
-        StackTraceMap,
-    },
+    maps::{ring_buf::RingBufItem, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, RingBuf, StackTraceMap},
     Ebpf,
 };
 use vmtrace_common::{
@@ -54,10 +51,6 @@ pub(super) struct Maps {
     /// Each CPU's stacks stored lately (`RECENT`: hash, id, clean), to be
     /// cleared when drained stacks are let go.
     recent: Option<PerCpuArray<MapData, [u64; 2]>>,
-    /// Possible CPUs (the per-CPU values a batch read returns).
-    cpus: Option<usize>,
-    /// The kernel has the batch commands (5.6+): cleared at their first failure.
-    batch: bool,
 }
 
 impl Maps {
@@ -89,30 +82,7 @@ impl Maps {
             drained: crate::stacks::drain::Drained::default(),
             rss_mm: take_map(ebpf, "RSS_MM")?,
             recent: take_map(ebpf, "RECENT").ok(),
-            cpus: aya::util::nr_cpus().ok(),
-            batch: true,
         })
-    }
-
-    /// Every entry of per-CPU hash map `m` summed over CPUs, read in batches
-    /// (`loader::batch`), taken out when `take`; `None` where the kernel
-    /// has no batch commands (the caller walks the map, and later calls
-    /// do not try again).
-    fn per_cpu_batch<K: aya::Pod, V: aya::Pod + Merge>(
-        m: &PerCpuHashMap<MapData, K, V>,
-        cpus: Option<usize>,
-        batch: &mut bool,
-        take: bool,
-    ) -> Option<Vec<(K, V)>> {
-        let cpus = cpus.filter(|_| *batch)?;
-        match super::batch::hash_entries::<K, V>(m.map().fd().as_fd(), Some(cpus), take) {
-            Ok(v) => Some(v.into_iter().map(|(k, per_cpu)| (k, sum_cpus(per_cpu.iter()))).collect()),
-            Err(e) => {
-                log::debug!("batched map reads not available ({e}): maps are walked key by key");
-                *batch = false;
-                None
-            }
-        }
     }
 }
 
@@ -264,18 +234,6 @@ impl AggregateSource for Probes {
     }
 
     fn take_mm_stacks(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(MmStackKey, MmStackCounts)> {
-        let m = &mut self.maps;
-        if let Some(all) = Maps::per_cpu_batch(&m.mm_stacks, m.cpus, &mut m.batch, false) {
-            let taken: Vec<(MmStackKey, MmStackCounts)> =
-                all.into_iter().filter(|(k, _)| tgids.contains(&k.tgid)).collect();
-            let keys: Vec<MmStackKey> = taken.iter().map(|(k, _)| *k).collect();
-            if super::batch::delete(m.mm_stacks.map().fd().as_fd(), &keys).is_err() {
-                for k in &keys {
-                    let _ = m.mm_stacks.remove(k);
-                }
-            }
-            return taken;
-        }
         let keys: Vec<MmStackKey> =
             self.maps.mm_stacks.keys().filter_map(Result::ok).filter(|k| tgids.contains(&k.tgid)).collect();
         let mut out = Vec::new();
@@ -330,47 +288,25 @@ impl AggregateSource for Probes {
     /// programs add to a key between its read and its removal (a few
     /// instructions' window) is lost: the stacks test measures it.
     fn drain_stacks(&mut self) -> Vec<crate::python::PyStack> {
-        let m = &mut self.maps;
-        let mut moved;
-        if let Some(taken) = Maps::per_cpu_batch(&m.fault_stacks, m.cpus, &mut m.batch, true) {
-            moved = !taken.is_empty();
-            for (k, c) in taken {
-                m.drained.add_counts(k, &c);
-            }
-        } else {
-            let keys: Vec<StackKey> = m.fault_stacks.keys().filter_map(Result::ok).collect();
-            moved = !keys.is_empty();
-            for k in keys {
-                if let Ok(v) = m.fault_stacks.get(&k, 0) {
-                    if m.fault_stacks.remove(&k).is_ok() {
-                        m.drained.add_counts(k, &sum_cpus(v.iter()));
-                    }
+        let keys: Vec<StackKey> = self.maps.fault_stacks.keys().filter_map(Result::ok).collect();
+        let mut moved = !keys.is_empty();
+        for k in keys {
+            if let Ok(v) = self.maps.fault_stacks.get(&k, 0) {
+                if self.maps.fault_stacks.remove(&k).is_ok() {
+                    self.maps.drained.add_counts(k, &sum_cpus(v.iter()));
                 }
             }
         }
         let mut fresh = Vec::new();
-        let batch = self.maps.batch;
         if let Some(map) = self.maps.user_stacks.as_mut() {
-            let taken = batch
-                .then(|| {
-                    super::batch::hash_entries::<u32, vmtrace_common::UserStack>(map.map().fd().as_fd(), None, true)
-                })
-                .and_then(Result::ok);
-            let walked = taken.is_none();
-            let stacks: Vec<(u32, vmtrace_common::UserStack)> = if let Some(t) = taken {
-                t.into_iter().filter_map(|(id, mut v)| Some((id, v.pop()?))).collect()
-            } else {
-                let ids: Vec<u32> = map.keys().filter_map(Result::ok).collect();
-                ids.into_iter().filter_map(|id| Some((id, map.get(&id, 0).ok()?))).collect()
-            };
-            moved |= !stacks.is_empty();
-            for (id, s) in stacks {
+            let ids: Vec<u32> = map.keys().filter_map(Result::ok).collect();
+            moved |= !ids.is_empty();
+            for id in ids {
+                let Ok(s) = map.get(&id, 0) else { continue };
                 let py = py_stack(&s);
                 let ips = &s.ips[..(s.nr as usize).min(s.ips.len())];
                 self.maps.drained.add_stack(id, s.hash, ips, py.as_ref());
-                if walked {
-                    let _ = map.remove(&id);
-                }
+                let _ = map.remove(&id);
                 if let Some(p) = py.filter(|_| self.maps.py_seen.insert(id)) {
                     fresh.push(p);
                 }
@@ -495,24 +431,7 @@ impl AggregateSource for Probes {
     /// ([`Self::granules_in_flight`]).
     fn take_granules(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(GranuleKey, GranuleCounts)> {
         let mut out: std::collections::BTreeMap<GranuleKey, GranuleCounts> = std::collections::BTreeMap::new();
-        let (cpus, batch) = (self.maps.cpus, &mut self.maps.batch);
         for map in [&mut self.maps.region_stats, &mut self.maps.region_late] {
-            // Read in batches, the exited processes' entries deleted in one.
-            if let Some(all) = Maps::per_cpu_batch(map, cpus, batch, false) {
-                let taken: Vec<(GranuleKey, GranuleCounts)> =
-                    all.into_iter().filter(|(k, _)| tgids.contains(&k.tgid)).collect();
-                let keys: Vec<GranuleKey> = taken.iter().map(|(k, _)| *k).collect();
-                if let Err(e) = super::batch::delete(map.map().fd().as_fd(), &keys) {
-                    log::debug!("batched delete failed ({e}): deleting key by key");
-                    for k in &keys {
-                        let _ = map.remove(k);
-                    }
-                }
-                for (k, c) in taken {
-                    out.entry(k).or_default().merge(&c);
-                }
-                continue;
-            }
             let keys: Vec<GranuleKey> = map.keys().filter_map(Result::ok).filter(|k| tgids.contains(&k.tgid)).collect();
             for k in keys {
                 if let Ok(v) = map.get(&k, 0) {
