@@ -1016,18 +1016,21 @@ impl<S: AggregateSource> Session<S> {
             }
             users.gone = gone;
             let forgot = self.source.forget_stacks(&users, &|t| table.get(t).is_none_or(|p| !p.released));
-            let (_, held, bytes) = self.source.drained_stacks();
-            log::debug!(
-                target: "vmtrace::release",
-                "released {} in {:?}; {} released, {} waiting; {forgot} drained stacks let go, {held} held ({bytes} bytes); \
-                 {} processes in the table, {} live",
-                self.released - before,
-                now.elapsed(),
-                self.released,
-                self.to_release.len(),
-                self.table.iter().count(),
-                self.table.live_pids().len()
-            );
+            // The table sizes walk every drained stack: only when logged.
+            if log::log_enabled!(target: "vmtrace::release", log::Level::Debug) {
+                let (_, held, bytes) = self.source.drained_stacks();
+                log::debug!(
+                    target: "vmtrace::release",
+                    "released {} in {:?}; {} released, {} waiting; {forgot} drained stacks let go, {held} held \
+                     ({bytes} bytes); {} processes in the table, {} live",
+                    self.released - before,
+                    now.elapsed(),
+                    self.released,
+                    self.to_release.len(),
+                    self.table.iter().count(),
+                    self.table.live_pids().len()
+                );
+            }
         }
         self.fold_away();
     }
