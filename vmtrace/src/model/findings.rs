@@ -719,7 +719,10 @@ fn short_path(p: &str) -> &str {
 fn resident_sites(s: &Summary, out: &mut Vec<Finding>) {
     let Some(r) = &s.resident else { return };
     let mut by_pid: BTreeMap<u32, Vec<&super::ResidentSite>> = BTreeMap::new();
-    for site in &r.top_at_peak {
+    // Not the other row (pid 0): its peak is a sum of many processes'
+    // peaks, never held at once. Not the bytes no sampled page stood for
+    // (`[no page sampled]`, no sampled pages): they are no call site.
+    for site in r.top_at_peak.iter().filter(|site| site.pid != 0 && site.sampled_pages > 0) {
         by_pid.entry(site.pid).or_default().push(site);
     }
     for (pid, mut sites) in by_pid {

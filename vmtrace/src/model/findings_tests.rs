@@ -439,6 +439,15 @@ fn one_call_site_far_above_the_others_fires() {
     // MiB, a warm 64 MiB mapping: one site holds it all, and that is fine).
     assert!(kinds(&resident_summary(2 << 30, 600 << 20)).is_empty());
     assert!(kinds(&resident_summary((1 << 30) - 1, 1 << 20)).is_empty());
+    // Not the other row (its peak sums many processes' peaks), and not the
+    // bytes no sampled page stood for (no call site).
+    let mut other = resident_summary(2 << 30, 100 << 20);
+    other.resident.as_mut().unwrap().top_at_peak.iter_mut().for_each(|site| site.pid = 0);
+    assert!(kinds(&other).is_empty());
+    let mut unsampled = resident_summary(2 << 30, 100 << 20);
+    let top = &mut unsampled.resident.as_mut().unwrap().top_at_peak[0];
+    (top.frames, top.sampled_pages) = (vec!["[no page sampled]".into()], 0);
+    assert!(kinds(&unsampled).is_empty());
 }
 
 #[test]
