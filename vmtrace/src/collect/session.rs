@@ -49,6 +49,8 @@ const REFOLD_FIRST: usize = 4096;
 pub(crate) const RELEASE_ABOVE: usize = 512;
 /// Processes symbolized at once, and the time a tick may spend on them.
 const RELEASE_SLICE: usize = 32;
+/// Retired processes placed in their regions (and their rows folded) at a time.
+const PLACE_SLICE: usize = 64;
 const RELEASE_BUDGET: Duration = Duration::from_millis(250);
 /// Slices after which the symbolizer's object files are closed: parsing
 /// them again costs more than symbolizing a slice, holding them all keeps
@@ -479,8 +481,8 @@ impl<S: AggregateSource> Session<S> {
             return;
         }
         self.last_storm_tick = now;
-        if self.opts.families.tlb {
-            self.storm_tick(self.seconds_at(now));
+        if self.opts.families.tlb || self.opts.families.mmap {
+            self.mm_tick(self.seconds_at(now));
         }
         self.record_history(now);
         self.trace_interval();
@@ -516,8 +518,8 @@ impl<S: AggregateSource> Session<S> {
         // The axis ends where the trace proper did (the summary's duration).
         let end = self.stopped.map_or(now, |s| s.min(now));
         self.timeline.push(end, self.source.totals());
-        if self.opts.families.tlb {
-            self.storm_tick(self.seconds_at(now));
+        if self.opts.families.tlb || self.opts.families.mmap {
+            self.mm_tick(self.seconds_at(now));
         }
     }
 
@@ -587,9 +589,34 @@ impl<S: AggregateSource> Session<S> {
         self.flight.sample(now, now_s, &self.source.all_stats());
     }
 
+    /// Every tick, the mmap/TLB aggregates. What the kernel counted for a
+    /// process after its exit was applied (the TLB flushes of its address
+    /// space's teardown) is taken into its final counts, so that the map
+    /// holds live processes only: it filled with one exited process in three
+    /// under churn, and its walk with it. Then the storm detector is fed.
+    fn mm_tick(&mut self, now: f64) {
+        let all = self.source.all_mm();
+        let (table, forget) = (&self.table, self.opts.forget_exited);
+        // Not in the table: started before the trace and not seen since, or
+        // (`top`, `serve`) forgotten at exit: then gone if the kernel no
+        // longer has it.
+        let gone = |pid: u32| table.get(pid).map_or_else(|| forget && !crate::target::pid_alive(pid), |p| p.exited);
+        let (late, live): (Vec<_>, Vec<_>) = all.into_iter().partition(|(pid, _)| gone(*pid));
+        for (pid, _) in &late {
+            let mm = self.source.take_mm(*pid);
+            if !(forget && self.table.get(*pid).is_none()) {
+                self.table.add_final_counts(*pid, None, mm.as_ref());
+            }
+        }
+        log::trace!(target: "vmtrace::storms", "{} mm aggregates, {} taken late", live.len(), late.len());
+        if self.opts.families.tlb {
+            self.storm_tick(now, &live);
+        }
+    }
+
     /// Feeds the storm detector: IPIs sent per process, and per call site.
-    fn storm_tick(&mut self, now: f64) {
-        let totals: Vec<(u32, u64)> = self.source.all_mm().into_iter().map(|(pid, m)| (pid, m.ipis_sent)).collect();
+    fn storm_tick(&mut self, now: f64, all: &[(u32, MmStats)]) {
+        let totals: Vec<(u32, u64)> = all.iter().map(|(pid, m)| (*pid, m.ipis_sent)).collect();
         // Only processes that sent IPIs since the last tick have call sites
         // whose counts moved: the call-site map (every process's sites) is
         // not read on a tick where none did.
@@ -706,6 +733,14 @@ impl<S: AggregateSource> Session<S> {
             }
         }
         self.source.flush_logs();
+    }
+
+    /// Between the slices of a tick's long work (placing and releasing
+    /// hundreds of exited processes can take half a second under churn):
+    /// the events that came meanwhile are applied, so that the ring buffer
+    /// does not fill while the tick works.
+    fn keep_up(&mut self) {
+        self.drain_at(Instant::now());
     }
 
     /// Fault aggregates of every process: taken at exit, or still in the map.
@@ -943,18 +978,47 @@ impl<S: AggregateSource> Session<S> {
         if batch.is_empty() {
             return;
         }
-        let granules = self.source.take_granules(&batch);
-        let from = self.placed.regions().len();
-        attribute::place_into(&mut self.placed, &mut self.table, &granules);
+        let t = Instant::now();
+        let mut granules = self.source.take_granules(&batch);
+        let taken_in = t.elapsed();
+        self.keep_up();
+        granules.sort_by_key(|(k, _)| k.tgid);
         let folded = self.sure_to_fold(&batch);
-        self.fold_whole(&folded, from);
-        self.placed.fold_small(from, self.opts.fold_below, |pid| folded.contains(&pid));
+        // Placed and folded a slice of processes at a time: a tick that
+        // retires hundreds would otherwise hold all their rows at once (a
+        // heap peak the allocator keeps).
+        let (mut added, mut rest) = (0, granules.as_slice());
+        let mut unplaced = folded.clone();
+        while !rest.is_empty() {
+            let mut end = 0;
+            let mut pids = 0;
+            while end < rest.len() && (pids < PLACE_SLICE || rest[end].0.tgid == rest[end - 1].0.tgid) {
+                if end == 0 || rest[end].0.tgid != rest[end - 1].0.tgid {
+                    pids += 1;
+                }
+                end += 1;
+            }
+            let (slice, more) = rest.split_at(end);
+            rest = more;
+            let from = self.placed.regions().len();
+            attribute::place_into(&mut self.placed, &mut self.table, slice);
+            added += self.placed.regions().len().saturating_sub(from);
+            let whole: std::collections::HashSet<u32> =
+                slice.iter().map(|(k, _)| k.tgid).filter(|p| unplaced.remove(p)).collect();
+            self.fold_whole(&whole, from);
+            self.placed.fold_small(from, self.opts.fold_below, |pid| folded.contains(&pid));
+            self.keep_up();
+        }
+        // Those with no granule (no fault).
+        let from = self.placed.regions().len();
+        self.fold_whole(&unplaced, from);
         log::debug!(
             target: "vmtrace::retire",
-            "retired {} ({} folded whole): {} region rows added, {} held",
+            "retired {} ({} folded whole) in {:?} (granules taken in {taken_in:?}): {} region rows added, {} held",
             batch.len(),
             folded.len(),
-            self.placed.regions().len().saturating_sub(from),
+            t.elapsed(),
+            added,
             self.placed.regions().len()
         );
         self.refold();
@@ -997,6 +1061,7 @@ impl<S: AggregateSource> Session<S> {
             let slice: std::collections::HashSet<u32> = self.to_release.drain(..n).collect();
             self.release_retired(&slice);
             gone.extend(slice);
+            self.keep_up();
         }
         if self.released > before {
             // Their stacks are templates now: the drained frames go, once

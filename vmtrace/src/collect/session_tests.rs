@@ -76,6 +76,28 @@ fn task_events_build_the_process_table() {
     assert_eq!((f.summary.totals.total, f.summary.totals.major, f.summary.totals.cow), (140, 5, 6));
 }
 
+#[test]
+fn mm_counts_made_after_an_exit_go_to_the_process_and_leave_the_map() {
+    let mut src = FakeSource::new(16);
+    src.push(&task(EventKind::TaskFork, CHILD, CHILD, PARENT, "work"));
+    src.push(&exit(CHILD, 0, "work"));
+    src.mm.insert(CHILD, MmStats { munmap_bytes: 3, tlb_pages: 5, ..MmStats::default() });
+    src.mm.insert(PARENT, MmStats { munmap_bytes: 1, ..MmStats::default() });
+    let families = Families { tlb: true, ..Families::default() };
+    let mut s = session(src, SessionOptions::new(families));
+    let t0 = s.started;
+    s.step(t0 + ms(10));
+    assert!(!s.source().mm.contains_key(&CHILD));
+    // The teardown's TLB flushes, counted after the exit was applied: the
+    // next tick takes them; the live parent's stay in the map.
+    s.source_mut().mm.insert(CHILD, MmStats { tlb_pages: 2, ..MmStats::default() });
+    s.step(t0 + ms(150));
+    assert!(!s.source().mm.contains_key(&CHILD), "a late aggregate left in the map");
+    assert!(s.source().mm.contains_key(&PARENT));
+    let m = s.known(CHILD).and_then(|p| p.mm).expect("child's mm counts");
+    assert_eq!((m.munmap_bytes, m.tlb_pages), (3, 7));
+}
+
 /// The exit of a thread that is not its group's leader.
 fn thread_exit(tid: u32, tgid: u32) -> vmtrace_common::TaskEvent {
     task(EventKind::TaskExit, tid, tgid, 0, "work")
@@ -287,14 +309,17 @@ fn a_released_process_keeps_its_stacks_and_call_sites() {
 /// and folded there.
 #[test]
 fn light_exited_processes_are_folded_away_and_the_end_is_the_same() {
-    use vmtrace_common::{StackCounts, StackKey};
-    const CHILDREN: u32 = 40;
+    use vmtrace_common::{GranuleCounts, GranuleKey, StackCounts, StackKey};
+    // More than a placing slice (64).
+    const CHILDREN: u32 = 70;
     let child = |i: u32| CHILD + 10 + i;
     let run = |fold_away: bool| {
         let mut src = FakeSource::new(1);
         src.stats.insert(PARENT, FaultStats { minor_time_ns: 1_000_000, minor_timed: 10_000, ..faults(10_000, 0) });
         src.user_stacks.insert(5, vec![0x1000, 0x2000]);
         src.user_stacks.insert(6, vec![0x1000, 0x3000]);
+        let g = GranuleCounts { faults: 10_000, touched: 1, ..GranuleCounts::default() };
+        src.granules.push((GranuleKey { tgid: PARENT, gen: 0, granule: 1 }, g));
         for i in 0..CHILDREN {
             let pid = child(i);
             src.push(&task(EventKind::TaskFork, pid, pid, PARENT, "work"));
@@ -309,6 +334,8 @@ fn light_exited_processes_are_folded_away_and_the_end_is_the_same() {
             }
             let site = MmStackKey { tgid: pid, call: MmCall::Munmap as u32, user_stack: 5, _pad: 0 };
             src.mm_stacks.push((site, MmStackCounts { calls: 3, ipis: 2 }));
+            let g = GranuleCounts { faults: n, touched: 1, ..GranuleCounts::default() };
+            src.granules.push((GranuleKey { tgid: pid, gen: 0, granule: 1 }, g));
         }
         let families = Families { regions: true, mmap: true, ..Families::default() };
         let opts = SessionOptions {
@@ -345,6 +372,12 @@ fn light_exited_processes_are_folded_away_and_the_end_is_the_same() {
             let e = sites.entry(format!("{} {}", m.comm, m.frames.len())).or_default();
             e.0 += m.calls;
             e.1 += m.ipis;
+        }
+        // Each process's regions (pid 0's included) add up to its faults.
+        let regions = f.summary.regions.clone().unwrap_or_default();
+        for p in &f.summary.processes {
+            let sum: u64 = regions.iter().filter(|r| r.pid == p.pid).map(|r| r.faults.total).sum();
+            assert_eq!(sum, p.faults.total, "regions of {} (fold away: {fold_away})", p.pid);
         }
         (gone, f.summary.totals.clone(), other, by_comm, sites, f.summary.folding.clone())
     };
