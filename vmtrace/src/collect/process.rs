@@ -2,7 +2,7 @@
 //! Built from the kernel's task events while processes live, so short-lived
 //! ones keep their identity after they are gone.
 use std::{
-    collections::{BTreeMap, BTreeSet, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fs,
     sync::Arc,
 };
@@ -110,6 +110,8 @@ pub(crate) struct ProcessTable {
     live: BTreeSet<u32>,
     /// Every distinct identity, kept once: the processes of a container share one.
     identities: HashSet<Arc<Identity>>,
+    /// Mapped files' paths, named once for every process mapping them.
+    file_names: FileNames,
 }
 
 /// Reading the table, and the changes the session makes to it besides the
@@ -493,12 +495,14 @@ fn rwx(prot: u64) -> String {
 
 /// A region as an mmap/mremap event describes it (the path of a file mapping
 /// is read from /proc/PID/fd while it is still open).
-pub(crate) fn region_from_event(ev: &vmtrace_common::MmEvent) -> crate::procmaps::Region {
+pub(crate) fn region_from_event(ev: &vmtrace_common::MmEvent, names: &mut FileNames) -> crate::procmaps::Region {
     use crate::{model::RegionKind, procmaps::Region};
     let shared = ev.flags & libc::MAP_SHARED as u64 != 0;
     let anon = ev.fd == u64::MAX || ev.flags & libc::MAP_ANONYMOUS as u64 != 0;
     let (kind, path) = if anon {
         (if shared { RegionKind::Shmem } else { RegionKind::Anon }, None)
+    } else if let Some(known) = names.get(ev.dev, ev.ino) {
+        (RegionKind::File, Some(known))
     } else {
         // The fd may be closed, or reused for another file, by now: the kernel
         // said which file it was; a name that is not that file is not used.
@@ -511,11 +515,11 @@ pub(crate) fn region_from_event(ev: &vmtrace_common::MmEvent) -> crate::procmaps
         // the descriptor is the file. Named without " (deleted)", as maps are.
         let path = named.and_then(|p| match p.strip_suffix(" (deleted)") {
             Some(gone) => is_it(&fd).then(|| gone.to_string()),
-            None => is_it(&p).then_some(p),
+            None => is_it(&p).then(|| names.learn(ev.dev, ev.ino, p)),
         });
         // A program may close the fd right after mmap (torch does): the
         // mapping itself still names its file.
-        let path = path.or_else(|| mapped_file_name(ev)).unwrap_or_else(|| {
+        let path = path.or_else(|| mapped_file_name(ev).map(|p| names.learn(ev.dev, ev.ino, p))).unwrap_or_else(|| {
             if ev.ino == 0 {
                 format!("[fd {}]", ev.fd as i64)
             } else {
@@ -528,6 +532,45 @@ pub(crate) fn region_from_event(ev: &vmtrace_common::MmEvent) -> crate::procmaps
     };
     let perms = format!("{}{}", rwx(ev.prot), if shared { 's' } else { 'p' });
     Region { start: ev.addr, end: ev.addr + ev.len, perms, offset: ev.offset, kind, path }
+}
+
+/// The paths of files mmap events named, by the kernel's (device, inode):
+/// every process of a node maps the same libraries, and naming each mapping
+/// from /proc (a readlink and a stat, then the mapping's own link or the
+/// whole maps file once the descriptor is closed) was a tenth of the
+/// collector's time under process churn. A name is used again only while
+/// it still is that file (one stat); the table is emptied when full.
+#[derive(Default)]
+pub(crate) struct FileNames {
+    by_file: HashMap<(u32, u64), String>,
+}
+
+impl FileNames {
+    const MAX: usize = 4096;
+
+    /// The path last seen for the file, if it still names it.
+    fn get(&mut self, dev: u32, ino: u64) -> Option<String> {
+        if ino == 0 {
+            return None;
+        }
+        let path = self.by_file.get(&(dev, ino))?;
+        if crate::regions::kernel_dev_ino(path).is_some_and(|(d, i, _)| (d, i) == (dev, ino)) {
+            return Some(path.clone());
+        }
+        self.by_file.remove(&(dev, ino));
+        None
+    }
+
+    /// Remembers a path checked to be the file; gives it back.
+    fn learn(&mut self, dev: u32, ino: u64, path: String) -> String {
+        if ino != 0 && path.starts_with('/') {
+            if self.by_file.len() >= Self::MAX {
+                self.by_file.clear();
+            }
+            self.by_file.insert((dev, ino), path.clone());
+        }
+        path
+    }
 }
 
 /// The path of the file an mmap event mapped, from the mapping while it is
@@ -573,7 +616,7 @@ impl ProcessTable {
         }
         let change = match ev.call {
             c if c == MmCall::Mmap as u32 => {
-                let r = region_from_event(ev);
+                let r = region_from_event(ev, &mut self.file_names);
                 let p = self.procs.entry(ev.tgid).or_default();
                 p.mapped.insert(r.clone());
                 p.maps_stale = true;
@@ -627,6 +670,27 @@ mod tests {
             kernel_maj_flt: 0,
             comm,
         }
+    }
+
+    #[test]
+    fn a_file_name_is_used_again_only_while_it_is_that_file() {
+        let dir = std::env::temp_dir().join(format!("vmtrace-names-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("lib.so");
+        std::fs::write(&path, b"one").unwrap();
+        let p = path.display().to_string();
+        let (dev, ino, _) = crate::regions::kernel_dev_ino(&p).unwrap();
+        let mut names = FileNames::default();
+        assert_eq!(names.get(dev, ino), None);
+        assert_eq!(names.learn(dev, ino, p.clone()), p);
+        assert_eq!(names.get(dev, ino).as_deref(), Some(p.as_str()));
+        // Replaced under the same name: another inode, the name is not used.
+        let other = dir.join("new.so");
+        std::fs::write(&other, b"two").unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        assert_eq!(names.get(dev, ino), None);
+        assert!(names.by_file.is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
