@@ -37,13 +37,35 @@ pub(crate) fn v2_memory_root() -> Option<PathBuf> {
 }
 
 /// The memory cgroup of `pid` (path relative to its hierarchy's root).
+/// Read for every process started: the mount table is looked at only when
+/// there is no v1 memory line, at most once a second.
 pub(crate) fn memory_cgroup_of(pid: u32) -> Option<(CgroupVersion, String)> {
-    parse_proc_cgroup(&fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?, v2_memory_root().is_some())
+    let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    memory_line(&text, v2_has_memory_lately)
+}
+
+/// [`v2_memory_root`]'s answer, read again once it is a second old.
+fn v2_has_memory_lately() -> bool {
+    use std::{sync::Mutex, time::Instant};
+    static LAST: Mutex<Option<(Instant, bool)>> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    match *last {
+        Some((at, has)) if at.elapsed() < std::time::Duration::from_secs(1) => has,
+        _ => {
+            let has = v2_memory_root().is_some();
+            *last = Some((Instant::now(), has));
+            has
+        }
+    }
 }
 
 /// Picks the memory cgroup from `/proc/PID/cgroup`: the v1 `memory` line, else
 /// the v2 line when v2 carries the memory controller.
 pub(crate) fn parse_proc_cgroup(text: &str, v2_has_memory: bool) -> Option<(CgroupVersion, String)> {
+    memory_line(text, || v2_has_memory)
+}
+
+fn memory_line(text: &str, v2_has_memory: impl FnOnce() -> bool) -> Option<(CgroupVersion, String)> {
     for line in text.lines() {
         let mut it = line.splitn(3, ':');
         let (_, ctrls, path) = (it.next()?, it.next()?, it.next()?);
@@ -51,7 +73,7 @@ pub(crate) fn parse_proc_cgroup(text: &str, v2_has_memory: bool) -> Option<(Cgro
             return Some((CgroupVersion::V1, path.to_string()));
         }
     }
-    if v2_has_memory {
+    if v2_has_memory() {
         return text.lines().find_map(|l| l.strip_prefix("0::")).map(|p| (CgroupVersion::V2, p.to_string()));
     }
     None

@@ -1098,6 +1098,14 @@ impl<S: AggregateSource> Session<S> {
             }
         }
         self.fold_away();
+        if self.released > before {
+            // What was let go lies scattered through the heap, between what
+            // is kept: glibc gives back only the heap's top by itself. Once a
+            // tick, not once a slice: each trim's pages were faulted back in
+            // by the next slice (the collector's own faults under churn).
+            // SAFETY: malloc_trim only returns free pages to the kernel.
+            unsafe { libc::malloc_trim(0) };
+        }
     }
 
     /// A storm or an OOM kill names `pid`: its row is never folded, and its
@@ -1151,10 +1159,6 @@ impl<S: AggregateSource> Session<S> {
         self.native.forget_retired(&pids);
         self.python.codes.forget_retired(&pids);
         self.released += pids.len() as u64;
-        // What was let go lies scattered through the heap, between what is
-        // kept: glibc gives back only the heap's top by itself.
-        // SAFETY: malloc_trim only returns free pages to the kernel.
-        unsafe { libc::malloc_trim(0) };
     }
 
     /// `build_regions` for live processes only.
