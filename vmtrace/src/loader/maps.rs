@@ -57,7 +57,7 @@ pub(super) struct Maps {
     /// Possible CPUs (the per-CPU values a batch read returns).
     cpus: Option<usize>,
     /// The kernel has the batch commands (5.6+): cleared at their first failure.
-    batch: std::cell::Cell<bool>,
+    batch: bool,
 }
 
 impl Maps {
@@ -90,44 +90,32 @@ impl Maps {
             rss_mm: take_map(ebpf, "RSS_MM")?,
             recent: take_map(ebpf, "RECENT").ok(),
             cpus: aya::util::nr_cpus().ok(),
-            batch: std::cell::Cell::new(true),
+            batch: true,
         })
-    }
-
-    /// The entries of per-CPU hash map `m` whose key `keep` says, summed
-    /// over CPUs, read in batches (`loader::batch`): a system call per
-    /// thousand entries instead of two an entry. `None` where the kernel
-    /// has no batch commands (the caller walks the map, and later calls do
-    /// not try again).
-    fn read_batched<K: aya::Pod, V: aya::Pod + Merge + Default>(
-        m: &PerCpuHashMap<MapData, K, V>,
-        cpus: Option<usize>,
-        batch: &std::cell::Cell<bool>,
-        keep: impl Fn(&K) -> bool,
-    ) -> Option<Vec<(K, V)>> {
-        let cpus = cpus.filter(|_| batch.get())?;
-        match super::batch::per_cpu_entries::<K, V>(m.map().fd().as_fd(), cpus, keep, V::merge) {
-            Ok(entries) => Some(entries),
-            Err(e) => {
-                log::debug!("batched map reads not available ({e}): maps are walked key by key");
-                batch.set(false);
-                None
-            }
-        }
     }
 
     /// Takes the entries of `tgids` (exited processes, whose entries no
     /// program adds to any more) out of per-CPU hash map `m`, summed over
-    /// CPUs: read in batches, their keys deleted in one. `None` where the
-    /// kernel has no batch commands.
+    /// CPUs: the map read in batches (`loader::batch`), their keys deleted
+    /// in one. `None` where the kernel has no batch commands (the caller
+    /// walks the map, and later calls do not try again).
     fn take_of_batched<K: aya::Pod + Eq + std::hash::Hash, V: aya::Pod + Merge + Default>(
         m: &mut PerCpuHashMap<MapData, K, V>,
         cpus: Option<usize>,
-        batch: &std::cell::Cell<bool>,
+        batch: &mut bool,
         tgids: &std::collections::HashSet<u32>,
         tgid_of: impl Fn(&K) -> u32,
     ) -> Option<Vec<(K, V)>> {
-        let taken = Self::read_batched(m, cpus, batch, |k| tgids.contains(&tgid_of(k)))?;
+        let cpus = cpus.filter(|_| *batch)?;
+        let fd = m.map().fd().as_fd();
+        let taken = match super::batch::per_cpu_entries::<K, V>(fd, cpus, |k| tgids.contains(&tgid_of(k)), V::merge) {
+            Ok(taken) => taken,
+            Err(e) => {
+                log::debug!("batched map reads not available ({e}): maps are walked key by key");
+                *batch = false;
+                return None;
+            }
+        };
         let keys: Vec<K> = taken.iter().map(|(k, _)| *k).collect();
         if let Err(e) = super::batch::delete(m.map().fd().as_fd(), &keys) {
             log::debug!("batched delete failed ({e}): deleting key by key");
@@ -235,10 +223,6 @@ impl AggregateSource for Probes {
 
     /// Every aggregate still in the kernel map, summed over CPUs.
     fn all_stats(&self) -> Vec<(u32, FaultStats)> {
-        let m = &self.maps;
-        if let Some(all) = Maps::read_batched(&m.fault_stats, m.cpus, &m.batch, |_| true) {
-            return all;
-        }
         let mut out = Vec::new();
         for item in self.maps.fault_stats.iter() {
             match item {
@@ -258,10 +242,6 @@ impl AggregateSource for Probes {
 
     /// Every mmap/TLB aggregate still in the kernel map.
     fn all_mm(&self) -> Vec<(u32, MmStats)> {
-        let m = &self.maps;
-        if let Some(all) = Maps::read_batched(&m.mm_stats, m.cpus, &m.batch, |_| true) {
-            return all;
-        }
         self.maps.mm_stats.iter().filter_map(Result::ok).map(|(k, v)| (k, sum_cpus(v.iter()))).collect()
     }
 
@@ -296,7 +276,7 @@ impl AggregateSource for Probes {
 
     fn take_mm_stacks(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(MmStackKey, MmStackCounts)> {
         let m = &mut self.maps;
-        if let Some(taken) = Maps::take_of_batched(&mut m.mm_stacks, m.cpus, &m.batch, tgids, |k| k.tgid) {
+        if let Some(taken) = Maps::take_of_batched(&mut m.mm_stacks, m.cpus, &mut m.batch, tgids, |k| k.tgid) {
             return taken;
         }
         let keys: Vec<MmStackKey> =
@@ -496,7 +476,7 @@ impl AggregateSource for Probes {
     /// ([`Self::granules_in_flight`]).
     fn take_granules(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(GranuleKey, GranuleCounts)> {
         let mut out: std::collections::BTreeMap<GranuleKey, GranuleCounts> = std::collections::BTreeMap::new();
-        let (cpus, batch) = (self.maps.cpus, &self.maps.batch);
+        let (cpus, batch) = (self.maps.cpus, &mut self.maps.batch);
         for map in [&mut self.maps.region_stats, &mut self.maps.region_late] {
             if let Some(taken) = Maps::take_of_batched(map, cpus, batch, tgids, |k| k.tgid) {
                 for (k, c) in taken {
