@@ -7,10 +7,7 @@ use std::{
 };
 
 use aya::{
-    maps::{
-        ring_buf::RingBufItem, IterableMap as _, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, RingBuf,
-        StackTraceMap,
-    },
+    maps::{ring_buf::RingBufItem, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, RingBuf, StackTraceMap},
     Ebpf,
 };
 use vmtrace_common::{
@@ -54,10 +51,6 @@ pub(super) struct Maps {
     /// Each CPU's stacks stored lately (`RECENT`: hash, id, clean), to be
     /// cleared when drained stacks are let go.
     recent: Option<PerCpuArray<MapData, [u64; 2]>>,
-    /// Possible CPUs (the per-CPU values a batch read returns).
-    cpus: Option<usize>,
-    /// The kernel has the batch commands (5.6+): cleared at their first failure.
-    batch: bool,
 }
 
 impl Maps {
@@ -89,41 +82,7 @@ impl Maps {
             drained: crate::stacks::drain::Drained::default(),
             rss_mm: take_map(ebpf, "RSS_MM")?,
             recent: take_map(ebpf, "RECENT").ok(),
-            cpus: aya::util::nr_cpus().ok(),
-            batch: true,
         })
-    }
-
-    /// Takes the entries of `tgids` (exited processes, whose entries no
-    /// program adds to any more) out of per-CPU hash map `m`, summed over
-    /// CPUs: the map read in batches (`loader::batch`), their keys deleted
-    /// in one. `None` where the kernel has no batch commands (the caller
-    /// walks the map, and later calls do not try again).
-    fn take_of_batched<K: aya::Pod + Eq + std::hash::Hash, V: aya::Pod + Merge + Default>(
-        m: &mut PerCpuHashMap<MapData, K, V>,
-        cpus: Option<usize>,
-        batch: &mut bool,
-        tgids: &std::collections::HashSet<u32>,
-        tgid_of: impl Fn(&K) -> u32,
-    ) -> Option<Vec<(K, V)>> {
-        let cpus = cpus.filter(|_| *batch)?;
-        let fd = m.map().fd().as_fd();
-        let taken = match super::batch::per_cpu_entries::<K, V>(fd, cpus, |k| tgids.contains(&tgid_of(k)), V::merge) {
-            Ok(taken) => taken,
-            Err(e) => {
-                log::debug!("batched map reads not available ({e}): maps are walked key by key");
-                *batch = false;
-                return None;
-            }
-        };
-        let keys: Vec<K> = taken.iter().map(|(k, _)| *k).collect();
-        if let Err(e) = super::batch::delete(m.map().fd().as_fd(), &keys) {
-            log::debug!("batched delete failed ({e}): deleting key by key");
-            for k in &keys {
-                let _ = m.remove(k);
-            }
-        }
-        Some(taken)
     }
 }
 
@@ -275,10 +234,6 @@ impl AggregateSource for Probes {
     }
 
     fn take_mm_stacks(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(MmStackKey, MmStackCounts)> {
-        let m = &mut self.maps;
-        if let Some(taken) = Maps::take_of_batched(&mut m.mm_stacks, m.cpus, &mut m.batch, tgids, |k| k.tgid) {
-            return taken;
-        }
         let keys: Vec<MmStackKey> =
             self.maps.mm_stacks.keys().filter_map(Result::ok).filter(|k| tgids.contains(&k.tgid)).collect();
         let mut out = Vec::new();
@@ -476,14 +431,7 @@ impl AggregateSource for Probes {
     /// ([`Self::granules_in_flight`]).
     fn take_granules(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(GranuleKey, GranuleCounts)> {
         let mut out: std::collections::BTreeMap<GranuleKey, GranuleCounts> = std::collections::BTreeMap::new();
-        let (cpus, batch) = (self.maps.cpus, &mut self.maps.batch);
         for map in [&mut self.maps.region_stats, &mut self.maps.region_late] {
-            if let Some(taken) = Maps::take_of_batched(map, cpus, batch, tgids, |k| k.tgid) {
-                for (k, c) in taken {
-                    out.entry(k).or_default().merge(&c);
-                }
-                continue;
-            }
             let keys: Vec<GranuleKey> = map.keys().filter_map(Result::ok).filter(|k| tgids.contains(&k.tgid)).collect();
             for k in keys {
                 if let Ok(v) = map.get(&k, 0) {

@@ -14,7 +14,6 @@ use vmtrace_common::{Config, GranuleCounts, GranuleKey};
 use crate::{kernel::btf as kbtf, perf::EndPrograms, stacks::StackMode};
 
 mod attach;
-mod batch;
 mod btf;
 mod check;
 pub mod hooks;
