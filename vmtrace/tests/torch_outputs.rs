@@ -36,7 +36,7 @@ fn a_stack_on_every_fault_of_a_torch_job_keeps_them_all() {
     let output = vmtrace()
         .env("VMTRACE_JOB_STATS", stats.path())
         // The collector says its own peak memory at the end.
-        .env("RUST_LOG", "warn,vmtrace::record=info")
+        .env("RUST_LOG", "warn,vmtrace::record=info,vmtrace::tick=debug")
         .args(["record", "--stack-sample", "1", "--out"])
         .arg(out.path())
         .arg("--")

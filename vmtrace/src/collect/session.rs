@@ -49,8 +49,15 @@ const REFOLD_FIRST: usize = 4096;
 pub(crate) const RELEASE_ABOVE: usize = 512;
 /// Processes symbolized at once, and the time a tick may spend on them.
 const RELEASE_SLICE: usize = 32;
-/// Retired processes placed in their regions (and their rows folded) at a time.
+/// A tick that takes this long says where its time went (debug).
+const SLOW_TICK: Duration = Duration::from_millis(200);
+/// Retired processes placed in their regions (and their rows folded) at a
+/// time: up to `PLACE_SLICE` of them, and no more once `PLACE_GRANULES` of
+/// their granules are in the slice (a torch worker has thousands: eight of
+/// them placed at once held the ring buffer's drain for seconds on a busy
+/// machine). A process's granules are never split.
 const PLACE_SLICE: usize = 64;
+const PLACE_GRANULES: usize = 2048;
 const RELEASE_BUDGET: Duration = Duration::from_millis(250);
 /// Slices after which the symbolizer's object files are closed: parsing
 /// them again costs more than symbolizing a slice, holding them all keeps
@@ -481,6 +488,14 @@ impl<S: AggregateSource> Session<S> {
             return;
         }
         self.last_storm_tick = now;
+        // Where a slow tick's time went (`RUST_LOG=vmtrace::tick=debug`).
+        let mut marks = [Duration::ZERO; 5];
+        let mut mark = |i: usize, at: &mut Instant| {
+            let t = Instant::now();
+            marks[i] = t.saturating_duration_since(*at);
+            *at = t;
+        };
+        let mut at = Instant::now();
         if self.opts.families.tlb || self.opts.families.mmap {
             self.mm_tick(self.seconds_at(now));
         }
@@ -491,19 +506,41 @@ impl<S: AggregateSource> Session<S> {
             let live: Vec<u32> = self.table.live_pids().iter().copied().collect();
             p.tick(now, &live);
         }
+        mark(0, &mut at);
         if self.opts.stacks.is_some() || self.opts.families.regions {
             let source = &self.source;
             self.maps_refresh.run(now, &mut self.table, &|pid| source.map_gen(pid));
         }
+        mark(1, &mut at);
         if self.wants_python() {
             self.python.tick(now, &self.table, &mut self.source);
         }
+        mark(2, &mut at);
         self.retire_exited(now);
-        if self.opts.stacks.is_some() {
-            let fresh = self.source.drain_stacks();
-            if self.wants_python() {
-                self.python.read_drained(now, fresh);
-            }
+        mark(3, &mut at);
+        self.take_stacks(now);
+        mark(4, &mut at);
+        let took = now.elapsed();
+        if took >= SLOW_TICK {
+            let [counts, maps, python, retire, stacks] = marks;
+            log::debug!(
+                target: "vmtrace::tick",
+                "slow tick {took:?}: counters {counts:?}, maps {maps:?}, python {python:?}, retire {retire:?}, stacks {stacks:?}"
+            );
+        }
+    }
+
+    /// Moves the fault stacks counted since the last drain out of the
+    /// kernel's maps (and reads the code objects of new Python frames), so
+    /// that the maps have room: a torch job with a stack on every fault
+    /// fills `FAULT_STACKS` in about a second.
+    fn take_stacks(&mut self, now: Instant) {
+        if self.opts.stacks.is_none() {
+            return;
+        }
+        let fresh = self.source.drain_stacks();
+        if self.wants_python() {
+            self.python.read_drained(now, fresh);
         }
     }
 
@@ -738,9 +775,11 @@ impl<S: AggregateSource> Session<S> {
     /// Between the slices of a tick's long work (placing and releasing
     /// hundreds of exited processes can take half a second under churn):
     /// the events that came meanwhile are applied, so that the ring buffer
-    /// does not fill while the tick works.
+    /// does not fill while the tick works; nor do the stack maps.
     fn keep_up(&mut self) {
-        self.drain_at(Instant::now());
+        let now = Instant::now();
+        self.drain_at(now);
+        self.take_stacks(now);
     }
 
     /// Fault aggregates of every process: taken at exit, or still in the map.
@@ -992,7 +1031,9 @@ impl<S: AggregateSource> Session<S> {
         while !rest.is_empty() {
             let mut end = 0;
             let mut pids = 0;
-            while end < rest.len() && (pids < PLACE_SLICE || rest[end].0.tgid == rest[end - 1].0.tgid) {
+            while end < rest.len()
+                && ((pids < PLACE_SLICE && end < PLACE_GRANULES) || rest[end].0.tgid == rest[end - 1].0.tgid)
+            {
                 if end == 0 || rest[end].0.tgid != rest[end - 1].0.tgid {
                     pids += 1;
                 }
