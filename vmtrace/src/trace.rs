@@ -225,6 +225,8 @@ pub struct Tracer {
     perf: Option<PerfProbe>,
     /// The kernel counts programs' run time while this is held.
     run_stats: Option<std::os::fd::OwnedFd>,
+    /// The nice the collector had before `raise_priority`.
+    restore_nice: Option<i32>,
 }
 
 /// What [`Tracer::stop`] read at the moment counting stopped.
@@ -244,8 +246,10 @@ impl Tracer {
         let run_stats = plan.probe_stats.then(crate::loader::enable_run_stats).transpose()?;
         install_stop_handlers();
         let (info, child, perf) = start_target(&mut session, &plan.target, plan.families.perf, output)?;
+        // After the command was forked: it keeps the nice it was given.
+        let restore_nice = raise_priority();
         session.start_clock();
-        Ok(Self { session, info, child, perf, run_stats })
+        Ok(Self { session, info, child, perf, run_stats, restore_nice })
     }
 
     /// The collecting session (poll it, take snapshots).
@@ -293,6 +297,11 @@ impl Tracer {
     /// the programs' run time), and detaches the programs as `detach` says.
     pub fn stop(&mut self, detach: Detach) -> Stopped {
         self.stop_counting();
+        // Building the reports may take seconds beside a job still running
+        // (`-p`, `--duration`): that work is not urgent.
+        if let Some(nice) = self.restore_nice.take() {
+            let _ = set_nice(nice);
+        }
         let program_stats = self.run_stats.is_some().then(|| self.session.source().program_stats());
         let perf = self.perf.take().map(PerfProbe::finish);
         match detach {
@@ -306,6 +315,53 @@ impl Tracer {
     /// The session and the target, to build the summary from.
     pub fn into_parts(self) -> (Session<Probes>, TargetInfo, Option<GatedChild>) {
         (self.session, self.info, self.child)
+    }
+}
+
+/// The collector's nice while it traces (`VMTRACE_NICE`, `off` to leave
+/// it as it is). A job that keeps every CPU busy (a DataLoader's workers)
+/// otherwise starves it: on 2 CPUs beside a torch job's 9 busy processes a
+/// 100 ms tick took 2-20 s of wall time for 0.3 s of CPU, and the stack map
+/// and the rings filled meanwhile (docs/performance.md). The collector uses
+/// what it uses either way; it gets the CPU when it needs it.
+const TRACING_NICE: i32 = -10;
+
+/// Sets the collector's nice to `TRACING_NICE` (or `VMTRACE_NICE`) unless
+/// it already runs at that or higher; returns the nice to restore. Every
+/// thread started later inherits it.
+fn raise_priority() -> Option<i32> {
+    let want = match std::env::var("VMTRACE_NICE") {
+        Ok(v) if v == "off" => return None,
+        Ok(v) => {
+            if let Ok(n) = v.parse::<i32>() {
+                n.clamp(-20, 19)
+            } else {
+                log::warn!("VMTRACE_NICE={v:?} is not a nice value (-20..19) or `off`: using {TRACING_NICE}");
+                TRACING_NICE
+            }
+        }
+        Err(_) => TRACING_NICE,
+    };
+    // SAFETY: no pointers. `who` 0 is the calling thread.
+    let old = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+    if old <= want {
+        return None;
+    }
+    match set_nice(want) {
+        Ok(()) => Some(old),
+        Err(e) => {
+            log::debug!("the collector stays at nice {old} ({e}): a job keeping every CPU busy may delay its drains");
+            None
+        }
+    }
+}
+
+fn set_nice(nice: i32) -> std::io::Result<()> {
+    // SAFETY: no pointers. `who` 0 is the calling thread.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 

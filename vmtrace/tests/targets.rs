@@ -268,3 +268,25 @@ fn a_full_disk_keeps_the_summary_and_names_every_file_it_lost() {
         }
     }
 }
+
+/// The nice in a /proc/PID/stat line (field 19).
+fn nice_in_stat(stat: &str) -> i32 {
+    let after_comm = stat.rsplit_once(')').expect("comm").1;
+    after_comm.split_whitespace().nth(16).expect("field 19").parse().expect("a nice")
+}
+
+#[test]
+fn the_collector_raises_its_priority_and_the_command_keeps_its_own() {
+    privileged!();
+    let ours = nice_in_stat(&std::fs::read_to_string("/proc/self/stat").unwrap());
+    // The command prints its parent's (vmtrace's) stat line and its own.
+    let script = "sleep 0.3; cat /proc/$PPID/stat; cat /proc/$$/stat";
+    let run = record(&["--events", "faults", "--stacks", "none"], &["sh", "-c", script]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let stdout = String::from_utf8_lossy(&run.output.stdout);
+    let lines: Vec<&str> = stdout.lines().filter(|l| l.contains(") ")).collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert!(lines[0].contains("(vmtrace)"), "the command's parent is the collector: {stdout}");
+    assert_eq!(nice_in_stat(lines[0]), ours.min(-10).max(-20), "the collector while it traces: {stdout}");
+    assert_eq!(nice_in_stat(lines[1]), ours, "the command keeps the nice it was started with: {stdout}");
+}
