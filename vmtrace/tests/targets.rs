@@ -287,6 +287,6 @@ fn the_collector_raises_its_priority_and_the_command_keeps_its_own() {
     let lines: Vec<&str> = stdout.lines().filter(|l| l.contains(") ")).collect();
     assert_eq!(lines.len(), 2, "{stdout}");
     assert!(lines[0].contains("(vmtrace)"), "the command's parent is the collector: {stdout}");
-    assert_eq!(nice_in_stat(lines[0]), ours.min(-10).max(-20), "the collector while it traces: {stdout}");
+    assert_eq!(nice_in_stat(lines[0]), ours.clamp(-20, -10), "the collector while it traces: {stdout}");
     assert_eq!(nice_in_stat(lines[1]), ours, "the command keeps the nice it was started with: {stdout}");
 }
