@@ -210,6 +210,8 @@ fn read_event<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
 struct Batch {
     exited: Vec<u32>,
     born: Vec<u32>,
+    /// Those of `born` that exec'd: the table read their memory cgroup then.
+    execd: Vec<u32>,
     ooms: Vec<OomEvent>,
     /// User stacks with Python frames, new in the map.
     py_stored: Vec<u32>,
@@ -246,6 +248,9 @@ impl Batch {
                     self.exited.push(ev.tgid);
                 } else if ev.hdr.kind != EventKind::TaskExit as u32 {
                     self.born.push(ev.tgid);
+                    if ev.hdr.kind == EventKind::TaskExec as u32 {
+                        self.execd.push(ev.tgid);
+                    }
                 }
                 if let (Some(t), Some(kind)) = (trace, tracelog::task_kind(ev.hdr.kind)) {
                     t.task(&ev, kind);
@@ -729,6 +734,9 @@ impl<S: AggregateSource> Session<S> {
         // same batch, is gone from the table: reading its /proc now would fail
         // and give it back an entry (its parent's maps) as a process.
         born.retain(|tgid| self.table.contains(*tgid));
+        // A fork and its exec in one batch: one process to read.
+        born.sort_unstable();
+        born.dedup();
         if self.opts.stacks.is_some() || self.opts.families.regions {
             let source = &self.source;
             for &tgid in &born {
@@ -736,7 +744,9 @@ impl<S: AggregateSource> Session<S> {
             }
         }
         if self.opts.families.oom {
-            for tgid in born {
+            // An exec'd process's cgroup was read as the exec was applied.
+            batch.execd.sort_unstable();
+            for tgid in born.into_iter().filter(|p| batch.execd.binary_search(p).is_err()) {
                 if let Some(cg) = oom::memory_cgroup_of(tgid) {
                     self.table.set_cgroup(tgid, cg);
                 }
