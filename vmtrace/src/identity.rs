@@ -154,8 +154,13 @@ pub fn identity_from(cgroup: Option<&str>, environ: Option<&[u8]>) -> Identity {
 /// `/proc/PID/stat`).
 pub fn read(pid: u32) -> Option<Identity> {
     let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    read_with_cgroup(pid, &cgroup)
+}
+
+/// [`read`] with `/proc/PID/cgroup` already read (`cgroup`, its text).
+pub fn read_with_cgroup(pid: u32, cgroup: &str) -> Option<Identity> {
     let environ = fs::read(format!("/proc/{pid}/environ")).ok();
-    running(pid).then(|| identity_from(Some(&cgroup), environ.as_deref()))
+    running(pid).then(|| identity_from(Some(cgroup), environ.as_deref()))
 }
 
 /// The kernel's `PF_EXITING` task flag (include/linux/sched.h).

@@ -41,7 +41,12 @@ pub(crate) fn v2_memory_root() -> Option<PathBuf> {
 /// there is no v1 memory line, at most once a second.
 pub(crate) fn memory_cgroup_of(pid: u32) -> Option<(CgroupVersion, String)> {
     let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    memory_line(&text, v2_has_memory_lately)
+    memory_cgroup_in(&text)
+}
+
+/// The memory cgroup named by a `/proc/PID/cgroup` text already read.
+pub(crate) fn memory_cgroup_in(text: &str) -> Option<(CgroupVersion, String)> {
+    memory_line(text, v2_has_memory_lately)
 }
 
 /// [`v2_memory_root`]'s answer, read again once it is a second old.

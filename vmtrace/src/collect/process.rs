@@ -399,12 +399,14 @@ impl ProcessTable {
                 // A launcher moves itself into a cgroup and then execs (systemd-run,
                 // cgexec, a test's scratch memcg): the cgroup seen at fork is stale,
                 // and an OOM victim is often gone before its /proc can be read.
-                if let Some(cg) = crate::oom::memory_cgroup_of(ev.tgid) {
+                // One read of /proc/PID/cgroup for both.
+                let cgroup = std::fs::read_to_string(format!("/proc/{}/cgroup", ev.tgid)).ok();
+                if let Some(cg) = cgroup.as_deref().and_then(crate::oom::memory_cgroup_in) {
                     p.cgroup = Some(cg);
                 }
                 // exec gave it a new environment (a launcher sets RANK for it);
                 // one already gone keeps what it inherited.
-                if let Some(id) = crate::identity::read(ev.tgid) {
+                if let Some(id) = cgroup.and_then(|text| crate::identity::read_with_cgroup(ev.tgid, &text)) {
                     let id = self.intern(id);
                     if let Some(p) = self.procs.get_mut(&ev.tgid) {
                         p.identity = Some(id);
