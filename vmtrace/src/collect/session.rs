@@ -495,12 +495,12 @@ impl<S: AggregateSource> Session<S> {
         self.last_storm_tick = now;
         // Where a slow tick's time went (`RUST_LOG=vmtrace::tick=debug`).
         let mut marks = [Duration::ZERO; 5];
-        let mut mark = |i: usize, at: &mut Instant| {
-            let t = Instant::now();
-            marks[i] = t.saturating_duration_since(*at);
-            *at = t;
-        };
         let mut at = Instant::now();
+        let mut mark = |i: usize| {
+            let t = Instant::now();
+            marks[i] = t.saturating_duration_since(at);
+            at = t;
+        };
         if self.opts.families.tlb || self.opts.families.mmap {
             self.mm_tick(self.seconds_at(now));
         }
@@ -511,20 +511,20 @@ impl<S: AggregateSource> Session<S> {
             let live: Vec<u32> = self.table.live_pids().iter().copied().collect();
             p.tick(now, &live);
         }
-        mark(0, &mut at);
+        mark(0);
         if self.opts.stacks.is_some() || self.opts.families.regions {
             let source = &self.source;
             self.maps_refresh.run(now, &mut self.table, &|pid| source.map_gen(pid));
         }
-        mark(1, &mut at);
+        mark(1);
         if self.wants_python() {
             self.python.tick(now, &self.table, &mut self.source);
         }
-        mark(2, &mut at);
+        mark(2);
         self.retire_exited(now);
-        mark(3, &mut at);
+        mark(3);
         self.take_stacks(now);
-        mark(4, &mut at);
+        mark(4);
         let took = now.elapsed();
         if took >= SLOW_TICK {
             let [counts, maps, python, retire, stacks] = marks;
