@@ -129,8 +129,12 @@ pub struct KernelOffsets {
     /// `signal_struct.rlim` (`struct rlimit[RLIM_NLIMITS]`): a failed
     /// locking call's `RLIMIT_MEMLOCK`, read as it returns.
     pub signal_rlim: u32,
+    /// `task_struct.pagefault_disabled`: nonzero while the task runs with
+    /// page faults disabled (a nofault user read, an atomic copy), where a
+    /// kernel-mode fault is fixed up, never handled or accounted.
+    pub task_pagefault_disabled: u32,
 }
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 148);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 152);
 
 impl KernelOffsets {
     pub const MISSING: u32 = u32::MAX;
@@ -172,6 +176,7 @@ impl KernelOffsets {
         mm_locked_vm: Self::MISSING,
         mm_pinned_vm: Self::MISSING,
         signal_rlim: Self::MISSING,
+        task_pagefault_disabled: Self::MISSING,
     };
 }
 

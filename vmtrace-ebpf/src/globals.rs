@@ -84,3 +84,11 @@ pub fn koffset_task_fsbase() -> u32 {
     // SAFETY: as for `config`.
     unsafe { core::ptr::read_volatile(&raw const KOFFSETS.task_fsbase) }
 }
+
+/// `task_struct.pagefault_disabled` read alone: the fault start hook checks
+/// it on each kernel-mode fault (`inflight::nofault_read`).
+#[inline(always)]
+pub fn koffset_task_pagefault_disabled() -> u32 {
+    // SAFETY: as for `config`.
+    unsafe { core::ptr::read_volatile(&raw const KOFFSETS.task_pagefault_disabled) }
+}

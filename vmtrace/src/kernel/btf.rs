@@ -255,6 +255,7 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         mm_locked_vm: o("mm_struct", "locked_vm")?,
         mm_pinned_vm: o("mm_struct", "pinned_vm")?,
         signal_rlim: o("signal_struct", "rlim")?,
+        task_pagefault_disabled: o("task_struct", "pagefault_disabled")?,
         pcpu_count: o("percpu_counter", "count")?,
         // Before 6.2 `rss_stat` is a `struct mm_rss_stat` of atomics, and
         // the tracepoint carries the count (`TP_PROTO(mm, member, count)`).
