@@ -206,9 +206,9 @@ fn process_section(s: &Summary) -> String {
         .take(30)
         .map(|p| {
             let f = &p.faults;
-            let cmd = match (&p.cmdline, shared(&p.comm)) {
-                (Some(c), true) => wrapping(&short_cmdline(c, 100)),
-                _ => String::new(),
+            let cmd = match shared(&p.comm).then(|| super::words::told_apart(s, p, 100)).flatten() {
+                Some(who) => wrapping(&who),
+                None => String::new(),
             };
             vec![
                 p.pid.to_string(),
@@ -255,7 +255,8 @@ fn process_section(s: &Summary) -> String {
     }
     out.push_str(
         "<p class='note'>p50/p99: upper bounds of 4× latency buckets, the same scale as the regions'. \
-         The command line is shown where processes share a name.</p>",
+         Where processes share a name, the command line tells them apart, and a worker forked by a traced \
+         process of the same program is \"worker N of PPID\".</p>",
     );
     out
 }

@@ -236,10 +236,11 @@ fn process_table(out: &mut String, s: &Summary) {
         if any_shared { format!("{:<14}  COMMAND", "EXIT") } else { "EXIT".into() }
     );
     for p in procs.iter().take(MAX_ROWS) {
-        let exit = match (&p.cmdline, shared(&p.comm)) {
+        let apart = if shared(&p.comm) { super::words::told_apart(s, p, 60) } else { None };
+        let exit = match apart {
             _ if p.folded > 0 => folded_names(p),
-            (Some(cmd), true) => format!("{:<14}  {}", exit_text(p.exit_code), super::words::short_cmdline(cmd, 60)),
-            _ => exit_text(p.exit_code),
+            Some(who) => format!("{:<14}  {who}", exit_text(p.exit_code)),
+            None => exit_text(p.exit_code),
         };
         let (pid, comm) = who(p);
         row(out, &pid, &comm, &p.faults, &exit);

@@ -1,7 +1,7 @@
 //! Plain words for what the tables and the report say about a recording:
 //! probes that differ from the preferred ones, long command lines, counts
 //! and estimates.
-use crate::model::Summary;
+use crate::model::{Process, Summary};
 
 /// What differs from the preferred probes on this kernel, each once, and
 /// what it means for the numbers; nothing when every probe is the preferred one.
@@ -69,6 +69,16 @@ pub fn short_cmdline(cmdline: &str, max: usize) -> String {
     let start: String = s.chars().take(head).collect();
     let end: String = s.chars().skip(n - tail).collect();
     format!("{start}…{end}")
+}
+
+/// What tells a process apart from others of its name, in at most `max`
+/// characters: "worker N of PPID" for a worker its traced parent forked
+/// (same program: its command line is the parent's), else its command line.
+pub fn told_apart(s: &Summary, p: &Process, max: usize) -> Option<String> {
+    match crate::model::findings::worker_of(s, p) {
+        Some((n, ppid)) => Some(format!("worker {n} of {ppid}")),
+        None => p.cmdline.as_deref().map(|c| short_cmdline(c, max)),
+    }
 }
 
 /// 65710 → "65,710": counts people read.
