@@ -252,6 +252,9 @@ pub enum WorkloadCmd {
         /// Ask for transparent huge pages (default: MADV_NOHUGEPAGE).
         #[arg(long)]
         huge: bool,
+        /// Give no huge-page advice at all: the system's THP mode decides.
+        #[arg(long, conflicts_with = "huge")]
+        no_advice: bool,
         #[arg(long, default_value_t = 1)]
         threads: usize,
         /// Sleep this many ms after each MiB (a slowly growing hog).

@@ -124,8 +124,8 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Workload(w) => {
             let r = match w {
-                WorkloadCmd::Touch { mib, huge, threads, pace_ms, unmap } => {
-                    workload::first_touch(mib, huge, threads, pace_ms, unmap)
+                WorkloadCmd::Touch { mib, huge, no_advice, threads, pace_ms, unmap } => {
+                    workload::first_touch(mib, (!no_advice).then_some(huge), threads, pace_ms, unmap)
                 }
                 WorkloadCmd::FileRead { path, random, stride, cold } => {
                     workload::file_read(&path, random, stride, cold)

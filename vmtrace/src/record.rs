@@ -111,6 +111,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     };
     // Before report.html (it links it) and before folding: every process.
     let trace_failure = trace.and_then(|log| write_perfetto(&opts.out, &summary, &log));
+    note_malloc_trims(&mut summary, &mm_sites);
     derive_and_fold(&mut summary, &stacks, resident.as_ref().map(|r| r.peak.as_slice()), opts.output.fold_below);
     let writing = Instant::now();
     let mut write_failures = report::write_recording_with(&opts.out, &summary, &stack_outputs, &opts.output);
@@ -145,6 +146,24 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     };
     let exit_status = report_write_failures(&opts.out, &write_failures, command_status);
     Ok(RecordOutcome { summary, exit_status, write_failures })
+}
+
+/// Each process's brk calls made inside its own `malloc_trim()` (a site
+/// whose stack has that frame), for the heap-trim finding: those trims go
+/// on whatever `M_TRIM_THRESHOLD` says.
+fn note_malloc_trims(summary: &mut Summary, mm_sites: &[crate::model::MmSite]) {
+    let mut by_pid: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
+    for site in mm_sites {
+        let brk = site.frames.last().is_some_and(|f| f == "[brk]");
+        if brk && site.frames.iter().any(|f| f.contains("malloc_trim")) {
+            *by_pid.entry(site.pid).or_default() += site.calls;
+        }
+    }
+    for p in &mut summary.processes {
+        if let (Some(n), Some(m)) = (by_pid.get(&p.pid), p.mmap.as_mut()) {
+            m.brk_in_malloc_trim = *n;
+        }
+    }
 }
 
 /// What the summaries open with, from every row before the small ones are

@@ -66,6 +66,13 @@ fn demo_runs_every_scenario_and_reports_what_it_shows() {
             .collect()
     };
     assert_eq!(kinds("ckpt-mmap-random-cold"), ["cold_file_random_reads"]);
+    // No advice where THP is `madvise`: the big buffer gets 4 KiB pages and
+    // a finding; under `always` it gets huge pages, under `never` nothing
+    // could be asked: silent either way.
+    let thp_mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    let madvise = thp_mode.contains("[madvise]");
+    let unadvised: &[&str] = if madvise { &["huge_pages_unused"] } else { &[] };
+    assert_eq!(kinds("first-touch-no-advice"), unadvised, "THP: {thp_mode}");
     assert!(kinds("cow-refcount").iter().filter(|k| *k == "fork_cow").count() == 2, "{:?}", kinds("cow-refcount"));
     assert_eq!(kinds("oom-64mib-cgroup"), ["oom_kill"]);
     // The heap trim: the finding with glibc's defaults, and its fix (the

@@ -354,6 +354,8 @@ pub(crate) fn mmap_counts(m: &MmStats) -> MmapCounts {
         brk: m.calls[MmCall::Brk as usize],
         // Told from the streamed brk events (`ProcessTable::note_change`), not the kernel's counts.
         brk_shrinks: 0,
+        // From the call sites' stacks, at the end (`record::derive_and_fold`).
+        brk_in_malloc_trim: 0,
         madvise_by_advice: m
             .advice
             .iter()

@@ -132,6 +132,12 @@ fn scenarios(exe: &Path, bin: &Path, ckpt: &str) -> Vec<Scenario> {
             argv: workload(&named("touch-thp"), &["touch", "--mib", "256", "--huge"]),
         },
         Scenario {
+            group: "1. first touch",
+            name: "first-touch-no-advice",
+            what: "256 MiB, no huge-page advice (the system's THP mode decides)",
+            argv: workload(&named("touch-plain"), &["touch", "--mib", "256", "--no-advice"]),
+        },
+        Scenario {
             group: "2. checkpoint load",
             name: "ckpt-read-cold",
             what: "read() into a buffer, cold page cache",

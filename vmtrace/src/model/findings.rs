@@ -260,27 +260,48 @@ fn heap_trim(s: &Summary, out: &mut Vec<Finding>) {
         }
         let setting = pow2_at_least(pages * PAGE * 2, HEAP_SUGGESTED_MIN);
         let avoidable = faults - pages;
+        // Trims the program asks for itself: no threshold stops them.
+        let explicit = m.brk_in_malloc_trim > 0 && m.brk_in_malloc_trim * 2 >= m.brk_shrinks;
+        let who = if explicit {
+            format!(
+                "the program's own malloc_trim() calls give the free top of the heap back to the kernel ({} of the \
+                 brk calls were inside malloc_trim)",
+                m.brk_in_malloc_trim
+            )
+        } else {
+            "glibc gives the free top of the heap back to the kernel".to_string()
+        };
+        let fix = if explicit {
+            format!(
+                "Call malloc_trim() less often: once after a phase that freed a lot (a load, an epoch), not after \
+                 each round (MALLOC_TRIM_THRESHOLD_ does not stop it); or let it keep room for the next round: \
+                 malloc_trim({setting}) leaves that much free at the top of the heap"
+            )
+        } else {
+            format!(
+                "Keep the heap: run with MALLOC_TRIM_THRESHOLD_={setting} MALLOC_TOP_PAD_={setting} \
+                 (or mallopt(M_TRIM_THRESHOLD, …) and mallopt(M_TOP_PAD, …) at start-up), or use jemalloc or \
+                 mimalloc (LD_PRELOAD)"
+            )
+        };
         let mut f = finding(
             s,
             "heap_trim_refault",
             p.pid,
             format!(
                 "The heap took {faults} faults on {pages} distinct pages ({per_page:.0} per page) and was trimmed {} \
-                 times (brk moved the break down; {} brk calls in all): glibc gives the free top of the heap back to \
-                 the kernel, and the next allocations fault it in again.",
+                 times (brk moved the break down; {} brk calls in all): {who}, and the next allocations fault it in \
+                 again.",
                 m.brk_shrinks, m.brk
             ),
-            format!(
-                "Keep the heap: run with MALLOC_TRIM_THRESHOLD_={setting} MALLOC_TOP_PAD_={setting} \
-                 (or mallopt(M_TRIM_THRESHOLD, …) and mallopt(M_TOP_PAD, …) at start-up), or use jemalloc or \
-                 mimalloc (LD_PRELOAD)"
-            ),
+            fix,
         );
         ev(&mut f, "heap_faults", faults);
         ev(&mut f, "heap_pages_touched", pages);
         ev(&mut f, "faults_per_page", (per_page * 10.0).round() / 10.0);
         ev(&mut f, "brk_calls", m.brk);
         ev(&mut f, "heap_trims", m.brk_shrinks);
+        ev(&mut f, "brk_in_malloc_trim", m.brk_in_malloc_trim);
         ev(&mut f, "heap_fault_time_ns", time_ns);
         ev(&mut f, "process_faults", p.faults.total);
         ev(&mut f, "suggested_bytes", setting);

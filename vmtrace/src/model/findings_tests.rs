@@ -143,6 +143,25 @@ fn heap_trim_fires_on_refaults_with_brk() {
 }
 
 #[test]
+fn heap_trim_by_the_programs_own_malloc_trim_asks_for_fewer_calls() {
+    // 100 trims, 116 brk calls under malloc_trim (its stacks): the
+    // threshold is no fix; the call is.
+    let mut s = heap_trim_summary(601_588, 1_521, 13_203, 100);
+    s.processes[0].mmap.as_mut().unwrap().brk_in_malloc_trim = 116;
+    let f = diagnose(&s);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(f[0].evidence["brk_in_malloc_trim"], 116);
+    assert!(f[0].summary.contains("the program's own malloc_trim() calls"), "{}", f[0].summary);
+    assert!(f[0].fix.starts_with("Call malloc_trim() less often"), "{}", f[0].fix);
+    assert!(f[0].fix.contains("malloc_trim(67108864)"), "{}", f[0].fix);
+    assert!(!f[0].fix.contains("MALLOC_TRIM_THRESHOLD_="), "{}", f[0].fix);
+    // A few explicit calls among glibc's own trims: the threshold is the fix.
+    s.processes[0].mmap.as_mut().unwrap().brk_in_malloc_trim = 10;
+    let f = diagnose(&s);
+    assert!(f[0].fix.starts_with("Keep the heap"), "{}", f[0].fix);
+}
+
+#[test]
 fn heap_trim_suggests_twice_a_large_heap() {
     // 100,000 pages (390 MiB) touched: 2× rounded up to a power of two, 1 GiB.
     let s = heap_trim_summary(1_000_000, 100_000, 5_000, 400);
@@ -177,6 +196,23 @@ fn python_fork(worker_objects: u64) -> Summary {
     let mut all = vec![parent];
     all.extend(ws);
     summary(all)
+}
+
+/// The process tables tell workers apart the way the findings name them:
+/// their command line is their parent's, so it says nothing.
+#[test]
+fn process_tables_name_workers_as_the_findings_do() {
+    let mut s = python_fork(20_408);
+    for p in &mut s.processes {
+        p.cmdline = Some("/usr/bin/python train.py --workers 2".into());
+    }
+    let text = crate::report::text::render(&s);
+    let row = |pid: &str| text.lines().find(|l| l.trim_start().starts_with(pid)).unwrap_or_default().to_string();
+    assert!(row("100 ").ends_with("python train.py --workers 2"), "{text}");
+    assert!(row("101 ").ends_with("worker 0 of 100"), "{text}");
+    assert!(row("102 ").ends_with("worker 1 of 100"), "{text}");
+    let html = crate::report::html::render(&s, std::path::Path::new("/nonexistent"));
+    assert!(html.contains("worker 1 of 100"), "report.html names the worker");
 }
 
 #[test]

@@ -240,6 +240,10 @@ pub struct MmapCounts {
     /// past `M_TRIM_THRESHOLD`, malloc_trim). Absent in older summaries.
     #[serde(default)]
     pub brk_shrinks: u64,
+    /// Of `brk`: calls made inside the program's own `malloc_trim()`, from
+    /// the calls' user stacks (0 without user stacks). Absent when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub brk_in_malloc_trim: u64,
     /// `madvise` calls by advice name (non-zero ones).
     pub madvise_by_advice: std::collections::BTreeMap<String, u64>,
 }
@@ -254,6 +258,7 @@ impl MmapCounts {
         self.mprotect += o.mprotect;
         self.brk += o.brk;
         self.brk_shrinks += o.brk_shrinks;
+        self.brk_in_malloc_trim += o.brk_in_malloc_trim;
         for (k, v) in &o.madvise_by_advice {
             *self.madvise_by_advice.entry(k.clone()).or_default() += v;
         }

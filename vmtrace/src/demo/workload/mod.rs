@@ -67,6 +67,12 @@ fn emit_huge(role: &str, pages: u64, loop_ns: u64, huge_pages: u64) {
 
 /// Anonymous private mapping of `bytes`, with THP advice.
 fn map_anon(bytes: usize, huge: bool) -> Result<*mut u8, String> {
+    map_anon_advised(bytes, Some(huge))
+}
+
+/// Anonymous private mapping of `bytes`: `Some(huge)` advises for or
+/// against transparent huge pages, `None` leaves it to the system's mode.
+fn map_anon_advised(bytes: usize, huge: Option<bool>) -> Result<*mut u8, String> {
     // SAFETY: anonymous mapping, no fd.
     let p = unsafe {
         libc::mmap(
@@ -81,9 +87,11 @@ fn map_anon(bytes: usize, huge: bool) -> Result<*mut u8, String> {
     if p == libc::MAP_FAILED {
         return Err(format!("mmap {bytes} bytes: {}", std::io::Error::last_os_error()));
     }
-    let advice = if huge { libc::MADV_HUGEPAGE } else { libc::MADV_NOHUGEPAGE };
-    // SAFETY: advising our own fresh mapping.
-    unsafe { libc::madvise(p, bytes, advice) };
+    if let Some(huge) = huge {
+        let advice = if huge { libc::MADV_HUGEPAGE } else { libc::MADV_NOHUGEPAGE };
+        // SAFETY: advising our own fresh mapping.
+        unsafe { libc::madvise(p, bytes, advice) };
+    }
     Ok(p.cast())
 }
 
@@ -97,9 +105,10 @@ fn touch(p: *mut u8, bytes: usize) {
 
 /// First touch of `mib` MiB of anonymous memory, by `threads` threads;
 /// `pace_ms` > 0 sleeps that long after each MiB (a slowly growing hog).
-pub fn first_touch(mib: usize, huge: bool, threads: usize, pace_ms: u64, unmap: bool) -> Result<(), String> {
+/// `huge`: advice for (`Some(true)`) or against huge pages, or none.
+pub fn first_touch(mib: usize, huge: Option<bool>, threads: usize, pace_ms: u64, unmap: bool) -> Result<(), String> {
     let bytes = mib << 20;
-    let p = map_anon(bytes, huge)? as usize;
+    let p = map_anon_advised(bytes, huge)? as usize;
     let t0 = Instant::now();
     if pace_ms > 0 {
         for m in 0..mib {
@@ -117,7 +126,8 @@ pub fn first_touch(mib: usize, huge: bool, threads: usize, pace_ms: u64, unmap: 
         });
     }
     let loop_ns = t0.elapsed().as_nanos() as u64;
-    let huge_pages = if huge { crate::kernel::thp::advised_huge_pages(std::process::id()).unwrap_or(0) } else { 0 };
+    let huge_pages =
+        if huge == Some(true) { crate::kernel::thp::advised_huge_pages(std::process::id()).unwrap_or(0) } else { 0 };
     if unmap {
         // SAFETY: our own mapping, no longer used.
         unsafe { libc::munmap(p as *mut libc::c_void, bytes) };
