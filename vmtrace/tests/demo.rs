@@ -75,6 +75,10 @@ fn demo_runs_every_scenario_and_reports_what_it_shows() {
     assert_eq!(kinds("first-touch-no-advice"), unadvised, "THP: {thp_mode}");
     assert!(kinds("cow-refcount").iter().filter(|k| *k == "fork_cow").count() == 2, "{:?}", kinds("cow-refcount"));
     assert_eq!(kinds("oom-64mib-cgroup"), ["oom_kill"]);
+    // Python workers reading a list of objects copy its pages; the demo runs
+    // them wherever a python3 is on PATH (it is here: the tests use one).
+    let py = kinds("cow-python-objects");
+    assert!(py.iter().filter(|k| *k == "fork_cow_python_objects").count() >= 2, "both workers: {py:?}");
     // The heap trim: the finding with glibc's defaults, and its fix (the
     // trim threshold raised) takes far fewer faults by the workload's own count.
     assert_eq!(kinds("heap-trim-default"), ["heap_trim_refault"]);

@@ -116,7 +116,61 @@ fn named_exe(bin: &Path, exe: &Path, comm: &str) -> PathBuf {
 /// suggests for a heap of this size (at least 64 MiB).
 const HEAP_KEPT: u64 = crate::model::findings::HEAP_SUGGESTED_MIN;
 
+/// Two forked workers read a parent's list of Python objects: each read
+/// writes the object's reference count, so every page of them is copied
+/// (what a fork DataLoader does to a Dataset's objects).
+const FORK_PY: &str = "import os
+data = [(i, str(i), [i]) for i in range(400_000)]
+pids = []
+for w in range(2):
+    pid = os.fork()
+    if pid == 0:
+        n = 0
+        for o in data:
+            n += o[0] + len(o[1]) + len(o[2])
+        os._exit(0)
+    pids.append(pid)
+for p in pids:
+    os.waitpid(p, 0)
+";
+
+/// The interpreter `python3` on PATH runs (a pyenv shim resolves to its
+/// real binary), if there is one.
+fn python3() -> Option<PathBuf> {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    (out.status.success() && path.is_absolute()).then_some(path)
+}
+
 fn scenarios(exe: &Path, bin: &Path, ckpt: &str) -> Vec<Scenario> {
+    let mut all = base_scenarios(exe, bin, ckpt);
+    // Python's lesson where a Python is installed: said so where there is none.
+    match python3() {
+        Some(py) => {
+            let at = all.iter().position(|s| s.name == "cow-flat").map_or(all.len(), |i| i + 1);
+            let py = named_exe(bin, &py, "cow-python").display().to_string();
+            all.insert(
+                at,
+                Scenario {
+                    group: "3. fork + copy-on-write",
+                    name: "cow-python-objects",
+                    what: "2 Python workers read a list of 400,000 objects (each read writes a reference count)",
+                    argv: vec![py, "-c".into(), FORK_PY.into()],
+                },
+            );
+        }
+        None => {
+            eprintln!("vmtrace demo: no python3 on PATH: the Python fork workers (cow-python-objects) are left out");
+        }
+    }
+    all
+}
+
+fn base_scenarios(exe: &Path, bin: &Path, ckpt: &str) -> Vec<Scenario> {
     let named = |name: &str| named_exe(bin, exe, name);
     vec![
         Scenario {
