@@ -195,7 +195,7 @@ fn lock_call_of(nr: i32) -> Option<(MmCall, usize)> {
     })
 }
 
-fn enter(ctx: &TracePointContext, pid_tgid: u64, call: MmCall, a: [u64; 6]) {
+fn enter(pid_tgid: u64, call: MmCall, a: [u64; 6], user_stack: i32) {
     let tgid = (pid_tgid >> 32) as u32;
     if let Some(m) = mm_stats(tgid) {
         if let Some(c) = m.calls.get_mut(call as usize) {
@@ -212,8 +212,6 @@ fn enter(ctx: &TracePointContext, pid_tgid: u64, call: MmCall, a: [u64; 6]) {
             _ => {}
         }
     }
-    // Syscalls are far rarer than faults: every call site is taken.
-    let user_stack = if config().stack_mode & STACK_USER != 0 { user_stack_id(ctx) } else { STACK_ID_NONE };
     if let Some(c) = mm_stack_counts(&stack_key(tgid, call as u32, user_stack)) {
         c.calls += 1;
     }
@@ -504,13 +502,20 @@ fn try_sys_exit_lock(ctx: &TracePointContext) -> Option<()> {
 
 #[inline(always)]
 fn try_sys_enter(ctx: &TracePointContext, lock: bool) -> Option<()> {
-    let nr = tp_field(ctx, SYSCALL_NR);
-    let (call, n) = if lock { lock_call_of(nr)? } else { call_of(nr)? };
-    // Every process's calls come here: the copy below is for traced ones only.
+    // Every process's calls come here: the walk and copy below are for traced ones only.
     let pid_tgid = bpf_get_current_pid_tgid();
     if !is_traced((pid_tgid >> 32) as u32) {
         return None;
     }
+    // The call site first, while nothing of the call is known: the verifier
+    // checks the walk once. Walked after the syscall was told apart, it was
+    // checked once per call (each a constant of its own path), and the
+    // program passed the 1M-instruction limit on 6.1 and 6.12. The program
+    // is attached to the family's syscalls only, so no walk is wasted.
+    // Syscalls are far rarer than faults: every call site is taken.
+    let user_stack = if config().stack_mode & STACK_USER != 0 { user_stack_id(ctx) } else { STACK_ID_NONE };
+    let nr = tp_field(ctx, SYSCALL_NR);
+    let (call, n) = if lock { lock_call_of(nr)? } else { call_of(nr)? };
     // SAFETY: the record lies in the kernel's per-CPU trace buffer, which
     // extends past the shortest record; a failed read leaves zeros.
     let mut a: [u64; 6] =
@@ -521,9 +526,9 @@ fn try_sys_enter(ctx: &TracePointContext, lock: bool) -> Option<()> {
         }
     }
     if lock {
-        enter_lock(ctx, pid_tgid, call, a);
+        enter_lock(pid_tgid, call, a, user_stack);
     } else {
-        enter(ctx, pid_tgid, call, a);
+        enter(pid_tgid, call, a, user_stack);
     }
     Some(())
 }
@@ -531,14 +536,13 @@ fn try_sys_enter(ctx: &TracePointContext, lock: bool) -> Option<()> {
 /// `enter` for a locking call: the same count, call-site stack and bracket;
 /// no address-space generation (locking changes no mapping). Apart from
 /// `enter` so the family's program stays as the verifier accepted it.
-fn enter_lock(ctx: &TracePointContext, pid_tgid: u64, call: MmCall, a: [u64; 6]) {
+fn enter_lock(pid_tgid: u64, call: MmCall, a: [u64; 6], user_stack: i32) {
     let tgid = (pid_tgid >> 32) as u32;
     if let Some(m) = mm_stats(tgid) {
         if let Some(c) = m.calls.get_mut(call as usize) {
             *c += 1;
         }
     }
-    let user_stack = if config().stack_mode & STACK_USER != 0 { user_stack_id(ctx) } else { STACK_ID_NONE };
     if let Some(c) = mm_stack_counts(&stack_key(tgid, call as u32, user_stack)) {
         c.calls += 1;
     }
