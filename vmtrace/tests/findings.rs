@@ -137,7 +137,13 @@ fn brk_shrinks_are_the_trims_malloc_trim_makes() {
     assert!(u(&mm["brk"]) >= 1_000, "{mm:#}");
     // The trims are the program's own calls (their stacks say so): the
     // finding asks for fewer calls, not for the threshold already raised.
-    assert!(u(&mm["brk_in_malloc_trim"]) >= own, "{mm:#}");
+    // The malloc_trim frame comes from unwinding copies of the stacks (glibc
+    // keeps no frame pointers), and calls whose frame-pointer chains match
+    // share a stack id split by those copies: the count is approximate
+    // (75 and 82 of 100 in CI's runs, 110 and 144 by hand). The rule needs
+    // a quarter.
+    let in_trim = u(&mm["brk_in_malloc_trim"]);
+    assert!(in_trim * 4 >= own && in_trim <= u(&mm["brk"]), "{mm:#}\ndrops: {:#}", run.summary["drops"]);
     let found = of_kind(&run, "heap_trim_refault");
     assert_eq!(found.len(), 1, "{:#?}", findings(&run));
     let fix = found[0]["fix"].as_str().unwrap();
