@@ -225,14 +225,21 @@ fn fork_workers_copying_python_objects_fire_and_an_array_stays_silent() {
     assert!(!k.iter().any(|k| k.starts_with("fork_cow")), "workers summing an array copy nothing: {k:?}");
 }
 
+/// `workload churn --threads THREADS` recorded at a storm threshold of
+/// `threshold` IPIs/s; with the kernel's TLB IPI count before it.
+fn churn_run(threads: &str, threshold: u64) -> (Run, u64) {
+    let before = tlb_ipis_received();
+    let argv = workload(&["churn", "--threads", threads]);
+    let run = record(&["--storm-threshold", &threshold.to_string()], &strs(&argv));
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    (run, before)
+}
+
 #[test]
 fn a_munmap_churn_storm_is_a_finding_with_its_driver() {
     privileged!();
     let threshold = 200;
-    let before = tlb_ipis_received();
-    let argv = workload(&["churn", "--threads", "2"]);
-    let run = record(&["--storm-threshold", &threshold.to_string()], &strs(&argv));
-    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let (run, before) = churn_run("2", threshold);
     let storms = run.summary["storms"].as_array().expect("storms[]");
     let found = of_kind(&run, "shootdown_storm");
     if kernel_saw_a_storm(&run, before, threshold) {
@@ -266,10 +273,7 @@ fn a_munmap_churn_storm_is_a_finding_with_its_driver() {
 fn a_one_thread_churn_without_shootdowns_stays_silent() {
     privileged!();
     let threshold = 200;
-    let before = tlb_ipis_received();
-    let argv = workload(&["churn", "--threads", "1"]);
-    let run = record(&["--storm-threshold", &threshold.to_string()], &strs(&argv));
-    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let (run, before) = churn_run("1", threshold);
     let received = tlb_ipis_received() - before;
     let pid = run.summary["target"]["pid"].as_u64().unwrap();
     let p = run.process(u32::try_from(pid).unwrap());

@@ -63,9 +63,7 @@ fn bound_run(membind: u32) -> (Run, u32, BTreeMap<u32, u64>) {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let truth = numa_maps(pid);
-    // SAFETY: kill has no memory preconditions.
-    unsafe { libc::kill(traced.child.id() as i32, libc::SIGINT) };
-    let run = finish(out, traced.wait());
+    let run = finish(out, traced.interrupt());
     drop(w);
     (run, pid, truth)
 }

@@ -159,9 +159,7 @@ fn a_second_recording_does_not_add_its_stack_walks_to_the_faults() {
         other_out.to_str().unwrap(),
     ]);
     let run = record(&["--events", "faults", "--stack-sample", "1"], &[bin.to_str().unwrap()]);
-    // SAFETY: signals our own child.
-    unsafe { libc::kill(other.child.id() as i32, libc::SIGINT) };
-    let other = other.wait();
+    let other = other.interrupt();
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     assert_eq!(other.status.code(), Some(130), "{}", String::from_utf8_lossy(&other.stderr));
     let procs = run.summary["processes"].as_array().unwrap();

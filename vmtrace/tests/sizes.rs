@@ -90,9 +90,7 @@ fn churned_processes_are_folded_while_recording_and_keep_their_names_and_faults(
     }
     // Retired (a second after exit) and released on the next ticks.
     std::thread::sleep(std::time::Duration::from_secs(4));
-    // SAFETY: a signal to our own child.
-    unsafe { libc::kill(vm.child.id() as i32, libc::SIGINT) };
-    let run = finish(out, vm.wait());
+    let run = finish(out, vm.interrupt());
     assert_eq!(run.code(), Some(130), "stopped by SIGINT: {}", run.stderr());
     let s = &run.summary;
     let away = u(&s["folding"]["while_recording"]);
@@ -154,9 +152,7 @@ fn nothing_is_lost_beside_heavy_process_churn() {
     }
     // Retired (a second after exit) and released on the next ticks.
     std::thread::sleep(std::time::Duration::from_secs(3));
-    // SAFETY: a signal to our own child.
-    unsafe { libc::kill(vm.child.id() as i32, libc::SIGINT) };
-    let run = finish(out, vm.wait());
+    let run = finish(out, vm.interrupt());
     assert_eq!(run.code(), Some(130), "stopped by SIGINT: {}", run.stderr());
     let s = &run.summary;
     let d = &s["drops"];

@@ -83,9 +83,7 @@ fn sigint_stops_and_still_writes_every_output() {
         "30".as_ref(),
     ]);
     sleep(Duration::from_millis(300));
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(vm.child.id() as i32, libc::SIGINT) };
-    let run = finish(out, vm.wait());
+    let run = finish(out, vm.interrupt());
     // sleep got the SIGINT too, as under a shell, and died of it.
     assert_eq!(run.code(), Some(130), "{}", run.stderr());
     assert!(run.out.path().join("summary.txt").exists());

@@ -264,26 +264,27 @@ fn heap_trim(s: &Summary, out: &mut Vec<Finding>) {
         // quarter: the count comes from unwound stacks and reads low or high
         // (75-144 brk calls for 100 trims measured; docs/findings.md).
         let explicit = m.brk_in_malloc_trim > 0 && m.brk_in_malloc_trim * 4 >= m.brk_shrinks;
-        let who = if explicit {
-            format!(
-                "the program's own malloc_trim() calls give the free top of the heap back to the kernel ({} of the \
-                 brk calls were inside malloc_trim)",
-                m.brk_in_malloc_trim
+        let (who, fix) = if explicit {
+            (
+                format!(
+                    "the program's own malloc_trim() calls give the free top of the heap back to the kernel ({} of \
+                     the brk calls were inside malloc_trim)",
+                    m.brk_in_malloc_trim
+                ),
+                format!(
+                    "Call malloc_trim() less often: once after a phase that freed a lot (a load, an epoch), not \
+                     after each round (MALLOC_TRIM_THRESHOLD_ does not stop it); or let it keep room for the next \
+                     round: malloc_trim({setting}) leaves that much free at the top of the heap"
+                ),
             )
         } else {
-            "glibc gives the free top of the heap back to the kernel".to_string()
-        };
-        let fix = if explicit {
-            format!(
-                "Call malloc_trim() less often: once after a phase that freed a lot (a load, an epoch), not after \
-                 each round (MALLOC_TRIM_THRESHOLD_ does not stop it); or let it keep room for the next round: \
-                 malloc_trim({setting}) leaves that much free at the top of the heap"
-            )
-        } else {
-            format!(
-                "Keep the heap: run with MALLOC_TRIM_THRESHOLD_={setting} MALLOC_TOP_PAD_={setting} \
-                 (or mallopt(M_TRIM_THRESHOLD, …) and mallopt(M_TOP_PAD, …) at start-up), or use jemalloc or \
-                 mimalloc (LD_PRELOAD)"
+            (
+                "glibc gives the free top of the heap back to the kernel".to_string(),
+                format!(
+                    "Keep the heap: run with MALLOC_TRIM_THRESHOLD_={setting} MALLOC_TOP_PAD_={setting} \
+                     (or mallopt(M_TRIM_THRESHOLD, …) and mallopt(M_TOP_PAD, …) at start-up), or use jemalloc or \
+                     mimalloc (LD_PRELOAD)"
+                ),
             )
         };
         let mut f = finding(

@@ -152,6 +152,13 @@ pub fn spawn_traced_with<S: AsRef<OsStr>>(env: &[(&str, &str)], args: &[S]) -> T
 }
 
 impl Traced {
+    /// Stops the run with SIGINT (Ctrl-C) and waits for it to end.
+    pub fn interrupt(self) -> Output {
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        self.wait()
+    }
+
     /// Waits for the run to end; its whole stderr is in the output.
     pub fn wait(self) -> Output {
         let mut out = self.child.wait_with_output().unwrap();
