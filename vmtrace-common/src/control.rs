@@ -53,8 +53,12 @@ pub enum DropKind {
     /// The ring buffer was full when a sampled page was to be streamed: it
     /// owns nothing in the resident profiles (the totals are exact anyway).
     PageSampleRingFull = 16,
+    /// The ring buffer was full when a new granule key was reported: the
+    /// loader walks the granule maps once to find the keys again. Nothing
+    /// is lost.
+    GranuleKeyRingFull = 17,
 }
-pub const DROP_KINDS: u32 = 17;
+pub const DROP_KINDS: u32 = 18;
 
 /// Kernel struct field offsets read from BTF at load time, passed as a read-only
 /// global (`KOFFSETS`). `u32::MAX` marks a field this kernel lacks.

@@ -10,6 +10,7 @@ pub enum EventKind {
     TaskExec = 2,
     TaskExit = 3,
     FaultMajor = 100,
+    GranuleNew = 101,
     MmMapChange = 200,
     MmLock = 201,
     OomMarkVictim = 400,
@@ -28,6 +29,7 @@ impl EventKind {
             2 => Some(Self::TaskExec),
             3 => Some(Self::TaskExit),
             100 => Some(Self::FaultMajor),
+            101 => Some(Self::GranuleNew),
             200 => Some(Self::MmMapChange),
             201 => Some(Self::MmLock),
             400 => Some(Self::OomMarkVictim),
@@ -112,6 +114,21 @@ pub struct FaultMajorEvent {
     pub _pad: u32,
 }
 const _: () = assert!(core::mem::size_of::<FaultMajorEvent>() == 16 + 8 + 16 + 8);
+
+/// A key entered `REGION_STATS` (`late` = 0) or `REGION_LATE` (1): the
+/// loader keeps an index of each process's keys from these, so that taking
+/// an exited process's granules is a lookup per key, not a walk of the
+/// whole map. Lost records (`DropKind::GranuleKeyRingFull`) make the loader
+/// walk the maps once and rebuild its index. `hdr.ts_ns` is 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GranuleNewEvent {
+    pub hdr: EventHeader,
+    pub key: crate::GranuleKey,
+    pub late: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<GranuleNewEvent>() == 16 + 16 + 8);
 
 /// An OOM kill, from `oom:mark_victim`, which runs in the task that invoked
 /// the OOM killer: the trigger. Sizes are in kB, as the tracepoint reports them.

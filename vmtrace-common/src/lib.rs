@@ -47,6 +47,7 @@ mod pod {
     unsafe impl aya::Pod for super::MmEvent {}
     unsafe impl aya::Pod for super::MmLockEvent {}
     unsafe impl aya::Pod for super::FaultMajorEvent {}
+    unsafe impl aya::Pod for super::GranuleNewEvent {}
     unsafe impl aya::Pod for super::EventHeader {}
     unsafe impl aya::Pod for super::TaskEvent {}
     unsafe impl aya::Pod for super::PyStackEvent {}

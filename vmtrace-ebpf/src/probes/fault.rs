@@ -23,10 +23,10 @@ use aya_ebpf::{
 };
 use vmtrace_common::{
     granule_bucket, hist_bucket, pf, DropKind, EventHeader, EventKind, FaultMajorEvent, GranuleCounts, GranuleCur,
-    GranuleKey, InflightFault, Merge, StackCounts, StackCur, StackKey, GEN_UNKNOWN, GRANULE_PAGES, INFLIGHT_ENDED,
-    INFLIGHT_EXACT_STACK, INFLIGHT_HUGE, INFLIGHT_PAGE, INFLIGHT_PAGE_STACK, INFLIGHT_SAMPLED, INFLIGHT_UNTRACED,
-    LEAF_BLOCK_SHIFT, PMD_ORDER, REGION_GRANULE_SHIFT, STACK_CUR_SLOTS, STACK_ID_LOST, STACK_ID_NONE, STACK_KERNEL,
-    STACK_USER, STRATUM_EXACT, STRATUM_SAMPLED,
+    GranuleKey, GranuleNewEvent, InflightFault, Merge, StackCounts, StackCur, StackKey, GEN_UNKNOWN, GRANULE_PAGES,
+    INFLIGHT_ENDED, INFLIGHT_EXACT_STACK, INFLIGHT_HUGE, INFLIGHT_PAGE, INFLIGHT_PAGE_STACK, INFLIGHT_SAMPLED,
+    INFLIGHT_UNTRACED, LEAF_BLOCK_SHIFT, PMD_ORDER, REGION_GRANULE_SHIFT, STACK_CUR_SLOTS, STACK_ID_LOST,
+    STACK_ID_NONE, STACK_KERNEL, STACK_USER, STRATUM_EXACT, STRATUM_SAMPLED,
 };
 
 use crate::{
@@ -122,33 +122,64 @@ fn granule_counts(tgid: u32, address: u64) -> Option<&'static mut GranuleCounts>
 
 #[inline(always)]
 fn flush_granule(key: &GranuleKey, counts: &GranuleCounts) {
-    if merge_or_insert(&REGION_STATS, key, counts) {
+    if let Some(inserted) = merge_or_insert(&REGION_STATS, key, counts) {
+        if inserted {
+            note_new_granule(key, 0);
+        }
         return;
     }
     // Full: the granule's faults of every later generation share one entry
     // of a map kept for this, placed approximately (userspace counts them so).
-    if !merge_or_insert(&REGION_LATE, &GranuleKey { gen: GEN_UNKNOWN, ..*key }, counts) {
-        count_drop(DropKind::RegionStatsFull);
+    let late = GranuleKey { gen: GEN_UNKNOWN, ..*key };
+    match merge_or_insert(&REGION_LATE, &late, counts) {
+        Some(false) => {}
+        Some(true) => note_new_granule(&late, 1),
+        None => count_drop(DropKind::RegionStatsFull),
     }
 }
 
+/// Tells the loader's key index (`GranuleNewEvent`) of a key just inserted,
+/// without waking the collector: once per key, not per fault.
 #[inline(always)]
-fn merge_or_insert(map: &PerCpuHashMap<GranuleKey, GranuleCounts>, key: &GranuleKey, counts: &GranuleCounts) -> bool {
+fn note_new_granule(key: &GranuleKey, late: u32) {
+    let ev = GranuleNewEvent {
+        hdr: EventHeader {
+            kind: EventKind::GranuleNew as u32,
+            size: core::mem::size_of::<GranuleNewEvent>() as u32,
+            ts_ns: 0,
+        },
+        key: *key,
+        late,
+        _pad: 0,
+    };
+    if EVENTS.output::<GranuleNewEvent>(&ev, batched_wakeup()).is_err() {
+        count_drop(DropKind::GranuleKeyRingFull);
+    }
+}
+
+/// Adds `counts` to `key`'s entry: `Some(true)` when this inserted it,
+/// `Some(false)` when it was there, `None` when the map is full.
+#[inline(always)]
+fn merge_or_insert(
+    map: &PerCpuHashMap<GranuleKey, GranuleCounts>,
+    key: &GranuleKey,
+    counts: &GranuleCounts,
+) -> Option<bool> {
     if let Some(p) = map.get_ptr_mut(key) {
         // SAFETY: this CPU's value of a live entry.
         unsafe { (*p).merge(counts) };
-        return true;
+        return Some(false);
     }
     if map.insert(key, counts, 1).is_ok() {
-        return true;
+        return Some(true);
     }
     match map.get_ptr_mut(key) {
         // SAFETY: as above (inserted meanwhile on another CPU).
         Some(p) => {
             unsafe { (*p).merge(counts) };
-            true
+            Some(false)
         }
-        None => false,
+        None => None,
     }
 }
 

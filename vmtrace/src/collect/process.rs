@@ -426,6 +426,7 @@ impl ProcessTable {
             | EventKind::StackSample
             | EventKind::PyStackStored
             | EventKind::FaultMajor
+            | EventKind::GranuleNew
             | EventKind::ResidentPeak
             | EventKind::ResidentEnd
             | EventKind::PageSample => {}

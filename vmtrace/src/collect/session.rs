@@ -34,6 +34,10 @@ use crate::{
 /// The storm detector's window (IPIs per second are judged over it), and the
 /// cadence of the other housekeeping (flight recorder, maps of young processes).
 const STORM_TICK: Duration = Duration::from_millis(100);
+
+/// How often the kernel's resident counters are read without the Perfetto
+/// trace (`Session::resident_counters`).
+const RESIDENT_EVERY: Duration = Duration::from_secs(1);
 /// How often exited processes are retired (each time walks the keys of the
 /// kernel's granule maps, a system call per live entry: every 4 s let 700
 /// churning processes fill `REGION_STATS` between two walks), and how long
@@ -144,8 +148,12 @@ pub struct Session<S: AggregateSource> {
     storms: StormDetector,
     /// The storm detector's last window, and the last housekeeping.
     last_storm_tick: Instant,
+    /// When the kernel's resident counters were last read.
+    last_resident: Instant,
     /// IPIs per call site at the last tick (for storm culprits).
     last_sites: HashMap<MmStackKey, u64>,
+    /// Processes that sent IPIs since the last walk of the call-site map.
+    stale_sites: std::collections::HashSet<u32>,
     timeline: TimelineRecorder,
     /// Copied user stacks, unwound as they arrive.
     native: NativeStacks,
@@ -328,6 +336,8 @@ impl Batch {
                     None => self.malformed += 1,
                 }
             }
+            // The loader's granule index keeps these (`loader::granules`).
+            Some(EventKind::GranuleNew) => {}
             None => self.malformed += 1,
         }
     }
@@ -352,7 +362,9 @@ impl<S: AggregateSource> Session<S> {
             maps_refresh: MapsRefresh::new(now),
             storms: StormDetector::new(opts.storm_threshold),
             last_storm_tick: now,
+            last_resident: now,
             last_sites: HashMap::new(),
+            stale_sites: std::collections::HashSet::new(),
             timeline: TimelineRecorder::new(now),
             native: NativeStacks::default(),
             python: super::python::Tracker::default(),
@@ -506,7 +518,9 @@ impl<S: AggregateSource> Session<S> {
         }
         self.record_history(now);
         self.trace_interval();
-        self.resident_counters();
+        if self.trace.is_some() || now.saturating_duration_since(self.last_resident) >= RESIDENT_EVERY {
+            self.resident_counters(now);
+        }
         if let Some(p) = self.placement.as_mut() {
             let live: Vec<u32> = self.table.live_pids().iter().copied().collect();
             p.tick(now, &live);
@@ -572,9 +586,15 @@ impl<S: AggregateSource> Session<S> {
         }
     }
 
-    /// Every tick, the kernel's resident counters: each process's figures,
-    /// and the address spaces long torn down leave the map.
-    fn resident_counters(&mut self) {
+    /// Every `RESIDENT_EVERY` (every tick with the Perfetto trace, which
+    /// draws them), and before exited processes are retired: the kernel's
+    /// resident counters, each process's figures, and the address spaces
+    /// long torn down leave the map. The kernel keeps each one's peak and
+    /// end itself, so a slower read loses neither; the map holds every
+    /// address space on the machine with `-a`, and walking it every 100 ms
+    /// was 4% of the collector's time beside a shell loop.
+    fn resident_counters(&mut self, now: Instant) {
+        self.last_resident = now;
         let Some(r) = self.resident.as_mut() else { return };
         let all = self.source.all_rss();
         let now_ns = monotonic_ns();
@@ -657,23 +677,56 @@ impl<S: AggregateSource> Session<S> {
     }
 
     /// Feeds the storm detector: IPIs sent per process, and per call site.
+    ///
+    /// The call-site map holds every process's sites, and is walked only
+    /// on a tick where a process sent IPIs at an eighth of the storm rate or
+    /// more, or is in a storm: a process starting up sends a few, and
+    /// walking the map for those was a tenth of the collector's time beside
+    /// a shell loop. A walk takes every site's count as its baseline. A
+    /// process that sent IPIs on a tick without a walk has a stale baseline:
+    /// should its first walk find it in a storm, its sites' deltas also hold
+    /// IPIs from before the storm, and are scaled to the storm's own count
+    /// for the tick, which is exact.
     fn storm_tick(&mut self, now: f64, all: &[(u32, MmStats)]) {
         let totals: Vec<(u32, u64)> = all.iter().map(|(pid, m)| (*pid, m.ipis_sent)).collect();
-        // Only processes that sent IPIs since the last tick have call sites
-        // whose counts moved: the call-site map (every process's sites) is
-        // not read on a tick where none did.
-        let rose: std::collections::HashSet<u32> =
-            totals.iter().filter(|(pid, n)| *n > self.storms.last_total(*pid)).map(|(pid, _)| *pid).collect();
+        let rose: HashMap<u32, u64> = totals
+            .iter()
+            .filter_map(|(pid, n)| {
+                let d = n.saturating_sub(self.storms.last_total(*pid));
+                (d > 0).then_some((*pid, d))
+            })
+            .collect();
         self.storms.tick(now, &totals);
         if rose.is_empty() {
             return;
         }
-        for (k, c) in self.source.all_mm_stacks().into_iter().filter(|(k, _)| rose.contains(&k.tgid)) {
+        let warm = (self.storms.threshold() * STORM_TICK.as_secs_f64() / 8.0).max(1.0) as u64;
+        let walk = rose.iter().any(|(pid, d)| *d >= warm || self.storms.in_storm(*pid));
+        if !walk {
+            self.stale_sites.extend(rose.keys());
+            return;
+        }
+        let mut deltas: HashMap<u32, Vec<(super::storms::Site, u64)>> = HashMap::new();
+        for (k, c) in self.source.all_mm_stacks() {
             let before = self.last_sites.insert(k, c.ipis).unwrap_or(0);
-            if c.ipis > before && self.storms.in_storm(k.tgid) {
-                self.storms.add_site(k.tgid, (k.call, k.user_stack), c.ipis - before);
+            if c.ipis > before && self.storms.in_storm(k.tgid) && rose.contains_key(&k.tgid) {
+                deltas.entry(k.tgid).or_default().push(((k.call, k.user_stack), c.ipis - before));
             }
         }
+        for (pid, sites) in deltas {
+            let sum: u64 = sites.iter().map(|(_, d)| d).sum();
+            let exact = rose[&pid];
+            let scale = self.stale_sites.contains(&pid) && sum > exact;
+            for (site, d) in sites {
+                let d = if scale {
+                    ((u128::from(d) * u128::from(exact) + u128::from(sum) / 2) / u128::from(sum)) as u64
+                } else {
+                    d
+                };
+                self.storms.add_site(pid, site, d);
+            }
+        }
+        self.stale_sites.clear();
     }
 
     /// Every drop counter so far, and the ring records that could not be read.
@@ -762,6 +815,7 @@ impl<S: AggregateSource> Session<S> {
         if !batch.exited.is_empty() && !self.last_sites.is_empty() {
             let gone: std::collections::HashSet<u32> = batch.exited.iter().copied().collect();
             self.last_sites.retain(|k, _| !gone.contains(&k.tgid));
+            self.stale_sites.retain(|p| !gone.contains(p));
         }
         if self.opts.retire_exited && self.opts.families.regions && !self.opts.forget_exited {
             self.retiring.extend(batch.exited.iter().map(|&tgid| (tgid, now)));
@@ -1027,7 +1081,13 @@ impl<S: AggregateSource> Session<S> {
         if batch.is_empty() {
             return;
         }
+        // Their end figures, read after their exit.
+        self.resident_counters(now);
         let t = Instant::now();
+        // The ring holds the key records of granules flushed since the last
+        // drain (the loader's index takes them): none of the batch's can
+        // come after `in_flight` was read.
+        self.keep_up();
         let mut granules = self.source.take_granules(&batch);
         let taken_in = t.elapsed();
         self.keep_up();
@@ -1255,7 +1315,7 @@ impl<S: AggregateSource> Session<S> {
         // The last, partial interval.
         self.tick(now());
         self.trace_interval();
-        self.resident_counters();
+        self.resident_counters(now());
         let families = self.opts.families;
         if self.wants_python() {
             self.python.tick(now(), &self.table, &mut self.source);

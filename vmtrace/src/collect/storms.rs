@@ -29,6 +29,11 @@ impl StormDetector {
         Self { threshold_per_s, last: HashMap::new(), open: HashMap::new(), closed: Vec::new() }
     }
 
+    /// IPIs a second from which a process is in a storm.
+    pub fn threshold(&self) -> f64 {
+        self.threshold_per_s
+    }
+
     /// `pid`'s total IPIs sent at the last tick (0 before its first).
     pub fn last_total(&self, pid: u32) -> u64 {
         self.last.get(&pid).map_or(0, |(_, n)| *n)

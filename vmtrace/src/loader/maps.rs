@@ -51,6 +51,8 @@ pub(super) struct Maps {
     /// Each CPU's stacks stored lately (`RECENT`: hash, id, clean), to be
     /// cleared when drained stacks are let go.
     recent: Option<PerCpuArray<MapData, [u64; 2]>>,
+    /// Each process's keys in `region_stats`/`region_late`.
+    granule_index: super::granules::GranuleIndex,
 }
 
 impl Maps {
@@ -82,6 +84,7 @@ impl Maps {
             drained: crate::stacks::drain::Drained::default(),
             rss_mm: take_map(ebpf, "RSS_MM")?,
             recent: take_map(ebpf, "RECENT").ok(),
+            granule_index: super::granules::GranuleIndex::default(),
         })
     }
 }
@@ -114,8 +117,12 @@ impl AggregateSource for Probes {
     }
 
     fn drain_events(&mut self, on_event: &mut dyn FnMut(&[u8])) {
-        while let Some(item) = self.next_event() {
-            on_event(&item);
+        while let Some(item) = self.maps.events.next() {
+            // The granule keys' records stay here, in the loader's index.
+            match granule_new(&item) {
+                Some(ev) => self.maps.granule_index.note(&ev.key, ev.late != 0),
+                None => on_event(&item),
+            }
         }
         // After the events: a sample's process is known (and its maps read) first.
         while let Some(item) = self.next_sample() {
@@ -430,14 +437,31 @@ impl AggregateSource for Probes {
     /// CPU still counts into (`GRANULE_CUR`) is left for a later call
     /// ([`Self::granules_in_flight`]).
     fn take_granules(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(GranuleKey, GranuleCounts)> {
+        let lost = self
+            .maps
+            .drops
+            .get(&(vmtrace_common::DropKind::GranuleKeyRingFull as u32), 0)
+            .map_or(0, |v| v.iter().sum());
+        if self.maps.granule_index.needs_walk(lost) {
+            // Records were lost: the index may miss keys, a walk finds them all.
+            let t = std::time::Instant::now();
+            let stats = self.maps.region_stats.keys().filter_map(Result::ok).map(|k| (k, false));
+            let walked: Vec<_> =
+                stats.chain(self.maps.region_late.keys().filter_map(Result::ok).map(|k| (k, true))).collect();
+            self.maps.granule_index.rebuild(walked, lost);
+            log::debug!(
+                target: "vmtrace::retire",
+                "granule key records lost ({lost} so far): the maps walked in {:?}, {} keys",
+                t.elapsed(),
+                self.maps.granule_index.len()
+            );
+        }
         let mut out: std::collections::BTreeMap<GranuleKey, GranuleCounts> = std::collections::BTreeMap::new();
-        for map in [&mut self.maps.region_stats, &mut self.maps.region_late] {
-            let keys: Vec<GranuleKey> = map.keys().filter_map(Result::ok).filter(|k| tgids.contains(&k.tgid)).collect();
-            for k in keys {
-                if let Ok(v) = map.get(&k, 0) {
-                    if map.remove(&k).is_ok() {
-                        out.entry(k).or_default().merge(&sum_cpus(v.iter()));
-                    }
+        for (k, late) in self.maps.granule_index.take(tgids) {
+            let map = if late { &mut self.maps.region_late } else { &mut self.maps.region_stats };
+            if let Ok(v) = map.get(&k, 0) {
+                if map.remove(&k).is_ok() {
+                    out.entry(k).or_default().merge(&sum_cpus(v.iter()));
                 }
             }
         }
@@ -545,6 +569,18 @@ impl Probes {
     pub fn next_sample(&mut self) -> Option<RingBufItem<'_>> {
         self.maps.stack_samples.next()
     }
+}
+
+/// A `GranuleNew` record, if `bytes` is one.
+fn granule_new(bytes: &[u8]) -> Option<vmtrace_common::GranuleNewEvent> {
+    let kind = u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?);
+    if kind != vmtrace_common::EventKind::GranuleNew as u32
+        || bytes.len() < std::mem::size_of::<vmtrace_common::GranuleNewEvent>()
+    {
+        return None;
+    }
+    // SAFETY: long enough, and a plain repr(C) record of integers.
+    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<vmtrace_common::GranuleNewEvent>()) })
 }
 
 fn py_stack(s: &vmtrace_common::UserStack) -> Option<crate::python::PyStack> {

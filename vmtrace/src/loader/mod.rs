@@ -16,6 +16,7 @@ use crate::{kernel::btf as kbtf, perf::EndPrograms, stacks::StackMode};
 mod attach;
 mod btf;
 mod check;
+mod granules;
 pub mod hooks;
 mod maps;
 mod source;

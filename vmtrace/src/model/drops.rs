@@ -63,6 +63,7 @@ impl DropCounts {
             DropKind::StackSampleRingFull,
             DropKind::FaultMajorRingFull,
             DropKind::PageSampleRingFull,
+            DropKind::GranuleKeyRingFull,
         ];
         let dropped: u64 = self
             .by_kind
