@@ -17,8 +17,11 @@ fn shares_after_fork(table: &ProcessTable, parents: &HashSet<u32>, pid: u32) -> 
 }
 
 /// The address space `pid` started from: its parent's at the fork, replayed
-/// (a chain of forks at most `depth` long).
-fn start_of(table: &ProcessTable, pid: u32, depth: u32) -> Option<Vec<Region>> {
+/// (a chain of forks at most `depth` long). Replays are kept in `memo` by
+/// what decides them: the children a shell forks one after the other start
+/// from one replay of the shell's history, not one each (the replays were
+/// a tenth of the collector's time beside a shell loop).
+fn start_of(table: &ProcessTable, pid: u32, depth: u32, memo: &StartMemo) -> Option<Vec<Region>> {
     let fork = table.get(pid)?.history.forked_from?;
     let (ppid, gen) = (fork.parent, fork.gen);
     let parent = table.get(ppid)?;
@@ -26,8 +29,19 @@ fn start_of(table: &ProcessTable, pid: u32, depth: u32) -> Option<Vec<Region>> {
     if depth == 0 || parent.history.is_empty() {
         return None;
     }
-    Some(regions::regions_at(&parent.history, start_of(table, ppid, depth - 1), (gen, fork.at_ns), &parent.maps))
+    let key = (ppid, gen, depth, regions::history::kept_at_fork(&parent.history, (gen, fork.at_ns)));
+    if let Some(r) = memo.borrow().get(&key) {
+        return r.clone();
+    }
+    let start = start_of(table, ppid, depth - 1, memo);
+    let r = Some(regions::regions_at(&parent.history, start, (gen, fork.at_ns), &parent.maps));
+    memo.borrow_mut().insert(key, r.clone());
+    r
 }
+
+/// Replayed starts, by (parent, generation, depth, the parent's entries of
+/// that generation the fork keeps); valid while the table does not change.
+type StartMemo = std::cell::RefCell<HashMap<(u32, u32, u32, Vec<usize>), Option<Vec<Region>>>>;
 
 /// Faults per region of the processes `wanted` picks (`top` while running:
 /// the live ones, not every process the trace has seen), then per file and
@@ -63,10 +77,11 @@ pub(crate) fn place_into(partial: &mut Partial, table: &mut ProcessTable, granul
     }
     let table = &*table;
     let parents: HashSet<u32> = table.iter().filter_map(|(_, p)| p.ppid).collect();
+    let memo = StartMemo::default();
     partial.add(granules, |pid| {
         table.get(pid).map(|p| ProcessInput {
             history: &p.history,
-            start: start_of(table, pid, 16),
+            start: start_of(table, pid, 16, &memo),
             final_maps: &p.maps,
             shares_after_fork: shares_after_fork(table, &parents, pid),
         })

@@ -229,6 +229,14 @@ pub(crate) fn ordered_until(h: &History, fork: Option<(u32, u64)>) -> Vec<(u32, 
     v
 }
 
+/// What of `h`'s log a fork at `fork` (generation, time) keeps beyond every
+/// entry of an earlier generation: the indices of its generation's entries
+/// it keeps. With the generation, it decides [`ordered_until`]'s result, so
+/// the children a parent forks between two changes share one replay.
+pub(crate) fn kept_at_fork(h: &History, (gen, at): (u32, u64)) -> Vec<usize> {
+    h.log.iter().enumerate().filter(|(_, l)| l.gen == gen && l.at_ns <= at).map(|(i, _)| i).collect()
+}
+
 /// Applied after the faults counted at its generation: an munmap (the
 /// kernel does not bump the generation for it: nothing can fault in what
 /// it removed) and a maps read (faults of its generation may precede it).
