@@ -167,6 +167,9 @@ pub struct Session<S: AggregateSource> {
     placement: Option<super::placement::Placement>,
     /// Exited processes not retired yet, with when their exit was applied.
     retiring: Vec<(u32, Instant)>,
+    /// Exited processes forgotten (`forget_exited`) whose granules are still
+    /// to leave the kernel maps, and when each exited.
+    forgotten_granules: Vec<(u32, Instant)>,
     last_retire: Instant,
     /// The regions of the retired processes, placed.
     placed: crate::regions::Partial,
@@ -375,6 +378,7 @@ impl<S: AggregateSource> Session<S> {
                 .then(|| ResidentTracker::new(opts.stacks.map_or(1, |(_, period)| period), page_salt)),
             placement: Some(super::placement::Placement::new(opts.families.mmap)),
             retiring: Vec::new(),
+            forgotten_granules: Vec::new(),
             last_retire: now,
             placed,
             retired: 0,
@@ -536,6 +540,7 @@ impl<S: AggregateSource> Session<S> {
         }
         mark(2);
         self.retire_exited(now);
+        self.drop_forgotten_granules(now);
         mark(3);
         self.take_stacks(now);
         mark(4);
@@ -828,6 +833,9 @@ impl<S: AggregateSource> Session<S> {
                 tracelog::exited(t, tgid, p, self.minor_period, monotonic_ns());
             }
             if self.opts.forget_exited {
+                if self.opts.families.regions {
+                    self.forgotten_granules.push((tgid, now));
+                }
                 self.table.forget(tgid);
                 self.native.forget(tgid);
                 self.python.codes.forget(tgid);
@@ -1150,6 +1158,33 @@ impl<S: AggregateSource> Session<S> {
             self.to_release.extend(pids);
         }
         self.release_some(now, came);
+    }
+
+    /// `top`: the granules of exited processes leave the kernel maps once
+    /// no CPU counts into them, as a retired process's do. `top` shows no
+    /// exited process again, and each refresh reads the maps whole: kept,
+    /// they grew with every process the machine started (29% of a core
+    /// beside a shell loop, half of it in that read).
+    fn drop_forgotten_granules(&mut self, now: Instant) {
+        if self.forgotten_granules.is_empty() {
+            return;
+        }
+        let in_flight = self.source.granules_in_flight();
+        let live = self.table.live_pids();
+        let mut batch = std::collections::HashSet::new();
+        self.forgotten_granules.retain(|(pid, at)| {
+            let ready = now.saturating_duration_since(*at) >= RETIRE_AFTER && !in_flight.contains(pid);
+            if ready && !live.contains(pid) {
+                batch.insert(*pid);
+            }
+            !ready
+        });
+        if !batch.is_empty() {
+            // Their key records may still be in the ring (`retire_exited`).
+            self.keep_up();
+            let dropped = self.source.take_granules(&batch);
+            log::debug!(target: "vmtrace::retire", "{} exited processes' {} granules dropped", batch.len(), dropped.len());
+        }
     }
 
     /// Lets go of retired processes' maps (`release_retired`) once more than
