@@ -148,6 +148,9 @@ impl Plan {
             // The system has no end: `top -a` never shows an exited process again.
             forget_exited: front == Front::Live && self.system(),
             retire_exited: record.is_some(),
+            // `serve` runs for as long as the node: what it keeps of an
+            // exited process is its counts and symbolized stacks.
+            release_exited: front == Front::Metrics,
             // The Perfetto trace is written from the summary before folding.
             fold_below: if self.perfetto { 0.0 } else { record.unwrap_or(0.0) },
             fold_processes: record.is_some() && self.system(),
@@ -530,7 +533,7 @@ mod tests {
         let live = plan.session_options(Front::Live);
         assert!(live.forget_exited && !live.retire_exited && live.stacks.is_none());
         let serve = plan.session_options(Front::Metrics);
-        assert!(!serve.forget_exited && !serve.retire_exited && serve.stacks.is_some());
+        assert!(!serve.forget_exited && !serve.retire_exited && serve.stacks.is_some() && serve.release_exited);
         // The Perfetto trace needs every row: nothing folds as processes retire.
         let perfetto = Plan { perfetto: true, ..Plan::new(Target::Pid(1)) };
         let o = perfetto.session_options(Front::Record { fold_below: 0.1 });

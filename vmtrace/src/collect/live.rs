@@ -104,7 +104,9 @@ impl<S: AggregateSource> Session<S> {
         let comm_of = |pid: u32| table.get(pid).map_or_else(String::new, |p| p.comm.clone());
         crate::stacks::weight::weigh(&mut stacks, &totals, &comm_of);
         let sites = if self.opts.families.mmap {
-            let raw = self.source.all_mm_stacks();
+            // Released processes' call sites left the kernel's map.
+            let mut raw = self.source.all_mm_stacks();
+            raw.extend(self.retired_mm.iter().copied());
             super::symbols::build_mm_sites(raw, &mut self.table, &self.source, native, py, &mut self.syms)
         } else {
             Vec::new()

@@ -97,6 +97,11 @@ pub struct SessionOptions {
     /// mapping history goes, so neither grows with every process the
     /// recording has seen (see [`Session::retire_exited`]).
     pub retire_exited: bool,
+    /// Symbolize an exited process's stacks and call sites a moment after
+    /// its exit, then let go of its maps, mapping history and unwound
+    /// stacks (`serve`, whose profiles keep every process's stacks and
+    /// which places no faults in regions): see [`Session::release_exited`].
+    pub release_exited: bool,
     /// The summary's rows under this percentage are folded at the end
     /// (`record --fold-below`; 0: none): the retired processes' regions that
     /// fold is sure to fold are folded as they retire.
@@ -121,6 +126,7 @@ impl SessionOptions {
             trace_log: false,
             forget_exited: false,
             retire_exited: false,
+            release_exited: false,
             fold_below: 0.0,
             fold_processes: false,
             release_above: RELEASE_ABOVE,
@@ -170,6 +176,8 @@ pub struct Session<S: AggregateSource> {
     /// Exited processes forgotten (`forget_exited`) whose granules are still
     /// to leave the kernel maps, and when each exited.
     forgotten_granules: Vec<(u32, Instant)>,
+    /// Exited processes to release (`release_exited`), and when each exited.
+    exited_to_release: Vec<(u32, Instant)>,
     last_retire: Instant,
     /// The regions of the retired processes, placed.
     placed: crate::regions::Partial,
@@ -379,6 +387,7 @@ impl<S: AggregateSource> Session<S> {
             placement: Some(super::placement::Placement::new(opts.families.mmap)),
             retiring: Vec::new(),
             forgotten_granules: Vec::new(),
+            exited_to_release: Vec::new(),
             last_retire: now,
             placed,
             retired: 0,
@@ -541,6 +550,7 @@ impl<S: AggregateSource> Session<S> {
         mark(2);
         self.retire_exited(now);
         self.drop_forgotten_granules(now);
+        self.release_exited(now);
         mark(3);
         self.take_stacks(now);
         mark(4);
@@ -831,6 +841,9 @@ impl<S: AggregateSource> Session<S> {
             self.table.add_final_counts(tgid, stats.as_ref(), mm.as_ref());
             if let (Some(t), Some(p)) = (self.trace.as_mut(), self.table.get(tgid)) {
                 tracelog::exited(t, tgid, p, self.minor_period, monotonic_ns());
+            }
+            if self.opts.release_exited {
+                self.exited_to_release.push((tgid, now));
             }
             if self.opts.forget_exited {
                 if self.opts.families.regions {
@@ -1158,6 +1171,44 @@ impl<S: AggregateSource> Session<S> {
             self.to_release.extend(pids);
         }
         self.release_some(now, came);
+    }
+
+    /// `serve`: a second after its exit, once no CPU counts into its
+    /// stacks, an exited process's fault stacks and call sites are
+    /// symbolized (`release_retired`, as a recording's retired processes
+    /// are) and its maps, mapping history and unwound stacks let go. Its
+    /// counts stay, so the served profiles and metrics keep their totals;
+    /// kept whole, every process the machine started stayed in the table
+    /// with its maps (a node with process churn grew by ~500 KB a process).
+    fn release_exited(&mut self, now: Instant) {
+        if self.exited_to_release.is_empty() {
+            return;
+        }
+        let in_flight =
+            if self.opts.stacks.is_some() { self.source.stacks_in_flight() } else { std::collections::HashSet::new() };
+        let mut batch = std::collections::HashSet::new();
+        self.exited_to_release.retain(|(pid, at)| {
+            let ready = now.saturating_duration_since(*at) >= RETIRE_AFTER && !in_flight.contains(pid);
+            if ready {
+                batch.insert(*pid);
+            }
+            !ready
+        });
+        if batch.is_empty() {
+            return;
+        }
+        // Their last stacks and events, drained first.
+        self.keep_up();
+        if self.opts.families.mmap {
+            for (k, c) in self.source.take_mm_stacks(&batch) {
+                self.mm_waiting.entry(k.tgid).or_default().push((k, c));
+            }
+        }
+        for pid in &batch {
+            self.table.mark_retired(*pid);
+        }
+        log::debug!(target: "vmtrace::release", "releasing {} exited processes", batch.len());
+        self.release_retired(&batch);
     }
 
     /// `top`: the granules of exited processes leave the kernel maps once
