@@ -144,3 +144,70 @@ fn serve_exports_each_processs_resident_bytes_and_peak() {
     unsafe { libc::kill(vm.id() as i32, libc::SIGINT) };
     assert!(vm.wait().unwrap().success());
 }
+
+/// The faults in `/debug/pprof/faults` (its first sample type, summed).
+fn profile_faults(addr: &str) -> u64 {
+    use prost::Message as _;
+    let mut s = TcpStream::connect(addr).expect("connect to vmtrace serve");
+    s.write_all(b"GET /debug/pprof/faults HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut reply = Vec::new();
+    s.read_to_end(&mut reply).unwrap();
+    let at = reply.windows(4).position(|w| w == b"\r\n\r\n").expect("an HTTP reply");
+    assert!(reply.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&reply[..at]));
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(&reply[at + 4..]).read_to_end(&mut raw).expect("a gzipped profile");
+    let p = vmtrace_protos::pprof::Profile::decode(raw.as_slice()).expect("a pprof Profile");
+    p.sample.iter().map(|s| u64::try_from(s.value[0]).unwrap_or(0)).sum()
+}
+
+/// A watched shell's children exit, and a second later `serve` lets go of
+/// their maps and mapping histories: their faults stay in the faults
+/// profile, as many as the metrics count, and no more than the kernel
+/// counted for the shell and its children.
+#[test]
+fn exited_children_keep_their_faults_in_the_profile_and_the_metrics() {
+    privileged!();
+    let dir = tempfile::tempdir().unwrap();
+    let (go, done) = (dir.path().join("go"), dir.path().join("done"));
+    let script = format!(
+        "while [ ! -e {} ]; do sleep 0.05; done; for i in 1 2 3; do {BIN} workload touch --mib 32 > /dev/null; done; \
+         touch {}; sleep 60",
+        go.display(),
+        done.display()
+    );
+    let mut sh = Command::new("sh").args(["-c", &script]).spawn().unwrap();
+    let pid = sh.id();
+    let mut vm = vmtrace()
+        .args(["serve", "--listen", "127.0.0.1:0", "-p", &pid.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(vm.stderr.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.split("http://").nth(1).and_then(|r| r.split('/').next()).unwrap_or_else(|| panic!("{line}"));
+    // Serving: the shell's children start now, traced from their start.
+    std::fs::write(&go, "").unwrap();
+    let start = std::time::Instant::now();
+    while !done.exists() {
+        assert!(start.elapsed() < Duration::from_mins(1), "the shell's children never finished");
+        sleep(Duration::from_millis(100));
+    }
+    // Let go a second after their exit; the metrics refresh every second.
+    sleep(Duration::from_secs(3));
+    let metrics = total(&scrape(addr), "vmtrace_page_faults_total{", "") as u64;
+    let profile = profile_faults(addr);
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let f: Vec<u64> = stat.rsplit_once(')').unwrap().1.split_whitespace().map(|x| x.parse().unwrap_or(0)).collect();
+    // minflt, cminflt, majflt, cmajflt: the shell's and its waited-for children's.
+    let kernel = f[7] + f[8] + f[9] + f[10];
+    let _ = sh.kill();
+    let _ = sh.wait();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(vm.id() as i32, libc::SIGINT) };
+    let _ = vm.wait();
+    eprintln!("metrics {metrics} faults, profile {profile}, kernel {kernel} (shell and children)");
+    assert_eq!(profile, metrics, "the profile's faults against the metrics'");
+    assert!(metrics >= 3 * 8192, "three 32 MiB first touches: {metrics} faults");
+    assert!(metrics <= kernel, "no more than the kernel counted: {metrics} > {kernel}");
+}
