@@ -54,6 +54,7 @@ impl<S: AggregateSource> Session<S> {
             p.identity = self.table.identify(p.pid);
             p.exited = self.table.get(p.pid).is_some_and(|i| i.exited);
         }
+        self.fresh_resident_counters();
         if let Some(r) = self.resident.as_ref() {
             for p in &mut processes {
                 p.resident = r.kernel_of(p.pid).map(|m| crate::model::LiveResident::from_kernel(&m));

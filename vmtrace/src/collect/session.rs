@@ -608,7 +608,7 @@ impl<S: AggregateSource> Session<S> {
     /// end itself, so a slower read loses neither; the map holds every
     /// address space on the machine with `-a`, and walking it every 100 ms
     /// was 4% of the collector's time beside a shell loop.
-    fn resident_counters(&mut self, now: Instant) {
+    pub(super) fn resident_counters(&mut self, now: Instant) {
         self.last_resident = now;
         let Some(r) = self.resident.as_mut() else { return };
         let all = self.source.all_rss();
@@ -618,6 +618,16 @@ impl<S: AggregateSource> Session<S> {
         }
         for mm_id in r.kernel_counters(&all, now_ns) {
             self.source.forget_rss(mm_id);
+        }
+    }
+
+    /// The kernel's resident counters read now unless read within the last
+    /// tick: `top` and `serve` show each process's resident size at every
+    /// refresh, from the first.
+    pub(super) fn fresh_resident_counters(&mut self) {
+        let now = Instant::now();
+        if self.resident.is_some() && now.saturating_duration_since(self.last_resident) >= STORM_TICK {
+            self.resident_counters(now);
         }
     }
 
