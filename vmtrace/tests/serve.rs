@@ -35,8 +35,14 @@ fn total(body: &str, metric: &str, with: &str) -> f64 {
 /// `vmtrace serve -a --top TOP` on a free loopback port, and the address it
 /// says it serves on.
 fn serve_all(top: &str) -> (std::process::Child, String) {
+    serve_with(&["-a", "--top", top])
+}
+
+/// `vmtrace serve` with `args` on a free loopback port, and its address.
+fn serve_with(args: &[&str]) -> (std::process::Child, String) {
     let mut vm = vmtrace()
-        .args(["serve", "--listen", "127.0.0.1:0", "-a", "--top", top])
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -177,15 +183,8 @@ fn exited_children_keep_their_faults_in_the_profile_and_the_metrics() {
     );
     let mut sh = Command::new("sh").args(["-c", &script]).spawn().unwrap();
     let pid = sh.id();
-    let mut vm = vmtrace()
-        .args(["serve", "--listen", "127.0.0.1:0", "-p", &pid.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(vm.stderr.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line.split("http://").nth(1).and_then(|r| r.split('/').next()).unwrap_or_else(|| panic!("{line}"));
+    let (mut vm, addr) = serve_with(&["-p", &pid.to_string()]);
+    let addr = addr.as_str();
     // Serving: the shell's children start now, traced from their start.
     std::fs::write(&go, "").unwrap();
     let start = std::time::Instant::now();

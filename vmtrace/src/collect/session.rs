@@ -1100,15 +1100,7 @@ impl<S: AggregateSource> Session<S> {
         if self.opts.stacks.is_some() {
             in_flight.extend(self.source.stacks_in_flight());
         }
-        let mut batch = std::collections::HashSet::new();
-        self.retiring.retain(|(pid, at)| {
-            let ready =
-                now.saturating_duration_since(*at) >= RETIRE_AFTER && !needed.contains(pid) && !in_flight.contains(pid);
-            if ready {
-                batch.insert(*pid);
-            }
-            !ready
-        });
+        let batch = take_ready(&mut self.retiring, now, |pid| !needed.contains(&pid) && !in_flight.contains(&pid));
         if batch.is_empty() {
             return;
         }
@@ -1196,14 +1188,7 @@ impl<S: AggregateSource> Session<S> {
         }
         let in_flight =
             if self.opts.stacks.is_some() { self.source.stacks_in_flight() } else { std::collections::HashSet::new() };
-        let mut batch = std::collections::HashSet::new();
-        self.exited_to_release.retain(|(pid, at)| {
-            let ready = now.saturating_duration_since(*at) >= RETIRE_AFTER && !in_flight.contains(pid);
-            if ready {
-                batch.insert(*pid);
-            }
-            !ready
-        });
+        let batch = take_ready(&mut self.exited_to_release, now, |pid| !in_flight.contains(&pid));
         if batch.is_empty() {
             return;
         }
@@ -1232,14 +1217,9 @@ impl<S: AggregateSource> Session<S> {
         }
         let in_flight = self.source.granules_in_flight();
         let live = self.table.live_pids();
-        let mut batch = std::collections::HashSet::new();
-        self.forgotten_granules.retain(|(pid, at)| {
-            let ready = now.saturating_duration_since(*at) >= RETIRE_AFTER && !in_flight.contains(pid);
-            if ready && !live.contains(pid) {
-                batch.insert(*pid);
-            }
-            !ready
-        });
+        let mut batch = take_ready(&mut self.forgotten_granules, now, |pid| !in_flight.contains(&pid));
+        // A pid reused by a live process keeps its granules.
+        batch.retain(|pid| !live.contains(pid));
         if !batch.is_empty() {
             // Their key records may still be in the ring (`retire_exited`).
             self.keep_up();
@@ -1506,3 +1486,21 @@ impl<S: AggregateSource> Session<S> {
 #[cfg(test)]
 #[path = "session_tests.rs"]
 mod tests;
+
+/// The processes of `waiting` (pid, exit time) that exited `RETIRE_AFTER`
+/// ago or more and `free` lets go; they leave `waiting`.
+fn take_ready(
+    waiting: &mut Vec<(u32, Instant)>,
+    now: Instant,
+    free: impl Fn(u32) -> bool,
+) -> std::collections::HashSet<u32> {
+    let mut batch = std::collections::HashSet::new();
+    waiting.retain(|(pid, at)| {
+        let ready = now.saturating_duration_since(*at) >= RETIRE_AFTER && free(*pid);
+        if ready {
+            batch.insert(*pid);
+        }
+        !ready
+    });
+    batch
+}
