@@ -292,6 +292,11 @@ fn test(extra: &[String]) -> Result<()> {
     )?;
     ensure_tool(&["tmux"], "tmux", "the `vmtrace top` test (a real pseudo-terminal)")?;
     ensure_tool_answering(&["numactl"], &["--show"], "numactl", "the NUMA test (numactl binds a workload's memory)")?;
+    if env::var("VMTRACE_SKIP_DEBUG_FILES").as_deref() == Ok("1") {
+        say("VMTRACE_SKIP_DEBUG_FILES=1: without libc's debug file, the symbol test will report itself skipped");
+    } else {
+        ensure_package("libc6-dbg", "the symbol test (libc's local functions named from its debug file)")?;
+    }
     if env::var("VMTRACE_SKIP_GO_PPROF").as_deref() == Ok("1") {
         say("VMTRACE_SKIP_GO_PPROF=1: without `go`, the pprof test will report itself skipped");
     } else {
@@ -380,6 +385,24 @@ fn ensure_tool_answering(binaries: &[&str], probes: &[&str], packages: &str, why
     let script = format!("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {packages}");
     if !Command::new("sh").args(["-c", &script]).status()?.success() {
         bail!("installing {packages} failed; install it by hand (apt-get install {packages})");
+    }
+    Ok(())
+}
+
+/// A Debian package a test reads files of, installed when `dpkg` does not
+/// list it.
+fn ensure_package(package: &str, why: &str) -> Result<()> {
+    let listed = Command::new("dpkg-query")
+        .args(["-W", "-f", "${Status}", package])
+        .output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("install ok installed"));
+    if listed {
+        return Ok(());
+    }
+    say(&format!("installing {package} for {why} (apt-get install {package})"));
+    let script = format!("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {package}");
+    if !Command::new("sh").args(["-c", &script]).status()?.success() {
+        bail!("installing {package} failed; install it by hand (apt-get install {package}), or set VMTRACE_SKIP_DEBUG_FILES=1");
     }
     Ok(())
 }

@@ -53,6 +53,54 @@ impl PerfMap {
     }
 }
 
+/// A separate debug file (`/usr/lib/debug/.build-id/NN/REST.debug`, or
+/// what `.gnu_debuglink` names) and its object's loadable segments: the
+/// debug file's segments have no bytes, so a file offset of the object is
+/// turned into the address its symbol table uses through the object's own.
+#[derive(Clone)]
+struct DebugFile {
+    path: PathBuf,
+    /// (file offset, virtual address, size in the file) of each PT_LOAD.
+    loads: Vec<(u64, u64, u64)>,
+}
+
+impl DebugFile {
+    fn virt_offset(&self, off: u64) -> Option<u64> {
+        self.loads.iter().find(|(o, _, size)| off >= *o && off < o + size).map(|(o, v, _)| off - o + v)
+    }
+}
+
+/// The debug file of the object at `path`, where distributions install it
+/// (Debian's `-dbgsym`: by build-id) or beside it as its `.gnu_debuglink`
+/// names; `None` without one.
+fn debug_file(path: &str) -> Option<DebugFile> {
+    use object::{Object, ObjectSegment};
+    let file = std::fs::File::open(path).ok()?;
+    // SAFETY: read-only and private; only the headers and notes are read.
+    let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    let obj = object::File::parse(&*map).ok()?;
+    let loads: Vec<(u64, u64, u64)> = obj
+        .segments()
+        .map(|s| {
+            let (off, size) = s.file_range();
+            (off, s.address(), size)
+        })
+        .filter(|l| l.2 > 0)
+        .collect();
+    let mut candidates = Vec::new();
+    candidates.extend(super::unwind::elf::build_id_debug_path(&obj).map(PathBuf::from));
+    if let Some((link, _crc)) = obj.gnu_debuglink().ok().flatten() {
+        let link = String::from_utf8_lossy(link).into_owned();
+        let dir = std::path::Path::new(path).parent().unwrap_or(std::path::Path::new("/"));
+        candidates.push(dir.join(&link));
+        candidates.push(dir.join(".debug").join(&link));
+        candidates.push(std::path::Path::new("/usr/lib/debug").join(dir.strip_prefix("/").unwrap_or(dir)).join(&link));
+    }
+    let real = std::fs::canonicalize(path).ok();
+    let debug = candidates.into_iter().find(|c| c.is_file() && std::fs::canonicalize(c).ok() != real)?;
+    Some(DebugFile { path: debug, loads })
+}
+
 fn basename(p: &str) -> &str {
     p.rsplit('/').next().unwrap_or(p)
 }
@@ -64,6 +112,8 @@ fn basename(p: &str) -> &str {
 /// distinct frame, not one per frame of every stack.
 pub struct Names {
     symbolizer: Symbolizer,
+    /// Each object's separate debug file, if it has one (`debug_file`).
+    debug: HashMap<String, Option<DebugFile>>,
     kernel: HashMap<u64, Frame>,
     user: HashMap<(PathBuf, u64), Frame>,
     /// Names made per address (JIT code, anonymous memory) and markers, once each.
@@ -76,6 +126,7 @@ impl Default for Names {
     fn default() -> Self {
         Self {
             symbolizer: Symbolizer::new(),
+            debug: HashMap::new(),
             kernel: HashMap::new(),
             user: HashMap::new(),
             other: RefCell::new(HashSet::new()),
@@ -113,6 +164,7 @@ impl Names {
     /// mapped.
     pub fn close_objects(&mut self) {
         self.symbolizer = Symbolizer::new();
+        self.debug.clear();
     }
 
     /// Forgets the names and stacks kept once that nothing holds any more
@@ -146,16 +198,57 @@ impl Names {
         for (path, mut offs) in by_file {
             offs.sort_unstable();
             offs.dedup();
-            let src = Source::Elf(Elf::new(path));
-            let syms = self.symbolizer.symbolize(&src, Input::FileOffset(&offs));
+            let syms = self.symbolize_offsets(path, &offs);
             for (i, off) in offs.iter().enumerate() {
-                let name = match syms.as_ref().ok().and_then(|s| s.get(i)) {
-                    Some(Symbolized::Sym(sym)) => self.intern(&sym.name),
-                    _ => self.intern(&format!("{}+{off:#x}", basename(path))),
+                let name = match &syms[i] {
+                    Some(n) => self.intern(n),
+                    None => self.intern(&format!("{}+{off:#x}", basename(path))),
                 };
                 self.user.insert((PathBuf::from(path), *off), name);
             }
         }
+    }
+
+    /// Symbols of file offsets `offs` (sorted) of the object at `path`, from
+    /// the symbol table of its separate debug file when it has one (a
+    /// distribution's stripped library), else from its own. Only symbol
+    /// tables are read, never DWARF: a name is all a frame shows, and the
+    /// DWARF of a few system libraries decompressed held ~13 MB of the
+    /// collector's heap and ~15 MB of mapped files (docs/performance.md).
+    fn symbolize_offsets(&mut self, path: &str, offs: &[u64]) -> Vec<Option<String>> {
+        let elf = |p: &std::path::Path| {
+            let mut e = Elf::new(p);
+            e.debug_syms = false;
+            Source::Elf(e)
+        };
+        let name = |s: &Symbolized<'_>| match s {
+            Symbolized::Sym(sym) => Some(sym.name.to_string()),
+            Symbolized::Unknown(..) => None,
+        };
+        let mut out = vec![None; offs.len()];
+        let debug = self.debug.entry(path.to_string()).or_insert_with(|| debug_file(path)).clone();
+        if let Some(d) = debug {
+            let virt: Vec<(usize, u64)> =
+                offs.iter().enumerate().filter_map(|(i, &o)| d.virt_offset(o).map(|v| (i, v))).collect();
+            let addrs: Vec<u64> = virt.iter().map(|v| v.1).collect();
+            if let Ok(syms) = self.symbolizer.symbolize(&elf(&d.path), Input::VirtOffset(&addrs)) {
+                for ((i, _), s) in virt.iter().zip(&syms) {
+                    out[*i] = name(s);
+                }
+            }
+        }
+        // The object's own symbols: all of them without a debug file, those
+        // the debug file lacked with one.
+        let rest: Vec<usize> = (0..offs.len()).filter(|&i| out[i].is_none()).collect();
+        if !rest.is_empty() {
+            let left: Vec<u64> = rest.iter().map(|&i| offs[i]).collect();
+            if let Ok(syms) = self.symbolizer.symbolize(&elf(std::path::Path::new(path)), Input::FileOffset(&left)) {
+                for (i, s) in rest.iter().zip(&syms) {
+                    out[*i] = name(s);
+                }
+            }
+        }
+        out
     }
 
     pub fn user(&self, addr: u64, maps: &[Region], jit: Option<&PerfMap>) -> Frame {
@@ -234,6 +327,43 @@ mod tests {
         let name = n.user(addr, &maps, None);
         assert!(name.contains("marker_function_for_symbolization"), "{name}");
         assert_eq!(marker_function_for_symbolization(), 42);
+    }
+
+    /// A function a stripped libc does not export is named from its debug
+    /// file's symbol table (Debian's libc6-dbg; without it the test fails
+    /// unless `VMTRACE_SKIP_DEBUG_FILES=1` lets it skip, and say so).
+    #[test]
+    fn a_stripped_librarys_local_function_is_named_from_its_debug_file() {
+        use object::{Object, ObjectSymbol};
+        let maps = procmaps::read(std::process::id()).unwrap();
+        let Some(libc) = maps.iter().find(|r| r.path.as_deref().is_some_and(|p| p.contains("/libc.so"))) else {
+            return eprintln!("skipped: no libc.so mapped");
+        };
+        let path = libc.path.clone().unwrap();
+        let Some(debug) = debug_file(&path) else {
+            assert!(
+                std::env::var("VMTRACE_SKIP_DEBUG_FILES").as_deref() == Ok("1"),
+                "no debug file for {path}: `apt install libc6-dbg`, or set VMTRACE_SKIP_DEBUG_FILES=1 to skip explicitly"
+            );
+            return eprintln!("SKIPPED: no debug file for {path} (VMTRACE_SKIP_DEBUG_FILES=1)");
+        };
+        let bytes = std::fs::read(&debug.path).unwrap();
+        let obj = object::File::parse(&*bytes).unwrap();
+        let sym = obj.symbols().find(|s| s.name() == Ok("_int_malloc") && s.size() > 0).expect("_int_malloc");
+        let vaddr = sym.address() + 4;
+        let (off, v, _) = debug.loads.iter().find(|(_, v, size)| vaddr >= *v && vaddr < v + size).unwrap();
+        let file_off = vaddr - v + off;
+        assert_eq!(debug.virt_offset(file_off), Some(vaddr));
+        let map = maps
+            .iter()
+            .find(|r| {
+                r.path.as_deref() == Some(&path) && file_off >= r.offset && file_off < r.offset + (r.end - r.start)
+            })
+            .unwrap();
+        let addr = map.start + file_off - map.offset;
+        let mut n = Names::default();
+        n.prepare_user(&[addr], &maps);
+        assert_eq!(&*n.user(addr, &maps, None), "_int_malloc");
     }
 
     #[test]

@@ -142,9 +142,9 @@ impl ObjectInfo {
     }
 }
 
-/// `.debug_frame` of the object's debug file under `/usr/lib/debug/.build-id`,
-/// where distributions install it (e.g. Debian's `-dbgsym` packages).
-fn separate_debug_frame(obj: &object::File<'_>) -> Option<Bytes> {
+/// Where distributions install the debug file of `obj` by its build-id:
+/// `/usr/lib/debug/.build-id/NN/REST.debug`.
+pub(crate) fn build_id_debug_path(obj: &object::File<'_>) -> Option<String> {
     let id = obj.build_id().ok()??;
     let (first, rest) = id.split_first()?;
     let hex = rest.iter().fold(String::new(), |mut s, b| {
@@ -152,7 +152,13 @@ fn separate_debug_frame(obj: &object::File<'_>) -> Option<Bytes> {
         let _ = write!(s, "{b:02x}");
         s
     });
-    let path = format!("/usr/lib/debug/.build-id/{first:02x}/{hex}.debug");
+    (!hex.is_empty()).then(|| format!("/usr/lib/debug/.build-id/{first:02x}/{hex}.debug"))
+}
+
+/// `.debug_frame` of the object's debug file under `/usr/lib/debug/.build-id`,
+/// where distributions install it (e.g. Debian's `-dbgsym` packages).
+fn separate_debug_frame(obj: &object::File<'_>) -> Option<Bytes> {
+    let path = build_id_debug_path(obj)?;
     let file = map(&File::open(path).ok()?).ok()?;
     let dbg = object::File::parse(&**file).ok()?;
     section_bytes(&file, &dbg.section_by_name(".debug_frame")?)

@@ -6,7 +6,7 @@
 //! only while it stays in executable code.
 //!
 //! Recording feeds it through `stacks::native`.
-mod elf;
+pub(crate) mod elf;
 #[cfg(test)]
 mod measure;
 #[cfg(test)]
