@@ -149,12 +149,28 @@ pub(crate) struct FoldedAway {
     resident_live_pages: u64,
     sites: HashMap<(String, Vec<String>), (u64, u64)>,
     pub fast: FastSums,
+    /// Their kernel counters summed, for the live views that cover the
+    /// whole trace (`serve`: `Session::live_snapshot`).
+    counters: Option<(vmtrace_common::FaultStats, vmtrace_common::MmStats)>,
 }
 
 impl FoldedAway {
     /// Processes folded away so far.
     pub(crate) fn processes(&self) -> u64 {
         self.row.as_ref().map_or(0, |r| r.folded)
+    }
+
+    /// Adds a process's kernel counters.
+    pub(crate) fn add_counters(&mut self, st: &vmtrace_common::FaultStats, mm: &vmtrace_common::MmStats) {
+        use vmtrace_common::Merge as _;
+        let c = self.counters.get_or_insert_with(Default::default);
+        c.0.merge(st);
+        c.1.merge(mm);
+    }
+
+    /// The summed kernel counters of the processes folded away, if any.
+    pub(crate) fn counters(&self) -> Option<&(vmtrace_common::FaultStats, vmtrace_common::MmStats)> {
+        self.counters.as_ref()
     }
 
     /// Adds a process's row (as the summary would list it).

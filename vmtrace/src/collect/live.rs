@@ -27,8 +27,17 @@ impl<S: AggregateSource> Session<S> {
                 if self.opts.families.tlb { self.source.all_mm().into_iter().collect() } else { HashMap::new() },
             ),
             LiveScope::WholeTrace => {
-                let stats: BTreeMap<u32, FaultStats> = self.stats_totals();
-                (stats.into_iter().collect(), self.mm_totals().into_iter().collect())
+                let mut stats: BTreeMap<u32, FaultStats> = self.stats_totals();
+                let mut mm = self.mm_totals();
+                // The processes folded away, as one (`serve` releases
+                // exited processes so: `Session::release_exited`).
+                // The kernel's own tgid 0 (the idle task's TLB counts) adds in.
+                if let Some((st, m)) = self.folded.counters() {
+                    use vmtrace_common::Merge as _;
+                    stats.entry(crate::model::fold::OTHER_PID).or_default().merge(st);
+                    mm.entry(crate::model::fold::OTHER_PID).or_default().merge(m);
+                }
+                (stats.into_iter().collect(), mm.into_iter().collect())
             }
         };
         let mut pids: Vec<u32> = stats.iter().map(|(p, _)| *p).collect();
@@ -53,6 +62,10 @@ impl<S: AggregateSource> Session<S> {
         for p in &mut processes {
             p.identity = self.table.identify(p.pid);
             p.exited = self.table.get(p.pid).is_some_and(|i| i.exited);
+            if p.pid == crate::model::fold::OTHER_PID && self.folded.counters().is_some() {
+                p.comm = Some("other".into());
+                p.exited = true;
+            }
         }
         self.fresh_resident_counters();
         if let Some(r) = self.resident.as_ref() {
@@ -104,11 +117,16 @@ impl<S: AggregateSource> Session<S> {
         let table = &self.table;
         let comm_of = |pid: u32| table.get(pid).map_or_else(String::new, |p| p.comm.clone());
         crate::stacks::weight::weigh(&mut stacks, &totals, &comm_of);
+        // Those of the processes folded away, weighed already.
+        stacks.extend(self.folded.fault_stacks());
         let sites = if self.opts.families.mmap {
             // Released processes' call sites left the kernel's map.
             let mut raw = self.source.all_mm_stacks();
             raw.extend(self.retired_mm.iter().copied());
-            super::symbols::build_mm_sites(raw, &mut self.table, &self.source, native, py, &mut self.syms)
+            let mut sites =
+                super::symbols::build_mm_sites(raw, &mut self.table, &self.source, native, py, &mut self.syms);
+            sites.extend(self.folded.sites());
+            sites
         } else {
             Vec::new()
         };

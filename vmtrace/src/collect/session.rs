@@ -1002,6 +1002,7 @@ impl<S: AggregateSource> Session<S> {
             let f = &row.faults;
             totals.insert(*pid, crate::stacks::weight::Totals { faults: f.total, time_ns: f.time_ns, major: f.major });
             self.folded.fast.add(&st);
+            self.folded.add_counters(&st, &info.mm.unwrap_or_default());
             rows.insert(*pid, row);
         }
         let (table, source, native, py) = (&mut self.table, &mut self.source, &self.native, &self.python.codes);
@@ -1204,6 +1205,14 @@ impl<S: AggregateSource> Session<S> {
         }
         log::debug!(target: "vmtrace::release", "releasing {} exited processes", batch.len());
         self.release_retired(&batch);
+        // Then folded away: their counters, stacks and call sites add into
+        // the other process's, under their names, and the collector
+        // forgets them, so that what `serve` holds follows what is live,
+        // not every process the node ever started.
+        let whole: Vec<u32> = batch.iter().copied().filter(|p| !self.named_by_storm_or_oom(*p)).collect();
+        self.whole.extend(whole);
+        let gone: std::collections::HashSet<u32> = batch.into_iter().collect();
+        self.let_go(gone, true, now);
     }
 
     /// `top`: the granules of exited processes leave the kernel maps once
@@ -1250,7 +1259,15 @@ impl<S: AggregateSource> Session<S> {
             gone.extend(slice);
             self.keep_up();
         }
-        if self.released > before {
+        let released_now = self.released > before;
+        self.let_go(gone, released_now, now);
+    }
+
+    /// After processes `gone` were released (`release_retired`): lets go
+    /// of the drained stacks only they were counted under, folds away
+    /// those folded whole, and gives the freed heap back to the kernel.
+    fn let_go(&mut self, mut gone: std::collections::HashSet<u32>, released_now: bool, now: Instant) {
+        if released_now {
             // Their stacks are templates now: the drained frames go, once
             // per tick (one walk of the unreleased processes' keys).
             let table = &self.table;
@@ -1266,6 +1283,7 @@ impl<S: AggregateSource> Session<S> {
                 users.also.extend(r.stack_ids(|p| gone.contains(&p)));
                 users.in_use.extend(r.stack_ids(|p| !gone.contains(&p) && table.get(p).is_none_or(|i| !i.released)));
             }
+            let users_gone = gone.len();
             users.gone = gone;
             let forgot = self.source.forget_stacks(&users, &|t| table.get(t).is_none_or(|p| !p.released));
             // The table sizes walk every drained stack: only when logged.
@@ -1275,7 +1293,7 @@ impl<S: AggregateSource> Session<S> {
                     target: "vmtrace::release",
                     "released {} in {:?}; {} released, {} waiting; {forgot} drained stacks let go, {held} held \
                      ({bytes} bytes); {} processes in the table, {} live",
-                    self.released - before,
+                    users_gone,
                     now.elapsed(),
                     self.released,
                     self.to_release.len(),
@@ -1285,7 +1303,7 @@ impl<S: AggregateSource> Session<S> {
             }
         }
         self.fold_away();
-        if self.released > before {
+        if released_now {
             // What was let go lies scattered through the heap, between what
             // is kept: glibc gives back only the heap's top by itself. Once a
             // tick, not once a slice: each trim's pages were faulted back in

@@ -207,6 +207,7 @@ impl Aggregator {
             }
         }
         self.cgroups.retain(|_, s| now_s - s.last_alive_s <= linger);
+        self.forget_folded_away(snap);
         let growth: Vec<Counts> = snap
             .processes
             .iter()
@@ -274,6 +275,28 @@ impl Aggregator {
         }
         self.oom_kills = snap.oom_kills;
         self.dropped = snap.drops.all_counters();
+    }
+
+    /// A process that left the snapshot was folded away into its other
+    /// process (pid 0, `collect::folded`), whose counters now hold its own:
+    /// what was seen of it becomes part of what was seen of pid 0, so that
+    /// pid 0 grows only by what no refresh saw of it yet. Its memory goes.
+    fn forget_folded_away(&mut self, snap: &LiveSnapshot) {
+        let present: std::collections::HashSet<u32> = snap.processes.iter().map(|p| p.pid).collect();
+        let gone: Vec<u32> = self.seen.keys().copied().filter(|p| !present.contains(p)).collect();
+        if gone.is_empty() {
+            return;
+        }
+        let mut last = Counts::default();
+        for pid in gone {
+            if let Some(s) = self.seen.remove(&pid) {
+                last.add(&s.last);
+            }
+        }
+        let other = self.seen.entry(crate::model::fold::OTHER_PID).or_default();
+        other.last.add(&last);
+        // Pid 0 stands for processes counted in `folded_procs` already.
+        other.folded = true;
     }
 
     /// Series now: (processes with their own, cgroups with their own).
@@ -507,6 +530,39 @@ mod tests {
         assert_eq!(sum(&t, "vmtrace_page_faults_total{pid=\"\"", "minor"), other_before, "{t}");
         // The cgroup's counter holds everything, the exited process's too.
         assert_eq!(sum(&t, "vmtrace_cgroup_page_faults_total{cgroup=\"/s\"", "minor"), 19, "{t}");
+    }
+
+    #[test]
+    fn processes_folded_away_count_once_and_are_forgotten() {
+        let sys = id("/s", None);
+        let mut a = Aggregator::new(2, 10);
+        let mut snap = LiveSnapshot {
+            t_s: 1.0,
+            processes: vec![proc(1, 5, &sys, false), proc(2, 7, &sys, false), proc(3, 4, &sys, false)],
+            ..LiveSnapshot::default()
+        };
+        a.update(&snap);
+        // pids 2 (a series of its own) and 3 (in other) exit...
+        snap.processes[1] = proc(2, 8, &sys, true);
+        snap.processes[2] = proc(3, 6, &sys, true);
+        snap.t_s = 2.0;
+        a.update(&snap);
+        // ...and are folded away into pid 0, with one fault no refresh saw.
+        let mut other = proc(0, 8 + 6 + 1, &sys, true);
+        other.identity = None;
+        snap.processes = vec![proc(1, 5, &sys, false), other];
+        snap.t_s = 3.0;
+        a.update(&snap);
+        let t = a.render();
+        assert_eq!(sum(&t, "vmtrace_page_faults_total{", "kind=\"minor\""), 20, "{t}");
+        assert_eq!(sum(&t, "vmtrace_cgroup_page_faults_total{", "kind=\"minor\""), 20, "{t}");
+        assert_eq!(sum(&t, "vmtrace_page_faults_total{pid=\"2\"", "minor"), 8, "its series stays: {t}");
+        assert!(t.contains("vmtrace_folded_processes_total 1\n"), "pid 3 only: {t}");
+        assert_eq!(a.seen.len(), 2, "pids 1 and 0 remembered");
+        // A later refresh adds nothing.
+        snap.t_s = 4.0;
+        a.update(&snap);
+        assert_eq!(sum(&a.render(), "vmtrace_page_faults_total{", "kind=\"minor\""), 20);
     }
 
     #[test]
