@@ -121,6 +121,9 @@ pub(crate) struct ProcResident {
 #[derive(Debug, Default)]
 pub(crate) struct ResidentTracker {
     procs: HashMap<u32, Proc>,
+    /// Processes taken out (`take`) whose ended address space the kernel's
+    /// counters may still hold for a while: not made an entry again.
+    taken: std::collections::HashSet<u32>,
     live_pages: usize,
     /// The address sample: 1 in `period` pages, by `page_sampled` with `salt`
     /// (the programs' `RESIDENT_SALT`).
@@ -338,6 +341,8 @@ impl ResidentTracker {
     /// ones no process claimed.
     pub(crate) fn kernel_counters(&mut self, all: &[(u32, RssMm)], now_ns: u64) -> Vec<u32> {
         let mut forget = Vec::new();
+        // The taken processes whose ended address space stays in the map.
+        let mut lingering = std::collections::HashSet::new();
         for (mm_id, m) in all {
             let old = |t: u64| now_ns.saturating_sub(t) > FORGET_AFTER_NS;
             if m.tgid == 0 {
@@ -345,6 +350,19 @@ impl ResidentTracker {
                     forget.push(*mm_id);
                 }
                 continue;
+            }
+            let ended = m.flags & RSS_ENDED != 0;
+            if ended && self.taken.contains(&m.tgid) && !self.procs.contains_key(&m.tgid) {
+                if old(m.end_ns) {
+                    forget.push(*mm_id);
+                } else {
+                    lingering.insert(m.tgid);
+                }
+                continue;
+            }
+            if !ended {
+                // The pid reused by a new process.
+                self.taken.remove(&m.tgid);
             }
             let p = self.procs.entry(m.tgid).or_default();
             // A process's address space is the one it still runs in, else
@@ -359,6 +377,7 @@ impl ResidentTracker {
                 forget.push(*mm_id);
             }
         }
+        self.taken.retain(|t| lingering.contains(t));
         forget
     }
 
@@ -430,6 +449,7 @@ impl ResidentTracker {
         if self.procs.capacity() > 4 * self.procs.len().max(1024) {
             self.procs.shrink_to_fit();
         }
+        self.taken.insert(pid);
         Some(p.ended(now_ns))
     }
 }
@@ -637,6 +657,23 @@ mod tests {
         let _ = t.kernel_counters(&[(1, RssMm { tgid: 7, size: [1, 2, 0, 0], ..RssMm::default() })], 0);
         assert!(!t.fill_from_status(7, status));
         assert!(status_counters(8, "Name:\tkthreadd\n").is_none(), "a kernel thread has no RssAnon");
+    }
+
+    #[test]
+    fn a_process_taken_out_is_not_made_again_from_its_ended_address_space() {
+        let mut t = ResidentTracker::new(1, 0);
+        let live = RssMm { tgid: 7, size: [1, 2, 0, 0], first_ns: 1, ..RssMm::default() };
+        let _ = t.kernel_counters(&[(1, live)], 10);
+        assert!(t.take(7, 10).is_some());
+        // Its ended address space stays in the map for FORGET_AFTER_NS.
+        let ended = RssMm { flags: RSS_ENDED, end_ns: 20, ..live };
+        assert!(t.kernel_counters(&[(1, ended)], 30).is_empty());
+        assert!(t.take(7, 30).is_none(), "not made again");
+        assert_eq!(t.kernel_counters(&[(1, ended)], 30 + FORGET_AFTER_NS), vec![1], "forgotten");
+        assert!(t.taken.is_empty());
+        // The pid reused by a new process.
+        let _ = t.kernel_counters(&[(2, RssMm { first_ns: 40, ..live })], 50);
+        assert!(t.take(7, 50).is_some());
     }
 
     #[test]
