@@ -381,10 +381,16 @@ fn ensure_tool_answering(binaries: &[&str], probes: &[&str], packages: &str, why
     if binaries.iter().any(answers) {
         return Ok(());
     }
+    apt_install(packages, why, "")
+}
+
+/// Installs the Debian `packages` a test needs for `why`; `or` follows the
+/// by-hand advice when it fails (another way out).
+fn apt_install(packages: &str, why: &str, or: &str) -> Result<()> {
     say(&format!("installing {packages} for {why} (apt-get install {packages})"));
     let script = format!("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {packages}");
     if !Command::new("sh").args(["-c", &script]).status()?.success() {
-        bail!("installing {packages} failed; install it by hand (apt-get install {packages})");
+        bail!("installing {packages} failed; install it by hand (apt-get install {packages}){or}");
     }
     Ok(())
 }
@@ -399,12 +405,7 @@ fn ensure_package(package: &str, why: &str) -> Result<()> {
     if listed {
         return Ok(());
     }
-    say(&format!("installing {package} for {why} (apt-get install {package})"));
-    let script = format!("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {package}");
-    if !Command::new("sh").args(["-c", &script]).status()?.success() {
-        bail!("installing {package} failed; install it by hand (apt-get install {package}), or set VMTRACE_SKIP_DEBUG_FILES=1");
-    }
-    Ok(())
+    apt_install(package, why, ", or set VMTRACE_SKIP_DEBUG_FILES=1")
 }
 
 extern "C" {
