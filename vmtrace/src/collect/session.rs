@@ -49,8 +49,10 @@ const RETIRE_AFTER: Duration = Duration::from_secs(1);
 /// (`Session::refold`); then each time they have doubled.
 const REFOLD_FIRST: usize = 4096;
 /// Retired processes whose maps are kept (symbolized at the end) before the
-/// oldest are symbolized and let go (`Session::release_some`): ~30 KB each.
-pub(crate) const RELEASE_ABOVE: usize = 512;
+/// oldest are symbolized and let go (`Session::release_some`): ~100 KB each
+/// with their unwound stacks and mapping history (512 held 13 MB more than
+/// 128 beside a shell loop of ~70 processes a second, docs/performance.md).
+pub(crate) const RELEASE_ABOVE: usize = 128;
 /// Processes symbolized at once, and the time a tick may spend on them.
 const RELEASE_SLICE: usize = 32;
 /// A tick that takes this long says where its time went (debug).
