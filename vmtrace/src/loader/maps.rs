@@ -53,6 +53,10 @@ pub(super) struct Maps {
     recent: Option<PerCpuArray<MapData, [u64; 2]>>,
     /// Each process's keys in `region_stats`/`region_late`.
     granule_index: super::granules::GranuleIndex,
+    /// Second handles on `region_stats`/`region_late`, for
+    /// `BPF_MAP_LOOKUP_AND_DELETE_ELEM` (aya 0.14 offers it for queues and
+    /// stacks only); `None` once the kernel refused it (before 5.14).
+    granule_fds: Option<[std::os::fd::OwnedFd; 2]>,
 }
 
 impl Maps {
@@ -70,6 +74,7 @@ impl Maps {
             mm_stats: take_map(ebpf, "MM_STATS")?,
             mm_stacks: take_map(ebpf, "MM_STACKS")?,
             totals: take_map(ebpf, "TOTALS")?,
+            granule_fds: (|| Some([map_fd(ebpf, "REGION_STATS")?, map_fd(ebpf, "REGION_LATE")?]))(),
             region_stats: take_map(ebpf, "REGION_STATS")?,
             region_late: take_map(ebpf, "REGION_LATE")?,
             granule_cur: take_map(ebpf, "GRANULE_CUR")?,
@@ -104,6 +109,47 @@ impl Probes {
 
 fn take_map<T: TryFrom<aya::maps::Map>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, LoadError> {
     ebpf.take_map(name).and_then(|m| T::try_from(m).ok()).ok_or(LoadError::Map(name))
+}
+
+/// A second handle on the per-CPU hash map `name`, still in `ebpf`.
+fn map_fd(ebpf: &Ebpf, name: &str) -> Option<std::os::fd::OwnedFd> {
+    match ebpf.map(name)? {
+        aya::maps::Map::PerCpuHashMap(d) => d.fd().as_fd().try_clone_to_owned().ok(),
+        _ => None,
+    }
+}
+
+/// `BPF_MAP_LOOKUP_AND_DELETE_ELEM` on a per-CPU hash map: the entry's
+/// per-CPU values, summed, and the entry gone, in one system call and
+/// atomically (a lookup then a delete is two, and loses what a CPU adds
+/// between them). `Ok(None)`: no such key. An error: the kernel does not
+/// offer it for this map type (before 5.14) or another failure.
+fn take_per_cpu<K: Copy, V: Copy + Default + Merge>(
+    fd: std::os::fd::BorrowedFd,
+    key: &K,
+) -> std::io::Result<Option<V>> {
+    const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
+    let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
+    let stride = std::mem::size_of::<V>().next_multiple_of(8);
+    let mut buf = vec![0u64; cpus * stride / 8];
+    // `union bpf_attr` for element commands: map_fd (u32, padded), key, value, flags.
+    let attr: [u64; 4] = [u64::from(fd.as_raw_fd() as u32), std::ptr::from_ref(key) as u64, buf.as_mut_ptr() as u64, 0];
+    // SAFETY: `attr` points at a live key and a buffer the size of the map's
+    // per-CPU value array (`round_up(value_size, 8)` per possible CPU).
+    let r = unsafe {
+        libc::syscall(libc::SYS_bpf, BPF_MAP_LOOKUP_AND_DELETE_ELEM, attr.as_ptr(), std::mem::size_of_val(&attr))
+    };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::ENOENT) { Ok(None) } else { Err(e) };
+    }
+    let mut sum = V::default();
+    for cpu in 0..cpus {
+        // SAFETY: within `buf`; the values are plain integers (Pod).
+        let v: V = unsafe { std::ptr::read_unaligned(buf.as_ptr().cast::<u8>().add(cpu * stride).cast::<V>()) };
+        sum.merge(&v);
+    }
+    Ok(Some(sum))
 }
 
 impl AggregateSource for Probes {
@@ -458,6 +504,19 @@ impl AggregateSource for Probes {
         }
         let mut out: std::collections::BTreeMap<GranuleKey, GranuleCounts> = std::collections::BTreeMap::new();
         for (k, late) in self.maps.granule_index.take(tgids) {
+            if let Some(fds) = &self.maps.granule_fds {
+                match take_per_cpu::<GranuleKey, GranuleCounts>(fds[usize::from(late)].as_fd(), &k) {
+                    Ok(Some(v)) => {
+                        out.entry(k).or_default().merge(&v);
+                        continue;
+                    }
+                    Ok(None) => continue,
+                    Err(e) => {
+                        log::debug!(target: "vmtrace::retire", "lookup-and-delete refused ({e}): lookup, then delete");
+                        self.maps.granule_fds = None;
+                    }
+                }
+            }
             let map = if late { &mut self.maps.region_late } else { &mut self.maps.region_stats };
             if let Ok(v) = map.get(&k, 0) {
                 if map.remove(&k).is_ok() {
