@@ -1,7 +1,8 @@
 #!/bin/bash
 # The collector beside a light shell loop (docs/performance.md): `record -a`
 # while a loop starts /bin/true, `sh -c 'ls /'`, `python3 -c 'import json'`
-# and a `sleep NAP` (~8 processes a second with NAP 0.5) for SECS seconds;
+# and a `sleep NAP` (~1.5 rounds a second with NAP 0.5: ~74 processes a second
+# where `python3` is pyenv's shim, 42 processes per `python3 -c`) for SECS seconds;
 # prints the collector's CPU (% of a core) over the loop and its memory.
 # usage: [VMTRACE=path/to/vmtrace] docs/scripts/churn-mild.sh SECS NAP [record options]
 secs=$1; nap=$2; shift 2
