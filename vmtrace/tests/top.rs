@@ -252,6 +252,13 @@ fn top_shows_a_fork_workers_python_arenas_and_their_cow() {
     let worker: Vec<u64> =
         std::fs::read_to_string(&stat).unwrap().split_whitespace().map(|x| x.parse().unwrap()).collect();
     let (wpid, kernel) = (worker[0], worker[1] + worker[2]);
+    // The process pane tells the forked worker apart, as summary.txt does.
+    let worker_row =
+        |s: &str| s.lines().find(|l| l.split_whitespace().next() == Some(wpid.to_string().as_str())).map(str::to_owned);
+    let screen = tmux.wait_for("the worker's labelled row", Duration::from_secs(20), |s| {
+        worker_row(s).is_some_and(|l| l.contains("(worker 0 of "))
+    });
+    eprintln!("{}", worker_row(&screen).unwrap_or_default());
     tmux.keys("r");
     // PID COMM [python arena] ×N KIND SIZE UNIT FAULT/s MAJ/s COW/s TIME% FAULTS COW
     let arenas = |s: &str| {

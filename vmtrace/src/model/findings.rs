@@ -120,13 +120,37 @@ pub fn process_label(s: &Summary, pid: u32) -> String {
 
 /// `(N, PPID)` when `p` is the N-th worker its traced parent forked.
 pub fn worker_of(s: &Summary, p: &Process) -> Option<(usize, u32)> {
+    let all: Vec<Who> = s.processes.iter().map(Who::of).collect();
+    worker_among(&all, &Who::of(p))
+}
+
+/// A process as [`worker_among`] tells workers apart: a recording's
+/// `Process`, or a live view's row with what the process table knows.
+#[derive(Clone, Copy)]
+pub struct Who<'a> {
+    pub pid: u32,
+    pub ppid: Option<u32>,
+    pub comm: &'a str,
+    pub cmdline: Option<&'a str>,
+}
+
+impl<'a> Who<'a> {
+    fn of(q: &'a Process) -> Self {
+        Self { pid: q.pid, ppid: q.ppid, comm: &q.comm, cmdline: q.cmdline.as_deref() }
+    }
+}
+
+/// `(N, PPID)` when `p` is the N-th worker its parent in `all` forked: a
+/// child that runs the parent's program (same name, or the same command
+/// line), N its place among such children by pid.
+pub fn worker_among(all: &[Who], p: &Who) -> Option<(usize, u32)> {
     let ppid = p.ppid?;
-    let parent = s.processes.iter().find(|q| q.pid == ppid)?;
-    let same = |q: &Process| q.comm == parent.comm || (q.cmdline.is_some() && q.cmdline == parent.cmdline);
+    let parent = all.iter().find(|q| q.pid == ppid)?;
+    let same = |q: &Who| q.comm == parent.comm || (q.cmdline.is_some() && q.cmdline == parent.cmdline);
     if !same(p) {
         return None;
     }
-    let n = s.processes.iter().filter(|q| q.ppid == Some(ppid) && q.pid < p.pid && same(q)).count();
+    let n = all.iter().filter(|q| q.ppid == Some(ppid) && q.pid < p.pid && same(q)).count();
     Some((n, ppid))
 }
 

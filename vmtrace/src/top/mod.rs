@@ -121,13 +121,17 @@ impl Model {
             let now = *resident_now.get(&pid)?;
             (dt > 0.0).then(|| (now as f64 - resident_prev.get(&pid).copied().unwrap_or(0) as f64) / dt)
         };
+        let labels = worker_labels(session, &snap);
         let mut procs: Vec<ProcRow> = snap
             .processes
             .iter()
             .zip(rates)
             .map(|(p, (_, rates))| ProcRow {
                 pid: p.pid,
-                comm: with_identity(p.comm.clone().unwrap_or_default(), p.identity.as_deref()),
+                comm: with_identity(
+                    labels.get(&p.pid).cloned().unwrap_or_else(|| p.comm.clone().unwrap_or_default()),
+                    p.identity.as_deref(),
+                ),
                 rates: if ended && session.known(p.pid).is_some_and(|k| k.exit_code.is_some()) {
                     Rates::default()
                 } else {
@@ -593,6 +597,24 @@ fn live_findings(
 
 /// A process's name as the table shows it: with its rank, pod and
 /// container where known (`python3 [rank 3/8 pod 1f2e3d4c ctr 0123456789ab]`).
+/// "NAME (worker N of PPID)" for each process of the view that is a worker
+/// its parent (also in the view) forked, as summary.txt and report.html
+/// tell DataLoader workers apart (`findings::worker_among`).
+fn worker_labels(session: &Session<Probes>, snap: &crate::model::LiveSnapshot) -> HashMap<u32, String> {
+    use crate::model::findings::{worker_among, Who};
+    let infos: Vec<_> = snap.processes.iter().filter_map(|p| Some((p.pid, session.known(p.pid)?))).collect();
+    let all: Vec<Who> = infos
+        .iter()
+        .map(|(pid, i)| Who { pid: *pid, ppid: i.ppid, comm: &i.comm, cmdline: i.cmdline.as_deref() })
+        .collect();
+    all.iter()
+        .filter_map(|w| {
+            let (n, ppid) = worker_among(&all, w)?;
+            Some((w.pid, format!("{} (worker {n} of {ppid})", w.comm)))
+        })
+        .collect()
+}
+
 fn with_identity(comm: String, id: Option<&crate::model::Identity>) -> String {
     match id.map(crate::model::Identity::short).filter(|s| !s.is_empty()) {
         Some(who) => format!("{comm} [{who}]"),
