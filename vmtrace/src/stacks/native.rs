@@ -56,15 +56,33 @@ struct Space {
     space: AddressSpace,
 }
 
+/// Distinct unwound stacks held (all processes) before the lightest are
+/// added into one `[lighter stacks]` stack per id ([`NativeStacks::compact`]):
+/// a compiler beside the recording (rustc, no frame pointers: its faults'
+/// frame-pointer walks end at the leaf, so one id stands for thousands of
+/// deep stacks) held 14 MB of them after two minutes. ~300 bytes each.
+const MAX_UNWOUND: usize = 16_384;
+/// Distinct stacks one id holds before its lightest half is added up: the
+/// search for a sample's stack among its id's stays short.
+const MAX_PER_ID: usize = 1024;
+/// The marker and `stacks.cut` reason of stacks added up by `compact`.
+pub const LIGHTER: &str = "[lighter stacks]";
+pub const LIGHTER_REASON: &str = "lighter_stacks";
+
 /// Unwound stacks of every traced process, by (tgid, frame-pointer id).
 #[derive(Default)]
 pub struct NativeStacks {
     unwinder: Option<Unwinder>,
     spaces: HashMap<u32, Space>,
     by_id: HashMap<(u32, i32), Vec<(NativeStack, u64)>>,
+    /// Distinct stacks in `by_id`, `[lighter stacks]` ones not counted (at
+    /// most one per id).
+    held: usize,
     /// Samples unwound, and records too short to read.
     pub samples: u64,
     pub malformed: u64,
+    /// Distinct stacks added into a `[lighter stacks]` stack.
+    pub lightened: u64,
 }
 
 /// What `add` needs of a process: its maps and when they were read, and a
@@ -111,10 +129,47 @@ impl NativeStacks {
         let native = NativeStack { frames: unwound.frames, cut };
         let seen = self.by_id.entry((head.tgid, head.user_stack)).or_default();
         let weight = u64::from(head.weight.max(1));
-        match seen.iter_mut().find(|(s, _)| *s == native) {
-            Some((_, n)) => *n += weight,
-            None => seen.push((native, weight)),
+        if let Some((_, n)) = seen.iter_mut().find(|(s, _)| *s == native) {
+            *n += weight;
+            return;
         }
+        // Its frames without the unwinder's spare room.
+        seen.push((NativeStack { frames: native.frames.into_boxed_slice().into_vec(), cut: native.cut }, weight));
+        self.held += 1;
+        if seen.len() > MAX_PER_ID {
+            let n = lighten(seen, MAX_PER_ID / 2);
+            self.lightened += n;
+            self.held -= n as usize;
+        }
+        if self.held > MAX_UNWOUND {
+            self.compact();
+        }
+    }
+
+    /// Keeps the `MAX_UNWOUND / 2` heaviest distinct stacks (by the events
+    /// their samples stand for) and adds each id's others into one stack
+    /// of its own: its leaf under `[lighter stacks]`, cut for that reason.
+    /// An id's counts are shared out in the same proportions as before
+    /// among what is left: no event goes missing, the light stacks lose
+    /// their callers.
+    fn compact(&mut self) {
+        let keep = MAX_UNWOUND / 2;
+        let mut weights: Vec<u64> =
+            self.by_id.values().flatten().filter(|(s, _)| !is_lighter(s)).map(|(_, w)| *w).collect();
+        if weights.len() <= keep {
+            return;
+        }
+        let (_, floor, _) = weights.select_nth_unstable_by(keep, |a, b| b.cmp(a));
+        let floor = *floor;
+        let before = self.held;
+        for v in self.by_id.values_mut() {
+            let heavier = v.iter().filter(|(s, w)| *w > floor && !is_lighter(s)).count();
+            let n = lighten(v, heavier);
+            self.lightened += n;
+            self.held -= n as usize;
+            v.shrink_to_fit();
+        }
+        log::debug!(target: "vmtrace::release", "unwound stacks: {before} held, {} after adding up the lightest", self.held);
     }
 
     /// The unwound sample, and whether its leaf is in code the maps know.
@@ -163,13 +218,53 @@ impl NativeStacks {
             self.spaces.remove(t);
         }
         self.by_id.retain(|(t, _), _| !tgids.contains(t));
+        self.held = self.by_id.values().flatten().filter(|(s, _)| !is_lighter(s)).count();
     }
 
     /// Forgets `tgid`'s unwound stacks too (nothing will read them).
     pub fn forget(&mut self, tgid: u32) {
         self.spaces.remove(&tgid);
         self.by_id.retain(|(t, _), _| *t != tgid);
+        self.held = self.by_id.values().flatten().filter(|(s, _)| !is_lighter(s)).count();
     }
+}
+
+fn is_lighter(s: &NativeStack) -> bool {
+    s.cut.as_ref().is_some_and(|c| c.reason == LIGHTER_REASON)
+}
+
+/// Keeps the `keep` heaviest stacks of one id and adds the others into its
+/// `[lighter stacks]` stack (made at need: the id's leaf, which all its
+/// stacks share). How many distinct stacks were added.
+fn lighten(v: &mut Vec<(NativeStack, u64)>, keep: usize) -> u64 {
+    let mut order: Vec<usize> = (0..v.len()).filter(|&i| !is_lighter(&v[i].0)).collect();
+    if order.len() <= keep {
+        return 0;
+    }
+    order.sort_by_key(|&i| std::cmp::Reverse(v[i].1));
+    let gone: std::collections::HashSet<usize> = order[keep..].iter().copied().collect();
+    let leaf = v[order[keep]].0.frames.first().copied();
+    let mut added = 0;
+    let mut i = 0;
+    v.retain(|(_, w)| {
+        let drop = gone.contains(&i);
+        i += 1;
+        if drop {
+            added += w;
+        }
+        !drop
+    });
+    match v.iter_mut().find(|(s, _)| is_lighter(s)) {
+        Some((_, w)) => *w += added,
+        None => v.push((
+            NativeStack {
+                frames: leaf.into_iter().collect(),
+                cut: Some(Cut { reason: LIGHTER_REASON, marker: LIGHTER.into() }),
+            },
+            added,
+        )),
+    }
+    gone.len() as u64
 }
 
 /// `total` shared out in proportion to `weights`, the parts summing to it
@@ -250,5 +345,61 @@ mod tests {
             .iter()
             .all(|(s, _)| s.frames.len() == 1 && s.cut.as_ref().is_some_and(|c| c.reason == "unmapped_code")));
         assert!(n.variants(7, 6).is_empty());
+    }
+
+    #[test]
+    fn the_lightest_stacks_of_an_id_add_into_one_and_every_event_still_counts() {
+        let mut n = NativeStacks::default();
+        let mut maps = NoMaps(Vec::new());
+        // Ten heavy stacks (5 samples each), then light ones until the id overflows.
+        for i in 0..10u64 {
+            for _ in 0..5 {
+                n.add(&record(7, 5, 0x400_000 + i * 16, &[0; 64]), &mut maps);
+            }
+        }
+        let light = MAX_PER_ID as u64 + 100;
+        for i in 0..light {
+            n.add(&record(7, 5, 0x800_000 + i * 16, &[0; 64]), &mut maps);
+        }
+        let v = n.variants(7, 5);
+        assert!(v.len() <= MAX_PER_ID, "{}", v.len());
+        assert_eq!(v.iter().map(|(_, w)| w).sum::<u64>(), 50 + light, "no event lost");
+        for i in 0..10u64 {
+            assert!(v.iter().any(|(s, w)| s.frames == [0x400_000 + i * 16] && *w == 5), "heavy stack {i} kept whole");
+        }
+        let lighter: Vec<_> = v.iter().filter(|(s, _)| is_lighter(s)).collect();
+        assert_eq!(lighter.len(), 1);
+        assert_eq!(lighter[0].0.cut.as_ref().map(|c| c.marker.as_str()), Some(LIGHTER));
+        assert_eq!(n.lightened as usize + v.len() - 1, 10 + light as usize);
+    }
+
+    #[test]
+    fn past_the_bound_only_the_heaviest_unwound_stacks_stay_whole() {
+        let mut n = NativeStacks::default();
+        let mut maps = NoMaps(Vec::new());
+        // One heavy stack in each of 100 ids, then light ones in others.
+        for id in 0..100 {
+            for _ in 0..3 {
+                n.add(&record(7, id, 0x400_000 + id as u64 * 16, &[0; 64]), &mut maps);
+            }
+        }
+        let light = MAX_UNWOUND as i32 + 10;
+        for id in 100..100 + light {
+            n.add(&record(7, id, 0x400_000 + id as u64 * 16, &[0; 64]), &mut maps);
+        }
+        assert!(n.held <= MAX_UNWOUND, "{}", n.held);
+        assert!(n.lightened > 0);
+        for id in 0..100 {
+            assert_eq!(
+                n.variants(7, id),
+                [(
+                    NativeStack { frames: vec![0x400_000 + id as u64 * 16], cut: n.variants(7, id)[0].0.cut.clone() },
+                    3
+                )]
+            );
+            assert!(!is_lighter(&n.variants(7, id)[0].0));
+        }
+        let total: u64 = (0..100 + light).map(|id| n.variants(7, id).iter().map(|(_, w)| w).sum::<u64>()).sum();
+        assert_eq!(total, 300 + light as u64, "no event lost");
     }
 }
