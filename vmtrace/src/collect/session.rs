@@ -38,6 +38,9 @@ const STORM_TICK: Duration = Duration::from_millis(100);
 /// How often the kernel's resident counters are read without the Perfetto
 /// trace (`Session::resident_counters`).
 const RESIDENT_EVERY: Duration = Duration::from_secs(1);
+/// How often the collector drops its mappings of the object files' pages
+/// (`stacks::objects`).
+const DROP_OBJECT_PAGES_EVERY: Duration = Duration::from_secs(1);
 /// How often exited processes are retired (each time walks the keys of the
 /// kernel's granule maps, a system call per live entry: every 4 s let 700
 /// churning processes fill `REGION_STATS` between two walks), and how long
@@ -158,6 +161,7 @@ pub struct Session<S: AggregateSource> {
     last_storm_tick: Instant,
     /// When the kernel's resident counters were last read.
     last_resident: Instant,
+    last_object_drop: Instant,
     /// IPIs per call site at the last tick (for storm culprits).
     last_sites: HashMap<MmStackKey, u64>,
     /// Processes that sent IPIs since the last walk of the call-site map.
@@ -376,6 +380,7 @@ impl<S: AggregateSource> Session<S> {
             storms: StormDetector::new(opts.storm_threshold),
             last_storm_tick: now,
             last_resident: now,
+            last_object_drop: now,
             last_sites: HashMap::new(),
             stale_sites: std::collections::HashSet::new(),
             timeline: TimelineRecorder::new(now),
@@ -539,6 +544,12 @@ impl<S: AggregateSource> Session<S> {
         if let Some(p) = self.placement.as_mut() {
             let live: Vec<u32> = self.table.live_pids().iter().copied().collect();
             p.tick(now, &live);
+        }
+        if self.opts.stacks.is_some() && now.saturating_duration_since(self.last_object_drop) >= DROP_OBJECT_PAGES_EVERY
+        {
+            self.last_object_drop = now;
+            let n = crate::stacks::objects::drop_object_pages();
+            log::trace!(target: "vmtrace::tick", "object pages dropped from {n} mappings");
         }
         mark(0);
         if self.opts.stacks.is_some() || self.opts.families.regions {

@@ -257,6 +257,8 @@ impl Probes {
             )
             .override_global("RESIDENT_SALT", &page_salt, true)
             .load(crate::EBPF_OBJECT)?;
+        // aya holds its own copies of what it parsed.
+        crate::stacks::objects::drop_pages_of(crate::EBPF_OBJECT);
         let logger = aya_log::EbpfLogger::init(&mut ebpf).ok();
         let wanted = |h: &&Hook| opts.families.has(h.family);
         let mut cx = attach::Context {

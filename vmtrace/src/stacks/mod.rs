@@ -5,6 +5,7 @@ pub mod drain;
 pub mod flamegraph;
 pub mod locations;
 pub mod native;
+pub mod objects;
 pub mod symbolize;
 pub mod tree;
 pub mod unwind;

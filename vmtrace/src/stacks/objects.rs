@@ -1,0 +1,86 @@
+//! The object files mapped to unwind and name user stacks (`unwind::elf`'s
+//! programs and libraries, the symbolizer's debug files, blazesym's own
+//! maps) stay mapped while their processes run. What a lookup touched
+//! stays resident in the collector: beside a `cargo build`, 14 MB of
+//! librustc_driver's, libLLVM's and cargo's `.eh_frame` and symbol pages
+//! (docs/performance.md). Those pages are the page cache's, shared with the
+//! programs that run them; once a second the collector drops its own
+//! mappings of them (`MADV_DONTNEED` on a read-only shared file mapping
+//! only unmaps: the next lookup maps the page again from the page cache,
+//! a minor fault, with the same bytes).
+
+/// Drops the collector's page mappings of every read-only shared file
+/// mapping it holds (`r--s` with a path: the object files; never the ring
+/// buffers, which are `anon_inode:` mappings). Returns how many mappings.
+pub fn drop_object_pages() -> usize {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return 0 };
+    let mut n = 0;
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else { continue };
+        // offset, device, inode, then the path.
+        let path = f.nth(3).unwrap_or("");
+        if perms != "r--s" || !path.starts_with('/') {
+            continue;
+        }
+        let Some((start, end)) = range.split_once('-') else { continue };
+        let (Ok(start), Ok(end)) = (usize::from_str_radix(start, 16), usize::from_str_radix(end, 16)) else {
+            continue;
+        };
+        // SAFETY: a read-only shared mapping of a file: MADV_DONTNEED only
+        // removes this process's page table entries; a later read faults
+        // the same file bytes back in from the page cache.
+        if unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) } == 0 {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// Drops this process's mappings of the whole pages of `bytes`, part of a
+/// read-only file mapping (the binary's own `.rodata`): the embedded eBPF
+/// object, 4.3 MB with its BTF and debug sections, is read once by the
+/// loader and stayed resident (3.9 MB of the binary's resident pages).
+/// Read again, the pages come back from the file.
+pub fn drop_pages_of(bytes: &'static [u8]) {
+    let page = 4096;
+    let start = (bytes.as_ptr() as usize).next_multiple_of(page);
+    let end = (bytes.as_ptr() as usize + bytes.len()) / page * page;
+    if end > start {
+        // SAFETY: whole pages inside a `'static` read-only slice of the
+        // executable's file mapping: MADV_DONTNEED unmaps them, and a later
+        // read faults the same bytes back in from the file.
+        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+
+    /// A shared read-only map of a file reads the same after its pages
+    /// were dropped, and holds none of them in between (smaps' `Rss`).
+    #[test]
+    fn a_mapped_files_pages_are_dropped_and_read_back_the_same() {
+        let mut f = tempfile::tempfile().unwrap();
+        let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
+        f.write_all(&data).unwrap();
+        // SAFETY: the file is ours and not changed while mapped.
+        let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
+        let sum = |m: &[u8]| m.iter().map(|&b| u64::from(b)).sum::<u64>();
+        let before = sum(&map);
+        // This mapping's resident kB, as smaps counts it.
+        let rss_kb = |m: &memmap2::Mmap| -> u64 {
+            let start = format!("{:x}-", m.as_ptr() as usize);
+            let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+            let at = smaps.lines().position(|l| l.starts_with(&start)).expect("the mapping in smaps");
+            let rss = smaps.lines().skip(at + 1).find(|l| l.starts_with("Rss:")).unwrap();
+            rss.split_whitespace().nth(1).unwrap().parse().unwrap()
+        };
+        assert_eq!(rss_kb(&map), 1024, "every page read");
+        assert!(super::drop_object_pages() >= 1);
+        assert_eq!(rss_kb(&map), 0, "none mapped after the drop");
+        assert_eq!(sum(&map), before, "the same bytes read back");
+        assert_eq!(rss_kb(&map), 1024);
+    }
+}
