@@ -74,9 +74,24 @@ fn try_add_to_page_cache(ctx: &TracePointContext) -> Option<()> {
     } else {
         let _ = FILE_CACHE.insert(key, pages, 1);
     }
-    // A folio lies inside one chunk: folios are naturally aligned, and at most
-    // PMD-order (512 pages), counted in its first chunk.
-    let chunk = FileChunkKey { dev, chunk: (index >> FILE_CHUNK_SHIFT) as u32, ino };
+    // Folios are naturally aligned: one of up to 256 pages lies inside one
+    // chunk; a PMD-order one (512 pages) covers two whole chunks, and each
+    // gets its half (all of it in the first put a tensor there at twice its
+    // bytes read from disk).
+    let first = (index >> FILE_CHUNK_SHIFT) as u32;
+    let per_chunk = 1u64 << FILE_CHUNK_SHIFT;
+    if pages > per_chunk {
+        add_chunk(FileChunkKey { dev, chunk: first, ino }, per_chunk);
+        add_chunk(FileChunkKey { dev, chunk: first + 1, ino }, pages - per_chunk);
+    } else {
+        add_chunk(FileChunkKey { dev, chunk: first, ino }, pages);
+    }
+    Some(())
+}
+
+/// Adds `pages` to this CPU's count of `chunk` (made at need).
+#[inline(always)]
+fn add_chunk(chunk: FileChunkKey, pages: u64) {
     if let Some(p) = FILE_CHUNKS.get_ptr_mut(chunk) {
         // SAFETY: this CPU's value of a live entry.
         unsafe { *p += pages };
@@ -87,5 +102,4 @@ fn try_add_to_page_cache(ctx: &TracePointContext) -> Option<()> {
             None => count_drop(DropKind::FileChunksFull),
         }
     }
-    Some(())
 }
