@@ -101,8 +101,9 @@ impl Shape {
 /// stacks), which would grow with the churn.
 const MAX_SHAPES: usize = 4096;
 
-/// The one frame of the stack a name's lightest folded stacks add into.
-pub(crate) const LIGHTER: &str = "[lighter stacks]";
+// The one frame of the stack a name's lightest folded stacks add into: the
+// marker the unwound stacks' own bound uses.
+use crate::stacks::native::LIGHTER;
 
 /// Weighed stacks of folded processes, one per shape.
 #[derive(Default)]

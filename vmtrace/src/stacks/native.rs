@@ -65,7 +65,8 @@ const MAX_UNWOUND: usize = 16_384;
 /// Distinct stacks one id holds before its lightest half is added up: the
 /// search for a sample's stack among its id's stays short.
 const MAX_PER_ID: usize = 1024;
-/// The marker and `stacks.cut` reason of stacks added up by `compact`.
+/// The marker and `stacks.cut` reason of stacks added up by `compact` (the
+/// folded processes' bound, `collect::folded`, uses the same marker).
 pub const LIGHTER: &str = "[lighter stacks]";
 pub const LIGHTER_REASON: &str = "lighter_stacks";
 

@@ -27,10 +27,7 @@ pub fn drop_object_pages() -> usize {
         let (Ok(start), Ok(end)) = (usize::from_str_radix(start, 16), usize::from_str_radix(end, 16)) else {
             continue;
         };
-        // SAFETY: a read-only shared mapping of a file: MADV_DONTNEED only
-        // removes this process's page table entries; a later read faults
-        // the same file bytes back in from the page cache.
-        if unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) } == 0 {
+        if unmap_pages(start, end) {
             n += 1;
         }
     }
@@ -47,11 +44,17 @@ pub fn drop_pages_of(bytes: &'static [u8]) {
     let start = (bytes.as_ptr() as usize).next_multiple_of(page);
     let end = (bytes.as_ptr() as usize + bytes.len()) / page * page;
     if end > start {
-        // SAFETY: whole pages inside a `'static` read-only slice of the
-        // executable's file mapping: MADV_DONTNEED unmaps them, and a later
-        // read faults the same bytes back in from the file.
-        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+        unmap_pages(start, end);
     }
+}
+
+/// `MADV_DONTNEED` on `[start, end)`, whole pages of a read-only file
+/// mapping (a shared map of an object, or the executable's own): this
+/// process's page table entries go, and a later read faults the same file
+/// bytes back in from the page cache. Whether the kernel took it.
+fn unmap_pages(start: usize, end: usize) -> bool {
+    // SAFETY: as above: read-only file pages, nothing of ours is lost.
+    unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) == 0 }
 }
 
 #[cfg(test)]
