@@ -51,6 +51,13 @@ const RETIRE_AFTER: Duration = Duration::from_secs(1);
 /// Held region rows at which the retired ones are first folded again
 /// (`Session::refold`); then each time they have doubled.
 const REFOLD_FIRST: usize = 4096;
+/// Retired processes left unfolded (`Session::unfolded`: each holds its
+/// symbolized stacks and call sites, ~90 and ~110 for a Python start-up)
+/// at which they are first looked at again; then each time this many more
+/// are. Rows alone let them pile up: beside a shell loop, the rows of
+/// 80 processes a second grew by 165 a second, and 200 unfolded processes
+/// held 18k stacks, 24k call sites and 73k names (docs/performance.md).
+const REFOLD_PROCESSES_FIRST: usize = 64;
 /// Retired processes whose maps are kept (symbolized at the end) before the
 /// oldest are symbolized and let go (`Session::release_some`): ~100 KB each
 /// with their unwound stacks and mapping history (512 held 13 MB more than
@@ -201,6 +208,8 @@ pub struct Session<S: AggregateSource> {
     unfolded: Vec<(u32, u64, u64)>,
     /// The held region rows at which they are folded again.
     refold_at: usize,
+    /// The unfolded processes at which they are folded again.
+    refold_procs_at: usize,
     /// Symbol caches, and the stacks and call sites of retired processes
     /// symbolized as they retired (`release_retired`).
     syms: symbols::Symbols,
@@ -403,6 +412,7 @@ impl<S: AggregateSource> Session<S> {
             first_sure: None,
             unfolded: Vec::new(),
             refold_at: REFOLD_FIRST,
+            refold_procs_at: REFOLD_PROCESSES_FIRST,
             syms: symbols::Symbols::default(),
             retired_mm: Vec::new(),
             released: 0,
@@ -1064,17 +1074,24 @@ impl<S: AggregateSource> Session<S> {
         log::debug!(
             target: "vmtrace::release",
             "folded away {} in {:?}: {} so far; {stacks} fault stacks, {resident} resident stacks, {sites} call sites; \
-             {pruned} names let go",
+             {pruned} names let go; kept {:?} (stacks, sites, (user, kernel, other names, stacks)), {} in the \
+             table, {} unfolded, {} whole",
             ready.len(),
             t.elapsed(),
-            self.folded.processes()
+            self.folded.processes(),
+            self.syms.sizes(),
+            self.table.iter().count(),
+            self.unfolded.len(),
+            self.whole.len()
         );
     }
 
-    /// Once the held region rows have doubled: the retired processes and
-    /// rows that have become light as the recording grew are folded.
+    /// Once the held region rows have doubled or `REFOLD_PROCESSES_FIRST`
+    /// more processes wait unfolded:
+    /// the retired processes and rows that have become light as the
+    /// recording grew are folded.
     fn refold(&mut self) {
-        if self.placed.regions().len() < self.refold_at {
+        if self.placed.regions().len() < self.refold_at && self.unfolded.len() < self.refold_procs_at {
             return;
         }
         let t = Instant::now();
@@ -1085,6 +1102,7 @@ impl<S: AggregateSource> Session<S> {
         self.fold_whole(&folded, 0);
         self.placed.refold(self.opts.fold_below, |pid| folded.contains(&pid));
         self.refold_at = (2 * self.placed.regions().len()).max(REFOLD_FIRST);
+        self.refold_procs_at = self.unfolded.len() + REFOLD_PROCESSES_FIRST;
         log::debug!(
             target: "vmtrace::retire",
             "refolded {before} region rows to {} in {:?}: {} of {n} retired processes folded whole",

@@ -212,6 +212,11 @@ impl Symbols {
         self.names.prune()
     }
 
+    /// Kept stacks and call sites, and the names' sizes (`Names::sizes`).
+    pub(crate) fn sizes(&self) -> (usize, usize, (usize, usize, usize, usize)) {
+        (self.stacks.len(), self.sites.len(), self.names.sizes())
+    }
+
     pub(crate) fn close_objects(&mut self) {
         self.names.close_objects();
     }

@@ -185,6 +185,12 @@ impl Names {
         before - other.len() - stacks.len()
     }
 
+    /// How many (user addresses, kernel addresses, other names, stacks) are
+    /// kept (the debug log of `Session::fold_away`).
+    pub fn sizes(&self) -> (usize, usize, usize, usize) {
+        (self.user.len(), self.kernel.len(), self.other.borrow().len(), self.stacks.borrow().len())
+    }
+
     /// Resolves user addresses of one process in bulk (call before `user`).
     pub fn prepare_user(&mut self, addrs: &[u64], maps: &[Region]) {
         let mut by_file: HashMap<&str, Vec<u64>> = HashMap::new();
