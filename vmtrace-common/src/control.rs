@@ -137,8 +137,13 @@ pub struct KernelOffsets {
     /// page faults disabled (a nofault user read, an atomic copy), where a
     /// kernel-mode fault is fixed up, never handled or accounted.
     pub task_pagefault_disabled: u32,
+    /// `mm_struct.start_code`, `.exe_file` and `.saved_auxv`: the program
+    /// image an exec mapped (`TaskEvent::start_code`).
+    pub mm_start_code: u32,
+    pub mm_exe_file: u32,
+    pub mm_saved_auxv: u32,
 }
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 152);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 164);
 
 impl KernelOffsets {
     pub const MISSING: u32 = u32::MAX;
@@ -181,6 +186,9 @@ impl KernelOffsets {
         mm_pinned_vm: Self::MISSING,
         signal_rlim: Self::MISSING,
         task_pagefault_disabled: Self::MISSING,
+        mm_start_code: Self::MISSING,
+        mm_exe_file: Self::MISSING,
+        mm_saved_auxv: Self::MISSING,
     };
 }
 

@@ -92,9 +92,22 @@ pub struct TaskEvent {
     /// (`signal->{min,maj}_flt` + the last thread's), the getrusage ground truth.
     pub kernel_min_flt: u64,
     pub kernel_maj_flt: u64,
+    /// Exec: the new program's image as the kernel mapped it, which no mmap
+    /// event shows: the program file's inode and device (`mm->exe_file`),
+    /// `mm->start_code` (its lowest executable segment's address, load
+    /// bias included) and the dynamic loader's load address (`AT_BASE` of
+    /// the auxiliary vector; 0 for a static program). Userspace lays out
+    /// both files' segments from them (`procmaps::exec_image`), so a
+    /// process that exits before its maps are read still has its program
+    /// and loader named. 0 where unknown.
+    pub exe_ino: u64,
+    pub start_code: u64,
+    pub at_base: u64,
+    pub exe_dev: u32,
+    pub _pad: u32,
     pub comm: [u8; COMM_LEN],
 }
-const _: () = assert!(core::mem::size_of::<TaskEvent>() == 16 + 24 + 16 + 16);
+const _: () = assert!(core::mem::size_of::<TaskEvent>() == 16 + 24 + 16 + 32 + 16);
 
 /// A major fault, streamed when `Config::stream_majors` is set: majors are
 /// rare (each waits for I/O), so one record each is cheap. `hdr.ts_ns` is

@@ -2,6 +2,8 @@
 //! users ask about them (heap, stack, file, anon, …), and address lookup.
 use serde::{Deserialize, Serialize};
 
+pub(crate) mod exec_image;
+
 use crate::model::RegionKind;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

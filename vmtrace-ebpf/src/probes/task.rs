@@ -55,6 +55,11 @@ fn task_event(kind: EventKind) -> TaskEvent {
         gen: 0,
         kernel_min_flt: 0,
         kernel_maj_flt: 0,
+        exe_ino: 0,
+        start_code: 0,
+        at_base: 0,
+        exe_dev: 0,
+        _pad: 0,
         comm: bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]),
     }
 }
@@ -143,8 +148,50 @@ fn try_exec() -> Option<()> {
     ev.pid = pid_tgid as u32;
     ev.tgid = tgid;
     ev.gen = bump_gen(tgid, true);
+    if let Some((dev, ino, start_code, at_base)) = exec_image() {
+        (ev.exe_dev, ev.exe_ino, ev.start_code, ev.at_base) = (dev, ino, start_code, at_base);
+    }
     emit(ev);
     Some(())
+}
+
+/// Pairs of the auxiliary vector looked through for `AT_BASE` (the kernel
+/// puts it ninth on x86-64 and arm64).
+const AUXV_PAIRS: u32 = 24;
+const AT_NULL: u64 = 0;
+const AT_BASE: u64 = 7;
+
+/// The image the exec just mapped (the hook runs after the binary handler):
+/// the program file's (device, inode), `mm->start_code` and the dynamic
+/// loader's `AT_BASE` (`TaskEvent::start_code`).
+#[inline(always)]
+fn exec_image() -> Option<(u32, u64, u64, u64)> {
+    let off = koffsets();
+    // SAFETY: no preconditions; the pointer is only read through bpf_probe_read_kernel.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let mm: u64 = read_field(task, off.task_mm)?;
+    let start_code: u64 = read_field(mm as *const u8, off.mm_start_code)?;
+    let file: u64 = read_field(mm as *const u8, off.mm_exe_file)?;
+    let inode: u64 = read_field(file as *const u8, off.file_inode)?;
+    let ino: u64 = read_field(inode as *const u8, off.inode_ino)?;
+    let sb: u64 = read_field(inode as *const u8, off.inode_sb)?;
+    let dev: u32 = read_field(sb as *const u8, off.sb_dev)?;
+    let mut at_base = 0;
+    if off.mm_saved_auxv != KernelOffsets::MISSING {
+        let auxv = mm + u64::from(off.mm_saved_auxv);
+        for i in 0..AUXV_PAIRS {
+            let at = (auxv + u64::from(i) * 16) as *const u8;
+            let Some(key) = read_field::<u64>(at, 0) else { break };
+            if key == AT_NULL {
+                break;
+            }
+            if key == AT_BASE {
+                at_base = read_field::<u64>(at, 8).unwrap_or(0);
+                break;
+            }
+        }
+    }
+    Some((dev, ino, start_code, at_base))
 }
 
 // TP_PROTO(struct task_struct *p[, bool group_dead]); runs as p, after

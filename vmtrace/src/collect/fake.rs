@@ -64,6 +64,11 @@ pub fn task(kind: EventKind, pid: u32, tgid: u32, ppid: u32, name: &str) -> Task
         gen: 0,
         kernel_min_flt: 0,
         kernel_maj_flt: 0,
+        exe_ino: 0,
+        start_code: 0,
+        at_base: 0,
+        exe_dev: 0,
+        _pad: 0,
         comm: comm(name),
     }
 }

@@ -112,6 +112,8 @@ pub(crate) struct ProcessTable {
     identities: HashSet<Arc<Identity>>,
     /// Mapped files' paths, named once for every process mapping them.
     file_names: FileNames,
+    /// Programs' and loaders' segments, laid out at exec.
+    exec_images: crate::procmaps::exec_image::ExecImages,
 }
 
 /// Reading the table, and the changes the session makes to it besides the
@@ -304,9 +306,17 @@ impl ProcessTable {
             }
             _ => {
                 // Only fork copies the parent's address space: after an
-                // exec it is the new program's, which is not known.
+                // exec it is the new program's, which is not known. A
+                // parent whose maps were never read (a shell script's bash
+                // forking a subshell) is known from its exec's image and
+                // its mapping events.
                 let parent = self.procs.get(&pid).filter(|p| p.execs == 0).and_then(|p| p.ppid);
-                let inherited = parent.and_then(|pp| self.procs.get(&pp)).map(|p| p.maps.clone());
+                let inherited = parent.and_then(|pp| self.procs.get(&pp)).map(|p| {
+                    let mut maps = p.maps.clone();
+                    maps.extend(trusted_mapped(&p.mapped, &p.maps));
+                    maps.sort_by_key(|r| r.start);
+                    maps
+                });
                 let p = self.procs.entry(pid).or_default();
                 if p.maps.is_empty() {
                     p.maps = inherited.unwrap_or_default();
@@ -328,24 +338,7 @@ impl ProcessTable {
         if p.released {
             return false;
         }
-        let overlaps = |maps: &[crate::procmaps::Region], r: &crate::procmaps::Region| {
-            maps.iter().any(|m| m.start < r.end && r.start < m.end)
-        };
-        // Of two remembered regions that overlap (one unmapped, the other
-        // mapped in its place), neither is trusted.
-        // `mapped` is sorted by start: a region overlaps an earlier one when
-        // it starts below their furthest end, a later one when that starts
-        // below its end.
-        let mapped: Vec<_> = p.mapped.iter().collect();
-        let mut furthest = 0;
-        let mut missing = Vec::new();
-        for (i, r) in mapped.iter().enumerate() {
-            let alone = r.start >= furthest && mapped.get(i + 1).is_none_or(|n| n.start >= r.end);
-            furthest = furthest.max(r.end);
-            if alone && !overlaps(&p.maps, r) {
-                missing.push((*r).clone());
-            }
-        }
+        let missing = trusted_mapped(&p.mapped, &p.maps);
         let added = !missing.is_empty();
         p.maps.extend(missing);
         if added {
@@ -380,6 +373,8 @@ impl ProcessTable {
             }
             EventKind::TaskExec => {
                 self.live.insert(ev.tgid);
+                let before = self.forked_space(ev.tgid);
+                let image = self.exec_image(ev);
                 let p = self.procs.entry(ev.tgid).or_default();
                 p.comm = comm_str(&ev.comm);
                 p.execs += 1;
@@ -388,8 +383,13 @@ impl ProcessTable {
                 p.history.push(ev.gen, ev.gen, crate::regions::history::Change::Exec);
                 // The maps read before (the launcher's, copied at fork) are
                 // another program's: history, as a later read would make them.
-                for old in std::mem::take(&mut p.maps) {
+                for old in std::mem::take(&mut p.maps).into_iter().chain(before) {
                     p.mapped.insert(old);
+                }
+                // The program and its loader, where the exec put them: named
+                // even if it exits before its maps are read.
+                for r in image {
+                    p.mapped.insert(r);
                 }
                 p.maps_read = None;
                 p.maps_gen = None;
@@ -445,6 +445,55 @@ impl ProcessTable {
                 }
             }
         }
+    }
+
+    /// `pid`'s maps, with the regions its history adds that none of them
+    /// covers (mapping events, its exec's program and loader, the address
+    /// space it had before an exec): what its stacks need, taken at any
+    /// time of its life, once its maps were last read after an exec (the
+    /// stacks of a shell's child before it exec'd another program).
+    pub(crate) fn maps_for_stacks(&self, pid: u32) -> std::borrow::Cow<'_, [crate::procmaps::Region]> {
+        let Some(p) = self.procs.get(&pid) else { return std::borrow::Cow::Borrowed(&[]) };
+        let extra = trusted_mapped(&p.mapped, &p.maps);
+        if extra.is_empty() {
+            return std::borrow::Cow::Borrowed(&p.maps);
+        }
+        let mut maps = p.maps.clone();
+        maps.extend(extra);
+        maps.sort_by_key(|r| r.start);
+        std::borrow::Cow::Owned(maps)
+    }
+
+    /// A forked child's address space before its first exec, when its own
+    /// maps were never read: its parent's, which fork copied (what its
+    /// stacks before the exec need; a shell's child forks and execs within
+    /// a millisecond).
+    fn forked_space(&self, pid: u32) -> Vec<crate::procmaps::Region> {
+        let Some(p) = self.procs.get(&pid).filter(|p| p.execs == 0 && p.maps.is_empty()) else { return Vec::new() };
+        let Some(parent) = p.ppid.and_then(|pp| self.procs.get(&pp)) else { return Vec::new() };
+        let mut maps = parent.maps.clone();
+        maps.extend(trusted_mapped(&parent.mapped, &parent.maps));
+        maps
+    }
+
+    /// The regions of the program and loader an exec mapped
+    /// (`procmaps::exec_image`); none when the program file cannot be
+    /// named (the process gone before its `/proc/PID/exe` was read, the
+    /// first time that file is seen) or read.
+    fn exec_image(&mut self, ev: &TaskEvent) -> Vec<crate::procmaps::Region> {
+        let (dev, ino) = (ev.exe_dev, ev.exe_ino);
+        if ino == 0 || ev.start_code == 0 {
+            return Vec::new();
+        }
+        let path = self.file_names.get(dev, ino).or_else(|| {
+            let link = fs::read_link(format!("/proc/{}/exe", ev.tgid)).ok()?.display().to_string();
+            // The link is the path in the process's mount namespace: used
+            // only where it is the same file here.
+            crate::regions::kernel_dev_ino(&link)
+                .is_some_and(|(d, i, _)| (d, i) == (dev, ino))
+                .then(|| self.file_names.learn(dev, ino, link))
+        });
+        path.map_or_else(Vec::new, |exe| self.exec_images.regions(&exe, ev.start_code, ev.at_base))
     }
 
     /// Live processes, with their entries.
@@ -535,6 +584,32 @@ pub(crate) fn region_from_event(ev: &vmtrace_common::MmEvent, names: &mut FileNa
     };
     let perms = format!("{}{}", rwx(ev.prot), if shared { 's' } else { 'p' });
     Region { start: ev.addr, end: ev.addr + ev.len, perms, offset: ev.offset, kind, path }
+}
+
+/// The regions of `mapped` (mapping events, exec images) that no region of
+/// `maps` covers and no other of `mapped` overlaps: of two that overlap
+/// (one unmapped, the other mapped in its place), neither is trusted.
+fn trusted_mapped(
+    mapped: &crate::procmaps::MappedRegions,
+    maps: &[crate::procmaps::Region],
+) -> Vec<crate::procmaps::Region> {
+    let overlaps = |maps: &[crate::procmaps::Region], r: &crate::procmaps::Region| {
+        maps.iter().any(|m| m.start < r.end && r.start < m.end)
+    };
+    // `mapped` is sorted by start: a region overlaps an earlier one when
+    // it starts below their furthest end, a later one when that starts
+    // below its end.
+    let mapped: Vec<_> = mapped.iter().collect();
+    let mut furthest = 0;
+    let mut out = Vec::new();
+    for (i, r) in mapped.iter().enumerate() {
+        let alone = r.start >= furthest && mapped.get(i + 1).is_none_or(|n| n.start >= r.end);
+        furthest = furthest.max(r.end);
+        if alone && !overlaps(maps, r) {
+            out.push((*r).clone());
+        }
+    }
+    out
 }
 
 /// The paths of files mmap events named, by the kernel's (device, inode):
@@ -671,6 +746,11 @@ mod tests {
             gen: 0,
             kernel_min_flt: 0,
             kernel_maj_flt: 0,
+            exe_ino: 0,
+            start_code: 0,
+            at_base: 0,
+            exe_dev: 0,
+            _pad: 0,
             comm,
         }
     }

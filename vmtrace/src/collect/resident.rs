@@ -733,6 +733,11 @@ mod tests {
             gen: 0,
             kernel_min_flt: 0,
             kernel_maj_flt: 0,
+            exe_ino: 0,
+            start_code: 0,
+            at_base: 0,
+            exe_dev: 0,
+            _pad: 0,
             comm: [0; 16],
         }
     }

@@ -330,21 +330,24 @@ fn symbolize_keys(
     }
     for (pid, entries) in by_pid {
         ensure_maps(table, pid);
-        let info: &super::process::ProcInfo = table.ensure(pid);
+        table.ensure(pid);
+        let table = &*table;
+        let Some(info) = table.get(pid) else { continue };
+        let maps = table.maps_for_stacks(pid);
         let jit = PerfMap::read(pid);
         let all_user: Vec<u64> = entries.iter().flat_map(|e| e.1.iter().copied()).collect();
-        names.prepare_user(&all_user, &info.maps);
+        names.prepare_user(&all_user, &maps);
         let all_kernel: Vec<u64> = entries.iter().flat_map(|e| e.2.iter().copied()).collect();
         names.prepare_kernel(&all_kernel);
         for (key, user, kernel, unwound, weight) in entries {
             let (_, user_stack, _, leaf_block) = key;
             let (user, user_cut, unwound) = match &unwound {
                 None => {
-                    let (frames, cut) = stacks::user_frames(&user, names, &info.maps, &info.mapped, jit.as_ref());
+                    let (frames, cut) = stacks::user_frames(&user, names, &maps, &info.mapped, jit.as_ref());
                     (frames, cut, None)
                 }
                 Some(cut) => {
-                    let (frames, why) = stacks::native_frames(&user, cut.as_ref(), names, &info.maps, jit.as_ref());
+                    let (frames, why) = stacks::native_frames(&user, cut.as_ref(), names, &maps, jit.as_ref());
                     (frames, why.is_some(), Some(why))
                 }
             };
@@ -404,11 +407,15 @@ pub(crate) fn site_frames(
         None if user_stack >= 0 => source.user_stack_ips(user_stack).unwrap_or_default(),
         None => vec![],
     };
-    let info = table.ensure(tgid);
-    names.prepare_user(&ips, &info.maps);
-    let frames = match native {
-        Some(n) => stacks::native_frames(&ips, n.cut.as_ref(), names, &info.maps, None).0,
-        None => stacks::user_frames(&ips, names, &info.maps, &info.mapped, None).0,
+    table.ensure(tgid);
+    let table = &*table;
+    let maps = table.maps_for_stacks(tgid);
+    let mapped = table.get(tgid).map(|p| &p.mapped);
+    names.prepare_user(&ips, &maps);
+    let frames = match (native, mapped) {
+        (Some(n), _) => stacks::native_frames(&ips, n.cut.as_ref(), names, &maps, None).0,
+        (None, Some(mapped)) => stacks::user_frames(&ips, names, &maps, mapped, None).0,
+        (None, None) => Vec::new(),
     };
     let mut frames = frames.iter().map(ToString::to_string).collect();
     frames = with_python(frames, py, tgid, source.python_stack(user_stack).as_ref());

@@ -256,6 +256,9 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         mm_pinned_vm: o("mm_struct", "pinned_vm")?,
         signal_rlim: o("signal_struct", "rlim")?,
         task_pagefault_disabled: o("task_struct", "pagefault_disabled")?,
+        mm_start_code: o("mm_struct", "start_code")?,
+        mm_exe_file: o("mm_struct", "exe_file")?,
+        mm_saved_auxv: o("mm_struct", "saved_auxv")?,
         pcpu_count: o("percpu_counter", "count")?,
         // Before 6.2 `rss_stat` is a `struct mm_rss_stat` of atomics, and
         // the tracepoint carries the count (`TP_PROTO(mm, member, count)`).
