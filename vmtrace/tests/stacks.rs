@@ -333,11 +333,11 @@ fn short_lived_programs_are_named_from_their_exec_image() {
     let run = record(&["--stack-sample", "1", "--fold-below", "0"], &["/bin/sh", "-c", &script]);
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let folded = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();
-    let children: String = folded
+    let children = folded
         .lines()
         .filter(|l| ["ls;", "cat;", "step;", "cut;", "basename;", "readlink;"].iter().any(|c| l.starts_with(c)))
-        .map(|l| format!("{l}\n"))
-        .collect();
+        .collect::<Vec<_>>()
+        .join("\n");
     assert!(share_where(&folded, |l| l.starts_with("ls;")) > 0.0, "no stack of ls:\n{folded}");
     let unknown = share_where(&children, |l| l.contains("[unknown] 0x"));
     assert!(unknown < 0.05, "{:.1}% of the children's faults under an unnamed frame:\n{children}", unknown * 100.0);
