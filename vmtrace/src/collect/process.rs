@@ -114,6 +114,10 @@ pub(crate) struct ProcessTable {
     file_names: FileNames,
     /// Programs' and loaders' segments, laid out at exec.
     exec_images: crate::procmaps::exec_image::ExecImages,
+    /// The last `maps_for_stacks`, by (pid, maps, mapped, read).
+    #[allow(clippy::type_complexity, reason = "a one-entry cache")]
+    stack_maps:
+        std::cell::RefCell<Option<((u32, usize, usize, Option<std::time::Instant>), Arc<[crate::procmaps::Region]>)>>,
 }
 
 /// Reading the table, and the changes the session makes to it besides the
@@ -452,16 +456,21 @@ impl ProcessTable {
     /// space it had before an exec): what its stacks need, taken at any
     /// time of its life, once its maps were last read after an exec (the
     /// stacks of a shell's child before it exec'd another program).
-    pub(crate) fn maps_for_stacks(&self, pid: u32) -> std::borrow::Cow<'_, [crate::procmaps::Region]> {
-        let Some(p) = self.procs.get(&pid) else { return std::borrow::Cow::Borrowed(&[]) };
-        let extra = trusted_mapped(&p.mapped, &p.maps);
-        if extra.is_empty() {
-            return std::borrow::Cow::Borrowed(&p.maps);
+    pub(crate) fn maps_for_stacks(&self, pid: u32) -> Arc<[crate::procmaps::Region]> {
+        let Some(p) = self.procs.get(&pid) else { return Arc::from(Vec::new()) };
+        // One process's call sites and stacks are symbolized one after
+        // another: its merged maps are made once.
+        let key = (pid, p.maps.len(), p.mapped.len(), p.maps_read);
+        let mut last = self.stack_maps.borrow_mut();
+        if let Some((_, maps)) = last.as_ref().filter(|(k, _)| *k == key) {
+            return Arc::clone(maps);
         }
         let mut maps = p.maps.clone();
-        maps.extend(extra);
+        maps.extend(trusted_mapped(&p.mapped, &p.maps));
         maps.sort_by_key(|r| r.start);
-        std::borrow::Cow::Owned(maps)
+        let maps: Arc<[crate::procmaps::Region]> = maps.into();
+        *last = Some((key, Arc::clone(&maps)));
+        maps
     }
 
     /// A forked child's address space before its first exec, when its own
@@ -593,8 +602,16 @@ fn trusted_mapped(
     mapped: &crate::procmaps::MappedRegions,
     maps: &[crate::procmaps::Region],
 ) -> Vec<crate::procmaps::Region> {
-    let overlaps = |maps: &[crate::procmaps::Region], r: &crate::procmaps::Region| {
-        maps.iter().any(|m| m.start < r.end && r.start < m.end)
+    // `maps` (a maps read) is sorted and its regions do not overlap: the
+    // first ending past a region's start is the only one that may.
+    let sorted = maps.is_sorted_by_key(|m| m.start);
+    let overlaps = |r: &crate::procmaps::Region| {
+        if sorted {
+            let i = maps.partition_point(|m| m.end <= r.start);
+            maps[i..].iter().take_while(|m| m.start < r.end).any(|m| r.start < m.end)
+        } else {
+            maps.iter().any(|m| m.start < r.end && r.start < m.end)
+        }
     };
     // `mapped` is sorted by start: a region overlaps an earlier one when
     // it starts below their furthest end, a later one when that starts
@@ -605,7 +622,7 @@ fn trusted_mapped(
     for (i, r) in mapped.iter().enumerate() {
         let alone = r.start >= furthest && mapped.get(i + 1).is_none_or(|n| n.start >= r.end);
         furthest = furthest.max(r.end);
-        if alone && !overlaps(maps, r) {
+        if alone && !overlaps(r) {
             out.push((*r).clone());
         }
     }
