@@ -315,12 +315,7 @@ impl ProcessTable {
                 // forking a subshell) is known from its exec's image and
                 // its mapping events.
                 let parent = self.procs.get(&pid).filter(|p| p.execs == 0).and_then(|p| p.ppid);
-                let inherited = parent.and_then(|pp| self.procs.get(&pp)).map(|p| {
-                    let mut maps = p.maps.clone();
-                    maps.extend(trusted_mapped(&p.mapped, &p.maps));
-                    maps.sort_by_key(|r| r.start);
-                    maps
-                });
+                let inherited = parent.and_then(|pp| self.procs.get(&pp)).map(maps_with_history);
                 let p = self.procs.entry(pid).or_default();
                 if p.maps.is_empty() {
                     p.maps = inherited.unwrap_or_default();
@@ -465,10 +460,7 @@ impl ProcessTable {
         if let Some((_, maps)) = last.as_ref().filter(|(k, _)| *k == key) {
             return Arc::clone(maps);
         }
-        let mut maps = p.maps.clone();
-        maps.extend(trusted_mapped(&p.mapped, &p.maps));
-        maps.sort_by_key(|r| r.start);
-        let maps: Arc<[crate::procmaps::Region]> = maps.into();
+        let maps: Arc<[crate::procmaps::Region]> = maps_with_history(p).into();
         *last = Some((key, Arc::clone(&maps)));
         maps
     }
@@ -479,10 +471,7 @@ impl ProcessTable {
     /// a millisecond).
     fn forked_space(&self, pid: u32) -> Vec<crate::procmaps::Region> {
         let Some(p) = self.procs.get(&pid).filter(|p| p.execs == 0 && p.maps.is_empty()) else { return Vec::new() };
-        let Some(parent) = p.ppid.and_then(|pp| self.procs.get(&pp)) else { return Vec::new() };
-        let mut maps = parent.maps.clone();
-        maps.extend(trusted_mapped(&parent.mapped, &parent.maps));
-        maps
+        p.ppid.and_then(|pp| self.procs.get(&pp)).map_or_else(Vec::new, maps_with_history)
     }
 
     /// The regions of the program and loader an exec mapped
@@ -593,6 +582,15 @@ pub(crate) fn region_from_event(ev: &vmtrace_common::MmEvent, names: &mut FileNa
     };
     let perms = format!("{}{}", rwx(ev.prot), if shared { 's' } else { 'p' });
     Region { start: ev.addr, end: ev.addr + ev.len, perms, offset: ev.offset, kind, path }
+}
+
+/// A process's maps with the regions of its history they lack
+/// (`trusted_mapped`), by start.
+fn maps_with_history(p: &ProcInfo) -> Vec<crate::procmaps::Region> {
+    let mut maps = p.maps.clone();
+    maps.extend(trusted_mapped(&p.mapped, &p.maps));
+    maps.sort_by_key(|r| r.start);
+    maps
 }
 
 /// The regions of `mapped` (mapping events, exec images) that no region of
