@@ -1127,6 +1127,46 @@ impl<S: AggregateSource> Session<S> {
         );
     }
 
+    /// At the end, the exited processes still waiting unfolded that the
+    /// end's fold is sure to fold by the end's totals (those of the retired
+    /// processes and of the live ones, now known) are folded away first, in
+    /// slices, as while recording. Built with the rest, the call sites and
+    /// stacks of the few hundred Python start-ups a 5-minute `record -a`
+    /// of the light loop leaves unfolded took VmRSS from 104 MB to 355 MB
+    /// while the outputs were written.
+    fn fold_before_end(&mut self) {
+        if self.unfolded.is_empty() {
+            return;
+        }
+        let keep = crate::model::fold::KEEP_TOP_PROCESSES;
+        let waiting: std::collections::HashSet<u32> = self.unfolded.iter().map(|u| u.0).collect();
+        for (tgid, st) in self.source.all_stats() {
+            if waiting.contains(&tgid) {
+                continue;
+            }
+            let f = crate::model::Faults::from_stats(&st, self.minor_period);
+            self.retired_sum.0 += f.total;
+            self.retired_sum.1 += f.time_ns;
+            self.retired_top.0.push(f.total, keep);
+            self.retired_top.1.push(f.time_ns, keep);
+        }
+        let waiting = std::mem::take(&mut self.unfolded);
+        let n = waiting.len();
+        let folded = self.pick_sure_to_fold(waiting);
+        self.fold_whole(&folded, 0);
+        self.placed.refold(self.opts.fold_below, |pid| folded.contains(&pid));
+        log::debug!(target: "vmtrace::retire", "at the end, {} of {n} retired processes folded whole", folded.len());
+        // Those whose maps are still held (the newest `RELEASE_ABOVE`) are
+        // released a slice at a time, each folded away before the next.
+        let held: Vec<u32> = self.to_release.iter().copied().filter(|p| folded.contains(p)).collect();
+        self.to_release.retain(|p| !folded.contains(p));
+        for slice in held.chunks(FOLD_AWAY_SLICE) {
+            self.release_retired(&slice.iter().copied().collect());
+            self.fold_away();
+        }
+        self.fold_away();
+    }
+
     /// Places the faults of processes that exited a moment ago in their
     /// regions, takes their granules out of the kernel's maps and drops
     /// their mapping history: what the recording holds of them is then
@@ -1456,6 +1496,8 @@ impl<S: AggregateSource> Session<S> {
         self.tick(now());
         self.trace_interval();
         self.resident_counters(now());
+        let while_recording = self.folded.processes();
+        self.fold_before_end();
         let families = self.opts.families;
         if self.wants_python() {
             self.python.tick(now(), &self.table, &mut self.source);
@@ -1528,7 +1570,7 @@ impl<S: AggregateSource> Session<S> {
                 below_pct: self.opts.fold_below,
                 processes: other.folded,
                 regions: 0,
-                while_recording: other.folded,
+                while_recording,
             });
         }
         if let Some(st) = finished.summary.stacks.as_mut() {

@@ -40,7 +40,8 @@ pub struct Folding {
 
 /// Folds the small processes and regions of `s` (below `below_pct` percent
 /// of the faults and of the time). Never folds the target, a process named by
-/// a storm or an OOM kill, nor a lone row (folding one row saves nothing).
+/// a storm or an OOM kill, nor a lone row (folding one row saves nothing,
+/// unless an "other" row folded while recording takes it).
 /// `below_pct` 0 keeps every row.
 pub fn fold(s: &mut Summary, below_pct: f64) {
     if below_pct <= 0.0 {
@@ -97,12 +98,14 @@ fn fold_processes(procs: &mut Vec<Process>, pct: f64, pinned: &BTreeSet<u32>) ->
         .filter(|(i, p)| !keep.contains(i) && !pinned.contains(&p.pid) && !heavy(&p.faults, total, time_ns, pct))
         .map(|(_, p)| p.pid)
         .collect();
-    if fold.len() < 2 {
-        return BTreeSet::new();
-    }
-    // A real row with the other row's pid would make two rows of one pid.
+    // A real row with the other row's pid would make two rows of one pid;
+    // and a lone row folds into an "other" row folded while recording
+    // (one row fewer).
     if procs.iter().any(|p| p.pid == OTHER_PID) {
         fold.insert(OTHER_PID);
+    }
+    if fold.len() < 2 {
+        return BTreeSet::new();
     }
     let (folded, kept): (Vec<Process>, Vec<Process>) =
         std::mem::take(procs).into_iter().partition(|p| fold.contains(&p.pid));
