@@ -154,7 +154,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
 fn note_malloc_trims(summary: &mut Summary, mm_sites: &[crate::model::MmSite]) {
     let mut by_pid: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
     for site in mm_sites {
-        let brk = site.frames.last().is_some_and(|f| f == "[brk]");
+        let brk = site.frames.last().is_some_and(|f| &**f == "[brk]");
         if brk && site.frames.iter().any(|f| f.contains("malloc_trim")) {
             *by_pid.entry(site.pid).or_default() += site.calls;
         }

@@ -179,7 +179,7 @@ pub(crate) struct FoldedAway {
     resident_end: StackSums,
     resident_peak: StackSums,
     resident_live_pages: u64,
-    sites: HashMap<(String, Vec<String>), (u64, u64)>,
+    sites: HashMap<(String, Frames), (u64, u64)>,
     pub fast: FastSums,
     /// Their kernel counters summed, for the live views that cover the
     /// whole trace (`serve`: `Session::live_snapshot`).
@@ -235,11 +235,8 @@ impl FoldedAway {
 
     /// Adds a process's mmap-family call sites.
     pub(crate) fn add_sites(&mut self, sites: Vec<MmSite>) {
-        for mut s in sites {
-            for f in s.frames.iter_mut().filter(|f| is_raw(f)) {
-                UNKNOWN.clone_into(f);
-            }
-            let e = self.sites.entry((s.comm, s.frames)).or_default();
+        for s in sites {
+            let e = self.sites.entry((s.comm, without_addresses(&s.frames))).or_default();
             e.0 += s.calls;
             e.1 += s.ipis;
         }
@@ -347,7 +344,7 @@ mod tests {
             let mut s = stack(pid, "bash", "a", 1, 1.0);
             s.user = vec![Frame::from("main"), Frame::from(addr)].into();
             f.add_stacks(vec![s]);
-            let frames = vec!["bash".to_string(), addr.to_string(), "[mmap]".to_string()];
+            let frames: Frames = vec![Frame::from("bash"), Frame::from(addr), Frame::from("[mmap]")].into();
             f.add_sites(vec![MmSite { pid, comm: "bash".into(), frames, calls: 2, ipis: 1 }]);
         }
         let stacks: Vec<Stack> = f.fault_stacks().collect();
@@ -355,7 +352,7 @@ mod tests {
         assert_eq!((&*stacks[0].user[1], stacks[0].counts.faults), (UNKNOWN, 2));
         let sites: Vec<MmSite> = f.sites().collect();
         assert_eq!(sites.len(), 1);
-        assert_eq!((sites[0].frames[1].as_str(), sites[0].calls, sites[0].ipis), (UNKNOWN, 4, 2));
+        assert_eq!((&*sites[0].frames[1], sites[0].calls, sites[0].ipis), (UNKNOWN, 4, 2));
     }
 
     #[test]

@@ -472,9 +472,12 @@ pub(crate) fn build_mm_sites(
     let mut out = Vec::new();
     for (k, c) in raw {
         let key = (k.tgid, k.call, k.user_stack);
-        let variants: Vec<(Vec<String>, u64)> = match syms.sites.get(&key) {
-            Some(v) => v.iter().map(|(f, n)| (f.iter().map(ToString::to_string).collect(), *n)).collect(),
-            None => site_variants(table, source, &mut syms.names, key, native, py),
+        let variants: Vec<(stacks::Frames, u64)> = match syms.sites.get(&key) {
+            Some(v) => v.clone(),
+            None => site_variants(table, source, &mut syms.names, key, native, py)
+                .into_iter()
+                .map(|(f, n)| (intern_strings(&syms.names, &f), n))
+                .collect(),
         };
         let comm = table.ensure(k.tgid).comm.clone();
         if let [(frames, _)] = variants.as_slice() {

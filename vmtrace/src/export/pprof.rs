@@ -368,6 +368,14 @@ pub fn profile(kind: Kind, meta: &Meta, samples: impl IntoIterator<Item = Sample
 /// and process, as [`sample`] makes them from `flamegraph::folded_by_pid`'s
 /// lines, without a string per line: each frame is parsed once.
 pub fn graph_profile(kind: Kind, meta: &Meta, graph: &Graph) -> pb::Profile {
+    graph_profile_with(kind, meta, graph, None)
+}
+
+/// [`graph_profile`] with a second value per sample: the part of the same
+/// line and process in `also`, a graph of the same tree (a shootdown
+/// site's calls beside its IPIs).
+pub fn graph_profile_with(kind: Kind, meta: &Meta, graph: &Graph, also: Option<&Graph>) -> pb::Profile {
+    let also = also.map(parts_by_node);
     let mut b = Builder::new(kind, meta.period);
     b.main_name(meta.main);
     b.comment(meta.comment);
@@ -396,6 +404,10 @@ pub fn graph_profile(kind: Kind, meta: &Meta, graph: &Graph) -> pb::Profile {
         let labels: Vec<(&str, &str)> =
             std::iter::once(("comm", comm)).chain(labels.iter().map(|(k, v)| (*k, v.as_str()))).collect();
         for (pid, weight) in parts {
+            let mut values = vec![weight as i64];
+            if let Some(a) = &also {
+                values.push(a.get(&(l.node, pid)).copied().unwrap_or(0) as i64);
+            }
             let mut location_id = Vec::with_capacity(path.len());
             for &f in path.iter().rev() {
                 let at = &mut located[f as usize];
@@ -406,11 +418,11 @@ pub fn graph_profile(kind: Kind, meta: &Meta, graph: &Graph) -> pb::Profile {
             }
             let id = identities.entry(pid).or_insert_with(|| identity_labels(meta, Some(pid)));
             if id.is_empty() {
-                b.add_located(location_id, vec![weight as i64], Some(pid), &labels);
+                b.add_located(location_id, values, Some(pid), &labels);
             } else {
                 let mut all = labels.clone();
                 all.extend(id.iter().map(|(k, v)| (*k, v.as_str())));
-                b.add_located(location_id, vec![weight as i64], Some(pid), &all);
+                b.add_located(location_id, values, Some(pid), &all);
             }
         }
     }
@@ -434,25 +446,66 @@ pub fn graph_samples(kind: Kind, graph: &Graph) -> Vec<Sample> {
     out
 }
 
+/// Each (line, process)'s part of `graph`.
+fn parts_by_node(graph: &Graph) -> HashMap<(u32, u32), u64> {
+    graph.lines.iter().flat_map(|l| l.parts().map(move |(pid, w)| ((l.node, pid), w))).collect()
+}
+
+/// Call sites as stacks for a graph tree (`stacks::tree`): calls as the
+/// weight of `Weight::Faults`, the IPIs they sent as `Weight::TimeNs`
+/// (`mm_graphs`). The frames are the sites' own, not copied.
+pub fn mm_stacks(sites: &[crate::model::MmSite]) -> Vec<crate::stacks::Stack> {
+    sites
+        .iter()
+        .map(|m| crate::stacks::Stack {
+            pid: m.pid,
+            comm: m.comm.clone(),
+            user: m.frames.clone(),
+            kernel: Vec::new(),
+            counts: vmtrace_common::StackCounts::default(),
+            user_missing: false,
+            user_cut: false,
+            unwound: None,
+            leaf: None,
+            stratum: 0,
+            estimate: crate::stacks::weight::Estimate { faults: m.calls as f64, time_ns: m.ipis as f64, major: 0.0 },
+            python: false,
+            python_unnamed: false,
+        })
+        .collect()
+}
+
+/// The graphs of `mmap` (calls) and `shootdowns` (IPIs sent) of call sites
+/// made into `stacks` (`mm_stacks`), on their tree.
+pub fn mm_graphs<'t, 'a>(
+    tree: &'t crate::stacks::tree::Tree<'a>,
+    stacks: &'a [crate::stacks::Stack],
+) -> (Graph<'t, 'a>, Graph<'t, 'a>) {
+    use crate::stacks::weight::Weight;
+    (tree.graph(stacks, Weight::Faults), tree.graph(stacks, Weight::TimeNs))
+}
+
 /// The samples of `mmap` (calls) or `shootdowns` (IPIs sent, and the calls
 /// of the site that sent them) from the symbolized call sites: a sample per
 /// folded line and process, as `mmap.folded` and `shootdowns.folded` hold them.
 pub fn mm_samples(kind: Kind, sites: &[crate::model::MmSite]) -> Vec<Sample> {
-    use crate::stacks::flamegraph::folded_lines_by_pid;
-    let frames =
-        |m: &crate::model::MmSite| std::iter::once(m.comm.clone()).chain(m.frames.iter().cloned()).collect::<Vec<_>>();
-    let calls = folded_lines_by_pid(sites.iter().map(|m| (m.pid, frames(m), m.calls)));
+    let stacks = mm_stacks(sites);
+    let tree = crate::stacks::tree::Tree::new(&stacks);
+    let (calls, ipis) = mm_graphs(&tree, &stacks);
     if kind != SHOOTDOWNS {
-        return calls.iter().map(|p| sample(kind, &p.line, Some(p.pid), None, vec![p.weight as i64])).collect();
+        return graph_samples(kind, &calls);
     }
-    let calls_of: HashMap<(&str, u32), u64> = calls.iter().map(|p| ((p.line.as_str(), p.pid), p.weight)).collect();
-    let ipis = folded_lines_by_pid(sites.iter().map(|m| (m.pid, frames(m), m.ipis)));
-    ipis.iter()
-        .map(|p| {
-            let c = calls_of.get(&(p.line.as_str(), p.pid)).copied().unwrap_or(0);
-            sample(kind, &p.line, Some(p.pid), None, vec![p.weight as i64, c as i64])
-        })
-        .collect()
+    let calls_of = parts_by_node(&calls);
+    let mut out = Vec::new();
+    for l in &ipis.lines {
+        let mut line = None;
+        for (pid, w) in l.parts() {
+            let line = line.get_or_insert_with(|| tree.line(l.node));
+            let c = calls_of.get(&(l.node, pid)).copied().unwrap_or(0);
+            out.push(sample(kind, line, Some(pid), None, vec![w as i64, c as i64]));
+        }
+    }
+    out
 }
 
 /// A profile gzipped, as pprof reads it from a file or over HTTP.

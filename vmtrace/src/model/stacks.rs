@@ -107,7 +107,10 @@ pub const BROKEN_CHAIN: &str = "[frame chain broken]";
 pub struct MmSite {
     pub pid: u32,
     pub comm: String,
-    pub frames: Vec<String>,
+    /// Kept once per distinct frame and stack (`symbolize::Names`): a
+    /// `record -a` under process churn ends with tens of thousands of
+    /// sites of a few hundred Python start-ups.
+    pub frames: crate::stacks::Frames,
     pub calls: u64,
     pub ipis: u64,
 }

@@ -252,15 +252,18 @@ fn write_flamegraphs(w: &mut Writer, stacks: &[Stack], st: &StacksSummary, s: &S
 /// and `shootdowns.{svg,folded,pb.gz}` (by TLB-flush IPIs sent while the
 /// call ran; the profile also has the calls that sent them).
 fn write_mm_flamegraphs(w: &mut Writer, sites: &[MmSite], s: &Summary) {
-    let frames = |m: &MmSite| std::iter::once(m.comm.clone()).chain(m.frames.iter().cloned()).collect::<Vec<_>>();
-    let calls = flamegraph::folded_lines_by_pid(sites.iter().map(|m| (m.pid, frames(m), m.calls)));
-    let ipis = flamegraph::folded_lines_by_pid(sites.iter().map(|m| (m.pid, frames(m), m.ipis)));
-    for (kind, parts, title, unit) in [
+    // A tree, as the fault graphs: a system-wide recording under process
+    // churn ends with tens of thousands of sites, and a string per site
+    // and process took ~100 MB.
+    let stacks = pprof::mm_stacks(sites);
+    let tree = crate::stacks::tree::Tree::new(&stacks);
+    let (calls, ipis) = pprof::mm_graphs(&tree, &stacks);
+    for (kind, graph, title, unit) in [
         (pprof::MMAP, &calls, "mmap-family calls by call site", "calls"),
         (pprof::SHOOTDOWNS, &ipis, "TLB shootdown IPIs sent, by initiating call site", "IPIs"),
     ] {
-        let f = flamegraph::fold(parts);
-        let total = flamegraph::total(&f);
+        let f = graph.folded();
+        let total = graph.total();
         let title = format!("{title} — {total} {unit}");
         w.flamegraph(kind.stem, &f, &title, unit);
         let meta = pprof::Meta {
@@ -270,7 +273,8 @@ fn write_mm_flamegraphs(w: &mut Writer, sites: &[MmSite], s: &Summary) {
             main: &recorded(s),
             identities: &identities(s),
         };
-        w.pprof(kind, || pprof::profile(kind, &meta, pprof::mm_samples(kind, sites)));
+        let also = (kind == pprof::SHOOTDOWNS).then_some(&calls);
+        w.pprof(kind, || pprof::graph_profile_with(kind, &meta, graph, also));
     }
 }
 
