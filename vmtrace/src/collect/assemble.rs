@@ -227,12 +227,14 @@ pub(crate) fn assemble(mut i: Inputs) -> Finished {
         stacks: stacks_summary,
         storms: i.storms,
         timeline: Some(i.timeline),
-        regions: i.attributed.as_ref().map(|a| a.regions.clone()),
         region_placement: i.attributed.as_ref().map(|a| {
             let p = &a.placement;
             let r = |v: f64| v.round().max(0.0) as u64;
             crate::model::RegionPlacement { exact: r(p.exact), approximate: r(p.approximate), unplaced: r(p.unplaced) }
         }),
+        // Moved, not copied: a system-wide recording's rows are its
+        // largest table at the end.
+        regions: i.attributed.as_mut().map(|a| std::mem::take(&mut a.regions)),
         files: i.attributed.map(|a| a.files),
         folding: None,
         findings: None,

@@ -78,17 +78,18 @@ pub(crate) fn group(regions: &mut Vec<RegionSummary>, files: &mut Vec<FileSummar
         matches!(kind, RegionKind::File | RegionKind::Shmem).then_some(path?).and_then(|p| group_of(p, shm, &exists))
     };
     let mut groups: BTreeMap<(u32, String), Vec<RegionSummary>> = BTreeMap::new();
-    let mut out = Vec::with_capacity(regions.len());
-    for r in std::mem::take(regions) {
-        match group(r.path.as_deref(), r.kind) {
-            Some(g) => groups.entry((r.pid, g)).or_default().push(r),
-            None => out.push(r),
+    // In place: the rows are a system-wide recording's largest table at
+    // its end, and the segments few.
+    regions.retain(|r| match group(r.path.as_deref(), r.kind) {
+        Some(g) => {
+            groups.entry((r.pid, g)).or_default().push(r.clone());
+            false
         }
-    }
+        None => true,
+    });
     for ((pid, g), rows) in groups {
-        out.push(grouped_region(pid, &g, &rows));
+        regions.push(grouped_region(pid, &g, &rows));
     }
-    *regions = out;
 
     let mut fgroups: BTreeMap<String, Vec<FileSummary>> = BTreeMap::new();
     let mut fout = Vec::with_capacity(files.len());
