@@ -358,6 +358,11 @@ fn light_exited_processes_are_folded_away_and_the_end_is_the_same() {
             TargetInfo { kind: TargetKind::System, command: None, pid: None, exit_status: None },
             move || end,
         );
+        // The children whose stacks or call sites the end built one by one.
+        let built: std::collections::BTreeSet<u32> = (f.stacks.iter().map(|s| s.pid))
+            .chain(f.mm_sites.iter().map(|m| m.pid))
+            .filter(|p| (child(0)..child(CHILDREN)).contains(p))
+            .collect();
         crate::model::fold(&mut f.summary, 5.0);
         let other = f.summary.processes.iter().find(|p| p.pid == crate::model::OTHER_PID).cloned();
         let mut by_comm: std::collections::BTreeMap<String, (f64, f64)> = std::collections::BTreeMap::new();
@@ -379,7 +384,7 @@ fn light_exited_processes_are_folded_away_and_the_end_is_the_same() {
             let sum: u64 = regions.iter().filter(|r| r.pid == p.pid).map(|r| r.faults.total).sum();
             assert_eq!(sum, p.faults.total, "regions of {} (fold away: {fold_away})", p.pid);
         }
-        (gone, f.summary.totals.clone(), other, by_comm, sites, f.summary.folding.clone())
+        (gone, f.summary.totals.clone(), other, by_comm, sites, f.summary.folding.clone(), built.len())
     };
     let (away, kept) = (run(true), run(false));
     assert!(away.0 > 10, "{} of {CHILDREN} folded away", away.0);
@@ -397,4 +402,9 @@ fn light_exited_processes_are_folded_away_and_the_end_is_the_same() {
     let folding = away.5.unwrap();
     assert_eq!(folding.while_recording, away.0 as u64);
     assert_eq!(folding.processes, a.folded);
+    // At the end, those still unfolded that the end's fold folds were
+    // folded away before the end built its stacks and call sites: it built
+    // the 19 children that stay rows, and the one left for the end's fold.
+    assert_eq!(kept.6, CHILDREN as usize);
+    assert_eq!(away.6, 20, "children built at the end");
 }
