@@ -160,6 +160,38 @@ fn faults_flamegraph_names_the_faulting_function() {
     assert_eq!(run.summary["stacks"]["sample_period"], 1);
 }
 
+/// A function whose last instruction calls one that does not return (`main`
+/// ending in `exit()`, a helper ending in `abort()`) returns past its own
+/// end, into the next function: its frame is named by the call, as
+/// debuggers and perf name it, not by what follows (it read
+/// `_fini;next_function` for `main;ends_in_a_noreturn_call`).
+const NORETURN_C: &str = r#"
+#include <sys/mman.h>
+#include <unistd.h>
+__attribute__((noinline, noreturn)) void touch_then_exit(void) {
+    volatile char *p = mmap(0, 16 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    for (long i = 0; i < (16 << 20); i += 4096) p[i] = 1;
+    _exit(0);
+}
+__attribute__((noinline)) void ends_in_a_noreturn_call(void) { touch_then_exit(); }
+__attribute__((noinline)) int next_function(int x) { return x * 3 + 1; }
+int main(int argc, char **argv) {
+    if (argc > 5) return next_function(argc);
+    ends_in_a_noreturn_call();
+}
+"#;
+
+#[test]
+fn a_call_that_ends_its_function_is_named_by_its_caller() {
+    privileged!();
+    let dir = disk_dir();
+    let bin = compile_source(dir.path(), "noreturn", NORETURN_C);
+    let (_run, folded) = every_stack(&bin, "");
+    let share = share_under(&folded, "main;ends_in_a_noreturn_call;touch_then_exit");
+    assert!(share >= 0.85, "{:.1}% of the faults under main;ends_in_a_noreturn_call:\n{folded}", share * 100.0);
+    assert!(!folded.contains("next_function") && !folded.contains("_fini"), "{folded}");
+}
+
 /// A walk that runs into data (code without frame pointers) is cut there: the
 /// flamegraph shows the faulting function under the broken-chain marker, not
 /// data read as callers. Frame pointers only (`--stack-window 0`): with the

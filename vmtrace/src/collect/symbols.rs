@@ -335,7 +335,7 @@ fn symbolize_keys(
         let Some(info) = table.get(pid) else { continue };
         let maps = table.maps_for_stacks(pid);
         let jit = PerfMap::read(pid);
-        let all_user: Vec<u64> = entries.iter().flat_map(|e| e.1.iter().copied()).collect();
+        let all_user: Vec<u64> = entries.iter().flat_map(|e| stacks::lookup_addrs(&e.1)).collect();
         names.prepare_user(&all_user, &maps);
         let all_kernel: Vec<u64> = entries.iter().flat_map(|e| e.2.iter().copied()).collect();
         names.prepare_kernel(&all_kernel);
@@ -411,7 +411,7 @@ pub(crate) fn site_frames(
     let table = &*table;
     let maps = table.maps_for_stacks(tgid);
     let mapped = table.get(tgid).map(|p| &p.mapped);
-    names.prepare_user(&ips, &maps);
+    names.prepare_user(&stacks::lookup_addrs(&ips).collect::<Vec<_>>(), &maps);
     let frames = match (native, mapped) {
         (Some(n), _) => stacks::native_frames(&ips, n.cut.as_ref(), names, &maps, None).0,
         (None, Some(mapped)) => stacks::user_frames(&ips, names, &maps, mapped, None).0,

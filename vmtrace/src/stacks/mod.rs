@@ -130,7 +130,30 @@ pub fn user_frames(
     let keep = plausible_len(ips, maps, mapped, jit);
     let cut = keep < ips.len();
     let frames = cut.then(|| names.intern(BROKEN_CHAIN)).into_iter();
-    (frames.chain(ips[..keep].iter().rev().map(|&a| names.user(a, maps, jit))).collect(), cut)
+    (frames.chain(ips[..keep].iter().enumerate().rev().map(|(i, &a)| name(names, i, a, maps, jit))).collect(), cut)
+}
+
+/// The frame of `ips[i]` (innermost first): the instruction pointer as it
+/// is, a return address by its call (`Names::caller`).
+fn name(
+    names: &symbolize::Names,
+    i: usize,
+    a: u64,
+    maps: &[crate::procmaps::Region],
+    jit: Option<&symbolize::PerfMap>,
+) -> Frame {
+    if i == 0 {
+        names.user(a, maps, jit)
+    } else {
+        names.caller(a, maps, jit)
+    }
+}
+
+/// The addresses `Names::prepare_user` must name for a stack `ips`
+/// (innermost first): its instruction pointer, and each return address's
+/// call (`Names::caller`).
+pub fn lookup_addrs(ips: &[u64]) -> impl Iterator<Item = u64> + '_ {
+    ips.iter().enumerate().map(|(i, &a)| if i == 0 { a } else { a.wrapping_sub(1) })
 }
 
 /// Functions that begin a thread's stack: a program's entry (`_start`, or
@@ -149,7 +172,7 @@ pub fn native_frames(
     maps: &[crate::procmaps::Region],
     jit: Option<&symbolize::PerfMap>,
 ) -> (Vec<Frame>, Option<&'static str>) {
-    let named: Vec<Frame> = ips.iter().rev().map(|&a| names.user(a, maps, jit)).collect();
+    let named: Vec<Frame> = ips.iter().enumerate().rev().map(|(i, &a)| name(names, i, a, maps, jit)).collect();
     let at_root = named.first().is_some_and(|f| THREAD_ROOTS.contains(&&**f));
     let cut = cut.filter(|_| !at_root);
     let marker = cut.map(|c| names.intern(&c.marker)).into_iter();

@@ -268,6 +268,18 @@ impl Names {
         }
     }
 
+    /// The frame of a return address `ret`, named by its call (`ret - 1`),
+    /// as debuggers and perf name it: a call that ends its function (to one
+    /// that does not return: `exit`, `abort`, `_exit`) returns past it,
+    /// into the next function (`main` ending in `exit()` was named `_fini`).
+    /// An address no file, vDSO or JIT map names is shown as it is.
+    pub fn caller(&self, ret: u64, maps: &[Region], jit: Option<&PerfMap>) -> Frame {
+        let at = ret.wrapping_sub(1);
+        let named = procmaps::find(maps, at).is_some_and(|r| matches!(r.kind, RegionKind::File | RegionKind::Vdso))
+            || jit.is_some_and(|j| j.find(at).is_some());
+        self.user(if named { at } else { ret }, maps, jit)
+    }
+
     /// `name`, kept once: the same reference for every stack that shows it.
     pub fn intern(&self, name: &str) -> Frame {
         let mut other = self.other.borrow_mut();
