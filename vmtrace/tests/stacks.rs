@@ -165,7 +165,7 @@ fn faults_flamegraph_names_the_faulting_function() {
 /// end, into the next function: its frame is named by the call, as
 /// debuggers and perf name it, not by what follows (it read
 /// `_fini;next_function` for `main;ends_in_a_noreturn_call`).
-const NORETURN_C: &str = r#"
+const NORETURN_C: &str = r"
 #include <sys/mman.h>
 #include <unistd.h>
 __attribute__((noinline, noreturn)) void touch_then_exit(void) {
@@ -179,7 +179,7 @@ int main(int argc, char **argv) {
     if (argc > 5) return next_function(argc);
     ends_in_a_noreturn_call();
 }
-"#;
+";
 
 #[test]
 fn a_call_that_ends_its_function_is_named_by_its_caller() {
