@@ -297,6 +297,18 @@ pub enum WorkloadCmd {
         #[arg(long, default_value_t = 100)]
         rounds: usize,
     },
+    /// Code evicted and read back: writes PATH (64 KiB of `ret`
+    /// instructions), maps it executable and calls into each page ROUNDS
+    /// times, evicting its pages before each round (as memory pressure
+    /// evicts a hot library's), unless --keep.
+    CodeEvicted {
+        path: PathBuf,
+        #[arg(long, default_value_t = 200)]
+        rounds: usize,
+        /// Evict nothing: the file is read once.
+        #[arg(long)]
+        keep: bool,
+    },
     /// read(2) a file into a fresh buffer.
     ReadFile {
         path: PathBuf,

@@ -146,8 +146,9 @@ fn python3() -> Option<PathBuf> {
     (out.status.success() && path.is_absolute()).then_some(path)
 }
 
-fn scenarios(exe: &Path, bin: &Path, ckpt: &str) -> Vec<Scenario> {
+fn scenarios(exe: &Path, bin: &Path, ckpt: &str, code: &str) -> Vec<Scenario> {
     let mut all = base_scenarios(exe, bin, ckpt);
+    all.extend(code_scenarios(exe, bin, code));
     // Python's lesson where a Python is installed: said so where there is none.
     match python3() {
         Some(py) => {
@@ -262,6 +263,25 @@ fn base_scenarios(exe: &Path, bin: &Path, ckpt: &str) -> Vec<Scenario> {
     ]
 }
 
+/// Code evicted and read back (`code_major_faults`), and kept cached.
+fn code_scenarios(exe: &Path, bin: &Path, code: &str) -> Vec<Scenario> {
+    let named = |name: &str| named_exe(bin, exe, name);
+    vec![
+        Scenario {
+            group: "6. code evicted",
+            name: "code-evicted",
+            what: "64 KiB of code called 200 times, its pages evicted before each round (as memory pressure does)",
+            argv: workload(&named("code-evicted"), &["code-evicted", code, "--rounds", "200"]),
+        },
+        Scenario {
+            group: "6. code evicted",
+            name: "code-kept",
+            what: "the same code kept cached (read once)",
+            argv: workload(&named("code-kept"), &["code-evicted", code, "--rounds", "200", "--keep"]),
+        },
+    ]
+}
+
 fn options(target: Target, out: PathBuf) -> RecordOptions {
     RecordOptions {
         plan: Plan {
@@ -335,19 +355,20 @@ pub fn run(out: &Path) -> Result<i32, DemoError> {
     workload::make_safetensors(&ckpt, 64).map_err(DemoError::Checkpoint)?;
     let mut rows = Vec::new();
     let mut sections = Vec::new();
-    for sc in scenarios(&exe, &out.join("bin"), &ckpt.display().to_string()) {
+    let code = out.join("code.bin").display().to_string();
+    for sc in scenarios(&exe, &out.join("bin"), &ckpt.display().to_string(), &code) {
         let (row, s) = run_one(sc.group, sc.name, sc.what, sc.argv, out)?;
         sections.push((sc.name.to_string(), sc.what.to_string(), s));
         rows.push(row);
     }
-    // 6. OOM in a 64 MiB memory cgroup, when one can be made.
+    // 7. OOM in a 64 MiB memory cgroup, when one can be made.
     let cg_name = format!("vmtrace-demo-{}", std::process::id());
     match ScratchCgroup::new(&cg_name, 64 << 20) {
         Ok(cg) => {
             let exe = named_exe(&out.join("bin"), &exe, "oom-hog").display().to_string();
             let hog = [exe.as_str(), "workload", "touch", "--mib", "256", "--pace-ms", "2"];
             let what = "a hog grows in a 64 MiB memory cgroup";
-            let (mut row, s) = run_one("6. OOM kill", "oom-64mib-cgroup", what, cg.run_inside(&hog), out)?;
+            let (mut row, s) = run_one("7. OOM kill", "oom-64mib-cgroup", what, cg.run_inside(&hog), out)?;
             if let Some(o) = s.oom.as_ref().and_then(|v| v.first()) {
                 row.note = render(o);
             }

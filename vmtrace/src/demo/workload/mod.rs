@@ -357,6 +357,77 @@ pub fn heap_trim(rounds: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// One `ret` instruction, repeated to fill a code page.
+#[cfg(target_arch = "x86_64")]
+const RET: &[u8] = &[0xc3];
+#[cfg(target_arch = "aarch64")]
+const RET: &[u8] = &0xd65f_03c0_u32.to_le_bytes();
+
+/// Pages of code `code_evicted` maps: 64 KiB, one read of the file.
+const CODE_PAGES: usize = 16;
+
+/// Calls into every page of `code` (a mapping of `ret` instructions). Not
+/// inlined: the faults have a frame of their own.
+#[inline(never)]
+fn call_every_page(code: *const u8) {
+    for i in 0..CODE_PAGES {
+        // SAFETY: each page of the executable mapping starts with `ret`.
+        let f: extern "C" fn() = unsafe { std::mem::transmute(code.add(i * PAGE)) };
+        f();
+    }
+}
+
+/// Code evicted and read back (`code_major_faults` in docs/findings.md):
+/// writes 64 KiB of `ret` instructions to `path`, maps it executable and
+/// calls into each of its pages `rounds` times. Before each round but the
+/// first the pages are evicted, as memory pressure evicts a hot library's
+/// pages: MADV_DONTNEED drops this process's mappings of them and
+/// posix_fadvise(DONTNEED) the clean page cache, so the next call reads the
+/// file back (one major fault a round: the kernel reads a small executable
+/// file in one go). `keep`: nothing is evicted, the file is read once.
+pub fn code_evicted(path: &Path, rounds: usize, keep: bool) -> Result<(), String> {
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    return Err("code-evicted writes x86_64 or aarch64 instructions".into());
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    {
+        let bytes: Vec<u8> = RET.iter().copied().cycle().take(CODE_PAGES * PAGE).collect();
+        let mut f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        f.write_all(&bytes).map_err(|e| e.to_string())?;
+        // Written back first: dirty pages cannot be dropped.
+        f.sync_all().map_err(|e| e.to_string())?;
+        let len = CODE_PAGES * PAGE;
+        let fd = f.as_raw_fd();
+        // SAFETY: a private read-only executable mapping of a regular file of `len` bytes.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_EXEC, libc::MAP_PRIVATE, fd, 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(format!("mmap {} executable: {}", path.display(), std::io::Error::last_os_error()));
+        }
+        let t0 = Instant::now();
+        // SAFETY: plain advice on our own file.
+        unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) };
+        for r in 0..rounds {
+            if !keep && r > 0 {
+                // SAFETY: advice on our own mapping and file; the pages are read back on the next call.
+                unsafe {
+                    libc::madvise(p, len, libc::MADV_DONTNEED);
+                    libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED);
+                }
+            }
+            call_every_page(p.cast());
+        }
+        emit("code-evicted", CODE_PAGES as u64, t0.elapsed().as_nanos() as u64);
+        Ok(())
+    }
+}
+
 /// Reads `path` with read(2) into a fresh buffer: the buffer's first-touch
 /// faults are taken by the kernel while it copies (kernel-mode faults).
 pub fn read_file(path: &Path, cold: bool) -> Result<(), String> {
