@@ -30,6 +30,9 @@ impl Placement {
         if let Some(p) = self.pinned.as_mut() {
             p.call(ev);
         }
+        if let Some(n) = self.numa.as_mut() {
+            n.locked(ev.tgid, Instant::now());
+        }
     }
 
     pub(crate) fn page(&mut self, ev: &PageSample) {
