@@ -252,8 +252,12 @@ impl NumaTracker {
     pub fn read_maps(&mut self, pid: u32, now: Instant) {
         if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/numa_maps")) {
             let lines = parse_numa_maps(&text);
-            if !lines.is_empty() {
-                let p = self.procs.entry(pid).or_default();
+            let pages = |lines: &[NumaMapsLine]| lines.iter().flat_map(|l| l.by_node.values()).sum::<u64>();
+            let p = self.procs.entry(pid).or_default();
+            // A read while the process exits (its pages already freed, a
+            // locking call's event drained late) does not replace one that
+            // saw its pages.
+            if !lines.is_empty() && (pages(&lines) > 0 || pages(&p.lines) == 0) {
                 p.lines = lines;
                 p.read_at = Some(now);
             }
