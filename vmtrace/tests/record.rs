@@ -107,7 +107,13 @@ fn cold_file_majors_are_an_order_of_magnitude_slower_than_minors() {
     assert_eq!(cold.code(), Some(0), "{}", cold.stderr());
     let r = cold.report("file-read");
     let faults = &cold.process(r.pid)["faults"];
-    assert_eq!(u(&faults["major"]), r.majflt, "major faults equal getrusage's");
+    // The kernel's own count at exit is the ground truth: the workload's
+    // getrusage is read before it writes its report and exits, which may
+    // fault in a page from disk under memory pressure (4,097 against 4,096
+    // beside a vmtest guest).
+    let at_exit = u(&cold.process(r.pid)["kernel_accounting"]["major"]);
+    assert_eq!(u(&faults["major"]), at_exit, "major faults equal the kernel's count at exit");
+    assert!(at_exit >= r.majflt && at_exit <= r.majflt + 8, "at exit {at_exit}, getrusage before: {}", r.majflt);
     assert!(r.majflt * 10 >= r.pages * 9, "cold random reads are mostly majors ({} of {})", r.majflt, r.pages);
     let warm = record(&["--latency-sample", "1"], &strs(&workload(&["touch", "--mib", "32"])));
     let w = warm.report("first-touch");
