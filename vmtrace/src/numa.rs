@@ -233,9 +233,10 @@ impl NumaTracker {
         }
     }
 
-    /// A locking call of `pid` returned (mlock and MAP_LOCKED make the pages
-    /// resident): its numa_maps are read now, or at the next tick if read
-    /// less than `LOCKED_READ_EVERY` ago. Read only every second, a
+    /// Locking calls of `pid` returned (mlock and MAP_LOCKED make the pages
+    /// resident; called once per drain of the events, after all of them):
+    /// its numa_maps are read now, or at the next tick if read less than
+    /// `LOCKED_READ_EVERY` ago. Read only every second, a
     /// process that locked a buffer and exited within the second kept the
     /// placement it had before (the pinned test under `vmtest` on 6.1: 635
     /// of the 4,352 locked pages counted).

@@ -30,8 +30,16 @@ impl Placement {
         if let Some(p) = self.pinned.as_mut() {
             p.call(ev);
         }
+    }
+
+    /// After a drain: the processes whose locking calls it held
+    /// (`NumaTracker::locked`), once each, after all of their calls in it
+    /// (an mlock and a MAP_LOCKED mmap in a row are read together).
+    pub(crate) fn locked(&mut self, pids: &[u32], now: Instant) {
         if let Some(n) = self.numa.as_mut() {
-            n.locked(ev.tgid, Instant::now());
+            for &pid in pids {
+                n.locked(pid, now);
+            }
         }
     }
 

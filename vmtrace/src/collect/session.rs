@@ -831,6 +831,14 @@ impl<S: AggregateSource> Session<S> {
         if !batch.py_stored.is_empty() {
             self.python.read_stored(now, &batch.py_stored, &mut self.source);
         }
+        if !batch.locked.is_empty() {
+            let mut locked = batch.locked.clone();
+            locked.sort_unstable();
+            locked.dedup();
+            if let Some(p) = self.placement.as_mut() {
+                p.locked(&locked, now);
+            }
+        }
         let mut born = batch.born;
         born.extend(batch.locked.iter().filter(|p| !born.contains(p)).copied().collect::<Vec<_>>());
         // A thread the fallback fork hook reported, and whose exit came in the
