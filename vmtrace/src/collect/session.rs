@@ -946,18 +946,24 @@ impl<S: AggregateSource> Session<S> {
     /// rows at the end: it is not among the heaviest). The first such
     /// process is left as it is, so that the end's fold has two to fold.
     fn sure_to_fold(&mut self, batch: &std::collections::HashSet<u32>) -> std::collections::HashSet<u32> {
-        let keep = crate::model::fold::KEEP_TOP_PROCESSES;
         let mut faults = Vec::new();
         for pid in batch {
             let st = self.table.get(*pid).and_then(|p| p.stats).unwrap_or_default();
-            let f = crate::model::Faults::from_stats(&st, self.minor_period);
-            self.retired_sum.0 += f.total;
-            self.retired_sum.1 += f.time_ns;
-            self.retired_top.0.push(f.total, keep);
-            self.retired_top.1.push(f.time_ns, keep);
+            let f = self.count_retired(&st);
             faults.push((*pid, f.total, f.time_ns));
         }
         self.pick_sure_to_fold(faults)
+    }
+
+    /// Adds a process's faults to the totals `pick_sure_to_fold` judges by.
+    fn count_retired(&mut self, st: &FaultStats) -> crate::model::Faults {
+        let keep = crate::model::fold::KEEP_TOP_PROCESSES;
+        let f = crate::model::Faults::from_stats(st, self.minor_period);
+        self.retired_sum.0 += f.total;
+        self.retired_sum.1 += f.time_ns;
+        self.retired_top.0.push(f.total, keep);
+        self.retired_top.1.push(f.time_ns, keep);
+        f
     }
 
     /// Of `faults` (pid, faults, fault time), the processes the end's fold
@@ -1146,17 +1152,11 @@ impl<S: AggregateSource> Session<S> {
         if self.unfolded.is_empty() {
             return;
         }
-        let keep = crate::model::fold::KEEP_TOP_PROCESSES;
         let waiting: std::collections::HashSet<u32> = self.unfolded.iter().map(|u| u.0).collect();
         for (tgid, st) in self.source.all_stats() {
-            if waiting.contains(&tgid) {
-                continue;
+            if !waiting.contains(&tgid) {
+                self.count_retired(&st);
             }
-            let f = crate::model::Faults::from_stats(&st, self.minor_period);
-            self.retired_sum.0 += f.total;
-            self.retired_sum.1 += f.time_ns;
-            self.retired_top.0.push(f.total, keep);
-            self.retired_top.1.push(f.time_ns, keep);
         }
         let waiting = std::mem::take(&mut self.unfolded);
         let n = waiting.len();

@@ -433,6 +433,13 @@ pub fn graph_profile_with(kind: Kind, meta: &Meta, graph: &Graph, also: Option<&
 /// [`graph_profile`] makes them (for profiles built from samples, such as
 /// `serve`'s windows, which subtract two of them).
 pub fn graph_samples(kind: Kind, graph: &Graph) -> Vec<Sample> {
+    graph_samples_with(kind, graph, None)
+}
+
+/// [`graph_samples`] with a second value per sample, as
+/// [`graph_profile_with`] makes them.
+fn graph_samples_with(kind: Kind, graph: &Graph, also: Option<&Graph>) -> Vec<Sample> {
+    let also = also.map(parts_by_node);
     let mut out = Vec::new();
     for l in &graph.lines {
         if l.parts().next().is_none() {
@@ -440,7 +447,11 @@ pub fn graph_samples(kind: Kind, graph: &Graph) -> Vec<Sample> {
         }
         let line = graph.tree.line(l.node);
         for (pid, weight) in l.parts() {
-            out.push(sample(kind, &line, Some(pid), l.region, vec![weight as i64]));
+            let mut values = vec![weight as i64];
+            if let Some(a) = &also {
+                values.push(a.get(&(l.node, pid)).copied().unwrap_or(0) as i64);
+            }
+            out.push(sample(kind, &line, Some(pid), l.region, values));
         }
     }
     out
@@ -495,17 +506,7 @@ pub fn mm_samples(kind: Kind, sites: &[crate::model::MmSite]) -> Vec<Sample> {
     if kind != SHOOTDOWNS {
         return graph_samples(kind, &calls);
     }
-    let calls_of = parts_by_node(&calls);
-    let mut out = Vec::new();
-    for l in &ipis.lines {
-        let mut line = None;
-        for (pid, w) in l.parts() {
-            let line = line.get_or_insert_with(|| tree.line(l.node));
-            let c = calls_of.get(&(l.node, pid)).copied().unwrap_or(0);
-            out.push(sample(kind, line, Some(pid), None, vec![w as i64, c as i64]));
-        }
-    }
-    out
+    graph_samples_with(kind, &ipis, Some(&calls))
 }
 
 /// A profile gzipped, as pprof reads it from a file or over HTTP.
