@@ -241,6 +241,14 @@ fn read_event<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
     (bytes.len() >= std::mem::size_of::<T>()).then(|| unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) })
 }
 
+/// Whether a call of the locking family locked memory: a successful mlock,
+/// mlock2, mlockall or mmap with `MAP_LOCKED` (not munlock, munlockall).
+fn locks_memory(ev: &vmtrace_common::MmLockEvent) -> bool {
+    use vmtrace_common::MmCall;
+    let call = ev.call;
+    ev.ret >= 0 && (call == MmCall::Mlock as u32 || call == MmCall::Mlockall as u32 || call == MmCall::Mmap as u32)
+}
+
 /// What one drain saw, applied once the ring buffer is empty.
 #[derive(Default)]
 struct Batch {
@@ -251,9 +259,14 @@ struct Batch {
     ooms: Vec<OomEvent>,
     /// User stacks with Python frames, new in the map.
     py_stored: Vec<u32>,
-    /// Processes that made a locking call: their maps are read at once,
-    /// so the call site is named even if they exit right after.
+    /// Processes that made a call of the locking family: their maps are
+    /// read at once, so the call site is named even if they exit right after.
     locked: Vec<u32>,
+    /// Those whose call locked memory (a successful mlock, mlockall or
+    /// MAP_LOCKED mmap): their NUMA placement is read after the drain. An
+    /// unlock is not read: the pages it leaves are about to go (a read
+    /// then would replace the locked set with what is left of it).
+    locking: Vec<u32>,
     malformed: u64,
 }
 
@@ -338,6 +351,9 @@ impl Batch {
                         p.lock(&ev);
                     }
                     self.locked.push(ev.tgid);
+                    if locks_memory(&ev) {
+                        self.locking.push(ev.tgid);
+                    }
                 }
                 None => self.malformed += 1,
             },
@@ -831,12 +847,12 @@ impl<S: AggregateSource> Session<S> {
         if !batch.py_stored.is_empty() {
             self.python.read_stored(now, &batch.py_stored, &mut self.source);
         }
-        if !batch.locked.is_empty() {
-            let mut locked = batch.locked.clone();
-            locked.sort_unstable();
-            locked.dedup();
+        if !batch.locking.is_empty() {
+            let mut locking = batch.locking.clone();
+            locking.sort_unstable();
+            locking.dedup();
             if let Some(p) = self.placement.as_mut() {
-                p.locked(&locked, now);
+                p.locked(&locking, now);
             }
         }
         let mut born = batch.born;
