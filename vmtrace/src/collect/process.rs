@@ -631,23 +631,32 @@ fn trusted_mapped(
 /// every process of a node maps the same libraries, and naming each mapping
 /// from /proc (a readlink and a stat, then the mapping's own link or the
 /// whole maps file once the descriptor is closed) was a tenth of the
-/// collector's time under process churn. A name is used again only while
-/// it still is that file (one stat); the table is emptied when full.
+/// collector's time under process churn. A name is used again while it
+/// still is that file: checked by a stat at most once per `RECHECK` (the
+/// stat of every mapping of a library was 3% of the collector's time beside
+/// a shell loop). A file replaced under its name within that second keeps
+/// the name for the old one's mappings, as /proc/PID/maps shows them (the
+/// name, "(deleted)", which vmtrace drops). The table is emptied when full.
 #[derive(Default)]
 pub(crate) struct FileNames {
-    by_file: HashMap<(u32, u64), String>,
+    by_file: HashMap<(u32, u64), (String, std::time::Instant)>,
 }
 
 impl FileNames {
     const MAX: usize = 4096;
+    const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
     /// The path last seen for the file, if it still names it.
     fn get(&mut self, dev: u32, ino: u64) -> Option<String> {
         if ino == 0 {
             return None;
         }
-        let path = self.by_file.get(&(dev, ino))?;
+        let (path, checked) = self.by_file.get_mut(&(dev, ino))?;
+        if checked.elapsed() < Self::RECHECK {
+            return Some(path.clone());
+        }
         if crate::regions::kernel_dev_ino(path).is_some_and(|(d, i, _)| (d, i) == (dev, ino)) {
+            *checked = std::time::Instant::now();
             return Some(path.clone());
         }
         self.by_file.remove(&(dev, ino));
@@ -660,7 +669,7 @@ impl FileNames {
             if self.by_file.len() >= Self::MAX {
                 self.by_file.clear();
             }
-            self.by_file.insert((dev, ino), path.clone());
+            self.by_file.insert((dev, ino), (path.clone(), std::time::Instant::now()));
         }
         path
     }
@@ -782,10 +791,15 @@ mod tests {
         assert_eq!(names.get(dev, ino), None);
         assert_eq!(names.learn(dev, ino, p.clone()), p);
         assert_eq!(names.get(dev, ino).as_deref(), Some(p.as_str()));
-        // Replaced under the same name: another inode, the name is not used.
+        // Replaced under the same name: another inode, the name is not used
+        // once it is checked again.
         let other = dir.join("new.so");
         std::fs::write(&other, b"two").unwrap();
         std::fs::rename(&other, &path).unwrap();
+        assert_eq!(names.get(dev, ino).as_deref(), Some(p.as_str()), "checked at most once a second");
+        for (_, checked) in names.by_file.values_mut() {
+            *checked -= FileNames::RECHECK;
+        }
         assert_eq!(names.get(dev, ino), None);
         assert!(names.by_file.is_empty());
         std::fs::remove_dir_all(&dir).unwrap();

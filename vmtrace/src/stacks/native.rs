@@ -54,6 +54,29 @@ pub struct NativeStack {
 struct Space {
     maps_read: Option<Instant>,
     space: AddressSpace,
+    /// The directory its paths are relative to (`process_root`).
+    root: PathBuf,
+}
+
+/// The directory a process's paths are relative to: `/` when it shares
+/// this process's mount namespace and root (paths then name the same files
+/// for every process, and the unwinder's stat of each object is shared),
+/// else `/proc/PID/root` while it lives.
+fn process_root(tgid: u32) -> PathBuf {
+    static OWN_NS: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    let own = OWN_NS.get_or_init(|| std::fs::read_link("/proc/self/ns/mnt").ok());
+    let ns = std::fs::read_link(format!("/proc/{tgid}/ns/mnt")).ok();
+    let proc_root = PathBuf::from(format!("/proc/{tgid}/root"));
+    let Some(ns) = ns else {
+        // Gone (or not ours to look at): its paths as they are here.
+        return if proc_root.exists() { proc_root } else { PathBuf::from("/") };
+    };
+    let same_root = || std::fs::read_link(&proc_root).is_ok_and(|r| r == Path::new("/"));
+    if own.as_ref() == Some(&ns) && same_root() {
+        PathBuf::from("/")
+    } else {
+        proc_root
+    }
 }
 
 /// Distinct unwound stacks held (all processes) before the lightest are
@@ -180,11 +203,14 @@ impl NativeStacks {
         let stale = self.spaces.get(&tgid).is_none_or(|s| s.maps_read != maps_read);
         if stale {
             // Paths in the maps are the process's own: through its root when
-            // it lives in another mount namespace (gone once it exited).
-            let proc_root = PathBuf::from(format!("/proc/{tgid}/root"));
-            let root = if proc_root.exists() { proc_root } else { PathBuf::from("/") };
-            let space = unwinder.address_space(maps, Path::new(&root));
-            self.spaces.insert(tgid, Space { maps_read, space });
+            // it lives in another mount namespace or a chroot (gone once it
+            // exited). Found once per process.
+            let root = match self.spaces.remove(&tgid) {
+                Some(old) => old.root,
+                None => process_root(tgid),
+            };
+            let space = unwinder.address_space(maps, &root);
+            self.spaces.insert(tgid, Space { maps_read, space, root });
         }
         let space = &self.spaces[&tgid].space;
         (unwinder.unwind(space, sample), space.covers(sample.regs.ip))

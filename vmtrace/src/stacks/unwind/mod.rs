@@ -17,6 +17,7 @@ use std::{
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     sync::Arc,
+    time::{Duration, Instant},
 };
 
 use framehop::{
@@ -138,6 +139,11 @@ impl AddressSpace {
     }
 }
 
+/// How long a path is taken to name the object a stat found (`Unwinder::named`).
+const RECHECK: Duration = Duration::from_secs(1);
+/// Paths remembered at most (the table is emptied when full).
+const NAMED_MAX: usize = 4096;
+
 /// Identity of an object file: replaced files (upgrades) get new entries.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct ObjectKey {
@@ -162,6 +168,12 @@ pub struct Stats {
 /// cache (keyed by address and module generation, so shared safely too).
 pub struct Unwinder {
     objects: HashMap<ObjectKey, Option<Arc<ObjectInfo>>>,
+    /// Which object a path named when last checked (a stat at most once
+    /// per `RECHECK` per path: every process's address space names the
+    /// same libraries, and their stats were 2% of the collector's time
+    /// beside a shell loop). A file replaced under its name (an upgrade) is
+    /// seen within that second.
+    named: HashMap<PathBuf, (ObjectKey, Instant)>,
     cache: CacheNative<MayAllocateDuringUnwind>,
     /// Frames per stack at most (the kernel's stack maps keep 127).
     pub max_frames: usize,
@@ -175,7 +187,7 @@ impl Default for Unwinder {
 
 impl Unwinder {
     pub fn new() -> Self {
-        Self { objects: HashMap::new(), cache: CacheNative::new(), max_frames: 127 }
+        Self { objects: HashMap::new(), named: HashMap::new(), cache: CacheNative::new(), max_frames: 127 }
     }
 
     pub fn stats(&self) -> Stats {
@@ -194,12 +206,22 @@ impl Unwinder {
 
     /// Unwind sections of the file at `path`, read on first use.
     fn object(&mut self, path: &Path) -> Option<Arc<ObjectInfo>> {
-        let meta = std::fs::metadata(path).ok()?;
-        let key = ObjectKey {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            size: meta.size(),
-            mtime_ns: meta.mtime_nsec() + meta.mtime() * 1_000_000_000,
+        let key = match self.named.get(path) {
+            Some((key, checked)) if checked.elapsed() < RECHECK => key.clone(),
+            _ => {
+                let meta = std::fs::metadata(path).ok()?;
+                let key = ObjectKey {
+                    dev: meta.dev(),
+                    ino: meta.ino(),
+                    size: meta.size(),
+                    mtime_ns: meta.mtime_nsec() + meta.mtime() * 1_000_000_000,
+                };
+                if self.named.len() >= NAMED_MAX {
+                    self.named.clear();
+                }
+                self.named.insert(path.to_path_buf(), (key.clone(), Instant::now()));
+                key
+            }
         };
         self.objects
             .entry(key)
