@@ -53,7 +53,7 @@ pub struct NativeStack {
 /// An address space built from the maps read at `maps_read`.
 struct Space {
     maps_read: Option<Instant>,
-    space: AddressSpace,
+    addresses: AddressSpace,
     /// The directory its paths are relative to (`process_root`).
     root: PathBuf,
 }
@@ -210,9 +210,9 @@ impl NativeStacks {
                 None => process_root(tgid),
             };
             let space = unwinder.address_space(maps, &root);
-            self.spaces.insert(tgid, Space { maps_read, space, root });
+            self.spaces.insert(tgid, Space { maps_read, addresses: space, root });
         }
-        let space = &self.spaces[&tgid].space;
+        let space = &self.spaces[&tgid].addresses;
         (unwinder.unwind(space, sample), space.covers(sample.regs.ip))
     }
 
