@@ -309,6 +309,15 @@ pub enum WorkloadCmd {
         #[arg(long)]
         keep: bool,
     },
+    /// Memory held until exit: MIB MiB of anonymous memory (MADV_NOHUGEPAGE)
+    /// written at one call site, or split evenly between two (--sites 2).
+    Hold {
+        #[arg(long, default_value_t = 1280)]
+        mib: usize,
+        /// Call sites the memory is written from: 1 or 2.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+        sites: u8,
+    },
     /// read(2) a file into a fresh buffer.
     ReadFile {
         path: PathBuf,

@@ -141,6 +141,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 WorkloadCmd::Fork { children, mib, exit } => workload::fork_children(children, mib, exit),
                 WorkloadCmd::HeapTrim { rounds } => workload::heap_trim(rounds),
                 WorkloadCmd::CodeEvicted { path, rounds, keep } => workload::code_evicted(&path, rounds, keep),
+                WorkloadCmd::Hold { mib, sites } => workload::hold(mib, sites),
             };
             r.map_err(anyhow::Error::msg)?;
             Ok(0)

@@ -57,14 +57,7 @@ fn demo_runs_every_scenario_and_reports_what_it_shows() {
     assert_eq!(oom["oom_kills"], 1, "{oom}");
     // Each finding beside the experiment that teaches it, and none where
     // nothing is wrong (4 KiB pages asked for, warm reads, reads of a flat buffer).
-    let kinds = |name: &str| -> Vec<String> {
-        find(&rows, name)["findings"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|f| f["kind"].as_str().unwrap().to_string())
-            .collect()
-    };
+    let kinds = |name: &str| kinds(&rows, name);
     assert_eq!(kinds("ckpt-mmap-random-cold"), ["cold_file_random_reads"]);
     // No advice where THP is `madvise`: the big buffer gets 4 KiB pages and
     // a finding; under `always` it gets huge pages, under `never` nothing
@@ -87,24 +80,9 @@ fn demo_runs_every_scenario_and_reports_what_it_shows() {
         u(&kept["getrusage_faults"]) * 4 < u(&trimmed["getrusage_faults"]),
         "getrusage: {kept} with the threshold raised, {trimmed} without"
     );
-    // Code evicted before each of 200 rounds is read back from disk each
-    // round: the finding, with the majors the workload counted itself
-    // (getrusage). Kept cached, it is read once: silent.
-    assert_eq!(kinds("code-evicted"), ["code_major_faults"]);
-    let (evicted, kept) = (find(&rows, "code-evicted"), find(&rows, "code-kept"));
-    let reports = std::fs::read_to_string(out.join("code-evicted").join("workload-report.jsonl")).unwrap();
-    let own: u64 = reports
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .map(|r| u(&r["majflt"]))
-        .sum();
-    // The evictions took (a read back per round), and vmtrace counts those
-    // majors (and the few of its own start, at most).
-    assert!(own >= 150, "the workload's own majors: {reports}");
-    let got = u(&evicted["major"]);
-    assert!(got >= own && got <= own + 16, "vmtrace {got} majors, getrusage {own}: {evicted}");
-    assert!(u(&kept["major"]) <= 2, "kept cached: {kept}");
-    for quiet in ["first-touch-4k", "ckpt-mmap-warm", "cow-flat", "heap-trim-kept", "code-kept"] {
+    code_evicted_is_read_back(&rows, &out);
+    held_memory_is_named(&rows, &out);
+    for quiet in ["first-touch-4k", "ckpt-mmap-warm", "cow-flat", "heap-trim-kept", "code-kept", "held-two-sites"] {
         assert!(kinds(quiet).is_empty(), "{quiet}: {:?}", kinds(quiet));
     }
     let churn_storms = u(&find(&rows, "churn-2-threads")["storms"]) > 0;
@@ -131,6 +109,47 @@ fn demo_runs_every_scenario_and_reports_what_it_shows() {
     // A wide screen and a narrow one.
     render_in_chromium(&out.join("report.html"), 1400);
     render_in_chromium(&out.join("report.html"), 800);
+}
+
+/// The findings of the experiment `name`.
+fn kinds(rows: &[serde_json::Value], name: &str) -> Vec<String> {
+    find(rows, name)["findings"].as_array().unwrap().iter().map(|f| f["kind"].as_str().unwrap().to_string()).collect()
+}
+
+fn code_evicted_is_read_back(rows: &[serde_json::Value], out: &std::path::Path) {
+    // Code evicted before each of 200 rounds is read back from disk each
+    // round: the finding, with the majors the workload counted itself
+    // (getrusage). Kept cached, it is read once: silent.
+    assert_eq!(kinds(rows, "code-evicted"), ["code_major_faults"]);
+    let (evicted, kept) = (find(rows, "code-evicted"), find(rows, "code-kept"));
+    let reports = std::fs::read_to_string(out.join("code-evicted").join("workload-report.jsonl")).unwrap();
+    let own: u64 = reports
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|r| u(&r["majflt"]))
+        .sum();
+    // The evictions took (a read back per round), and vmtrace counts those
+    // majors (and the few of its own start, at most).
+    assert!(own >= 150, "the workload's own majors: {reports}");
+    let got = u(&evicted["major"]);
+    assert!(got >= own && got <= own + 16, "vmtrace {got} majors, getrusage {own}: {evicted}");
+    assert!(u(&kept["major"]) <= 2, "kept cached: {kept}");
+}
+
+fn held_memory_is_named(rows: &[serde_json::Value], out: &std::path::Path) {
+    // 1,280 MiB held at one call site: that site, by the pages the kernel
+    // held (the process's own VmHWM, from its rss_stat peak); split between
+    // two sites, neither dominates: silent.
+    assert_eq!(kinds(rows, "held-one-site"), ["resident_site_dominant"]);
+    let f = &find(rows, "held-one-site")["findings"][0];
+    assert!(f["summary"].as_str().unwrap().contains("hold_at_one_site"), "{f:#}");
+    let held: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("held-one-site").join("summary.json")).unwrap())
+            .unwrap();
+    let finding = held["findings"].as_array().unwrap().iter().find(|f| f["kind"] == "resident_site_dominant");
+    let ev = &finding.unwrap()["evidence"];
+    let (site, peak) = (u(&ev["site_bytes"]), u(&ev["peak_bytes"]));
+    assert!(site >= 1200 << 20 && site <= peak, "the site holds the 1,280 MiB, within the kernel's peak: {ev:#}");
 }
 
 /// `file://` URL of a path, percent-encoded: a checkout path may hold spaces.

@@ -282,10 +282,33 @@ fn code_scenarios(exe: &Path, bin: &Path, code: &str) -> Vec<Scenario> {
     ]
 }
 
-fn options(target: Target, out: PathBuf) -> RecordOptions {
+/// `resident`: resident memory by call site too (the held-memory
+/// experiments; the others leave it out, as it changes nothing they show).
+/// Memory held to the end at one call site (`resident_site_dominant`), and
+/// the same split between two sites. Recorded with resident memory by call
+/// site (`--events resident`, the default of `record`).
+fn held_scenarios(exe: &Path, bin: &Path) -> Vec<Scenario> {
+    let named = |name: &str| named_exe(bin, exe, name);
+    vec![
+        Scenario {
+            group: "7. memory held",
+            name: "held-one-site",
+            what: "1,280 MiB written at one call site and held until exit",
+            argv: workload(&named("held-one-site"), &["hold", "--mib", "1280", "--sites", "1"]),
+        },
+        Scenario {
+            group: "7. memory held",
+            name: "held-two-sites",
+            what: "the same 1,280 MiB, half from each of two call sites",
+            argv: workload(&named("held-two-sites"), &["hold", "--mib", "1280", "--sites", "2"]),
+        },
+    ]
+}
+
+fn options(target: Target, out: PathBuf, resident: bool) -> RecordOptions {
     RecordOptions {
         plan: Plan {
-            families: Families { resident: false, ..Families::ALL },
+            families: Families { resident, ..Families::ALL },
             stacks: Stacks { period: 16, leaf_region: true, ..Stacks::DEFAULT },
             timing: Timing::EVERY_FAULT,
             perfetto: true,
@@ -301,14 +324,15 @@ fn options(target: Target, out: PathBuf) -> RecordOptions {
 }
 
 /// Records one scenario; the workload's own getrusage lines land beside it.
-fn run_one(group: &str, name: &str, what: &str, argv: Vec<String>, out: &Path) -> Result<(Row, Summary), RecordError> {
+fn run_one(sc: Scenario, resident: bool, out: &Path) -> Result<(Row, Summary), RecordError> {
+    let Scenario { group, name, what, argv } = sc;
     let dir = out.join(name);
     crate::record::prepare_out_dir(&dir)?;
     let reports = dir.join("workload-report.jsonl");
     let _ = std::fs::remove_file(&reports);
     // SAFETY (edition 2021: a safe fn): no other thread of vmtrace reads the environment now.
     std::env::set_var(REPORT_ENV, &reports);
-    let outcome = record(&options(Target::Command(argv), dir.clone()));
+    let outcome = record(&options(Target::Command(argv), dir.clone(), resident));
     std::env::remove_var(REPORT_ENV);
     let s = outcome?.summary;
     let lines = parse_reports(&std::fs::read_to_string(&reports).unwrap_or_default());
@@ -356,19 +380,26 @@ pub fn run(out: &Path) -> Result<i32, DemoError> {
     let mut rows = Vec::new();
     let mut sections = Vec::new();
     let code = out.join("code.bin").display().to_string();
-    for sc in scenarios(&exe, &out.join("bin"), &ckpt.display().to_string(), &code) {
-        let (row, s) = run_one(sc.group, sc.name, sc.what, sc.argv, out)?;
-        sections.push((sc.name.to_string(), sc.what.to_string(), s));
+    let held = held_scenarios(&exe, &out.join("bin")).into_iter().map(|sc| (sc, true));
+    for (sc, resident) in scenarios(&exe, &out.join("bin"), &ckpt.display().to_string(), &code)
+        .into_iter()
+        .map(|sc| (sc, false))
+        .chain(held)
+    {
+        let (name, what) = (sc.name.to_string(), sc.what.to_string());
+        let (row, s) = run_one(sc, resident, out)?;
+        sections.push((name, what, s));
         rows.push(row);
     }
-    // 7. OOM in a 64 MiB memory cgroup, when one can be made.
+    // 8. OOM in a 64 MiB memory cgroup, when one can be made.
     let cg_name = format!("vmtrace-demo-{}", std::process::id());
     match ScratchCgroup::new(&cg_name, 64 << 20) {
         Ok(cg) => {
             let exe = named_exe(&out.join("bin"), &exe, "oom-hog").display().to_string();
             let hog = [exe.as_str(), "workload", "touch", "--mib", "256", "--pace-ms", "2"];
             let what = "a hog grows in a 64 MiB memory cgroup";
-            let (mut row, s) = run_one("7. OOM kill", "oom-64mib-cgroup", what, cg.run_inside(&hog), out)?;
+            let sc = Scenario { group: "8. OOM kill", name: "oom-64mib-cgroup", what, argv: cg.run_inside(&hog) };
+            let (mut row, s) = run_one(sc, false, out)?;
             if let Some(o) = s.oom.as_ref().and_then(|v| v.first()) {
                 row.note = render(o);
             }
@@ -487,9 +518,24 @@ pub fn comparison(rows: &[Row]) -> String {
             fmt_ns(b.fault_time_ns)
         );
     }
+    if let (Some(a), Some(b)) = (find(rows, "held-one-site"), find(rows, "held-two-sites")) {
+        let dominant = |r: &Row| r.findings.iter().any(|f| f.kind == "resident_site_dominant");
+        let _ = writeln!(
+            t,
+            "- 1,280 MiB held to the end: from one call site, {}; split between two sites, {}",
+            if dominant(a) { "that site is named (resident_site_dominant)" } else { "no finding this time" },
+            if dominant(b) { "one site still dominates" } else { "neither dominates: no finding" }
+        );
+    }
     if let Some(o) = find(rows, "oom-64mib-cgroup") {
         let _ = writeln!(t, "- {}", if o.note.is_empty() { "no OOM kill was seen".into() } else { o.note.clone() });
     }
+    diagnosed(&mut t, rows);
+    t
+}
+
+/// Each experiment's findings, under the table.
+fn diagnosed(t: &mut String, rows: &[Row]) {
     let _ = writeln!(t, "\nWhat vmtrace diagnosed in each experiment (docs/findings.md):");
     for r in rows {
         if r.findings.is_empty() {
@@ -499,7 +545,6 @@ pub fn comparison(rows: &[Row]) -> String {
             let _ = writeln!(t, "  {:<22} [{}] {}\n  {:<22}   fix: {}", r.scenario, f.kind, f.summary, "", f.fix);
         }
     }
-    t
 }
 
 fn demo_html(rows: &[Row], sections: &[(String, String, Summary)], out: &Path) -> String {

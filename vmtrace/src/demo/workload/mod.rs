@@ -136,6 +136,57 @@ pub fn first_touch(mib: usize, huge: Option<bool>, threads: usize, pace_ms: u64,
     Ok(())
 }
 
+/// `mib` MiB of anonymous memory written and held until the process exits:
+/// all of it at one call site (`hold_at_one_site`), or half at each of two
+/// (`hold_first_half`, `hold_second_half`). 4 KiB pages (MADV_NOHUGEPAGE):
+/// the demo's huge-page rule stays out of it.
+pub fn hold(mib: usize, sites: u8) -> Result<(), String> {
+    let t0 = Instant::now();
+    let held = if sites >= 2 {
+        let half = mib / 2;
+        vec![hold_first_half(half)?, hold_second_half(mib - half)?]
+    } else {
+        vec![hold_at_one_site(mib)?]
+    };
+    let loop_ns = t0.elapsed().as_nanos() as u64;
+    let pages: usize = held.iter().map(|(_, bytes)| bytes / PAGE).sum();
+    emit("hold", pages as u64, loop_ns);
+    // Held to the end: the exit frees it.
+    drop(held);
+    Ok(())
+}
+
+#[inline(never)]
+fn hold_at_one_site(mib: usize) -> Result<(usize, usize), String> {
+    // Not a tail call: this function stays in the stack.
+    std::hint::black_box(written(mib, 1))
+}
+
+#[inline(never)]
+fn hold_first_half(mib: usize) -> Result<(usize, usize), String> {
+    // Not a tail call: this function stays in the stack.
+    std::hint::black_box(written(mib, 2))
+}
+
+#[inline(never)]
+fn hold_second_half(mib: usize) -> Result<(usize, usize), String> {
+    // Not a tail call: this function stays in the stack.
+    std::hint::black_box(written(mib, 3))
+}
+
+/// A fresh mapping of `mib` MiB, every page written, the first byte `tag`
+/// (the sites differ: identical functions would be merged into one):
+/// (address, bytes).
+#[inline(never)]
+fn written(mib: usize, tag: u8) -> Result<(usize, usize), String> {
+    let bytes = mib << 20;
+    let p = map_anon(bytes, false)?;
+    touch(p, bytes);
+    // SAFETY: inside the mapping.
+    unsafe { p.write_volatile(tag) };
+    Ok((p as usize, bytes))
+}
+
 /// Drops `path` from the page cache so the next access faults it in from disk.
 pub fn evict(path: &Path) -> Result<(), String> {
     let f = OpenOptions::new().read(true).open(path).map_err(|e| format!("{}: {e}", path.display()))?;
