@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 pub(crate) mod exec_image;
+pub(crate) mod root;
 
 use crate::model::RegionKind;
 

@@ -187,3 +187,54 @@ fn numpy_munmap_storm_is_blamed_through_numpys_c_functions() {
         assert!(numpy >= 0.5, "{:.1}% of the IPIs under array_dealloc:\n{folded}", numpy * 100.0);
     }
 }
+
+/// A program in a container's files: another mount namespace and a root of
+/// its own (`unshare -m`, a tmpfs, `chroot`), exiting before the recording
+/// ends, as a job's processes do. Its maps name `/JAIL/opt/prog`, a path
+/// that here holds another program (a decoy with other functions): its
+/// stacks are unwound and named from its own file, through its root held
+/// open (`procmaps::root`), never from the file of the same path here.
+#[test]
+fn a_program_in_its_own_mount_namespace_and_root_is_named_from_its_own_files() {
+    privileged!();
+    let dir = disk_dir();
+    let cc = |name: &str, code: &str| {
+        let (src, bin) = (dir.path().join(format!("{name}.c")), dir.path().join(name));
+        std::fs::write(&src, code).unwrap();
+        let ok = Command::new("cc").args(["-O1", "-static", "-fomit-frame-pointer", "-o"]).arg(&bin).arg(&src).status();
+        assert!(ok.is_ok_and(|s| s.success()), "compiling {name} (static) failed");
+        bin
+    };
+    let real = cc(
+        "jailed",
+        "#include <sys/mman.h>\n\
+         __attribute__((noinline)) void jailed_touch(char *p, long n) { for (long i = 0; i < n; i += 4096) p[i] = 1; }\n\
+         __attribute__((noinline)) void jailed_layer(long n) {\n\
+           char *p = mmap(0, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);\n\
+           jailed_touch(p, n); __asm__ volatile(\"\" ::: \"memory\"); }\n\
+         int main(void) { jailed_layer(64L << 20); return 0; }\n",
+    );
+    let decoy = cc(
+        "decoy",
+        "__attribute__((noinline)) int decoy_function(int x) { return x * 3; }\n\
+         int main(int c, char **v) { (void)v; return decoy_function(c) == 1234; }\n",
+    );
+    let jail = dir.path().join("jail");
+    std::fs::create_dir_all(jail.join("opt")).unwrap();
+    std::fs::copy(&decoy, jail.join("opt/prog")).unwrap();
+    let script = format!(
+        "mount -t tmpfs none {j} && mkdir {j}/opt && cp {r} {j}/opt/prog && exec chroot {j} /opt/prog",
+        j = jail.display(),
+        r = real.display()
+    );
+    let run = record(
+        &["--stacks", "user", "--stack-sample", "4"],
+        &["unshare", "-m", "--propagation", "private", "sh", "-c", &script],
+    );
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let f = folded(&run, "faults.folded");
+    assert!(!f.contains("decoy_function"), "named from the file of the same path here:\n{f}");
+    let named = share_where(&f, |l| l.starts_with("prog;") && l.contains(";main;") && l.contains(";jailed_touch "));
+    let prog = share_where(&f, |l| l.starts_with("prog;"));
+    assert!(prog > 0.5 && named >= 0.9 * prog, "{named:.3} of {prog:.3} named main…jailed_touch:\n{f}");
+}

@@ -41,6 +41,11 @@ pub struct ProcInfo {
     pub maps_stale: bool,
     /// When vmtrace first heard of it.
     pub first_seen: std::time::Instant,
+    /// The root its paths are relative to, when not this process's (a
+    /// container, a chroot): held open to name its files after it exits.
+    pub root: Option<Arc<crate::procmaps::root::RootDir>>,
+    /// Whether `root` was looked at (at its first maps read after an exec).
+    pub root_checked: bool,
     /// Regions it mapped, from mapping-change events (newest last, bounded):
     /// they stay known after they are unmapped or the process is gone.
     pub mapped: crate::procmaps::MappedRegions,
@@ -87,6 +92,8 @@ impl Default for ProcInfo {
             maps_gen: None,
             maps_stale: false,
             first_seen: std::time::Instant::now(),
+            root: None,
+            root_checked: false,
             mapped: crate::procmaps::MappedRegions::default(),
             mm: None,
             history: crate::regions::history::History::default(),
@@ -114,6 +121,8 @@ pub(crate) struct ProcessTable {
     file_names: FileNames,
     /// Programs' and loaders' segments, laid out at exec.
     exec_images: crate::procmaps::exec_image::ExecImages,
+    /// Roots of processes in other mount namespaces, held open.
+    roots: crate::procmaps::root::Roots,
     /// The last `maps_for_stacks`, by (pid, maps, mapped, read).
     #[allow(clippy::type_complexity, reason = "a one-entry cache")]
     stack_maps:
@@ -292,6 +301,9 @@ impl ProcessTable {
                 if !self.procs.get(&pid).is_some_and(|p| p.exited) {
                     self.live.insert(pid);
                 }
+                if !self.procs.get(&pid).is_some_and(|p| p.root_checked) {
+                    self.check_root(pid);
+                }
                 let p = self.procs.entry(pid).or_default();
                 if let (Some(b), Some(a)) = (before, after) {
                     p.history.snapshot(a, &m, a == b, read_at_ns);
@@ -360,8 +372,14 @@ impl ProcessTable {
                 let parent = self.procs.get(&ev.ppid);
                 let brk = parent.and_then(|p| p.brk);
                 let inherited = parent.and_then(|pp| pp.identity.clone());
+                // And its mount namespace: a child that exits before its
+                // maps are read is named from its parent's root.
+                let root = parent.and_then(|pp| pp.root.clone());
                 let p = self.procs.entry(ev.tgid).or_default();
                 p.brk = p.brk.or(brk);
+                if !p.root_checked {
+                    p.root = p.root.take().or(root);
+                }
                 if p.identity.is_none() {
                     p.identity = inherited;
                 }
@@ -393,6 +411,10 @@ impl ProcessTable {
                 p.maps_read = None;
                 p.maps_gen = None;
                 p.maps_stale = true;
+                // An exec may follow a change of mount namespace or root (a
+                // container's runtime joins it, then execs the entrypoint;
+                // `chroot DIR PROG`): looked at again while it runs.
+                p.root_checked = false;
                 // Read now, while it lives: after exit /proc has nothing.
                 p.cmdline = read_cmdline(ev.tgid).or_else(|| p.cmdline.take());
                 // A launcher moves itself into a cgroup and then execs (systemd-run,
@@ -411,6 +433,7 @@ impl ProcessTable {
                         p.identity = Some(id);
                     }
                 }
+                self.check_root(ev.tgid);
             }
             EventKind::TaskExit if ev.group_dead == 0 => {
                 // A thread the fallback fork hook took for a process.
@@ -451,6 +474,25 @@ impl ProcessTable {
     /// space it had before an exec): what its stacks need, taken at any
     /// time of its life, once its maps were last read after an exec (the
     /// stacks of a shell's child before it exec'd another program).
+    /// Looks at the root `pid`'s paths are under; a process gone keeps the
+    /// one it had (its parent's at the fork).
+    fn check_root(&mut self, pid: u32) {
+        use crate::procmaps::root::Root;
+        if let Some(root) = self.roots.of(pid) {
+            let p = self.procs.entry(pid).or_default();
+            p.root = match root {
+                Root::Here => None,
+                Root::Under(dir) => Some(dir),
+            };
+            p.root_checked = true;
+        }
+    }
+
+    /// The root `pid`'s paths are under, when not this process's.
+    pub(crate) fn root_of(&self, pid: u32) -> Option<&Arc<crate::procmaps::root::RootDir>> {
+        self.procs.get(&pid).and_then(|p| p.root.as_ref())
+    }
+
     pub(crate) fn maps_for_stacks(&self, pid: u32) -> Arc<[crate::procmaps::Region]> {
         let Some(p) = self.procs.get(&pid) else { return Arc::from(Vec::new()) };
         // One process's call sites and stacks are symbolized one after

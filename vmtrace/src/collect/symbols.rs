@@ -28,6 +28,10 @@ const MAPS_RETRY: Duration = Duration::from_millis(250);
 const MAPS_RETRY_YOUNG: Duration = Duration::from_millis(5);
 
 impl ProcessMaps for ProcessTable {
+    fn root(&self, tgid: u32) -> Option<std::sync::Arc<crate::procmaps::root::RootDir>> {
+        self.root_of(tgid).cloned()
+    }
+
     fn maps(&mut self, tgid: u32) -> (&[Region], Option<Instant>) {
         ensure_maps(self, tgid);
         match self.get(tgid) {
@@ -336,7 +340,7 @@ fn symbolize_keys(
         let maps = table.maps_for_stacks(pid);
         let jit = PerfMap::read(pid);
         let all_user: Vec<u64> = entries.iter().flat_map(|e| stacks::lookup_addrs(&e.1)).collect();
-        names.prepare_user(&all_user, &maps);
+        names.prepare_user(&all_user, &maps, table.root_of(pid));
         let all_kernel: Vec<u64> = entries.iter().flat_map(|e| e.2.iter().copied()).collect();
         names.prepare_kernel(&all_kernel);
         for (key, user, kernel, unwound, weight) in entries {
@@ -411,7 +415,7 @@ pub(crate) fn site_frames(
     let table = &*table;
     let maps = table.maps_for_stacks(tgid);
     let mapped = table.get(tgid).map(|p| &p.mapped);
-    names.prepare_user(&stacks::lookup_addrs(&ips).collect::<Vec<_>>(), &maps);
+    names.prepare_user(&stacks::lookup_addrs(&ips).collect::<Vec<_>>(), &maps, table.root_of(tgid));
     let frames = match (native, mapped) {
         (Some(n), _) => stacks::native_frames(&ips, n.cut.as_ref(), names, &maps, None).0,
         (None, Some(mapped)) => stacks::user_frames(&ips, names, &maps, mapped, None).0,

@@ -8,11 +8,7 @@
 //! was seen, and the counts of the id are shared out in those proportions
 //! (`shares`): exact in events for the faults and calls whose sample arrived,
 //! an estimate for latency and majors when an id mixes several stacks.
-use std::{
-    collections::HashMap,
-    path::{Path, PathBuf},
-    time::Instant,
-};
+use std::{collections::HashMap, time::Instant};
 
 use vmtrace_common::{StackSampleHead, STACK_ID_LOST};
 
@@ -54,29 +50,6 @@ pub struct NativeStack {
 struct Space {
     maps_read: Option<Instant>,
     addresses: AddressSpace,
-    /// The directory its paths are relative to (`process_root`).
-    root: PathBuf,
-}
-
-/// The directory a process's paths are relative to: `/` when it shares
-/// this process's mount namespace and root (paths then name the same files
-/// for every process, and the unwinder's stat of each object is shared),
-/// else `/proc/PID/root` while it lives.
-fn process_root(tgid: u32) -> PathBuf {
-    static OWN_NS: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
-    let own = OWN_NS.get_or_init(|| std::fs::read_link("/proc/self/ns/mnt").ok());
-    let ns = std::fs::read_link(format!("/proc/{tgid}/ns/mnt")).ok();
-    let proc_root = PathBuf::from(format!("/proc/{tgid}/root"));
-    let Some(ns) = ns else {
-        // Gone (or not ours to look at): its paths as they are here.
-        return if proc_root.exists() { proc_root } else { PathBuf::from("/") };
-    };
-    let same_root = || std::fs::read_link(&proc_root).is_ok_and(|r| r == Path::new("/"));
-    if own.as_ref() == Some(&ns) && same_root() {
-        PathBuf::from("/")
-    } else {
-        proc_root
-    }
 }
 
 /// Distinct unwound stacks held (all processes) before the lightest are
@@ -114,6 +87,9 @@ pub struct NativeStacks {
 pub trait ProcessMaps {
     fn maps(&mut self, tgid: u32) -> (&[Region], Option<Instant>);
     fn refresh(&mut self, tgid: u32);
+    /// Its root held open when it is in a container or chroot
+    /// (`procmaps::root`); none: its paths are as here.
+    fn root(&self, tgid: u32) -> Option<std::sync::Arc<crate::procmaps::root::RootDir>>;
 }
 
 impl NativeStacks {
@@ -199,18 +175,16 @@ impl NativeStacks {
     /// The unwound sample, and whether its leaf is in code the maps know.
     fn unwind(&mut self, tgid: u32, sample: &Sample, procs: &mut impl ProcessMaps) -> (super::unwind::Unwound, bool) {
         let unwinder = self.unwinder.get_or_insert_with(Unwinder::new);
-        let (maps, maps_read) = procs.maps(tgid);
+        let maps_read = procs.maps(tgid).1;
         let stale = self.spaces.get(&tgid).is_none_or(|s| s.maps_read != maps_read);
         if stale {
             // Paths in the maps are the process's own: through its root when
-            // it lives in another mount namespace or a chroot (gone once it
-            // exited). Found once per process.
-            let root = match self.spaces.remove(&tgid) {
-                Some(old) => old.root,
-                None => process_root(tgid),
-            };
-            let space = unwinder.address_space(maps, &root);
-            self.spaces.insert(tgid, Space { maps_read, addresses: space, root });
+            // it lives in another mount namespace or a chroot
+            // (`procmaps::root`).
+            let root = procs.root(tgid);
+            let (maps, maps_read) = procs.maps(tgid);
+            let space = unwinder.address_space(maps, root.as_deref());
+            self.spaces.insert(tgid, Space { maps_read, addresses: space });
         }
         let space = &self.spaces[&tgid].addresses;
         (unwinder.unwind(space, sample), space.covers(sample.regs.ip))
@@ -336,6 +310,9 @@ mod tests {
             (&self.0, None)
         }
         fn refresh(&mut self, _: u32) {}
+        fn root(&self, _: u32) -> Option<std::sync::Arc<crate::procmaps::root::RootDir>> {
+            None
+        }
     }
 
     fn record(tgid: u32, id: i32, ip: u64, stack: &[u8]) -> Vec<u8> {

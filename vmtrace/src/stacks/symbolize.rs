@@ -17,7 +17,7 @@ use blazesym::symbolize::{
 use super::{Frame, Frames};
 use crate::{
     model::RegionKind,
-    procmaps::{self, Region},
+    procmaps::{self, root::RootDir, Region},
 };
 
 /// A `/tmp/perf-PID.map` of a JIT (e.g. Python 3.12+ with `-X perf`):
@@ -115,7 +115,11 @@ pub struct Names {
     /// Each object's separate debug file, if it has one (`debug_file`).
     debug: HashMap<String, Option<DebugFile>>,
     kernel: HashMap<u64, Frame>,
+    /// By the object's path here (under its process's root, `RootDir`) and offset.
     user: HashMap<(PathBuf, u64), Frame>,
+    /// The root of the process `prepare_user` last prepared, when not
+    /// this process's: `user` and `caller` name its addresses.
+    root: Option<std::sync::Arc<RootDir>>,
     /// Names made per address (JIT code, anonymous memory) and markers, once each.
     other: RefCell<HashSet<Frame>>,
     /// Whole stacks, once each.
@@ -129,6 +133,7 @@ impl Default for Names {
             debug: HashMap::new(),
             kernel: HashMap::new(),
             user: HashMap::new(),
+            root: None,
             other: RefCell::new(HashSet::new()),
             stacks: RefCell::new(HashSet::new()),
         }
@@ -191,12 +196,15 @@ impl Names {
         (self.user.len(), self.kernel.len(), self.other.borrow().len(), self.stacks.borrow().len())
     }
 
-    /// Resolves user addresses of one process in bulk (call before `user`).
-    pub fn prepare_user(&mut self, addrs: &[u64], maps: &[Region]) {
+    /// Resolves user addresses of one process in bulk (call before `user`
+    /// and `caller`, which then name that process's addresses). `root`:
+    /// where its paths are, when not here (a container's files).
+    pub fn prepare_user(&mut self, addrs: &[u64], maps: &[Region], root: Option<&std::sync::Arc<RootDir>>) {
+        self.root = root.cloned();
         let mut by_file: HashMap<&str, Vec<u64>> = HashMap::new();
         for &a in addrs {
             if let Place::File(path, off) = place(a, maps, None) {
-                if !self.user.contains_key(&(PathBuf::from(path), off)) {
+                if !self.user.contains_key(&(self.here(path), off)) {
                     by_file.entry(path).or_default().push(off);
                 }
             }
@@ -204,14 +212,23 @@ impl Names {
         for (path, mut offs) in by_file {
             offs.sort_unstable();
             offs.dedup();
-            let syms = self.symbolize_offsets(path, &offs);
+            let here = self.here(path);
+            let syms = self.symbolize_offsets(&here.to_string_lossy(), &offs);
             for (i, off) in offs.iter().enumerate() {
                 let name = match &syms[i] {
                     Some(n) => self.intern(n),
                     None => self.intern(&format!("{}+{off:#x}", basename(path))),
                 };
-                self.user.insert((PathBuf::from(path), *off), name);
+                self.user.insert((here.clone(), *off), name);
             }
+        }
+    }
+
+    /// Where the prepared process's file `path` is here.
+    fn here(&self, path: &str) -> PathBuf {
+        match &self.root {
+            Some(root) => PathBuf::from(root.path(path)),
+            None => PathBuf::from(path),
         }
     }
 
@@ -261,7 +278,7 @@ impl Names {
         match place(addr, maps, jit) {
             Place::File(path, off) => self
                 .user
-                .get(&(PathBuf::from(path), off))
+                .get(&(self.here(path), off))
                 .cloned()
                 .unwrap_or_else(|| self.intern(&format!("{}+{off:#x}", basename(path)))),
             Place::Named(n) => self.intern(&n),
@@ -341,7 +358,7 @@ mod tests {
         let maps = procmaps::read(std::process::id()).unwrap();
         let addr = marker_function_for_symbolization as *const () as u64 + 1;
         let mut n = Names::default();
-        n.prepare_user(&[addr], &maps);
+        n.prepare_user(&[addr], &maps, None);
         let name = n.user(addr, &maps, None);
         assert!(name.contains("marker_function_for_symbolization"), "{name}");
         assert_eq!(marker_function_for_symbolization(), 42);
@@ -380,7 +397,7 @@ mod tests {
             .unwrap();
         let addr = map.start + file_off - map.offset;
         let mut n = Names::default();
-        n.prepare_user(&[addr], &maps);
+        n.prepare_user(&[addr], &maps, None);
         assert_eq!(&*n.user(addr, &maps, None), "_int_malloc");
     }
 

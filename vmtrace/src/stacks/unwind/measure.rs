@@ -21,7 +21,7 @@ fn measure() {
     for mode in [&["chain"][..], &["deep", "40"][..], &["qsort"][..]] {
         let cap = capture(mode);
         let mut u = Unwinder::new();
-        let space = u.address_space(&cap.maps, Path::new("/"));
+        let space = u.address_space(&cap.maps, None);
         let frames = u.unwind(&space, &cap.sample()).frames.len();
         let warm: Vec<f64> = (0..10_000)
             .map(|_| {
@@ -40,14 +40,13 @@ fn measure() {
             })
             .collect();
         // Address space built again (per new process), objects cached.
-        let space_us: Vec<f64> =
-            (0..200).map(|_| time_us(|| drop(u.address_space(&cap.maps, Path::new("/"))))).collect();
+        let space_us: Vec<f64> = (0..200).map(|_| time_us(|| drop(u.address_space(&cap.maps, None)))).collect();
         // Everything cold: objects read from the (page-cached) files.
         let cold: Vec<f64> = (0..50)
             .map(|_| {
                 time_us(|| {
                     let mut u = Unwinder::new();
-                    let space = u.address_space(&cap.maps, Path::new("/"));
+                    let space = u.address_space(&cap.maps, None);
                     std::hint::black_box(u.unwind(&space, &cap.sample()));
                 })
             })
@@ -125,7 +124,7 @@ fn measure_python_window() {
     for name in ["top", "frompyfunc", "sort_lt"] {
         let cap = super::tests::read_capture(&dir.path().join(name));
         let mut u = Unwinder::new();
-        let space = u.address_space(&cap.maps, Path::new("/"));
+        let space = u.address_space(&cap.maps, None);
         let full = u.unwind(&space, &cap.sample());
         let (mut lo, mut hi) = (0, cap.stack.len());
         while lo < hi {

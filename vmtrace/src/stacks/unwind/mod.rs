@@ -28,7 +28,10 @@ use framehop::{
 pub use elf::LoadError;
 use elf::{Bytes, ObjectInfo};
 
-use crate::{model::RegionKind, procmaps::Region};
+use crate::{
+    model::RegionKind,
+    procmaps::{root::RootDir, Region},
+};
 
 /// User registers at the sampled instant.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -235,11 +238,11 @@ impl Unwinder {
             .clone()
     }
 
-    /// The address space of a process from its memory map; `root` is the
-    /// directory its paths are relative to (`/proc/PID/root` for a process in
-    /// another mount namespace, `/` otherwise). Objects are read on first
+    /// The address space of a process from its memory map; `root`: where
+    /// its paths are, for a process in a container or chroot
+    /// (`procmaps::root`), else they are as here. Objects are read on first
     /// sight and cached across processes.
-    pub fn address_space(&mut self, maps: &[Region], root: &Path) -> AddressSpace {
+    pub fn address_space(&mut self, maps: &[Region], root: Option<&RootDir>) -> AddressSpace {
         let mut modules = UnwinderNative::new();
         let mut code = Vec::new();
         let mut i = 0;
@@ -259,7 +262,7 @@ impl Unwinder {
             i = j;
             let kind = match (r.kind, r.path.as_deref()) {
                 (RegionKind::File, Some(path)) => {
-                    let full: PathBuf = root.join(path.trim_start_matches('/'));
+                    let full = PathBuf::from(root.map_or_else(|| path.to_string(), |r| r.path(path)));
                     match self.object(&full) {
                         Some(info) if info.has_cfi() => match info.bias(r.start, r.offset) {
                             Some(bias) => {

@@ -71,7 +71,7 @@ fn read_files(dir: &Path) -> (Regs, Vec<u8>, Vec<Region>) {
 fn names(frames: &[u64], maps: &[Region]) -> Vec<String> {
     let lookup: Vec<u64> = frames.iter().enumerate().map(|(i, &a)| if i == 0 { a } else { a - 1 }).collect();
     let mut n = Names::default();
-    n.prepare_user(&lookup, maps);
+    n.prepare_user(&lookup, maps, None);
     lookup.iter().map(|&a| n.user(a, maps, None).to_string()).collect()
 }
 
@@ -83,7 +83,7 @@ fn in_libc(a: u64, maps: &[Region]) -> bool {
 fn chain_without_frame_pointers_unwinds_to_the_thread_root() {
     let cap = capture(&["chain"]);
     let mut u = Unwinder::new();
-    let space = u.address_space(&cap.maps, Path::new("/"));
+    let space = u.address_space(&cap.maps, None);
     let got = u.unwind(&space, &cap.sample());
     let n = names(&got.frames, &cap.maps);
     assert_eq!(got.stop, Stop::Root, "{n:?}");
@@ -97,7 +97,7 @@ fn chain_without_frame_pointers_unwinds_to_the_thread_root() {
 fn qsort_callback_unwinds_through_libc_to_main() {
     let cap = capture(&["qsort"]);
     let mut u = Unwinder::new();
-    let space = u.address_space(&cap.maps, Path::new("/"));
+    let space = u.address_space(&cap.maps, None);
     let got = u.unwind(&space, &cap.sample());
     let n = names(&got.frames, &cap.maps);
     assert_eq!(got.stop, Stop::Root, "{n:?}");
@@ -112,7 +112,7 @@ fn qsort_callback_unwinds_through_libc_to_main() {
 fn a_short_window_stops_with_window_end_and_keeps_the_inner_frames() {
     let cap = capture(&["chain"]);
     let mut u = Unwinder::new();
-    let space = u.address_space(&cap.maps, Path::new("/"));
+    let space = u.address_space(&cap.maps, None);
     // Enough for c's frame and b's, not for a's.
     let full = u.unwind(&space, &cap.sample());
     let short = Sample { regs: cap.regs, stack: &cap.stack[..160] };
@@ -141,7 +141,7 @@ fn code_without_unwind_info_is_a_named_marker_not_a_garbage_chain() {
             r
         })
         .collect();
-    let space = u.address_space(&maps, Path::new("/"));
+    let space = u.address_space(&maps, None);
     let got = u.unwind(&space, &cap.sample());
     assert_eq!(
         got.stop,
@@ -157,9 +157,9 @@ fn code_without_unwind_info_is_a_named_marker_not_a_garbage_chain() {
 fn objects_are_read_once_and_shared_between_address_spaces() {
     let cap = capture(&["chain"]);
     let mut u = Unwinder::new();
-    let _ = u.address_space(&cap.maps, Path::new("/"));
+    let _ = u.address_space(&cap.maps, None);
     let first = u.stats();
-    let space = u.address_space(&cap.maps, Path::new("/"));
+    let space = u.address_space(&cap.maps, None);
     assert_eq!(u.stats(), first);
     assert!(first.objects >= 3 && first.bytes > 0, "{first:?}"); // capture, libc, ld.so
     assert!(space.code_ranges().filter(|r| r.2 == Code::Cfi).count() >= 3);
