@@ -101,6 +101,14 @@ fn debug_file(path: &str) -> Option<DebugFile> {
     Some(DebugFile { path: debug, loads })
 }
 
+/// Roots whose names are kept before those of roots no process holds go.
+const MAX_ROOTS: usize = 64;
+
+/// The key of the names under `root` (its address; 0: paths as here).
+fn root_key(root: Option<&std::sync::Arc<RootDir>>) -> usize {
+    root.map_or(0, |r| std::sync::Arc::as_ptr(r) as usize)
+}
+
 fn basename(p: &str) -> &str {
     p.rsplit('/').next().unwrap_or(p)
 }
@@ -115,11 +123,16 @@ pub struct Names {
     /// Each object's separate debug file, if it has one (`debug_file`).
     debug: HashMap<String, Option<DebugFile>>,
     kernel: HashMap<u64, Frame>,
-    /// By the object's path here (under its process's root, `RootDir`) and offset.
-    user: HashMap<(PathBuf, u64), Frame>,
+    /// By root (`root_key`), the object's path as the maps give it, and
+    /// offset. Looked up without making a key: a `PathBuf` key hashed by
+    /// its components was 3% of the collector's time beside a shell loop.
+    user: HashMap<usize, HashMap<Box<str>, HashMap<u64, Frame>>>,
     /// The root of the process `prepare_user` last prepared, when not
     /// this process's: `user` and `caller` name its addresses.
     root: Option<std::sync::Arc<RootDir>>,
+    /// Every root `user` has names under, by its key (its address: not
+    /// another root's while this weak reference keeps the allocation).
+    roots: HashMap<usize, std::sync::Weak<RootDir>>,
     /// Names made per address (JIT code, anonymous memory) and markers, once each.
     other: RefCell<HashSet<Frame>>,
     /// Whole stacks, once each.
@@ -134,6 +147,7 @@ impl Default for Names {
             kernel: HashMap::new(),
             user: HashMap::new(),
             root: None,
+            roots: HashMap::new(),
             other: RefCell::new(HashSet::new()),
             stacks: RefCell::new(HashSet::new()),
         }
@@ -193,7 +207,8 @@ impl Names {
     /// How many (user addresses, kernel addresses, other names, stacks) are
     /// kept (the debug log of `Session::fold_away`).
     pub fn sizes(&self) -> (usize, usize, usize, usize) {
-        (self.user.len(), self.kernel.len(), self.other.borrow().len(), self.stacks.borrow().len())
+        let user = self.user.values().flat_map(HashMap::values).map(HashMap::len).sum();
+        (user, self.kernel.len(), self.other.borrow().len(), self.stacks.borrow().len())
     }
 
     /// Resolves user addresses of one process in bulk (call before `user`
@@ -201,10 +216,23 @@ impl Names {
     /// where its paths are, when not here (a container's files).
     pub fn prepare_user(&mut self, addrs: &[u64], maps: &[Region], root: Option<&std::sync::Arc<RootDir>>) {
         self.root = root.cloned();
+        if let Some(r) = root {
+            if self.roots.len() >= MAX_ROOTS {
+                // The names under roots no process holds any more (their
+                // containers are gone, their stacks named): let go.
+                let gone: Vec<usize> =
+                    self.roots.iter().filter(|(_, r)| r.strong_count() == 0).map(|(k, _)| *k).collect();
+                for k in gone {
+                    self.roots.remove(&k);
+                    self.user.remove(&k);
+                }
+            }
+            self.roots.entry(root_key(Some(r))).or_insert_with(|| std::sync::Arc::downgrade(r));
+        }
         let mut by_file: HashMap<&str, Vec<u64>> = HashMap::new();
         for &a in addrs {
             if let Place::File(path, off) = place(a, maps, None) {
-                if !self.user.contains_key(&(self.here(path), off)) {
+                if self.named(path, off).is_none() {
                     by_file.entry(path).or_default().push(off);
                 }
             }
@@ -212,24 +240,27 @@ impl Names {
         for (path, mut offs) in by_file {
             offs.sort_unstable();
             offs.dedup();
-            let here = self.here(path);
-            let syms = self.symbolize_offsets(&here.to_string_lossy(), &offs);
-            for (i, off) in offs.iter().enumerate() {
-                let name = match &syms[i] {
+            let here = match &self.root {
+                Some(root) => root.path(path),
+                None => path.to_string(),
+            };
+            let syms = self.symbolize_offsets(&here, &offs);
+            let names: Vec<Frame> = offs
+                .iter()
+                .zip(&syms)
+                .map(|(off, sym)| match sym {
                     Some(n) => self.intern(n),
                     None => self.intern(&format!("{}+{off:#x}", basename(path))),
-                };
-                self.user.insert((here.clone(), *off), name);
-            }
+                })
+                .collect();
+            let of_file = self.user.entry(root_key(self.root.as_ref())).or_default().entry(path.into()).or_default();
+            of_file.extend(offs.into_iter().zip(names));
         }
     }
 
-    /// Where the prepared process's file `path` is here.
-    fn here(&self, path: &str) -> PathBuf {
-        match &self.root {
-            Some(root) => PathBuf::from(root.path(path)),
-            None => PathBuf::from(path),
-        }
+    /// The name of offset `off` of the prepared process's file `path`.
+    fn named(&self, path: &str, off: u64) -> Option<&Frame> {
+        self.user.get(&root_key(self.root.as_ref()))?.get(path)?.get(&off)
     }
 
     /// Symbols of file offsets `offs` (sorted) of the object at `path`, from
@@ -276,11 +307,9 @@ impl Names {
 
     pub fn user(&self, addr: u64, maps: &[Region], jit: Option<&PerfMap>) -> Frame {
         match place(addr, maps, jit) {
-            Place::File(path, off) => self
-                .user
-                .get(&(self.here(path), off))
-                .cloned()
-                .unwrap_or_else(|| self.intern(&format!("{}+{off:#x}", basename(path)))),
+            Place::File(path, off) => {
+                self.named(path, off).cloned().unwrap_or_else(|| self.intern(&format!("{}+{off:#x}", basename(path))))
+            }
             Place::Named(n) => self.intern(&n),
         }
     }
