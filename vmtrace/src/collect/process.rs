@@ -203,6 +203,7 @@ impl ProcessTable {
         for pid in pids {
             if let Some(p) = self.procs.get_mut(pid) {
                 p.released = true;
+                p.root = None;
                 p.maps = Vec::new();
                 p.mapped = crate::procmaps::MappedRegions::default();
             }
@@ -377,9 +378,8 @@ impl ProcessTable {
                 let root = parent.and_then(|pp| pp.root.clone());
                 let p = self.procs.entry(ev.tgid).or_default();
                 p.brk = p.brk.or(brk);
-                if !p.root_checked {
-                    p.root = p.root.take().or(root);
-                }
+                // Looked at again at its first maps read or exec.
+                (p.root, p.root_checked) = (root, false);
                 if p.identity.is_none() {
                     p.identity = inherited;
                 }
@@ -469,11 +469,6 @@ impl ProcessTable {
         }
     }
 
-    /// `pid`'s maps, with the regions its history adds that none of them
-    /// covers (mapping events, its exec's program and loader, the address
-    /// space it had before an exec): what its stacks need, taken at any
-    /// time of its life, once its maps were last read after an exec (the
-    /// stacks of a shell's child before it exec'd another program).
     /// Looks at the root `pid`'s paths are under; a process gone keeps the
     /// one it had (its parent's at the fork).
     fn check_root(&mut self, pid: u32) {
@@ -493,6 +488,11 @@ impl ProcessTable {
         self.procs.get(&pid).and_then(|p| p.root.as_ref())
     }
 
+    /// `pid`'s maps, with the regions its history adds that none of them
+    /// covers (mapping events, its exec's program and loader, the address
+    /// space it had before an exec): what its stacks need, taken at any
+    /// time of its life, once its maps were last read after an exec (the
+    /// stacks of a shell's child before it exec'd another program).
     pub(crate) fn maps_for_stacks(&self, pid: u32) -> Arc<[crate::procmaps::Region]> {
         let Some(p) = self.procs.get(&pid) else { return Arc::from(Vec::new()) };
         // One process's call sites and stacks are symbolized one after

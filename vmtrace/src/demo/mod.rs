@@ -282,8 +282,6 @@ fn code_scenarios(exe: &Path, bin: &Path, code: &str) -> Vec<Scenario> {
     ]
 }
 
-/// `resident`: resident memory by call site too (the held-memory
-/// experiments; the others leave it out, as it changes nothing they show).
 /// Memory held to the end at one call site (`resident_site_dominant`), and
 /// the same split between two sites. Recorded with resident memory by call
 /// site (`--events resident`, the default of `record`).
@@ -305,6 +303,8 @@ fn held_scenarios(exe: &Path, bin: &Path) -> Vec<Scenario> {
     ]
 }
 
+/// `resident`: resident memory by call site too (the held-memory
+/// experiments; the others leave it out, as it changes nothing they show).
 fn options(target: Target, out: PathBuf, resident: bool) -> RecordOptions {
     RecordOptions {
         plan: Plan {

@@ -10,17 +10,21 @@ use std::{
     collections::HashMap,
     ffi::CString,
     os::fd::{FromRawFd as _, OwnedFd},
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::Arc,
 };
 
 /// A root directory held open: its files are `prefix` + their path.
 /// /proc/PID/maps gives paths from the root of the process's mount
 /// namespace, not from its root: a chroot's files show under the chroot's
-/// directory (`inside`), which comes off.
+/// directory (`inside`), which comes off; a path outside it is taken as it
+/// is here. The namespace is held open too: its number is not given to
+/// another while it keys this root, and its mounts (a container's volumes)
+/// stay reachable after its processes exit.
 #[derive(Debug)]
 pub struct RootDir {
-    _fd: OwnedFd,
+    fd: OwnedFd,
+    _ns: Option<OwnedFd>,
     prefix: String,
     inside: String,
 }
@@ -28,17 +32,29 @@ pub struct RootDir {
 impl RootDir {
     /// `path` (absolute, as the process's maps give it) under this root.
     pub fn path(&self, path: &str) -> String {
-        let within = match path.strip_prefix(self.inside.as_str()) {
-            Some(rest) if rest.starts_with('/') => rest,
-            _ => path,
-        };
-        format!("{}{within}", self.prefix)
+        if self.inside.is_empty() {
+            return format!("{}{path}", self.prefix);
+        }
+        match path.strip_prefix(self.inside.as_str()) {
+            Some(rest) if rest.starts_with('/') => format!("{}{rest}", self.prefix),
+            _ => path.to_string(),
+        }
+    }
+
+    /// Whether the held directory is still the one `stat` describes.
+    fn is(&self, stat: &std::fs::Metadata) -> bool {
+        use std::os::unix::fs::MetadataExt as _;
+        // SAFETY: zeroed stat is a valid out-parameter; the descriptor is ours.
+        let mut held: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let ok = unsafe { libc::fstat(std::os::fd::AsRawFd::as_raw_fd(&self.fd), &raw mut held) } == 0;
+        ok && (held.st_dev, held.st_ino) == (stat.dev(), stat.ino())
     }
 }
 
 /// Where a process's paths are.
 pub enum Root {
-    /// They name the same files as here: this mount namespace, root `/`.
+    /// They name the same files as here: this mount namespace.
     Here,
     /// Under its root, held open (a container, a chroot).
     Under(Arc<RootDir>),
@@ -61,16 +77,20 @@ pub struct Roots {
 
 impl Roots {
     /// `pid`'s root; `None` when it cannot be told (the process is gone).
+    /// In this mount namespace the paths of maps are as here, chroot or
+    /// not (the kernel writes them from the reader's root).
     pub fn of(&mut self, pid: u32) -> Option<Root> {
         let own = self.own.get_or_init(|| std::fs::read_link("/proc/self/ns/mnt").ok()).clone();
-        let ns = std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok()?;
-        let link = format!("/proc/{pid}/root");
-        let root = std::fs::read_link(&link).ok()?;
-        if own.as_ref() == Some(&ns) && root == Path::new("/") {
+        let ns_link = format!("/proc/{pid}/ns/mnt");
+        let ns = std::fs::read_link(&ns_link).ok()?;
+        if own.as_ref() == Some(&ns) {
             return Some(Root::Here);
         }
+        let link = format!("/proc/{pid}/root");
+        let root = std::fs::read_link(&link).ok()?;
+        let stat = std::fs::metadata(&link).ok()?;
         let key = (ns, root);
-        if let Some(r) = self.by_ns.get(&key) {
+        if let Some(r) = self.by_ns.get(&key).filter(|r| r.is(&stat)) {
             return Some(Root::Under(Arc::clone(r)));
         }
         let Some(fd) = open_path(&link) else {
@@ -80,10 +100,11 @@ impl Roots {
         if self.by_ns.len() >= MAX_ROOTS {
             self.by_ns.retain(|_, r| Arc::strong_count(r) > 1);
         }
+        let ns_fd = std::fs::File::open(&ns_link).ok().map(OwnedFd::from);
         let prefix = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
         log::debug!("{pid}: paths under {} ({}, root {})", prefix, key.0.display(), key.1.display());
         let inside = key.1.to_string_lossy().trim_end_matches('/').to_string();
-        let r = Arc::new(RootDir { _fd: fd, prefix, inside });
+        let r = Arc::new(RootDir { fd, _ns: ns_fd, prefix, inside });
         self.by_ns.insert(key, Arc::clone(&r));
         Some(Root::Under(r))
     }
@@ -120,13 +141,16 @@ mod tests {
     fn a_root_dir_prefixes_paths() {
         let fd = open_path("/").unwrap();
         let prefix = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
-        let r = RootDir { _fd: fd, prefix: prefix.clone(), inside: String::new() };
+        let r = RootDir { fd, _ns: None, prefix: prefix.clone(), inside: String::new() };
         let p = r.path("/proc/self/status");
         assert!(p.ends_with("/proc/self/status") && p.starts_with("/proc/self/fd/"), "{p}");
         // A chroot's files, as maps name them, from the namespace's root.
-        let chroot = RootDir { _fd: open_path("/").unwrap(), prefix: "/R".into(), inside: "/srv/jail".into() };
+        let chroot =
+            RootDir { fd: open_path("/").unwrap(), _ns: None, prefix: "/R".into(), inside: "/srv/jail".into() };
         assert_eq!(chroot.path("/srv/jail/opt/prog"), "/R/opt/prog");
-        assert_eq!(chroot.path("/srv/jailbreak/x"), "/R/srv/jailbreak/x");
+        // Outside the chroot's directory: as it is here.
+        assert_eq!(chroot.path("/srv/jailbreak/x"), "/srv/jailbreak/x");
+        assert!(chroot.is(&std::fs::metadata("/").unwrap()) && !chroot.is(&std::fs::metadata("/proc").unwrap()));
         assert!(std::fs::metadata(r.path("/etc")).is_ok(), "{} walks into the directory", r.path("/etc"));
     }
 }

@@ -121,7 +121,8 @@ fn basename(p: &str) -> &str {
 pub struct Names {
     symbolizer: Symbolizer,
     /// Each object's separate debug file, if it has one (`debug_file`).
-    debug: HashMap<String, Option<DebugFile>>,
+    /// By root (`root_key`) and the object's path here.
+    debug: HashMap<(usize, String), Option<DebugFile>>,
     kernel: HashMap<u64, Frame>,
     /// By root (`root_key`), the object's path as the maps give it, and
     /// offset. Looked up without making a key: a `PathBuf` key hashed by
@@ -225,6 +226,7 @@ impl Names {
                 for k in gone {
                     self.roots.remove(&k);
                     self.user.remove(&k);
+                    self.debug.retain(|(root, _), _| *root != k);
                 }
             }
             self.roots.entry(root_key(Some(r))).or_insert_with(|| std::sync::Arc::downgrade(r));
@@ -280,7 +282,8 @@ impl Names {
             Symbolized::Unknown(..) => None,
         };
         let mut out = vec![None; offs.len()];
-        let debug = self.debug.entry(path.to_string()).or_insert_with(|| debug_file(path)).clone();
+        let key = (root_key(self.root.as_ref()), path.to_string());
+        let debug = self.debug.entry(key).or_insert_with(|| debug_file(path)).clone();
         if let Some(d) = debug {
             let virt: Vec<(usize, u64)> =
                 offs.iter().enumerate().filter_map(|(i, &o)| d.virt_offset(o).map(|v| (i, v))).collect();
