@@ -103,7 +103,7 @@ impl Tracker {
             if entry.2 {
                 continue;
             }
-            match self.detector.detect(&p.maps) {
+            match self.detector.detect(&p.maps, p.root.as_deref()) {
                 Detected::Known(f) => {
                     if source.register_python(pid, &f.proc) {
                         self.codes.set_layout(pid, f.code);

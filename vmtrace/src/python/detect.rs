@@ -119,10 +119,12 @@ enum ObjInfo {
     },
 }
 
-/// What each object file said, by path.
+/// What each object file said, by its identity (device, inode, size,
+/// mtime): the same file for every process that maps it, whichever path
+/// (a container's root, `procmaps::root`) it was reached by.
 #[derive(Default)]
 pub struct Detector {
-    objs: HashMap<String, ObjInfo>,
+    objs: HashMap<(u64, u64, u64, i64), ObjInfo>,
 }
 
 /// Outcome of looking at a process.
@@ -136,8 +138,11 @@ pub enum Detected {
 }
 
 impl Detector {
-    /// Looks for a Python in a process's maps.
-    pub fn detect(&mut self, maps: &[Region]) -> Detected {
+    /// Looks for a Python in a process's maps; `root`: where its files
+    /// are, when not here (a container's, a chroot's in another mount
+    /// namespace): its interpreter is read there, not from the file of
+    /// the same path here (another version, or none).
+    pub fn detect(&mut self, maps: &[Region], root: Option<&crate::procmaps::root::RootDir>) -> Detected {
         let mut seen: Vec<&str> = Vec::new();
         for r in maps {
             let Some(path) = r.path.as_deref() else { continue };
@@ -145,7 +150,13 @@ impl Detector {
                 continue;
             }
             seen.push(path);
-            let info = self.objs.entry(path.to_string()).or_insert_with(|| read_obj(path)).clone();
+            let here = root.map_or_else(|| path.to_string(), |r| r.path(path));
+            let Ok(meta) = std::fs::metadata(&here) else { continue };
+            let id = {
+                use std::os::unix::fs::MetadataExt as _;
+                (meta.dev(), meta.ino(), meta.size(), meta.mtime_nsec() + meta.mtime() * 1_000_000_000)
+            };
+            let info = self.objs.entry(id).or_insert_with(|| read_obj(&here)).clone();
             let ObjInfo::Python { runtime, version, absolute, debug } = info else { continue };
             let Some(version) = version else { return Detected::Unknown(path.to_string()) };
             let bias = if absolute {

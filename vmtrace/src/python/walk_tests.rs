@@ -46,7 +46,7 @@ fn walk_live(minor: u32) {
     let ident: u64 = line.trim().parse().expect("thread ident");
     let pid = child.id();
     let maps = crate::procmaps::read(pid).expect("maps");
-    let Detected::Known(found) = Detector::default().detect(&maps) else { panic!("3.{minor} not detected") };
+    let Detected::Known(found) = Detector::default().detect(&maps, None) else { panic!("3.{minor} not detected") };
     let p = found.proc;
     let m = std::fs::File::open(format!("/proc/{pid}/mem")).expect("mem");
     let interp = word(&m, p.runtime + u64::from(p.interp_head));
@@ -126,7 +126,7 @@ fn python_3_13_debug_offsets_agree_with_the_table() {
         kind: crate::model::RegionKind::File,
         path: Some(lib.to_string_lossy().into_owned()),
     }];
-    let Detected::Known(found) = Detector::default().detect(&maps) else { panic!("3.13 not detected") };
+    let Detected::Known(found) = Detector::default().detect(&maps, None) else { panic!("3.13 not detected") };
     let (table, _) = super::detect::layout((3, 13), found.proc.runtime).expect("row");
     assert_eq!(found.proc, table);
 }
@@ -154,5 +154,5 @@ fn python_3_9_is_unknown() {
         kind: crate::model::RegionKind::File,
         path: Some(path.clone()),
     }];
-    assert_eq!(Detector::default().detect(&maps), Detected::Unknown(path));
+    assert_eq!(Detector::default().detect(&maps, None), Detected::Unknown(path));
 }
