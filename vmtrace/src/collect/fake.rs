@@ -93,6 +93,29 @@ pub fn oom_kill(victim: u32, name: &str, ts_ns: u64, anon_rss_kb: u64) -> OomEve
     ev
 }
 
+/// A call of the locking family by pid `NO_SUCH_PID` (thread 1)
+/// returning `ret`, with `locked_pages` of `mm->locked_vm` after it.
+pub fn lock_call(call: vmtrace_common::MmCall, ret: i64, len: u64, locked_pages: u64) -> vmtrace_common::MmLockEvent {
+    vmtrace_common::MmLockEvent {
+        hdr: header(EventKind::MmLock, 2_000_000_000, std::mem::size_of::<vmtrace_common::MmLockEvent>()),
+        tgid: NO_SUCH_PID,
+        tid: 1,
+        call: call as u32,
+        user_stack: 7,
+        ret,
+        addr: 0x1000,
+        len,
+        flags: 0,
+        locked_pages,
+        pinned_pages: 0,
+        start_ns: 0,
+        memlock_cur: 0,
+        memlock_max: 0,
+        memlock_read: 0,
+        _pad: 0,
+    }
+}
+
 impl FakeSource {
     pub fn new(minor_period: u32) -> Self {
         Self { minor_period, ..Self::default() }

@@ -323,9 +323,8 @@ fn describe_failure(f: &RawFailure, comm: String, frames: Vec<String>, t_s: f64)
 
 #[cfg(test)]
 mod tests {
-    use vmtrace_common::{EventHeader, EventKind};
-
     use super::*;
+    use crate::collect::fake::lock_call;
 
     #[test]
     fn limits_line() {
@@ -342,33 +341,12 @@ mod tests {
         assert_eq!(parse_status(t), Some((8192 * 1024, 0, 10000 * 1024)));
     }
 
-    fn ev(call: MmCall, ret: i64, len: u64, locked_pages: u64) -> MmLockEvent {
-        MmLockEvent {
-            hdr: EventHeader { kind: EventKind::MmLock as u32, size: 0, ts_ns: 2_000_000_000 },
-            tgid: u32::MAX - 1,
-            tid: 1,
-            call: call as u32,
-            user_stack: 7,
-            ret,
-            addr: 0x1000,
-            len,
-            flags: 0,
-            locked_pages,
-            pinned_pages: 0,
-            start_ns: 0,
-            memlock_cur: 0,
-            memlock_max: 0,
-            memlock_read: 0,
-            _pad: 0,
-        }
-    }
-
     #[test]
     fn calls_and_a_refusal() {
         let mut t = PinnedTracker::default();
         let page = t.page;
-        t.call(&ev(MmCall::Mlock, 0, 8 << 20, (8 << 20) / page));
-        t.call(&ev(MmCall::Mlock, -12, 1 << 20, (8 << 20) / page));
+        t.call(&lock_call(MmCall::Mlock, 0, 8 << 20, (8 << 20) / page));
+        t.call(&lock_call(MmCall::Mlock, -12, 1 << 20, (8 << 20) / page));
         let mut frames = |_: u32, _: u32, _: i32| vec!["main".to_string(), "[mlock]".to_string()];
         let p = t.finish(&|_| "w".into(), &mut frames, &|ts| ts as f64 / 1e9);
         assert_eq!(p.processes.len(), 1);
@@ -387,7 +365,7 @@ mod tests {
     fn rlimit_named_with_the_fix() {
         let f = RawFailure {
             ts_ns: 0,
-            ev: ev(MmCall::Mlock, -12, 1 << 20, 0),
+            ev: lock_call(MmCall::Mlock, -12, 1 << 20, 0),
             locked_before: 0,
             limit: Some((Some(64 << 10), Some(64 << 10))),
         };

@@ -848,7 +848,7 @@ impl<S: AggregateSource> Session<S> {
             self.python.read_stored(now, &batch.py_stored, &mut self.source);
         }
         if !batch.locking.is_empty() {
-            let mut locking = batch.locking.clone();
+            let mut locking = batch.locking;
             locking.sort_unstable();
             locking.dedup();
             if let Some(p) = self.placement.as_mut() {

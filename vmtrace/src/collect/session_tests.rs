@@ -411,24 +411,7 @@ fn light_exited_processes_are_folded_away_and_the_end_is_the_same() {
 
 #[test]
 fn only_calls_that_lock_memory_read_numa_placement() {
-    let ev = |call: MmCall, ret: i64| vmtrace_common::MmLockEvent {
-        hdr: vmtrace_common::EventHeader { kind: EventKind::MmLock as u32, size: 0, ts_ns: 1 },
-        tgid: PARENT,
-        tid: PARENT,
-        call: call as u32,
-        user_stack: -1,
-        ret,
-        addr: 0x1000,
-        len: 4096,
-        flags: 0,
-        locked_pages: 1,
-        pinned_pages: 0,
-        start_ns: 0,
-        memlock_cur: 0,
-        memlock_max: 0,
-        memlock_read: 0,
-        _pad: 0,
-    };
+    let ev = |call: MmCall, ret: i64| crate::collect::fake::lock_call(call, ret, 4096, 1);
     for call in [MmCall::Mlock, MmCall::Mlockall] {
         assert!(super::locks_memory(&ev(call, 0)), "{call:?}");
         assert!(!super::locks_memory(&ev(call, -12)), "a failed {call:?} locked nothing");

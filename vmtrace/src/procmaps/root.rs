@@ -52,6 +52,12 @@ impl RootDir {
     }
 }
 
+/// `path` (as a process's maps give it) here: under `root`, when its
+/// process has one of its own, else as it is.
+pub fn here(root: Option<&RootDir>, path: &str) -> String {
+    root.map_or_else(|| path.to_string(), |r| r.path(path))
+}
+
 /// Where a process's paths are.
 pub enum Root {
     /// They name the same files as here: this mount namespace.

@@ -10,7 +10,7 @@ use std::{collections::HashMap, path::Path};
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
 use vmtrace_common::{PyProc, PY_FRAME_OBJECTS, PY_OFF_NONE, PY_THREAD_BY_PTHREAD};
 
-use crate::procmaps::Region;
+use crate::{procmaps::Region, stacks::unwind::ObjectKey};
 
 /// Offsets of a code object and of strings and bytes objects, per version
 /// (for reading code objects in userspace).
@@ -124,7 +124,7 @@ enum ObjInfo {
 /// (a container's root, `procmaps::root`) it was reached by.
 #[derive(Default)]
 pub struct Detector {
-    objs: HashMap<(u64, u64, u64, i64), ObjInfo>,
+    objs: HashMap<ObjectKey, ObjInfo>,
 }
 
 /// Outcome of looking at a process.
@@ -150,12 +150,8 @@ impl Detector {
                 continue;
             }
             seen.push(path);
-            let here = root.map_or_else(|| path.to_string(), |r| r.path(path));
-            let Ok(meta) = std::fs::metadata(&here) else { continue };
-            let id = {
-                use std::os::unix::fs::MetadataExt as _;
-                (meta.dev(), meta.ino(), meta.size(), meta.mtime_nsec() + meta.mtime() * 1_000_000_000)
-            };
+            let here = crate::procmaps::root::here(root, path);
+            let Some(id) = ObjectKey::of(Path::new(&here)) else { continue };
             let info = self.objs.entry(id).or_insert_with(|| read_obj(&here)).clone();
             let ObjInfo::Python { runtime, version, absolute, debug } = info else { continue };
             let Some(version) = version else { return Detected::Unknown(path.to_string()) };

@@ -242,10 +242,7 @@ impl Names {
         for (path, mut offs) in by_file {
             offs.sort_unstable();
             offs.dedup();
-            let here = match &self.root {
-                Some(root) => root.path(path),
-                None => path.to_string(),
-            };
+            let here = procmaps::root::here(self.root.as_deref(), path);
             let syms = self.symbolize_offsets(&here, &offs);
             let names: Vec<Frame> = offs
                 .iter()

@@ -149,11 +149,24 @@ const NAMED_MAX: usize = 4096;
 
 /// Identity of an object file: replaced files (upgrades) get new entries.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct ObjectKey {
+pub(crate) struct ObjectKey {
     dev: u64,
     ino: u64,
     size: u64,
     mtime_ns: i64,
+}
+
+impl ObjectKey {
+    /// The identity of the file `path` names now (one stat).
+    pub(crate) fn of(path: &Path) -> Option<Self> {
+        let meta = std::fs::metadata(path).ok()?;
+        Some(Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime_ns: meta.mtime_nsec() + meta.mtime() * 1_000_000_000,
+        })
+    }
 }
 
 /// Cache and counters, for the measurement note and a future summary line.
@@ -212,13 +225,7 @@ impl Unwinder {
         let key = match self.named.get(path) {
             Some((key, checked)) if checked.elapsed() < RECHECK => key.clone(),
             _ => {
-                let meta = std::fs::metadata(path).ok()?;
-                let key = ObjectKey {
-                    dev: meta.dev(),
-                    ino: meta.ino(),
-                    size: meta.size(),
-                    mtime_ns: meta.mtime_nsec() + meta.mtime() * 1_000_000_000,
-                };
+                let key = ObjectKey::of(path)?;
                 if self.named.len() >= NAMED_MAX {
                     self.named.clear();
                 }
@@ -262,7 +269,7 @@ impl Unwinder {
             i = j;
             let kind = match (r.kind, r.path.as_deref()) {
                 (RegionKind::File, Some(path)) => {
-                    let full = PathBuf::from(root.map_or_else(|| path.to_string(), |r| r.path(path)));
+                    let full = PathBuf::from(crate::procmaps::root::here(root, path));
                     match self.object(&full) {
                         Some(info) if info.has_cfi() => match info.bias(r.start, r.offset) {
                             Some(bias) => {
