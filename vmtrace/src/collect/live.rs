@@ -40,6 +40,12 @@ impl<S: AggregateSource> Session<S> {
                 (stats.into_iter().collect(), mm.into_iter().collect())
             }
         };
+        // The events that came before these counts, applied before they are
+        // labelled: a process that moved into a cgroup and exec'd (a pod's
+        // entrypoint) has its faults since counted above, and its exec, which
+        // re-reads its identity, waits in the ring until now. Labelled with the
+        // identity it had before, they would stay in its old cgroup's series.
+        self.drain();
         let mut pids: Vec<u32> = stats.iter().map(|(p, _)| *p).collect();
         let mut processes: Vec<LiveProcess> = stats
             .iter()

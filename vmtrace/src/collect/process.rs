@@ -241,6 +241,13 @@ impl ProcessTable {
         Some(id)
     }
 
+    /// Gives `pid` the identity `id`, as if read from /proc (tests).
+    #[cfg(test)]
+    pub(crate) fn set_identity(&mut self, pid: u32, id: Identity) {
+        let id = self.intern(id);
+        self.procs.entry(pid).or_default().identity = Some(id);
+    }
+
     fn intern(&mut self, id: Identity) -> Arc<Identity> {
         if let Some(known) = self.identities.get(&id) {
             return Arc::clone(known);

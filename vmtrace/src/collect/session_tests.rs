@@ -424,3 +424,28 @@ fn only_calls_that_lock_memory_read_numa_placement() {
         assert!(!super::locks_memory(&ev(call, 0)), "{call:?}");
     }
 }
+
+#[test]
+fn a_snapshot_labels_counts_with_the_identity_of_execs_that_came_before_them() {
+    // A pod's entrypoint: moved into the pod's cgroup, then exec'd. Its
+    // faults since are in the kernel's counters, and its exec (which
+    // re-reads its identity) still waits in the ring when the snapshot is
+    // taken, as on a loaded node.
+    let me = std::process::id();
+    let mut src = FakeSource::new(1);
+    src.push(&task(EventKind::TaskFork, me, me, PARENT, "sh"));
+    src.stats.insert(me, faults(10, 0));
+    let mut s = session(src, SessionOptions::new(Families::default()));
+    let t0 = s.started;
+    s.step(t0 + ms(10));
+    let before = crate::model::Identity { cgroup: Some("/before/the/move".into()), ..Default::default() };
+    s.table.set_identity(me, before);
+    s.source.push(&task(EventKind::TaskExec, me, me, 0, "hold"));
+    s.source.stats.insert(me, faults(24_000, 0));
+    let snap = s.live_snapshot(crate::collect::live::LiveScope::WholeTrace);
+    let p = snap.processes.iter().find(|p| p.pid == me).expect("the process is in the snapshot");
+    let id = p.identity.as_deref().expect("an identity");
+    assert_eq!(p.faults.total, 24_000);
+    let now = crate::identity::read(me).expect("this test's own identity");
+    assert_eq!(id.cgroup, now.cgroup, "labelled with the cgroup it exec'd in, not {:?}", "/before/the/move");
+}
