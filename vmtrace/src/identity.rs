@@ -108,7 +108,7 @@ pub fn parse_cgroup_path(path: &str) -> (Option<&'static str>, Option<String>, O
 }
 
 /// The value of `key` among `environ`'s NUL-separated `KEY=VALUE` entries.
-fn env_value<'a>(environ: &'a [u8], key: &str) -> Option<&'a str> {
+pub(crate) fn env_value<'a>(environ: &'a [u8], key: &str) -> Option<&'a str> {
     environ.split(|&b| b == 0).find_map(|kv| {
         let kv = std::str::from_utf8(kv).ok()?;
         let (k, v) = kv.split_once('=')?;

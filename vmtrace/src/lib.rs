@@ -15,6 +15,7 @@ pub mod export;
 pub mod identity;
 pub mod kernel;
 pub mod loader;
+mod malloc_env;
 pub mod model;
 pub mod numa;
 mod oom;

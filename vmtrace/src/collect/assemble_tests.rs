@@ -104,6 +104,7 @@ fn inputs() -> Inputs {
             top_stack: vec!["main".into(), "[madvise]".into()],
             top_call: "madvise".into(),
             top_share: 1.0,
+            malloc_settings: std::collections::BTreeMap::new(),
         }]),
         attributed: None,
         ooms: vec![oom(10)],

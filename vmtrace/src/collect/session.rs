@@ -763,6 +763,10 @@ impl<S: AggregateSource> Session<S> {
             })
             .collect();
         self.storms.tick(now, &totals);
+        // Read while the process lives: the setting that may drive its storm.
+        for pid in self.storms.settings_unread() {
+            self.storms.set_settings(pid, crate::malloc_env::of(pid));
+        }
         if rose.is_empty() {
             return;
         }

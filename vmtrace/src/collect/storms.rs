@@ -1,7 +1,7 @@
 //! Shootdown storms: a process sending TLB-flush IPIs faster than a threshold.
 //! Fed every tick (~100 ms, the window) with each process's IPIs-sent total and
 //! the per-call-site deltas, so a storm knows its culprit stack.
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// A call site: (`MmCall`, user stack id).
 pub(crate) type Site = (u32, i32);
@@ -15,6 +15,9 @@ pub struct RawStorm {
     pub ipis: u64,
     /// IPIs per call site during the storm.
     pub sites: HashMap<Site, u64>,
+    /// The allocator settings of its environment (`malloc_env`), read
+    /// while it storms; `None` until then.
+    pub malloc: Option<BTreeMap<String, String>>,
 }
 
 pub struct StormDetector {
@@ -63,6 +66,7 @@ impl StormDetector {
                     peak_per_s: 0.0,
                     ipis: 0,
                     sites: HashMap::new(),
+                    malloc: None,
                 });
                 s.end_s = now_s;
                 s.peak_per_s = s.peak_per_s.max(rate);
@@ -75,6 +79,18 @@ impl StormDetector {
 
     pub fn in_storm(&self, pid: u32) -> bool {
         self.open.contains_key(&pid)
+    }
+
+    /// The processes in a storm whose allocator settings are not read yet.
+    pub fn settings_unread(&self) -> Vec<u32> {
+        self.open.values().filter(|s| s.malloc.is_none()).map(|s| s.pid).collect()
+    }
+
+    /// `pid`'s allocator settings, for its open storm.
+    pub fn set_settings(&mut self, pid: u32, settings: BTreeMap<String, String>) {
+        if let Some(s) = self.open.get_mut(&pid) {
+            s.malloc = Some(settings);
+        }
     }
 
     /// Storms still going on.

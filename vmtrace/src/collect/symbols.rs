@@ -563,6 +563,7 @@ pub(crate) fn name_storms(
                 top_stack,
                 top_call,
                 top_share,
+                malloc_settings: s.malloc.unwrap_or_default(),
             }
         })
         .collect()

@@ -462,49 +462,8 @@ fn storms(s: &Summary, out: &mut Vec<Finding>) {
         let p = s.processes.iter().find(|p| p.pid == pid);
         let m = p.and_then(|p| p.mmap.as_ref());
         let site = super::oom::site_tail(&biggest.top_stack);
-        let (why, fix) = match (call.as_str(), m) {
-            ("munmap", Some(m)) if m.munmap > 0 => {
-                let avg = m.munmap_bytes / m.munmap;
-                let setting = pow2_at_least(avg * 2, 2 * GLIBC_MMAP_THRESHOLD_DEFAULT);
-                let env = if setting <= GLIBC_MMAP_THRESHOLD_MAX {
-                    format!(
-                        "if they are malloc'd (glibc maps blocks of M_MMAP_THRESHOLD and more, 128 KiB by default, \
-                         and a low MALLOC_MMAP_THRESHOLD_ makes it so for smaller ones), raise the threshold above \
-                         them: MALLOC_MMAP_THRESHOLD_={setting} (or mallopt(M_MMAP_THRESHOLD, {setting})), so freed \
-                         buffers go back to the heap; "
-                    )
-                } else {
-                    String::new()
-                };
-                (
-                    format!("temporaries freed with munmap: {} munmap calls of {} on average", m.munmap, bytes(avg)),
-                    format!(
-                        "Stop unmapping a buffer per iteration: {env}otherwise allocate the buffer once outside the \
-                         loop and reuse it (a preallocated array, out= arguments, a buffer pool)"
-                    ),
-                )
-            }
-            ("madvise", Some(m)) => {
-                let advice: Vec<String> = m.madvise_by_advice.iter().map(|(k, v)| format!("{k} {v}")).collect();
-                (
-                    format!("pages given back with madvise ({} calls: {})", m.madvise, advice.join(", ")),
-                    "Give memory back less often: an allocator's purge (jemalloc \
-                     MALLOC_CONF=dirty_decay_ms:10000,muzzy_decay_ms:10000; tcmalloc's release rate; glibc's \
-                     MALLOC_TRIM_THRESHOLD_) or the code's own MADV_DONTNEED per iteration; reuse the buffers instead"
-                        .into(),
-                )
-            }
-            ("mprotect", _) => (
-                "permission changes (mprotect) on memory other CPUs use".into(),
-                "Change protections in batches, or not per iteration (guard pages made once, a JIT writing code in \
-                 larger pieces)"
-                    .into(),
-            ),
-            (c, _) => (
-                format!("{c} on memory other CPUs use"),
-                "Unmap and remap less often: reuse mappings across iterations".into(),
-            ),
-        };
+        let settings = list.iter().map(|st| &st.malloc_settings).find(|m| !m.is_empty());
+        let (why, fix, low_threshold) = storm_cause(&call, m, settings);
         let mut f = finding(
             s,
             "shootdown_storm",
@@ -533,6 +492,9 @@ fn storms(s: &Summary, out: &mut Vec<Finding>) {
         if let Some(t) = p.and_then(|p| p.tlb.as_ref()) {
             ev(&mut f, "ipis_sent", t.ipis_sent);
         }
+        if let Some((_, set)) = low_threshold {
+            ev(&mut f, "malloc_setting", set);
+        }
         f.site = (!site.is_empty()).then_some(site);
         f.expected_gain = Some(format!(
             "the {ipis} IPIs of the storms (each interrupts every other CPU running this process), and the {call} \
@@ -540,6 +502,77 @@ fn storms(s: &Summary, out: &mut Vec<Finding>) {
         ));
         out.push(f);
     }
+}
+
+/// What drove a storm whose IPIs came mostly from `call`, and its fix; with
+/// the allocator setting of the environment that caused it (the threshold
+/// and the text to quote), if one did.
+fn storm_cause(
+    call: &str,
+    m: Option<&super::MmapCounts>,
+    settings: Option<&BTreeMap<String, String>>,
+) -> (String, String, Option<(u64, String)>) {
+    // The threshold its environment fixed, when it is low enough that the
+    // blocks it unmaps were mapped because of it.
+    let mut low_threshold = None;
+    let (why, fix) = match (call, m) {
+        ("munmap", Some(m)) if m.munmap > 0 => {
+            let avg = m.munmap_bytes / m.munmap;
+            let setting = pow2_at_least(avg * 2, 2 * GLIBC_MMAP_THRESHOLD_DEFAULT);
+            low_threshold = settings.and_then(crate::malloc_env::mmap_threshold).filter(|(v, _)| *v <= avg);
+            let env = if let Some((_, set)) = &low_threshold {
+                format!(
+                    "remove {set} from its environment (a fixed threshold also stops glibc from raising it past \
+                     the blocks it has freed), or raise it to MALLOC_MMAP_THRESHOLD_={setting}, so freed buffers \
+                     go back to the heap; "
+                )
+            } else if setting <= GLIBC_MMAP_THRESHOLD_MAX {
+                format!(
+                    "if they are malloc'd (glibc maps blocks of M_MMAP_THRESHOLD and more, 128 KiB by default, \
+                     and a low MALLOC_MMAP_THRESHOLD_ makes it so for smaller ones), raise the threshold above \
+                     them: MALLOC_MMAP_THRESHOLD_={setting} (or mallopt(M_MMAP_THRESHOLD, {setting})), so freed \
+                     buffers go back to the heap; "
+                )
+            } else {
+                String::new()
+            };
+            let cause = low_threshold.as_ref().map_or(String::new(), |(v, set)| {
+                format!(
+                    ", because its environment sets {set}: glibc maps every block of {} and more and unmaps it \
+                     when it is freed",
+                    bytes(*v)
+                )
+            });
+            (
+                format!("temporaries freed with munmap: {} munmap calls of {} on average{cause}", m.munmap, bytes(avg)),
+                format!(
+                    "Stop unmapping a buffer per iteration: {env}otherwise allocate the buffer once outside the \
+                     loop and reuse it (a preallocated array, out= arguments, a buffer pool)"
+                ),
+            )
+        }
+        ("madvise", Some(m)) => {
+            let advice: Vec<String> = m.madvise_by_advice.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            (
+                format!("pages given back with madvise ({} calls: {})", m.madvise, advice.join(", ")),
+                "Give memory back less often: an allocator's purge (jemalloc \
+                 MALLOC_CONF=dirty_decay_ms:10000,muzzy_decay_ms:10000; tcmalloc's release rate; glibc's \
+                 MALLOC_TRIM_THRESHOLD_) or the code's own MADV_DONTNEED per iteration; reuse the buffers instead"
+                    .into(),
+            )
+        }
+        ("mprotect", _) => (
+            "permission changes (mprotect) on memory other CPUs use".into(),
+            "Change protections in batches, or not per iteration (guard pages made once, a JIT writing code in \
+             larger pieces)"
+                .into(),
+        ),
+        (c, _) => (
+            format!("{c} on memory other CPUs use"),
+            "Unmap and remap less often: reuse mappings across iterations".into(),
+        ),
+    };
+    (why, fix, low_threshold)
 }
 
 /// A cold file read at random or in small pieces through a mapping: most

@@ -276,6 +276,7 @@ fn storm(pid: u32, call: &str, ipis: u64, start_s: f64) -> Storm {
         top_stack: vec!["main".into(), "churn_loop".into(), "unmap_one".into(), format!("[{call}]")],
         top_call: call.into(),
         top_share: 1.0,
+        malloc_settings: std::collections::BTreeMap::new(),
     }
 }
 
@@ -296,6 +297,29 @@ fn storms_of_one_process_are_one_finding_with_the_munmap_size() {
     // 2 × 67 KiB is under twice glibc's default: 256 KiB.
     assert!(f.fix.contains("MALLOC_MMAP_THRESHOLD_=262144"), "{}", f.fix);
     assert_eq!(f.site.as_deref(), Some("churn_loop ← unmap_one ← [munmap]"));
+}
+
+#[test]
+fn a_storm_driven_by_a_low_mmap_threshold_in_the_environment_names_the_setting() {
+    // numpy temporaries of 312.5 KiB under MALLOC_MMAP_THRESHOLD_=131072.
+    let mut p = process(100, 1, "python3", 40_000);
+    let m = p.mmap.as_mut().unwrap();
+    (m.munmap, m.munmap_bytes) = (16_000, 16_000 * 320_000);
+    let mut s = summary(vec![p]);
+    let mut st = storm(100, "munmap", 900, 0.3);
+    st.malloc_settings.insert("MALLOC_MMAP_THRESHOLD_".into(), "131072".into());
+    s.storms = Some(vec![st.clone()]);
+    let f = &diagnose(&s)[0];
+    assert_eq!(f.evidence["malloc_setting"], "MALLOC_MMAP_THRESHOLD_=131072", "{f:#?}");
+    assert!(f.summary.contains("because its environment sets MALLOC_MMAP_THRESHOLD_=131072"), "{}", f.summary);
+    assert!(f.fix.contains("remove MALLOC_MMAP_THRESHOLD_=131072 from its environment"), "{}", f.fix);
+    assert!(f.fix.contains("MALLOC_MMAP_THRESHOLD_=1048576"), "{}", f.fix);
+    // A threshold above the blocks unmapped did not map them: not named.
+    st.malloc_settings.insert("MALLOC_MMAP_THRESHOLD_".into(), "4194304".into());
+    s.storms = Some(vec![st]);
+    let f = &diagnose(&s)[0];
+    assert!(!f.evidence.contains_key("malloc_setting"), "{f:#?}");
+    assert!(!f.summary.contains("environment"), "{}", f.summary);
 }
 
 #[test]

@@ -45,4 +45,9 @@ pub struct Storm {
     pub top_call: String,
     /// Share of the storm's IPIs from that call site.
     pub top_share: f64,
+    /// The allocator settings in the process's environment, by name
+    /// (`MALLOC_MMAP_THRESHOLD_`, `glibc.malloc.*` tunables, `MALLOC_CONF`,
+    /// an allocator in `LD_PRELOAD`); absent when none is set.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub malloc_settings: std::collections::BTreeMap<String, String>,
 }

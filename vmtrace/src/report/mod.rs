@@ -451,6 +451,7 @@ mod tests {
             top_stack: vec!["main".into(), "[munmap]".into()],
             top_call: "munmap".into(),
             top_share: 1.0,
+            malloc_settings: std::collections::BTreeMap::new(),
         };
         s.storms = Some((0..30).map(storm).collect());
         let txt = text::render(&s);

@@ -558,6 +558,7 @@ fn live_findings(
                     top_stack: Vec::new(),
                     top_call: top_call.into(),
                     top_share: 1.0,
+                    malloc_settings: s.malloc.clone().unwrap_or_default(),
                 }
             })
             .collect()

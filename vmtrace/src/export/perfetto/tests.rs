@@ -23,6 +23,7 @@ fn summary() -> Summary {
         top_stack: vec!["main".into(), "free".into(), "[munmap]".into()],
         top_call: "munmap".into(),
         top_share: 0.9,
+        malloc_settings: std::collections::BTreeMap::new(),
     }]);
     s
 }
