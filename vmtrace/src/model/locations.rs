@@ -2,11 +2,89 @@
 //! time and the resident memory come from, so "which line?" needs no
 //! flamegraph. A location is the stack's innermost Python line, else its
 //! innermost native frame that is not libc's, the allocator's or a language
-//! runtime's (`stacks::locations` picks it).
+//! runtime's ([`location`] picks it).
 use serde::{Deserialize, Serialize};
 
 /// A list with its title and how its values read.
 pub type Listed<'a> = (&'a str, &'a Vec<CodeLocation>, fn(u64) -> String);
+
+/// Frames that are libc's, the allocator's, the dynamic loader's or a
+/// language runtime's, by name: never the answer to "which line?".
+fn is_runtime(frame: &str) -> bool {
+    const PREFIXES: [&str; 24] = [
+        "__",
+        "_int_",
+        "_IO_",
+        "_dl_",
+        "je_",
+        "mi_",
+        "_mi_",
+        "tc_",
+        "tcmalloc::",
+        "core::",
+        "std::",
+        "alloc::",
+        "<core::",
+        "<std::",
+        "<alloc::",
+        "pymalloc",
+        "_PyObject_Malloc",
+        "_PyMem_",
+        "PyMem_",
+        "PyObject_Malloc",
+        "PyObject_Calloc",
+        "PyObject_Realloc",
+        "_PyObject_GC_",
+        "_start",
+    ];
+    const EXACT: [&str; 23] = [
+        // The dynamic loader's (ld-linux), relocating the program before main.
+        "dl_main",
+        "malloc",
+        "calloc",
+        "realloc",
+        "free",
+        "memset",
+        "memcpy",
+        "memmove",
+        "memcmp",
+        "strlen",
+        "sysmalloc",
+        "brk",
+        "sbrk",
+        "mmap",
+        "mmap64",
+        "munmap",
+        "madvise",
+        "posix_memalign",
+        "aligned_alloc",
+        "valloc",
+        "operator new",
+        "start_thread",
+        "clone3",
+    ];
+    const MODULES: [&str; 6] = ["libc.so", "libc-", "ld-linux", "libjemalloc", "libmimalloc", "libtcmalloc"];
+    let name = frame.split(" (").next().unwrap_or(frame);
+    frame.starts_with('[')
+        || PREFIXES.iter().any(|p| name.starts_with(p))
+        || EXACT.iter().any(|e| name == *e || name.starts_with(&format!("{e}(")))
+        || MODULES.iter().any(|m| name.starts_with(m))
+        || name.contains("malloc")
+        || name.contains("calloc")
+        || name.contains("realloc")
+        || name.starts_with("operator new")
+}
+
+/// The location of a user stack (outermost first), or `None` when every
+/// frame is the runtime's.
+pub fn location(user: &[impl AsRef<str>]) -> Option<String> {
+    let frames: Vec<&str> = user.iter().map(AsRef::as_ref).collect();
+    if let Some(py) = frames.iter().rev().find(|f| crate::python::is_python_frame(f)) {
+        return Some((*py).to_string());
+    }
+    let native = frames.iter().rev().find(|f| !is_runtime(f))?;
+    Some(super::clip(&super::short_name(native), 100))
+}
 
 /// One code location and its share of a total.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

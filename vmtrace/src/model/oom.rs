@@ -67,11 +67,16 @@ fn mib(kb: u64) -> String {
 }
 
 /// A call site's innermost frames (at most three, short C++ names, each
-/// cut at 100 characters), outermost first.
+/// cut at 100 characters), outermost first; led by its code location (the
+/// Python line, else the program's own frame: `locations::location`) when
+/// that is further out: `work (temps.py:5) … array_dealloc ← free ← [munmap]`.
 pub fn site_tail(frames: &[String]) -> String {
-    let tail: Vec<String> =
-        frames.iter().rev().take(3).rev().map(|f| super::clip(&super::short_name(f), 100)).collect();
-    tail.join(" ← ")
+    let n = frames.len().saturating_sub(3);
+    let tail: Vec<String> = frames[n..].iter().map(|f| super::clip(&super::short_name(f), 100)).collect();
+    match super::locations::location(frames) {
+        Some(loc) if !tail.contains(&loc) && !frames[n..].contains(&loc) => format!("{loc} … {}", tail.join(" ← ")),
+        _ => tail.join(" ← "),
+    }
 }
 
 /// One paragraph per kill for summary.txt.
@@ -129,4 +134,25 @@ pub fn render(r: &OomRecord) -> String {
     }
     s.push('.');
     s
+}
+
+#[cfg(test)]
+mod site_tests {
+    use super::site_tail;
+
+    fn v(frames: &[&str]) -> Vec<String> {
+        frames.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn a_site_is_led_by_its_code_location_when_that_is_further_out() {
+        let numpy = v(&["main", "work (temps.py:5)", "array_dealloc", "__libc_free", "[munmap]"]);
+        assert_eq!(site_tail(&numpy), "work (temps.py:5) … array_dealloc ← __libc_free ← [munmap]");
+        let own = v(&["main", "churn_loop", "unmap_one", "[munmap]"]);
+        assert_eq!(site_tail(&own), "churn_loop ← unmap_one ← [munmap]");
+        let c = v(&["main", "fill_round", "malloc", "_int_malloc", "sysmalloc"]);
+        assert_eq!(site_tail(&c), "fill_round … malloc ← _int_malloc ← sysmalloc");
+        let runtime = v(&["_start", "__libc_start_main", "[brk]"]);
+        assert_eq!(site_tail(&runtime), "_start ← __libc_start_main ← [brk]");
+    }
 }

@@ -146,9 +146,34 @@ pub fn render_text(p: &Pinned) -> String {
     s
 }
 
-/// The innermost frames of a call site, innermost first, for one line.
+/// The innermost frames of a call site, innermost first, for one line
+/// (short C++ names, each cut at 100 characters).
 #[must_use]
 pub fn short_stack(frames: &[String]) -> String {
-    let inner: Vec<&str> = frames.iter().rev().take(4).map(String::as_str).collect();
+    let inner: Vec<String> = frames.iter().rev().take(4).map(|f| super::clip(&super::short_name(f), 100)).collect();
     inner.join(" < ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short_stack;
+
+    #[test]
+    fn a_locking_sites_frames_read_short() {
+        let frames = vec![
+            "main".to_string(),
+            "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed char, unsigned long, \
+             CUstream_st*)"
+                .to_string(),
+            "std::vector<std::pair<std::basic_string<char, std::char_traits<char>, std::allocator<char> >, int>, \
+             std::allocator<std::pair<std::basic_string<char>, int> > >::reserve(unsigned long)"
+                .to_string(),
+            "[mlock]".to_string(),
+        ];
+        let s = short_stack(&frames);
+        assert_eq!(
+            s,
+            "[mlock] < std::vector<…>::reserve(…) < c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(…) < main"
+        );
+    }
 }
