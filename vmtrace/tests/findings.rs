@@ -86,9 +86,11 @@ fn heap_trim_fires_and_the_suggested_env_removes_it() {
     // Then the top code locations: the fixture's own function, not memset's or malloc's.
     let locations = txt.find("Top code locations").unwrap_or_else(|| panic!("{txt}"));
     assert!(locations < txt.find("Page faults by process").unwrap_or(usize::MAX), "{txt}");
-    let by_faults = &run.summary["code_locations"]["by_faults"][0];
-    assert_eq!(by_faults["location"], "fill_round", "{:#}", run.summary["code_locations"]);
-    assert!(by_faults["share_pct"].as_f64().unwrap() > 90.0, "{by_faults:#}");
+    for list in ["by_faults", "by_fault_time"] {
+        let top = &run.summary["code_locations"][list][0];
+        assert_eq!(top["location"], "fill_round", "{list}: {:#}", run.summary["code_locations"]);
+        assert!(top["share_pct"].as_f64().unwrap() > 90.0, "{list}: {top:#}");
+    }
     let html = std::fs::read_to_string(run.out.path().join("report.html")).unwrap();
     let (f_at, l_at) = (html.find("<h2>Findings (1)</h2>"), html.find("<h2>Top code locations</h2>"));
     assert!(f_at.is_some() && f_at < l_at && l_at < html.find("<h2>Processes</h2>"), "report.html opens with them");
@@ -336,7 +338,16 @@ fn a_numpy_storm_names_its_low_mmap_threshold_and_goes_away_without_it() {
     if kernel_saw_a_storm(&run, before, threshold) {
         assert_eq!(found.len(), 1, "{:#?}", findings(&run));
     }
+    // Which line? The script's, in the top code locations by faults and by their time.
+    for list in ["by_faults", "by_fault_time"] {
+        let rows = run.summary["code_locations"][list].as_array().expect("code_locations");
+        assert!(
+            rows.iter().take(3).any(|r| r["location"].as_str().unwrap_or("").starts_with("work (temps.py:")),
+            "{list}: {rows:#?}"
+        );
+    }
     for f in &found {
+        assert!(f["site"].as_str().unwrap_or("").starts_with("work (temps.py:"), "{f:#}");
         assert_eq!(f["evidence"]["malloc_setting"], "MALLOC_MMAP_THRESHOLD_=131072", "{f:#}");
         assert!(f["fix"].as_str().unwrap().contains("remove MALLOC_MMAP_THRESHOLD_=131072"), "{f:#}");
         assert!(summary_txt(&run).contains("because its environment sets MALLOC_MMAP_THRESHOLD_=131072"));
@@ -545,6 +556,12 @@ fn one_call_site_holding_most_memory_fires_and_two_halves_stay_silent() {
     assert!(site * 10 >= hwm * 9 && site <= peak, "site {site} bytes, VmHWM {hwm}, the kernel's peak {peak}");
     assert_eq!(u(&f["evidence"]["peak_bytes"]), peak);
     assert!(f["site"].as_str().unwrap_or("").contains("hold_all"), "{f:#}");
+    // The top code location by resident bytes at the peak: the innermost
+    // frame of the program's own code, `fill` (called by `hold_all`).
+    let top = &run.summary["code_locations"]["by_resident"][0];
+    assert_eq!(top["location"], "fill", "{:#}", run.summary["code_locations"]);
+    let held = u(&top["value"]);
+    assert!(held * 10 >= hwm * 9 && held <= peak, "by_resident: {held} bytes, VmHWM {hwm}, the kernel's peak {peak}");
 
     let halves = record(&["--stack-sample", "16"], &[bin, d, "two", "1280"]);
     assert_eq!(halves.code(), Some(0), "{}", halves.stderr());

@@ -154,4 +154,15 @@ fn memcg_oom_records_what_grew_by_call_site() {
         .find(|l| l.contains("killed oom_grow") && l.contains("what grew"))
         .unwrap_or_else(|| panic!("{txt}"));
     assert!(line.contains("grow_forever"), "{line}");
+    // The finding names what grew, with the bytes the kill recorded for it.
+    let f = run.summary["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["kind"] == "oom_kill" && f["pid"] == pid)
+        .unwrap_or_else(|| panic!("no oom_kill finding: {:#}", run.summary["findings"]));
+    assert!(f["site"].as_str().unwrap_or("").contains("grow_forever"), "{f:#}");
+    assert_eq!(u(&f["evidence"]["grew_bytes"]), u(&sites[0]["bytes"]), "{f:#}");
+    assert_close("what grew, in the finding", u(&f["evidence"]["grew_bytes"]), grown * mib, 10.0);
+    assert!(f["fix"].as_str().unwrap().contains("grow_forever"), "{f:#}");
 }
