@@ -525,6 +525,61 @@ fn code_read_back_after_eviction_fires_and_code_kept_cached_stays_silent() {
     assert!(of_kind(&kept, "code_major_faults").is_empty(), "{:#?}", findings(&kept));
 }
 
+/// Code evicted by real memory pressure: a 16 MiB file of `ret`
+/// instructions mapped executable and called into, page by page, 20 times,
+/// by a program holding 40 MiB of its own in a memory cgroup of 48 MiB
+/// (no swap: the kernel can only reclaim page cache, the code's). Its
+/// reclaim stalls and the code's majors make the finding, with no more
+/// majors than the program's own count. The same program in a cgroup with
+/// room for both reads the file once and never stalls: silent.
+#[test]
+fn code_evicted_by_its_cgroups_reclaim_fires_and_room_for_it_stays_silent() {
+    privileged!();
+    if std::fs::read_to_string("/proc/swaps").is_ok_and(|s| s.lines().count() > 1) {
+        eprintln!("skipped: swap is on, so reclaim may swap the program's memory out instead of evicting its code");
+        return;
+    }
+    let dir = disk_dir();
+    let bin = compile_c("code_evicted.c", dir.path());
+    let code = dir.path().join("code.bin");
+    std::fs::write(&code, vec![0xc3u8; 16 << 20]).unwrap();
+    std::fs::File::open(&code).unwrap().sync_all().unwrap();
+    let (bin, path) = (bin.to_str().unwrap(), code.to_str().unwrap());
+    let run_in = |limit_mib: u64| {
+        let name = format!("vmtrace-codepressure-{}-{limit_mib}", std::process::id());
+        let cg = vmtrace::demo::cgroup::ScratchCgroup::new(&name, limit_mib << 20).expect("a memory cgroup (v1 or v2)");
+        let run = record(&[], &strs(&cg.run_inside(&[bin, path, "20", "pressure", "40"])));
+        assert_eq!(run.code(), Some(0), "{}", run.stderr());
+        run
+    };
+    let run = run_in(48);
+    let pid = u32::try_from(run.summary["target"]["pid"].as_u64().unwrap()).unwrap();
+    let own = stdout_numbers(&run, "majflt ");
+    let (rounds_majors, all_majors) = (own[0], own[1]);
+    let p = run.process(pid);
+    let found: Vec<&Value> = of_kind(&run, "code_major_faults").into_iter().filter(|f| f["pid"] == pid).collect();
+    assert_eq!(found.len(), 1, "getrusage: {rounds_majors} majors in the rounds; {:#?}\n{p:#}", findings(&run));
+    let f = found[0];
+    let (file_majors, code_majors) = (u(&f["evidence"]["top_file_majors"]), u(&f["evidence"]["code_major_faults"]));
+    assert!(
+        file_majors * 10 >= rounds_majors * 9 && code_majors <= all_majors,
+        "vmtrace: {file_majors} majors on the file, {code_majors} on code; getrusage: {rounds_majors} in the rounds, {all_majors} in all"
+    );
+    eprintln!(
+        "under pressure: getrusage {rounds_majors} majors in the rounds; vmtrace {file_majors} on the file, {} reclaim stalls",
+        f["evidence"]["reclaim_stalls"]
+    );
+    assert!(rounds_majors >= 100, "the reclaim evicted the code: {rounds_majors} majors in the rounds");
+    assert!(u(&f["evidence"]["reclaim_stalls"]) > 0, "it stalled in its cgroup's reclaim: {f:#}");
+    assert!(f["summary"].as_str().unwrap().contains("stalled"), "{f:#}");
+
+    let roomy = run_in(256);
+    let pid = roomy.summary["target"]["pid"].clone();
+    assert!(stdout_numbers(&roomy, "majflt ")[0] <= 64, "with room, the file is read once");
+    let found = of_kind(&roomy, "code_major_faults");
+    assert!(!found.iter().any(|f| f["pid"] == pid), "{found:#?}");
+}
+
 /// One call site holding 1,280 MiB (malloc'd and written, never freed): the
 /// finding, with the site's bytes at the peak between 90% of what the
 /// kernel reported resident for the process at its end (its own VmHWM,
