@@ -238,8 +238,12 @@ fn one_storm_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 /// `workload churn --threads THREADS` recorded at a storm threshold of
 /// `threshold` IPIs/s; with the kernel's TLB IPI count before it.
 fn churn_run(threads: &str, threshold: u64) -> (Run, u64) {
+    churn_run_with(&["--threads", threads], threshold)
+}
+
+fn churn_run_with(args: &[&str], threshold: u64) -> (Run, u64) {
     let before = tlb_ipis_received();
-    let argv = workload(&["churn", "--threads", threads]);
+    let argv = workload(&[&["churn"], args].concat());
     let run = record(&["--storm-threshold", &threshold.to_string()], &strs(&argv));
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     (run, before)
@@ -272,6 +276,34 @@ fn a_munmap_churn_storm_is_a_finding_with_its_driver() {
         assert!(u(&f["evidence"]["munmap_calls"]) >= 20_000, "the churn unmaps 20,000 times: {f:#}");
         assert!(f["site"].as_str().unwrap_or("").contains("[munmap]"), "{f:#}");
         assert!(f["fix"].as_str().unwrap().contains("MALLOC_MMAP_THRESHOLD_="), "{f:#}");
+    }
+}
+
+/// The same churn giving its pages back with `MADV_DONTNEED` instead of
+/// unmapping them: the finding names madvise, its advice and its count,
+/// and an allocator's purge settings as the fix.
+#[test]
+fn a_madvise_churn_storm_is_a_finding_that_names_the_advice() {
+    privileged!();
+    let _one = one_storm_at_a_time();
+    let threshold = 200;
+    let (run, before) = churn_run_with(&["--threads", "2", "--madvise"], threshold);
+    let storms = run.summary["storms"].as_array().expect("storms[]");
+    if kernel_saw_a_storm(&run, before, threshold) {
+        assert!(!storms.is_empty(), "the kernel counted a storm's IPIs; vmtrace none");
+    }
+    let found = of_kind(&run, "shootdown_storm");
+    let mut pids: Vec<u64> = storms.iter().map(|s| s["pid"].as_u64().unwrap()).collect();
+    pids.dedup();
+    assert_eq!(found.len(), pids.len(), "{storms:#?}\n{found:#?}");
+    for f in found {
+        let p = run.process(u32::try_from(f["pid"].as_u64().unwrap()).unwrap());
+        assert_eq!(f["evidence"]["top_call"], "madvise", "{f:#}");
+        assert_eq!(f["evidence"]["madvise_calls"], p["mmap"]["madvise"]);
+        assert!(u(&p["mmap"]["madvise_by_advice"]["dontneed"]) >= 20_000, "{:#}", p["mmap"]);
+        assert!(f["summary"].as_str().unwrap().contains("dontneed"), "{f:#}");
+        assert!(f["fix"].as_str().unwrap().contains("MALLOC_CONF="), "{f:#}");
+        assert!(f["site"].as_str().unwrap_or("").contains("[madvise]"), "{f:#}");
     }
 }
 
