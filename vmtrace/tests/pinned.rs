@@ -138,3 +138,46 @@ fn no_pinned_section_without_mmap_events() {
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     assert!(run.summary.get("pinned").is_none(), "{:#}", run.summary);
 }
+
+/// The workload's own `/proc/self/status` line `KEY: N kB`, in bytes.
+fn own_status(run: &common::Run, key: &str) -> u64 {
+    let out = String::from_utf8_lossy(&run.output.stdout);
+    out.lines()
+        .find_map(|l| l.strip_prefix(key)?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no {key} line: {out}"))
+        * 1024
+}
+
+/// A 96 MiB locked pool beside almost nothing else fires
+/// `pinned_pool_oversized`, with the locked peak the process's own
+/// `VmLck` gave and the site that locked it; the same pool beside 64 MiB
+/// of memory in use stays silent.
+#[test]
+fn a_locked_pool_far_above_the_rest_fires_and_one_in_use_stays_silent() {
+    privileged!();
+    let dir = disk_dir();
+    let bin = compile_c("lock_buffer.c", dir.path());
+    let bin = bin.to_str().unwrap();
+    let run = record(&[], &[bin, "pool", "96", "0"]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let pid = run.summary["target"]["pid"].clone();
+    let (vm_lck, vm_rss) = (own_status(&run, "VmLck:"), own_status(&run, "VmRSS:"));
+    let findings = run.summary["findings"].as_array().expect("findings");
+    let f = findings
+        .iter()
+        .find(|f| f["kind"] == "pinned_pool_oversized" && f["pid"] == pid)
+        .unwrap_or_else(|| panic!("no pinned_pool_oversized: {findings:#?}"));
+    assert_eq!(u(&f["evidence"]["locked_bytes_peak"]), vm_lck, "VmLck {vm_lck}, VmRSS {vm_rss}: {f:#}");
+    let rest = u(&f["evidence"]["rest_bytes"]);
+    assert!(rest < vm_rss - vm_lck + (4 << 20), "rest {rest}, the kernel's VmRSS − VmLck {}", vm_rss - vm_lck);
+    assert!(f["site"].as_str().unwrap_or("").contains("lock_the_pool"), "{f:#}");
+    assert!(f["fix"].as_str().unwrap().contains("pin_memory"), "{f:#}");
+
+    let used = record(&[], &[bin, "pool", "96", "64"]);
+    assert_eq!(used.code(), Some(0), "{}", used.stderr());
+    let pid = used.summary["target"]["pid"].clone();
+    let p = used.summary["pinned"]["processes"].as_array().unwrap().iter().find(|p| p["pid"] == pid).cloned();
+    assert!(p.is_some_and(|p| u(&p["locked_bytes_peak"]) >= 96 << 20), "{:#}", used.summary["pinned"]);
+    let found = used.summary["findings"].as_array().unwrap();
+    assert!(!found.iter().any(|f| f["kind"] == "pinned_pool_oversized"), "{found:#?}");
+}

@@ -119,14 +119,17 @@ impl Default for PinnedTracker {
 impl PinnedTracker {
     fn point(&mut self, pid: u32, ts_ns: u64, locked: u64, pinned: u64, source: &'static str, rss: Option<u64>) {
         let p = self.procs.entry(pid).or_default();
+        // The resident size beside the peak: the largest read while it
+        // held (a status read that finds the same locked bytes as the call
+        // before it still counts), none read yet at a new peak.
+        if locked > p.peak_locked || (locked == p.peak_locked && p.rss_at_peak.is_none()) {
+            p.peak_locked = locked;
+            p.rss_at_peak = rss;
+        } else if locked == p.peak_locked {
+            p.rss_at_peak = p.rss_at_peak.max(rss);
+        }
         if p.points.last().is_some_and(|l| l.1 == locked && l.2 == pinned) {
             return;
-        }
-        if locked >= p.peak_locked {
-            p.peak_locked = locked;
-            if rss.is_some() {
-                p.rss_at_peak = rss;
-            }
         }
         p.peak_pinned = p.peak_pinned.max(pinned);
         p.last = (locked, pinned);
@@ -324,7 +327,7 @@ fn describe_failure(f: &RawFailure, comm: String, frames: Vec<String>, t_s: f64)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collect::fake::lock_call;
+    use crate::collect::fake::{lock_call, NO_SUCH_PID};
 
     #[test]
     fn limits_line() {
@@ -359,6 +362,21 @@ mod tests {
         // No /proc for this pid: the limit is unread, and said so.
         assert!(!p.failures[0].rlimit_memlock);
         assert!(p.failures[0].cause.contains("unread"), "{}", p.failures[0].cause);
+    }
+
+    #[test]
+    fn the_resident_size_at_the_peak_is_read_even_when_the_locked_bytes_did_not_change() {
+        let mut t = PinnedTracker::default();
+        let page = t.page;
+        t.call(&lock_call(MmCall::Mlock, 0, 96 << 20, (96 << 20) / page));
+        // Status reads at the same locked bytes: the larger resident size counts.
+        t.point(NO_SUCH_PID, 2, 96 << 20, 0, "status", Some(98 << 20));
+        t.point(NO_SUCH_PID, 3, 96 << 20, 0, "status", Some(162 << 20));
+        t.point(NO_SUCH_PID, 4, 96 << 20, 0, "status", Some(100 << 20));
+        let mut frames = |_: u32, _: u32, _: i32| vec!["main".to_string(), "[mlock]".to_string()];
+        let p = t.finish(&|_| "w".into(), &mut frames, &|ts| ts as f64 / 1e9);
+        assert_eq!(p.processes[0].rss_bytes_at_peak, Some(162 << 20));
+        assert_eq!(p.processes[0].timeline.len(), 1, "one point: the bytes never changed");
     }
 
     #[test]
