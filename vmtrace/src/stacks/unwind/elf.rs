@@ -98,12 +98,26 @@ impl ObjectInfo {
 
     /// The load bias of a mapping at `start` of the file from `offset`:
     /// what is added to an SVMA to get the address in the process.
+    ///
+    /// A mapping of a segment starts at the page of the segment's offset, and
+    /// that page may hold the end of the segment before it too (lld packs
+    /// segments into the file, `p_vaddr` = `p_offset` + 0x1000 for the code
+    /// of a Rust or C++ program): the segment that starts on the mapping's
+    /// page is the one mapped; a segment that merely covers it (a mapping
+    /// split by mprotect) only where none starts there. Taking the first
+    /// that covers it put every frame of such a program's code one page off
+    /// its call-frame information.
     pub(super) fn bias(&self, start: u64, offset: u64) -> Option<u64> {
-        let (range, vaddr) = self.loads.iter().find(|(r, _)| {
+        let covers = |r: &Range<u64>| {
             // Mappings start on page boundaries below the segment's offset.
             let page_start = r.start & !0xfff;
             (page_start..r.end.max(page_start + 1)).contains(&offset)
-        })?;
+        };
+        let (range, vaddr) = self
+            .loads
+            .iter()
+            .find(|(r, _)| r.start & !0xfff == offset)
+            .or_else(|| self.loads.iter().find(|(r, _)| covers(r)))?;
         let svma = vaddr.wrapping_sub(range.start).wrapping_add(offset);
         Some(start.wrapping_sub(svma))
     }

@@ -316,6 +316,7 @@ impl Unwinder {
                     let addr = frame.address();
                     let code = space.code_at(frame.address_for_lookup());
                     if code.is_none() && !frames.is_empty() {
+                        log::debug!(target: "vmtrace::unwind", "left code at {addr:#x}: ip {ip:#x} sp {sp:#x} bp {bp:#x}, {} bytes copied, frames {frames:x?}", sample.stack.len());
                         break no_cfi(last).unwrap_or(Stop::LeftCode { addr });
                     }
                     frames.push(addr);

@@ -173,3 +173,28 @@ fn load_bias_follows_the_segment_that_holds_the_offset() {
     assert_eq!(info.bias(0x5555_0000_0000, 0), Some(0x5555_0000_0000));
     assert_eq!(info.bias(0x1000, 0x9000), None);
 }
+
+/// The test binary itself is linked as Rust programs are (lld: the code's
+/// segment starts in the file page that ends the read-only one, at a vaddr
+/// one page above its offset). The bias of its code mapping puts a function's
+/// symbol where the function runs.
+#[test]
+fn a_program_whose_code_shares_a_file_page_with_the_segment_before_gets_its_bias() {
+    use object::{Object as _, ObjectSymbol as _};
+    let exe = std::fs::read_link("/proc/self/exe").unwrap();
+    let info = elf::ObjectInfo::load(&exe).unwrap();
+    let maps = procmaps::read(std::process::id()).unwrap();
+    let here = a_program_whose_code_shares_a_file_page_with_the_segment_before_gets_its_bias as usize as u64;
+    let text = maps
+        .iter()
+        .find(|r| r.perms.contains('x') && (r.start..r.end).contains(&here))
+        .expect("the mapping this code runs from");
+    let bias = info.bias(text.start, text.offset).expect("a bias");
+    let data = std::fs::read(&exe).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    let symbol = file
+        .symbols()
+        .find(|s| s.name().is_ok_and(|n| n.contains("a_program_whose_code_shares_a_file_page")))
+        .expect("this test's symbol");
+    assert_eq!(symbol.address().wrapping_add(bias), here, "bias {bias:#x} for {text:?}");
+}
