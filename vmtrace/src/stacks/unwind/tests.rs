@@ -184,7 +184,7 @@ fn a_program_whose_code_shares_a_file_page_with_the_segment_before_gets_its_bias
     let exe = std::fs::read_link("/proc/self/exe").unwrap();
     let info = elf::ObjectInfo::load(&exe).unwrap();
     let maps = procmaps::read(std::process::id()).unwrap();
-    let here = a_program_whose_code_shares_a_file_page_with_the_segment_before_gets_its_bias as usize as u64;
+    let here = a_program_whose_code_shares_a_file_page_with_the_segment_before_gets_its_bias as fn() as usize as u64;
     let text = maps
         .iter()
         .find(|r| r.perms.contains('x') && (r.start..r.end).contains(&here))
