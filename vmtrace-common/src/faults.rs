@@ -83,8 +83,14 @@ pub struct FaultStats {
     pub minor_sampled: u64,
     pub minor_sampled_ns: u64,
     pub minor_sampled_sq: u64,
+    /// Faults the kernel took on the process's memory for it, through
+    /// `get_user_pages()`: no exception, so not in `started` (nor in perf's
+    /// page-fault events), but in its `min_flt`/`maj_flt`: `mlock`,
+    /// `MAP_POPULATE`/`MAP_LOCKED`, `MADV_POPULATE_*`, pinning for DMA.
+    /// Seen by the fexit and memcg ends only.
+    pub populated: u64,
 }
-const _: () = assert!(core::mem::size_of::<FaultStats>() == 8 * (17 + 2 * HIST_BUCKETS));
+const _: () = assert!(core::mem::size_of::<FaultStats>() == 8 * (18 + 2 * HIST_BUCKETS));
 
 impl Merge for FaultStats {
     fn merge(&mut self, o: &FaultStats) {
@@ -109,6 +115,7 @@ impl Merge for FaultStats {
         self.minor_sampled += o.minor_sampled;
         self.minor_sampled_ns += o.minor_sampled_ns;
         self.minor_sampled_sq += o.minor_sampled_sq;
+        self.populated += o.populated;
     }
 }
 

@@ -309,6 +309,17 @@ pub enum WorkloadCmd {
         #[arg(long)]
         keep: bool,
     },
+    /// A locked pool: MIB MiB mlock'ed, REST_MIB MiB of other memory written
+    /// beside it, both held 1.5 s; with --limit-kib, RLIMIT_MEMLOCK set to it
+    /// and run as user nobody, so the kernel refuses the lock (the lesson).
+    Lock {
+        #[arg(long, default_value_t = 128)]
+        mib: usize,
+        #[arg(long, default_value_t = 0)]
+        rest_mib: usize,
+        #[arg(long)]
+        limit_kib: Option<u64>,
+    },
     /// Memory held until exit: MIB MiB of anonymous memory (MADV_NOHUGEPAGE)
     /// written at one call site, or split evenly between two (--sites 2).
     Hold {

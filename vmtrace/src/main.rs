@@ -142,6 +142,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 WorkloadCmd::HeapTrim { rounds } => workload::heap_trim(rounds),
                 WorkloadCmd::CodeEvicted { path, rounds, keep } => workload::code_evicted(&path, rounds, keep),
                 WorkloadCmd::Hold { mib, sites } => workload::hold(mib, sites),
+                WorkloadCmd::Lock { mib, rest_mib, limit_kib } => workload::lock(mib, rest_mib, limit_kib),
             };
             r.map_err(anyhow::Error::msg)?;
             Ok(0)

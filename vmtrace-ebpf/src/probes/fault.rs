@@ -477,8 +477,12 @@ fn try_memcg_event<C: StackIdContext>(ctx: &C, item: u32) -> Option<()> {
     let slot = unsafe { &mut *FAULT_SLOT.get_ptr_mut(0)? };
     let in_slot = slot.tid == tid;
     if in_slot {
-        if slot.flags & (INFLIGHT_UNTRACED | INFLIGHT_ENDED) != 0 {
-            // Untraced, or a get_user_pages() fault after one that ended.
+        if slot.flags & INFLIGHT_UNTRACED != 0 {
+            return None;
+        }
+        if slot.flags & INFLIGHT_ENDED != 0 {
+            // A get_user_pages() fault after one that ended.
+            count_populated();
             return None;
         }
         if slot.flags & (INFLIGHT_SAMPLED | INFLIGHT_HUGE) == 0 {
@@ -505,12 +509,15 @@ fn memcg_end_timed(tid: u32, slot: &mut InflightFault, in_slot: bool, fast_perio
     // SAFETY: no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     // No start: a get_user_pages() fault (no exception, not a fault of the
-    // task for perf or vmtrace), not a lost one.
+    // task for perf, but in its min_flt/maj_flt), not a lost one.
     let start = if in_slot {
         slot.tid = 0;
         *slot
+    } else if let Some(start) = take_start(tid, None) {
+        start
     } else {
-        take_start(tid, None)?
+        s.populated += 1;
+        return None;
     };
     s.minor_seen += 1;
     let ns = now.saturating_sub(start.start_ns);
@@ -540,6 +547,14 @@ fn memcg_end_timed(tid: u32, slot: &mut InflightFault, in_slot: bool, fast_perio
         *e = EndedFault { tid, bucket: b as u32, ns, weight: weight as u32, sampled: u32::from(sampled), fault: start }
     };
     Some(())
+}
+
+/// One `get_user_pages()` fault of the current process, if traced.
+#[inline(always)]
+fn count_populated() {
+    if let Some((_, _, s)) = current_stats() {
+        s.populated += 1;
+    }
 }
 
 /// The MAJ perf event after a memcg end: the fault this CPU just timed as
@@ -640,8 +655,13 @@ fn try_fexit_handle_mm_fault(ctx: &FExitContext) -> Option<()> {
     let regs: u64 = ctx.arg(3);
     let ret = ctx.arg::<u64>(4) as u32;
     let cfg = config();
-    // No regs: get_user_pages(), not a fault of the task.
-    if regs == 0 || ret & cfg.vm_fault_unaccounted != 0 {
+    if ret & cfg.vm_fault_unaccounted != 0 {
+        return None;
+    }
+    // No regs: get_user_pages(), no exception (nor perf event), but in the
+    // task's min_flt/maj_flt.
+    if regs == 0 {
+        count_populated();
         return None;
     }
     try_fault_end(address >> 12, ret & cfg.vm_fault_major != 0 || flags & cfg.fault_flag_tried != 0)

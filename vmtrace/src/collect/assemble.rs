@@ -24,6 +24,8 @@ pub(crate) struct Inputs {
     pub families: Families,
     /// 1 in how many minor faults was timed.
     pub minor_period: u32,
+    /// Whether `get_user_pages()` faults were counted (`Faults::populated`).
+    pub populated_seen: bool,
     /// 1 in how many fast minor faults was timed, every slow one exactly
     /// (0: not stratified).
     pub fast_period: u32,
@@ -261,10 +263,16 @@ fn processes(i: &Inputs) -> (Vec<Process>, Faults) {
             p.exit_code = i.target.exit_status.or(info.exit_code);
         }
         p.cow_from = cow_of(i, pid).or(info.cow_from);
+        if !i.populated_seen {
+            p.faults.populated = None;
+        }
         totals.add(&p.faults);
         out.push(p);
     }
-    if let Some(row) = i.folded.as_ref().and_then(super::folded::FoldedAway::row) {
+    if let Some(mut row) = i.folded.as_ref().and_then(super::folded::FoldedAway::row) {
+        if !i.populated_seen {
+            row.faults.populated = None;
+        }
         totals.add(&row.faults);
         out.push(row);
     }

@@ -87,6 +87,7 @@ fn inputs() -> Inputs {
         duration_s: 1.25,
         families: Families { resident: false, perf: false, ..Families::ALL },
         minor_period: 16,
+        populated_seen: true,
         fast_period: 0,
         stack_mode: None,
         processes: vec![(10, info(1, "hog", None)), (11, info(10, "child", Some(0)))],

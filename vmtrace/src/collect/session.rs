@@ -1568,6 +1568,7 @@ impl<S: AggregateSource> Session<S> {
             duration_s,
             families,
             minor_period: self.minor_period,
+            populated_seen: self.source.populated_seen(),
             fast_period: self.fast_period,
             stack_mode: self.opts.stacks,
             processes,

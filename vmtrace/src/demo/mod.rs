@@ -46,6 +46,10 @@ pub struct Row {
     pub scenario: String,
     pub what: String,
     pub faults: u64,
+    /// Faults the kernel took for the workload through get_user_pages()
+    /// (its mlock): not in `faults`, in getrusage's count.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub populated: Option<u64>,
     pub major: u64,
     pub cow: u64,
     pub fault_time_ns: u64,
@@ -303,6 +307,33 @@ fn held_scenarios(exe: &Path, bin: &Path) -> Vec<Scenario> {
     ]
 }
 
+/// Locked memory: a pool far above what the process uses
+/// (`pinned_pool_oversized`), one beside memory in use, and a lock the
+/// kernel refuses under `RLIMIT_MEMLOCK` (`memlock_limit`).
+fn locked_scenarios(exe: &Path, bin: &Path) -> Vec<Scenario> {
+    let named = |name: &str| named_exe(bin, exe, name);
+    vec![
+        Scenario {
+            group: "9. locked memory",
+            name: "locked-pool-idle",
+            what: "128 MiB mlock'ed as a reserve beside 8 MiB in use",
+            argv: workload(&named("locked-idle"), &["lock", "--mib", "128", "--rest-mib", "8"]),
+        },
+        Scenario {
+            group: "9. locked memory",
+            name: "locked-pool-in-use",
+            what: "the same pool beside 64 MiB in use",
+            argv: workload(&named("locked-in-use"), &["lock", "--mib", "128", "--rest-mib", "64"]),
+        },
+        Scenario {
+            group: "9. locked memory",
+            name: "memlock-refused",
+            what: "mlock of 1 MiB as user nobody under RLIMIT_MEMLOCK 64 KiB",
+            argv: workload(&named("memlock-refused"), &["lock", "--mib", "1", "--limit-kib", "64"]),
+        },
+    ]
+}
+
 /// `resident`: resident memory by call site too (the held-memory
 /// experiments; the others leave it out, as it changes nothing they show).
 fn options(target: Target, out: PathBuf, resident: bool) -> RecordOptions {
@@ -342,6 +373,7 @@ fn run_one(sc: Scenario, resident: bool, out: &Path) -> Result<(Row, Summary), R
         scenario: name.into(),
         what: what.into(),
         faults: s.totals.total,
+        populated: s.totals.populated,
         major: s.totals.major,
         cow: s.totals.cow,
         fault_time_ns: s.totals.time_ns,
@@ -407,6 +439,12 @@ pub fn run(out: &Path) -> Result<i32, DemoError> {
             rows.push(row);
         }
         Err(e) => println!("  {:<24} skipped: {e}", "oom-64mib-cgroup"),
+    }
+    for sc in locked_scenarios(&exe, &out.join("bin")) {
+        let (name, what) = (sc.name.to_string(), sc.what.to_string());
+        let (row, s) = run_one(sc, false, out)?;
+        sections.push((name, what, s));
+        rows.push(row);
     }
     let table = comparison(&rows);
     println!("\n{table}");
@@ -589,6 +627,7 @@ mod tests {
             scenario: scenario.into(),
             what: String::new(),
             faults,
+            populated: None,
             major: 0,
             cow: 0,
             fault_time_ns: time_ms * 1_000_000,

@@ -198,6 +198,10 @@ impl AggregateSource for Probes {
         self.minor_period
     }
 
+    fn populated_seen(&self) -> bool {
+        Probes::populated_seen(self)
+    }
+
     fn fast_period(&self) -> u32 {
         self.fast_period
     }

@@ -316,6 +316,13 @@ impl Probes {
         Ok(Self { ebpf, attached, minor_period, fast_period, end_programs, fault_end: None, maps, logger, page_salt })
     }
 
+    /// Whether the fault end sees `get_user_pages()` faults
+    /// (`FaultStats::populated`): fexit and the memcg end do, perf events not.
+    pub fn populated_seen(&self) -> bool {
+        // Both attach as the row "fault end (every fault)" (`attach::fault_end`).
+        self.attached.iter().any(|a| a.what == hooks::MEMCG_END.what && a.kind().is_some())
+    }
+
     /// What each hook got, in attach order (summary.json `probes[]`).
     pub fn attached(&self) -> &[Attachment] {
         &self.attached

@@ -36,6 +36,11 @@ pub trait AggregateSource {
 
     /// 1 in how many minor faults the programs time.
     fn minor_period(&self) -> u32;
+    /// Whether `FaultStats::populated` is counted (the fault end sees
+    /// `get_user_pages()` faults).
+    fn populated_seen(&self) -> bool {
+        false
+    }
     /// 1 in how many fast minor faults the programs time, every slow one
     /// exactly (0: not stratified).
     fn fast_period(&self) -> u32;

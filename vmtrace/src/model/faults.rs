@@ -29,6 +29,14 @@ pub struct Faults {
     pub minor_latency_hist_ns: Hist,
     #[serde(default, skip_serializing_if = "Hist::is_empty")]
     pub major_latency_hist_ns: Hist,
+    /// Faults the kernel took for the process through `get_user_pages()`
+    /// (`mlock`, `MAP_POPULATE`/`MAP_LOCKED`, `MADV_POPULATE_*`, pinning):
+    /// not in `total` (no exception, no stack), but in the kernel's
+    /// `min_flt`/`maj_flt`, so `total + populated` is getrusage's count.
+    /// Absent where the fault end cannot see them (the perf-event end) and
+    /// for regions and files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub populated: Option<u64>,
 }
 
 /// Log2 latency histogram as `{"le_1024": N, …, "le_inf": N}`, written
@@ -197,6 +205,7 @@ impl Faults {
             latency_hist_ns: all,
             minor_latency_hist_ns: minor_hist,
             major_latency_hist_ns: major_hist,
+            populated: Some(s.populated),
         }
     }
 
@@ -208,6 +217,10 @@ impl Faults {
         self.exec += o.exec;
         self.cow += o.cow;
         self.huge = match (self.huge, o.huge) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
+        self.populated = match (self.populated, o.populated) {
             (Some(a), Some(b)) => Some(a + b),
             (a, b) => a.or(b),
         };

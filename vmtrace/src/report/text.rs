@@ -261,6 +261,13 @@ fn process_table(out: &mut String, s: &Summary) {
             f.while_recording, f.below_pct
         );
     }
+    if let Some(n) = s.totals.populated.filter(|n| *n > 0) {
+        let _ = writeln!(
+            out,
+            "  and {n} faults the kernel took for them through get_user_pages() (mlock, MAP_POPULATE, \
+             MADV_POPULATE_*, pinning): no exception, so in no row above, but in their getrusage counts"
+        );
+    }
     let mut cow = crate::model::CowFrom::default();
     for c in s.processes.iter().filter_map(|p| p.cow_from.as_ref()) {
         cow.add(c);

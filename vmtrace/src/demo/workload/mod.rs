@@ -1,7 +1,13 @@
 //! Built-in workloads (`vmtrace workload …`, hidden): the demo runs them and the
 //! tests use them as ground truth, since each reports the kernel's own
 //! `getrusage` counts for itself as one JSON line on stdout.
-use std::{fs::OpenOptions, io::Write as _, os::fd::AsRawFd as _, path::Path, time::Instant};
+use std::{
+    fs::OpenOptions,
+    io::Write as _,
+    os::fd::AsRawFd as _,
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -185,6 +191,60 @@ fn written(mib: usize, tag: u8) -> Result<(usize, usize), String> {
     // SAFETY: inside the mapping.
     unsafe { p.write_volatile(tag) };
     Ok((p as usize, bytes))
+}
+
+/// A locked pool (`pinned_pool_oversized`, `memlock_limit`): `mib` MiB
+/// mapped and mlock'ed (`lock_the_pool`), as a pinned-memory reserve is,
+/// and `rest_mib` MiB of other memory written beside it (`use_the_rest`,
+/// 4 KiB pages), both held for 1.5 s: vmtrace reads `VmLck` and `VmRSS`
+/// every half second. With `limit_kib`: `RLIMIT_MEMLOCK` set to it and run
+/// as user nobody (no `CAP_IPC_LOCK`) before the lock, which the kernel then
+/// refuses with ENOMEM: the lesson, so that is a success.
+pub fn lock(mib: usize, rest_mib: usize, limit_kib: Option<u64>) -> Result<(), String> {
+    let t0 = Instant::now();
+    if let Some(kib) = limit_kib {
+        let rl = libc::rlimit { rlim_cur: kib << 10, rlim_max: kib << 10 };
+        // SAFETY: plain system calls on this process.
+        let dropped = unsafe {
+            libc::setrlimit(libc::RLIMIT_MEMLOCK, &raw const rl) == 0
+                && (libc::geteuid() != 0 || (libc::setgid(65534) == 0 && libc::setuid(65534) == 0))
+        };
+        if !dropped {
+            return Err(format!("could not set RLIMIT_MEMLOCK and become nobody: {}", std::io::Error::last_os_error()));
+        }
+    }
+    let bytes = mib << 20;
+    let pool = map_anon(bytes, false)?;
+    match (lock_the_pool(pool, bytes), limit_kib) {
+        (0, None) => {}
+        (0, Some(kib)) => return Err(format!("the kernel locked {mib} MiB beyond RLIMIT_MEMLOCK {kib} KiB")),
+        (libc::ENOMEM, Some(kib)) => {
+            eprintln!("workload lock: mlock of {mib} MiB refused (ENOMEM) under RLIMIT_MEMLOCK {kib} KiB, as expected");
+        }
+        (e, _) => return Err(format!("mlock {bytes} bytes: {}", std::io::Error::from_raw_os_error(e))),
+    }
+    let rest = use_the_rest(rest_mib)?;
+    std::thread::sleep(Duration::from_millis(1500));
+    emit("lock", ((bytes + (rest_mib << 20)) / PAGE) as u64, t0.elapsed().as_nanos() as u64);
+    std::hint::black_box(rest);
+    Ok(())
+}
+
+/// mlock of the pool: 0, or the errno.
+#[inline(never)]
+fn lock_the_pool(p: *mut u8, bytes: usize) -> i32 {
+    // SAFETY: locking our own mapping.
+    let r = unsafe { libc::mlock(p.cast(), bytes) };
+    std::hint::black_box(if r == 0 { 0 } else { std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) })
+}
+
+/// `mib` MiB of other memory, written (none for 0).
+#[inline(never)]
+fn use_the_rest(mib: usize) -> Result<Option<(usize, usize)>, String> {
+    if mib == 0 {
+        return Ok(None);
+    }
+    std::hint::black_box(written(mib, 4).map(Some))
 }
 
 /// Drops `path` from the page cache so the next access faults it in from disk.
