@@ -83,9 +83,10 @@ pub struct FaultStats {
     pub minor_sampled: u64,
     pub minor_sampled_ns: u64,
     pub minor_sampled_sq: u64,
-    /// Faults the kernel took on the process's memory for it, through
-    /// `get_user_pages()`: no exception, so not in `started` (nor in perf's
-    /// page-fault events), but in its `min_flt`/`maj_flt`: `mlock`,
+    /// Faults the kernel took in the process's threads through
+    /// `get_user_pages()` (on its own memory, or another process's through
+    /// `process_vm_*`/ptrace): no exception, so not in `started` (nor in
+    /// perf's page-fault events), but in its `min_flt`/`maj_flt`: `mlock`,
     /// `MAP_POPULATE`/`MAP_LOCKED`, `MADV_POPULATE_*`, pinning for DMA.
     /// Seen by the fexit and memcg ends only.
     pub populated: u64,

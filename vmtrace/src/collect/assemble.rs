@@ -293,6 +293,12 @@ pub(crate) fn process_row(
     if families.regions {
         faults.huge = Some(st.huge);
     }
+    // The memcg end also counts a get_user_pages() fault that failed (an
+    // mlock at its cgroup's limit), and an exception fault whose start it
+    // could not find: never more than the kernel's own count leaves.
+    if let (Some(p), Some(k)) = (faults.populated.as_mut(), info.kernel.as_ref()) {
+        *p = (*p).min((k.minor + k.major).saturating_sub(faults.total));
+    }
     Process {
         mmap: families.mmap.then(|| MmapCounts { brk_shrinks: info.brk_shrinks, ..mmap_counts(m) }),
         tlb: families.tlb.then(|| tlb_counts(m)),

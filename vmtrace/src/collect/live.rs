@@ -1,11 +1,14 @@
 //! The live snapshot (`model::LiveSnapshot`) read from a running session:
 //! the one place the stream, `top` and `serve` get their counts from.
-use std::collections::{BTreeMap, HashMap};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
 
 use vmtrace_common::{FaultStats, MmStats};
 
 use super::{AggregateSource, Session};
-use crate::model::{LiveProcess, LiveSnapshot};
+use crate::model::{Identity, LiveProcess, LiveSnapshot};
 
 /// Which processes a snapshot covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,12 +43,6 @@ impl<S: AggregateSource> Session<S> {
                 (stats.into_iter().collect(), mm.into_iter().collect())
             }
         };
-        // The events that came before these counts, applied before they are
-        // labelled: a process that moved into a cgroup and exec'd (a pod's
-        // entrypoint) has its faults since counted above, and its exec, which
-        // re-reads its identity, waits in the ring until now. Labelled with the
-        // identity it had before, they would stay in its old cgroup's series.
-        self.drain();
         let mut pids: Vec<u32> = stats.iter().map(|(p, _)| *p).collect();
         let mut processes: Vec<LiveProcess> = stats
             .iter()
@@ -65,7 +62,26 @@ impl<S: AggregateSource> Session<S> {
             }
             processes.sort_by_key(|p| p.pid);
         }
+        // The events that came before these counts, applied before they are
+        // labelled: a process that moved into a cgroup and exec'd (a pod's
+        // entrypoint) has its faults since counted above, and its exec, which
+        // re-reads its identity, waits in the ring until now. Labelled with the
+        // identity it had before, they would stay in its old cgroup's series.
+        // A process this drain forgets (`top -a` forgets the exited) keeps
+        // what the table knew of it: read from /proc again, it would come
+        // back as an entry nothing removes.
+        let known: HashMap<u32, Option<Arc<Identity>>> =
+            processes.iter().filter_map(|p| Some((p.pid, self.table.get(p.pid)?.identity.clone()))).collect();
+        self.drain();
         for p in &mut processes {
+            if let (None, Some(before)) = (self.table.get(p.pid), known.get(&p.pid)) {
+                p.identity.clone_from(before);
+                p.exited = true;
+                continue;
+            }
+            if let Some(comm) = self.table.get(p.pid).map(|i| i.comm.clone()).filter(|c| !c.is_empty()) {
+                p.comm = Some(comm);
+            }
             p.identity = self.table.identify(p.pid);
             p.exited = self.table.get(p.pid).is_some_and(|i| i.exited);
             if p.pid == crate::model::fold::OTHER_PID && self.folded.counters().is_some() {

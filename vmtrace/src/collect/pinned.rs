@@ -11,7 +11,10 @@ use std::{
 
 use vmtrace_common::{MmCall, MmLockEvent, MM_CALL_NAMES};
 
-use crate::model::{bytes, LockFailure, LockPoint, LockSite, Pinned, PinnedProcess};
+use crate::{
+    kernel::page_size,
+    model::{bytes, LockFailure, LockPoint, LockSite, Pinned, PinnedProcess},
+};
 
 /// How often `/proc/PID/status` is read.
 const STATUS_EVERY: Duration = Duration::from_millis(500);
@@ -19,12 +22,6 @@ const STATUS_EVERY: Duration = Duration::from_millis(500);
 const MAX_STATUS_READS: usize = 64;
 /// A timeline keeps this many points per process (the peak is kept apart).
 const MAX_POINTS: usize = 2_000;
-
-fn page_size() -> u64 {
-    // SAFETY: no preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u64::try_from(p).ok().filter(|p| *p > 0).unwrap_or(4096)
-}
 
 /// The name a locking call goes by in the summary.
 #[must_use]

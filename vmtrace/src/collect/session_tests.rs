@@ -449,3 +449,25 @@ fn a_snapshot_labels_counts_with_the_identity_of_execs_that_came_before_them() {
     let now = crate::identity::read(me).expect("this test's own identity");
     assert_eq!(id.cgroup, now.cgroup, "labelled with the cgroup it exec'd in, not {:?}", "/before/the/move");
 }
+
+#[test]
+fn a_process_the_snapshots_drain_forgets_keeps_its_label_and_leaves_no_entry() {
+    // `top -a` forgets exited processes: one whose exit waits in the ring
+    // when a snapshot reads its counts is shown exited, with what the table
+    // knew of it, and not brought back into the table by the labelling.
+    let mut src = FakeSource::new(1);
+    src.push(&task(EventKind::TaskFork, CHILD, CHILD, PARENT, "worker"));
+    src.stats.insert(CHILD, faults(500, 0));
+    let opts = SessionOptions { forget_exited: true, ..SessionOptions::new(Families::default()) };
+    let mut s = session(src, opts);
+    let t0 = s.started;
+    s.step(t0 + ms(10));
+    s.table.set_identity(CHILD, crate::model::Identity { cgroup: Some("/pod/a".into()), ..Default::default() });
+    s.source.push(&exit(CHILD, 0, "worker"));
+    let snap = s.live_snapshot(crate::collect::live::LiveScope::Running);
+    let p = snap.processes.iter().find(|p| p.pid == CHILD).expect("its counts were read before the drain");
+    assert!(p.exited);
+    assert_eq!(p.comm.as_deref(), Some("worker"));
+    assert_eq!(p.identity.as_deref().and_then(|i| i.cgroup.as_deref()), Some("/pod/a"));
+    assert!(s.table.get(CHILD).is_none(), "forgotten, and not read back");
+}

@@ -11,3 +11,11 @@ pub fn monotonic_ns() -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// The kernel's page size (4 KiB on x86-64; 4, 16 or 64 KiB on arm64).
+#[must_use]
+pub fn page_size() -> u64 {
+    // SAFETY: no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(p).ok().filter(|p| *p > 0).unwrap_or(4096)
+}

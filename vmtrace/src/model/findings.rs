@@ -519,12 +519,21 @@ fn storm_cause(
         ("munmap", Some(m)) if m.munmap > 0 => {
             let avg = m.munmap_bytes / m.munmap;
             let setting = pow2_at_least(avg * 2, 2 * GLIBC_MMAP_THRESHOLD_DEFAULT);
-            low_threshold = settings.and_then(crate::malloc_env::mmap_threshold).filter(|(v, _)| *v <= avg);
+            // glibc's own threshold, where no other allocator is preloaded,
+            // and one glibc accepts (at most its maximum).
+            low_threshold = settings
+                .filter(|m| !m.contains_key("LD_PRELOAD"))
+                .and_then(crate::malloc_env::mmap_threshold)
+                .filter(|(v, _)| *v <= avg && *v <= GLIBC_MMAP_THRESHOLD_MAX);
+            let raise = if setting <= GLIBC_MMAP_THRESHOLD_MAX {
+                format!(", or raise it to MALLOC_MMAP_THRESHOLD_={setting}")
+            } else {
+                String::new()
+            };
             let env = if let Some((_, set)) = &low_threshold {
                 format!(
                     "remove {set} from its environment (a fixed threshold also stops glibc from raising it past \
-                     the blocks it has freed), or raise it to MALLOC_MMAP_THRESHOLD_={setting}, so freed buffers \
-                     go back to the heap; "
+                     the blocks it has freed){raise}, so freed buffers go back to the heap; "
                 )
             } else if setting <= GLIBC_MMAP_THRESHOLD_MAX {
                 format!(

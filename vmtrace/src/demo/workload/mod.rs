@@ -215,17 +215,19 @@ pub fn lock(mib: usize, rest_mib: usize, limit_kib: Option<u64>) -> Result<(), S
     }
     let bytes = mib << 20;
     let pool = map_anon(bytes, false)?;
+    let mut locked = bytes;
     match (lock_the_pool(pool, bytes), limit_kib) {
         (0, None) => {}
         (0, Some(kib)) => return Err(format!("the kernel locked {mib} MiB beyond RLIMIT_MEMLOCK {kib} KiB")),
         (libc::ENOMEM, Some(kib)) => {
             eprintln!("workload lock: mlock of {mib} MiB refused (ENOMEM) under RLIMIT_MEMLOCK {kib} KiB, as expected");
+            locked = 0;
         }
         (e, _) => return Err(format!("mlock {bytes} bytes: {}", std::io::Error::from_raw_os_error(e))),
     }
     let rest = use_the_rest(rest_mib)?;
     std::thread::sleep(Duration::from_millis(1500));
-    emit("lock", ((bytes + (rest_mib << 20)) / PAGE) as u64, t0.elapsed().as_nanos() as u64);
+    emit("lock", ((locked + (rest_mib << 20)) / PAGE) as u64, t0.elapsed().as_nanos() as u64);
     std::hint::black_box(rest);
     Ok(())
 }

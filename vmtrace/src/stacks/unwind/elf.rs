@@ -80,9 +80,9 @@ pub(super) struct ObjectInfo {
     pub debug_frame: Option<Bytes>,
     pub text_svma: Option<Range<u64>>,
     pub got_svma: Option<Range<u64>>,
-    /// PT_LOAD segments as (file offset range, SVMA of its first byte): a
-    /// mapping's file offset gives its load bias through them.
-    pub loads: Vec<(Range<u64>, u64)>,
+    /// PT_LOAD segments as (file offset range, SVMA of its first byte,
+    /// executable): a mapping's file offset gives its load bias through them.
+    pub loads: Vec<(Range<u64>, u64, bool)>,
 }
 
 impl ObjectInfo {
@@ -107,17 +107,24 @@ impl ObjectInfo {
     /// split by mprotect) only where none starts there. Taking the first
     /// that covers it put every frame of such a program's code one page off
     /// its call-frame information.
+    ///
+    /// Two segments may start on one page (a small binary's read-only
+    /// headers and its code): the caller maps code, so an executable one is
+    /// taken first.
     pub(super) fn bias(&self, start: u64, offset: u64) -> Option<u64> {
+        let page = crate::kernel::page_size().max(4096) - 1;
         let covers = |r: &Range<u64>| {
             // Mappings start on page boundaries below the segment's offset.
-            let page_start = r.start & !0xfff;
+            let page_start = r.start & !page;
             (page_start..r.end.max(page_start + 1)).contains(&offset)
         };
-        let (range, vaddr) = self
+        let starts = |r: &Range<u64>| r.start & !page == offset;
+        let (range, vaddr, _) = self
             .loads
             .iter()
-            .find(|(r, _)| r.start & !0xfff == offset)
-            .or_else(|| self.loads.iter().find(|(r, _)| covers(r)))?;
+            .find(|(r, _, x)| *x && starts(r))
+            .or_else(|| self.loads.iter().find(|(r, _, _)| starts(r)))
+            .or_else(|| self.loads.iter().find(|(r, _, _)| covers(r)))?;
         let svma = vaddr.wrapping_sub(range.start).wrapping_add(offset);
         Some(start.wrapping_sub(svma))
     }
@@ -142,7 +149,9 @@ impl ObjectInfo {
             .segments()
             .map(|seg| {
                 let (off, size) = seg.file_range();
-                (off..off + size, seg.address())
+                let exec =
+                    matches!(seg.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
+                (off..off + size, seg.address(), exec)
             })
             .collect();
         Self {

@@ -167,7 +167,8 @@ fn objects_are_read_once_and_shared_between_address_spaces() {
 
 #[test]
 fn load_bias_follows_the_segment_that_holds_the_offset() {
-    let info = ObjectInfo { loads: vec![(0..0x1000, 0), (0x1000..0x5000, 0x20_1000)], ..Default::default() };
+    let info =
+        ObjectInfo { loads: vec![(0..0x1000, 0, false), (0x1000..0x5000, 0x20_1000, true)], ..Default::default() };
     // A text mapping from file offset 0x1000 at 0x7f00_0000_1000: SVMA 0x20_1000.
     assert_eq!(info.bias(0x7f00_0000_1000, 0x1000), Some(0x7f00_0000_1000 - 0x20_1000));
     assert_eq!(info.bias(0x5555_0000_0000, 0), Some(0x5555_0000_0000));
@@ -197,4 +198,18 @@ fn a_program_whose_code_shares_a_file_page_with_the_segment_before_gets_its_bias
         .find(|s| s.name().is_ok_and(|n| n.contains("a_program_whose_code_shares_a_file_page")))
         .expect("this test's symbol");
     assert_eq!(symbol.address().wrapping_add(bias), here, "bias {bias:#x} for {text:?}");
+}
+
+/// A small program linked by lld: its read-only headers (0x568 bytes) and
+/// its code (from file offset 0x570, at 0x1570) start on the same file
+/// page, so the code's mapping has offset 0 like the headers': the code
+/// segment gives the bias.
+#[test]
+fn code_sharing_the_first_page_with_the_headers_is_biased_by_the_code_segment() {
+    let info = elf::ObjectInfo {
+        loads: vec![(0..0x568, 0, false), (0x570..0x2000, 0x1570, true), (0x2000..0x2100, 0x3000, false)],
+        ..elf::ObjectInfo::default()
+    };
+    let start = 0x5555_5555_5000;
+    assert_eq!(info.bias(start, 0), Some(start - 0x1000));
 }
