@@ -73,6 +73,11 @@ fn bound_run(membind: u32) -> (Run, u32, BTreeMap<u32, u64>) {
     (run, pid, truth)
 }
 
+/// One `/proc/vmstat` counter now.
+fn vmstat(key: &str) -> u64 {
+    vmtrace::numa::vmstat_numa().get(key).copied().unwrap_or(0)
+}
+
 fn numa_process(run: &Run, pid: u32) -> &serde_json::Value {
     let numa = &run.summary["numa"];
     numa["processes"]
@@ -97,7 +102,9 @@ fn membind_local_and_remote() {
     }
     let want = MIB << 20 >> 12;
     for membind in [1u32, 0] {
+        let other_before = vmstat("numa_other");
         let (run, pid, truth) = bound_run(membind);
+        let other_after = vmstat("numa_other");
         let p = numa_process(&run, pid);
         let key = membind.to_string();
         let got = u(&p["pages_by_node"][&key]);
@@ -111,6 +118,15 @@ fn membind_local_and_remote() {
         let finding = run.summary["findings"].as_array().unwrap().iter().any(|f| f["kind"] == "numa_remote_memory");
         if membind == 1 {
             assert!(remote * 10 >= sampled * 9, "--membind=1 from node 0's CPUs: remote first touches {p:#}");
+            // The kernel's own count of pages allocated on a node other than
+            // the allocating CPU's (`numa_other`, per page): the workload's
+            // at least, and no more than this test saw around the recording.
+            let delta = u(&run.summary["numa"]["vmstat_delta"]["numa_other"]);
+            assert!(
+                delta * 10 >= want * 9 && delta <= other_after - other_before,
+                "numa_other: vmtrace's delta {delta}, the test's {} (before {other_before}), the workload's pages {want}",
+                other_after - other_before
+            );
             assert!(finding, "a numa_remote_memory finding: {:#}", run.summary["findings"]);
         } else {
             assert!(remote * 10 <= sampled, "--membind=0 on node 0's CPUs: local {p:#}");
