@@ -56,15 +56,24 @@ fn emit(role: &str, pages: u64, loop_ns: u64) {
 }
 
 fn emit_huge(role: &str, pages: u64, loop_ns: u64, huge_pages: u64) {
+    emit_into(report_file(), role, pages, loop_ns, huge_pages);
+}
+
+/// The report file of `REPORT_ENV`, opened for one append.
+fn report_file() -> Option<std::fs::File> {
+    OpenOptions::new().create(true).append(true).open(std::env::var_os(REPORT_ENV)?).ok()
+}
+
+/// [`emit_huge`] into a report file opened before (a workload that gives up
+/// its privileges may no longer open it); stdout without one.
+fn emit_into(file: Option<std::fs::File>, role: &str, pages: u64, loop_ns: u64, huge_pages: u64) {
     let (minflt, majflt) = rusage();
     let r = Report { role: role.into(), pid: std::process::id(), minflt, majflt, pages, loop_ns, huge_pages };
     let line = format!("{}\n", serde_json::to_string(&r).unwrap_or_default());
     // One append per line: forked children share the file without interleaving.
-    if let Some(path) = std::env::var_os(REPORT_ENV) {
-        if let Ok(mut f) = OpenOptions::new().create(true).append(true).open(path) {
-            let _ = f.write_all(line.as_bytes());
-            return;
-        }
+    if let Some(mut f) = file {
+        let _ = f.write_all(line.as_bytes());
+        return;
     }
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(line.as_bytes());
@@ -202,6 +211,8 @@ fn written(mib: usize, tag: u8) -> Result<(usize, usize), String> {
 /// refuses with ENOMEM: the lesson, so that is a success.
 pub fn lock(mib: usize, rest_mib: usize, limit_kib: Option<u64>) -> Result<(), String> {
     let t0 = Instant::now();
+    // Opened while this process may still write where the report goes.
+    let report = report_file();
     if let Some(kib) = limit_kib {
         let rl = libc::rlimit { rlim_cur: kib << 10, rlim_max: kib << 10 };
         // SAFETY: plain system calls on this process.
@@ -227,7 +238,7 @@ pub fn lock(mib: usize, rest_mib: usize, limit_kib: Option<u64>) -> Result<(), S
     }
     let rest = use_the_rest(rest_mib)?;
     std::thread::sleep(Duration::from_millis(1500));
-    emit("lock", ((locked + (rest_mib << 20)) / PAGE) as u64, t0.elapsed().as_nanos() as u64);
+    emit_into(report, "lock", ((locked + (rest_mib << 20)) / PAGE) as u64, t0.elapsed().as_nanos() as u64, 0);
     std::hint::black_box(rest);
     Ok(())
 }
