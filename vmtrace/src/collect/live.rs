@@ -74,13 +74,14 @@ impl<S: AggregateSource> Session<S> {
             processes.iter().filter_map(|p| Some((p.pid, self.table.get(p.pid)?.identity.clone()))).collect();
         self.drain();
         for p in &mut processes {
-            if let (None, Some(before)) = (self.table.get(p.pid), known.get(&p.pid)) {
-                p.identity.clone_from(before);
-                p.exited = true;
-                continue;
-            }
-            if let Some(comm) = self.table.get(p.pid).map(|i| i.comm.clone()).filter(|c| !c.is_empty()) {
-                p.comm = Some(comm);
+            match (self.table.get(p.pid), known.get(&p.pid)) {
+                (None, Some(before)) => {
+                    p.identity.clone_from(before);
+                    p.exited = true;
+                    continue;
+                }
+                (Some(info), _) if !info.comm.is_empty() => p.comm = Some(info.comm.clone()),
+                _ => {}
             }
             p.identity = self.table.identify(p.pid);
             p.exited = self.table.get(p.pid).is_some_and(|i| i.exited);

@@ -362,7 +362,7 @@ pub(super) fn fault_end(
         match attach_one(cx.ebpf, cx.btf, fexit) {
             Ok(()) => {
                 let a = Attachment {
-                    what: "fault end (every fault)",
+                    what: super::hooks::MEMCG_END.what,
                     target: fexit.target.into(),
                     outcome: Outcome::Preferred(ProgramKind::Fexit),
                 };

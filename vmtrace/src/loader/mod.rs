@@ -319,7 +319,7 @@ impl Probes {
     /// Whether the fault end sees `get_user_pages()` faults
     /// (`FaultStats::populated`): fexit and the memcg end do, perf events not.
     pub fn populated_seen(&self) -> bool {
-        // Both attach as the row "fault end (every fault)" (`attach::fault_end`).
+        // Both attach as the row `MEMCG_END.what` (`attach::fault_end`).
         self.attached.iter().any(|a| a.what == hooks::MEMCG_END.what && a.kind().is_some())
     }
 
