@@ -250,22 +250,34 @@ fn prometheus_and_pprof_read_a_pods_faults_by_pod_container_and_rank() {
             .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
             .sum::<u64>()
     };
-    let out = Command::new("go")
-        .args(["tool", "pprof", "-raw"])
-        .arg(format!("http://{addr}/debug/pprof/faults"))
-        .env("PPROF_TMPDIR", dir.path())
-        .output()
-        .expect("go tool pprof");
-    let raw = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(out.status.success(), "go tool pprof failed: {}", String::from_utf8_lossy(&out.stderr));
+    let raw = go_pprof_raw(&addr, "faults", dir.path());
     let in_pod = raw_total(&raw, &format!("pod_uid:[{}]", cg.uid));
     eprintln!("pod {}: /metrics {metric} faults, /debug/pprof/faults {in_pod}", cg.uid);
     assert!(in_pod > 0 && in_pod.abs_diff(metric) <= 2 + metric / 200, "profile {in_pod} vs metrics {metric}\n{raw}");
     assert!(raw.contains("rank:[5]") && raw.contains(&format!("container_id:[{}]", cg.id)), "{raw}");
+    // And the resident profile: what the pod's process holds now, by call
+    // site, adds up to its VmRSS.
+    let raw = go_pprof_raw(&addr, "resident", dir.path());
+    let rss = status_kb(pid, "VmRSS");
+    let held = raw_total(&raw, &format!("pod_uid:[{}]", cg.uid));
+    eprintln!("pod {}: /debug/pprof/resident {held} bytes, VmRSS {rss}", cg.uid);
+    assert!(held.abs_diff(rss) <= rss * 3 / 100, "resident profile {held} vs VmRSS {rss}\n{raw}");
 
     bad_requests_are_answered_clearly(&addr);
     drop(work);
     drop(vm);
+}
+
+/// `go tool pprof -raw` of the profile `name` served at `addr`.
+fn go_pprof_raw(addr: &str, name: &str, tmp: &Path) -> String {
+    let out = Command::new("go")
+        .args(["tool", "pprof", "-raw"])
+        .arg(format!("http://{addr}/debug/pprof/{name}"))
+        .env("PPROF_TMPDIR", tmp)
+        .output()
+        .expect("go tool pprof");
+    assert!(out.status.success(), "go tool pprof failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).to_string()
 }
 
 /// An unknown profile, a bad window, and the health check.

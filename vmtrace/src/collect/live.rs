@@ -118,6 +118,29 @@ impl<S: AggregateSource> Session<S> {
         }
     }
 
+    /// Each running process's resident memory by call site now: its sampled
+    /// pages, scaled kind by kind to the kernel's counters of this moment
+    /// (read afresh), as a recording's `resident.folded` is at a process's
+    /// end. Weights (`estimate.faults`) are bytes. Empty without stacks or
+    /// resident memory.
+    pub fn live_resident(&mut self) -> Vec<crate::stacks::Stack> {
+        if self.opts.stacks.is_none() || self.resident.is_none() {
+            return Vec::new();
+        }
+        self.drain();
+        self.fresh_resident_counters();
+        let Some(r) = self.resident.as_ref() else { return Vec::new() };
+        let snaps = r.live_snapshots(crate::kernel::monotonic_ns());
+        let (table, source, native, py) = (&mut self.table, &self.source, &self.native, &self.python.codes);
+        let comms: HashMap<u32, String> =
+            snaps.iter().filter_map(|(p, _)| Some((*p, table.get(*p)?.comm.clone()))).collect();
+        let syms = &mut self.syms;
+        let mut symbolize = |raw| crate::collect::symbols::symbolize_counts(raw, table, source, native, py, syms);
+        let comm_of = |pid: u32| comms.get(&pid).cloned().unwrap_or_default();
+        let refs: Vec<(u32, &crate::collect::resident::Snapshot)> = snaps.iter().map(|(p, s)| (*p, s)).collect();
+        crate::collect::resident::profile(&refs, self.leaf_seen, &mut symbolize, &comm_of)
+    }
+
     /// The fault stacks of the whole trace so far, symbolized and weighted
     /// to each process's totals as a recording's flamegraphs are (so they add
     /// up to the same counts `live_snapshot` gives), and the mmap-family call

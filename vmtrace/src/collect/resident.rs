@@ -429,6 +429,24 @@ impl ResidentTracker {
         true
     }
 
+    /// Each running process's sampled pages now, with the kernel's counters
+    /// of its address space as last read (`kernel_counters`): what `serve`'s
+    /// live resident profile scales. Processes that exited, or whose counters
+    /// were never read, are left out.
+    pub(crate) fn live_snapshots(&self, now_ns: u64) -> Vec<(u32, Snapshot)> {
+        let mut out: Vec<(u32, Snapshot)> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| !p.exited)
+            .filter_map(|(pid, p)| {
+                let k = p.kernel.filter(|k| k.flags & RSS_ENDED == 0)?;
+                Some((*pid, snapshot(&p.live, k.size, now_ns)))
+            })
+            .collect();
+        out.sort_unstable_by_key(|(pid, _)| *pid);
+        out
+    }
+
     /// `pid`'s address space's counters as last read (`kernel_counters`).
     pub fn kernel_of(&self, pid: u32) -> Option<RssMm> {
         self.procs.get(&pid).and_then(|p| p.kernel)
@@ -924,7 +942,7 @@ fn owner_counts(
 }
 
 /// Symbolized stacks of one kind of snapshot, weighted by bytes.
-fn profile(
+pub(crate) fn profile(
     snaps: &[(u32, &Snapshot)],
     leaf: bool,
     symbolize: &mut dyn FnMut(

@@ -55,7 +55,7 @@ impl Reply {
 /// The index of `/debug/pprof/`: one profile a line, its name and what it weighs.
 pub fn index() -> String {
     let mut t = String::from(
-        "vmtrace profiles (gzipped pprof; cumulative since serve started, or ?seconds=N for the next N seconds):\n",
+        "vmtrace profiles (gzipped pprof; cumulative since serve started, or ?seconds=N for the next N seconds; resident: held now):\n",
     );
     for (name, what) in NAMES {
         let _ = writeln!(t, "/debug/pprof/{name}\t{what}");
@@ -102,6 +102,15 @@ pub fn route(method: &str, target: &str) -> Result<Route, Reply> {
             ));
         }
         seconds = Some(n);
+    }
+    if seconds.is_some() && super::profiles::is_gauge(kind) {
+        return Err(Reply::text(
+            400,
+            format!(
+                "{} is what the running processes hold now, not a count over a window: ask without ?seconds\n",
+                kind.stem
+            ),
+        ));
     }
     Ok(Route::Profile { kind, seconds })
 }
@@ -157,6 +166,7 @@ mod tests {
             Ok(Route::Profile { kind: pprof::FAULT_TIME, seconds: Some(14) })
         );
         assert!(index().contains("/debug/pprof/shootdowns\t"));
+        assert_eq!(route("GET", "/debug/pprof/resident"), Ok(Route::Profile { kind: pprof::RESIDENT, seconds: None }));
     }
 
     #[test]
@@ -177,5 +187,9 @@ mod tests {
         assert_eq!(err("GET", "/debug/pprof/faults?seconds=99999").0, 400);
         assert_eq!(err("POST", "/metrics").0, 405);
         assert!(err("GET", "/").1.contains("/metrics"));
+        // Resident memory is held now: no window.
+        let (status, body) = err("GET", "/debug/pprof/resident?seconds=10");
+        assert_eq!(status, 400);
+        assert!(body.contains("ask without ?seconds"), "{body}");
     }
 }

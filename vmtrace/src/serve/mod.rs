@@ -206,8 +206,11 @@ pub fn serve(opts: &ServeOptions) -> Result<i32, ServeError> {
         if !pending.is_empty() {
             let snap = session.live_snapshot(LiveScope::WholeTrace);
             let (stacks, sites) = session.live_stacks();
+            let resident =
+                if pending.iter().any(|j| profiles::is_gauge(j.kind)) { session.live_resident() } else { Vec::new() };
+            let inputs = profiles::Inputs { stacks: &stacks, sites: &sites, resident: &resident };
             for job in pending {
-                let _ = job.reply.send(profiles::take(job.kind, &stacks, &sites, &snap, period));
+                let _ = job.reply.send(profiles::take(job.kind, &inputs, &snap, period));
             }
         }
         if stop_signal().is_some() {

@@ -15,14 +15,24 @@ use crate::{
 };
 
 /// Every profile served: (name, what it weighs).
-pub const NAMES: [(&str, &str); 6] = [
+pub const NAMES: [(&str, &str); 7] = [
     ("faults", "page faults by call stack"),
     ("fault-time", "time in the fault handler by call stack (ns)"),
     ("major-faults", "major faults by call stack"),
     ("cow", "copy-on-write faults by process (no stacks)"),
     ("shootdowns", "TLB-shootdown IPIs sent by call site, and the calls that sent them"),
     ("mmap", "mmap-family calls by call site"),
+    (
+        "resident",
+        "resident memory of the running processes by the call stack that faulted it in (bytes, now; no ?seconds)",
+    ),
 ];
+
+/// Profiles that are a gauge (what is held now), not a count since the start:
+/// a window of one has no meaning.
+pub fn is_gauge(kind: Kind) -> bool {
+    kind.stem == pprof::RESIDENT.stem
+}
 
 /// The profile kind behind a served name.
 pub fn kind_of(name: &str) -> Option<Kind> {
@@ -33,6 +43,7 @@ pub fn kind_of(name: &str) -> Option<Kind> {
         "cow" => pprof::COW,
         "shootdowns" => pprof::SHOOTDOWNS,
         "mmap" => pprof::MMAP,
+        "resident" => pprof::RESIDENT,
         _ => return None,
     })
 }
@@ -48,18 +59,30 @@ pub struct Snapshot {
     pub identities: BTreeMap<u32, Arc<Identity>>,
 }
 
-/// The samples of `kind` now: from the weighted fault stacks (`stacks`),
-/// the call sites (`sites`) or, for `cow`, the processes' counts.
-pub fn take(kind: Kind, stacks: &[Stack], sites: &[MmSite], snap: &LiveSnapshot, period: u64) -> Snapshot {
-    let weight = |w| {
+/// What the profiles are made of at one moment of the trace.
+pub struct Inputs<'a> {
+    /// The fault stacks, weighted to each process's counts.
+    pub stacks: &'a [Stack],
+    /// The mmap-family call sites.
+    pub sites: &'a [MmSite],
+    /// The running processes' resident memory by call stack (bytes in
+    /// `estimate.faults`), when a job asked for it.
+    pub resident: &'a [Stack],
+}
+
+/// The samples of `kind` now: from the weighted fault stacks, the call
+/// sites, the resident stacks or, for `cow`, the processes' counts.
+pub fn take(kind: Kind, inputs: &Inputs, snap: &LiveSnapshot, period: u64) -> Snapshot {
+    let weight = |stacks: &[Stack], w| {
         let tree = crate::stacks::tree::Tree::new(stacks);
         pprof::graph_samples(kind, &tree.graph(stacks, w))
     };
     let samples = match kind.stem {
-        "faults" => weight(Weight::Faults),
-        "fault-time" => weight(Weight::TimeNs),
-        "major-faults" => weight(Weight::Major),
-        "shootdowns" | "mmap" => pprof::mm_samples(kind, sites),
+        "faults" => weight(inputs.stacks, Weight::Faults),
+        "fault-time" => weight(inputs.stacks, Weight::TimeNs),
+        "major-faults" => weight(inputs.stacks, Weight::Major),
+        "resident" => weight(inputs.resident, Weight::Faults),
+        "shootdowns" | "mmap" => pprof::mm_samples(kind, inputs.sites),
         _ => snap
             .processes
             .iter()
@@ -71,7 +94,11 @@ pub fn take(kind: Kind, stacks: &[Stack], sites: &[MmSite], snap: &LiveSnapshot,
             })
             .collect(),
     };
-    let period = if matches!(kind.stem, "faults" | "fault-time" | "major-faults") { period } else { 1 };
+    let period = match kind.stem {
+        "faults" | "fault-time" | "major-faults" => period,
+        "resident" => 4096,
+        _ => 1,
+    };
     Snapshot { samples, t_s: snap.t_s, period, identities: super::metrics::identities(snap) }
 }
 
@@ -106,7 +133,10 @@ pub fn delta(now: &Snapshot, before: &Snapshot) -> Snapshot {
 pub fn encode(kind: Kind, snap: &Snapshot, duration_s: f64, what: &str, host: &str) -> std::io::Result<Vec<u8>> {
     let identities: pprof::Identities = snap.identities.iter().map(|(pid, id)| (*pid, id.as_ref())).collect();
     let total: i64 = snap.samples.iter().map(|s| s.values[0]).sum();
-    let how = if snap.period > 1 {
+    let how = if kind == pprof::RESIDENT {
+        "estimated from 1 in N pages sampled by address and every huge page, scaled to each process's resident counters now"
+            .to_string()
+    } else if snap.period > 1 {
         format!("stacks of 1 in {} faults and of every slow one, scaled to each process's counts", snap.period)
     } else {
         "every event counted".to_string()
