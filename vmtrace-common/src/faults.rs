@@ -172,3 +172,6 @@ pub const INFLIGHT_PAGE: u32 = 32;
 /// (`INFLIGHT_PAGE`), not counted in the fault graphs' strata; a slow fault
 /// counts it in the exact stratum then.
 pub const INFLIGHT_PAGE_STACK: u32 = 64;
+/// `InflightFault::flags`: a write to a present page (x86's `X86_PF_WRITE |
+/// X86_PF_PROT`): copy-on-write, counted in its stack's `StackCounts::cow`.
+pub const INFLIGHT_COW: u32 = 128;

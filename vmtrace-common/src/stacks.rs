@@ -39,8 +39,10 @@ pub struct StackCounts {
     /// Latency measured for `timed` of them (minor latency may be sampled).
     pub time_ns: u64,
     pub timed: u64,
+    /// Copy-on-write faults among `faults` (a write to a present page).
+    pub cow: u64,
 }
-const _: () = assert!(core::mem::size_of::<StackCounts>() == 32);
+const _: () = assert!(core::mem::size_of::<StackCounts>() == 40);
 
 impl Merge for StackCounts {
     fn merge(&mut self, o: &StackCounts) {
@@ -48,6 +50,7 @@ impl Merge for StackCounts {
         self.major += o.major;
         self.time_ns += o.time_ns;
         self.timed += o.timed;
+        self.cow += o.cow;
     }
 }
 
@@ -61,7 +64,7 @@ pub struct StackCur {
     pub key: StackKey,
     pub counts: StackCounts,
 }
-const _: () = assert!(core::mem::size_of::<StackCur>() == 24 + 32);
+const _: () = assert!(core::mem::size_of::<StackCur>() == 24 + 40);
 
 /// Slots of `STACK_CUR` per CPU.
 pub const STACK_CUR_SLOTS: u32 = 16;

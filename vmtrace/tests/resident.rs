@@ -4,7 +4,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{assert_close, disk_dir, fixture, privileged, record, u, Run};
+use common::{assert_close, disk_dir, fixture, pprof_by_function, pprof_from_gzip, privileged, record, u, Run};
 
 /// A /proc line's value in kB ("Anonymous:   114792 kB"), as bytes.
 fn kb(text: &str, key: &str) -> u64 {
@@ -187,6 +187,7 @@ fn fork_workers_private_and_shared_with_pages_sampled_by_address() {
     let (run, dir, workers) = fork_workers_run("8", &["2", "nohuge"]);
     let parent = run.summary["target"]["pid"].as_u64().unwrap();
     let mib = 1u64 << 20;
+    let cow = pprof_from_gzip(&std::fs::read(run.out.path().join("cow.pb.gz")).expect("cow.pb.gz"));
     let mut written = Vec::new();
     for &w in &workers {
         let own = std::fs::read_to_string(dir.path().join(format!("worker-{w}.txt"))).expect("the worker's smaps");
@@ -214,6 +215,15 @@ fn fork_workers_private_and_shared_with_pages_sampled_by_address() {
         );
         assert_close(&format!("worker {w}'s end"), u(&r["end_bytes"]), kb(&own, "Rss"), 5.0);
         assert_eq!(site(&run.summary, w, "fill_buffer", false).0, 0, "the parent's pages are not the worker's own");
+        // Its copy-on-write faults by call stack (stacks of 1 in 8 faults,
+        // scaled): they add up to its count, nearly all under the line that
+        // wrote, as many as the pages the kernel says it copied.
+        let (cow, by) = pprof_by_function(&cow, w);
+        let count = u(&run.process(w as u32)["faults"]["cow"]);
+        let writes = by.get("worker_writes").copied().unwrap_or(0);
+        eprintln!("worker {w}: cow.pb.gz {cow} COW faults, {writes} under worker_writes; summary {count}");
+        assert!(cow.abs_diff(count) <= 2 + count / 200, "worker {w}: cow.pb.gz {cow}, its count {count}");
+        assert_close(&format!("worker {w}'s COW faults under worker_writes"), writes * 4096, dirty, bound);
     }
     written.sort_unstable();
     assert_eq!(written, [32, 48], "what the workers copied, by their own count");

@@ -135,11 +135,10 @@ fn serve_exports_each_processs_resident_bytes_and_peak() {
     }
     // The live resident profile: the program's samples add up to its VmRSS
     // of now, the 128 MiB under `hold`, the freed buffer under nothing.
-    let sites = profile_by_pid_and_function(&addr, "/debug/pprof/resident", pid);
+    let (in_profile, sites) = pprof_by_function(&profile_at(&addr, "/debug/pprof/resident"), u64::from(pid));
     let rss_now = status_kb(pid, "VmRSS");
     let _ = hold.kill();
     let _ = hold.wait();
-    let in_profile: u64 = sites.values().copied().max().unwrap_or(0);
     let under = |f: &str| sites.get(f).copied().unwrap_or(0);
     eprintln!(
         "pid {pid}: /debug/pprof/resident {in_profile} bytes (hold {}, temporary {}), VmRSS {rss_now}",
@@ -180,48 +179,15 @@ fn get(addr: &str, target: &str) -> (u16, Vec<u8>) {
 
 /// The gzipped pprof profile at `target`, decoded.
 fn profile_at(addr: &str, target: &str) -> vmtrace_protos::pprof::Profile {
-    use prost::Message as _;
     let (status, body) = get(addr, target);
     assert_eq!(status, 200, "{target}: {}", String::from_utf8_lossy(&body));
-    let mut raw = Vec::new();
-    flate2::read::GzDecoder::new(body.as_slice()).read_to_end(&mut raw).expect("a gzipped profile");
-    vmtrace_protos::pprof::Profile::decode(raw.as_slice()).expect("a pprof Profile")
+    pprof_from_gzip(&body)
 }
 
 /// The faults in `/debug/pprof/faults` (its first sample type, summed).
 fn profile_faults(addr: &str) -> u64 {
     let p = profile_at(addr, "/debug/pprof/faults");
     p.sample.iter().map(|s| u64::try_from(s.value[0]).unwrap_or(0)).sum()
-}
-
-/// `pid`'s samples of the profile at `target` (first value), summed under
-/// each function name in their stacks; the whole under the largest total
-/// (every stack holds its root frame, the process name).
-fn profile_by_pid_and_function(addr: &str, target: &str, pid: u32) -> std::collections::BTreeMap<String, u64> {
-    let p = profile_at(addr, target);
-    let string = |i: i64| p.string_table.get(usize::try_from(i).unwrap_or(0)).cloned().unwrap_or_default();
-    let function = |id: u64| p.function.iter().find(|f| f.id == id).map(|f| string(f.name)).unwrap_or_default();
-    let names = |loc: u64| -> Vec<String> {
-        p.location
-            .iter()
-            .find(|l| l.id == loc)
-            .map(|l| l.line.iter().map(|x| function(x.function_id)).collect())
-            .unwrap_or_default()
-    };
-    let mut out = std::collections::BTreeMap::new();
-    for s in &p.sample {
-        if !s.label.iter().any(|l| string(l.key) == "pid" && l.num == i64::from(pid)) {
-            continue;
-        }
-        let v = u64::try_from(s.value[0]).unwrap_or(0);
-        let mut seen = std::collections::BTreeSet::new();
-        for name in s.location_id.iter().flat_map(|l| names(*l)) {
-            if seen.insert(name.clone()) {
-                *out.entry(name).or_insert(0) += v;
-            }
-        }
-    }
-    out
 }
 
 /// A watched shell's children exit, and a second later `serve` lets go of

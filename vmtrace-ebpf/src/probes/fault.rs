@@ -24,9 +24,9 @@ use aya_ebpf::{
 use vmtrace_common::{
     granule_bucket, hist_bucket, pf, DropKind, EventHeader, EventKind, FaultMajorEvent, GranuleCounts, GranuleCur,
     GranuleKey, GranuleNewEvent, InflightFault, Merge, StackCounts, StackCur, StackKey, GEN_UNKNOWN, GRANULE_PAGES,
-    INFLIGHT_ENDED, INFLIGHT_EXACT_STACK, INFLIGHT_HUGE, INFLIGHT_PAGE, INFLIGHT_PAGE_STACK, INFLIGHT_SAMPLED,
-    INFLIGHT_UNTRACED, LEAF_BLOCK_SHIFT, PMD_ORDER, REGION_GRANULE_SHIFT, STACK_CUR_SLOTS, STACK_ID_LOST,
-    STACK_ID_NONE, STACK_KERNEL, STACK_USER, STRATUM_EXACT, STRATUM_SAMPLED,
+    INFLIGHT_COW, INFLIGHT_ENDED, INFLIGHT_EXACT_STACK, INFLIGHT_HUGE, INFLIGHT_PAGE, INFLIGHT_PAGE_STACK,
+    INFLIGHT_SAMPLED, INFLIGHT_UNTRACED, LEAF_BLOCK_SHIFT, PMD_ORDER, REGION_GRANULE_SHIFT, STACK_CUR_SLOTS,
+    STACK_ID_LOST, STACK_ID_NONE, STACK_KERNEL, STACK_USER, STRATUM_EXACT, STRATUM_SAMPLED,
 };
 
 use crate::{
@@ -282,6 +282,9 @@ pub(crate) fn try_fault_start<C: StackIdContext>(
     slot.tid = tid;
     slot.page = address >> 12;
     slot.flags = sample_time(conf(|c| &c.fast_period), slot);
+    if error_code & (pf::WRITE | pf::PROT) == pf::WRITE | pf::PROT {
+        slot.flags |= INFLIGHT_COW;
+    }
     (slot.user_stack, slot.kernel_stack) = sample_stack(ctx, tgid, address, slot);
     // SAFETY: no preconditions. Stamped last: the stack walk is not fault time.
     // Every fault is stamped: whether it will be slow (sleep, huge page,
@@ -358,7 +361,7 @@ fn sample_stack<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, slot: &mut 
     }
     let ids = stack_ids(ctx);
     if drawn {
-        count_stacks(tgid, ids, address, STRATUM_SAMPLED);
+        count_stacks(tgid, ids, address, STRATUM_SAMPLED, slot.flags & INFLIGHT_COW != 0);
     } else {
         slot.flags |= INFLIGHT_PAGE_STACK;
     }
@@ -367,18 +370,20 @@ fn sample_stack<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, slot: &mut 
 
 /// The current stacks, counted as one fault of `stratum`.
 #[inline(always)]
-fn take_stacks<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, stratum: u32) -> (i32, i32) {
+fn take_stacks<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, stratum: u32, cow: bool) -> (i32, i32) {
     let ids = stack_ids(ctx);
-    count_stacks(tgid, ids, address, stratum);
+    count_stacks(tgid, ids, address, stratum, cow);
     ids
 }
 
-/// One fault of `stratum` under the stacks `(user, kernel)`.
+/// One fault of `stratum` (a copy-on-write one if `cow`) under the stacks
+/// `(user, kernel)`.
 #[inline(always)]
-fn count_stacks(tgid: u32, (user, kernel): (i32, i32), address: u64, stratum: u32) {
+fn count_stacks(tgid: u32, (user, kernel): (i32, i32), address: u64, stratum: u32, cow: bool) {
     let key = StackKey { tgid, user_stack: user, kernel_stack: kernel, stratum, leaf_block: leaf_block(address) };
     if let Some(c) = stack_counts(&key) {
         c.faults += 1;
+        c.cow += u64::from(cow);
     }
 }
 
@@ -840,14 +845,16 @@ pub fn exact_stack<C: StackIdContext>(ctx: &C, tgid: u32, slot: &mut InflightFau
     if slot.flags & INFLIGHT_PAGE_STACK != 0 {
         // Taken for the resident sample only: the fault graphs count it now,
         // in the exact stratum, with no second walk.
-        count_stacks(tgid, (slot.user_stack, slot.kernel_stack), slot.page << 12, STRATUM_EXACT);
+        let cow = slot.flags & INFLIGHT_COW != 0;
+        count_stacks(tgid, (slot.user_stack, slot.kernel_stack), slot.page << 12, STRATUM_EXACT, cow);
         slot.flags = (slot.flags & !INFLIGHT_PAGE_STACK) | INFLIGHT_EXACT_STACK;
         return;
     }
     if conf(|c| &c.stack_mode) == 0 || slot.user_stack != STACK_ID_NONE || slot.kernel_stack != STACK_ID_NONE {
         return;
     }
-    (slot.user_stack, slot.kernel_stack) = take_stacks(ctx, tgid, slot.page << 12, STRATUM_EXACT);
+    let cow = slot.flags & INFLIGHT_COW != 0;
+    (slot.user_stack, slot.kernel_stack) = take_stacks(ctx, tgid, slot.page << 12, STRATUM_EXACT, cow);
     slot.flags |= INFLIGHT_EXACT_STACK;
 }
 

@@ -176,7 +176,7 @@ pub(crate) fn assemble(mut i: Inputs) -> Finished {
         .iter()
         .filter(|p| p.folded == 0)
         .map(|p| {
-            let t = stacks::weight::Totals { faults: p.faults.total, time_ns: p.faults.time_ns, major: p.faults.major };
+            let t = stacks::weight::Totals::of(&p.faults);
             (p.pid, t)
         })
         .collect();

@@ -123,9 +123,7 @@ impl StackSums {
         use vmtrace_common::Merge as _;
         let e = self.0.entry(shape).or_default();
         e.0.merge(counts);
-        e.1.faults += estimate.faults;
-        e.1.time_ns += estimate.time_ns;
-        e.1.major += estimate.major;
+        e.1.add(estimate);
     }
 
     /// Keeps the `keep` heaviest stacks (by faults, then time) and adds the

@@ -157,7 +157,7 @@ impl<S: AggregateSource> Session<S> {
             .iter()
             .map(|(pid, s)| {
                 let f = crate::model::Faults::from_stats(s, self.minor_period);
-                (*pid, crate::stacks::weight::Totals { faults: f.total, time_ns: f.time_ns, major: f.major })
+                (*pid, crate::stacks::weight::Totals::of(&f))
             })
             .collect();
         let table = &self.table;

@@ -935,7 +935,7 @@ fn owner_counts(
                 stratum,
                 leaf_block: if leaf { o.leaf_block } else { 0 },
             };
-            (key, vmtrace_common::StackCounts { faults: w as u64, major: *pages, time_ns: 0, timed: 0 })
+            (key, vmtrace_common::StackCounts { faults: w as u64, major: *pages, ..Default::default() })
         })
         .collect();
     (raw, left)
@@ -965,14 +965,14 @@ pub(crate) fn profile(
             s.stratum &= !STRATUM_INHERITED;
             s.leaf = Some(SHARED_LEAF.to_string());
         }
-        s.estimate = crate::stacks::weight::Estimate { faults: s.counts.faults as f64, time_ns: 0.0, major: 0.0 };
+        s.estimate = crate::stacks::weight::Estimate { faults: s.counts.faults as f64, ..Default::default() };
     }
     for (pid, left) in unsampled {
         stacks.push(crate::stacks::Stack {
             pid,
             comm: comm_of(pid),
             user: vec![UNSAMPLED_PAGES.into()].into(),
-            estimate: crate::stacks::weight::Estimate { faults: left.round(), time_ns: 0.0, major: 0.0 },
+            estimate: crate::stacks::weight::Estimate { faults: left.round(), ..Default::default() },
             ..crate::stacks::Stack::default()
         });
     }

@@ -1072,7 +1072,7 @@ impl<S: AggregateSource> Session<S> {
             let st = info.stats.unwrap_or_default();
             let row = assemble::process_row(*pid, info, &st, &info.mm.unwrap_or_default(), families, minor_period);
             let f = &row.faults;
-            totals.insert(*pid, crate::stacks::weight::Totals { faults: f.total, time_ns: f.time_ns, major: f.major });
+            totals.insert(*pid, crate::stacks::weight::Totals::of(f));
             self.folded.fast.add(&st);
             self.folded.add_counters(&st, &info.mm.unwrap_or_default());
             rows.insert(*pid, row);

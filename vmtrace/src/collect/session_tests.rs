@@ -268,7 +268,8 @@ fn a_released_process_keeps_its_stacks_and_call_sites() {
         src.user_stacks.insert(5, vec![0x1000, 0x2000]);
         for tgid in [PARENT, CHILD] {
             let key = StackKey { tgid, user_stack: 5, kernel_stack: -1, ..StackKey::default() };
-            src.stack_counts.push((key, StackCounts { faults: 8, timed: 8, time_ns: 800, major: 0 }));
+            src.stack_counts
+                .push((key, StackCounts { faults: 8, timed: 8, time_ns: 800, cow: 3, ..Default::default() }));
             let site = MmStackKey { tgid, call: MmCall::Munmap as u32, user_stack: 5, _pad: 0 };
             src.mm_stacks.push((site, MmStackCounts { calls: 3, ipis: 2 }));
         }
@@ -329,8 +330,10 @@ fn light_exited_processes_are_folded_away_and_the_end_is_the_same() {
             src.stats.insert(pid, st);
             for (stack, share) in [(5, 2), (6, 1)] {
                 let key = StackKey { tgid: pid, user_stack: stack, kernel_stack: -1, ..StackKey::default() };
-                src.stack_counts
-                    .push((key, StackCounts { faults: share, timed: share, time_ns: 10 * share, major: 0 }));
+                src.stack_counts.push((
+                    key,
+                    StackCounts { faults: share, timed: share, time_ns: 10 * share, ..Default::default() },
+                ));
             }
             let site = MmStackKey { tgid: pid, call: MmCall::Munmap as u32, user_stack: 5, _pad: 0 };
             src.mm_stacks.push((site, MmStackCounts { calls: 3, ipis: 2 }));

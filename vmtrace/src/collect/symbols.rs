@@ -109,9 +109,9 @@ fn ensure_maps(table: &mut ProcessTable, pid: u32) {
 /// The counts of one frame-pointer stack shared out over the unwound
 /// stacks its samples gave (`native::shares`).
 fn split_counts(c: &StackCounts, weights: &[u64]) -> Vec<StackCounts> {
-    let [faults, major, time, timed] = [c.faults, c.major, c.time_ns, c.timed].map(|v| shares(v, weights));
+    let [faults, major, time, timed, cow] = [c.faults, c.major, c.time_ns, c.timed, c.cow].map(|v| shares(v, weights));
     (0..weights.len())
-        .map(|i| StackCounts { faults: faults[i], major: major[i], time_ns: time[i], timed: timed[i] })
+        .map(|i| StackCounts { faults: faults[i], major: major[i], time_ns: time[i], timed: timed[i], cow: cow[i] })
         .collect()
 }
 
@@ -592,7 +592,7 @@ mod tests {
 
     #[test]
     fn counts_are_shared_out_whole() {
-        let c = StackCounts { faults: 10, major: 1, time_ns: 1001, timed: 10 };
+        let c = StackCounts { faults: 10, major: 1, time_ns: 1001, timed: 10, cow: 0 };
         let parts = split_counts(&c, &[3, 1]);
         assert_eq!(parts.iter().map(|p| p.faults).sum::<u64>(), 10);
         assert_eq!(parts.iter().map(|p| p.time_ns).sum::<u64>(), 1001);

@@ -47,7 +47,7 @@ pub const RESIDENT_PEAK: Kind =
 pub const COW: Kind = Kind { stem: "cow", values: &[("cow_faults", "count")], period_type: ("faults", "count") };
 
 /// Every profile, in the order they are written.
-pub const ALL: [Kind; 7] = [FAULTS, FAULT_TIME, MAJOR_FAULTS, MMAP, SHOOTDOWNS, RESIDENT, RESIDENT_PEAK];
+pub const ALL: [Kind; 8] = [FAULTS, FAULT_TIME, MAJOR_FAULTS, COW, MMAP, SHOOTDOWNS, RESIDENT, RESIDENT_PEAK];
 
 impl Kind {
     pub fn file(self) -> String {
@@ -479,7 +479,11 @@ pub fn mm_stacks(sites: &[crate::model::MmSite]) -> Vec<crate::stacks::Stack> {
             unwound: None,
             leaf: None,
             stratum: 0,
-            estimate: crate::stacks::weight::Estimate { faults: m.calls as f64, time_ns: m.ipis as f64, major: 0.0 },
+            estimate: crate::stacks::weight::Estimate {
+                faults: m.calls as f64,
+                time_ns: m.ipis as f64,
+                ..Default::default()
+            },
             python: false,
             python_unnamed: false,
         })

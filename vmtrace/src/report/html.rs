@@ -628,6 +628,46 @@ fn opening(s: &Summary) -> String {
     b
 }
 
+/// The flamegraphs (as images) and the links to the pprof profiles.
+fn flames_section(s: &Summary, dir: &Path, flame_prefix: &str) -> String {
+    let mut flames = String::new();
+    for (file, title) in [
+        ("faults.svg", "Page faults by call stack"),
+        ("fault-time.svg", "Time in the fault handler by call stack"),
+        ("cow.svg", "Copy-on-write faults by call stack"),
+        ("shootdowns.svg", "TLB shootdown IPIs by initiating call site"),
+    ] {
+        // A graph of nothing says nothing.
+        if file == "cow.svg" && s.totals.cow == 0 {
+            continue;
+        }
+        let img = flame_img(dir, file);
+        if !img.is_empty() {
+            let _ = write!(
+                flames,
+                "<h3>{}</h3>{}",
+                escape(&flame_heading(s, dir, file, title)),
+                img.replace(file, &format!("{flame_prefix}{file}"))
+            );
+        }
+    }
+    let profiles: Vec<String> = crate::export::pprof::ALL
+        .iter()
+        .map(|k| k.file())
+        .filter(|f| dir.join(f).is_file())
+        .map(|f| format!("<a href='{flame_prefix}{f}'><code>{f}</code></a>"))
+        .collect();
+    if !profiles.is_empty() {
+        let _ = write!(
+            flames,
+            "<p class='note'>pprof profiles of the same stacks: {} (<code>go tool pprof -http=: faults.pb.gz</code>, \
+             or open them in speedscope, Pyroscope or Grafana).</p>",
+            profiles.join(", ")
+        );
+    }
+    flames
+}
+
 pub fn recording_body(s: &Summary, dir: &Path, flame_prefix: &str) -> String {
     let mut b = opening(s);
     let status = s.target.exit_status.map(|c| format!(" · exit status {}", exit_text(Some(c)))).unwrap_or_default();
@@ -690,36 +730,7 @@ pub fn recording_body(s: &Summary, dir: &Path, flame_prefix: &str) -> String {
     }
     b.push_str(&regions_section(s));
     b.push_str(&files_section(s));
-    let mut flames = String::new();
-    for (file, title) in [
-        ("faults.svg", "Page faults by call stack"),
-        ("fault-time.svg", "Time in the fault handler by call stack"),
-        ("shootdowns.svg", "TLB shootdown IPIs by initiating call site"),
-    ] {
-        let img = flame_img(dir, file);
-        if !img.is_empty() {
-            let _ = write!(
-                flames,
-                "<h3>{}</h3>{}",
-                escape(&flame_heading(s, dir, file, title)),
-                img.replace(file, &format!("{flame_prefix}{file}"))
-            );
-        }
-    }
-    let profiles: Vec<String> = crate::export::pprof::ALL
-        .iter()
-        .map(|k| k.file())
-        .filter(|f| dir.join(f).is_file())
-        .map(|f| format!("<a href='{flame_prefix}{f}'><code>{f}</code></a>"))
-        .collect();
-    if !profiles.is_empty() {
-        let _ = write!(
-            flames,
-            "<p class='note'>pprof profiles of the same stacks: {} (<code>go tool pprof -http=: faults.pb.gz</code>, \
-             or open them in speedscope, Pyroscope or Grafana).</p>",
-            profiles.join(", ")
-        );
-    }
+    let flames = flames_section(s, dir, flame_prefix);
     if !flames.is_empty() {
         let _ = write!(b, "<h2>Flamegraphs</h2>{flames}");
     }

@@ -175,10 +175,11 @@ pub fn write_recording_with(dir: &Path, s: &Summary, stacks: &StackOutputs, o: &
     w.failed
 }
 
-const FAULT_GRAPHS: [(Weight, &str, &str, pprof::Kind); 3] = [
+const FAULT_GRAPHS: [(Weight, &str, &str, pprof::Kind); 4] = [
     (Weight::Faults, "Page faults by call stack", "faults", pprof::FAULTS),
     (Weight::TimeNs, "Fault-handler time by call stack", "ns", pprof::FAULT_TIME),
     (Weight::Major, "Major faults by call stack", "faults", pprof::MAJOR_FAULTS),
+    (Weight::Cow, "Copy-on-write faults by call stack", "faults", pprof::COW),
 ];
 
 /// The files the fault flamegraphs and profiles are written to, for summary.json.

@@ -400,7 +400,7 @@ fn stacks_section(out: &mut String, s: &Summary) {
     };
     let _ = writeln!(
         out,
-        "\nStacks: {} stacks of {sampling}, {} distinct; flamegraphs: faults.svg, fault-time.svg, major-faults.svg",
+        "\nStacks: {} stacks of {sampling}, {} distinct; flamegraphs: faults.svg, fault-time.svg, major-faults.svg, cow.svg",
         st.mode, st.distinct_stacks
     );
     if st.lost > 0 {

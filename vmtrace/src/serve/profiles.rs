@@ -19,7 +19,7 @@ pub const NAMES: [(&str, &str); 7] = [
     ("faults", "page faults by call stack"),
     ("fault-time", "time in the fault handler by call stack (ns)"),
     ("major-faults", "major faults by call stack"),
-    ("cow", "copy-on-write faults by process (no stacks)"),
+    ("cow", "copy-on-write faults by call stack"),
     ("shootdowns", "TLB-shootdown IPIs sent by call site, and the calls that sent them"),
     ("mmap", "mmap-family calls by call site"),
     (
@@ -70,8 +70,8 @@ pub struct Inputs<'a> {
     pub resident: &'a [Stack],
 }
 
-/// The samples of `kind` now: from the weighted fault stacks, the call
-/// sites, the resident stacks or, for `cow`, the processes' counts.
+/// The samples of `kind` now: from the weighted fault stacks, the resident
+/// stacks or the call sites.
 pub fn take(kind: Kind, inputs: &Inputs, snap: &LiveSnapshot, period: u64) -> Snapshot {
     let weight = |stacks: &[Stack], w| {
         let tree = crate::stacks::tree::Tree::new(stacks);
@@ -81,21 +81,12 @@ pub fn take(kind: Kind, inputs: &Inputs, snap: &LiveSnapshot, period: u64) -> Sn
         "faults" => weight(inputs.stacks, Weight::Faults),
         "fault-time" => weight(inputs.stacks, Weight::TimeNs),
         "major-faults" => weight(inputs.stacks, Weight::Major),
+        "cow" => weight(inputs.stacks, Weight::Cow),
         "resident" => weight(inputs.resident, Weight::Faults),
-        "shootdowns" | "mmap" => pprof::mm_samples(kind, inputs.sites),
-        _ => snap
-            .processes
-            .iter()
-            .filter(|p| p.faults.cow > 0)
-            .map(|p| {
-                let comm = p.comm.clone().unwrap_or_else(|| format!("[pid {}]", p.pid));
-                let line = format!("{comm};[copy-on-write faults]");
-                pprof::sample(kind, &line, Some(p.pid), None, vec![p.faults.cow as i64])
-            })
-            .collect(),
+        _ => pprof::mm_samples(kind, inputs.sites),
     };
     let period = match kind.stem {
-        "faults" | "fault-time" | "major-faults" => period,
+        "faults" | "fault-time" | "major-faults" | "cow" => period,
         "resident" => 4096,
         _ => 1,
     };

@@ -197,7 +197,7 @@ mod tests {
     #[test]
     fn drained_counts_add_up_and_a_stack_keeps_its_first_content() {
         let mut d = Drained::default();
-        let c = StackCounts { faults: 3, major: 1, time_ns: 30, timed: 3 };
+        let c = StackCounts { faults: 3, major: 1, time_ns: 30, timed: 3, cow: 0 };
         d.add_counts(key(0x4000_0001), &c);
         d.add_counts(key(0x4000_0001), &c);
         let py = PyStack { tgid: 7, frames: vec![PyFrame { code: 1, instr: 2, stamp: 3 }], ends: 1 };

@@ -215,8 +215,12 @@ mod tests {
             pid: 1,
             comm: "train".into(),
             user: user.iter().map(|f| (*f).into()).collect(),
-            counts: StackCounts { faults, major: 1, time_ns: time, timed: 1 },
-            estimate: super::super::weight::Estimate { faults: f * 4.0, time_ns: time as f64 * 2.0, major: 0.0 },
+            counts: StackCounts { faults, major: 1, time_ns: time, timed: 1, cow: 0 },
+            estimate: super::super::weight::Estimate {
+                faults: f * 4.0,
+                time_ns: time as f64 * 2.0,
+                ..Default::default()
+            },
             ..Stack::default()
         }
     }

@@ -7,11 +7,7 @@ use crate::model::{locations::location, CodeLocation, CodeLocations};
 
 /// The top locations of `stacks` by `weight` (each stack's estimate).
 pub fn top(stacks: &[Stack], weight: Weight, limit: usize) -> Vec<CodeLocation> {
-    let value = |s: &Stack| match weight {
-        Weight::Faults => s.estimate.faults,
-        Weight::TimeNs => s.estimate.time_ns,
-        Weight::Major => s.estimate.major,
-    };
+    let value = |s: &Stack| weight.of(&s.estimate);
     let mut by: HashMap<String, (f64, HashMap<&str, f64>)> = HashMap::new();
     let mut total = 0.0;
     for s in stacks {

@@ -170,11 +170,7 @@ impl<'a> Tree<'a> {
         let mut index: HashMap<u32, u32> = HashMap::new();
         let mut lines: Vec<Line<'a>> = Vec::new();
         for (s, &end) in stacks.iter().zip(&self.ends) {
-            let w = match weight {
-                Weight::Faults => s.estimate.faults,
-                Weight::TimeNs => s.estimate.time_ns,
-                Weight::Major => s.estimate.major,
-            };
+            let w = weight.of(&s.estimate);
             if w <= 0.0 {
                 continue;
             }

@@ -20,6 +20,7 @@ fn by_strings(stacks: &[Stack], weight: Weight) -> Vec<PidLine> {
             Weight::Faults => s.estimate.faults,
             Weight::TimeNs => s.estimate.time_ns,
             Weight::Major => s.estimate.major,
+            Weight::Cow => s.estimate.cow,
         };
         if w <= 0.0 {
             continue;
@@ -115,7 +116,7 @@ fn random_stacks(rng: &mut Rng, n: usize) -> Vec<Stack> {
                 kernel,
                 user_missing: missing,
                 leaf,
-                estimate: Estimate { faults: w(rng), time_ns: w(rng) * 1000.0, major: w(rng) },
+                estimate: Estimate { faults: w(rng), time_ns: w(rng) * 1000.0, major: w(rng), cow: w(rng) },
                 ..Stack::default()
             }
         })
@@ -129,7 +130,7 @@ fn the_tree_gives_the_lines_a_string_per_stack_gave_byte_for_byte() {
         let n = [1, 3, 10, 50, 400][round % 5];
         let stacks = random_stacks(&mut rng, n);
         let tree = Tree::new(&stacks);
-        for weight in [Weight::Faults, Weight::TimeNs, Weight::Major] {
+        for weight in [Weight::Faults, Weight::TimeNs, Weight::Major, Weight::Cow] {
             let want = by_strings(&stacks, weight);
             assert_eq!(flamegraph::folded_by_pid(&stacks, weight), want, "round {round}");
             let graph = tree.graph(&stacks, weight);

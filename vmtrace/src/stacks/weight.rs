@@ -17,6 +17,8 @@ pub enum Weight {
     Faults,
     TimeNs,
     Major,
+    /// Copy-on-write faults.
+    Cow,
 }
 
 impl Weight {
@@ -25,9 +27,23 @@ impl Weight {
             Self::Faults => "faults",
             Self::TimeNs => "fault-time",
             Self::Major => "major-faults",
+            Self::Cow => "cow",
+        }
+    }
+
+    /// What `e` stands for by this weight.
+    pub fn of(self, e: &Estimate) -> f64 {
+        match self {
+            Self::Faults => e.faults,
+            Self::TimeNs => e.time_ns,
+            Self::Major => e.major,
+            Self::Cow => e.cow,
         }
     }
 }
+
+/// The weights a stack's counts are shared out by, in `Estimate`'s order.
+const WEIGHTS: usize = 4;
 
 /// The frame standing for the stacks folded under it by [`super::flamegraph::fold_small`].
 pub const SMALL_STACKS: &str = "[small stacks folded]";
@@ -60,6 +76,18 @@ pub struct Totals {
     pub faults: u64,
     pub time_ns: u64,
     pub major: u64,
+    pub cow: u64,
+}
+
+impl Totals {
+    /// A process's totals from its fault counts.
+    pub fn of(f: &crate::model::Faults) -> Self {
+        Self { faults: f.total, time_ns: f.time_ns, major: f.major, cow: f.cow }
+    }
+
+    fn values(&self) -> [f64; WEIGHTS] {
+        [self.faults as f64, self.time_ns as f64, self.major as f64, self.cow as f64]
+    }
 }
 
 /// The frame of a process's share that no stack was sampled for (a short
@@ -83,11 +111,12 @@ pub fn exact(s: &Stack) -> bool {
 pub fn weigh(stacks: &mut Vec<Stack>, totals: &BTreeMap<u32, Totals>, comm_of: &dyn Fn(u32) -> String) {
     #[derive(Default)]
     struct Sums {
-        exact: [f64; 3],
-        sampled: [f64; 3],
+        exact: [f64; WEIGHTS],
+        sampled: [f64; WEIGHTS],
         comm: String,
     }
-    let measured = |s: &Stack| [s.counts.faults as f64, s.counts.time_ns as f64, s.counts.major as f64];
+    let measured =
+        |s: &Stack| [s.counts.faults as f64, s.counts.time_ns as f64, s.counts.major as f64, s.counts.cow as f64];
     let mut sums: HashMap<u32, Sums> = HashMap::new();
     for s in stacks.iter().filter(|s| s.stratum & WEIGHED == 0) {
         let e = sums.entry(s.pid).or_default();
@@ -99,14 +128,13 @@ pub fn weigh(stacks: &mut Vec<Stack>, totals: &BTreeMap<u32, Totals>, comm_of: &
     }
     // Per process and weight: the factor for sampled stacks, and what no
     // sampled stack can take.
-    let mut factors: HashMap<u32, [f64; 3]> = HashMap::new();
+    let mut factors: HashMap<u32, [f64; WEIGHTS]> = HashMap::new();
     let mut unsampled = Vec::new();
     for (&pid, sum) in &sums {
-        let t = totals.get(&pid).copied().unwrap_or_default();
-        let want = [t.faults as f64, t.time_ns as f64, t.major as f64];
-        let mut f = [0.0; 3];
-        let mut rest = [0.0; 3];
-        for i in 0..3 {
+        let want = totals.get(&pid).copied().unwrap_or_default().values();
+        let mut f = [0.0; WEIGHTS];
+        let mut rest = [0.0; WEIGHTS];
+        for i in 0..WEIGHTS {
             let left = (want[i] - sum.exact[i]).max(0.0);
             if sum.sampled[i] > 0.0 {
                 f[i] = left / sum.sampled[i];
@@ -120,7 +148,7 @@ pub fn weigh(stacks: &mut Vec<Stack>, totals: &BTreeMap<u32, Totals>, comm_of: &
         }
     }
     for (&pid, t) in totals.iter().filter(|(pid, _)| !sums.contains_key(pid)) {
-        let rest = [t.faults as f64, t.time_ns as f64, t.major as f64];
+        let rest = t.values();
         if rest.iter().any(|&r| r >= 0.5) {
             unsampled.push((pid, comm_of(pid), rest));
         }
@@ -128,10 +156,10 @@ pub fn weigh(stacks: &mut Vec<Stack>, totals: &BTreeMap<u32, Totals>, comm_of: &
     for s in stacks.iter_mut().filter(|s| s.stratum & WEIGHED == 0) {
         let m = measured(s);
         s.estimate = if s.stratum == STRATUM_EXACT {
-            Estimate { faults: m[0], time_ns: m[1], major: m[2] }
+            Estimate::from(m)
         } else {
-            let f = factors.get(&s.pid).copied().unwrap_or([1.0; 3]);
-            Estimate { faults: m[0] * f[0], time_ns: m[1] * f[1], major: m[2] * f[2] }
+            let f = factors.get(&s.pid).copied().unwrap_or([1.0; WEIGHTS]);
+            Estimate::from(std::array::from_fn(|i| m[i] * f[i]))
         };
     }
     unsampled.sort_by_key(|u| u.0);
@@ -140,7 +168,7 @@ pub fn weigh(stacks: &mut Vec<Stack>, totals: &BTreeMap<u32, Totals>, comm_of: &
             pid,
             comm,
             user: vec![UNSAMPLED.into()].into(),
-            estimate: Estimate { faults: rest[0], time_ns: rest[1], major: rest[2] },
+            estimate: Estimate::from(rest),
             ..Stack::default()
         });
     }
@@ -152,6 +180,23 @@ pub struct Estimate {
     pub faults: f64,
     pub time_ns: f64,
     pub major: f64,
+    pub cow: f64,
+}
+
+impl Estimate {
+    /// Adds `o` in, weight by weight.
+    pub fn add(&mut self, o: &Self) {
+        self.faults += o.faults;
+        self.time_ns += o.time_ns;
+        self.major += o.major;
+        self.cow += o.cow;
+    }
+}
+
+impl From<[f64; WEIGHTS]> for Estimate {
+    fn from([faults, time_ns, major, cow]: [f64; WEIGHTS]) -> Self {
+        Self { faults, time_ns, major, cow }
+    }
 }
 
 /// How the stacks of a recording were chosen, for flamegraph titles: faults
@@ -180,7 +225,7 @@ mod tests {
             pid,
             comm: "w".into(),
             user: vec![leaf.into()].into(),
-            counts: StackCounts { faults, major, time_ns, timed: faults },
+            counts: StackCounts { faults, major, time_ns, timed: faults, cow: 0 },
             stratum,
             ..Stack::default()
         }
@@ -195,9 +240,9 @@ mod tests {
             stack(1, "a", STRATUM_SAMPLED, 10, 20_000, 0),
             stack(1, "b", STRATUM_SAMPLED, 5, 10_000, 0),
         ];
-        let totals = BTreeMap::from([(1, Totals { faults: 1000, time_ns: 10_000_000, major: 2 })]);
+        let totals = BTreeMap::from([(1, Totals { faults: 1000, time_ns: 10_000_000, major: 2, cow: 0 })]);
         weigh(&mut stacks, &totals, &|_| "w".into());
-        assert_eq!(stacks[0].estimate, Estimate { faults: 2.0, time_ns: 8e6, major: 2.0 });
+        assert_eq!(stacks[0].estimate, Estimate { faults: 2.0, time_ns: 8e6, major: 2.0, cow: 0.0 });
         assert!((stacks[1].estimate.faults - 998.0 * 10.0 / 15.0).abs() < 1e-6);
         assert!((stacks[1].estimate.time_ns - 2e6 * 2.0 / 3.0).abs() < 1e-3);
         let sum = |f: fn(&Estimate) -> f64| stacks.iter().map(|s| f(&s.estimate)).sum::<f64>();
@@ -210,24 +255,24 @@ mod tests {
     #[test]
     fn a_process_without_sampled_stacks_keeps_its_share_under_a_named_frame() {
         let mut stacks = vec![stack(7, "slow", STRATUM_EXACT, 1, 5_000, 1)];
-        let totals = BTreeMap::from([(7, Totals { faults: 40, time_ns: 9_000, major: 1 })]);
+        let totals = BTreeMap::from([(7, Totals { faults: 40, time_ns: 9_000, major: 1, cow: 0 })]);
         weigh(&mut stacks, &totals, &|_| "w".into());
         assert_eq!(stacks.len(), 2);
         assert_eq!(stacks[1].user[..], [UNSAMPLED.into()]);
-        assert_eq!(stacks[1].estimate, Estimate { faults: 39.0, time_ns: 4_000.0, major: 0.0 });
+        assert_eq!(stacks[1].estimate, Estimate { faults: 39.0, time_ns: 4_000.0, major: 0.0, cow: 0.0 });
     }
 
     #[test]
     fn a_process_without_any_stack_keeps_its_share_under_its_name() {
         let mut stacks = vec![stack(7, "slow", STRATUM_EXACT, 1, 5_000, 1)];
         let totals = BTreeMap::from([
-            (7, Totals { faults: 1, time_ns: 5_000, major: 1 }),
-            (8, Totals { faults: 30, time_ns: 600, major: 0 }),
+            (7, Totals { faults: 1, time_ns: 5_000, major: 1, cow: 0 }),
+            (8, Totals { faults: 30, time_ns: 600, major: 0, cow: 0 }),
         ]);
         weigh(&mut stacks, &totals, &|pid| format!("p{pid}"));
         assert_eq!(stacks.len(), 2);
         assert_eq!((stacks[1].pid, stacks[1].comm.as_str()), (8, "p8"));
         assert_eq!(stacks[1].user[..], [UNSAMPLED.into()]);
-        assert_eq!(stacks[1].estimate, Estimate { faults: 30.0, time_ns: 600.0, major: 0.0 });
+        assert_eq!(stacks[1].estimate, Estimate { faults: 30.0, time_ns: 600.0, major: 0.0, cow: 0.0 });
     }
 }

@@ -512,3 +512,42 @@ pub fn status_kb(pid: u32, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {key} in:\n{text}"))
         * 1024
 }
+
+/// A pprof profile decoded from its gzipped bytes.
+pub fn pprof_from_gzip(gz: &[u8]) -> vmtrace_protos::pprof::Profile {
+    use prost::Message as _;
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(gz).read_to_end(&mut raw).expect("a gzipped profile");
+    vmtrace_protos::pprof::Profile::decode(raw.as_slice()).expect("a pprof Profile")
+}
+
+/// `pid`'s samples of `p` (first value): their total, and their sum under
+/// each function name in their stacks (a sample counts once per name).
+pub fn pprof_by_function(
+    p: &vmtrace_protos::pprof::Profile,
+    pid: u64,
+) -> (u64, std::collections::BTreeMap<String, u64>) {
+    let string = |i: i64| p.string_table.get(usize::try_from(i).unwrap_or(0)).cloned().unwrap_or_default();
+    let functions: std::collections::HashMap<u64, String> = p.function.iter().map(|f| (f.id, string(f.name))).collect();
+    let locations: std::collections::HashMap<u64, Vec<String>> = p
+        .location
+        .iter()
+        .map(|l| (l.id, l.line.iter().filter_map(|x| functions.get(&x.function_id).cloned()).collect()))
+        .collect();
+    let mut total = 0;
+    let mut out = std::collections::BTreeMap::new();
+    for s in &p.sample {
+        if !s.label.iter().any(|l| string(l.key) == "pid" && u64::try_from(l.num) == Ok(pid)) {
+            continue;
+        }
+        let v = u64::try_from(s.value[0]).unwrap_or(0);
+        total += v;
+        let mut seen = std::collections::BTreeSet::new();
+        for name in s.location_id.iter().filter_map(|l| locations.get(l)).flatten() {
+            if seen.insert(name) {
+                *out.entry(name.clone()).or_insert(0) += v;
+            }
+        }
+    }
+    (total, out)
+}
