@@ -154,6 +154,57 @@ fn job_stats(dir: &std::path::Path, role: &str) -> Vec<[u64; 4]> {
     out
 }
 
+/// (pid, [Rss, Private_Dirty, Shared_Dirty, Private_Clean] in bytes) per
+/// `role` report of the job: its /proc/self/smaps_rollup just before exit.
+fn job_memory(dir: &std::path::Path, role: &str) -> Vec<(u64, [u64; 4])> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().filter_map(Result::ok) {
+        if e.file_name().to_string_lossy().starts_with(&format!("{role}-")) {
+            let v: Vec<u64> =
+                std::fs::read_to_string(e.path()).unwrap().split_whitespace().map(|x| x.parse().unwrap()).collect();
+            out.push((v[0], [v[4] * 1024, v[5] * 1024, v[6] * 1024, v[7] * 1024]));
+        }
+    }
+    out
+}
+
+/// The torch job's fork workers, against what each read of itself just
+/// before exiting: its resident size at its end within 5% of its Rss; its
+/// copy-on-write faults by call stack (`cow.pb.gz`) adding up to its count,
+/// a good share under the Dataset's `__getitem__` (the refcount writes of
+/// the classic DataLoader growth); its copies (COW faults × 4 KiB) no more
+/// than its Private_Dirty and most of it.
+fn torch_workers_resident_and_copies(run: &Run, stats: &std::path::Path) {
+    let cow = pprof_from_gzip(&std::fs::read(run.out.path().join("cow.pb.gz")).expect("cow.pb.gz"));
+    let memory = job_memory(stats, "worker");
+    assert_eq!(memory.len(), 4, "{memory:?}");
+    for (pid, [rss, private_dirty, shared_dirty, _]) in memory {
+        let p = run.process(u32::try_from(pid).unwrap());
+        let r = &p["resident"];
+        let count = u(&p["faults"]["cow"]);
+        let (in_profile, by) = pprof_by_function(&cow, pid);
+        let getitem = by.iter().filter(|(f, _)| f.contains("__getitem__")).map(|(_, v)| *v).max().unwrap_or(0);
+        eprintln!(
+            "worker {pid}: end {} (Rss {rss}), private {} (Private_Dirty {private_dirty}), shared {} \
+             (Shared_Dirty {shared_dirty}); COW {count}, cow.pb.gz {in_profile}, under __getitem__ {getitem}",
+            u(&r["end_bytes"]),
+            u(&r["private_bytes"]),
+            u(&r["shared_with_parent_bytes"])
+        );
+        assert_close(&format!("worker {pid}'s end"), u(&r["end_bytes"]), rss, 5.0);
+        assert!(
+            in_profile.abs_diff(count) <= 2 + count / 200,
+            "worker {pid}: cow.pb.gz {in_profile}, its count {count}"
+        );
+        assert!(getitem * 10 >= count, "worker {pid}: {getitem} of {count} COW faults under __getitem__: {by:?}");
+        let copied = count * 4096;
+        assert!(
+            copied <= private_dirty + (1 << 20) && copied * 10 >= private_dirty * 7,
+            "worker {pid}: {count} COW faults ({copied} bytes) against Private_Dirty {private_dirty}"
+        );
+    }
+}
+
 #[test]
 fn torch_job_workers_counts_and_shared_memory_segments() {
     privileged!();
@@ -177,6 +228,7 @@ fn torch_job_workers_counts_and_shared_memory_segments() {
         );
         assert_eq!(total, minor + major);
     }
+    torch_workers_resident_and_copies(&run, stats.path());
     let [ppid, _, pmin, pmaj] = parent[0];
     let pf = &run.process(u32::try_from(ppid).unwrap())["faults"];
     assert!(u(&pf["minor"]) >= pmin && u(&pf["major"]) >= pmaj, "parent: {pf:#} against {pmin} + {pmaj}");
