@@ -104,7 +104,14 @@ struct Proc {
     /// The last ranges given back, with when the call returned: a page
     /// whose fault began before that cannot still be there.
     given_back: std::collections::VecDeque<(u64, u64, u64)>,
+    /// Its last children, with when each forked: a page of its own whose
+    /// record comes after a child's fork (pages and forks come on separate
+    /// rings) but faulted before it is the child's too.
+    forked: std::collections::VecDeque<(u32, u64)>,
 }
+
+/// Forks remembered per process (`Proc::forked`).
+const FORKS: usize = 16;
 
 /// Ranges given back remembered per process.
 const GIVEN_BACK: usize = 32;
@@ -192,7 +199,27 @@ impl ResidentTracker {
             // sample follows small pages.
             self.live_pages = add(self.live_pages, split_huge(&mut p.live, addr, period, salt));
         }
-        match p.live.insert(addr, Page { bytes, owner }) {
+        let page = Page { bytes, owner };
+        let later_forks: Vec<u32> = p.forked.iter().filter(|f| f.1 > ev.hdr.ts_ns).map(|f| f.0).collect();
+        self.insert(ev.tgid, addr, page);
+        // Faulted before a fork the tracker has seen already: the children
+        // forked since hold it too, as their parent's, unless they made it
+        // their own or gave it back meanwhile.
+        for child in later_forks {
+            let Some(c) = self.procs.get(&child).filter(|c| !c.exited && !c.live.contains_key(&addr)) else {
+                continue;
+            };
+            if c.given_back.iter().any(|&(start, end, _)| (start..end).contains(&addr)) {
+                continue;
+            }
+            self.insert(child, addr, Page { owner: Owner { inherited: true, ..owner }, ..page });
+        }
+    }
+
+    /// `page` at `addr` in `pid`'s live set, within `MAX_LIVE_PAGES`.
+    fn insert(&mut self, pid: u32, addr: u64, page: Page) {
+        let p = self.procs.entry(pid).or_default();
+        match p.live.insert(addr, page) {
             Some(_) => {}
             None if self.live_pages >= MAX_LIVE_PAGES => {
                 p.live.remove(&addr);
@@ -270,16 +297,40 @@ impl ResidentTracker {
     pub(crate) fn task(&mut self, ev: &TaskEvent) {
         match EventKind::from_u32(ev.hdr.kind) {
             Some(EventKind::TaskFork) if ev.tgid != ev.ppid => {
-                let Some(parent) = self.procs.get(&ev.ppid) else { return };
+                // The child's own pages may have come first (pages and forks
+                // come on separate rings): they stay its own, over what it
+                // inherits. An entry of an exited process is another's pid.
+                let own = self.procs.remove(&ev.tgid).filter(|c| !c.exited && c.end.is_none());
+                if let Some(c) = &own {
+                    self.live_pages -= c.live.len();
+                }
+                let Some(parent) = self.procs.get_mut(&ev.ppid) else {
+                    if let Some(c) = own {
+                        self.live_pages += c.live.len();
+                        self.procs.insert(ev.tgid, c);
+                    }
+                    return;
+                };
+                if parent.forked.len() >= FORKS {
+                    parent.forked.pop_front();
+                }
+                parent.forked.push_back((ev.tgid, ev.hdr.ts_ns));
                 let room = MAX_LIVE_PAGES.saturating_sub(self.live_pages);
                 let mut live = BTreeMap::new();
                 for (a, pg) in parent.live.iter().take(room) {
                     live.insert(*a, Page { owner: Owner { inherited: true, ..pg.owner }, ..*pg });
                 }
                 self.dropped_pages += (parent.live.len() - live.len()) as u64;
-                self.live_pages += live.len();
                 let brk = parent.brk;
-                if let Some(old) = self.procs.insert(ev.tgid, Proc { live, brk, ..Proc::default() }) {
+                let mut child = Proc { live, brk, ..Proc::default() };
+                if let Some(c) = own {
+                    child.live.extend(c.live);
+                    child.given_back = c.given_back;
+                    child.kernel = c.kernel;
+                    child.kernel_mm = c.kernel_mm;
+                }
+                self.live_pages += child.live.len();
+                if let Some(old) = self.procs.insert(ev.tgid, child) {
                     self.live_pages -= old.live.len();
                 }
             }
@@ -740,6 +791,39 @@ mod tests {
         assert_eq!(end.resident(), 4 * 4096);
     }
 
+    /// Pages and forks come on separate rings: a child's copy that comes
+    /// before its fork stays its own, and a parent's page faulted before
+    /// the fork that comes after it is the child's too.
+    #[test]
+    fn a_fork_and_the_pages_around_it_agree_in_any_order() {
+        let mut t = ResidentTracker::default();
+        let at = |mut s: PageSample, ts: u64| {
+            s.hdr.ts_ns = ts;
+            s
+        };
+        for i in 0..4 {
+            t.page_anon(&at(sample(5, 0x10_0000 + i * 4096, 1), 1));
+        }
+        // The child's copy of the first page, before its fork (ts 2) is seen.
+        t.page_anon(&at(sample(6, 0x10_0000, 9), 3));
+        t.task(&fork(6, 5));
+        // The parent's page faulted before the fork, seen after it; and one
+        // faulted after the fork, the parent's alone.
+        t.page_anon(&at(sample(5, 0x20_0000, 1), 1));
+        t.page_anon(&at(sample(5, 0x30_0000, 1), 4));
+        let (procs, _, _) = t.finish(10);
+        let end = procs[&6].end.as_ref().unwrap();
+        let pages = |inherited: bool, stack: i32| -> u64 {
+            end.by_owner
+                .iter()
+                .filter(|(o, _)| o.inherited == inherited && o.user_stack == stack)
+                .map(|(_, v)| v.1)
+                .sum()
+        };
+        assert_eq!((pages(true, 1), pages(false, 9)), (4, 1), "{:?}", end.by_owner);
+        assert_eq!(procs[&5].end.as_ref().unwrap().by_owner.values().map(|v| v.1).sum::<u64>(), 6);
+    }
+
     fn fork(child: u32, parent: u32) -> TaskEvent {
         TaskEvent {
             hdr: EventHeader { kind: EventKind::TaskFork as u32, size: 0, ts_ns: 2 },
@@ -981,7 +1065,33 @@ pub(crate) fn profile(
 
 /// Bytes of a snapshot's inherited owners, scaled.
 fn inherited_bytes(s: &Snapshot) -> u64 {
-    scaled(s).0.iter().filter(|o| o.0.inherited).map(|o| o.1).sum::<f64>().round() as u64
+    inherited_by_kind(s).iter().sum::<f64>().round() as u64
+}
+
+/// Bytes of a snapshot's inherited owners by kind (`RSS_*`), scaled.
+fn inherited_by_kind(s: &Snapshot) -> [f64; RSS_MEMBERS] {
+    let mut out = [0.0; RSS_MEMBERS];
+    for (o, bytes, _) in scaled(s).0.iter().filter(|o| o.0.inherited) {
+        out[usize::from(o.kind).min(RSS_MEMBERS - 1)] += bytes;
+    }
+    out
+}
+
+/// What a child at its end still shares with its parent: its inherited
+/// anonymous pages, no more than it had at the fork (a copy replaces one),
+/// and its inherited file and shmem pages, which the fork does not copy
+/// (`dup_mmap` leaves a file mapping's page tables to be faulted again):
+/// faulted again in the child they are the parent's pages still, mapped by
+/// both, as the kernel's Shared_Clean counts them.
+fn shared_with_parent(end: &Snapshot, at_fork: Option<[u64; RSS_MEMBERS]>) -> u64 {
+    use vmtrace_common::RSS_ANON;
+    let by = inherited_by_kind(end);
+    let anon = match at_fork {
+        Some(f) if RssMm::resident(&f) > 0 => by[RSS_ANON].min(f[RSS_ANON] as f64),
+        _ => by[RSS_ANON],
+    };
+    let other: f64 = by.iter().enumerate().filter(|(k, _)| *k != RSS_ANON).map(|(_, b)| b).sum();
+    ((anon + other).round() as u64).min(end.resident())
 }
 
 /// The call sites holding the most, by process and frames.
@@ -1036,10 +1146,19 @@ pub(crate) fn build(
         let Some(end) = p.end.as_ref() else { continue };
         if log::log_enabled!(log::Level::Debug) {
             let mut kinds = [0u64; RSS_MEMBERS];
+            let mut inherited = [0u64; RSS_MEMBERS];
             for (o, v) in &end.by_owner {
                 kinds[usize::from(o.kind).min(RSS_MEMBERS - 1)] += v.1;
+                if o.inherited {
+                    inherited[usize::from(o.kind).min(RSS_MEMBERS - 1)] += v.1;
+                }
             }
-            log::debug!("resident {pid}: sampled pages at the end by kind {kinds:?}, kernel {:?}", end.size);
+            log::debug!(
+                "resident {pid}: sampled pages at the end by kind {kinds:?} ({inherited:?} inherited), kernel {:?}, \
+                 inherited bytes {}",
+                end.size,
+                inherited_bytes(end)
+            );
         }
         let k = p.kernel;
         if k.is_none() && end.resident() == 0 {
@@ -1050,10 +1169,8 @@ pub(crate) fn build(
             (_, Some(s)) => (s.resident(), s.size, Some(s.ts_ns)),
             _ => (end.resident(), end.size, None),
         };
-        let at_fork = k.map_or(0, |k| RssMm::resident(&k.at_fork));
         live_at_end += end.by_owner.values().map(|v| v.1).sum::<u64>();
-        let shared = inherited_bytes(end).min(end.resident());
-        let shared = if at_fork > 0 { shared.min(at_fork) } else { shared };
+        let shared = shared_with_parent(end, k.map(|k| k.at_fork));
         per_process.insert(
             *pid,
             crate::model::Resident {
