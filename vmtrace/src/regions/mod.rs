@@ -464,7 +464,9 @@ pub(crate) struct PageCache {
 }
 
 /// Bytes of `chunks` (see `PageCache`) that fall in `[start, end)` of the
-/// file, a chunk's pages spread evenly over it.
+/// file, a chunk's pages spread evenly over it. A page read twice (evicted
+/// under memory pressure, then read again) is added twice: the file's
+/// `added` counts every read, a range's share at most each page once.
 fn from_disk_in(chunks: &[(u64, u64)], start: u64, end: u64) -> u64 {
     let size = 4096u64 << FILE_CHUNK_SHIFT;
     let bytes: f64 = chunks
@@ -472,7 +474,7 @@ fn from_disk_in(chunks: &[(u64, u64)], start: u64, end: u64) -> u64 {
         .map(|&(c, pages)| {
             let (lo, hi) = (c * size, (c + 1) * size);
             let overlap = hi.min(end).saturating_sub(lo.max(start));
-            (pages * 4096) as f64 * overlap as f64 / size as f64
+            (pages.min(1 << FILE_CHUNK_SHIFT) * 4096) as f64 * overlap as f64 / size as f64
         })
         .sum();
     bytes.round() as u64
@@ -720,6 +722,8 @@ mod tests {
         assert_eq!(from_disk_in(&chunks, mib, 2 * mib), mib / 2);
         assert_eq!(from_disk_in(&chunks, mib / 2, mib + mib / 2), mib / 2 + mib / 4);
         assert_eq!(from_disk_in(&chunks, 2 * mib, 3 * mib), 0);
+        // Pages read twice (evicted and read again): a range gets each once.
+        assert_eq!(from_disk_in(&[(0, 264)], 4096 * 3, 4096 * 3 + mib / 2), mib / 2);
     }
 
     #[test]
