@@ -4,7 +4,8 @@
 //! task it interrupted, never as that task's own doing.
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel},
-    macros::{btf_tracepoint, tracepoint},
+    macros::{btf_tracepoint, map, tracepoint},
+    maps::LruHashMap,
     programs::{tracing::StackIdContext, BtfTracePointContext, TracePointContext},
     EbpfContext as _,
 };
@@ -55,11 +56,62 @@ fn try_tlb_flush<C: StackIdContext>(ctx: &C, reason: i32, pages: u64) -> Option<
             m.tlb_pages += pages;
         }
     }
-    // Without csd_queue_cpu (before 6.6), a flush that sends IPIs stands for one.
-    if reason == 4 && config().mm & MM_IPI_FROM_FLUSH != 0 {
-        ipis_sent(ctx, 1);
+    // Without csd_queue_cpu (before 6.6): a flush that would send (reason
+    // 4) leaves its call site for the IPIs it sends; each one is counted
+    // where it lands (reason 1). A flush IPI only goes to a CPU running
+    // this very address space (a lazy CPU is skipped unless page tables
+    // were freed, and then switches away untraced), so the task it
+    // interrupts is a thread of the sender's process. Counting reason-4
+    // flushes instead counted one IPI whenever the mm had been on another
+    // CPU, sent or not (a lone thread that migrated: 2,000 "IPIs", the
+    // kernel's TLB row 7).
+    if config().mm & MM_IPI_FROM_FLUSH != 0 {
+        match reason {
+            4 => flush_sender(ctx, tgid),
+            1 => flush_received(tgid),
+            _ => {}
+        }
     }
     Some(())
+}
+
+/// The call site of each process's last flush that sends IPIs (call << 32 |
+/// user stack id), for the IPIs it sends (pre-6.6 kernels).
+#[map]
+static FLUSH_SENDER: LruHashMap<u32, u64> = LruHashMap::with_max_entries(4_096, 0);
+
+#[inline(always)]
+fn flush_sender<C: StackIdContext>(ctx: &C, tgid: u32) {
+    let (call, user_stack) = call_site(ctx);
+    let v = (u64::from(call) << 32) | u64::from(user_stack as u32);
+    let _ = FLUSH_SENDER.insert(tgid, v, 0);
+}
+
+/// An IPI received by a thread of `tgid`: sent by its own last flush.
+#[inline(always)]
+fn flush_received(tgid: u32) {
+    // SAFETY: a live map value, read at once.
+    let v =
+        FLUSH_SENDER.get_ptr(tgid).map_or((MM_CALLS as u64) << 32 | u64::from(STACK_ID_NONE as u32), |p| unsafe { *p });
+    count_ipis(tgid, (v >> 32) as u32, v as u32 as i32, 1);
+}
+
+/// The current thread's call site: its mmap-family call in flight, else
+/// its user stack under call `MM_CALLS`.
+#[inline(always)]
+fn call_site<C: StackIdContext>(ctx: &C) -> (u32, i32) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    // Only the two fields, each with a defined default: a copied-out
+    // Option<MmInflight> leaves registers the verifier rejects as uninitialized.
+    let (call, user_stack) = mm_current(pid_tgid as u32).unwrap_or((MM_CALLS as u32, STACK_ID_NONE));
+    let user_stack = if (call as usize) < MM_CALLS {
+        user_stack
+    } else if config().stack_mode & STACK_USER != 0 {
+        user_stack_id(ctx)
+    } else {
+        STACK_ID_NONE
+    };
+    (call, user_stack)
 }
 
 /// Counts `n` TLB-flush IPIs sent by the current thread. Outside an
@@ -68,27 +120,24 @@ fn try_tlb_flush<C: StackIdContext>(ctx: &C, reason: i32, pages: u64) -> Option<
 /// every IPI then has a call site to be blamed on.
 #[inline(always)]
 fn ipis_sent<C: StackIdContext>(ctx: &C, n: u64) {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tgid = (pid_tgid >> 32) as u32;
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if n == 0 || !is_traced(tgid) {
         return;
     }
-    // Only the two fields, each with a defined default: a copied-out
-    // Option<MmInflight> leaves registers the verifier rejects as uninitialized.
-    let (call, user_stack) = mm_current(pid_tgid as u32).unwrap_or((MM_CALLS as u32, STACK_ID_NONE));
+    let (call, user_stack) = call_site(ctx);
+    count_ipis(tgid, call, user_stack, n);
+}
+
+/// `n` IPIs sent by `tgid` during `call` (`MM_CALLS`: outside any) from
+/// the call site `user_stack`.
+#[inline(always)]
+fn count_ipis(tgid: u32, call: u32, user_stack: i32, n: u64) {
     if let Some(m) = mm_stats(tgid) {
         m.ipis_sent += n;
         if let Some(c) = m.ipis_by_call.get_mut((call as usize).min(MM_CALLS)) {
             *c += n;
         }
     }
-    let user_stack = if (call as usize) < MM_CALLS {
-        user_stack
-    } else if config().stack_mode & STACK_USER != 0 {
-        user_stack_id(ctx)
-    } else {
-        STACK_ID_NONE
-    };
     if let Some(c) = mm_stack_counts(&stack_key(tgid, call, user_stack)) {
         c.ipis += n;
     }

@@ -266,7 +266,7 @@ pub fn run_all() -> Vec<Check> {
         if chk.status == Status::Missing {
             chk.status = Status::Degraded;
             chk.fix = Some(match *c {
-                "csd" => "csd tracepoints arrived in 6.6: one IPI is counted per flush that sends any".into(),
+                "csd" => "csd tracepoints arrived in 6.6: IPIs are counted where they land, none to a lazy CPU".into(),
                 _ => format!("the {c} family needs it; record without it via --events"),
             });
         }

@@ -144,7 +144,8 @@ const fn doc(capability: &'static str, why: &'static str) -> Option<Doc> {
 }
 
 /// A shootdown counted without the csd tracepoint.
-pub const IPI_FROM_FLUSH: &str = "one IPI is counted per flush that sends any";
+pub const IPI_FROM_FLUSH: &str =
+    "IPIs are counted where they land (reason-1 flushes in the sender's threads): none to a lazy CPU";
 
 macro_rules! syscall_pair {
     ($call:literal) => {
