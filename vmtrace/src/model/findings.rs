@@ -354,21 +354,41 @@ fn fork_cow(s: &Summary, out: &mut Vec<Finding>) {
         let in_arenas = copies_in_parent_arenas(s, p);
         let n = c.python_objects.max(in_arenas);
         if n >= FORK_COW_PYTHON_MIN_PAGES && forked {
-            let mut f = finding(
-                s,
-                "fork_cow_python_objects",
-                p.pid,
-                format!(
-                    "It copied {n} pages ({}) of Python objects shared across a fork: reading an object writes its \
-                     reference count (and the collector its header), so every page of objects a worker walks is copied.",
-                    bytes(n * PAGE)
-                ),
-                "Call gc.freeze() in the parent just before forking the workers (the collector then leaves the \
-                 shared objects alone), and keep the large read-only data in numpy or Arrow arrays (or \
-                 multiprocessing.shared_memory) rather than lists, dicts and tuples of Python objects: an array's \
-                 data pages hold no reference counts"
-                    .into(),
-            );
+            // A parent whose workers fire too copies for the same reason:
+            // its fix is theirs, said once (on the workers').
+            let parent_of_firing = worker_of(s, p).is_none()
+                && s.processes.iter().filter(|q| q.ppid == Some(p.pid)).any(|q| {
+                    q.cow_from.as_ref().is_some_and(|qc| {
+                        qc.python_objects.max(copies_in_parent_arenas(s, q)) >= FORK_COW_PYTHON_MIN_PAGES
+                    })
+                });
+            let (summary, fix) = if parent_of_firing {
+                (
+                    format!(
+                        "It copied {n} pages ({}) of Python objects it shares with its forked workers: after the \
+                         fork its own reads write reference counts (and the collector headers) on shared pages too.",
+                        bytes(n * PAGE)
+                    ),
+                    "The fix of its workers' findings (gc.freeze() before forking; read-only data in arrays) \
+                     removes these copies too"
+                        .to_string(),
+                )
+            } else {
+                (
+                    format!(
+                        "It copied {n} pages ({}) of Python objects shared across a fork: reading an object writes \
+                         its reference count (and the collector its header), so every page of objects a worker walks \
+                         is copied.",
+                        bytes(n * PAGE)
+                    ),
+                    "Call gc.freeze() in the parent just before forking the workers (the collector then leaves the \
+                     shared objects alone), and keep the large read-only data in numpy or Arrow arrays (or \
+                     multiprocessing.shared_memory) rather than lists, dicts and tuples of Python objects: an \
+                     array's data pages hold no reference counts"
+                        .to_string(),
+                )
+            };
+            let mut f = finding(s, "fork_cow_python_objects", p.pid, summary, fix);
             ev(&mut f, "cow_python_objects", n);
             if in_arenas > 0 {
                 ev(&mut f, "cow_in_parent_arenas", in_arenas);

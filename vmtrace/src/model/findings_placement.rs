@@ -29,7 +29,12 @@ fn memlock_limit(s: &Summary, out: &mut Vec<Finding>) {
             continue;
         }
         let refused = p.failures.iter().filter(|f| f.pid == fl.pid && f.rlimit_memlock).count();
-        let mut f = finding(s, "memlock_limit", fl.pid, format!("{} ({refused} refused).", fl.cause), fl.fix.clone());
+        // The finding names the process already: the cause without it.
+        let cause = fl.cause.strip_prefix(&format!("{} (pid {}) ", fl.comm, fl.pid)).unwrap_or(&fl.cause);
+        let mut chars = cause.chars();
+        let first = chars.next().map(|c| c.to_uppercase().to_string()).unwrap_or_default();
+        let summary = format!("{first}{} ({refused} refused).", chars.as_str());
+        let mut f = finding(s, "memlock_limit", fl.pid, summary, fl.fix.clone());
         if f.comm.is_empty() {
             f.comm.clone_from(&fl.comm);
         }

@@ -230,6 +230,10 @@ fn fork_cow_python_objects_fires_per_process_and_names_workers() {
     assert_eq!(f[1].evidence["cow_python_objects"], 20_408);
     assert!(f[1].fix.contains("gc.freeze()"));
     assert!(f[1].expected_gain.as_deref().unwrap().contains("79.7 MiB"), "{:?}", f[1].expected_gain);
+    // The parent's copies are the other side of its workers': their fix,
+    // pointed to, not said again.
+    assert!(f[0].summary.contains("it shares with its forked workers"), "{:?}", f[0].summary);
+    assert!(f[0].fix.starts_with("The fix of its workers' findings") && !f[0].fix.contains("Arrow"), "{}", f[0].fix);
 }
 
 #[test]
@@ -661,6 +665,8 @@ fn memlock_limit_fires_once_per_process() {
     assert_eq!(f.len(), 1);
     assert_eq!(f[0].evidence["refused"], 2);
     assert!(f[0].summary.contains("RLIMIT_MEMLOCK 64 KiB") && f[0].fix.contains("ulimit -l"), "{:?}", f[0]);
+    // Named once, by the finding: not again in its summary.
+    assert!(f[0].summary.starts_with("Mlock of 1.0 MiB failed") && !f[0].summary.contains("pid 40"), "{:?}", f[0]);
 }
 
 fn numa_summary(sampled: u64, remote: u64) -> Summary {
