@@ -8,8 +8,8 @@
 mod common;
 
 use std::{
-    io::{BufRead as _, BufReader, Read as _, Write as _},
-    net::{TcpListener, TcpStream},
+    io::{BufRead as _, BufReader},
+    net::TcpListener,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     thread::sleep,
@@ -78,17 +78,6 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-fn get(addr: &str, target: &str) -> (u16, Vec<u8>) {
-    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
-    write!(s, "GET {target} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut reply = Vec::new();
-    s.read_to_end(&mut reply).unwrap();
-    let at = reply.windows(4).position(|w| w == b"\r\n\r\n").expect("an HTTP reply");
-    let head = String::from_utf8_lossy(&reply[..at]).to_string();
-    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    (status, reply[at + 4..].to_vec())
-}
-
 /// (minflt, majflt) of `pid` from /proc/PID/stat: the kernel's count.
 fn kernel_faults(pid: u32) -> (u64, u64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
@@ -108,7 +97,7 @@ fn query(prom: &str, q: &str) -> Vec<Value> {
             }
         })
         .collect();
-    let (status, body) = get(prom, &format!("/api/v1/query?query={enc}"));
+    let (status, body) = http_get(prom, &format!("/api/v1/query?query={enc}"));
     if status != 200 {
         return Vec::new();
     }
@@ -209,7 +198,7 @@ fn prometheus_and_pprof_read_a_pods_faults_by_pod_container_and_rank() {
     eprintln!("pid {pid}: Prometheus says {got} faults for pod {}, the kernel {kernel} ({minflt} minor)", cg.uid);
     if (got - kernel as f64).abs() > kernel as f64 * 0.03 {
         // What vmtrace itself serves for the process and the pod, and whether Prometheus scrapes it.
-        let (_, m) = get(&addr, "/metrics");
+        let (_, m) = http_get(&addr, "/metrics");
         let m = String::from_utf8_lossy(&m).to_string();
         let ours: Vec<&str> =
             m.lines().filter(|l| l.contains(&format!("pid=\"{pid}\"")) || l.contains(&cg.uid)).collect();
@@ -241,7 +230,7 @@ fn prometheus_and_pprof_read_a_pods_faults_by_pod_container_and_rank() {
     // go tool pprof reads the faults profile over HTTP: the pod's samples
     // add up to its metric (both read while the workload holds still).
     let metric = {
-        let (_, body) = get(&addr, "/metrics");
+        let (_, body) = http_get(&addr, "/metrics");
         let body = String::from_utf8(body).unwrap();
         body.lines()
             .filter(|l| {
@@ -282,13 +271,13 @@ fn go_pprof_raw(addr: &str, name: &str, tmp: &Path) -> String {
 
 /// An unknown profile, a bad window, and the health check.
 fn bad_requests_are_answered_clearly(addr: &str) {
-    let (status, body) = get(addr, "/debug/pprof/heap");
+    let (status, body) = http_get(addr, "/debug/pprof/heap");
     assert_eq!(status, 404);
     assert!(String::from_utf8_lossy(&body).contains("faults, fault-time"), "{}", String::from_utf8_lossy(&body));
-    let (status, body) = get(addr, "/debug/pprof/faults?seconds=soon");
+    let (status, body) = http_get(addr, "/debug/pprof/faults?seconds=soon");
     assert_eq!(status, 400);
     assert!(String::from_utf8_lossy(&body).contains("not a whole number"));
-    assert_eq!(get(addr, "/healthz"), (200, b"ok\n".to_vec()));
+    assert_eq!(http_get(addr, "/healthz"), (200, b"ok\n".to_vec()));
 }
 
 /// The total of a `go tool pprof -raw` listing's samples whose labels hold `label`.

@@ -148,7 +148,7 @@ fn serve_exports_each_processs_resident_bytes_and_peak() {
     assert!(in_profile.abs_diff(rss_now) <= rss_now * 3 / 100, "profile {in_profile} vs VmRSS {rss_now}: {sites:?}");
     assert!(under("hold").abs_diff(128 << 20) <= (128 << 20) / 20, "hold {} of 128 MiB: {sites:?}", under("hold"));
     assert_eq!(under("temporary"), 0, "the freed buffer holds nothing now: {sites:?}");
-    let (status, _) = get(&addr, "/debug/pprof/resident?seconds=5");
+    let (status, _) = http_get(&addr, "/debug/pprof/resident?seconds=5");
     assert_eq!(status, 400, "a window of a gauge is refused");
     let total = of(&body, "vmtrace_resident_bytes", "");
     eprintln!(
@@ -166,20 +166,9 @@ fn serve_exports_each_processs_resident_bytes_and_peak() {
     assert!(vm.wait().unwrap().success());
 }
 
-/// The status and body of a GET of `target`.
-fn get(addr: &str, target: &str) -> (u16, Vec<u8>) {
-    let mut s = TcpStream::connect(addr).expect("connect to vmtrace serve");
-    s.write_all(format!("GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
-    let mut reply = Vec::new();
-    s.read_to_end(&mut reply).unwrap();
-    let at = reply.windows(4).position(|w| w == b"\r\n\r\n").expect("an HTTP reply");
-    let status = String::from_utf8_lossy(&reply[9..12]).parse().unwrap_or(0);
-    (status, reply[at + 4..].to_vec())
-}
-
 /// The gzipped pprof profile at `target`, decoded.
 fn profile_at(addr: &str, target: &str) -> vmtrace_protos::pprof::Profile {
-    let (status, body) = get(addr, target);
+    let (status, body) = http_get(addr, target);
     assert_eq!(status, 200, "{target}: {}", String::from_utf8_lossy(&body));
     pprof_from_gzip(&body)
 }

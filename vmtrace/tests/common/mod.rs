@@ -551,3 +551,16 @@ pub fn pprof_by_function(
     }
     (total, out)
 }
+
+/// The status and body of `GET target` from the HTTP server at `addr`.
+pub fn http_get(addr: &str, target: &str) -> (u16, Vec<u8>) {
+    use std::io::Write as _;
+    let mut s = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+    write!(s, "GET {target} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut reply = Vec::new();
+    s.read_to_end(&mut reply).unwrap();
+    let at = reply.windows(4).position(|w| w == b"\r\n\r\n").expect("an HTTP reply");
+    let head = String::from_utf8_lossy(&reply[..at]).to_string();
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, reply[at + 4..].to_vec())
+}
