@@ -347,21 +347,18 @@ fn heap_trim(s: &Summary, out: &mut Vec<Finding>) {
 /// counts written by reading them), or any page a child writes.
 fn fork_cow(s: &Summary, out: &mut Vec<Finding>) {
     for p in &s.processes {
-        let Some(c) = &p.cow_from else { continue };
+        let (Some(c), Some((n, in_arenas))) = (&p.cow_from, python_object_copies(s, p)) else { continue };
         let time = |n: u64| (p.faults.time_ns as f64 * n as f64 / p.faults.total.max(1) as f64) as u64;
         let children = s.processes.iter().filter(|q| q.ppid == Some(p.pid)).count();
         let forked = worker_of(s, p).is_some() || children > 0;
-        let in_arenas = copies_in_parent_arenas(s, p);
-        let n = c.python_objects.max(in_arenas);
         if n >= FORK_COW_PYTHON_MIN_PAGES && forked {
             // A parent whose workers fire too copies for the same reason:
             // its fix is theirs, said once (on the workers').
             let parent_of_firing = worker_of(s, p).is_none()
-                && s.processes.iter().filter(|q| q.ppid == Some(p.pid)).any(|q| {
-                    q.cow_from.as_ref().is_some_and(|qc| {
-                        qc.python_objects.max(copies_in_parent_arenas(s, q)) >= FORK_COW_PYTHON_MIN_PAGES
-                    })
-                });
+                && s.processes
+                    .iter()
+                    .filter(|q| q.ppid == Some(p.pid))
+                    .any(|q| python_object_copies(s, q).is_some_and(|(m, _)| m >= FORK_COW_PYTHON_MIN_PAGES));
             let (summary, fix) = if parent_of_firing {
                 (
                     format!(
@@ -432,6 +429,15 @@ fn fork_cow(s: &Summary, out: &mut Vec<Finding>) {
             out.push(f);
         }
     }
+}
+
+/// Pages of Python objects `p` copied (its COW in arenas, or for a worker
+/// its fork copies at its parent's arena addresses, the larger) and the
+/// second of those; `None` without a COW split.
+fn python_object_copies(s: &Summary, p: &Process) -> Option<(u64, u64)> {
+    let c = p.cow_from.as_ref()?;
+    let in_arenas = copies_in_parent_arenas(s, p);
+    Some((c.python_objects.max(in_arenas), in_arenas))
 }
 
 /// A worker's fork copies at its parent's Python arenas' addresses: for
