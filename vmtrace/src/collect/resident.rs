@@ -1063,11 +1063,6 @@ pub(crate) fn profile(
     stacks
 }
 
-/// Bytes of a snapshot's inherited owners, scaled.
-fn inherited_bytes(s: &Snapshot) -> u64 {
-    inherited_by_kind(s).iter().sum::<f64>().round() as u64
-}
-
 /// Bytes of a snapshot's inherited owners by kind (`RSS_*`), scaled.
 fn inherited_by_kind(s: &Snapshot) -> [f64; RSS_MEMBERS] {
     let mut out = [0.0; RSS_MEMBERS];
@@ -1146,18 +1141,13 @@ pub(crate) fn build(
         let Some(end) = p.end.as_ref() else { continue };
         if log::log_enabled!(log::Level::Debug) {
             let mut kinds = [0u64; RSS_MEMBERS];
-            let mut inherited = [0u64; RSS_MEMBERS];
             for (o, v) in &end.by_owner {
                 kinds[usize::from(o.kind).min(RSS_MEMBERS - 1)] += v.1;
-                if o.inherited {
-                    inherited[usize::from(o.kind).min(RSS_MEMBERS - 1)] += v.1;
-                }
             }
             log::debug!(
-                "resident {pid}: sampled pages at the end by kind {kinds:?} ({inherited:?} inherited), kernel {:?}, \
-                 inherited bytes {}",
+                "resident {pid}: sampled pages at the end by kind {kinds:?}, kernel {:?}, inherited bytes by kind {:?}",
                 end.size,
-                inherited_bytes(end)
+                inherited_by_kind(end)
             );
         }
         let k = p.kernel;
