@@ -188,7 +188,7 @@ pub(crate) fn top_regions(pid: u32, n: usize) -> Option<Vec<HeldRegion>> {
                 start: format!("{:#x}", r.start),
                 end: format!("{:#x}", r.end),
                 kind: r.kind,
-                path: r.path.clone(),
+                path: r.path.as_deref().map(String::from),
                 rss_kb: kb,
             });
         }

@@ -1,5 +1,7 @@
 //! `/proc/PID/maps`: a process's memory regions (VMAs), classified the way
 //! users ask about them (heap, stack, file, anon, …), and address lookup.
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 pub(crate) mod exec_image;
@@ -11,10 +13,91 @@ use crate::model::RegionKind;
 pub struct Region {
     pub start: u64,
     pub end: u64,
-    pub perms: String,
+    pub perms: Perms,
     pub offset: u64,
     pub kind: RegionKind,
-    pub path: Option<String>,
+    pub path: Option<Arc<str>>,
+}
+
+/// A region's permissions as /proc/PID/maps writes them (`r-xp`, `rw-s`):
+/// up to four ASCII characters, kept inline. A region is cloned every time
+/// an address space is replayed or inherited, and its permissions were a
+/// heap string each time (a tenth of the collector's allocations beside
+/// process churn).
+#[derive(Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Perms {
+    bytes: [u8; 4],
+    len: u8,
+}
+
+impl Perms {
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("")
+    }
+}
+
+impl From<&str> for Perms {
+    /// The first four characters of `s` if ASCII (permissions always are),
+    /// else none.
+    fn from(s: &str) -> Self {
+        let mut p = Self::default();
+        if s.is_ascii() {
+            let n = s.len().min(4);
+            p.bytes[..n].copy_from_slice(&s.as_bytes()[..n]);
+            p.len = n as u8;
+        }
+        p
+    }
+}
+
+impl From<String> for Perms {
+    fn from(s: String) -> Self {
+        Self::from(s.as_str())
+    }
+}
+
+impl std::ops::Deref for Perms {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl std::fmt::Display for Perms {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::fmt::Debug for Perms {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl PartialEq<str> for Perms {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for Perms {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl Serialize for Perms {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Perms {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = std::borrow::Cow::<'de, str>::deserialize(d)?;
+        Ok(Self::from(s.as_ref()))
+    }
 }
 
 impl Region {
@@ -48,7 +131,7 @@ fn parse_line(line: &str) -> Option<Region> {
     // start-end perms offset dev inode [path]; the path may contain spaces.
     let mut it = line.splitn(6, ' ');
     let range = it.next()?;
-    let perms = it.next()?.to_string();
+    let perms = Perms::from(it.next()?);
     let offset = u64::from_str_radix(it.next()?, 16).ok()?;
     let _dev = it.next()?;
     let inode: u64 = it.next()?.parse().ok()?;
@@ -57,7 +140,7 @@ fn parse_line(line: &str) -> Option<Region> {
     let (s, e) = range.split_once('-')?;
     let (start, end) = (u64::from_str_radix(s, 16).ok()?, u64::from_str_radix(e, 16).ok()?);
     let kind = classify(inode, name);
-    let path = (!name.is_empty()).then(|| name.to_string());
+    let path = (!name.is_empty()).then(|| Arc::from(name));
     Some(Region { start, end, perms, offset, kind, path })
 }
 

@@ -629,8 +629,8 @@ pub(crate) fn region_from_event(ev: &vmtrace_common::MmEvent, names: &mut FileNa
         });
         (RegionKind::File, Some(path))
     };
-    let perms = format!("{}{}", rwx(ev.prot), if shared { 's' } else { 'p' });
-    Region { start: ev.addr, end: ev.addr + ev.len, perms, offset: ev.offset, kind, path }
+    let perms = format!("{}{}", rwx(ev.prot), if shared { 's' } else { 'p' }).into();
+    Region { start: ev.addr, end: ev.addr + ev.len, perms, offset: ev.offset, kind, path: path.map(Into::into) }
 }
 
 /// A process's maps with the regions of its history they lack
@@ -980,7 +980,7 @@ mod tests {
             p.mapped.insert(m);
         }
         assert!(t.add_mapped_to_maps(u32::MAX));
-        let paths: Vec<_> = t.procs[&u32::MAX].maps.iter().map(|m| m.path.clone().unwrap()).collect();
+        let paths: Vec<_> = t.procs[&u32::MAX].maps.iter().map(|m| m.path.as_deref().unwrap()).collect();
         assert_eq!(paths, ["/bin/prog", "/lib/libc.so", "/lib/ld.so"]);
         assert!(t.procs[&u32::MAX].maps_read.is_some());
         assert!(!t.add_mapped_to_maps(u32::MAX), "nothing new the second time");

@@ -52,7 +52,7 @@ impl Attribution {
                 start: format!("{:#x}", r.start),
                 end: format!("{:#x}", r.end),
                 kind: r.kind,
-                path: r.path,
+                path: r.path.as_deref().map(String::from),
                 samples: n,
             })
             .collect();

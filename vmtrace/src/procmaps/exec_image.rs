@@ -71,10 +71,10 @@ impl Image {
                 Region {
                     start: bias.wrapping_add(l.vaddr & !(PAGE - 1)),
                     end: bias.wrapping_add((l.vaddr + l.filesz).div_ceil(PAGE) * PAGE),
-                    perms: format!("{}{}{}p", flag(PF_R, 'r'), flag(PF_W, 'w'), flag(PF_X, 'x')),
+                    perms: format!("{}{}{}p", flag(PF_R, 'r'), flag(PF_W, 'w'), flag(PF_X, 'x')).into(),
                     offset: l.offset & !(PAGE - 1),
                     kind: RegionKind::File,
-                    path: Some(path.to_string()),
+                    path: Some(path.into()),
                 }
             })
             .collect()

@@ -124,7 +124,7 @@ fn python_3_13_debug_offsets_agree_with_the_table() {
         offset: 0,
         perms: "r--p".into(),
         kind: crate::model::RegionKind::File,
-        path: Some(lib.to_string_lossy().into_owned()),
+        path: Some(lib.to_string_lossy().into()),
     }];
     let Detected::Known(found) = Detector::default().detect(&maps, None) else { panic!("3.13 not detected") };
     let (table, _) = super::detect::layout((3, 13), found.proc.runtime).expect("row");
@@ -152,7 +152,7 @@ fn python_3_9_is_unknown() {
         offset: 0,
         perms: "r--p".into(),
         kind: crate::model::RegionKind::File,
-        path: Some(path.clone()),
+        path: Some(path.as_str().into()),
     }];
     assert_eq!(Detector::default().detect(&maps, None), Detected::Unknown(path));
 }

@@ -36,7 +36,7 @@ fn run(h: &History, granules: &[(GranuleKey, GranuleCounts)]) -> (Vec<(Region, u
     let (rows, how) =
         place(7, granules, &ProcessInput { history: h, start: None, final_maps: &[], shares_after_fork: false });
     let mut out: Vec<(Region, u64)> = rows.into_iter().map(|r| (r.region, r.acc.faults.round() as u64)).collect();
-    out.sort_by_key(|(r, _)| (r.start, r.perms.clone()));
+    out.sort_by_key(|(r, _)| (r.start, r.perms));
     (out, how)
 }
 

@@ -12,7 +12,7 @@ pub(crate) mod safetensors;
 pub(crate) mod shm;
 pub(crate) mod torchzip;
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use vmtrace_common::{GranuleCounts, GranuleKey, FILE_CHUNK_SHIFT, GRANULE_HIST};
 
@@ -122,7 +122,7 @@ pub(crate) use place::{regions_at, Placement, ProcessInput};
 
 /// Where each file page that faulted went, for the file and tensor views.
 struct FileHit {
-    path: String,
+    path: Arc<str>,
     file_offset: u64,
     share: f64,
 }
@@ -143,11 +143,11 @@ pub(crate) struct Partial {
     /// Timed faults carry their weights (stratified timing): see `Acc::faults`.
     weighted: bool,
     regions: Vec<RegionSummary>,
-    files: BTreeMap<String, Acc>,
+    files: BTreeMap<Arc<str>, Acc>,
     /// File pages hit, kept for the files that may be checkpoints only.
     file_pages: Vec<(GranuleCounts, FileHit)>,
     /// Whether a path is a checkpoint (read once per path).
-    checkpoint: std::collections::HashMap<String, bool>,
+    checkpoint: std::collections::HashMap<Arc<str>, bool>,
     placement: Placement,
     /// Faults and fault time of every row added, and the 100 largest of
     /// each (what [`Partial::fold_small`] needs to know a row will be folded).
@@ -215,7 +215,7 @@ impl Partial {
         // (dev, inode) had.
         let names = same_files(placed.iter().flat_map(|(_, rows)| rows.iter()).filter_map(|r| {
             match (r.region.kind, &r.region.path) {
-                (RegionKind::File, Some(p)) => Some(p.as_str()),
+                (RegionKind::File, Some(p)) => Some(&**p),
                 _ => None,
             }
         }));
@@ -223,8 +223,8 @@ impl Partial {
         for (pid, rows) in placed {
             for mut row in rows {
                 if let (RegionKind::File, Some(path)) = (row.region.kind, &mut row.region.path) {
-                    if let Some(name) = names.get(path.as_str()) {
-                        path.clone_from(name);
+                    if let Some(name) = names.get(&**path) {
+                        *path = Arc::from(name.as_str());
                     }
                     let checkpoint = *self
                         .checkpoint
@@ -254,9 +254,9 @@ impl Partial {
                 pid,
                 start: format!("{:#x}", r.start),
                 end: format!("{:#x}", r.end),
-                perms: r.perms.clone(),
+                perms: r.perms.to_string(),
                 kind: r.kind,
-                path: r.path.clone(),
+                path: r.path.as_deref().map(String::from),
                 offset: r.offset,
                 faults,
                 // A huge page freed and faulted again counts again: never
@@ -363,7 +363,7 @@ impl Partial {
                     from_disk_bytes: added * 4096,
                     pages_touched: a.pages_faulted_in(),
                     faults,
-                    path,
+                    path: path.to_string(),
                     tensors,
                 }
             })
@@ -532,12 +532,12 @@ fn tensor_view(
     chunks: &[(u64, u64)],
     weighted: bool,
 ) -> Vec<TensorSummary> {
-    if !path.starts_with('/') || !hits.iter().any(|(_, h)| h.path == path) {
+    if !path.starts_with('/') || !hits.iter().any(|(_, h)| &*h.path == path) {
         return Vec::new();
     }
     let Some(tensors) = checkpoint_tensors(path) else { return Vec::new() };
     let mut acc = vec![Acc::default(); tensors.len()];
-    for (g, hit) in hits.iter().filter(|(_, h)| h.path == path) {
+    for (g, hit) in hits.iter().filter(|(_, h)| &*h.path == path) {
         if let Some(i) = safetensors::find(&tensors, hit.file_offset) {
             acc[i].add_share(g, hit.share, 1);
         }

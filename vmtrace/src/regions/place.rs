@@ -160,7 +160,7 @@ impl Races {
 
 /// Rows with their faults and file pages, as pages are placed.
 /// What makes two rows the same row: range, permissions, kind, name, offset.
-type RowKey = (u64, u64, String, RegionKind, Option<String>, u64);
+type RowKey = (u64, u64, crate::procmaps::Perms, RegionKind, Option<std::sync::Arc<str>>, u64);
 
 /// A file page hit: its granule's counts, file offset and share of them.
 type FileHits = Vec<(GranuleCounts, u64, f64)>;
@@ -266,7 +266,7 @@ pub(super) fn place(
             RowRef::Final(i) => input.final_maps[i].clone(),
             RowRef::Unknown(granule) => unknown(pid, granule),
         };
-        let key = (region.start, region.end, region.perms.clone(), region.kind, region.path.clone(), region.offset);
+        let key = (region.start, region.end, region.perms, region.kind, region.path.clone(), region.offset);
         match merged.entry(key) {
             std::collections::hash_map::Entry::Occupied(mut e) => {
                 let p = e.get_mut();
@@ -347,6 +347,6 @@ fn unknown(pid: u32, granule: u64) -> Region {
         perms: "----".into(),
         offset: 0,
         kind: crate::model::RegionKind::Other,
-        path: Some(format!("[unknown region of {pid}]")),
+        path: Some(format!("[unknown region of {pid}]").into()),
     }
 }

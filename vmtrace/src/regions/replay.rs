@@ -7,7 +7,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::history::{page_up, Change};
-use crate::{model::RegionKind, procmaps::Region};
+use crate::{
+    model::RegionKind,
+    procmaps::{Perms, Region},
+};
 
 /// What a fault's page was placed in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,9 +62,12 @@ impl RangeSet {
         if start >= end {
             return;
         }
-        let over: Vec<(u64, u64)> =
-            self.0.range(..=end).rev().take_while(|(_, e)| **e >= start).map(|(s, e)| (*s, *e)).collect();
-        for (s, e) in over {
+        // Ranges are disjoint: those merged start at or below `end`, from
+        // the highest down, until one ends before `start`.
+        while let Some((&s, &e)) = self.0.range(..=end).next_back() {
+            if e < start {
+                break;
+            }
             self.0.remove(&s);
             start = start.min(s);
             end = end.max(e);
@@ -112,7 +118,7 @@ fn can_serve(perms: &str) -> bool {
 pub(crate) struct Replay {
     model: BTreeMap<u64, Piece>,
     pub rows: Vec<Row>,
-    by_lineage: HashMap<(u32, String), usize>,
+    by_lineage: HashMap<(u32, Perms), usize>,
     next_lineage: u32,
     touched: RangeSet,
     reset_gen: u32,
@@ -163,9 +169,10 @@ impl Replay {
     fn new_row(&mut self, region: Region, flags: u64, reserved: bool) -> usize {
         self.next_lineage += 1;
         let lineage = self.next_lineage;
-        self.rows.push(Row { region: region.clone(), lineage, flags, reserved });
+        let perms = region.perms;
+        self.rows.push(Row { region, lineage, flags, reserved });
         let i = self.rows.len() - 1;
-        self.by_lineage.insert((lineage, region.perms), i);
+        self.by_lineage.insert((lineage, perms), i);
         i
     }
 
@@ -175,12 +182,12 @@ impl Replay {
         if r.region.perms == perms {
             return row;
         }
-        let key = (r.lineage, perms.to_string());
+        let key = (r.lineage, Perms::from(perms));
         if let Some(&i) = self.by_lineage.get(&key) {
             return i;
         }
         // Its span is where pages got these permissions, not the mapping's.
-        let region = Region { start: 0, end: 0, perms: perms.to_string(), ..r.region.clone() };
+        let region = Region { start: 0, end: 0, perms: key.1, ..r.region.clone() };
         let (flags, reserved) = (r.flags, r.reserved);
         self.rows.push(Row { region, lineage: key.0, flags, reserved });
         let i = self.rows.len() - 1;
@@ -192,19 +199,25 @@ impl Replay {
     /// returns the parts removed, by start.
     fn cut(&mut self, start: u64, end: u64) -> Vec<(u64, Piece)> {
         let mut out = Vec::new();
+        self.cut_with(start, end, |s, p| out.push((s, p)));
+        out
+    }
+
+    /// Cuts `[start, end)` out of the model, giving each piece cut out (its
+    /// start and the piece, lowest first) to `f`, without a list of keys: a
+    /// replay cuts at every change, mostly one piece or none.
+    fn cut_with(&mut self, start: u64, end: u64, mut f: impl FnMut(u64, Piece)) {
         if start >= end {
-            return out;
+            return;
         }
-        let keys: Vec<u64> = self
-            .model
-            .range(..end)
-            .rev()
-            .take_while(|(s, p)| p.end > start || **s >= start)
-            .filter(|(_, p)| p.end > start)
-            .map(|(s, _)| *s)
-            .collect();
-        for s in keys.into_iter().rev() {
-            let Some(p) = self.model.remove(&s) else { continue };
+        // The piece starting below `start` that reaches past it, then each
+        // starting within; what is put back starts below `start` or at `end`.
+        let mut from = match self.model.range(..start).next_back() {
+            Some((&s, p)) if p.end > start => s,
+            _ => start,
+        };
+        while let Some((&s, &p)) = self.model.range(from..end).next() {
+            self.model.remove(&s);
             if s < start {
                 self.model.insert(s, Piece { end: start, ..p });
             }
@@ -212,9 +225,9 @@ impl Replay {
                 self.model.insert(end, Piece { offset: p.offset + (end - s), ..p });
             }
             let (a, b) = (s.max(start), p.end.min(end));
-            out.push((a, Piece { end: b, offset: p.offset + (a - s), row: p.row }));
+            f(a, Piece { end: b, offset: p.offset + (a - s), row: p.row });
+            from = (s + 1).max(start);
         }
-        out
     }
 
     fn insert(&mut self, start: u64, end: u64, offset: u64, row: usize, gen: u32, exact_from: Option<u32>) {
@@ -240,7 +253,7 @@ impl Replay {
         match change {
             Change::Map { region, flags } => {
                 let (start, end) = (region.start, page_up(region.end));
-                self.cut(start, end);
+                self.cut_with(start, end, |_, _| {});
                 self.touched.insert(start, end);
                 let reserved = !can_serve(&region.perms);
                 let mut region = region.clone();
@@ -254,7 +267,7 @@ impl Replay {
             }
             Change::Unmap { start, end } => {
                 let end = page_up(*end);
-                self.cut(*start, end);
+                self.cut_with(*start, end, |_, _| {});
                 self.touched.insert(*start, end);
             }
             Change::Protect { start, end, perms } => {
@@ -273,7 +286,7 @@ impl Replay {
                 self.touched.insert(*new_start, new_end);
                 let parts = self.cut(*old_start, old_end);
                 if *new_start != *old_start {
-                    self.cut(*new_start, new_end);
+                    self.cut_with(*new_start, new_end, |_, _| {});
                     // Moved: the rows show where the mapping is now.
                     for (_, p) in &parts {
                         let r = &mut self.rows[p.row].region;
@@ -321,7 +334,7 @@ impl Replay {
         let new = page_up(brk);
         let Some(old) = self.brk.replace(new) else { return };
         if new < old {
-            self.cut(new, old);
+            self.cut_with(new, old, |_, _| {});
             self.touched.insert(new, old);
         } else if new > old {
             self.touched.insert(old, new);
@@ -596,7 +609,7 @@ impl Replay {
 /// The row kind and name a user looks for: thread stacks (MAP_STACK), malloc
 /// arena heaps (a reservation grown by mprotect), JIT code (anonymous and
 /// executable).
-pub(crate) fn label(row: &Row) -> (RegionKind, Option<String>) {
+pub(crate) fn label(row: &Row) -> (RegionKind, Option<std::sync::Arc<str>>) {
     let r = &row.region;
     if super::python::is_kernel_named(r) {
         return (RegionKind::PythonArena, Some(super::python::NAME.into()));

@@ -86,7 +86,7 @@ pub fn region_leaf(maps: &[crate::procmaps::Region], mapped: &crate::procmaps::M
     match found {
         Some(r) => match &r.path {
             Some(p) if p.starts_with('/') => format!("[file {p}]"),
-            Some(p) => p.clone(),
+            Some(p) => p.to_string(),
             None => format!("[{:?} {:#x}-{:#x}]", r.kind, r.start, r.end).to_lowercase(),
         },
         None => "[unmapped region]".into(),

@@ -166,7 +166,7 @@ fn place<'a>(addr: u64, maps: &'a [Region], jit: Option<&PerfMap>) -> Place<'a> 
         Some(r) if r.kind == RegionKind::File => {
             Place::File(r.path.as_deref().unwrap_or("?"), addr - r.start + r.offset)
         }
-        Some(r) if r.kind == RegionKind::Vdso => Place::Named(r.path.clone().unwrap_or_else(|| "[vdso]".into())),
+        Some(r) if r.kind == RegionKind::Vdso => Place::Named(r.path.as_deref().unwrap_or("[vdso]").to_string()),
         r => match jit.and_then(|j| j.find(addr)) {
             Some(name) => Place::Named(name.to_string()),
             None => Place::Named(match r {
