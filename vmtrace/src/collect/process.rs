@@ -383,7 +383,13 @@ impl ProcessTable {
                 // And its mount namespace: a child that exits before its
                 // maps are read is named from its parent's root.
                 let root = parent.and_then(|pp| pp.root.clone());
+                // And its command line, until it execs: not read again from
+                // /proc for every child a shell forks.
+                let cmdline = parent.and_then(|pp| pp.cmdline.clone());
                 let p = self.procs.entry(ev.tgid).or_default();
+                if p.cmdline.is_none() && p.execs == 0 {
+                    p.cmdline = cmdline;
+                }
                 p.brk = p.brk.or(brk);
                 // Looked at again at its first maps read or exec.
                 (p.root, p.root_checked) = (root, false);
