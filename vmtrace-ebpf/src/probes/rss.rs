@@ -175,7 +175,7 @@ fn try_btf_rss_stat(ctx: &BtfTracePointContext) -> Option<()> {
 /// the member and the global count read.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct RssLast {
+struct RssLast {
     mm: u64,
     current_mm: u64,
     member: u64,
