@@ -90,8 +90,41 @@ pub struct FaultStats {
     /// `MAP_POPULATE`/`MAP_LOCKED`, `MADV_POPULATE_*`, pinning for DMA.
     /// Seen by the fexit and memcg ends only.
     pub populated: u64,
+    /// Pages migrated by migrations this process's threads ran (the
+    /// kernel's `migrate_pages()`, `migrate:mm_migrate_pages`), by reason
+    /// ([`MIGRATE_REASONS`]): their own stall, whoever's pages they moved.
+    pub migrated: [u64; MIGRATE_REASONS],
+    /// Pages those migrations failed to move.
+    pub migrate_failed: u64,
+    /// The migrations (`migrate_pages()` calls) and the time spent in them.
+    pub migrations: u64,
+    pub migrate_ns: u64,
+    /// Times NUMA balancing moved one of its threads to another node's CPU
+    /// (`sched:sched_move_numa`, and either side of `sched:sched_swap_numa`).
+    pub numa_moves: u64,
 }
-const _: () = assert!(core::mem::size_of::<FaultStats>() == 8 * (18 + 2 * HIST_BUCKETS));
+const _: () = assert!(core::mem::size_of::<FaultStats>() == 8 * (22 + MIGRATE_REASONS + 2 * HIST_BUCKETS));
+
+/// Migration reasons as `FaultStats::migrated` buckets them: the kernel's
+/// `enum migrate_reason` (include/linux/migrate_mode.h) folded into four.
+pub const MIGRATE_REASONS: usize = 4;
+/// Names of the buckets, in order (summary.json `migration.pages_by_reason`).
+pub const MIGRATE_REASON_NAMES: [&str; MIGRATE_REASONS] = ["compaction", "numa_balancing", "syscall", "other"];
+
+/// The bucket of a kernel `migrate_reason`: MR_COMPACTION (0); MR_NUMA_MISPLACED
+/// (5); MR_SYSCALL (3: move_pages, migrate_pages, cpusets) and
+/// MR_MEMPOLICY_MBIND (4); everything else (memory failure, hotplug,
+/// contiguous ranges and CMA, long-term pins, demotion, DAMON).
+#[inline(always)]
+#[must_use]
+pub const fn migrate_bucket(reason: i32) -> usize {
+    match reason {
+        0 => 0,
+        5 => 1,
+        3 | 4 => 2,
+        _ => 3,
+    }
+}
 
 impl Merge for FaultStats {
     fn merge(&mut self, o: &FaultStats) {
@@ -117,6 +150,13 @@ impl Merge for FaultStats {
         self.minor_sampled_ns += o.minor_sampled_ns;
         self.minor_sampled_sq += o.minor_sampled_sq;
         self.populated += o.populated;
+        for i in 0..MIGRATE_REASONS {
+            self.migrated[i] += o.migrated[i];
+        }
+        self.migrate_failed += o.migrate_failed;
+        self.migrations += o.migrations;
+        self.migrate_ns += o.migrate_ns;
+        self.numa_moves += o.numa_moves;
     }
 }
 

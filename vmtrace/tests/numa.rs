@@ -5,11 +5,15 @@
 //! `--membind=1` puts its pages on node 1, remote from the CPUs it runs on,
 //! and `--membind=0` keeps them local; on a host with one node vmtrace says
 //! "1 NUMA node" and lists no placement (never zeros).
+//!
+//! Page migrations against `/proc/vmstat`'s `pgmigrate_*`: compaction a
+//! traced shell runs itself (any host), and `move_pages(2)` across nodes
+//! (two nodes or more).
 mod common;
 
 use std::{collections::BTreeMap, path::Path, process::Command};
 
-use common::{compile_c, disk_dir, finish, privileged, spawn_traced, u, Run};
+use common::{compile_c, disk_dir, finish, privileged, record, spawn_traced, u, Run};
 
 const MIB: u64 = 64;
 
@@ -133,4 +137,106 @@ fn membind_local_and_remote() {
             assert!(!finding, "{:#}", run.summary["findings"]);
         }
     }
+}
+
+/// A process's `migration` object (absent: none).
+fn migration<'a>(run: &'a Run, comm: &str) -> &'a serde_json::Value {
+    let p = run.summary["processes"]
+        .as_array()
+        .and_then(|v| v.iter().find(|p| p["comm"] == comm))
+        .unwrap_or_else(|| panic!("no {comm} in {:#}", run.summary["processes"]));
+    &p["migration"]
+}
+
+/// Anonymous memory with every other page freed, held until dropped.
+struct Fragmented(*mut libc::c_void, usize);
+impl Fragmented {
+    fn new(len: usize) -> Self {
+        // SAFETY: a fresh private mapping, written and advised within its length.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED, "mmap");
+            libc::madvise(p, len, libc::MADV_NOHUGEPAGE);
+            for off in (0..len).step_by(4096) {
+                p.cast::<u8>().add(off).write_volatile(1);
+            }
+            for off in (0..len).step_by(8192) {
+                libc::madvise(p.cast::<u8>().add(off).cast(), 4096, libc::MADV_DONTNEED);
+            }
+            Self(p, len)
+        }
+    }
+}
+impl Drop for Fragmented {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`.
+        unsafe { libc::munmap(self.0, self.1) };
+    }
+}
+
+/// A write to /proc/sys/vm/compact_memory compacts every zone in the
+/// writer's own context: the traced shell's migrations are compaction's,
+/// and the kernel counted them in `pgmigrate_success`/`pgmigrate_fail`
+/// (system-wide: kcompactd or another process may add some meanwhile).
+#[test]
+fn compaction_a_process_runs_is_counted_as_its_migrations() {
+    privileged!();
+    // Work for it: 64 MiB of this test's own pages with every other page
+    // freed, so each 2 MiB block is half used (compaction moves them).
+    let _held = Fragmented::new(64 << 20);
+    let (ok0, fail0) = (vmstat("pgmigrate_success"), vmstat("pgmigrate_fail"));
+    let run = record(&["--events", "faults,oom"], &["sh", "-c", "echo 1 > /proc/sys/vm/compact_memory"]);
+    let (ok, fail) = (vmstat("pgmigrate_success") - ok0, vmstat("pgmigrate_fail") - fail0);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let m = migration(&run, "sh");
+    let (pages, failed) = (u(&m["pages"]), u(&m["failed"]));
+    eprintln!("compaction: vmtrace {pages} pages, {failed} failed; /proc/vmstat {ok} and {fail}: {m}");
+    assert!(u(&m["calls"]) >= 1 && u(&m["time_ns"]) > 0, "{m:#}");
+    assert!(pages > 0, "compaction moved none of the fragmented pages: {m:#}, vmstat {ok}/{fail}");
+    assert_eq!(u(&m["pages_by_reason"]["compaction"]), pages, "{m:#}");
+    assert!(pages <= ok && failed <= fail, "more than the kernel counted: {m:#}, vmstat {ok}/{fail}");
+    assert!(pages * 2 >= ok, "under half of the kernel's {ok} pages: {m:#}");
+    let text = std::fs::read_to_string(run.out.path().join("summary.txt")).unwrap();
+    assert!(text.contains("Page migrations (run by"), "{text}");
+}
+
+/// `move_pages(2)` from node 0 to node 1 (two nodes or more): every page
+/// the kernel reports moved is a `syscall` migration of the workload.
+#[test]
+fn move_pages_across_nodes_is_counted_page_for_page() {
+    privileged!();
+    if nodes() < 2 {
+        eprintln!(
+            "move_pages_across_nodes_is_counted_page_for_page: 1 NUMA node here; it runs in `cargo xtask vmtest`"
+        );
+        return;
+    }
+    let dir = disk_dir();
+    let bin = compile_c("numa_move.c", dir.path());
+    let ok0 = vmstat("pgmigrate_success");
+    let run = record(
+        &["--events", "faults,oom"],
+        &["numactl", "--cpunodebind=0", "--membind=0", bin.to_str().unwrap(), "16", "1"],
+    );
+    let ok = vmstat("pgmigrate_success") - ok0;
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let out = String::from_utf8_lossy(&run.output.stdout);
+    let moved: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("moved_pages="))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no moved_pages line in {out}"));
+    assert!(moved >= 16 << 20 >> 12 >> 1, "the kernel moved {moved} pages: {out}");
+    let m = migration(&run, "numa_move");
+    eprintln!("move_pages: the kernel moved {moved}, vmtrace {m}, pgmigrate_success +{ok}");
+    assert_eq!(u(&m["pages_by_reason"]["syscall"]), moved, "{m:#}");
+    assert!(u(&m["pages"]) <= ok, "{m:#} against pgmigrate_success +{ok}");
 }

@@ -4,6 +4,7 @@ pub mod fault;
 #[cfg(bpf_target_arch = "aarch64")]
 pub mod fault_arm64;
 pub mod filemap;
+pub mod migrate;
 pub mod mmap;
 pub mod oom;
 pub mod rss;

@@ -303,6 +303,7 @@ pub(crate) fn process_row(
         mmap: families.mmap.then(|| MmapCounts { brk_shrinks: info.brk_shrinks, ..mmap_counts(m) }),
         tlb: families.tlb.then(|| tlb_counts(m)),
         reclaim: Reclaim { stalls: st.reclaim, time_ns: st.reclaim_ns },
+        migration: crate::model::Migration::from_stats(st),
         pid,
         ppid: info.ppid,
         comm: info.comm.clone(),

@@ -28,6 +28,7 @@ fn process(pid: u32, ppid: u32, comm: &str, total: u64) -> Process {
         exit_code: Some(0),
         faults: faults(total, 0, total * 1000),
         reclaim: Reclaim::default(),
+        migration: crate::model::Migration::default(),
         mmap: Some(MmapCounts { mmap: 8, brk: 3, ..Default::default() }),
         tlb: None,
         kernel_accounting: Some(KernelAccounting { minor: total, major: 0 }),

@@ -136,6 +136,7 @@ pub fn empty_other(kernel_accounting: bool) -> Process {
         exit_code: None,
         faults: Faults::default(),
         reclaim: super::Reclaim::default(),
+        migration: super::Migration::default(),
         mmap: None,
         tlb: None,
         kernel_accounting: kernel_accounting.then_some(KernelAccounting { minor: 0, major: 0 }),
@@ -153,6 +154,7 @@ pub(crate) fn add_to_other(o: &mut Process, p: &Process, comms: &mut HashMap<Str
     o.faults.add(&p.faults);
     o.reclaim.stalls += p.reclaim.stalls;
     o.reclaim.time_ns += p.reclaim.time_ns;
+    o.migration.add(&p.migration);
     if let Some(m) = &p.mmap {
         o.mmap.get_or_insert_with(Default::default).add(m);
     }

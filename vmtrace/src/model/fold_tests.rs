@@ -16,6 +16,7 @@ fn process(pid: u32, comm: &str, total: u64) -> Process {
         exit_code: Some(0),
         faults: faults(total, total * 1000),
         reclaim: super::super::Reclaim::default(),
+        migration: super::super::Migration::default(),
         mmap: Some(MmapCounts { mmap: 1, ..Default::default() }),
         tlb: None,
         kernel_accounting: Some(KernelAccounting { minor: total, major: 0 }),

@@ -40,7 +40,7 @@ pub use resident::{Resident, ResidentSite, ResidentSummary};
 pub use shorten::short_name;
 pub use stacks::{MmSite, StacksSummary, BROKEN_CHAIN};
 pub use summary::{
-    KernelAccounting, MmapCounts, ProbeInfo, Process, ProgramStats, Reclaim, Sampling, Summary, TargetInfo, TargetKind,
-    TlbCounts, SUMMARY_VERSION,
+    KernelAccounting, Migration, MmapCounts, ProbeInfo, Process, ProgramStats, Reclaim, Sampling, Summary, TargetInfo,
+    TargetKind, TlbCounts, SUMMARY_VERSION,
 };
 pub use timeline::{Storm, Timeline};

@@ -191,6 +191,10 @@ pub struct Process {
     /// Reclaim stalls (direct and memcg) this process ran itself.
     #[serde(default)]
     pub reclaim: Reclaim,
+    /// Page migrations its threads ran and NUMA balancing's moves of its
+    /// threads (`--events oom`); absent when there were none.
+    #[serde(default, skip_serializing_if = "Migration::is_empty")]
+    pub migration: Migration,
     /// Memory-map syscalls (`--events mmap`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mmap: Option<MmapCounts>,
@@ -306,6 +310,105 @@ impl TlbCounts {
 pub struct Reclaim {
     pub stalls: u64,
     pub time_ns: u64,
+}
+
+/// Page migrations a process's threads ran (`migrate_pages()`: compaction,
+/// NUMA balancing, move_pages/mbind, long-term pins), whoever's pages they
+/// moved, and the times NUMA balancing moved one of its threads to another
+/// node's CPU.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Migration {
+    /// Pages moved.
+    pub pages: u64,
+    /// Of those, by reason: `compaction`, `numa_balancing` (a hinting fault
+    /// found the page on another node than the thread's), `syscall`
+    /// (move_pages, migrate_pages, mbind with MPOL_MF_MOVE, cpusets),
+    /// `other` (long-term pins, CMA, demotion, hotplug, memory failure);
+    /// only those above zero.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub pages_by_reason: std::collections::BTreeMap<String, u64>,
+    /// Pages the migrations could not move.
+    pub failed: u64,
+    /// `migrate_pages()` calls, and the time spent in them.
+    pub calls: u64,
+    pub time_ns: u64,
+    /// NUMA balancing moved (or swapped) one of its threads to another node's CPU.
+    pub numa_moves: u64,
+}
+
+impl Migration {
+    pub fn is_empty(&self) -> bool {
+        self.calls == 0 && self.numa_moves == 0
+    }
+
+    pub fn from_stats(st: &vmtrace_common::FaultStats) -> Self {
+        let pages_by_reason = vmtrace_common::MIGRATE_REASON_NAMES
+            .iter()
+            .zip(st.migrated)
+            .filter(|(_, n)| *n > 0)
+            .map(|(k, n)| ((*k).to_string(), n))
+            .collect();
+        Self {
+            pages: st.migrated.iter().sum(),
+            pages_by_reason,
+            failed: st.migrate_failed,
+            calls: st.migrations,
+            time_ns: st.migrate_ns,
+            numa_moves: st.numa_moves,
+        }
+    }
+
+    pub fn add(&mut self, o: &Self) {
+        self.pages += o.pages;
+        for (k, v) in &o.pages_by_reason {
+            *self.pages_by_reason.entry(k.clone()).or_default() += v;
+        }
+        self.failed += o.failed;
+        self.calls += o.calls;
+        self.time_ns += o.time_ns;
+        self.numa_moves += o.numa_moves;
+    }
+
+    /// NUMA balancing's share of the pages.
+    pub fn numa_balancing(&self) -> u64 {
+        self.pages_by_reason.get("numa_balancing").copied().unwrap_or(0)
+    }
+
+    /// One line for people: "242 pages (compaction 242), 161 failed, in 18
+    /// calls, 929 µs; NUMA balancing moved its threads 3 times".
+    pub fn describe(&self) -> String {
+        use std::fmt::Write as _;
+        let mut s = String::new();
+        if self.calls > 0 {
+            let why: Vec<String> =
+                self.pages_by_reason.iter().map(|(k, v)| format!("{} {v}", k.replace('_', " "))).collect();
+            let _ = write!(s, "{} pages", self.pages);
+            if !why.is_empty() {
+                let _ = write!(s, " ({})", why.join(", "));
+            }
+            if self.failed > 0 {
+                let _ = write!(s, ", {} failed", self.failed);
+            }
+            let _ = write!(s, ", in {} calls, {}", self.calls, super::fmt_ns(self.time_ns));
+        }
+        if self.numa_moves > 0 {
+            if !s.is_empty() {
+                s.push_str("; ");
+            }
+            let _ = write!(s, "NUMA balancing moved its threads {} times", self.numa_moves);
+        }
+        s
+    }
+}
+
+/// The processes whose threads migrated pages or were moved by NUMA
+/// balancing, most pages first (at most `limit`), and how many there were.
+pub fn migrating(processes: &[Process], limit: usize) -> (Vec<&Process>, usize) {
+    let mut v: Vec<&Process> = processes.iter().filter(|p| !p.migration.is_empty()).collect();
+    let n = v.len();
+    v.sort_by_key(|p| (std::cmp::Reverse(p.migration.pages), std::cmp::Reverse(p.migration.numa_moves), p.pid));
+    v.truncate(limit);
+    (v, n)
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]

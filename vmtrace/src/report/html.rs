@@ -59,7 +59,45 @@ pub fn flame_img(dir: &Path, file: &str) -> String {
 
 /// Locked and pinned memory, then NUMA placement.
 fn placement_sections(s: &Summary) -> String {
-    pinned_section(s) + &numa_section(s)
+    pinned_section(s) + &numa_section(s) + &migration_section(s)
+}
+
+/// Page migrations the traced processes ran, and NUMA balancing's task moves.
+fn migration_section(s: &Summary) -> String {
+    if s.oom.is_none() {
+        return String::new();
+    }
+    let (rows, n) = crate::model::summary::migrating(&s.processes, 20);
+    if rows.is_empty() {
+        return "<h2>Page migrations: none</h2>".into();
+    }
+    let mut out = format!("<h2>Page migrations ({n} processes)</h2>");
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|p| {
+            let m = &p.migration;
+            let why: Vec<String> = m.pages_by_reason.iter().map(|(k, v)| format!("{k} {}", thousands(*v))).collect();
+            vec![
+                p.pid.to_string(),
+                escape(&p.comm),
+                thousands(m.pages),
+                escape(&why.join(", ")),
+                thousands(m.failed),
+                thousands(m.calls),
+                escape(&fmt_ns(m.time_ns)),
+                thousands(m.numa_moves),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &["pid", "l comm", "pages", "l by reason", "failed", "calls", "time", "NUMA task moves"],
+        &rows,
+    ));
+    out.push_str(
+        "<p class='note'>Counted for the process whose thread ran the migration (compaction and NUMA balancing \
+         stall it), whoever's pages it moved.</p>",
+    );
+    out
 }
 
 /// Locked and pinned memory: each process, the call sites that locked, the calls refused.

@@ -122,6 +122,27 @@ fn placement_section(out: &mut String, s: &Summary) {
         out.push('\n');
         out.push_str(&crate::model::numa::render_text(n));
     }
+    migration_section(out, s);
+}
+
+/// Page migrations the traced processes ran, and NUMA balancing's task
+/// moves (`--events oom`).
+fn migration_section(out: &mut String, s: &Summary) {
+    if s.oom.is_none() {
+        return;
+    }
+    let (rows, n) = crate::model::summary::migrating(&s.processes, 10);
+    if rows.is_empty() {
+        let _ = writeln!(out, "\nPage migrations: none");
+        return;
+    }
+    let _ = writeln!(out, "\nPage migrations (run by the process's threads, whoever's pages they moved):");
+    for p in rows {
+        let _ = writeln!(out, "  pid {} {}: {}", p.pid, p.comm, p.migration.describe());
+    }
+    if n > 10 {
+        let _ = writeln!(out, "  … and {} more processes", n - 10);
+    }
 }
 
 /// Resident memory: the call sites holding the most at their process's

@@ -527,6 +527,7 @@ fn live_findings(
                 exit_code: info.and_then(|i| i.exit_code),
                 faults: p.faults.clone(),
                 reclaim: crate::model::Reclaim::default(),
+                migration: crate::model::Migration::default(),
                 mmap: mm.get(&p.pid).map(|m| crate::model::MmapCounts {
                     brk_shrinks: info.map_or(0, |i| i.brk_shrinks),
                     ..crate::collect::assemble::mmap_counts(m)
