@@ -11,7 +11,7 @@ use std::{
 
 use vmtrace_common::PageSample;
 
-use crate::model::{Numa, NumaProcess, NumaRegion};
+use crate::model::{trace::NodePoint, trace::TraceLog, Numa, NumaProcess, NumaRegion};
 
 const NODE_DIR: &str = "/sys/devices/system/node";
 /// How often the numa_maps of live traced processes are re-read.
@@ -143,6 +143,19 @@ pub fn parse_numa_maps(text: &str) -> Vec<NumaMapsLine> {
     out
 }
 
+/// A whole numa_maps' pages by node (4 KiB pages), each of `nodes` present
+/// (0 where there are none), so a node a process left shows it left.
+#[must_use]
+pub fn pages_by_node(lines: &[NumaMapsLine], nodes: &[u32]) -> BTreeMap<u32, u64> {
+    let mut by: BTreeMap<u32, u64> = nodes.iter().map(|n| (*n, 0)).collect();
+    for l in lines {
+        for (n, c) in &l.by_node {
+            *by.entry(*n).or_default() += c;
+        }
+    }
+    by
+}
+
 /// The node of each page of `pid` at `addrs`, by `move_pages(2)` with
 /// `nodes` NULL (a query: nothing moves); `None` for a page not present.
 #[must_use]
@@ -191,6 +204,9 @@ pub struct NumaTracker {
     last_maps: Option<Instant>,
     /// Processes whose numa_maps are read at the next tick (`locked`).
     stale: std::collections::BTreeSet<u32>,
+    /// Each read's pages by node, for the Perfetto trace (`log_points`).
+    points: Option<Vec<NodePoint>>,
+    points_dropped: u64,
 }
 
 impl NumaTracker {
@@ -207,7 +223,20 @@ impl NumaTracker {
             procs: HashMap::new(),
             last_maps: None,
             stale: std::collections::BTreeSet::new(),
+            points: None,
+            points_dropped: 0,
         })
+    }
+
+    /// Keeps a point per node at each numa_maps read (the trace log is on).
+    pub fn log_points(&mut self) {
+        self.points.get_or_insert_with(Vec::new);
+    }
+
+    /// The points kept so far, and how many the bound left out.
+    pub fn take_points(&mut self) -> (Vec<NodePoint>, u64) {
+        let points = self.points.as_mut().map(std::mem::take).unwrap_or_default();
+        (points, std::mem::take(&mut self.points_dropped))
     }
 
     /// A fault on a page of the resident sample.
@@ -253,6 +282,13 @@ impl NumaTracker {
     pub fn read_maps(&mut self, pid: u32, now: Instant) {
         if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/numa_maps")) {
             let lines = parse_numa_maps(&text);
+            if let (Some(points), false) = (self.points.as_mut(), lines.is_empty()) {
+                let ts_ns = crate::kernel::monotonic_ns();
+                for (node, pages) in pages_by_node(&lines, &self.topo.nodes) {
+                    let point = NodePoint { ts_ns, pid, node, pages };
+                    TraceLog::push(points, &mut self.points_dropped, point, TraceLog::MAX_PER_KIND);
+                }
+            }
             let pages = |lines: &[NumaMapsLine]| lines.iter().flat_map(|l| l.by_node.values()).sum::<u64>();
             let p = self.procs.entry(pid).or_default();
             // A read while the process exits (its pages already freed, a
@@ -389,6 +425,45 @@ mod tests {
         t.tick(t2, &[]);
         assert_eq!(t.procs.get(&pid).and_then(|p| p.read_at), Some(t2), "read at the next tick");
         assert!(t.stale.is_empty());
+    }
+
+    /// With the trace log on, each numa_maps read is a point per node of
+    /// the host, 0 on a node the process has nothing on.
+    #[test]
+    fn reads_are_points_per_node() {
+        let topo = Topology { nodes: vec![0, 1], ..Topology::default() };
+        let mut t = NumaTracker::new(topo).expect("two nodes");
+        let pid = std::process::id();
+        t.read_maps(pid, Instant::now());
+        assert_eq!(t.take_points(), (Vec::new(), 0), "no points unless asked");
+        t.log_points();
+        t.read_maps(pid, Instant::now());
+        t.read_maps(u32::MAX, Instant::now());
+        let (points, dropped) = t.take_points();
+        assert_eq!(dropped, 0);
+        let nodes: Vec<(u32, u32)> = points.iter().map(|p| (p.pid, p.node)).collect();
+        assert_eq!(nodes, [(pid, 0), (pid, 1)], "one read of a live process, none of a missing one");
+        assert_eq!(points[0].ts_ns, points[1].ts_ns);
+        let text = std::fs::read_to_string(format!("/proc/{pid}/numa_maps")).expect("numa_maps");
+        let truth = pages_by_node(&parse_numa_maps(&text), &[]);
+        assert!(points.iter().map(|p| p.pages).sum::<u64>() > 0, "this process has pages: {points:?}");
+        for p in &points {
+            let kernel = truth.get(&p.node).copied().unwrap_or(0);
+            // A read a moment later: the test's own allocations move it a little.
+            assert!(p.pages.abs_diff(kernel) * 10 <= kernel.max(10), "node {}: {} vs {kernel}", p.node, p.pages);
+        }
+        assert!(t.take_points().0.is_empty(), "taken");
+    }
+
+    #[test]
+    fn pages_by_node_sums_lines_and_names_every_node() {
+        let l = parse_numa_maps(
+            "7f0000000000 bind:1 anon=256 dirty=256 N1=256 kernelpagesize_kB=4\n\
+             55e000000000 default heap anon=5 dirty=5 N0=5 N1=2 kernelpagesize_kB=4\n",
+        );
+        let by = pages_by_node(&l, &[0, 1, 2]);
+        assert_eq!(by.into_iter().collect::<Vec<_>>(), [(0, 5), (1, 258), (2, 0)]);
+        assert!(pages_by_node(&[], &[]).is_empty());
     }
 
     #[test]

@@ -1,13 +1,14 @@
 //! Where memory sits: locked and pinned memory (`pinned.rs`) and NUMA
 //! placement (`crate::numa`), fed by the session from its events and ticks
-//! and turned into summary.json's `pinned` and `numa` at the end.
+//! and turned into summary.json's `pinned` and `numa` at the end (and, with
+//! the Perfetto trace, the pages per node of each numa_maps read).
 use std::time::Instant;
 
 use vmtrace_common::{MmLockEvent, PageSample};
 
 use super::pinned::PinnedTracker;
 use crate::{
-    model::Summary,
+    model::{trace::TraceLog, Summary},
     numa::{self, NumaTracker, Topology},
 };
 
@@ -20,10 +21,15 @@ pub(crate) struct Placement {
 }
 
 impl Placement {
-    /// Locked memory with `--events mmap`; NUMA on hosts with two nodes or more.
-    pub(crate) fn new(mmap: bool) -> Self {
+    /// Locked memory with `--events mmap`; NUMA on hosts with two nodes or
+    /// more, each of its reads kept for the trace when `trace_log`.
+    pub(crate) fn new(mmap: bool, trace_log: bool) -> Self {
         let topo = Topology::read();
-        Self { pinned: mmap.then(PinnedTracker::default), numa: NumaTracker::new(topo.clone()), topo }
+        let mut numa = NumaTracker::new(topo.clone());
+        if let (Some(n), true) = (numa.as_mut(), trace_log) {
+            n.log_points();
+        }
+        Self { pinned: mmap.then(PinnedTracker::default), numa, topo }
     }
 
     pub(crate) fn lock(&mut self, ev: &MmLockEvent) {
@@ -59,10 +65,13 @@ impl Placement {
         }
     }
 
-    /// Fills `summary.pinned` and `summary.numa`.
+    /// Fills `summary.pinned` and `summary.numa`, and `trace.nodes` (the
+    /// last reads included; those the bound left out are counted in
+    /// `drops.trace_events`).
     pub(crate) fn finish(
         mut self,
         summary: &mut Summary,
+        trace: Option<&mut TraceLog>,
         (started, live): (Instant, &[u32]),
         comm_of: &dyn Fn(u32) -> String,
         frames: &mut dyn FnMut(u32, u32, i32) -> Vec<String>,
@@ -78,6 +87,12 @@ impl Placement {
             Some(mut n) => {
                 for &pid in live {
                     n.read_maps(pid, now);
+                }
+                let (points, dropped) = n.take_points();
+                if let Some(t) = trace {
+                    t.nodes = points;
+                    t.dropped += dropped;
+                    summary.drops.trace_events += dropped;
                 }
                 n.finish(started, comm_of)
             }

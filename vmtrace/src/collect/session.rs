@@ -418,7 +418,7 @@ impl<S: AggregateSource> Session<S> {
                 .families
                 .resident
                 .then(|| ResidentTracker::new(opts.stacks.map_or(1, |(_, period)| period), page_salt)),
-            placement: Some(super::placement::Placement::new(opts.families.mmap)),
+            placement: Some(super::placement::Placement::new(opts.families.mmap, opts.trace_log)),
             retiring: Vec::new(),
             forgotten_granules: Vec::new(),
             exited_to_release: Vec::new(),
@@ -1499,8 +1499,13 @@ impl<S: AggregateSource> Session<S> {
         symbols::culprit_frames(self.site_frames(names, tgid, call, user_stack))
     }
 
-    /// Locked and pinned memory and NUMA placement into the summary.
-    fn finish_placement(&mut self, summary: &mut crate::model::Summary) {
+    /// Locked and pinned memory and NUMA placement into the summary, the
+    /// pages per node into the trace log.
+    fn finish_placement(
+        &mut self,
+        summary: &mut crate::model::Summary,
+        trace: Option<&mut crate::model::trace::TraceLog>,
+    ) {
         let Some(placement) = self.placement.take() else { return };
         let live: Vec<u32> = self.table.live_pids().iter().copied().collect();
         let comms: HashMap<u32, String> = self.table.iter().map(|(p, i)| (*p, i.comm.clone())).collect();
@@ -1509,7 +1514,7 @@ impl<S: AggregateSource> Session<S> {
         let since = move |ts: u64| ts.saturating_sub(started_ns) as f64 / 1e9;
         let mut names = Names::default();
         let mut frames = |pid: u32, call: u32, stack: i32| self.site_frames(&mut names, pid, call, stack);
-        placement.finish(summary, (started, &live), &comm_of, &mut frames, &since);
+        placement.finish(summary, trace, (started, &live), &comm_of, &mut frames, &since);
     }
 
     /// Reads the aggregates one last time and builds the summary.
@@ -1609,7 +1614,7 @@ impl<S: AggregateSource> Session<S> {
             (st.shared_id_faults, st.drained_stacks, _) = self.source.drained_stacks();
         }
         finished.trace = trace;
-        self.finish_placement(&mut finished.summary);
+        self.finish_placement(&mut finished.summary, finished.trace.as_mut());
         if let Some(r) = resident {
             super::resident::apply(&mut finished.summary, &r, &self.source.drops());
             finished.resident = Some(r);

@@ -95,6 +95,18 @@ impl ResidentPoint {
     }
 }
 
+/// A process's pages on one NUMA node as one read of `/proc/PID/numa_maps`
+/// counted them (4 KiB pages; hosts with two nodes or more). Each read gives
+/// a point for every node of the host, 0 where the process had none; a
+/// value holds until the process's next point, or its exit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodePoint {
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub node: u32,
+    pub pages: u64,
+}
+
 /// The whole log. `dropped` counts records beyond the per-kind bound; they
 /// are in summary.json's `drops.trace_events` too.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -111,6 +123,9 @@ pub struct TraceLog {
     /// Resident memory per process, in time order per process (with
     /// `--events resident`).
     pub resident: Vec<ResidentPoint>,
+    /// Pages per NUMA node per process, in time order (hosts with two
+    /// nodes or more: `numa::NumaTracker`'s reads).
+    pub nodes: Vec<NodePoint>,
     pub dropped: u64,
 }
 

@@ -5,10 +5,12 @@
 //!
 //! What goes where ([`render`]): a process track per process and a thread
 //! track per thread seen; counter tracks per process (faults/s, majors/s,
-//! COW/s, time in the fault handler, IPIs sent/s) and per CPU (shootdowns
-//! received/s); slices for major faults and mapping changes on their
-//! threads, storms on their process; instants for fork, exec, exit and OOM
-//! kills. Timestamps are CLOCK_MONOTONIC (`BUILTIN_CLOCK_MONOTONIC`), the
+//! COW/s, time in the fault handler, IPIs sent/s; resident bytes, in all
+//! and per kind; on hosts with two NUMA nodes or more, resident bytes on
+//! each node, from each `/proc/PID/numa_maps` read), per CPU (shootdowns
+//! received/s) and per NUMA node (the traced processes' resident bytes on
+//! it); slices for major faults and mapping changes on their threads,
+//! storms on their process; instants for fork, exec, exit and OOM kills. Timestamps are CLOCK_MONOTONIC (`BUILTIN_CLOCK_MONOTONIC`), the
 //! trace's primary clock, as `bpf_ktime_get_ns` gives them.
 use std::{
     io::{self, Write},

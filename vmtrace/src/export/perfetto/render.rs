@@ -1,6 +1,6 @@
 //! Which track each part of the model goes on, and in what order.
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     io::{self, Write},
 };
 
@@ -19,6 +19,13 @@ const THREAD: u64 = 2 << 56;
 const COUNTER: u64 = 3 << 56;
 const CPU: u64 = 4 << 56;
 const STORMS: u64 = 5 << 56;
+/// A process's bytes on a NUMA node: the pid above the node (node ids are
+/// below 1024, the kernel's largest `MAX_NUMNODES`).
+const NODE: u64 = 6 << 56;
+/// The traced processes' bytes on a node.
+const NODE_TOTAL: u64 = 7 << 56;
+/// numa_maps pages as `NodePoint` counts them.
+const NODE_PAGE: u64 = 4096;
 
 pub(super) fn process_uuid(pid: u32) -> u64 {
     PROCESS | u64::from(pid)
@@ -61,6 +68,14 @@ pub(super) fn cpu_uuid(cpu: u32) -> u64 {
     CPU | u64::from(cpu)
 }
 
+pub(super) fn node_uuid(pid: u32, node: u32) -> u64 {
+    NODE | u64::from(pid) << 16 | u64::from(node & 0xffff)
+}
+
+pub(super) fn node_total_uuid(node: u32) -> u64 {
+    NODE_TOTAL | u64::from(node)
+}
+
 /// One timed event, sorted before writing: at one instant slices end before
 /// others begin, outer slices begin first and inner ones end first. 32
 /// bytes, one per packet: the index the writer sorts, the events themselves
@@ -100,6 +115,10 @@ enum What {
         point: u32,
         k: u8,
     },
+    /// A process's pages on a node (`log.nodes`), its exit, the sum of all.
+    Node(u32),
+    NodeEnd(u32),
+    NodeTotal(u32),
 }
 const _: () = assert!(std::mem::size_of::<Timed>() == 32);
 
@@ -127,42 +146,9 @@ pub fn render<W: Write>(w: &mut Writer<W>, summary: &Summary, log: &TraceLog) ->
     w.clocks()?;
     let storms = summary.storms.as_deref().unwrap_or_default();
     let ooms = summary.oom.as_deref().unwrap_or_default();
-    tracks(w, summary, log)?;
-    // Indices fit in u32: the log holds at most `TraceLog::MAX_COUNTERS` of a kind.
-    let mut timed = Vec::new();
-    for (i, m) in (0u32..).zip(&log.majors) {
-        timed.extend(Timed::slice(m.ts_ns, m.dur_ns, What::Major(i), What::EndMajor(i)));
-        if !m.stack.is_empty() {
-            timed.push(Timed::point(m.ts_ns, What::Sample(i)));
-        }
-    }
-    for (i, m) in (0u32..).zip(&log.mm_changes) {
-        timed.extend(Timed::slice(m.ts_ns, m.dur_ns, What::Mm(i), What::EndMm(i)));
-    }
-    for (i, s) in (0u32..).zip(storms) {
-        let (start, end) = (log.at(s.start_s), log.at(s.end_s));
-        timed.extend(Timed::slice(start, end.saturating_sub(start), What::Storm(i), What::EndStorm(i)));
-    }
-    for (i, t) in (0u32..).zip(&log.tasks) {
-        timed.push(Timed::point(t.ts_ns, What::Task(i)));
-    }
-    for (i, o) in (0u32..).zip(ooms) {
-        timed.push(Timed::point(log.at(o.time_s), What::Oom(i)));
-    }
-    counter_points(&mut timed, &log.counters);
-    let resident = resident_tracks(&log.resident);
-    for (point, p) in (0u32..).zip(&log.resident) {
-        for (k, _) in (0u8..).zip(RESIDENT.iter()).filter(|(k, _)| resident.contains(&(p.pid, usize::from(*k)))) {
-            timed.push(Timed::point(p.ts_ns, What::Resident { point, k }));
-        }
-    }
-    for (point, p) in (0u32..).zip(&log.cpu_ipis) {
-        timed.push(Timed::point(p.ts_ns, What::Cpu { point, zero: false }));
-        // Back to zero where the next interval has nothing.
-        timed.push(Timed { ts: p.ts_ns + p.dur_ns, rank: END, tie: 0, what: What::Cpu { point, zero: true } });
-    }
-    timed.sort_unstable_by_key(|t| (t.ts, t.rank, t.tie));
-    for t in timed {
+    let nodes = node_series(log);
+    tracks(w, summary, log, &nodes)?;
+    for t in timeline(summary, log, &nodes) {
         let at = |i: u32| i as usize;
         let e = match t.what {
             What::Major(i) => {
@@ -216,6 +202,18 @@ pub fn render<W: Write>(w: &mut Writer<W>, summary: &Summary, log: &TraceLog) ->
                 let p = &log.resident[at(point)];
                 counter(counter_uuid(p.pid, RESIDENT_UUID + usize::from(k)), RESIDENT[usize::from(k)].1(p) as f64)
             }
+            What::Node(i) => {
+                let p = &log.nodes[at(i)];
+                counter(node_uuid(p.pid, p.node), (p.pages * NODE_PAGE) as f64)
+            }
+            What::NodeEnd(i) => {
+                let (_, pid, node) = nodes.ends[at(i)];
+                counter(node_uuid(pid, node), 0.0)
+            }
+            What::NodeTotal(i) => {
+                let (_, node, pages) = nodes.totals[at(i)];
+                counter(node_total_uuid(node), (pages * NODE_PAGE) as f64)
+            }
             What::Cpu { point, zero } => {
                 let p = &log.cpu_ipis[at(point)];
                 let per_s = if zero { 0.0 } else { p.received as f64 * 1e9 / p.dur_ns.max(1) as f64 };
@@ -225,6 +223,56 @@ pub fn render<W: Write>(w: &mut Writer<W>, summary: &Summary, log: &TraceLog) ->
         w.event(t.ts, e)?;
     }
     Ok(())
+}
+
+/// Every event of the trace, in the order written.
+fn timeline(summary: &Summary, log: &TraceLog, nodes: &NodeSeries) -> Vec<Timed> {
+    let storms = summary.storms.as_deref().unwrap_or_default();
+    let ooms = summary.oom.as_deref().unwrap_or_default();
+    // Indices fit in u32: the log holds at most `TraceLog::MAX_COUNTERS` of a kind.
+    let mut timed = Vec::new();
+    for (i, m) in (0u32..).zip(&log.majors) {
+        timed.extend(Timed::slice(m.ts_ns, m.dur_ns, What::Major(i), What::EndMajor(i)));
+        if !m.stack.is_empty() {
+            timed.push(Timed::point(m.ts_ns, What::Sample(i)));
+        }
+    }
+    for (i, m) in (0u32..).zip(&log.mm_changes) {
+        timed.extend(Timed::slice(m.ts_ns, m.dur_ns, What::Mm(i), What::EndMm(i)));
+    }
+    for (i, s) in (0u32..).zip(storms) {
+        let (start, end) = (log.at(s.start_s), log.at(s.end_s));
+        timed.extend(Timed::slice(start, end.saturating_sub(start), What::Storm(i), What::EndStorm(i)));
+    }
+    for (i, t) in (0u32..).zip(&log.tasks) {
+        timed.push(Timed::point(t.ts_ns, What::Task(i)));
+    }
+    for (i, o) in (0u32..).zip(ooms) {
+        timed.push(Timed::point(log.at(o.time_s), What::Oom(i)));
+    }
+    counter_points(&mut timed, &log.counters);
+    let resident = resident_tracks(&log.resident);
+    for (point, p) in (0u32..).zip(&log.resident) {
+        for (k, _) in (0u8..).zip(RESIDENT.iter()).filter(|(k, _)| resident.contains(&(p.pid, usize::from(*k)))) {
+            timed.push(Timed::point(p.ts_ns, What::Resident { point, k }));
+        }
+    }
+    for (i, p) in (0u32..).zip(&log.nodes).filter(|(_, p)| nodes.tracks.contains(&(p.pid, p.node))) {
+        timed.push(Timed::point(p.ts_ns, What::Node(i)));
+    }
+    for (i, (ts, _, _)) in (0u32..).zip(&nodes.ends) {
+        timed.push(Timed::point(*ts, What::NodeEnd(i)));
+    }
+    for (i, (ts, _, _)) in (0u32..).zip(&nodes.totals) {
+        timed.push(Timed::point(*ts, What::NodeTotal(i)));
+    }
+    for (point, p) in (0u32..).zip(&log.cpu_ipis) {
+        timed.push(Timed::point(p.ts_ns, What::Cpu { point, zero: false }));
+        // Back to zero where the next interval has nothing.
+        timed.push(Timed { ts: p.ts_ns + p.dur_ns, rank: END, tie: 0, what: What::Cpu { point, zero: true } });
+    }
+    timed.sort_unstable_by_key(|t| (t.ts, t.rank, t.tie));
+    timed
 }
 
 fn task_instant(log: &TraceLog, i: usize) -> vmtrace_protos::perfetto::TrackEvent {
@@ -282,9 +330,67 @@ fn resident_tracks(points: &[ResidentPoint]) -> BTreeSet<(u32, usize)> {
     tracks
 }
 
+/// The NUMA tracks (`log.nodes`): each process's bytes on each node it ever
+/// had pages on, back to 0 at its exit; and per such node, the traced
+/// processes' bytes on it, each process counted at its latest read.
+#[derive(Debug, Default)]
+struct NodeSeries {
+    /// (pid, node).
+    tracks: BTreeSet<(u32, u32)>,
+    /// (time, pid, node): the process exited after a read.
+    ends: Vec<(u64, u32, u32)>,
+    /// (time, node, pages): the sum from then on.
+    totals: Vec<(u64, u32, u64)>,
+}
+
+fn node_series(log: &TraceLog) -> NodeSeries {
+    let mut s = NodeSeries::default();
+    let mut first: BTreeMap<u32, u64> = BTreeMap::new();
+    for p in &log.nodes {
+        if p.pages > 0 {
+            s.tracks.insert((p.pid, p.node));
+        }
+        let t = first.entry(p.pid).or_insert(p.ts_ns);
+        *t = (*t).min(p.ts_ns);
+    }
+    for t in log.tasks.iter().filter(|t| t.kind == TaskKind::Exit && t.group_dead) {
+        if first.get(&t.tgid).is_some_and(|f| *f < t.ts_ns) {
+            let tracks = s.tracks.range((t.tgid, 0)..=(t.tgid, u32::MAX));
+            s.ends.extend(tracks.map(|&(pid, node)| (t.ts_ns, pid, node)));
+        }
+    }
+    let mut changes: Vec<(u64, u32, u32, u64)> = log
+        .nodes
+        .iter()
+        .filter(|p| s.tracks.contains(&(p.pid, p.node)))
+        .map(|p| (p.ts_ns, p.pid, p.node, p.pages))
+        .chain(s.ends.iter().map(|&(ts, pid, node)| (ts, pid, node, 0)))
+        .collect();
+    // Stable: at one time a read comes before an exit.
+    changes.sort_by_key(|c| c.0);
+    let mut now: HashMap<(u32, u32), u64> = HashMap::new();
+    let mut sum: BTreeMap<u32, u64> = BTreeMap::new();
+    // Each node's last total: (time, index in `totals`).
+    let mut last: HashMap<u32, (u64, usize)> = HashMap::new();
+    for (ts, pid, node, pages) in changes {
+        let before = now.insert((pid, node), pages).unwrap_or(0);
+        let total = sum.entry(node).or_default();
+        *total = *total - before + pages;
+        match last.get(&node) {
+            Some(&(at, i)) if at == ts => s.totals[i].2 = *total,
+            Some(&(_, i)) if s.totals[i].2 == *total => {}
+            _ => {
+                last.insert(node, (ts, s.totals.len()));
+                s.totals.push((ts, node, *total));
+            }
+        }
+    }
+    s
+}
+
 /// Process and thread tracks for everything the events name, then the
 /// counter and storm tracks under their processes.
-fn tracks<W: Write>(w: &mut Writer<W>, summary: &Summary, log: &TraceLog) -> io::Result<()> {
+fn tracks<W: Write>(w: &mut Writer<W>, summary: &Summary, log: &TraceLog, nodes: &NodeSeries) -> io::Result<()> {
     let mut procs: BTreeMap<u32, String> = summary.processes.iter().map(|p| (p.pid, p.comm.clone())).collect();
     let identities: BTreeMap<u32, &crate::model::Identity> =
         summary.processes.iter().filter(|p| !p.identity.is_empty()).map(|p| (p.pid, &p.identity)).collect();
@@ -314,6 +420,9 @@ fn tracks<W: Write>(w: &mut Writer<W>, summary: &Summary, log: &TraceLog) -> io:
     for pid in storm_pids.iter().chain(moved.iter().map(|(pid, _)| pid)).chain(resident.iter().map(|(pid, _)| pid)) {
         procs.entry(*pid).or_default();
     }
+    for (pid, _) in &nodes.tracks {
+        procs.entry(*pid).or_default();
+    }
     for (pid, name) in &procs {
         w.track(process_track(process_uuid(*pid), *pid, name, identities.get(pid).copied()))?;
     }
@@ -330,6 +439,15 @@ fn tracks<W: Write>(w: &mut Writer<W>, summary: &Summary, log: &TraceLog) -> io:
     for (pid, k) in resident {
         let uuid = counter_uuid(pid, RESIDENT_UUID + k);
         w.track(named_track(uuid, process_uuid(pid), RESIDENT[k].0, Some("bytes")))?;
+    }
+    for &(pid, node) in &nodes.tracks {
+        let name = format!("resident bytes on node {node}");
+        w.track(named_track(node_uuid(pid, node), process_uuid(pid), &name, Some("bytes")))?;
+    }
+    let with_pages: BTreeSet<u32> = nodes.tracks.iter().map(|(_, node)| *node).collect();
+    for node in with_pages {
+        let name = format!("node {node} resident bytes (traced processes)");
+        w.track(named_track(node_total_uuid(node), 0, &name, Some("bytes")))?;
     }
     let cpus: BTreeSet<u32> = log.cpu_ipis.iter().map(|p| p.cpu).collect();
     for cpu in cpus {

@@ -5,7 +5,7 @@ use vmtrace_protos::perfetto::{trace_packet::Data, track_event, Trace, TrackEven
 
 use super::{render, render::COUNTERS, Writer};
 use crate::model::{
-    trace::{CounterPoint, CpuPoint, MajorFault, MmChange, ResidentPoint, TaskKind, TaskMark, TraceLog},
+    trace::{CounterPoint, CpuPoint, MajorFault, MmChange, NodePoint, ResidentPoint, TaskKind, TaskMark, TraceLog},
     Cum, Storm, Summary,
 };
 
@@ -70,6 +70,7 @@ fn log() -> TraceLog {
         counters: vec![point(0, 100, 1), point(100_000_000, 50, 0), point(400_000_000, 10, 2)],
         cpu_ipis: vec![CpuPoint { ts_ns: T0, dur_ns: 100_000_000, cpu: 1, received: 40 }],
         resident: Vec::new(),
+        nodes: Vec::new(),
         dropped: 0,
     }
 }
@@ -241,6 +242,70 @@ fn resident_points_are_byte_counters_per_process() {
     let total = &series["resident bytes"];
     let mib = 1_048_576.0;
     assert_eq!(total, &[mib + 4096.0, 9.0 * mib + 4096.0, 2.0 * mib + 4096.0, 0.0]);
+}
+
+/// Counter values by (track name, parent): (ms since `T0`, value).
+type Series = HashMap<(String, Option<u64>), Vec<(u64, f64)>>;
+
+/// numa_maps reads become byte counters per process and node (a node the
+/// process never had pages on has no track), back to 0 at the process's
+/// exit, and per node a global track summing each process's latest read.
+#[test]
+fn node_points_are_byte_counters_per_process_and_node() {
+    const MS: u64 = 1_000_000;
+    let point = |ms: u64, pid: u32, node: u32, pages: u64| NodePoint { ts_ns: T0 + ms * MS, pid, node, pages };
+    // 13784 exits at 900 ms (`log()`'s tasks); 13787 lives on.
+    let log = TraceLog {
+        nodes: vec![
+            point(100, 13784, 0, 100),
+            point(100, 13784, 1, 0),
+            point(200, 13787, 0, 0),
+            point(200, 13787, 1, 10),
+            point(500, 13784, 0, 40),
+            point(500, 13784, 1, 60),
+            point(600, 13787, 0, 0),
+            point(600, 13787, 1, 10),
+        ],
+        ..log()
+    };
+    let trace = decode(&summary(), &log);
+    // uuid → (name, unit, parent).
+    let mut tracks: HashMap<u64, (String, Option<String>, Option<u64>)> = HashMap::new();
+    let mut series = Series::new();
+    for p in &trace.packet {
+        match &p.data {
+            Some(Data::TrackDescriptor(t)) => {
+                if let Some(vmtrace_protos::perfetto::track_descriptor::StaticOrDynamicName::Name(n)) =
+                    &t.static_or_dynamic_name
+                {
+                    let unit = t.counter.as_ref().and_then(|c| c.unit_name.clone());
+                    assert!(tracks.insert(t.uuid.unwrap_or(0), (n.clone(), unit, t.parent_uuid)).is_none(), "{n}");
+                }
+            }
+            Some(Data::TrackEvent(e)) => {
+                if let Some(track_event::CounterValueField::DoubleCounterValue(v)) = e.counter_value_field {
+                    let (name, _, parent) = tracks[&e.track_uuid.unwrap_or(0)].clone();
+                    let ms = (p.timestamp.unwrap_or(0) - T0) / MS;
+                    series.entry((name, parent)).or_default().push((ms, v / 4096.0));
+                }
+            }
+            _ => {}
+        }
+    }
+    let (a, b) = (Some(super::render::process_uuid(13784)), Some(super::render::process_uuid(13787)));
+    let node = |n: u32| format!("resident bytes on node {n}");
+    let total = |n: u32| format!("node {n} resident bytes (traced processes)");
+    for (name, parent) in [(node(0), a), (node(1), a), (node(1), b), (total(0), None), (total(1), None)] {
+        let t = tracks.values().find(|t| t.0 == name && t.2 == parent);
+        assert!(t.is_some_and(|t| t.1.as_deref() == Some("bytes")), "no {name} track under {parent:?}: {tracks:?}");
+    }
+    assert!(!tracks.values().any(|t| t.0 == node(0) && t.2 == b), "13787 never had pages on node 0: {tracks:?}");
+    let pages = |name: String, parent: Option<u64>| series.get(&(name, parent)).cloned().unwrap_or_default();
+    assert_eq!(pages(node(0), a), [(100, 100.0), (500, 40.0), (900, 0.0)]);
+    assert_eq!(pages(node(1), a), [(100, 0.0), (500, 60.0), (900, 0.0)]);
+    assert_eq!(pages(node(1), b), [(200, 10.0), (600, 10.0)]);
+    assert_eq!(pages(total(0), None), [(100, 100.0), (500, 40.0), (900, 0.0)]);
+    assert_eq!(pages(total(1), None), [(100, 0.0), (200, 10.0), (500, 70.0), (900, 10.0)]);
 }
 
 #[test]
