@@ -5,6 +5,7 @@
 //! drain, the refresh timer and the keyboard.
 pub mod layout;
 pub mod model;
+pub mod numa;
 pub mod view;
 
 use std::{
@@ -82,6 +83,8 @@ struct Model {
     names: Names,
     /// Storm culprit labels by (pid, call, user stack).
     sites: HashMap<(u32, u32, i32), String>,
+    /// The NODE column's reads (hosts with two NUMA nodes or more).
+    numa: Option<numa::NodeReads>,
 }
 
 impl Model {
@@ -95,17 +98,19 @@ impl Model {
             last: Instant::now(),
             names: Names::default(),
             sites: HashMap::new(),
+            numa: numa::NodeReads::new(&crate::numa::Topology::read()),
         }
     }
 
     /// `ended`: the target is gone, and the table keeps every process of the
     /// trace with its final count (those that exited at rate 0) instead of
-    /// emptying as they leave the kernel's maps.
+    /// emptying as they leave the kernel's maps. `rows`: the most the
+    /// screen can show (the NODE column reads those).
     fn refresh(
         &mut self,
         session: &mut Session<Probes>,
         perf: Option<&mut PerfProbe>,
-        sort: model::SortKey,
+        (sort, rows): (model::SortKey, usize),
         ended: bool,
     ) -> Snapshot {
         let dt = self.last.elapsed().as_secs_f64();
@@ -140,9 +145,18 @@ impl Model {
                 total_faults: p.faults.total,
                 resident: resident_now.get(&p.pid).copied(),
                 resident_per_s: growth(p.pid),
+                node: None,
             })
             .collect();
         model::sort_procs(&mut procs, sort);
+        let numa = self.numa.as_mut().map(|n| {
+            let shown: Vec<u32> = procs.iter().take(rows).map(|p| p.pid).collect();
+            n.refresh(Instant::now(), &shown, |pid| std::fs::read_to_string(format!("/proc/{pid}/numa_maps")).ok());
+            for p in &mut procs {
+                p.node = n.cell(p.pid);
+            }
+            n.totals(&shown)
+        });
 
         // Faults of processes that exited since the last refresh are in the
         // kernel's totals, not in any row: the header counts them.
@@ -179,6 +193,7 @@ impl Model {
             dtlb: self.dtlb(perf, dt),
             lost_events: snap.drops.lost(),
             ended: None,
+            numa,
         }
     }
 
@@ -390,8 +405,9 @@ impl App {
         let mut keys = EventStream::new();
         let mut drain = tokio::time::interval(Duration::from_millis(100));
         // A baseline reading now, the first rates one interval later.
+        let rows = usize::from(terminal.size()?.height);
         let (session, perf) = self.tracer.session_and_perf();
-        self.model.refresh(session, perf, self.view.sort, false);
+        self.model.refresh(session, perf, (self.view.sort, rows), false);
         self.shown.target = describe(&self.target);
         self.shown.dtlb = "dTLB: measuring…".into();
         terminal.draw(|f| view::draw(f, &self.shown, self.view))?;
@@ -414,8 +430,9 @@ impl App {
                 }
                 _ = refresh.tick() => {
                     let ended = self.ended.is_some();
+                    let rows = usize::from(terminal.size()?.height);
                     let (session, perf) = self.tracer.session_and_perf();
-                    let mut snap = self.model.refresh(session, perf, self.view.sort, ended);
+                    let mut snap = self.model.refresh(session, perf, (self.view.sort, rows), ended);
                     snap.target = describe(&self.target);
                     snap.ended.clone_from(&self.ended);
                     if !self.view.paused {

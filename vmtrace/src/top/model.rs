@@ -67,6 +67,9 @@ pub struct ProcRow {
     /// second over the last refresh; `None` where not known.
     pub resident: Option<u64>,
     pub resident_per_s: Option<f64>,
+    /// Hosts with two NUMA nodes or more: its main node and that node's
+    /// share of its pages ("1:97%", `top::numa`); `None` where not read.
+    pub node: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -163,6 +166,9 @@ pub struct Snapshot {
     pub lost_events: u64,
     /// Set once the traced command or pid is gone.
     pub ended: Option<String>,
+    /// Hosts with two NUMA nodes or more: the nodes and the shown
+    /// processes' pages on each (and a NODE column).
+    pub numa: Option<super::numa::NodeTotals>,
 }
 
 /// Sorts rows by `key`, busiest first; cumulative faults break ties so a
@@ -255,6 +261,7 @@ mod tests {
             total_faults: 0,
             resident: None,
             resident_per_s: None,
+            node: None,
         };
         let mut rows = vec![row(1, 10.0, 5.0), row(2, 20.0, 0.0), row(3, 5.0, 9.0)];
         sort_procs(&mut rows, SortKey::Faults);

@@ -185,6 +185,10 @@ fn header(snap: &Snapshot, view: ViewState, room: usize) -> Vec<Line<'static>> {
     let mut out = lines_of(&title, " · ", room);
     out.extend(lines_of(&per_s, " ", room));
     out.extend(lines_of(&[plain(format!("lost {}", snap.lost_events)), plain(snap.dtlb.clone())], " · ", room));
+    if let Some(numa) = &snap.numa {
+        let parts: Vec<Part> = numa.parts().into_iter().map(plain).collect();
+        out.extend(lines_of(&parts, " · ", room));
+    }
     out
 }
 
@@ -236,18 +240,29 @@ fn fitted_table(
     Some(Table::new(body, constraints).header(head).column_spacing(1))
 }
 
+/// The process table's NODE column (hosts with two NUMA nodes or more):
+/// where it goes and when it drops (after the time share, before the
+/// resident growth).
+const NODE_COL: (usize, u8) = (4, 3);
+
 fn process_table(snap: &Snapshot, room: usize) -> Option<Table<'static>> {
-    let names = ["PID", "COMM", "RSS", "ΔRSS/s", "FAULT/s", "MAJ/s", "TIME%", "COW/s", "UNMAP/s", "IPI/s", "FAULTS"];
+    let mut names =
+        vec!["PID", "COMM", "RSS", "ΔRSS/s", "FAULT/s", "MAJ/s", "TIME%", "COW/s", "UNMAP/s", "IPI/s", "FAULTS"];
     // What goes first when narrow: munmap and COW rates, then IPIs, majors,
     // the time share, the resident growth, the total; pid, name, resident
     // size and fault rate stay.
-    let drop_order = [0, 0, 0, 2, 0, 4, 3, 6, 7, 5, 1];
+    let mut drop_order = vec![0, 0, 0, 2, 0, 4, 3, 6, 7, 5, 1];
+    let numa = snap.numa.is_some();
+    if numa {
+        names.insert(NODE_COL.0, "NODE");
+        drop_order.insert(NODE_COL.0, NODE_COL.1);
+    }
     let rows: Vec<Vec<String>> = snap
         .procs
         .iter()
         .map(|p| {
             let r = &p.rates;
-            vec![
+            let mut row = vec![
                 p.pid.to_string(),
                 p.comm.clone(),
                 p.resident.map_or_else(|| "-".into(), |b| human_bytes(b as f64)),
@@ -259,7 +274,11 @@ fn process_table(snap: &Snapshot, room: usize) -> Option<Table<'static>> {
                 human(r.munmap),
                 human(r.ipis),
                 human(p.total_faults as f64),
-            ]
+            ];
+            if numa {
+                row.insert(NODE_COL.0, p.node.clone().unwrap_or_else(|| "-".into()));
+            }
+            row
         })
         .collect();
     let text = TextCol { index: 1, shrink_to: 8, elide: layout::keep_head };
@@ -347,6 +366,7 @@ mod tests {
                     total_faults: 7_000_000,
                     resident: Some(130 << 20),
                     resident_per_s: Some(16.0 * 1_048_576.0),
+                    node: Some("1:97%".into()),
                 },
                 ProcRow {
                     pid: 4_194_303,
@@ -363,6 +383,7 @@ mod tests {
                     total_faults: 123_456_789,
                     resident: Some(2560 << 20),
                     resident_per_s: Some(-96.0 * 1_048_576.0),
+                    node: Some("0:100%".into()),
                 },
             ],
             regions: Some(vec![
@@ -462,6 +483,40 @@ mod tests {
         assert_eq!(heads(80), "PID COMM RSS ΔRSS/s FAULT/s MAJ/s TIME% COW/s IPI/s FAULTS");
         assert_eq!(heads(60), "PID COMM RSS ΔRSS/s FAULT/s MAJ/s TIME% FAULTS");
         assert_eq!(heads(50), "PID COMM RSS ΔRSS/s FAULT/s FAULTS");
+    }
+
+    /// With two NUMA nodes or more: a header line with the nodes and the
+    /// shown processes' pages on each, and a NODE column beside the
+    /// resident size that drops after the time share when narrow. With one
+    /// node (`numa` None, every other test) neither.
+    #[test]
+    fn numa_header_and_node_column() {
+        use crate::top::numa::NodeTotals;
+        let mut snap = snapshot();
+        snap.numa = Some(NodeTotals { nodes: vec![0, 1], pages: [(0, 256), (1, 970)].into(), processes: 2 });
+        let text = screen(&snap, ViewState::default());
+        assert!(text.contains("NUMA nodes 0,1 · node 0 1.0M · node 1 3.8M · resident, 2 processes shown"), "{text}");
+        let cells = |text: &str, pid: &str| {
+            let (head, row) = row(text, pid);
+            assert_eq!(head.len(), row.len(), "{text}");
+            head.into_iter().zip(row).collect::<Vec<_>>()
+        };
+        let at = |cells: &[(String, String)], name: &str| cells.iter().find(|c| c.0 == name).map(|c| c.1.clone());
+        let python = cells(&text, "4242");
+        assert_eq!(at(&python, "NODE").as_deref(), Some("1:97%"), "{text}");
+        assert_eq!(at(&python, "FAULT/s").as_deref(), Some("612.3k"), "{text}");
+        let wide = screen_at(&snap, ViewState::default(), 200, 24);
+        let heads = |text: &str| row(text, "4194303").0.join(" ");
+        assert_eq!(heads(&wide), "PID COMM RSS ΔRSS/s NODE FAULT/s MAJ/s TIME% COW/s UNMAP/s IPI/s FAULTS");
+        assert_eq!(at(&cells(&wide, "4194303"), "NODE").as_deref(), Some("0:100%"));
+        let narrow = screen_at(&snap, ViewState::default(), 60, 24);
+        assert_eq!(heads(&narrow), "PID COMM RSS ΔRSS/s NODE FAULT/s TIME% FAULTS", "{narrow}");
+        let narrower = screen_at(&snap, ViewState::default(), 50, 24);
+        assert_eq!(heads(&narrower), "PID COMM RSS ΔRSS/s FAULT/s FAULTS", "{narrower}");
+        // A row not read yet.
+        snap.procs[0].node = None;
+        assert_eq!(at(&cells(&screen(&snap, ViewState::default()), "4242"), "NODE").as_deref(), Some("-"));
+        assert!(!screen(&snapshot(), ViewState::default()).contains("NUMA"), "one node: no header line");
     }
 
     #[test]
