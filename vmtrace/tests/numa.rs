@@ -3,17 +3,25 @@
 //! records it (`-p`, stopped by SIGINT while it still holds the memory).
 //! On a host with two nodes or more (`cargo xtask vmtest` boots one),
 //! `--membind=1` puts its pages on node 1, remote from the CPUs it runs on,
-//! and `--membind=0` keeps them local; on a host with one node vmtrace says
-//! "1 NUMA node" and lists no placement (never zeros).
+//! and `--membind=0` keeps them local, in summary.json and in the Perfetto
+//! trace's per-node counters; on a host with one node vmtrace says
+//! "1 NUMA node" and lists no placement (never zeros), and the trace has no
+//! node tracks.
 //!
 //! Page migrations against `/proc/vmstat`'s `pgmigrate_*`: compaction a
 //! traced shell runs itself (any host), and `move_pages(2)` across nodes
 //! (two nodes or more).
 mod common;
 
-use std::{collections::BTreeMap, path::Path, process::Command};
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::Path,
+    process::Command,
+};
 
 use common::{compile_c, disk_dir, finish, privileged, record, spawn_traced, u, Run};
+use prost::Message as _;
+use vmtrace_protos::perfetto::{trace_packet::Data, track_descriptor::StaticOrDynamicName, track_event, Trace};
 
 const MIB: u64 = 64;
 
@@ -61,7 +69,8 @@ fn bound_run(membind: u32) -> (Run, u32, BTreeMap<u32, u64>) {
     // ~256 sampled pages, the finding's own minimum (NUMA_MIN_SAMPLED), so
     // the finding fired on about half the runs (the 6.12 guest, 2026-12-05).
     // 1 in 16 gives ~1,024.
-    let args = ["record", "--stack-sample", "16", "-p", &pid.to_string(), "--out", out.path().to_str().unwrap()];
+    let args =
+        ["record", "--stack-sample", "16", "--perfetto", "-p", &pid.to_string(), "--out", out.path().to_str().unwrap()];
     let traced = spawn_traced(&args);
     std::fs::write(dir.path().join("go"), "").unwrap();
     let ready: &Path = &dir.path().join("ready");
@@ -75,6 +84,50 @@ fn bound_run(membind: u32) -> (Run, u32, BTreeMap<u32, u64>) {
     let run = finish(out, traced.interrupt());
     drop(w);
     (run, pid, truth)
+}
+
+/// The last value, in 4 KiB pages, of each "resident bytes on node N" track
+/// of `pid` in the run's trace, and of each node's total track.
+fn trace_nodes(run: &Run, pid: u32) -> (BTreeMap<u32, u64>, BTreeMap<u32, u64>) {
+    let bytes = std::fs::read(run.out.path().join("trace.perfetto-trace")).expect("trace.perfetto-trace");
+    let trace = Trace::decode(bytes.as_slice()).expect("a Perfetto trace");
+    let mut process = None;
+    let mut named: HashMap<u64, (String, Option<u64>)> = HashMap::new();
+    let mut last: HashMap<u64, f64> = HashMap::new();
+    for p in trace.packet {
+        match p.data {
+            Some(Data::TrackDescriptor(t)) => {
+                if t.process.as_ref().and_then(|pr| pr.pid) == Some(pid as i32) {
+                    process = t.uuid;
+                }
+                if let Some(StaticOrDynamicName::Name(n)) = t.static_or_dynamic_name {
+                    named.insert(t.uuid.unwrap_or(0), (n, t.parent_uuid));
+                }
+            }
+            // Events are in time order: the last one seen is the latest.
+            Some(Data::TrackEvent(e)) => {
+                if let Some(track_event::CounterValueField::DoubleCounterValue(v)) = e.counter_value_field {
+                    last.insert(e.track_uuid.unwrap_or(0), v);
+                }
+            }
+            _ => {}
+        }
+    }
+    let (mut own, mut all) = (BTreeMap::new(), BTreeMap::new());
+    for (uuid, (name, parent)) in &named {
+        let pages = last.get(uuid).map_or(0, |v| *v as u64 / 4096);
+        if let Some(n) = name.strip_prefix("resident bytes on node ").and_then(|n| n.parse().ok()) {
+            assert!(process.is_some() && *parent == process, "{name} is under the workload's process: {named:?}");
+            own.insert(n, pages);
+        } else if let Some(n) = name
+            .strip_prefix("node ")
+            .and_then(|r| r.strip_suffix(" resident bytes (traced processes)"))
+            .and_then(|n| n.parse().ok())
+        {
+            all.insert(n, pages);
+        }
+    }
+    (own, all)
 }
 
 /// One `/proc/vmstat` counter now.
@@ -95,12 +148,14 @@ fn membind_local_and_remote() {
     privileged!();
     if nodes() < 2 {
         // One node: the bound workload still runs, and vmtrace says so plainly.
-        let (run, _, truth) = bound_run(0);
+        let (run, pid, truth) = bound_run(0);
         let numa = &run.summary["numa"];
         assert_eq!(numa["nodes"], 1, "{numa:#}");
         assert!(numa["note"].as_str().is_some_and(|n| n.starts_with("1 NUMA node")), "{numa:#}");
         assert!(numa.get("processes").is_none() && numa.get("vmstat_delta").is_none(), "{numa:#}");
         assert!(truth.keys().all(|n| *n == 0), "numa_maps on one node: {truth:?}");
+        let (own, all) = trace_nodes(&run, pid);
+        assert!(own.is_empty() && all.is_empty(), "one node: no node tracks in the trace ({own:?}, {all:?})");
         eprintln!("membind_local_and_remote: 1 NUMA node here; the two-node checks run in `cargo xtask vmtest`");
         return;
     }
@@ -115,6 +170,11 @@ fn membind_local_and_remote() {
         let kernel = truth.get(&membind).copied().unwrap_or(0);
         assert!(kernel >= want, "numa_maps: {truth:?}");
         common::assert_close(&format!("pages on node {membind}"), got, kernel, 2.0);
+        // The trace's last read is the one summary.json kept (at the end,
+        // the workload still holding its pages); each node's total holds it.
+        let (own, all) = trace_nodes(&run, pid);
+        assert_eq!(own.get(&membind).copied(), Some(got), "trace: {own:?}");
+        assert!(all.get(&membind).is_some_and(|t| *t >= got), "node {membind} total in the trace: {all:?}");
         let sampled = u(&p["sampled_pages"]);
         let remote = u(&p["remote_first_touch"]);
         assert!(sampled >= 64, "sampled pages with a node: {p:#}");
