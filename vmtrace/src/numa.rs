@@ -11,7 +11,10 @@ use std::{
 
 use vmtrace_common::PageSample;
 
-use crate::model::{trace::NodePoint, trace::TraceLog, Numa, NumaProcess, NumaRegion};
+use crate::model::{
+    trace::{NodePoint, TraceLog},
+    Numa, NumaProcess, NumaRegion,
+};
 
 const NODE_DIR: &str = "/sys/devices/system/node";
 /// How often the numa_maps of live traced processes are re-read.
