@@ -13,7 +13,7 @@ use vmtrace_common::PageSample;
 
 use crate::model::{
     trace::{NodePoint, TraceLog},
-    Numa, NumaProcess, NumaRegion,
+    Numa, NumaProcess, NumaRegion, NumaSite,
 };
 
 const NODE_DIR: &str = "/sys/devices/system/node";
@@ -26,6 +26,9 @@ const LOCKED_READ_EVERY: Duration = Duration::from_millis(100);
 const MAX_PROCESSES: usize = 64;
 /// Regions listed in summary.json.
 const MAX_REGIONS: usize = 50;
+/// Distinct stacks kept per process; call sites listed in summary.json.
+const MAX_STACKS: usize = 4096;
+const MAX_SITES: usize = 20;
 
 /// Parses a kernel CPU or node list ("0-3,8,10-11").
 #[must_use]
@@ -195,14 +198,19 @@ struct ProcNuma {
     sampled_by_node: BTreeMap<u32, u64>,
     remote: u64,
     cpu_node: BTreeMap<u32, u64>,
+    /// By user stack id: sampled pages by node, and the remote ones.
+    stacks: HashMap<i32, StackNodes>,
 }
+
+/// One stack's sampled pages by node, and how many of them were remote.
+type StackNodes = (BTreeMap<u32, u64>, u64);
 
 /// Collects placement during a recording on a host with two nodes or more.
 pub struct NumaTracker {
     topo: Topology,
     vmstat_start: BTreeMap<String, u64>,
-    /// Sampled faults not yet looked up: (tgid, page address, cpu).
-    pending: Vec<(u32, u64, u32)>,
+    /// Sampled faults not yet looked up: (tgid, page address, cpu, user stack).
+    pending: Vec<(u32, u64, u32, i32)>,
     procs: HashMap<u32, ProcNuma>,
     last_maps: Option<Instant>,
     /// Processes whose numa_maps are read at the next tick (`locked`).
@@ -245,7 +253,7 @@ impl NumaTracker {
     /// A fault on a page of the resident sample.
     pub fn page(&mut self, ev: &PageSample) {
         if self.pending.len() < 1 << 16 {
-            self.pending.push((ev.tgid, ev.addr, ev.cpu));
+            self.pending.push((ev.tgid, ev.addr, ev.cpu, ev.user_stack));
         }
     }
 
@@ -308,31 +316,41 @@ impl NumaTracker {
         if self.pending.is_empty() {
             return;
         }
-        let mut by_pid: HashMap<u32, Vec<(u64, u32)>> = HashMap::new();
-        for (tgid, addr, cpu) in self.pending.drain(..) {
-            by_pid.entry(tgid).or_default().push((addr, cpu));
+        let mut by_pid: HashMap<u32, Vec<(u64, u32, i32)>> = HashMap::new();
+        for (tgid, addr, cpu, stack) in self.pending.drain(..) {
+            by_pid.entry(tgid).or_default().push((addr, cpu, stack));
         }
         for (pid, pages) in by_pid {
-            let addrs: Vec<u64> = pages.iter().map(|(a, _)| *a).collect();
+            let addrs: Vec<u64> = pages.iter().map(|(a, _, _)| *a).collect();
             let Some(nodes) = nodes_of_pages(pid, &addrs) else { continue };
             let p = self.procs.entry(pid).or_default();
-            for ((_, cpu), node) in pages.iter().zip(nodes) {
+            for ((_, cpu, stack), node) in pages.iter().zip(nodes) {
                 let Some(node) = node else { continue };
                 let cpu_node = self.topo.cpu_node.get(cpu).copied();
+                let remote = cpu_node.is_some_and(|c| c != node);
                 p.sampled += 1;
                 *p.sampled_by_node.entry(node).or_default() += 1;
                 if let Some(c) = cpu_node {
                     *p.cpu_node.entry(c).or_default() += 1;
-                    if c != node {
-                        p.remote += 1;
-                    }
                 }
+                p.remote += u64::from(remote);
+                // Stacks past the bound count under "no stack" (id -1).
+                let key = if p.stacks.len() < MAX_STACKS || p.stacks.contains_key(stack) { *stack } else { -1 };
+                let s = p.stacks.entry(key).or_default();
+                *s.0.entry(node).or_default() += 1;
+                s.1 += u64::from(remote);
             }
         }
     }
 
     /// The model, `started` being the start of the recording.
-    pub fn finish(mut self, started: Instant, comm_of: &dyn Fn(u32) -> String) -> Numa {
+    /// `frames(pid, user_stack)` names a sampled fault's call site, root first.
+    pub fn finish(
+        mut self,
+        started: Instant,
+        comm_of: &dyn Fn(u32) -> String,
+        frames: &mut dyn FnMut(u32, i32) -> Vec<String>,
+    ) -> Numa {
         self.resolve_pending();
         let end = vmstat_numa();
         let vmstat_delta =
@@ -383,6 +401,7 @@ impl NumaTracker {
         let rpages = |r: &NumaRegion| r.pages_by_node.values().sum::<u64>();
         regions.sort_by(|a, b| rpages(b).cmp(&rpages(a)).then(a.pid.cmp(&b.pid)));
         regions.truncate(MAX_REGIONS);
+        let sites = self.sites(comm_of, frames);
         Numa {
             nodes: self.topo.nodes.len() as u32,
             note: None,
@@ -390,7 +409,35 @@ impl NumaTracker {
             vmstat_delta,
             processes,
             regions,
+            sites,
         }
+    }
+
+    /// The call sites with the most sampled pages: the heaviest stacks named
+    /// (only those: a name costs a symbolization), merged where two stacks
+    /// name the same frames.
+    fn sites(&self, comm_of: &dyn Fn(u32) -> String, frames: &mut dyn FnMut(u32, i32) -> Vec<String>) -> Vec<NumaSite> {
+        let mut all: Vec<(u32, i32, &StackNodes)> =
+            self.procs.iter().flat_map(|(pid, p)| p.stacks.iter().map(|(id, s)| (*pid, *id, s))).collect();
+        let n = |s: &StackNodes| s.0.values().sum::<u64>();
+        all.sort_by(|a, b| n(b.2).cmp(&n(a.2)).then(a.0.cmp(&b.0)).then(a.1.cmp(&b.1)));
+        let mut merged: Vec<NumaSite> = Vec::new();
+        for (pid, id, (by_node, remote)) in all.into_iter().take(4 * MAX_SITES) {
+            let f = if id < 0 { vec!["[no user stack]".to_string()] } else { frames(pid, id) };
+            let at = merged.iter().position(|s| s.pid == pid && s.frames == f).unwrap_or_else(|| {
+                merged.push(NumaSite { pid, comm: comm_of(pid), frames: f, ..NumaSite::default() });
+                merged.len() - 1
+            });
+            let site = &mut merged[at];
+            for (node, c) in by_node {
+                *site.sampled_by_node.entry(node.to_string()).or_default() += c;
+                site.sampled_pages += c;
+            }
+            site.remote_first_touch += remote;
+        }
+        merged.sort_by(|a, b| b.sampled_pages.cmp(&a.sampled_pages).then(a.pid.cmp(&b.pid)));
+        merged.truncate(MAX_SITES);
+        merged
     }
 }
 
@@ -456,6 +503,54 @@ mod tests {
             assert!(p.pages.abs_diff(kernel) * 10 <= kernel.max(10), "node {}: {} vs {kernel}", p.node, p.pages);
         }
         assert!(t.take_points().0.is_empty(), "taken");
+    }
+
+    /// Sampled pages are counted per call site: the heaviest stacks named,
+    /// two stacks with the same frames one site, remote by the faulting
+    /// CPU's node (here every page is on node 0, and CPU 1 is node 1's).
+    #[test]
+    fn sampled_pages_by_call_site() {
+        let cpu_node = [(0, 0), (1, 1)].into_iter().collect();
+        let topo = Topology { nodes: vec![0, 1], cpu_node, ..Topology::default() };
+        let mut t = NumaTracker::new(topo).expect("two nodes");
+        let buf = vec![1u8; 16 << 12];
+        let page = |i: usize| (buf.as_ptr() as u64 + (i as u64) * 4096 + 4095) & !4095;
+        let pid = std::process::id();
+        let ev = |i: usize, cpu: u32, user_stack: i32| PageSample {
+            hdr: vmtrace_common::EventHeader { kind: 0, size: 0, ts_ns: 0 },
+            tgid: pid,
+            flags: 0,
+            addr: page(i),
+            user_stack,
+            kernel_stack: -1,
+            cpu,
+            _pad: 0,
+        };
+        for i in 0..6 {
+            t.page(&ev(i, 1, 5));
+        }
+        for i in 6..9 {
+            t.page(&ev(i, 0, 7));
+        }
+        t.page(&ev(9, 0, 9));
+        let mut named = Vec::new();
+        let mut frames = |_: u32, id: i32| {
+            named.push(id);
+            if id == 9 {
+                vec!["main".to_string(), "other".to_string()]
+            } else {
+                vec!["main".to_string(), "fill".to_string()]
+            }
+        };
+        let n = t.finish(Instant::now(), &|_| "me".into(), &mut frames);
+        assert_eq!(n.sites.len(), 2, "{:?}", n.sites);
+        let fill = &n.sites[0];
+        assert_eq!((fill.pid, &fill.frames[..]), (pid, &["main".to_string(), "fill".to_string()][..]));
+        assert_eq!((fill.sampled_pages, fill.remote_first_touch), (9, 6), "{fill:?}");
+        assert_eq!(fill.sampled_by_node.get("0"), Some(&9));
+        assert_eq!((n.sites[1].sampled_pages, n.sites[1].remote_first_touch), (1, 0));
+        assert_eq!(named, [5, 7, 9], "each stack named once, heaviest first");
+        drop(buf);
     }
 
     #[test]

@@ -179,8 +179,20 @@ fn membind_local_and_remote() {
         let remote = u(&p["remote_first_touch"]);
         assert!(sampled >= 64, "sampled pages with a node: {p:#}");
         assert!(p["policies"].as_object().unwrap().keys().any(|k| k.contains(&format!("bind:{membind}"))), "{p:#}");
+        // Per call site: the workload's pages are touch_pages()'s, on the
+        // bound node, with the process's own remote count.
+        let site = run.summary["numa"]["sites"]
+            .as_array()
+            .and_then(|v| v.iter().find(|t| t["pid"] == pid))
+            .unwrap_or_else(|| panic!("no site of {pid}: {:#}", run.summary["numa"]));
+        let frames = site["frames"].to_string();
+        assert!(frames.contains("touch_pages"), "{site:#}");
+        let at_site = u(&site["sampled_pages"]);
+        assert!(at_site * 10 >= sampled * 9 && at_site <= sampled, "{site:#} against {p:#}");
+        assert_eq!(u(&site["sampled_by_node"][&key]), at_site, "{site:#}");
         let finding = run.summary["findings"].as_array().unwrap().iter().any(|f| f["kind"] == "numa_remote_memory");
         if membind == 1 {
+            assert!(u(&site["remote_first_touch"]) * 10 >= at_site * 9, "{site:#}");
             assert!(remote * 10 >= sampled * 9, "--membind=1 from node 0's CPUs: remote first touches {p:#}");
             // The kernel's own count of pages allocated on a node other than
             // the allocating CPU's (`numa_other`, per page): the workload's

@@ -94,7 +94,14 @@ impl Placement {
                     t.dropped += dropped;
                     summary.drops.trace_events += dropped;
                 }
-                n.finish(started, comm_of)
+                // A call site's frames end with its call ("[mmap]"); a
+                // fault's stack has none.
+                let mut fault_frames = |pid: u32, stack: i32| {
+                    let mut f = frames(pid, u32::MAX, stack);
+                    f.pop();
+                    f
+                };
+                n.finish(started, comm_of, &mut fault_frames)
             }
             None => numa::one_node(&self.topo),
         });

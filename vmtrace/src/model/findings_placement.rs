@@ -137,6 +137,10 @@ fn numa_remote(s: &Summary, out: &mut Vec<Finding>) {
         }
         ev(&mut f, "sampled_pages", p.sampled_pages);
         ev(&mut f, "remote_first_touch", p.remote_first_touch);
+        // The call site that placed the most remote pages.
+        if let Some(site) = n.sites.iter().filter(|t| t.pid == p.pid).max_by_key(|t| t.remote_first_touch) {
+            f.site = Some(crate::model::oom::site_tail(&site.frames));
+        }
         ev(&mut f, "cpu_node", cpu_node);
         ev(&mut f, "memory_node", mem_node);
         f.expected_gain = Some("remote accesses cost 1.5–3× a local one on two-socket hosts".into());

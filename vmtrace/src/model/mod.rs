@@ -31,7 +31,7 @@ pub use format::{bytes, clip, comm_str, escape_html, fmt_ns};
 pub use identity::{Identity, Rank};
 pub use live::{Cum, LiveProcess, LiveResident, LiveSnapshot, RateKeeper, Rates};
 pub use locations::{CodeLocation, CodeLocations};
-pub use numa::{Numa, NumaProcess, NumaRegion};
+pub use numa::{Numa, NumaProcess, NumaRegion, NumaSite};
 pub use oom::{HeldRegion, OomRecord};
 pub use perf::{PerfSummary, RegionSamples};
 pub use pinned::{LockFailure, LockPoint, LockSite, Pinned, PinnedProcess};

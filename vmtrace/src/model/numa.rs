@@ -30,6 +30,23 @@ pub struct Numa {
     /// Per region (`/proc/PID/numa_maps`), most pages first; top 50.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub regions: Vec<NumaRegion>,
+    /// Per call site: the sampled pages its faults placed, by node, and how
+    /// many were remote from the faulting CPU; most sampled pages first, top 20.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sites: Vec<NumaSite>,
+}
+
+/// The sampled pages one call site faulted in, by node.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct NumaSite {
+    pub pid: u32,
+    pub comm: String,
+    /// Root first, like `resident.sites[].frames`.
+    pub frames: Vec<String>,
+    pub sampled_pages: u64,
+    pub sampled_by_node: BTreeMap<String, u64>,
+    /// Of those, on a node other than that of the CPU that faulted them in.
+    pub remote_first_touch: u64,
 }
 
 /// One process's pages by node.
@@ -93,6 +110,21 @@ pub fn render_text(n: &Numa) -> String {
         };
         let pol: Vec<&str> = p.policies.keys().map(String::as_str).collect();
         let _ = writeln!(s, "  {} (pid {}): {}{remote}; policy {}", p.comm, p.pid, nodes.join(", "), pol.join(", "));
+    }
+    if !n.sites.is_empty() {
+        let _ = writeln!(s, "  by call site (sampled pages):");
+        for t in n.sites.iter().take(5) {
+            let nodes: Vec<String> = t.sampled_by_node.iter().map(|(k, v)| format!("node {k} {v}")).collect();
+            let _ = writeln!(
+                s,
+                "    {} (pid {}): {}, {} remote — {}",
+                t.comm,
+                t.pid,
+                nodes.join(", "),
+                t.remote_first_touch,
+                super::oom::site_tail(&t.frames)
+            );
+        }
     }
     if !n.vmstat_delta.is_empty() {
         let v: Vec<String> = n.vmstat_delta.iter().filter(|(_, v)| **v > 0).map(|(k, v)| format!("{k} +{v}")).collect();

@@ -178,6 +178,25 @@ fn numa_section(s: &Summary) -> String {
         &["pid", "l comm", "l resident by node", "sampled pages", "remote first touch", "l policy"],
         &rows,
     ));
+    if !n.sites.is_empty() {
+        let rows: Vec<Vec<String>> = n
+            .sites
+            .iter()
+            .map(|t| {
+                let nodes: Vec<String> =
+                    t.sampled_by_node.iter().map(|(k, v)| format!("{k}: {}", thousands(*v))).collect();
+                vec![
+                    t.pid.to_string(),
+                    escape(&t.comm),
+                    escape(&nodes.join(", ")),
+                    thousands(t.remote_first_touch),
+                    format!("\u{1}{}", escape(&crate::model::oom::site_tail(&t.frames))),
+                ]
+            })
+            .collect();
+        out.push_str("<h3>By call site (sampled pages)</h3>");
+        out.push_str(&table(&["pid", "l comm", "l sampled pages by node", "remote first touch", "l call site"], &rows));
+    }
     let v: Vec<String> = n.vmstat_delta.iter().filter(|(_, v)| **v > 0).map(|(k, v)| format!("{k} +{v}")).collect();
     if !v.is_empty() {
         let _ = write!(out, "<p class='note'>/proc/vmstat over the recording: {}</p>", escape(&v.join(", ")));
