@@ -309,6 +309,61 @@ fn move_pages_across_nodes_is_counted_page_for_page() {
     assert!(moved >= 16 << 20 >> 12 >> 1, "the kernel moved {moved} pages: {out}");
     let m = migration(&run, "numa_move");
     eprintln!("move_pages: the kernel moved {moved}, vmtrace {m}, pgmigrate_success +{ok}");
-    assert_eq!(u(&m["pages_by_reason"]["syscall"]), moved, "{m:#}");
+    assert_eq!(m["pages_by_reason"]["syscall"].as_u64().unwrap_or(0), moved, "{m:#}");
     assert!(u(&m["pages"]) <= ok, "{m:#} against pgmigrate_success +{ok}");
+}
+
+/// Restores a sysctl's value when the test ends.
+struct Sysctl(&'static str, String);
+impl Sysctl {
+    fn set(path: &'static str, value: &str) -> Self {
+        let was = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        std::fs::write(path, value).unwrap_or_else(|e| panic!("writing {path}: {e}"));
+        Self(path, was)
+    }
+}
+impl Drop for Sysctl {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0, self.1.trim());
+    }
+}
+
+/// NUMA balancing (two nodes or more): a workload touches its memory from
+/// node 1's CPU, then reads it from node 0's; the hinting faults move its
+/// pages to node 0 in its own thread. vmtrace counts them as its
+/// `numa_balancing` migrations: at least the pages the kernel reports on
+/// node 0 afterwards, and no more than `/proc/vmstat` `numa_pages_migrated`.
+#[test]
+fn numa_balancing_migrations_are_the_faulting_process_s() {
+    privileged!();
+    if nodes() < 2 {
+        eprintln!(
+            "numa_balancing_migrations_are_the_faulting_process_s: 1 NUMA node here; it runs in `cargo xtask vmtest`"
+        );
+        return;
+    }
+    let _on = Sysctl::set("/proc/sys/kernel/numa_balancing", "1");
+    let dir = disk_dir();
+    let bin = compile_c("numa_balance.c", dir.path());
+    let m0 = vmstat("numa_pages_migrated");
+    let run = record(&["--events", "faults,oom"], &[bin.to_str().unwrap(), "32", "1", "0", "0", "60"]);
+    let migrated = vmstat("numa_pages_migrated") - m0;
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let out = String::from_utf8_lossy(&run.output.stdout);
+    let on_node: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("on_node="))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no on_node line in {out}"));
+    assert!(
+        on_node > 0 && migrated > 0,
+        "NUMA balancing moved nothing in 60 s: {out}, numa_pages_migrated +{migrated}"
+    );
+    let m = migration(&run, "numa_balance");
+    let nb = m["pages_by_reason"]["numa_balancing"].as_u64().unwrap_or(0);
+    eprintln!("NUMA balancing: {out}vmtrace {m}, numa_pages_migrated +{migrated}");
+    assert!(nb >= on_node && nb <= migrated, "{m:#}: on node 0 {on_node}, numa_pages_migrated +{migrated}");
+    assert!(u(&m["time_ns"]) > 0, "{m:#}");
+    assert!(u(&run.summary["numa"]["vmstat_delta"]["numa_pages_migrated"]) >= nb, "{:#}", run.summary["numa"]);
 }
