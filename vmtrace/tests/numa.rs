@@ -346,7 +346,7 @@ fn numa_balancing_migrations_are_the_faulting_process_s() {
     let dir = disk_dir();
     let bin = compile_c("numa_balance.c", dir.path());
     let m0 = vmstat("numa_pages_migrated");
-    let run = record(&["--events", "faults,oom"], &[bin.to_str().unwrap(), "32", "1", "0", "0", "60"]);
+    let run = record(&["--events", "faults,oom"], &[bin.to_str().unwrap(), "32", "1", "0", "60"]);
     let migrated = vmstat("numa_pages_migrated") - m0;
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let out = String::from_utf8_lossy(&run.output.stdout);
@@ -366,4 +366,39 @@ fn numa_balancing_migrations_are_the_faulting_process_s() {
     assert!(nb >= on_node && nb <= migrated, "{m:#}: on node 0 {on_node}, numa_pages_migrated +{migrated}");
     assert!(u(&m["time_ns"]) > 0, "{m:#}");
     assert!(u(&run.summary["numa"]["vmstat_delta"]["numa_pages_migrated"]) >= nb, "{:#}", run.summary["numa"]);
+}
+
+/// NUMA balancing back and forth (two nodes or more): the workload's
+/// threads change nodes three times and its pages follow each time, three
+/// times what it holds: `numa_migration_churn`.
+#[test]
+fn memory_chasing_its_threads_between_nodes_is_numa_migration_churn() {
+    privileged!();
+    if nodes() < 2 {
+        eprintln!("memory_chasing_its_threads_between_nodes_is_numa_migration_churn: 1 NUMA node here; it runs in `cargo xtask vmtest`");
+        return;
+    }
+    let _on = Sysctl::set("/proc/sys/kernel/numa_balancing", "1");
+    let dir = disk_dir();
+    let bin = compile_c("numa_balance.c", dir.path());
+    let m0 = vmstat("numa_pages_migrated");
+    let run = record(&["--events", "faults,oom"], &[bin.to_str().unwrap(), "32", "1", "0", "60", "3"]);
+    let migrated = vmstat("numa_pages_migrated") - m0;
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let out = String::from_utf8_lossy(&run.output.stdout);
+    let rounds: Vec<u64> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("on_node="))
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect();
+    let m = migration(&run, "numa_balance");
+    let nb = m["pages_by_reason"]["numa_balancing"].as_u64().unwrap_or(0);
+    eprintln!("NUMA balancing, 3 rounds: {out}vmtrace {m}, numa_pages_migrated +{migrated}");
+    assert_eq!(rounds.len(), 3, "{out}");
+    let want = rounds.iter().sum::<u64>();
+    assert!(rounds.iter().all(|r| *r * 10 >= 8192 * 9), "the kernel did not move the pages each round: {out}");
+    assert!(nb >= want && nb <= migrated, "{m:#}: the rounds {rounds:?}, numa_pages_migrated +{migrated}");
+    let f = run.summary["findings"].as_array().unwrap().iter().find(|f| f["kind"] == "numa_migration_churn");
+    let f = f.unwrap_or_else(|| panic!("no numa_migration_churn: {:#}", run.summary["findings"]));
+    assert_eq!(u(&f["evidence"]["numa_balancing_pages"]), nb, "{f:#}");
 }

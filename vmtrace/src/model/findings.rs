@@ -103,7 +103,10 @@ pub fn diagnose(s: &Summary) -> Vec<Finding> {
 
 #[path = "findings_placement.rs"]
 mod placement;
-pub use placement::{NUMA_MIN_SAMPLED, NUMA_REMOTE_SHARE, PINNED_MIN_BYTES, PINNED_OVER_REST};
+pub use placement::{
+    NUMA_CHURN_MIN_PAGES, NUMA_CHURN_OVER_RESIDENT, NUMA_MIN_SAMPLED, NUMA_REMOTE_SHARE, PINNED_MIN_BYTES,
+    PINNED_OVER_REST,
+};
 
 /// The process as people tell it apart. A child of a traced process that
 /// runs the same program (same name; no exec) is a worker: "worker N of

@@ -14,10 +14,68 @@ pub const NUMA_MIN_SAMPLED: u64 = 256;
 /// …of which at least this share was placed off the faulting CPU's node.
 pub const NUMA_REMOTE_SHARE: f64 = 0.5;
 
+/// NUMA balancing moved at least this many pages in a process's threads…
+pub const NUMA_CHURN_MIN_PAGES: u64 = 4096;
+/// …at least this many times what it held at its peak: its pages moved back
+/// and forth (or followed threads that kept changing nodes).
+pub const NUMA_CHURN_OVER_RESIDENT: f64 = 2.0;
+
 pub(super) fn run(s: &Summary, out: &mut Vec<Finding>) {
     memlock_limit(s, out);
     pinned_pool(s, out);
     numa_remote(s, out);
+    numa_churn(s, out);
+}
+
+/// A process whose pages NUMA balancing kept moving: more pages migrated
+/// than it ever held, several times over.
+fn numa_churn(s: &Summary, out: &mut Vec<Finding>) {
+    for p in &s.processes {
+        let moved = p.migration.numa_balancing();
+        if moved < NUMA_CHURN_MIN_PAGES {
+            continue;
+        }
+        // What it held at most: the kernel's peak, else its last numa_maps read.
+        let held = p.resident.as_ref().map(|r| r.peak_bytes / 4096).or_else(|| {
+            let n = s.numa.as_ref()?.processes.iter().find(|q| q.pid == p.pid)?;
+            Some(n.pages_by_node.values().sum())
+        });
+        let Some(held) = held.filter(|h| *h > 0) else { continue };
+        if (moved as f64) < NUMA_CHURN_OVER_RESIDENT * held as f64 {
+            continue;
+        }
+        let mut f = finding(
+            s,
+            "numa_migration_churn",
+            p.pid,
+            format!(
+                "NUMA balancing migrated {} pages ({}) in its threads, {:.1}× the {} it held at most: its memory moved \
+                 back and forth between nodes, {} spent in migration{}.",
+                moved,
+                bytes(moved * 4096),
+                moved as f64 / held as f64,
+                bytes(held * 4096),
+                super::fmt_ns(p.migration.time_ns),
+                if p.migration.numa_moves > 0 {
+                    format!(", and its threads were moved to another node {} times", p.migration.numa_moves)
+                } else {
+                    String::new()
+                }
+            ),
+            "Keep its threads and memory on one node: `numactl --cpunodebind=N --membind=N` (or `taskset` plus \
+             `--preferred=N`); for threads that share memory across nodes, interleave it (`numactl --interleave=all`) \
+             instead of letting NUMA balancing chase it; or turn balancing off for the job's cgroup's nodes \
+             (`kernel.numa_balancing=0`)"
+                .into(),
+        );
+        ev(&mut f, "numa_balancing_pages", moved);
+        ev(&mut f, "held_pages", held);
+        ev(&mut f, "migration_ns", p.migration.time_ns);
+        ev(&mut f, "numa_moves", p.migration.numa_moves);
+        f.expected_gain =
+            Some(format!("{} of migration, and the remote accesses between moves", super::fmt_ns(p.migration.time_ns)));
+        out.push(f);
+    }
 }
 
 /// A locking call refused for `RLIMIT_MEMLOCK`.

@@ -706,3 +706,36 @@ fn one_node_fires_nothing() {
     s.numa = Some(crate::model::Numa { nodes: 1, note: Some("1 NUMA node".into()), ..Default::default() });
     assert!(!kinds(&s).iter().any(|k| k.starts_with("numa")));
 }
+
+/// NUMA balancing's pages for pid 41, which held `held` pages at its peak.
+fn churn_summary(moved: u64, held: u64) -> Summary {
+    let mut s = summary(vec![process(41, 1, "trainer", 100)]);
+    let p = &mut s.processes[0];
+    p.migration = crate::model::Migration {
+        pages: moved,
+        pages_by_reason: [("numa_balancing".to_string(), moved)].into_iter().collect(),
+        calls: moved,
+        time_ns: 40_000_000,
+        numa_moves: 12,
+        ..Default::default()
+    };
+    p.resident = Some(crate::model::Resident { peak_bytes: held * 4096, ..Default::default() });
+    s
+}
+
+#[test]
+fn numa_churn_fires_when_pages_moved_more_than_twice_what_was_held() {
+    let f = diagnose(&churn_summary(30_000, 10_000));
+    let n = f.iter().find(|f| f.kind == "numa_migration_churn").expect("fires");
+    assert_eq!(
+        (n.evidence["numa_balancing_pages"].as_u64(), n.evidence["numa_moves"].as_u64()),
+        (Some(30_000), Some(12))
+    );
+    assert!(n.summary.contains("3.0×") && n.fix.contains("--cpunodebind"), "{n:?}");
+    let quiet = |moved, held| !kinds(&churn_summary(moved, held)).contains(&"numa_migration_churn".to_string());
+    assert!(quiet(19_999, 10_000), "under twice what it held");
+    assert!(quiet(NUMA_CHURN_MIN_PAGES - 1, 100), "too few pages to matter");
+    let mut none = churn_summary(30_000, 10_000);
+    none.processes[0].migration.pages_by_reason = [("compaction".to_string(), 30_000)].into_iter().collect();
+    assert!(!kinds(&none).contains(&"numa_migration_churn".to_string()), "compaction is not NUMA balancing");
+}
