@@ -307,10 +307,14 @@ pub fn write(path: &Path, profile: &pb::Profile) -> io::Result<()> {
 /// A sample of a folded line (`comm;outer;…;inner`, without its weight):
 /// labelled with its process name (the root frame), its pid where known, its
 /// region (`region`, a `--leaf region` leaf) and, for `mmap`/`shootdowns`,
-/// its syscall (the leaf `[munmap]`).
+/// its syscall (the leaf `[munmap]`). A process frame that names its
+/// identity (`model::identity::named`) becomes the name alone: the
+/// identity is the labels' ([`Meta::identities`]), as [`graph_profile`] has it.
 pub fn sample(kind: Kind, line: &str, pid: Option<u32>, region: Option<&str>, values: Vec<i64>) -> Sample {
-    let frames: Vec<String> = line.split(';').map(str::to_string).collect();
-    let mut labels = vec![("comm", frames[0].clone())];
+    let mut frames: Vec<String> = line.split(';').map(str::to_string).collect();
+    let comm = crate::model::identity::split_named(&frames[0]).0.to_string();
+    frames[0].clone_from(&comm);
+    let mut labels = vec![("comm", comm)];
     if let Some(r) = region {
         labels.extend(region_labels(r).unwrap_or_else(|| vec![("region", r.to_string())]));
     }
@@ -383,6 +387,8 @@ pub fn graph_profile_with(kind: Kind, meta: &Meta, graph: &Graph, also: Option<&
     let tree = graph.tree;
     // Location ids by frame id, 0 until made.
     let mut located = vec![0u64; tree.frame_count()];
+    // Process frames' locations apart: their names without the identity.
+    let mut roots: HashMap<u32, u64> = HashMap::new();
     let mut path = Vec::new();
     let mut identities: HashMap<u32, Vec<(&'static str, String)>> = HashMap::new();
     for l in &graph.lines {
@@ -400,7 +406,8 @@ pub fn graph_profile_with(kind: Kind, meta: &Meta, graph: &Graph, also: Option<&
                 labels.push(("syscall", call.to_string()));
             }
         }
-        let comm = path.first().map_or("", |&f| tree.name(f));
+        // The process's name: its identity goes in labels, not in a frame.
+        let comm = path.first().map_or("", |&f| tree.process_name(f));
         let labels: Vec<(&str, &str)> =
             std::iter::once(("comm", comm)).chain(labels.iter().map(|(k, v)| (*k, v.as_str()))).collect();
         for (pid, weight) in parts {
@@ -409,10 +416,10 @@ pub fn graph_profile_with(kind: Kind, meta: &Meta, graph: &Graph, also: Option<&
                 values.push(a.get(&(l.node, pid)).copied().unwrap_or(0) as i64);
             }
             let mut location_id = Vec::with_capacity(path.len());
-            for &f in path.iter().rev() {
-                let at = &mut located[f as usize];
+            for (i, &f) in path.iter().enumerate().rev() {
+                let at = if i == 0 { roots.entry(f).or_insert(0) } else { &mut located[f as usize] };
                 if *at == 0 {
-                    *at = b.location_of(tree.name(f));
+                    *at = b.location_of(if i == 0 { tree.process_name(f) } else { tree.name(f) });
                 }
                 location_id.push(*at);
             }
@@ -521,7 +528,8 @@ pub fn gzipped(profile: &pb::Profile) -> io::Result<Vec<u8>> {
 }
 
 /// The samples of `kind` from its folded file alone (`vmtrace report DIR`):
-/// the pid of a process name where `pid_of` knows one, the region of a
+/// the pid of a process frame (a name, with its identity where the
+/// recording knew one) where `pid_of` knows one, the region of a
 /// line that ends in a region leaf, and for `shootdowns` the calls of each
 /// site from `mmap.folded` (`calls`), whose lines name the same sites.
 pub fn folded_samples(

@@ -179,4 +179,17 @@ fn samples_carry_their_process_identity() {
     assert!(labels(0).contains(&"rank=2".to_string()));
     assert!(labels(0).iter().any(|l| l.starts_with("cgroup=/kubepods/")));
     assert!(!labels(1).iter().any(|l| l.starts_with("rank")));
+    // A folded file whose process frame names the identity (`stacks::tree`):
+    // its pid found by that frame, the frame itself the name alone.
+    let samples = folded_samples(
+        FAULTS,
+        "train [rank 2 pod 4e5b6f1a];main 9\n",
+        |c| (c == "train [rank 2 pod 4e5b6f1a]").then_some(11),
+        None,
+    );
+    assert_eq!((samples[0].frames[0].as_str(), samples[0].pid), ("train", Some(11)));
+    assert!(samples[0].labels.contains(&("comm", "train".into())));
+    let p = profile(FAULTS, &meta, samples);
+    let s = |i: i64| p.string_table[i as usize].as_str();
+    assert!(p.sample[0].label.iter().any(|l| s(l.key) == "rank" && s(l.str) == "2"));
 }

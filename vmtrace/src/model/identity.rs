@@ -93,6 +93,51 @@ impl Identity {
     }
 }
 
+/// A process's name with its identity's short text in brackets
+/// (`python3 [rank 0/8 pod 1f2e3d4c ctr 0123456789ab]`, [`Identity::short`]),
+/// the name alone when none of rank, pod and container is known: `top`'s
+/// rows and the folded files' process frames. The text holds no `;` and
+/// ends in `]`, so a folded line keeps its syntax.
+pub fn named<'a>(comm: &'a str, id: Option<&Identity>) -> std::borrow::Cow<'a, str> {
+    match id.map(Identity::short).filter(|s| !s.is_empty()) {
+        Some(who) => std::borrow::Cow::Owned(format!("{comm} [{who}]")),
+        None => std::borrow::Cow::Borrowed(comm),
+    }
+}
+
+/// A [`named`] process frame taken apart: (the process's name, its identity's
+/// short text), the frame whole and `None` when it carries none (a folded
+/// file written before identities, or a process without one).
+pub fn split_named(frame: &str) -> (&str, Option<&str>) {
+    let Some((comm, who)) = frame.strip_suffix(']').and_then(|f| f.rsplit_once(" [")) else {
+        return (frame, None);
+    };
+    // Only what `Identity::short` writes: `rank N[/M]`, `pod HEX`, `ctr HEX`, in that order.
+    let words: Vec<&str> = who.split(' ').collect();
+    let number = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let hex =
+        |s: &str, n: usize| !s.is_empty() && s.len() <= n && s.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-');
+    let mut last = 0;
+    let ok = !words.is_empty()
+        && words.len().is_multiple_of(2)
+        && words.chunks(2).all(|kv| {
+            let (order, fits) = match kv[0] {
+                "rank" => (1, kv[1].split_once('/').map_or(number(kv[1]), |(r, n)| number(r) && number(n))),
+                "pod" => (2, hex(kv[1], 8)),
+                "ctr" => (3, hex(kv[1], 12)),
+                _ => (0, false),
+            };
+            let in_order = order > last;
+            last = order;
+            fits && in_order
+        });
+    if ok {
+        (comm, Some(who))
+    } else {
+        (frame, None)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,5 +172,39 @@ mod tests {
         };
         assert_eq!(id.short(), "rank 3/8 pod 1f2e3d4c ctr aaaaaaaaaaaa");
         assert_eq!(Identity::default().short(), "");
+    }
+
+    #[test]
+    fn a_named_frame_carries_only_what_is_known_and_reads_back() {
+        let pod = Identity {
+            cgroup: Some("/kubepods/burstable/pod1f2e3d4c-0000-1111-2222-333344445555/".to_string() + &"b".repeat(64)),
+            pod_uid: Some("1f2e3d4c-0000-1111-2222-333344445555".into()),
+            container_id: Some("b".repeat(64)),
+            container_runtime: Some("kubepods".into()),
+            rank: Some(Rank { rank: Some(0), local_rank: Some(0), world_size: None }),
+        };
+        let rank_only = Identity {
+            rank: Some(Rank { rank: Some(7), world_size: Some(16), ..Rank::default() }),
+            ..Identity::default()
+        };
+        let cgroup_only = Identity { cgroup: Some("/user.slice/session-1.scope".into()), ..Identity::default() };
+        let cases = [
+            (Some(&pod), "python3 [rank 0 pod 1f2e3d4c ctr bbbbbbbbbbbb]"),
+            (Some(&rank_only), "python3 [rank 7/16]"),
+            // Nothing but a cgroup, or nothing at all: the name as it was.
+            (Some(&cgroup_only), "python3"),
+            (None, "python3"),
+        ];
+        for (id, want) in cases {
+            let frame = named("python3", id);
+            assert_eq!(frame, want);
+            // A frame of a folded line: no separator, no trailing weight.
+            assert!(!frame.contains(';') && frame.rsplit_once(' ').is_none_or(|(_, w)| w.parse::<u64>().is_err()));
+            assert_eq!(split_named(&frame), ("python3", id.map(Identity::short).filter(|s| !s.is_empty()).as_deref()));
+        }
+        // A name that only looks like one keeps its brackets.
+        for name in ["[kworker]", "app [beta]", "app [rank x]", "app [pod 1 rank 2]", "app []", "app [rank 1 rank 2]"] {
+            assert_eq!(split_named(name), (name, None), "{name}");
+        }
     }
 }

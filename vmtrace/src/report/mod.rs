@@ -217,7 +217,7 @@ fn write_flamegraphs(w: &mut Writer, stacks: &[Stack], st: &StacksSummary, s: &S
     };
     // One tree of frames for the three graphs: no string per stack.
     let t = std::time::Instant::now();
-    let tree = crate::stacks::tree::Tree::new(stacks);
+    let tree = crate::stacks::tree::Tree::with_identities(stacks, &identities(s));
     log::debug!(
         "stack tree: {} stacks, {} frames in {:.1} ms",
         stacks.len(),
@@ -257,7 +257,7 @@ fn write_mm_flamegraphs(w: &mut Writer, sites: &[MmSite], s: &Summary) {
     // churn ends with tens of thousands of sites, and a string per site
     // and process took ~100 MB.
     let stacks = pprof::mm_stacks(sites);
-    let tree = crate::stacks::tree::Tree::new(&stacks);
+    let tree = crate::stacks::tree::Tree::with_identities(&stacks, &identities(s));
     let (calls, ipis) = pprof::mm_graphs(&tree, &stacks);
     for (kind, graph, title, unit) in [
         (pprof::MMAP, &calls, "mmap-family calls by call site", "calls"),
@@ -297,7 +297,7 @@ fn write_resident(w: &mut Writer, end: &[Stack], peak: &[Stack], r: &crate::mode
         (pprof::RESIDENT_PEAK, peak, "Resident memory at each process's peak by call stack"),
     ] {
         // As many stacks as the faults' with a stack on every fault: a tree, as there.
-        let tree = crate::stacks::tree::Tree::new(stacks);
+        let tree = crate::stacks::tree::Tree::with_identities(stacks, &identities(s));
         let graph = tree.graph(stacks, Weight::Faults);
         let total = graph.total();
         let title = format!("{what} — {} ({how})", crate::model::bytes(total));
@@ -367,16 +367,18 @@ fn recorded(s: &Summary) -> String {
 }
 
 /// The pprof profiles of a recorded directory, from its folded files: a
-/// process's pid where only one process had its name.
+/// process's pid where only one process had its process frame (its name,
+/// with its rank, pod and container where known: `stacks::tree`).
 fn rebuild_profiles(w: &mut Writer, s: &Summary) {
     let mut pids: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
-    let mut shared: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    let mut shared: std::collections::HashSet<String> = std::collections::HashSet::new();
     for p in &s.processes {
-        if pids.insert(p.comm.clone(), p.pid).is_some_and(|other| other != p.pid) {
-            shared.insert(&p.comm);
+        let frame = crate::model::identity::named(&p.comm, Some(&p.identity)).into_owned();
+        if pids.insert(frame.clone(), p.pid).is_some_and(|other| other != p.pid) {
+            shared.insert(frame);
         }
     }
-    pids.retain(|c, _| !shared.contains(c.as_str()));
+    pids.retain(|c, _| !shared.contains(c));
     let calls = fs::read_to_string(w.dir.join("mmap.folded")).ok();
     for kind in pprof::ALL {
         let Ok(f) = fs::read_to_string(w.dir.join(format!("{}.folded", kind.stem))) else { continue };

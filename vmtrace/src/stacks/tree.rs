@@ -36,7 +36,9 @@ struct Node {
 }
 
 /// Every stack's folded frames (`comm;[no user stack];user…;kernel…;leaf`,
-/// cleaned as the folded files have them) as a path of a tree.
+/// cleaned as the folded files have them) as a path of a tree. The process
+/// frame is its name, with its rank, pod and container where
+/// [`Tree::with_identities`] knows them (`model::identity::named`).
 pub struct Tree<'a> {
     /// Frame names by id.
     names: Vec<Cow<'a, str>>,
@@ -48,6 +50,9 @@ pub struct Tree<'a> {
     children: HashMap<(u32, u32), u32>,
     /// The node each stack ends at, in the order of the stacks.
     ends: Vec<u32>,
+    /// The process's name alone, by the id of a process frame that also
+    /// names its identity (the profiles carry that as labels).
+    plain: HashMap<u32, Cow<'a, str>>,
 }
 
 /// ';' separates frames and a trailing space-number is the weight.
@@ -70,6 +75,15 @@ fn key_order(a: &str, a_below: bool, b: &str, b_below: bool) -> Ordering {
 impl<'a> Tree<'a> {
     /// The tree of `stacks`' frames.
     pub fn new(stacks: &'a [Stack]) -> Self {
+        Self::with_identities(stacks, &BTreeMap::new())
+    }
+
+    /// The tree of `stacks`' frames, each process frame naming the rank,
+    /// pod and container `identities` gives its pid
+    /// (`python3 [rank 0 pod 1f2e3d4c ctr 0123456789ab]`): the stacks of
+    /// two pods or ranks stay apart. A process with none of them, or not
+    /// in `identities`, keeps its name alone.
+    pub fn with_identities(stacks: &'a [Stack], identities: &crate::export::pprof::Identities) -> Self {
         let root = Node { frame: NONE, parent: NONE, first_child: NONE, next_sibling: NONE };
         let mut t = Self {
             names: Vec::new(),
@@ -78,9 +92,25 @@ impl<'a> Tree<'a> {
             nodes: vec![root],
             children: HashMap::new(),
             ends: Vec::with_capacity(stacks.len()),
+            plain: HashMap::new(),
         };
+        // The process frame of each pid (and name: an exec renames it) that
+        // names an identity, made once.
+        let mut named: HashMap<(u32, &'a str), Option<u32>> = HashMap::new();
         for s in stacks {
-            let mut at = t.child(ROOT, &s.comm);
+            let frame = match identities.get(&s.pid) {
+                None => None,
+                Some(id) => *named.entry((s.pid, &s.comm)).or_insert_with(|| {
+                    match crate::model::identity::named(&s.comm, Some(id)) {
+                        Cow::Borrowed(_) => None,
+                        Cow::Owned(name) => Some(t.named_frame(name, &s.comm)),
+                    }
+                }),
+            };
+            let mut at = match frame {
+                Some(f) => t.child_id(ROOT, f),
+                None => t.child(ROOT, &s.comm),
+            };
             if s.user_missing && s.user.is_empty() {
                 at = t.child(at, "[no user stack]");
             }
@@ -113,8 +143,32 @@ impl<'a> Tree<'a> {
         id
     }
 
+    /// The id of a process frame naming an identity (`name`, made for it:
+    /// not kept by address as `id` keeps the stacks' own names), the
+    /// process's name alone (`comm`) kept beside it.
+    fn named_frame(&mut self, name: String, comm: &'a str) -> u32 {
+        let name: Cow<'a, str> = match clean(&name) {
+            Cow::Borrowed(_) => Cow::Owned(name),
+            Cow::Owned(cleaned) => Cow::Owned(cleaned),
+        };
+        let id = if let Some(&id) = self.ids.get(name.as_ref()) {
+            id
+        } else {
+            let id = self.names.len() as u32;
+            self.names.push(name.clone());
+            self.ids.insert(name, id);
+            id
+        };
+        self.plain.insert(id, clean(comm));
+        id
+    }
+
     fn child(&mut self, parent: u32, name: &'a str) -> u32 {
         let frame = self.id(name);
+        self.child_id(parent, frame)
+    }
+
+    fn child_id(&mut self, parent: u32, frame: u32) -> u32 {
         if let Some(&n) = self.children.get(&(parent, frame)) {
             return n;
         }
@@ -129,6 +183,12 @@ impl<'a> Tree<'a> {
     /// A frame's name (as folded files write it) by id.
     pub fn name(&self, id: u32) -> &str {
         &self.names[id as usize]
+    }
+
+    /// The process's name of a process frame (`path`'s first) by id: the
+    /// frame without the identity [`Tree::with_identities`] put in it.
+    pub fn process_name(&self, id: u32) -> &str {
+        self.plain.get(&id).map_or_else(|| self.name(id), |c| c.as_ref())
     }
 
     /// Number of distinct frames.

@@ -188,3 +188,77 @@ fn a_profile_from_the_tree_is_the_one_the_folded_lines_made() {
         }
     }
 }
+
+#[test]
+fn process_frames_name_their_identity_and_the_profile_keeps_it_in_labels() {
+    use crate::export::pprof;
+    use crate::model::{Identity, Rank};
+    let pod = Identity {
+        cgroup: Some("/kubepods/burstable/pod4e5b6f1a-2c3d-4e5f-8a9b-0c1d2e3f4a5b/".to_string() + &"c".repeat(64)),
+        pod_uid: Some("4e5b6f1a-2c3d-4e5f-8a9b-0c1d2e3f4a5b".into()),
+        container_id: Some("c".repeat(64)),
+        rank: Some(Rank { rank: Some(0), ..Rank::default() }),
+        ..Identity::default()
+    };
+    let rank =
+        Identity { rank: Some(Rank { rank: Some(1), world_size: Some(2), ..Rank::default() }), ..Identity::default() };
+    let cgroup = Identity { cgroup: Some("/system.slice/x.service".into()), ..Identity::default() };
+    let ids: pprof::Identities = [(100, &pod), (101, &rank), (102, &cgroup)].into_iter().collect();
+    let stack = |pid: u32, comm: &str, user: &[&str], faults: f64| Stack {
+        pid,
+        comm: comm.into(),
+        user: user.iter().map(|f| (*f).into()).collect(),
+        estimate: Estimate { faults, ..Estimate::default() },
+        ..Stack::default()
+    };
+    let stacks = [
+        stack(100, "train", &["main", "load"], 6.0),
+        // Its shell before the exec: the same process, under that name.
+        stack(100, "sh", &["main"], 1.0),
+        stack(101, "train", &["main", "load"], 4.0),
+        // A cgroup alone, or no identity: the name as before, the lines merged.
+        stack(102, "train", &["main", "load"], 3.0),
+        stack(103, "train", &["main", "load"], 2.0),
+    ];
+    let tree = Tree::with_identities(&stacks, &ids);
+    let graph = tree.graph(&stacks, Weight::Faults);
+    let folded = graph.folded();
+    assert_eq!(
+        folded,
+        "sh [rank 0 pod 4e5b6f1a ctr cccccccccccc];main 1\n\
+         train [rank 0 pod 4e5b6f1a ctr cccccccccccc];main;load 6\n\
+         train [rank 1/2];main;load 4\n\
+         train;main;load 5\n"
+    );
+    assert_eq!(
+        graph.folded_small(0.5),
+        folded.replace(";main;load", ";[small stacks folded]").replace(";main 1", ";[small stacks folded] 1")
+    );
+    // Without identities, the lines of today.
+    assert_eq!(Tree::new(&stacks).graph(&stacks, Weight::Faults).folded(), "sh;main 1\ntrain;main;load 15\n");
+    // The profile: the same samples, the process frames by name alone, the identity in labels.
+    let meta = pprof::Meta { period: 1, comment: "c", duration_s: 1.0, main: "train", identities: &ids };
+    let p = pprof::graph_profile(pprof::FAULTS, &meta, &graph);
+    assert_eq!(p, pprof::profile(pprof::FAULTS, &meta, pprof::graph_samples(pprof::FAULTS, &graph)));
+    let s = |i: i64| p.string_table[i as usize].as_str();
+    let names: std::collections::BTreeSet<&str> = p.function.iter().map(|f| s(f.name)).collect();
+    assert_eq!(names, ["load", "main", "sh", "train"].into_iter().collect());
+    let label = |x: &vmtrace_protos::pprof::Sample, k: &str| {
+        x.label
+            .iter()
+            .find(|l| s(l.key) == k)
+            .map(|l| if l.str == 0 { l.num.to_string() } else { s(l.str).to_string() })
+    };
+    for x in &p.sample {
+        let pid = label(x, "pid").unwrap();
+        let comm = label(x, "comm").unwrap();
+        assert!(comm == "train" || comm == "sh", "{comm}");
+        let want = match pid.as_str() {
+            "100" => (Some("0".to_string()), Some("4e5b6f1a-2c3d-4e5f-8a9b-0c1d2e3f4a5b".to_string())),
+            "101" => (Some("1".to_string()), None),
+            _ => (None, None),
+        };
+        assert_eq!((label(x, "rank"), label(x, "pod_uid")), want, "pid {pid}");
+    }
+    assert_eq!(p.sample.iter().map(|x| x.value[0]).sum::<i64>(), 16);
+}

@@ -134,7 +134,7 @@ impl Model {
             .map(|(p, (_, rates))| ProcRow {
                 pid: p.pid,
                 comm: with_identity(
-                    labels.get(&p.pid).cloned().unwrap_or_else(|| p.comm.clone().unwrap_or_default()),
+                    labels.get(&p.pid).map_or_else(|| p.comm.as_deref().unwrap_or_default(), String::as_str),
                     p.identity.as_deref(),
                 ),
                 rates: if ended && session.known(p.pid).is_some_and(|k| k.exit_code.is_some()) {
@@ -634,9 +634,6 @@ fn worker_labels(session: &Session<Probes>, snap: &crate::model::LiveSnapshot) -
         .collect()
 }
 
-fn with_identity(comm: String, id: Option<&crate::model::Identity>) -> String {
-    match id.map(crate::model::Identity::short).filter(|s| !s.is_empty()) {
-        Some(who) => format!("{comm} [{who}]"),
-        None => comm,
-    }
+fn with_identity(comm: &str, id: Option<&crate::model::Identity>) -> String {
+    crate::model::identity::named(comm, id).into_owned()
 }
