@@ -10,7 +10,7 @@ mod common;
 use std::{
     io::{BufRead as _, BufReader},
     net::TcpListener,
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Command, Stdio},
     thread::sleep,
     time::{Duration, Instant},
@@ -26,51 +26,6 @@ impl Drop for Killed {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
-    }
-}
-
-/// A Kubernetes-style memory cgroup (`kubepods/burstable/pod<uid>/<id>`, the
-/// kubelet's cgroupfs layout), made for the test and removed after it.
-struct PodCgroup {
-    /// Directories made, deepest last.
-    made: Vec<PathBuf>,
-    leaf: PathBuf,
-    uid: String,
-    id: String,
-}
-
-impl PodCgroup {
-    fn new() -> Self {
-        // Unique per run: the pid and the time.
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-        let seed = format!("{:016x}{:08x}", nanos as u64, std::process::id());
-        let uid = format!("{}-{}-4{}-8{}-{}", &seed[..8], &seed[8..12], &seed[12..15], &seed[15..18], &seed[..12]);
-        let id: String = seed.repeat(4).chars().take(64).collect();
-        let v1 = Path::new("/sys/fs/cgroup/memory");
-        let root =
-            if v1.join("memory.limit_in_bytes").exists() { v1.to_path_buf() } else { PathBuf::from("/sys/fs/cgroup") };
-        let mut made = Vec::new();
-        let mut dir = root.clone();
-        for part in ["kubepods".to_string(), "burstable".to_string(), format!("pod{uid}"), id.clone()] {
-            if root.join("cgroup.subtree_control").exists() {
-                // cgroup v2: the memory controller for the children.
-                let _ = std::fs::write(dir.join("cgroup.subtree_control"), "+memory");
-            }
-            dir = dir.join(part);
-            if !dir.exists() {
-                std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("cannot make the cgroup {}: {e}", dir.display()));
-                made.push(dir.clone());
-            }
-        }
-        Self { made, leaf: dir, uid, id }
-    }
-}
-
-impl Drop for PodCgroup {
-    fn drop(&mut self) {
-        for d in self.made.iter().rev() {
-            let _ = std::fs::remove_dir(d);
-        }
     }
 }
 

@@ -499,3 +499,85 @@ fn stacks_of_released_children_go_and_their_parent_keeps_the_same_stack() {
     }
     assert!(let_go > 0, "the children's stacks were never let go in 4 runs");
 }
+
+/// The process frame of the folded files names a process's rank, pod and
+/// container: the faulter run in a Kubernetes-style memory cgroup
+/// (`kubepods/burstable/pod<uid>/<container id>`) with `RANK` and
+/// `WORLD_SIZE` in its environment, beside a faulter of the same name
+/// outside it and without them, whose lines stay as they were. The pprof
+/// profile keeps the process frame a name and carries the identity as
+/// labels, on the same weights, also when `vmtrace report` rebuilds it from
+/// the folded file.
+#[test]
+fn folded_lines_name_the_pod_container_and_rank_of_their_process() {
+    privileged!();
+    let (_dir, bin) = faulter();
+    let cg = PodCgroup::new();
+    // A faulter outside the pod and without a rank, then the shell moves
+    // itself into the pod's container and becomes the other faulter.
+    let script = format!(
+        "env -u RANK -u WORLD_SIZE {bin} && echo $$ > {}/cgroup.procs && exec {bin}",
+        cg.leaf.display(),
+        bin = bin.display()
+    );
+    let out = tempfile::tempdir().unwrap();
+    let output = vmtrace()
+        .args(["record", "--stacks", "user", "--stack-sample", "1", "--out"])
+        .arg(out.path())
+        .args(["--", "sh", "-c", &script])
+        .env("RANK", "3")
+        .env("WORLD_SIZE", "4")
+        .output()
+        .unwrap();
+    let run = finish(out, output);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let procs = run.summary["processes"].as_array().unwrap();
+    let row = procs
+        .iter()
+        .find(|p| p["pod_uid"] == cg.uid.as_str())
+        .unwrap_or_else(|| panic!("no process of pod {} in {procs:#?}", cg.uid));
+    assert_eq!((row["comm"].as_str(), row["container_id"].as_str()), (Some("faulter"), Some(cg.id.as_str())), "{row}");
+    assert_eq!((&row["rank"]["rank"], &row["rank"]["world_size"]), (&3.into(), &4.into()), "{row}");
+    let frame = format!("faulter [rank 3/4 pod {} ctr {}]", &cg.uid[..8], &cg.id[..12]);
+    let folded = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();
+    let weight = |pred: &dyn Fn(&str) -> bool| -> u64 {
+        vmtrace::export::pprof::parse_folded(&folded).filter(|(l, _)| pred(l)).map(|(_, w)| w).sum()
+    };
+    let in_pod = weight(&|l| l.starts_with(&format!("{frame};")));
+    let outside = weight(&|l| l.starts_with("faulter;"));
+    eprintln!("{frame}: {in_pod} faults; faulter outside the pod: {outside}\n{folded}");
+    // Each touched 32 MiB (8,192 pages) under fill_buffer_with_faults.
+    for (what, n) in [("in the pod", in_pod), ("outside it", outside)] {
+        assert!(n >= 8192, "{what}: {n} faults\n{folded}");
+    }
+    assert!(
+        weight(&|l| l.starts_with(&format!("{frame};")) && l.contains("fill_buffer_with_faults")) >= 8192,
+        "{folded}"
+    );
+    // No line carries a rank, pod or container but the pod's faulter's.
+    assert!(folded.lines().all(|l| !l.contains(" [rank ") || l.starts_with(&format!("{frame};"))), "{folded}");
+    // The profiles: the same faults under the pod's labels, no frame naming them.
+    let labelled = |dir: &std::path::Path| {
+        use prost::Message as _;
+        use std::io::Read as _;
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(std::fs::File::open(dir.join("faults.pb.gz")).unwrap())
+            .read_to_end(&mut raw)
+            .unwrap();
+        let p = vmtrace::export::pprof::Profile::decode(raw.as_slice()).unwrap();
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        assert!(p.function.iter().all(|f| !s(f.name).contains(" [rank ")), "a frame names the identity");
+        let has = |x: &vmtrace_protos::pprof::Sample, k: &str, v: &str| {
+            x.label.iter().any(|l| s(l.key) == k && s(l.str) == v)
+        };
+        p.sample
+            .iter()
+            .filter(|x| has(x, "pod_uid", &cg.uid) && has(x, "container_id", &cg.id) && has(x, "rank", "3"))
+            .map(|x| x.value[0] as u64)
+            .sum::<u64>()
+    };
+    assert_eq!(labelled(run.out.path()), in_pod, "faults.pb.gz against faults.folded");
+    let rebuilt = vmtrace().arg("report").arg(run.out.path()).output().unwrap();
+    assert!(rebuilt.status.success(), "{}", String::from_utf8_lossy(&rebuilt.stderr));
+    assert_eq!(labelled(run.out.path()), in_pod, "faults.pb.gz rebuilt from faults.folded");
+}

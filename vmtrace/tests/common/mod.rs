@@ -564,3 +564,54 @@ pub fn http_get(addr: &str, target: &str) -> (u16, Vec<u8>) {
     let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
     (status, reply[at + 4..].to_vec())
 }
+
+/// A Kubernetes-style memory cgroup (`kubepods/burstable/pod<uid>/<id>`, the
+/// kubelet's cgroupfs layout), made for the test and removed after it: under
+/// the v1 memory controller where there is one, else in the v2 hierarchy.
+pub struct PodCgroup {
+    /// Directories made, deepest last.
+    made: Vec<std::path::PathBuf>,
+    /// The container's cgroup: a process writes its pid into its `cgroup.procs`.
+    pub leaf: std::path::PathBuf,
+    /// The pod uid and the container id (64 hex digits) its path names.
+    pub uid: String,
+    pub id: String,
+}
+
+impl PodCgroup {
+    pub fn new() -> Self {
+        // Unique per run: the pid and the time.
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        let seed = format!("{:016x}{:08x}", nanos as u64, std::process::id());
+        let uid = format!("{}-{}-4{}-8{}-{}", &seed[..8], &seed[8..12], &seed[12..15], &seed[15..18], &seed[..12]);
+        let id: String = seed.repeat(4).chars().take(64).collect();
+        let v1 = std::path::Path::new("/sys/fs/cgroup/memory");
+        let root = if v1.join("memory.limit_in_bytes").exists() {
+            v1.to_path_buf()
+        } else {
+            std::path::PathBuf::from("/sys/fs/cgroup")
+        };
+        let mut made = Vec::new();
+        let mut dir = root.clone();
+        for part in ["kubepods".to_string(), "burstable".to_string(), format!("pod{uid}"), id.clone()] {
+            if root.join("cgroup.subtree_control").exists() {
+                // cgroup v2: the memory controller for the children.
+                let _ = std::fs::write(dir.join("cgroup.subtree_control"), "+memory");
+            }
+            dir = dir.join(part);
+            if !dir.exists() {
+                std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("cannot make the cgroup {}: {e}", dir.display()));
+                made.push(dir.clone());
+            }
+        }
+        Self { made, leaf: dir, uid, id }
+    }
+}
+
+impl Drop for PodCgroup {
+    fn drop(&mut self) {
+        for d in self.made.iter().rev() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
