@@ -57,6 +57,8 @@ fn mlocked_buffer_shows_as_locked_with_its_stack() {
     let pid: u32 = wait_for(&ready, &mut child).trim().parse().expect("the workload's pid");
     // Ground truth while the buffer is held: 16 MiB mlock'ed + 1 MiB MAP_LOCKED.
     let vm_lck = status_kb(pid, "VmLck");
+    // Held past two of vmtrace's half-second reads of the machine's counters.
+    std::thread::sleep(std::time::Duration::from_millis(1200));
     std::fs::write(dir.path().join("ready.go"), "").unwrap();
     let run = finish(out, child.wait_with_output().unwrap());
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
@@ -77,11 +79,19 @@ fn mlocked_buffer_shows_as_locked_with_its_stack() {
     assert_eq!(u(&r["bytes"]), 1 << 20, "{r:#}");
     assert!(r["frames"].to_string().contains("map_locked_ring"), "{r:#}");
     assert!(pinned["failures"].as_array().is_some_and(Vec::is_empty), "{pinned:#}");
+    // The machine meanwhile: /proc/meminfo's Mlocked (every process's
+    // locked pages) held the workload's at least; the page cache was read.
+    let mach = &pinned["machine"];
+    assert!(u(&mach["mlocked_bytes_peak"]) >= vm_lck, "{mach:#}");
+    let (before, low, end) =
+        (u(&mach["page_cache_bytes_before"]), u(&mach["page_cache_bytes_min"]), u(&mach["page_cache_bytes_end"]));
+    assert!(before > 0 && low <= before && low <= end, "{mach:#}");
 
     // The same in summary.txt and report.html, and the mlock call site in mmap.folded.
     let read = |f: &str| std::fs::read_to_string(run.out.path().join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
     let txt = read("summary.txt");
     assert!(txt.contains("Locked and pinned memory:") && txt.contains("17.0 MiB"), "{txt}");
+    assert!(txt.contains("the machine while memory was locked"), "{txt}");
     let html = read("report.html");
     assert!(html.contains("<h2>Locked and pinned memory</h2>") && html.contains("setup_pool"), "report.html");
     assert!(read("mmap.folded").lines().any(|l| l.contains("setup_pool") && l.contains("[mlock]")), "mmap.folded");

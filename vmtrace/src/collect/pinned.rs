@@ -13,8 +13,95 @@ use vmtrace_common::{MmCall, MmLockEvent, MM_CALL_NAMES};
 
 use crate::{
     kernel::page_size,
-    model::{bytes, LockFailure, LockPoint, LockSite, Pinned, PinnedProcess},
+    model::{bytes, LockFailure, LockPoint, LockSite, MachineEffect, Pinned, PinnedProcess},
 };
+
+/// `/proc/meminfo` fields (kB → bytes) and `/proc/vmstat` sums the machine
+/// effect follows: (Mlocked, Cached, MemAvailable), (allocstall_*,
+/// pgscan_direct, pgscan_kswapd, pgsteal_*).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MachineRead {
+    pub mlocked: u64,
+    pub cached: u64,
+    pub available: u64,
+    pub stalls: u64,
+    pub scanned_direct: u64,
+    pub scanned_kswapd: u64,
+    pub reclaimed: u64,
+}
+
+impl MachineRead {
+    /// From the two files' text.
+    #[must_use]
+    pub fn parse(meminfo: &str, vmstat: &str) -> Self {
+        let kb = |key: &str| status_kb(meminfo, key).unwrap_or(0);
+        let mut r =
+            Self { mlocked: kb("Mlocked"), cached: kb("Cached"), available: kb("MemAvailable"), ..Self::default() };
+        // pgsteal_{anon,file} split the same pages as pgsteal_{kswapd,direct,…}
+        // by kind (5.8+): one family or the other.
+        let (mut by_kind, mut by_who) = (None::<u64>, 0);
+        for l in vmstat.lines() {
+            let Some((k, v)) = l.split_once(' ') else { continue };
+            let Ok(v) = v.trim().parse::<u64>() else { continue };
+            match k {
+                _ if k.starts_with("allocstall_") => r.stalls += v,
+                "pgscan_direct" => r.scanned_direct += v,
+                "pgscan_kswapd" => r.scanned_kswapd += v,
+                "pgsteal_anon" | "pgsteal_file" => *by_kind.get_or_insert(0) += v,
+                _ if k.starts_with("pgsteal_") => by_who += v,
+                _ => {}
+            }
+        }
+        r.reclaimed = by_kind.unwrap_or(by_who);
+        r
+    }
+
+    fn now() -> Option<Self> {
+        let m = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let v = std::fs::read_to_string("/proc/vmstat").ok()?;
+        Some(Self::parse(&m, &v))
+    }
+}
+
+/// The machine from the first lock seen: the first read, and the extremes since.
+#[derive(Clone, Copy, Debug)]
+struct Machine {
+    since_ns: u64,
+    first: MachineRead,
+    last: MachineRead,
+    mlocked_peak: u64,
+    cached_min: u64,
+    available_min: u64,
+}
+
+impl Machine {
+    fn new(since_ns: u64, r: MachineRead) -> Self {
+        Self { since_ns, first: r, last: r, mlocked_peak: r.mlocked, cached_min: r.cached, available_min: r.available }
+    }
+
+    fn add(&mut self, r: MachineRead) {
+        self.last = r;
+        self.mlocked_peak = self.mlocked_peak.max(r.mlocked);
+        self.cached_min = self.cached_min.min(r.cached);
+        self.available_min = self.available_min.min(r.available);
+    }
+
+    fn effect(&self, since: &dyn Fn(u64) -> f64) -> MachineEffect {
+        let (a, b) = (&self.first, &self.last);
+        MachineEffect {
+            since_s: since(self.since_ns),
+            mlocked_bytes_peak: self.mlocked_peak,
+            page_cache_bytes_before: a.cached,
+            page_cache_bytes_min: self.cached_min,
+            page_cache_bytes_end: b.cached,
+            mem_available_bytes_min: self.available_min,
+            direct_reclaim_stalls: b.stalls.saturating_sub(a.stalls),
+            pages_scanned_direct: b.scanned_direct.saturating_sub(a.scanned_direct),
+            pages_scanned_kswapd: b.scanned_kswapd.saturating_sub(a.scanned_kswapd),
+            pages_reclaimed: b.reclaimed.saturating_sub(a.reclaimed),
+        }
+    }
+}
 
 /// How often `/proc/PID/status` is read.
 const STATUS_EVERY: Duration = Duration::from_millis(500);
@@ -99,6 +186,8 @@ pub struct PinnedTracker {
     sites: HashMap<(u32, u32, i32), SiteAcc>,
     failures: Vec<RawFailure>,
     last_status: Option<Instant>,
+    /// `None` until locked or pinned memory is first seen.
+    machine: Option<Machine>,
 }
 
 impl Default for PinnedTracker {
@@ -109,6 +198,7 @@ impl Default for PinnedTracker {
             sites: HashMap::new(),
             failures: Vec::new(),
             last_status: None,
+            machine: None,
         }
     }
 }
@@ -124,6 +214,9 @@ impl PinnedTracker {
             p.rss_at_peak = rss;
         } else if locked == p.peak_locked {
             p.rss_at_peak = p.rss_at_peak.max(rss);
+        }
+        if (locked > 0 || pinned > 0) && self.machine.is_none() {
+            self.machine = MachineRead::now().map(|r| Machine::new(ts_ns, r));
         }
         if p.points.last().is_some_and(|l| l.1 == locked && l.2 == pinned) {
             return;
@@ -176,8 +269,14 @@ impl PinnedTracker {
         self.read_all(live);
     }
 
-    /// Reads the status of `live` now (also at the end).
+    /// Reads the status of `live` now (also at the end), and the machine's
+    /// counters once memory has been locked.
     pub fn read_all(&mut self, live: &[u32]) {
+        if let Some(m) = self.machine.as_mut() {
+            if let Some(r) = MachineRead::now() {
+                m.add(r);
+            }
+        }
         let mono = crate::kernel::monotonic_ns();
         let mut pids: Vec<u32> = self.procs.keys().copied().filter(|p| live.contains(p)).collect();
         pids.extend(live.iter().filter(|p| !self.procs.contains_key(p)));
@@ -259,7 +358,8 @@ impl PinnedTracker {
                 describe_failure(f, comm_of(f.ev.tgid), frames(f.ev.tgid, f.ev.call, f.ev.user_stack), since(f.ts_ns))
             })
             .collect();
-        Pinned { processes, sites, failures }
+        let machine = self.machine.filter(|_| !processes.is_empty()).map(|m| m.effect(since));
+        Pinned { processes, sites, failures, machine }
     }
 }
 
@@ -323,6 +423,30 @@ fn describe_failure(f: &RawFailure, comm: String, frames: Vec<String>, t_s: f64)
 
 #[cfg(test)]
 mod tests {
+    /// The machine's counters: meminfo's kB in bytes, vmstat's families
+    /// summed (reclaimed pages by kind where the kernel splits them so).
+    #[test]
+    fn machine_reads_parse() {
+        let old = MachineRead::parse("", "pgsteal_kswapd 7\npgsteal_direct 3\n");
+        assert_eq!(old.reclaimed, 10);
+        let r = MachineRead::parse(
+            "MemTotal: 100 kB\nMemAvailable:  60 kB\nCached:  30 kB\nMlocked:   8 kB\n",
+            "allocstall_dma 1\nallocstall_normal 2\npgscan_kswapd 10\npgscan_direct 4\npgsteal_kswapd 7\npgsteal_direct 3\npgsteal_anon 99\n",
+        );
+        assert_eq!(
+            r,
+            MachineRead {
+                mlocked: 8192,
+                cached: 30 * 1024,
+                available: 60 * 1024,
+                stalls: 3,
+                scanned_direct: 4,
+                scanned_kswapd: 10,
+                reclaimed: 99,
+            }
+        );
+    }
+
     use super::*;
     use crate::collect::fake::{lock_call, NO_SUCH_PID};
 

@@ -624,6 +624,7 @@ fn pinned_summary(locked: u64, rss: u64) -> Summary {
             frames: vec!["main".into(), "make_pool".into(), "[mlock]".into()],
         }],
         failures: vec![],
+        machine: None,
     });
     s
 }

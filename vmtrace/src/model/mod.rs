@@ -34,7 +34,7 @@ pub use locations::{CodeLocation, CodeLocations};
 pub use numa::{Numa, NumaProcess, NumaRegion, NumaSite};
 pub use oom::{HeldRegion, OomRecord};
 pub use perf::{PerfSummary, RegionSamples};
-pub use pinned::{LockFailure, LockPoint, LockSite, Pinned, PinnedProcess};
+pub use pinned::{LockFailure, LockPoint, LockSite, MachineEffect, Pinned, PinnedProcess};
 pub use regions::{CowFrom, FileSummary, RegionKind, RegionPlacement, RegionSummary, TensorSummary};
 pub use resident::{Resident, ResidentSite, ResidentSummary};
 pub use shorten::short_name;

@@ -18,6 +18,55 @@ pub struct Pinned {
     pub sites: Vec<LockSite>,
     /// Locking calls the kernel refused, in time order.
     pub failures: Vec<LockFailure>,
+    /// What the rest of the machine went through while memory was locked
+    /// or pinned: `/proc/meminfo` and `/proc/vmstat` from the first lock seen
+    /// to the end. Absent when nothing was locked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<MachineEffect>,
+}
+
+/// The machine while memory was locked or pinned (system-wide counters).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct MachineEffect {
+    /// When the first locked or pinned memory was seen (seconds since the start).
+    pub since_s: f64,
+    /// `Mlocked` (every process's locked pages) at most.
+    pub mlocked_bytes_peak: u64,
+    /// `Cached` (the page cache) when the first lock was seen, at its
+    /// lowest while memory was locked, and at the end.
+    pub page_cache_bytes_before: u64,
+    pub page_cache_bytes_min: u64,
+    pub page_cache_bytes_end: u64,
+    /// `MemAvailable` at its lowest.
+    pub mem_available_bytes_min: u64,
+    /// The rise of `/proc/vmstat` over the same time: direct-reclaim stalls
+    /// (`allocstall_*`), pages scanned by direct reclaim and by kswapd
+    /// (`pgscan_direct`, `pgscan_kswapd`), pages reclaimed (`pgsteal_*`).
+    pub direct_reclaim_stalls: u64,
+    pub pages_scanned_direct: u64,
+    pub pages_scanned_kswapd: u64,
+    pub pages_reclaimed: u64,
+}
+
+impl MachineEffect {
+    /// One line for people.
+    pub fn describe(&self) -> String {
+        format!(
+            "while memory was locked (from {:.1} s): the page cache {} → {} at its lowest ({} at the end); \
+             MemAvailable at least {}; {} direct-reclaim stalls, {} pages scanned by direct reclaim and {} by \
+             kswapd, {} reclaimed; Mlocked system-wide at most {}",
+            self.since_s,
+            bytes(self.page_cache_bytes_before),
+            bytes(self.page_cache_bytes_min),
+            bytes(self.page_cache_bytes_end),
+            bytes(self.mem_available_bytes_min),
+            self.direct_reclaim_stalls,
+            self.pages_scanned_direct,
+            self.pages_scanned_kswapd,
+            self.pages_reclaimed,
+            bytes(self.mlocked_bytes_peak)
+        )
+    }
 }
 
 /// One process's locked and pinned memory.
@@ -142,6 +191,9 @@ pub fn render_text(p: &Pinned) -> String {
     for f in &p.failures {
         let _ = writeln!(s, "  FAILED at {:.2}s: {}", f.t_s, f.cause);
         let _ = writeln!(s, "    fix: {}", f.fix);
+    }
+    if let Some(m) = &p.machine {
+        let _ = writeln!(s, "  the machine {}", m.describe());
     }
     s
 }

@@ -148,6 +148,9 @@ fn pinned_section(s: &Summary) -> String {
         }
         out.push_str("</ul>");
     }
+    if let Some(m) = &p.machine {
+        let _ = write!(out, "<p class='note'>The machine {}.</p>", escape(&m.describe()));
+    }
     out
 }
 
