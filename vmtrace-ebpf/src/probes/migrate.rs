@@ -17,10 +17,12 @@ use crate::{
     shared::{is_traced, tp_field, FAULT_STATS},
 };
 
-/// A migration in flight per thread: its start and its reason. Sync
-/// migrations sleep (writeback, locks) and may resume on another CPU.
+/// Migrations in flight per thread: `[start, reason]` of the outer one and
+/// of one nested inside it, and the depth. Sync migrations sleep (writeback,
+/// locks) and may resume on another CPU; a huge-page migration's target
+/// allocation may compact, which migrates again inside it.
 #[map]
-static MIGRATE_START: HashMap<u32, [u64; 2]> = HashMap::with_max_entries(16_384, 0);
+static MIGRATE_START: HashMap<u32, [u64; 5]> = HashMap::with_max_entries(16_384, 0);
 
 /// This CPU's aggregate of `tgid` when it is traced already: a kernel thread
 /// (kcompactd) or an untraced process gets no entry from a migration.
@@ -35,19 +37,41 @@ fn stats_of(tgid: u32) -> Option<&'static mut FaultStats> {
 
 fn migrate_start(reason: i32) {
     let pid_tgid = bpf_get_current_pid_tgid();
-    if is_traced((pid_tgid >> 32) as u32) {
-        // SAFETY: no preconditions.
-        let now = unsafe { bpf_ktime_get_ns() };
-        let _ = MIGRATE_START.insert(pid_tgid as u32, [now, reason as u64], 0);
+    let tid = pid_tgid as u32;
+    // SAFETY: no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if let Some(v) = MIGRATE_START.get_ptr_mut(tid) {
+        // SAFETY: this thread's entry; only this thread writes it.
+        let v = unsafe { &mut *v };
+        if v[4] == 1 {
+            v[2] = now;
+            v[3] = reason as u64;
+        }
+        v[4] += 1;
+    } else if is_traced((pid_tgid >> 32) as u32) {
+        let _ = MIGRATE_START.insert(tid, [now, reason as u64, 0, 0, 1], 0);
     }
 }
 
 fn try_migrate_end(succeeded: u64, failed: u64) -> Option<()> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
-    // SAFETY: the value is copied out before removal.
-    let [start, reason] = unsafe { MIGRATE_START.get(tid) }.copied()?;
-    let _ = MIGRATE_START.remove(tid);
+    let v = MIGRATE_START.get_ptr_mut(tid)?;
+    // SAFETY: this thread's entry; only this thread writes it.
+    let v = unsafe { &mut *v };
+    let depth = v[4];
+    // The outer migration's time holds the nested one's: timed once. A
+    // migration nested deeper than two has no reason kept: "other".
+    let (start, reason) = match depth {
+        0 | 1 => (v[0], v[1]),
+        2 => (0, v[3]),
+        _ => (0, u64::MAX),
+    };
+    if depth <= 1 {
+        let _ = MIGRATE_START.remove(tid);
+    } else {
+        v[4] -= 1;
+    }
     let s = stats_of((pid_tgid >> 32) as u32)?;
     let b = migrate_bucket(reason as i32);
     if b < s.migrated.len() {
@@ -55,8 +79,10 @@ fn try_migrate_end(succeeded: u64, failed: u64) -> Option<()> {
     }
     s.migrate_failed += failed;
     s.migrations += 1;
-    // SAFETY: no preconditions.
-    s.migrate_ns += unsafe { bpf_ktime_get_ns() }.saturating_sub(start);
+    if start > 0 {
+        // SAFETY: no preconditions.
+        s.migrate_ns += unsafe { bpf_ktime_get_ns() }.saturating_sub(start);
+    }
     Some(())
 }
 

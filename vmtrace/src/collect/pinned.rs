@@ -215,7 +215,9 @@ impl PinnedTracker {
         } else if locked == p.peak_locked {
             p.rss_at_peak = p.rss_at_peak.max(rss);
         }
-        if (locked > 0 || pinned > 0) && self.machine.is_none() {
+        // The machine is followed from a locking call's memory, a pin, or
+        // a megabyte locked (not a daemon's few locked pages under -a).
+        if (source == "call" && locked > 0 || pinned > 0 || locked >= 1 << 20) && self.machine.is_none() {
             self.machine = MachineRead::now().map(|r| Machine::new(ts_ns, r));
         }
         if p.points.last().is_some_and(|l| l.1 == locked && l.2 == pinned) {

@@ -49,6 +49,11 @@ impl Placement {
         }
     }
 
+    /// The user stack ids NUMA placement will name at the end.
+    pub(crate) fn numa_stack_ids(&self) -> Vec<u32> {
+        self.numa.as_ref().map(NumaTracker::stack_ids).unwrap_or_default()
+    }
+
     pub(crate) fn page(&mut self, ev: &PageSample) {
         if let Some(n) = self.numa.as_mut() {
             n.page(ev);

@@ -1397,6 +1397,10 @@ impl<S: AggregateSource> Session<S> {
                 users.also.extend(r.stack_ids(|p| gone.contains(&p)));
                 users.in_use.extend(r.stack_ids(|p| !gone.contains(&p) && table.get(p).is_none_or(|i| !i.released)));
             }
+            // NUMA placement's sampled stacks are named at the end: kept.
+            if let Some(p) = self.placement.as_ref() {
+                users.in_use.extend(p.numa_stack_ids());
+            }
             let users_gone = gone.len();
             users.gone = gone;
             let forgot = self.source.forget_stacks(&users, &|t| table.get(t).is_none_or(|p| !p.released));

@@ -350,10 +350,7 @@ pub const HOOKS: &[Hook] = &[
         ],
     ),
     Hook {
-        gate: Gate::TracefsEvent {
-            before: "an older kernel",
-            text: "migrations (compaction, NUMA balancing, move_pages) are not timed or counted per process",
-        },
+        gate: Gate::TracefsEvent { before: "an older kernel or no CONFIG_MIGRATION", text: NO_MIGRATIONS },
         doc: doc(
             "page migrations",
             "compaction, NUMA balancing, move_pages/mbind, long-term pins: pages, failures and time per process, for the thread that ran `migrate_pages()`; the end record's reason moves between kernels (`large_folio_split` came before it later), so the start gives it",
@@ -367,16 +364,19 @@ pub const HOOKS: &[Hook] = &[
             ],
         )
     },
-    hook(
-        "page migration end",
-        Family::Oom,
-        &[
-            tp_btf("tp_btf_mm_migrate_pages", "mm_migrate_pages"),
-            tp("tp_migrate_mm_migrate_pages", "migrate:mm_migrate_pages"),
-        ],
-    ),
     Hook {
-        gate: Gate::TracefsEvent { before: "no CONFIG_NUMA_BALANCING", text: NO_NUMA_MOVES },
+        gate: Gate::TracefsEvent { before: "no CONFIG_MIGRATION", text: NO_MIGRATIONS },
+        ..hook(
+            "page migration end",
+            Family::Oom,
+            &[
+                tp_btf("tp_btf_mm_migrate_pages", "mm_migrate_pages"),
+                tp("tp_migrate_mm_migrate_pages", "migrate:mm_migrate_pages"),
+            ],
+        )
+    },
+    Hook {
+        gate: Gate::TracefsEvent { before: "not on this kernel", text: NO_NUMA_MOVES },
         doc: doc(
             "NUMA balancing task moves",
             "`sched:sched_move_numa`/`sched_swap_numa` name the tgid in their record (classic only: a tp_btf program would read it from the task)",
@@ -384,13 +384,15 @@ pub const HOOKS: &[Hook] = &[
         ..hook("NUMA balancing task moves", Family::Oom, &[tp("tp_sched_sched_move_numa", "sched:sched_move_numa")])
     },
     Hook {
-        gate: Gate::TracefsEvent { before: "no CONFIG_NUMA_BALANCING", text: NO_NUMA_MOVES },
+        gate: Gate::TracefsEvent { before: "not on this kernel", text: NO_NUMA_MOVES },
         ..hook("NUMA balancing task swaps", Family::Oom, &[tp("tp_sched_sched_swap_numa", "sched:sched_swap_numa")])
     },
 ];
 
 /// Why a kernel without NUMA balancing has no task moves to count.
 const NO_NUMA_MOVES: &str = "NUMA balancing does not move tasks here (nothing to count)";
+/// What is not seen without the migration events.
+const NO_MIGRATIONS: &str = "migrations (compaction, NUMA balancing, move_pages) are not timed or counted per process";
 
 /// mmap-family syscalls: per-syscall tracepoints, so nothing runs on other
 /// syscalls; one enter and one exit program serve them all.

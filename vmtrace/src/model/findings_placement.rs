@@ -30,7 +30,7 @@ pub(super) fn run(s: &Summary, out: &mut Vec<Finding>) {
 /// A process whose pages NUMA balancing kept moving: more pages migrated
 /// than it ever held, several times over.
 fn numa_churn(s: &Summary, out: &mut Vec<Finding>) {
-    for p in &s.processes {
+    for p in s.processes.iter().filter(|p| p.pid != crate::model::OTHER_PID) {
         let moved = p.migration.numa_balancing();
         if moved < NUMA_CHURN_MIN_PAGES {
             continue;
@@ -64,7 +64,7 @@ fn numa_churn(s: &Summary, out: &mut Vec<Finding>) {
             ),
             "Keep its threads and memory on one node: `numactl --cpunodebind=N --membind=N` (or `taskset` plus \
              `--preferred=N`); for threads that share memory across nodes, interleave it (`numactl --interleave=all`) \
-             instead of letting NUMA balancing chase it; or turn balancing off for the job's cgroup's nodes \
+             instead of letting NUMA balancing chase it; or turn balancing off host-wide \
              (`kernel.numa_balancing=0`)"
                 .into(),
         );
