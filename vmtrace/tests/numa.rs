@@ -273,8 +273,10 @@ fn compaction_a_process_runs_is_counted_as_its_migrations() {
     assert!(u(&m["calls"]) >= 1 && u(&m["time_ns"]) > 0, "{m:#}");
     assert!(pages > 0, "compaction moved none of the fragmented pages: {m:#}, vmstat {ok}/{fail}");
     assert_eq!(u(&m["pages_by_reason"]["compaction"]), pages, "{m:#}");
+    // No more than the kernel counted. Not all of it: kcompactd, woken by
+    // the same shortage, may compact beside the shell (the 6.1 two-node
+    // guest: 4,049 of 8,986 pages; this host: equal in three runs).
     assert!(pages <= ok && failed <= fail, "more than the kernel counted: {m:#}, vmstat {ok}/{fail}");
-    assert!(pages * 2 >= ok, "under half of the kernel's {ok} pages: {m:#}");
     let text = std::fs::read_to_string(run.out.path().join("summary.txt")).unwrap();
     assert!(text.contains("Page migrations (run by"), "{text}");
 }
