@@ -211,6 +211,17 @@ fn membind_local_and_remote() {
     }
 }
 
+/// The numbers of a fixture's `KEY=N …` lines, in order.
+fn counts(out: &str, key: &str) -> Vec<u64> {
+    let prefix = format!("{key}=");
+    out.lines().filter_map(|l| l.strip_prefix(&prefix)?.split_whitespace().next()?.parse().ok()).collect()
+}
+
+/// The number of a fixture's first `KEY=N …` line.
+fn first_count(out: &str, key: &str) -> u64 {
+    counts(out, key).first().copied().unwrap_or_else(|| panic!("no {key} line in {out}"))
+}
+
 /// A process's `migration` object (absent: none).
 fn migration<'a>(run: &'a Run, comm: &str) -> &'a serde_json::Value {
     let p = run.summary["processes"]
@@ -302,12 +313,7 @@ fn move_pages_across_nodes_is_counted_page_for_page() {
     let ok = vmstat("pgmigrate_success") - ok0;
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let out = String::from_utf8_lossy(&run.output.stdout);
-    let moved: u64 = out
-        .lines()
-        .find_map(|l| l.strip_prefix("moved_pages="))
-        .and_then(|l| l.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no moved_pages line in {out}"));
+    let moved = first_count(&out, "moved_pages");
     assert!(moved >= 16 << 20 >> 12 >> 1, "the kernel moved {moved} pages: {out}");
     let m = migration(&run, "numa_move");
     eprintln!("move_pages: the kernel moved {moved}, vmtrace {m}, pgmigrate_success +{ok}");
@@ -352,12 +358,7 @@ fn numa_balancing_migrations_are_the_faulting_process_s() {
     let migrated = vmstat("numa_pages_migrated") - m0;
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let out = String::from_utf8_lossy(&run.output.stdout);
-    let on_node: u64 = out
-        .lines()
-        .find_map(|l| l.strip_prefix("on_node="))
-        .and_then(|l| l.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no on_node line in {out}"));
+    let on_node = first_count(&out, "on_node");
     assert!(
         on_node > 0 && migrated > 0,
         "NUMA balancing moved nothing in 60 s: {out}, numa_pages_migrated +{migrated}"
@@ -388,11 +389,7 @@ fn memory_chasing_its_threads_between_nodes_is_numa_migration_churn() {
     let migrated = vmstat("numa_pages_migrated") - m0;
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let out = String::from_utf8_lossy(&run.output.stdout);
-    let rounds: Vec<u64> = out
-        .lines()
-        .filter_map(|l| l.strip_prefix("on_node="))
-        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
-        .collect();
+    let rounds = counts(&out, "on_node");
     let m = migration(&run, "numa_balance");
     let nb = m["pages_by_reason"]["numa_balancing"].as_u64().unwrap_or(0);
     eprintln!("NUMA balancing, 3 rounds: {out}vmtrace {m}, numa_pages_migrated +{migrated}");
