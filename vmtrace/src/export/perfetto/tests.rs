@@ -212,26 +212,10 @@ fn resident_points_are_byte_counters_per_process() {
         ..log()
     };
     let trace = decode(&summary(), &log);
-    let mut tracks: HashMap<u64, (String, Option<String>, Option<u64>)> = HashMap::new();
+    let (tracks, values) = named_counters(&trace);
     let mut series: HashMap<String, Vec<f64>> = HashMap::new();
-    for p in &trace.packet {
-        match &p.data {
-            Some(Data::TrackDescriptor(t)) => {
-                if let Some(vmtrace_protos::perfetto::track_descriptor::StaticOrDynamicName::Name(n)) =
-                    &t.static_or_dynamic_name
-                {
-                    let unit = t.counter.as_ref().and_then(|c| c.unit_name.clone());
-                    tracks.insert(t.uuid.unwrap_or(0), (n.clone(), unit, t.parent_uuid));
-                }
-            }
-            Some(Data::TrackEvent(e)) => {
-                if let Some(track_event::CounterValueField::DoubleCounterValue(v)) = e.counter_value_field {
-                    let name = tracks[&e.track_uuid.unwrap_or(0)].0.clone();
-                    series.entry(name).or_default().push(v);
-                }
-            }
-            _ => {}
-        }
+    for (uuid, _, v) in values {
+        series.entry(tracks[&uuid].0.clone()).or_default().push(v);
     }
     let process = super::render::process_uuid(13784);
     for name in ["resident bytes", "resident anon bytes", "resident file bytes"] {
@@ -242,6 +226,34 @@ fn resident_points_are_byte_counters_per_process() {
     let total = &series["resident bytes"];
     let mib = 1_048_576.0;
     assert_eq!(total, &[mib + 4096.0, 9.0 * mib + 4096.0, 2.0 * mib + 4096.0, 0.0]);
+}
+
+/// A trace's named tracks, uuid → (name, unit, parent), each uuid described
+/// once; and its counter values in order, (track uuid, timestamp, value).
+type Tracks = HashMap<u64, (String, Option<String>, Option<u64>)>;
+fn named_counters(trace: &Trace) -> (Tracks, Vec<(u64, u64, f64)>) {
+    let (mut tracks, mut values) = (Tracks::new(), Vec::new());
+    for p in &trace.packet {
+        match &p.data {
+            Some(Data::TrackDescriptor(t)) => {
+                if let Some(vmtrace_protos::perfetto::track_descriptor::StaticOrDynamicName::Name(n)) =
+                    &t.static_or_dynamic_name
+                {
+                    let unit = t.counter.as_ref().and_then(|c| c.unit_name.clone());
+                    assert!(tracks.insert(t.uuid.unwrap_or(0), (n.clone(), unit, t.parent_uuid)).is_none(), "{n}");
+                }
+            }
+            Some(Data::TrackEvent(e)) => {
+                if let Some(track_event::CounterValueField::DoubleCounterValue(v)) = e.counter_value_field {
+                    let uuid = e.track_uuid.unwrap_or(0);
+                    assert!(tracks.contains_key(&uuid), "a value on track {uuid} before its descriptor");
+                    values.push((uuid, p.timestamp.unwrap_or(0), v));
+                }
+            }
+            _ => {}
+        }
+    }
+    (tracks, values)
 }
 
 /// Counter values by (track name, parent): (ms since `T0`, value).
@@ -269,28 +281,11 @@ fn node_points_are_byte_counters_per_process_and_node() {
         ..log()
     };
     let trace = decode(&summary(), &log);
-    // uuid → (name, unit, parent).
-    let mut tracks: HashMap<u64, (String, Option<String>, Option<u64>)> = HashMap::new();
+    let (tracks, values) = named_counters(&trace);
     let mut series = Series::new();
-    for p in &trace.packet {
-        match &p.data {
-            Some(Data::TrackDescriptor(t)) => {
-                if let Some(vmtrace_protos::perfetto::track_descriptor::StaticOrDynamicName::Name(n)) =
-                    &t.static_or_dynamic_name
-                {
-                    let unit = t.counter.as_ref().and_then(|c| c.unit_name.clone());
-                    assert!(tracks.insert(t.uuid.unwrap_or(0), (n.clone(), unit, t.parent_uuid)).is_none(), "{n}");
-                }
-            }
-            Some(Data::TrackEvent(e)) => {
-                if let Some(track_event::CounterValueField::DoubleCounterValue(v)) = e.counter_value_field {
-                    let (name, _, parent) = tracks[&e.track_uuid.unwrap_or(0)].clone();
-                    let ms = (p.timestamp.unwrap_or(0) - T0) / MS;
-                    series.entry((name, parent)).or_default().push((ms, v / 4096.0));
-                }
-            }
-            _ => {}
-        }
+    for (uuid, ts, v) in values {
+        let (name, _, parent) = tracks[&uuid].clone();
+        series.entry((name, parent)).or_default().push(((ts - T0) / MS, v / 4096.0));
     }
     let (a, b) = (Some(super::render::process_uuid(13784)), Some(super::render::process_uuid(13787)));
     let node = |n: u32| format!("resident bytes on node {n}");
