@@ -2,7 +2,7 @@
 //! per-process fault aggregate, drop counters, the event ring, and reading
 //! tracepoint records.
 use aya_ebpf::{
-    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    bindings::{BPF_F_NO_PREALLOC, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::bpf_get_current_pid_tgid,
     macros::map,
     maps::{PerCpuArray, PerCpuHashMap, RingBuf},
@@ -23,13 +23,14 @@ pub fn tp_field<T: Copy>(ctx: &TracePointContext, offset: usize) -> T {
     unsafe { core::ptr::read_volatile(ctx.as_ptr().cast::<u8>().add(offset).cast::<T>()) }
 }
 
-/// Per-process fault aggregates, keyed by tgid. It is also the traced set: a
+/// Per-process fault aggregates, keyed by tgid (not preallocated; the loader
+/// sizes it by CPU count, vmtrace/src/loader/sizes.rs). It is also the traced set: a
 /// tgid is traced iff it has an entry (userspace adds the target, the fork hook
 /// every descendant), so the hot path does one lookup, not two. Userspace reads
 /// and deletes a process's entry when it exits. With `-a`, entries are created
 /// on a process's first fault.
 #[map]
-pub static FAULT_STATS: PerCpuHashMap<u32, FaultStats> = PerCpuHashMap::with_max_entries(32_768, 0);
+pub static FAULT_STATS: PerCpuHashMap<u32, FaultStats> = PerCpuHashMap::with_max_entries(32_768, BPF_F_NO_PREALLOC);
 
 /// All-zero value to insert from: a `FaultStats` is too big for the 512-byte BPF stack.
 #[map]

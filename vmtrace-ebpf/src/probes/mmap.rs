@@ -4,6 +4,7 @@
 //! changes are streamed with their address-space generations (`mapgen`), so
 //! userspace knows which mapping covered each address at each generation.
 use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
     helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{map, tracepoint},
     maps::{LruHashMap, PerCpuArray, PerCpuHashMap},
@@ -29,7 +30,7 @@ const RLIMIT_MEMLOCK: u32 = 8;
 /// Per-process mmap-family and TLB aggregate, keyed by tgid (processes in the
 /// traced set only). Userspace takes an exited process's entry, as for faults.
 #[map]
-static MM_STATS: PerCpuHashMap<u32, MmStats> = PerCpuHashMap::with_max_entries(16_384, 0);
+static MM_STATS: PerCpuHashMap<u32, MmStats> = PerCpuHashMap::with_max_entries(16_384, BPF_F_NO_PREALLOC);
 
 /// All-zero `MmStats` to insert from (too big for the BPF stack).
 #[map]
@@ -47,7 +48,7 @@ pub fn mm_stats(tgid: u32) -> Option<&'static mut MmStats> {
 
 /// Calls and IPIs per (process, syscall, user call site).
 #[map]
-static MM_STACKS: PerCpuHashMap<MmStackKey, MmStackCounts> = PerCpuHashMap::with_max_entries(16_384, 0);
+static MM_STACKS: PerCpuHashMap<MmStackKey, MmStackCounts> = PerCpuHashMap::with_max_entries(16_384, BPF_F_NO_PREALLOC);
 
 pub fn stack_key(tgid: u32, call: u32, user_stack: i32) -> MmStackKey {
     MmStackKey { tgid, call, user_stack, _pad: 0 }

@@ -9,7 +9,7 @@
 //! - `maps`: the maps, behind the methods the collector reads them with;
 //! - `check`: `vmtrace check`'s probe-selection table.
 use aya::{Btf, Ebpf, EbpfLoader};
-use vmtrace_common::{Config, GranuleCounts, GranuleKey};
+use vmtrace_common::Config;
 
 use crate::{kernel::btf as kbtf, perf::EndPrograms, stacks::StackMode};
 
@@ -19,6 +19,7 @@ mod check;
 mod granules;
 pub mod hooks;
 mod maps;
+pub mod sizes;
 mod source;
 
 pub use attach::{AttachError, Attachment, Outcome};
@@ -129,16 +130,6 @@ impl Families {
     }
 }
 
-/// Kernel memory for the per-granule map: `REGION_STATS` is per CPU and
-/// preallocated, so its size follows the CPU count.
-const REGION_MAP_BUDGET: usize = 32 << 20;
-
-fn region_map_entries() -> u32 {
-    let cpus = aya::util::nr_cpus().unwrap_or(1).max(1);
-    let per = std::mem::size_of::<GranuleCounts>() + std::mem::size_of::<GranuleKey>();
-    (REGION_MAP_BUDGET / (per * cpus)).clamp(8192, 262_144) as u32
-}
-
 /// A random salt per recording for the resident sample's page hash: each
 /// page is then in the sample with probability 1/N whatever its address.
 fn random_salt() -> u64 {
@@ -244,10 +235,9 @@ impl Probes {
         let page_salt = random_salt();
         let mut loader = EbpfLoader::new();
         arch_globals(&mut loader);
+        sizes::apply(&mut loader);
         let mut ebpf = loader
             .btf(Some(&btf))
-            .map_max_entries("REGION_STATS", region_map_entries())
-            .map_max_entries("REGION_LATE", (region_map_entries() / 16).max(1024))
             .override_global("CONFIG", &config, true)
             .override_global("KOFFSETS", &offsets, true)
             .override_global(

@@ -526,6 +526,8 @@ struct CollectorCost {
     rss_first: u64,
     rss_last: u64,
     hwm: u64,
+    /// Kernel memory of its BPF maps at the end (bytes, fdinfo `memlock`).
+    kernel_maps: u64,
     /// Events lost, and processes seen, as the summary reports them.
     lost: Option<u64>,
     processes: Option<u64>,
@@ -538,11 +540,13 @@ impl CollectorCost {
         format!(
             "| CPU, % of one core | {:.1} |\n\
              | RSS after 1 s / at the end / peak (VmHWM) | {:.1} / {:.1} / {:.1} MiB |\n\
+             | kernel memory of its BPF maps at the end (fdinfo `memlock`) | {:.1} MiB |\n\
              | processes in the summary (rows + folded) / lost events | {} / {} |\n",
             self.cpu_pct,
             mib(self.rss_first),
             mib(self.rss_last),
             mib(self.hwm),
+            self.kernel_maps as f64 / 1_048_576.0,
             opt(self.processes),
             opt(self.lost),
         )
@@ -581,6 +585,7 @@ fn measure_collector(env: &Env, secs: u64, load: &mut dyn FnMut() -> Result<Chil
         .find(|l| l.starts_with("VmHWM:"))
         .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
         .unwrap_or(0);
+    let kernel_maps = bpf_map_bytes(pid);
     stop(vm);
     let summary: Option<serde_json::Value> =
         std::fs::read_to_string(env.out.join("summary.json")).ok().and_then(|s| serde_json::from_str(&s).ok());
@@ -596,10 +601,27 @@ fn measure_collector(env: &Env, secs: u64, load: &mut dyn FnMut() -> Result<Chil
         rss_first: rss_samples.first().copied().unwrap_or(0),
         rss_last: rss_samples.last().copied().unwrap_or(0),
         hwm,
+        kernel_maps,
         lost,
         processes,
     };
     Ok((cost, w))
+}
+
+/// The kernel memory of the BPF maps process `pid` holds open: the sum of
+/// their fdinfo `memlock` (from 6.4 the kernel's own count of what each map
+/// uses, live entries only for maps that are not preallocated), each map once.
+fn bpf_map_bytes(pid: u32) -> u64 {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else { return 0 };
+    let mut seen = std::collections::HashMap::new();
+    for e in dir.flatten() {
+        let Ok(text) = std::fs::read_to_string(e.path()) else { continue };
+        let field = |k: &str| text.lines().find_map(|l| l.strip_prefix(k)).and_then(|v| v.trim().parse::<u64>().ok());
+        if let (Some(id), Some(bytes)) = (field("map_id:"), field("memlock:")) {
+            seen.insert(id, bytes);
+        }
+    }
+    seen.values().sum()
 }
 
 /// The churn load: a shell loop of short processes (what a node running
