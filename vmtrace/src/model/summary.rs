@@ -411,8 +411,43 @@ pub fn migrating(processes: &[Process], limit: usize) -> (Vec<&Process>, usize) 
     (v, n)
 }
 
+/// Whether this recording counted page migrations: its migration end hook
+/// was attached (a kernel without the migrate events, or a recording made
+/// before vmtrace had them, did not count any).
+pub fn migrations_recorded(probes: &[ProbeInfo]) -> bool {
+    probes.iter().any(|p| p.target.ends_with("mm_migrate_pages") && p.program_type != "none")
+}
+
+/// "none", or why nothing could be counted, for an empty migration section.
+pub fn no_migrations(probes: &[ProbeInfo]) -> &'static str {
+    if migrations_recorded(probes) {
+        "none"
+    } else {
+        "not recorded (no migrate:mm_migrate_pages hook in this recording)"
+    }
+}
+
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct KernelAccounting {
     pub minor: u64,
     pub major: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_migrations_says_whether_they_were_counted() {
+        let probe = |program_type: &str| ProbeInfo {
+            what: "page migration end".into(),
+            program_type: program_type.into(),
+            target: "migrate:mm_migrate_pages".into(),
+            fallback_reason: None,
+        };
+        assert_eq!(no_migrations(&[probe("tracepoint")]), "none");
+        assert!(no_migrations(&[probe("none")]).starts_with("not recorded"));
+        // A recording made before the hook existed.
+        assert!(no_migrations(&[]).starts_with("not recorded"));
+    }
 }

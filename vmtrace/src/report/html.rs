@@ -69,7 +69,7 @@ fn migration_section(s: &Summary) -> String {
     }
     let (rows, n) = crate::model::summary::migrating(&s.processes, 20);
     if rows.is_empty() {
-        return "<h2>Page migrations: none</h2>".into();
+        return format!("<h2>Page migrations: {}</h2>", crate::model::summary::no_migrations(&s.probes));
     }
     let mut out = format!("<h2>Page migrations ({n} processes)</h2>");
     let rows: Vec<Vec<String>> = rows

@@ -133,7 +133,7 @@ fn migration_section(out: &mut String, s: &Summary) {
     }
     let (rows, n) = crate::model::summary::migrating(&s.processes, 10);
     if rows.is_empty() {
-        let _ = writeln!(out, "\nPage migrations: none");
+        let _ = writeln!(out, "\nPage migrations: {}", crate::model::summary::no_migrations(&s.probes));
         return;
     }
     let _ = writeln!(out, "\nPage migrations (run by the process's threads, whoever's pages they moved):");
