@@ -144,8 +144,13 @@ pub struct KernelOffsets {
     pub mm_start_code: u32,
     pub mm_exe_file: u32,
     pub mm_saved_auxv: u32,
+    /// `mm_struct.mm_users` (atomic_t): 0 once the address space is being
+    /// torn down, whichever task drops the last reference (the owner at its
+    /// exit, or another process that held it: a /proc reader, a CLONE_VM
+    /// sibling).
+    pub mm_users: u32,
 }
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 164);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 168);
 
 impl KernelOffsets {
     pub const MISSING: u32 = u32::MAX;
@@ -191,6 +196,7 @@ impl KernelOffsets {
         mm_start_code: Self::MISSING,
         mm_exe_file: Self::MISSING,
         mm_saved_auxv: Self::MISSING,
+        mm_users: Self::MISSING,
     };
 }
 

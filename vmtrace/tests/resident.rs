@@ -78,6 +78,29 @@ fn glibc_heap_and_mmap_at_end_and_peak() {
     assert!(procs.contains("shared with parent") && procs.contains(&format!("<td>{pid}</td>")), "{procs}");
 }
 
+/// A process whose address space another process tears down (a CLONE_VM
+/// sibling holds it past the owner's exit, as a reader of its /proc files
+/// may): its resident end is what it held, not the 0 the teardown leaves.
+#[test]
+fn an_address_space_torn_down_by_another_process_keeps_its_owners_end() {
+    privileged!();
+    let dir = disk_dir();
+    let bin = common::compile_c("resident_clone_vm.c", dir.path());
+    let own_path = dir.path().join("own.txt");
+    let run = record(&[], &[bin.to_str().unwrap(), "64", own_path.to_str().unwrap()]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let own = std::fs::read_to_string(&own_path).expect("the worker's smaps_rollup");
+    let worker: u32 = own
+        .lines()
+        .find_map(|l| l.strip_prefix("Worker:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no Worker: line in {own}"));
+    let r = &run.process(worker)["resident"];
+    assert!(r.is_object(), "no resident figures: {:#}", run.process(worker));
+    assert_close("resident at the end (anon)", u(&r["anon_bytes"]), kb(&own, "Anonymous"), 5.0);
+    assert_close("resident at the end", u(&r["end_bytes"]), kb(&own, "Rss"), 5.0);
+}
+
 /// A site's bytes in `top_at_end` for `pid`: frames with `frame`, and with
 /// (or without) the shared-with-parent leaf.
 fn site_bytes(summary: &serde_json::Value, pid: u64, frame: &str, shared: bool) -> u64 {

@@ -77,7 +77,7 @@ pub fn tp_kmem_rss_stat(ctx: TracePointContext) -> u32 {
     let member: u32 = tp_field(&ctx, TP_RSS_MEMBER);
     let size = tp_field::<i64>(&ctx, TP_RSS_SIZE).max(0) as u64;
     let curr = tp_field::<u32>(&ctx, TP_RSS_CURR) != 0;
-    let _ = update(tp_field(&ctx, TP_RSS_MM_ID), curr, member, size);
+    let _ = update(tp_field(&ctx, TP_RSS_MM_ID), curr, false, member, size);
     0
 }
 
@@ -168,7 +168,9 @@ fn try_btf_rss_stat(ctx: &BtfTracePointContext) -> Option<()> {
     let id = mm_id(mm, &off);
     // A kernel thread has no mm: its load reads 0, never an id (from 1).
     let curr = mm_id(current_mm, &off) == id;
-    update(id as u32, curr, member, (pages.max(0) as u64) << page_shift())
+    // Torn down by whoever dropped the last reference: no user is left.
+    let dying = !curr && off.mm_users != KernelOffsets::MISSING && btf_load::<i32>(mm, off.mm_users) == 0;
+    update(id as u32, curr, dying, member, (pages.max(0) as u64) << page_shift())
 }
 
 /// The last counter this CPU saw change: its mm, the current task's mm,
@@ -217,9 +219,10 @@ fn btf_load<T: Copy>(base: *const u8, off: u32) -> T {
 }
 
 /// One counter of the address space `mm_id` changed to `size` bytes; `curr`:
-/// the mm is the current task's.
+/// the mm is the current task's; `dying`: it is being torn down (no user
+/// left), in whatever task's context.
 #[inline(always)]
-fn update(mm_id: u32, curr: bool, member: u32, size: u64) -> Option<()> {
+fn update(mm_id: u32, curr: bool, dying: bool, member: u32, size: u64) -> Option<()> {
     if stopped() || member as usize >= RSS_MEMBERS {
         return None;
     }
@@ -252,8 +255,11 @@ fn update(mm_id: u32, curr: bool, member: u32, size: u64) -> Option<()> {
         e.tgid = tgid;
     }
     // The owner changing its own counters while its mm is not current: it is
-    // tearing the mm down (exit_mm, or the old mm at exec).
-    if !curr && e.tgid == tgid && e.flags & RSS_ENDED == 0 {
+    // tearing the mm down (exit_mm, or the old mm at exec). Or another task
+    // is, having held the last reference when the owner exited: a reader of
+    // the owner's /proc files (vmtrace's own collector among them, under
+    // load) or a CLONE_VM sibling. The counters still hold the owner's end.
+    if !curr && e.tgid != 0 && (e.tgid == tgid || dying) && e.flags & RSS_ENDED == 0 {
         e.flags |= RSS_ENDED;
         e.end = e.size;
         // SAFETY: no preconditions.

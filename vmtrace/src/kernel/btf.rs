@@ -259,6 +259,7 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         mm_start_code: o("mm_struct", "start_code")?,
         mm_exe_file: o("mm_struct", "exe_file")?,
         mm_saved_auxv: o("mm_struct", "saved_auxv")?,
+        mm_users: o("mm_struct", "mm_users")?,
         pcpu_count: o("percpu_counter", "count")?,
         // Before 6.2 `rss_stat` is a `struct mm_rss_stat` of atomics, and
         // the tracepoint carries the count (`TP_PROTO(mm, member, count)`).
