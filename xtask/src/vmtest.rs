@@ -50,6 +50,8 @@ const TESTS: &[(&str, &str)] = &[
     // The guest has two NUMA nodes (one CPU each): numactl-bound placement.
     ("numa", ""),
     ("pinned", ""),
+    // The resident end read through `mm_users` (a BTF offset per kernel).
+    ("resident", "torn_down_by_another"),
 ];
 
 /// Tests run in each arm64 guest (TCG emulation of arm64 is slow): the
