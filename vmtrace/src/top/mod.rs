@@ -151,7 +151,7 @@ impl Model {
         model::sort_procs(&mut procs, sort);
         let numa = self.numa.as_mut().map(|n| {
             let shown: Vec<u32> = procs.iter().take(rows).map(|p| p.pid).collect();
-            n.refresh(Instant::now(), &shown, |pid| std::fs::read_to_string(format!("/proc/{pid}/numa_maps")).ok());
+            n.refresh_in_background(Instant::now(), &shown);
             for p in &mut procs {
                 p.node = n.cell(p.pid);
             }

@@ -2,10 +2,13 @@
 //! shown process's main node and that node's share of its resident pages,
 //! from `/proc/PID/numa_maps`. A read walks the process's page tables, so
 //! only the rows on screen are read, and at most once per [`READ_EVERY`];
-//! between rounds a row keeps its last read. On a host with one node
-//! nothing is read and there is no column.
+//! between rounds a row keeps its last read. The reads run on a thread of
+//! their own: a process of hundreds of GB takes seconds to walk, and the
+//! loop that drains the kernel's rings must not wait for it. On a host with
+//! one node nothing is read and there is no column.
 use std::{
     collections::{BTreeMap, HashMap},
+    sync::mpsc,
     time::{Duration, Instant},
 };
 
@@ -22,6 +25,8 @@ pub struct NodeReads {
     last: Option<Instant>,
     /// Pages (4 KiB) by node of each process read in the last round.
     by_pid: HashMap<u32, BTreeMap<u32, u64>>,
+    /// The round being read on its own thread: each pid's numa_maps text.
+    pending: Option<mpsc::Receiver<Vec<(u32, String)>>>,
 }
 
 /// What the header says: the host's nodes and the shown processes' pages on each.
@@ -37,23 +42,67 @@ impl NodeReads {
     /// `None` on a host with one node: nothing to show, nothing read.
     #[must_use]
     pub fn new(topo: &Topology) -> Option<Self> {
-        (!topo.single_node()).then(|| Self { nodes: topo.nodes.clone(), last: None, by_pid: HashMap::new() })
+        (!topo.single_node()).then(|| Self {
+            nodes: topo.nodes.clone(),
+            last: None,
+            by_pid: HashMap::new(),
+            pending: None,
+        })
+    }
+
+    /// Whether a round is due: none yet, or the last one [`READ_EVERY`] ago.
+    fn due(&self, now: Instant) -> bool {
+        self.last.is_none_or(|t| now.saturating_duration_since(t) >= READ_EVERY)
     }
 
     /// Reads the numa_maps of `shown` (the rows on screen, in order) with
     /// `read` unless the last round was less than [`READ_EVERY`] ago. A
     /// process whose read fails or is empty (it exited) has no value.
     pub fn refresh(&mut self, now: Instant, shown: &[u32], read: impl Fn(u32) -> Option<String>) {
-        if self.last.is_some_and(|t| now.saturating_duration_since(t) < READ_EVERY) {
+        if !self.due(now) {
             return;
         }
         self.last = Some(now);
+        let texts: Vec<(u32, String)> = shown.iter().filter_map(|&pid| Some((pid, read(pid)?))).collect();
+        self.apply(&texts);
+    }
+
+    /// As [`Self::refresh`], reading `/proc/PID/numa_maps` on a thread of its
+    /// own: a round's values replace the last round's when it is read, at a
+    /// later call; until then (and while a round is read) rows keep their
+    /// last values, and no new round starts.
+    pub fn refresh_in_background(&mut self, now: Instant, shown: &[u32]) {
+        if let Some(rx) = &self.pending {
+            match rx.try_recv() {
+                Ok(texts) => {
+                    self.pending = None;
+                    self.apply(&texts);
+                }
+                Err(mpsc::TryRecvError::Empty) => return,
+                Err(mpsc::TryRecvError::Disconnected) => self.pending = None,
+            }
+        }
+        if !self.due(now) {
+            return;
+        }
+        self.last = Some(now);
+        let (pids, (tx, rx)) = (shown.to_vec(), mpsc::channel());
+        let reader = std::thread::Builder::new().name("numa_maps".into()).spawn(move || {
+            let read = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/numa_maps")).ok();
+            let _ = tx.send(pids.into_iter().filter_map(|pid| Some((pid, read(pid)?))).collect());
+        });
+        if reader.is_ok() {
+            self.pending = Some(rx);
+        }
+    }
+
+    /// A round's texts: the rows read, each with its pages by node.
+    fn apply(&mut self, texts: &[(u32, String)]) {
         self.by_pid.clear();
-        for &pid in shown {
-            let Some(text) = read(pid) else { continue };
-            let lines = parse_numa_maps(&text);
+        for (pid, text) in texts {
+            let lines = parse_numa_maps(text);
             if !lines.is_empty() {
-                self.by_pid.insert(pid, pages_by_node(&lines, &self.nodes));
+                self.by_pid.insert(*pid, pages_by_node(&lines, &self.nodes));
             }
         }
     }
@@ -169,6 +218,23 @@ mod tests {
         assert_eq!(*reads.borrow(), [7, 8]);
         assert!(r.cell(7).is_none(), "a row no longer shown keeps no value");
         assert_eq!(r.cell(8).as_deref(), Some("0:100%"));
+    }
+
+    /// The background round: this process's own numa_maps, read on its
+    /// thread and taken in at a later call.
+    #[test]
+    fn reads_in_the_background() {
+        let me = std::process::id();
+        let mut r = NodeReads::new(&two_nodes()).expect("two nodes");
+        let t0 = Instant::now();
+        r.refresh_in_background(t0, &[me]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while r.cell(me).is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+            r.refresh_in_background(t0 + Duration::from_secs(1), &[me]);
+        }
+        assert!(r.cell(me).is_some_and(|c| c.starts_with("0:")), "{:?}", r.cell(me));
+        assert!(r.pending.is_none(), "not due a second later: no new round");
     }
 
     #[test]
