@@ -16,7 +16,6 @@
 //! Slow faults (slept, or huge) always get a stack, in the exact stratum.
 //! A thread that sleeps mid-fault is parked by the `sched_switch` hook (`sched.rs`).
 use aya_ebpf::{
-    bindings::BPF_F_NO_PREALLOC,
     helpers::{bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns},
     macros::{btf_tracepoint, fexit, map, perf_event, tracepoint},
     maps::{PerCpuArray, PerCpuHashMap},
@@ -53,7 +52,7 @@ fn count_total(i: u32) {
 
 /// Fault counts per (process, user stack, kernel stack).
 #[map]
-static FAULT_STACKS: PerCpuHashMap<StackKey, StackCounts> = PerCpuHashMap::with_max_entries(65_536, BPF_F_NO_PREALLOC);
+static FAULT_STACKS: PerCpuHashMap<StackKey, StackCounts> = PerCpuHashMap::with_max_entries(65_536, 0);
 
 /// The stack aggregates this CPU counts into, direct-mapped by key; see `StackCur`.
 #[map]
@@ -91,15 +90,13 @@ fn stack_counts(key: &StackKey) -> Option<&'static mut StackCounts> {
 
 /// Faults per (process, region granule): userspace maps granules to regions.
 #[map]
-static REGION_STATS: PerCpuHashMap<GranuleKey, GranuleCounts> =
-    PerCpuHashMap::with_max_entries(262_144, BPF_F_NO_PREALLOC);
+static REGION_STATS: PerCpuHashMap<GranuleKey, GranuleCounts> = PerCpuHashMap::with_max_entries(262_144, 0);
 
 /// Faults per (process, granule) of any generation, once `REGION_STATS` is
 /// full (a process changing its mappings faster than anything can keep):
 /// sized by the loader, a sixteenth of it.
 #[map]
-static REGION_LATE: PerCpuHashMap<GranuleKey, GranuleCounts> =
-    PerCpuHashMap::with_max_entries(16_384, BPF_F_NO_PREALLOC);
+static REGION_LATE: PerCpuHashMap<GranuleKey, GranuleCounts> = PerCpuHashMap::with_max_entries(16_384, 0);
 
 /// The granule this CPU counts into; see `GranuleCur`.
 #[map]

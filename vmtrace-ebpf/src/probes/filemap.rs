@@ -3,7 +3,6 @@
 //! write syscall adds hold what the process wrote, not data read from
 //! storage: they are counted apart (`FILE_KEY_WRITTEN`).
 use aya_ebpf::{
-    bindings::BPF_F_NO_PREALLOC,
     helpers::bpf_get_current_pid_tgid,
     macros::{map, tracepoint},
     maps::PerCpuHashMap,
@@ -20,11 +19,11 @@ use crate::{
 
 /// Pages added to the page cache per file by traced processes (readahead).
 #[map]
-static FILE_CACHE: PerCpuHashMap<FileKey, u64> = PerCpuHashMap::with_max_entries(16_384, BPF_F_NO_PREALLOC);
+static FILE_CACHE: PerCpuHashMap<FileKey, u64> = PerCpuHashMap::with_max_entries(16_384, 0);
 
 /// The same per 1 MiB chunk of a file (64 GiB of file data in all).
 #[map]
-static FILE_CHUNKS: PerCpuHashMap<FileChunkKey, u64> = PerCpuHashMap::with_max_entries(65_536, BPF_F_NO_PREALLOC);
+static FILE_CHUNKS: PerCpuHashMap<FileChunkKey, u64> = PerCpuHashMap::with_max_entries(65_536, 0);
 
 // /sys/kernel/tracing/events/filemap/mm_filemap_add_to_page_cache/format:
 //   field:unsigned long pfn;   offset:8;  size:8; signed:0;

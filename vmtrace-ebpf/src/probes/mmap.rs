@@ -48,7 +48,7 @@ pub fn mm_stats(tgid: u32) -> Option<&'static mut MmStats> {
 
 /// Calls and IPIs per (process, syscall, user call site).
 #[map]
-static MM_STACKS: PerCpuHashMap<MmStackKey, MmStackCounts> = PerCpuHashMap::with_max_entries(16_384, BPF_F_NO_PREALLOC);
+static MM_STACKS: PerCpuHashMap<MmStackKey, MmStackCounts> = PerCpuHashMap::with_max_entries(16_384, 0);
 
 pub fn stack_key(tgid: u32, call: u32, user_stack: i32) -> MmStackKey {
     MmStackKey { tgid, call, user_stack, _pad: 0 }
