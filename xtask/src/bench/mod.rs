@@ -143,6 +143,21 @@ fn variants(breakdown: bool) -> Vec<Variant> {
                 Tracer::Vmtrace(&["--events", "faults", "--stacks", "none", "--latency-sample", "0"]),
             ),
             variant(
+                "vmtrace lean + regions",
+                "`vmtrace lean` with the regions family (`--events faults,regions`): each family's share over the lean counting",
+                Tracer::Vmtrace(&["--events", "faults,regions", "--stacks", "none", "--latency-sample", "0"]),
+            ),
+            variant(
+                "vmtrace lean + mmap/tlb",
+                "`vmtrace lean` with the mmap and TLB families (`--events faults,mmap,tlb`)",
+                Tracer::Vmtrace(&["--events", "faults,mmap,tlb", "--stacks", "none", "--latency-sample", "0"]),
+            ),
+            variant(
+                "vmtrace lean + timing",
+                "`vmtrace lean` with the default's fault timing (`--events faults --stacks none`)",
+                Tracer::Vmtrace(&["--events", "faults", "--stacks", "none"]),
+            ),
+            variant(
                 "vmtrace --stack-window 0",
                 "default with frame-pointer stacks only: no stack copied where a chain is not whole (before 2026-12-01)",
                 Tracer::Vmtrace(&["--stack-window", "0"]),
