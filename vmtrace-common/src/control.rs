@@ -10,8 +10,9 @@ pub const CONTROL_RUNNING: u32 = 1;
 pub const CONTROL_STOPPED: u32 = 2;
 
 /// Why something was dropped; index into the per-CPU `DROPS` array.
-/// A map "full" is also one whose new entry the kernel could not allocate:
-/// the per-CPU hashes are not preallocated (vmtrace/src/loader/sizes.rs).
+/// `FaultStatsFull`, `TracedFull` and `MmStatsFull` are also an entry the
+/// kernel could not allocate: `FAULT_STATS` and `MM_STATS` are not
+/// preallocated (vmtrace/src/loader/sizes.rs).
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DropKind {
