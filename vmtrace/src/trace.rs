@@ -160,6 +160,11 @@ impl Plan {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(crate::collect::session::RELEASE_ABOVE),
+            // `VMTRACE_STACK_SWEEP_MS`: the tests sweep more often.
+            stack_sweep: std::env::var("VMTRACE_STACK_SWEEP_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map_or(crate::collect::session::STACK_SWEEP, std::time::Duration::from_millis),
         }
     }
 }

@@ -190,6 +190,13 @@ pub struct PinnedTracker {
     machine: Option<Machine>,
 }
 
+impl PinnedTracker {
+    /// The user stack ids of the locking call sites (named at the end).
+    pub(crate) fn stack_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.sites.keys().filter_map(|(_, _, s)| u32::try_from(*s).ok())
+    }
+}
+
 impl Default for PinnedTracker {
     fn default() -> Self {
         Self {

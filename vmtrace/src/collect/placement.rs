@@ -54,6 +54,14 @@ impl Placement {
         self.numa.as_ref().map(NumaTracker::stack_ids).unwrap_or_default()
     }
 
+    /// Every user stack id the trackers will name at the end: NUMA
+    /// placement's and the locking call sites'.
+    pub(crate) fn stack_ids(&self) -> Vec<u32> {
+        let mut ids = self.numa_stack_ids();
+        ids.extend(self.pinned.iter().flat_map(PinnedTracker::stack_ids));
+        ids
+    }
+
     pub(crate) fn page(&mut self, ev: &PageSample) {
         if let Some(n) = self.numa.as_mut() {
             n.page(ev);

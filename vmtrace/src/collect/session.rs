@@ -81,6 +81,10 @@ const RELEASE_BUDGET: Duration = Duration::from_millis(250);
 /// them again costs more than symbolizing a slice, holding them all keeps
 /// every program ever seen mapped.
 const CLOSE_OBJECTS_EVERY: u64 = 16;
+/// How often the drained stacks nothing refers to are let go
+/// (`sweep_stacks`), and how long one is held first: a ring record or a
+/// fault in flight naming it has long been seen by then.
+pub const STACK_SWEEP: Duration = Duration::from_secs(10);
 
 /// The live snapshot: a child module, for the session's private state.
 #[path = "live.rs"]
@@ -127,6 +131,9 @@ pub struct SessionOptions {
     /// Retired processes whose maps are kept for the end before the oldest
     /// are symbolized and let go (`Session::release_some`).
     pub release_above: usize,
+    /// How often the drained stacks nothing refers to are let go, and how
+    /// long one must have been held first (`Session::sweep_stacks`).
+    pub stack_sweep: Duration,
 }
 
 impl SessionOptions {
@@ -144,6 +151,7 @@ impl SessionOptions {
             fold_below: 0.0,
             fold_processes: false,
             release_above: RELEASE_ABOVE,
+            stack_sweep: STACK_SWEEP,
         }
     }
 }
@@ -194,6 +202,8 @@ pub struct Session<S: AggregateSource> {
     /// Exited processes to release (`release_exited`), and when each exited.
     exited_to_release: Vec<(u32, Instant)>,
     last_retire: Instant,
+    /// The last sweep of the drained stacks nothing refers to (`let_go`).
+    last_sweep: Instant,
     /// The regions of the retired processes, placed.
     placed: crate::regions::Partial,
     /// Processes retired (their regions placed before the end).
@@ -423,6 +433,7 @@ impl<S: AggregateSource> Session<S> {
             forgotten_granules: Vec::new(),
             exited_to_release: Vec::new(),
             last_retire: now,
+            last_sweep: now,
             placed,
             retired: 0,
             retired_sum: (0, 0),
@@ -1420,6 +1431,12 @@ impl<S: AggregateSource> Session<S> {
                 );
             }
         }
+        if released_now
+            && self.trace.is_none()
+            && now.saturating_duration_since(self.last_sweep) >= self.opts.stack_sweep
+        {
+            self.sweep_stacks(now);
+        }
         self.fold_away();
         if released_now {
             // What was let go lies scattered through the heap, between what
@@ -1429,6 +1446,30 @@ impl<S: AggregateSource> Session<S> {
             // SAFETY: malloc_trim only returns free pages to the kernel.
             unsafe { libc::malloc_trim(0) };
         }
+    }
+
+    /// Lets go of the drained stacks nothing refers to any more
+    /// (`Drained::sweep`): what the session holds besides the counts is
+    /// every call site not folded away, every resident page and snapshot,
+    /// and what the placement trackers name at the end. (With the Perfetto
+    /// trace every stack is kept for the end: not called.)
+    fn sweep_stacks(&mut self, now: Instant) {
+        self.last_sweep = now;
+        let id = |s: i32| u32::try_from(s).ok();
+        let mut in_use: std::collections::HashSet<u32> =
+            self.retired_mm.iter().filter_map(|(k, _)| id(k.user_stack)).collect();
+        in_use.extend(self.mm_waiting.values().flatten().filter_map(|(k, _)| id(k.user_stack)));
+        if let Some(r) = self.resident.as_ref() {
+            in_use.extend(r.stack_ids(|_| true));
+        }
+        if let Some(p) = self.placement.as_ref() {
+            in_use.extend(p.stack_ids());
+        }
+        let t = Instant::now();
+        // In drains (one a tick).
+        let min_age = (self.opts.stack_sweep.as_millis() / STORM_TICK.as_millis()).max(10) as u64;
+        let swept = self.source.sweep_stacks(in_use, min_age);
+        log::debug!(target: "vmtrace::release", "swept {swept} drained stacks nothing refers to in {:?}", t.elapsed());
     }
 
     /// A storm or an OOM kill names `pid`: its row is never folded, and its
@@ -1616,6 +1657,7 @@ impl<S: AggregateSource> Session<S> {
             st.lost_not_stored = by_kind(vmtrace_common::DropKind::StackLost);
             st.lost_not_counted = by_kind(vmtrace_common::DropKind::StackCountsFull);
             (st.shared_id_faults, st.drained_stacks, _) = self.source.drained_stacks();
+            st.swept_stacks = self.source.swept_stacks();
         }
         finished.trace = trace;
         self.finish_placement(&mut finished.summary, finished.trace.as_mut());

@@ -95,6 +95,19 @@ impl Maps {
 }
 
 impl Probes {
+    /// Empties every CPU's `RECENT` slots: a slot hands out an id without
+    /// looking in `USER_STACKS`, so after ids were let go, a process walking
+    /// one of those stacks again stores it again.
+    fn clear_recent(&mut self) {
+        if let (Some(recent), Ok(n)) = (self.maps.recent.as_mut(), aya::util::nr_cpus()) {
+            for slot in 0..recent.len() {
+                if let Ok(zeros) = aya::maps::PerCpuValues::try_from(vec![[0u64; 2]; n]) {
+                    let _ = recent.set(slot, zeros, 0);
+                }
+            }
+        }
+    }
+
     /// The keys each CPU is still counting into (`STACK_CUR`), with counts
     /// not yet added to `FAULT_STACKS`.
     fn stack_keys_in_flight(&self) -> Vec<StackKey> {
@@ -345,6 +358,7 @@ impl AggregateSource for Probes {
     /// programs add to a key between its read and its removal (a few
     /// instructions' window) is lost: the stacks test measures it.
     fn drain_stacks(&mut self) -> Vec<crate::python::PyStack> {
+        self.maps.drained.next_drain();
         let keys: Vec<StackKey> = self.maps.fault_stacks.keys().filter_map(Result::ok).collect();
         let mut moved = !keys.is_empty();
         for k in keys {
@@ -385,13 +399,7 @@ impl AggregateSource for Probes {
         // First the slots, then the keys still in the kernel (counted, or
         // in flight in a CPU's `STACK_CUR`): an id handed out before the
         // slots were cleared is in one of them.
-        if let (Some(recent), Ok(n)) = (self.maps.recent.as_mut(), aya::util::nr_cpus()) {
-            for slot in 0..recent.len() {
-                if let Ok(zeros) = aya::maps::PerCpuValues::try_from(vec![[0u64; 2]; n]) {
-                    let _ = recent.set(slot, zeros, 0);
-                }
-            }
-        }
+        self.clear_recent();
         let user = |k: &StackKey| (!gone.contains(&k.tgid)).then(|| u32::try_from(k.user_stack).ok()).flatten();
         let mut kept: std::collections::HashSet<u32> =
             self.maps.fault_stacks.keys().filter_map(Result::ok).filter_map(|k| user(&k)).collect();
@@ -408,6 +416,27 @@ impl AggregateSource for Probes {
             self.maps.py_seen.remove(id);
         }
         ids.len()
+    }
+
+    fn sweep_stacks(&mut self, mut referenced: std::collections::HashSet<u32>, min_age: u64) -> usize {
+        // Counted or in flight in the kernel, or a running process's call site.
+        let id = |s: i32| u32::try_from(s).ok();
+        referenced.extend(self.maps.fault_stacks.keys().filter_map(Result::ok).filter_map(|k| id(k.user_stack)));
+        referenced.extend(self.stack_keys_in_flight().iter().filter_map(|k| id(k.user_stack)));
+        referenced.extend(self.maps.mm_stacks.keys().filter_map(Result::ok).filter_map(|k| id(k.user_stack)));
+        let ids = self.maps.drained.sweep(&referenced, min_age);
+        if !ids.is_empty() {
+            // As `forget_stacks`: no CPU hands out a forgotten id unstored.
+            self.clear_recent();
+            for id in &ids {
+                self.maps.py_seen.remove(id);
+            }
+        }
+        ids.len()
+    }
+
+    fn swept_stacks(&self) -> u64 {
+        self.maps.drained.swept
     }
 
     /// Faults counted under a stack id that two stacks came to share

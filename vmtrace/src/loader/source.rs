@@ -113,6 +113,17 @@ pub trait AggregateSource {
     fn forget_stacks(&mut self, _gone: &StackUsers, _keep: &dyn Fn(u32) -> bool) -> usize {
         0
     }
+    /// Lets go of the drained stacks nothing refers to: no count, no key
+    /// in the kernel's maps, not in `in_use` (what the session holds:
+    /// call sites, resident pages, placements), drained at least `min_age`
+    /// drains ago. Returns how many went.
+    fn sweep_stacks(&mut self, _in_use: std::collections::HashSet<u32>, _min_age: u64) -> usize {
+        0
+    }
+    /// Drained stacks `sweep_stacks` let go so far.
+    fn swept_stacks(&self) -> u64 {
+        0
+    }
     /// (faults under an id two stacks came to share, distinct stacks
     /// drained, bytes of their frames).
     fn drained_stacks(&self) -> (u64, usize, usize);

@@ -31,9 +31,15 @@ pub struct StacksSummary {
     /// across a drain (see vmtrace/src/stacks/drain.rs): shown under the first.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub shared_id_faults: u64,
-    /// Distinct user stacks moved out of the kernel map while recording.
+    /// Distinct user stacks moved out of the kernel map and still held at
+    /// the end (those of released processes, and those nothing referred
+    /// to any more, were let go while recording).
     #[serde(default, skip_serializing_if = "is_zero_usize")]
     pub drained_stacks: usize,
+    /// Drained stacks let go while recording because nothing referred to
+    /// them any more (`stacks::drain::Drained::sweep`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub swept_stacks: u64,
     /// Share of sampled user stacks with at most two frames: a sign of code
     /// built without frame pointers.
     pub shallow_user_stacks_pct: f64,

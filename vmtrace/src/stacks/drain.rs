@@ -25,6 +25,8 @@ use crate::python::PyStack;
 /// One drained user stack: its frames, and its Python frames if any.
 struct Stored {
     hash: u64,
+    /// `Drained::calls` when it was drained.
+    born: u64,
     /// Innermost first.
     ips: Box<[u64]>,
     /// Python frames (innermost first), their process and `ends` bits.
@@ -41,6 +43,10 @@ pub struct Drained {
     reused: std::collections::HashSet<u32>,
     /// Drains that moved anything.
     pub drains: u64,
+    /// Drains, whether or not they moved anything (a stack's age).
+    calls: u64,
+    /// Stacks `sweep` let go.
+    pub swept: u64,
 }
 
 impl Drained {
@@ -65,7 +71,7 @@ impl Drained {
             }
             None => {
                 let py = py.map(|p| (p.tgid, p.ends, p.frames.clone().into_boxed_slice()));
-                self.stacks.insert(id, Stored { hash, ips: ips.into(), py });
+                self.stacks.insert(id, Stored { hash, born: self.calls, ips: ips.into(), py });
                 true
             }
         }
@@ -132,6 +138,41 @@ impl Drained {
         out
     }
 
+    /// One more drain of the kernel's maps.
+    pub fn next_drain(&mut self) {
+        self.calls += 1;
+    }
+
+    /// Lets go of the stacks nothing refers to any more: under no count
+    /// drained (of any process), not in `referenced` (the kernel's keys, the
+    /// call sites, resident pages and placements the session still holds),
+    /// and drained at least `min_age` drains ago (a ring record naming one
+    /// may still be on its way). `forget_stacks` lets go of a released
+    /// process's counted stacks and call sites; a stack walked for
+    /// something the process no longer holds (the owner of a sampled page
+    /// since unmapped or freed at its exit) is in neither, and under
+    /// process churn, where every process's ids are its own, those were
+    /// most of what stayed (~1 a process; 19,463 of 20,799 held after 46 s
+    /// of `docs/scripts/churn-serve.sh`). Returns the ids let go.
+    pub fn sweep(&mut self, referenced: &std::collections::HashSet<u32>, min_age: u64) -> Vec<u32> {
+        let counted: std::collections::HashSet<u32> =
+            self.counts.values().flat_map(|m| m.keys()).filter_map(|k| u32::try_from(k.user_stack).ok()).collect();
+        let now = self.calls;
+        let mut out = Vec::new();
+        self.stacks.retain(|id, s| {
+            let keep = now.saturating_sub(s.born) < min_age || counted.contains(id) || referenced.contains(id);
+            if !keep {
+                out.push(*id);
+            }
+            keep
+        });
+        if self.stacks.capacity() > 4 * self.stacks.len().max(1024) {
+            self.stacks.shrink_to_fit();
+        }
+        self.swept += out.len() as u64;
+        out
+    }
+
     /// Faults counted under an id two stacks came to share.
     pub fn reused_faults(&self) -> u64 {
         if self.reused.is_empty() {
@@ -192,6 +233,32 @@ mod tests {
         let mut all = HashMap::new();
         d.merge_into(&mut all);
         assert_eq!(all.len(), 4, "every count stays");
+    }
+
+    #[test]
+    fn a_stack_nothing_refers_to_goes_once_it_is_old_enough() {
+        let mut d = Drained::default();
+        let c = StackCounts { faults: 1, ..StackCounts::default() };
+        // 1: counted; 2: a live page's owner (referenced); 3: nothing; 4: nothing, but new.
+        d.add_counts(key(0x4000_0001), &c);
+        for id in [0x4000_0001, 0x4000_0002, 0x4000_0003] {
+            assert!(d.add_stack(id, u64::from(id), &[u64::from(id)], None));
+        }
+        for _ in 0..10 {
+            d.next_drain();
+        }
+        assert!(d.add_stack(0x4000_0004, 4, &[4], None));
+        let referenced = [0x4000_0002].into();
+        assert_eq!(d.sweep(&referenced, 5), vec![0x4000_0003]);
+        assert_eq!(d.stacks(), 3);
+        for _ in 0..5 {
+            d.next_drain();
+        }
+        assert_eq!(d.sweep(&referenced, 5), vec![0x4000_0004]);
+        assert!(d.ips(0x4000_0001).is_some() && d.ips(0x4000_0002).is_some());
+        // Drained again later (a live process walked it once more): stored again.
+        assert!(d.add_stack(0x4000_0003, u64::from(0x4000_0003u32), &[3], None));
+        assert_eq!(d.ips(0x4000_0003), Some(vec![3]));
     }
 
     #[test]
