@@ -187,7 +187,7 @@ fn samples_carry_their_process_identity() {
         |c| (c == "train [rank 2 pod 4e5b6f1a]").then_some(11),
         None,
     );
-    assert_eq!((samples[0].frames[0].as_str(), samples[0].pid), ("train", Some(11)));
+    assert_eq!((&*samples[0].frames[0], samples[0].pid), ("train", Some(11)));
     assert!(samples[0].labels.contains(&("comm", "train".into())));
     let p = profile(FAULTS, &meta, samples);
     let s = |i: i64| p.string_table[i as usize].as_str();

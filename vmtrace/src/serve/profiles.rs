@@ -99,7 +99,7 @@ pub fn take(kind: Kind, inputs: &Inputs, snap: &LiveSnapshot, period: u64) -> Sn
 /// negative values), so a window's total can pass the difference of the
 /// counters by what those shrank.
 pub fn delta(now: &Snapshot, before: &Snapshot) -> Snapshot {
-    type Key = (Option<u32>, Vec<String>, Vec<(&'static str, String)>);
+    type Key = (Option<u32>, Vec<std::sync::Arc<str>>, Vec<(&'static str, String)>);
     let key = |s: &Sample| -> Key { (s.pid, s.frames.clone(), s.labels.clone()) };
     let old: HashMap<Key, &Vec<i64>> = before.samples.iter().map(|s| (key(s), &s.values)).collect();
     let samples = now
