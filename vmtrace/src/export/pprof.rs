@@ -560,13 +560,17 @@ pub fn gzipped(profile: &pb::Profile) -> io::Result<Vec<u8>> {
 
 /// The samples of `kind` from its folded file alone (`vmtrace report DIR`):
 /// the pid of a process frame (a name, with its identity where the
-/// recording knew one) where `pid_of` knows one, the region of a
-/// line that ends in a region leaf, and for `shootdowns` the calls of each
-/// site from `mmap.folded` (`calls`), whose lines name the same sites.
+/// recording knew one) where `pid_of` knows one, else the labels
+/// `shared_of` gives it (what the processes sharing that frame have in
+/// common: a rank's DataLoader workers share their rank's frame), the
+/// region of a line that ends in a region leaf, and for `shootdowns` the
+/// calls of each site from `mmap.folded` (`calls`), whose lines name the
+/// same sites.
 pub fn folded_samples(
     kind: Kind,
     folded: &str,
     pid_of: impl Fn(&str) -> Option<u32>,
+    shared_of: impl Fn(&str) -> Vec<(&'static str, String)>,
     calls: Option<&str>,
 ) -> Vec<Sample> {
     let calls: HashMap<&str, u64> = calls.map(|c| parse_folded(c).collect()).unwrap_or_default();
@@ -579,7 +583,12 @@ pub fn folded_samples(
             if kind == SHOOTDOWNS {
                 values.push(calls.get(line).copied().unwrap_or(0) as i64);
             }
-            sample(kind, line, pid_of(comm), leaf, values)
+            let pid = pid_of(comm);
+            let mut s = sample(kind, line, pid, leaf, values);
+            if pid.is_none() {
+                s.labels.extend(shared_of(comm));
+            }
+            s
         })
         .collect()
 }

@@ -112,7 +112,7 @@ fn builder_keeps_each_string_function_location_and_mapping_once() {
 fn written_profiles_decode_with_their_totals() {
     let dir = tempfile::tempdir().unwrap();
     let folded = "train;main;load;[file /w.bin] 9\ntrain;main;init 3\nworker;run 5\n";
-    let samples = folded_samples(FAULT_TIME, folded, |c| (c == "train").then_some(11), None);
+    let samples = folded_samples(FAULT_TIME, folded, |c| (c == "train").then_some(11), |_| Vec::new(), None);
     let meta = Meta {
         period: 4,
         comment: "fault time",
@@ -152,13 +152,13 @@ fn written_profiles_decode_with_their_totals() {
 fn shootdowns_carry_their_sites_calls() {
     let mmap = "a;f;[munmap] 10\na;g;[mmap] 4\n";
     let shoot = "a;f;[munmap] 30\n";
-    let s = folded_samples(SHOOTDOWNS, shoot, |_| None, Some(mmap));
+    let s = folded_samples(SHOOTDOWNS, shoot, |_| None, |_| Vec::new(), Some(mmap));
     assert_eq!(s.len(), 1);
     assert_eq!(s[0].values, [30, 10]);
     assert!(s[0].labels.contains(&("syscall", "munmap".into())));
     // No region is read into a syscall leaf.
     assert!(!s[0].labels.iter().any(|l| l.0 == "region"));
-    assert_eq!(folded_samples(MMAP, mmap, |_| None, None).iter().map(|s| s.values[0]).sum::<i64>(), 14);
+    assert_eq!(folded_samples(MMAP, mmap, |_| None, |_| Vec::new(), None).iter().map(|s| s.values[0]).sum::<i64>(), 14);
 }
 
 #[test]
@@ -171,7 +171,8 @@ fn samples_carry_their_process_identity() {
     };
     let ids: crate::export::pprof::Identities = [(11, &id)].into_iter().collect();
     let meta = Meta { period: 1, comment: "", duration_s: 1.0, main: "train", identities: &ids };
-    let samples = folded_samples(FAULTS, "train;main 9\nworker;run 5\n", |c| (c == "train").then_some(11), None);
+    let samples =
+        folded_samples(FAULTS, "train;main 9\nworker;run 5\n", |c| (c == "train").then_some(11), |_| Vec::new(), None);
     let p = profile(FAULTS, &meta, samples);
     let s = |i: i64| p.string_table[i as usize].as_str();
     let labels = |i: usize| p.sample[i].label.iter().map(|l| format!("{}={}", s(l.key), s(l.str))).collect::<Vec<_>>();
@@ -185,6 +186,7 @@ fn samples_carry_their_process_identity() {
         FAULTS,
         "train [rank 2 pod 4e5b6f1a];main 9\n",
         |c| (c == "train [rank 2 pod 4e5b6f1a]").then_some(11),
+        |_| Vec::new(),
         None,
     );
     assert_eq!((&*samples[0].frames[0], samples[0].pid), ("train", Some(11)));

@@ -366,19 +366,39 @@ fn recorded(s: &Summary) -> String {
     }
 }
 
+/// Labels by process frame (`model::identity::named`), for a frame
+/// several processes share.
+type SharedLabels = std::collections::HashMap<String, Vec<(&'static str, String)>>;
+
+/// The pid of each process frame the folded files name, and for a frame
+/// several processes share (a rank's DataLoader workers share their rank's)
+/// the identity labels all of them have: their samples keep their rank,
+/// pod and container, not none.
+fn process_frames(s: &Summary) -> (std::collections::HashMap<String, u32>, SharedLabels) {
+    let mut pids: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
+    let mut shared = SharedLabels::new();
+    for p in &s.processes {
+        let frame = crate::model::identity::named(&p.comm, Some(&p.identity)).into_owned();
+        let labels = p.identity.labels();
+        if let Some(common) = shared.get_mut(&frame) {
+            common.retain(|l| labels.contains(l));
+        } else if let Some(first) = pids.get(&frame).filter(|first| **first != p.pid) {
+            let theirs = s.processes.iter().find(|q| q.pid == *first).map(|q| q.identity.labels()).unwrap_or_default();
+            shared.insert(frame, theirs.into_iter().filter(|l| labels.contains(l)).collect());
+        } else {
+            pids.insert(frame, p.pid);
+        }
+    }
+    pids.retain(|c, _| !shared.contains_key(c));
+    (pids, shared)
+}
+
 /// The pprof profiles of a recorded directory, from its folded files: a
 /// process's pid where only one process had its process frame (its name,
 /// with its rank, pod and container where known: `stacks::tree`).
+/// A frame several processes share keeps the labels they have in common.
 fn rebuild_profiles(w: &mut Writer, s: &Summary) {
-    let mut pids: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
-    let mut shared: std::collections::HashSet<String> = std::collections::HashSet::new();
-    for p in &s.processes {
-        let frame = crate::model::identity::named(&p.comm, Some(&p.identity)).into_owned();
-        if pids.insert(frame.clone(), p.pid).is_some_and(|other| other != p.pid) {
-            shared.insert(frame);
-        }
-    }
-    pids.retain(|c, _| !shared.contains(c));
+    let (pids, shared) = process_frames(s);
     let calls = fs::read_to_string(w.dir.join("mmap.folded")).ok();
     for kind in pprof::ALL {
         let Ok(f) = fs::read_to_string(w.dir.join(format!("{}.folded", kind.stem))) else { continue };
@@ -395,7 +415,12 @@ fn rebuild_profiles(w: &mut Writer, s: &Summary) {
             identities: &identities(s),
         };
         w.pprof(kind, || {
-            pprof::profile(kind, &meta, pprof::folded_samples(kind, &f, |c| pids.get(c).copied(), calls.as_deref()))
+            let shared_of = |c: &str| shared.get(c).cloned().unwrap_or_default();
+            pprof::profile(
+                kind,
+                &meta,
+                pprof::folded_samples(kind, &f, |c| pids.get(c).copied(), shared_of, calls.as_deref()),
+            )
         });
     }
 }
@@ -403,6 +428,33 @@ fn rebuild_profiles(w: &mut Writer, s: &Summary) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_frame_several_processes_share_keeps_the_labels_they_have_in_common() {
+        let mut s = crate::model::fold::tests::summary();
+        let rank = |r, l| crate::model::identity::Rank { rank: Some(r), local_rank: Some(l), world_size: Some(8) };
+        let pod = "1f2e3d4c-0000-4000-8000-000000000001".to_string();
+        // A rank's main process and its DataLoader worker share a frame
+        // (comm and rank/pod/container); another rank has its own.
+        for (p, (r, local, cgroup)) in s.processes.iter_mut().zip([(0, 0, "/a"), (0, 1, "/b"), (1, 1, "/b")]) {
+            p.comm = "python3".into();
+            p.identity.rank = Some(rank(r, local));
+            p.identity.pod_uid = Some(pod.clone());
+            p.identity.cgroup = Some(cgroup.into());
+        }
+        let (main, worker, other) = (s.processes[0].pid, s.processes[1].pid, s.processes[2].pid);
+        let (pids, shared) = process_frames(&s);
+        let frame = |pid| {
+            let p = s.processes.iter().find(|p| p.pid == pid).unwrap();
+            crate::model::identity::named(&p.comm, Some(&p.identity)).into_owned()
+        };
+        assert_eq!(frame(main), frame(worker));
+        assert_eq!(pids.get(&frame(other)), Some(&other), "its own frame: its pid");
+        assert!(!pids.contains_key(&frame(main)), "a shared frame has no pid");
+        let mut common = shared[&frame(main)].clone();
+        common.sort();
+        assert_eq!(common, [("pod_uid", pod), ("rank", "0".into()), ("world_size", "8".into())]);
+    }
 
     #[test]
     fn a_file_that_fails_is_named_and_the_rest_are_still_written() {
