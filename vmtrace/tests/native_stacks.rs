@@ -36,42 +36,13 @@ fn check_endings(run: &Run, min_root: f64) {
     assert!(unwound > dropped, "{unwound} samples unwound, {dropped} dropped: {st}");
 }
 
-const NOFP_C: &str = r#"
-#include <stdlib.h>
-#include <sys/mman.h>
-#define SIZE (32UL << 20)
-__attribute__((noinline)) void leaf_touch(volatile char *p, size_t n) {
-    for (size_t i = 0; i < n; i += 4096) p[i] = (char)i;
-}
-__attribute__((noinline)) void mid_layer(char *p, size_t n, int depth) {
-    if (depth > 0) { mid_layer(p, n, depth - 1); __asm__ volatile("" ::: "memory"); return; }
-    leaf_touch(p, n);
-}
-__attribute__((noinline)) void outer_layer(size_t n) {
-    char *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) exit(2);
-    madvise(p, n, MADV_NOHUGEPAGE);
-    mid_layer(p, n, 3);
-    munmap(p, n);
-}
-int main(void) { for (int i = 0; i < 2; i++) outer_layer(SIZE); return 0; }
-"#;
-
 /// Every frame of a program built without frame pointers, from the fault
 /// to `main` and on to `_start`: a frame-pointer walk names only the leaf.
 #[test]
 fn omitted_frame_pointers_unwind_to_main() {
     privileged!();
     let dir = disk_dir();
-    let (src, bin) = (dir.path().join("nofp.c"), dir.path().join("nofp"));
-    std::fs::write(&src, NOFP_C).unwrap();
-    let ok = Command::new("cc")
-        .args(["-O2", "-fomit-frame-pointer", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .status()
-        .expect("a C compiler (cc) is needed for the stack tests");
-    assert!(ok.success(), "compiling the C workload failed");
+    let bin = compile_c_with("nofp.c", &["-O2", "-fomit-frame-pointer"], dir.path());
     let run = record(&["--stacks", "user", "--stack-sample", "4"], &[bin.to_str().unwrap()]);
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let f = folded(&run, "faults.folded");

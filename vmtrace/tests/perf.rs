@@ -22,7 +22,18 @@ fn software_counters_agree_with_getrusage_and_vmtrace() {
     let truth: u64 =
         run.reports.iter().filter(|r| r.role != "parent").map(|r| r.minflt).sum::<u64>() + run.report("parent").minflt;
     assert_close("kernel minor-fault counter vs getrusage", u(&p["kernel_minor_faults"]), truth, 1.0);
-    assert_eq!(u(&p["kernel_major_faults"]), run.reports.iter().map(|r| r.majflt).sum::<u64>());
+    // Majors against vmtrace's own count over the whole run, and at least
+    // what the workloads reported: a report is read before the exit path
+    // runs, which may still fault pages in from disk (under the vmtest VMs,
+    // whose files come over 9p, it does: 18 against 7 reported on arm64
+    // 6.12), as in tests/record.rs.
+    let reported: u64 = run.reports.iter().map(|r| r.majflt).sum();
+    assert_eq!(u(&p["kernel_major_faults"]), u(&run.summary["totals"]["major"]), "the kernel's majors = vmtrace's");
+    assert!(
+        u(&p["kernel_major_faults"]) >= reported,
+        "kernel majors {} < reported {reported}",
+        p["kernel_major_faults"]
+    );
     assert_close(
         "vmtrace total vs kernel counters",
         u(&run.summary["totals"]["total"]),

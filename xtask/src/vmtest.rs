@@ -55,8 +55,39 @@ const TESTS: &[(&str, &str)] = &[
 ];
 
 /// Tests run in each arm64 guest (TCG emulation of arm64 is slow): the
-/// fault count against getrusage.
-const ARM64_TESTS: &[(&str, &str)] = &[("record", "first_touch_total_equals_getrusage")];
+/// fault count against getrusage, regions, memcg OOM kills, user stacks of
+/// code built without frame pointers, and the perf counters.
+const ARM64_TESTS: &[(&str, &str)] = &[
+    ("record", "first_touch_total_equals_getrusage"),
+    ("regions", "anonymous_region_counts_every_page"),
+    ("regions", "unmapped_mapping_and_short_lived_child_keep_their_faults"),
+    ("oom", "memcg_oom"),
+    ("native_stacks", "omitted_frame_pointers_unwind_to_main"),
+    // Debian's arm64 CPython 3.11, laid out as pyenv's (`arm64_python`).
+    ("python_frames", "python_3_11_faults_are_named_by_line"),
+    ("perf", ""),
+];
+
+/// The C fixtures (vmtrace/tests/fixtures) the arm64 tests compile, with the
+/// flags the tests give `compile_c_with`: the guest has no compiler, so they
+/// are cross-built on the host and the tests pick them up through
+/// `VMTRACE_PREBUILT_FIXTURES`.
+const ARM64_FIXTURES: &[(&str, &[&str])] =
+    &[("oom_grow.c", &["-O0", "-fno-omit-frame-pointer"]), ("nofp.c", &["-O2", "-fomit-frame-pointer"])];
+
+/// Cross-builds [`ARM64_FIXTURES`] into `out` (under the workspace, which the
+/// guest sees at its own path).
+fn cross_fixtures(root: &Path, out: &Path, arch: Arch) -> Result<()> {
+    let (gcc, _, _) = crate::cross_gcc(arch);
+    fs::create_dir_all(out)?;
+    for (name, flags) in ARM64_FIXTURES {
+        let src = root.join("vmtrace/tests/fixtures").join(name);
+        let bin = out.join(name.trim_end_matches(".c"));
+        crate::run(Command::new(gcc).args(*flags).arg("-o").arg(&bin).arg(&src))
+            .with_context(|| format!("cross-building the fixture {name}"))?;
+    }
+    Ok(())
+}
 
 /// Debian package name pattern per kernel series.
 fn package_pattern(series: &str, arch: Arch) -> Result<&'static str> {
@@ -224,8 +255,49 @@ fn arm64_rootfs(work: &Path, root: &Path) -> Result<PathBuf> {
     for d in ["mnt", "proc", "sys", "dev", "tmp"] {
         fs::create_dir_all(dir.join(d))?;
     }
+    arm64_python(work, &dir)?;
     fs::create_dir_all(dir.join(root.strip_prefix("/").unwrap_or(root)))?;
     Ok(dir)
+}
+
+/// Where the arm64 guest's pyenv root is (`PYENV_ROOT`, in the guest).
+const ARM64_PYENV_ROOT: &str = "/opt/pyenv";
+
+/// Debian's arm64 CPython 3.11 in the arm64 userspace (`python3.11-minimal`,
+/// its standard library's core, expat and zlib, unpacked as libc6 is), and a
+/// pyenv-like `versions/3.11.N/bin/python3.11` link to it under
+/// [`ARM64_PYENV_ROOT`], where the Python-frame tests look for their
+/// interpreters.
+fn arm64_python(work: &Path, dir: &Path) -> Result<()> {
+    let python = dir.join("usr/bin/python3.11");
+    let debs = work.join("debs-arm64-python");
+    let have_deb = fs::read_dir(&debs).is_ok_and(|d| {
+        d.filter_map(Result::ok).any(|e| e.file_name().to_string_lossy().starts_with("python3.11-minimal_"))
+    });
+    if !python.exists() || !have_deb {
+        eprintln!("xtask: adding Debian's arm64 python3.11 to the guest userspace");
+        let _ = fs::remove_dir_all(&debs);
+        fs::create_dir_all(&debs)?;
+        sh(&format!(
+            "cd '{}' && apt-get download python3.11-minimal:arm64 libpython3.11-minimal:arm64 libexpat1:arm64 zlib1g:arm64 2>/dev/null \
+             && for d in *.deb; do dpkg-deb -x $d '{}'; done",
+            debs.display(),
+            dir.display()
+        ))?;
+    }
+    // 3.11.2-6+deb12u6 → 3.11.2, as pyenv names its versions.
+    let version = sh(&format!("dpkg-deb -f '{}'/python3.11-minimal_*.deb Version", debs.display()))?;
+    let version = version.trim().split(['-', '+']).next().unwrap_or_default().to_string();
+    if !version.starts_with("3.11.") {
+        bail!("python3.11-minimal:arm64 has version `{version}`");
+    }
+    let bin = dir.join(ARM64_PYENV_ROOT.trim_start_matches('/')).join("versions").join(&version).join("bin");
+    fs::create_dir_all(&bin)?;
+    let link = bin.join("python3.11");
+    if fs::symlink_metadata(&link).is_err() {
+        std::os::unix::fs::symlink("/usr/bin/python3.11", &link)?;
+    }
+    Ok(())
 }
 
 /// Test binaries built by `cargo test --no-run`, by name (for arm64: cross-built, only `names`).
@@ -282,6 +354,10 @@ fn run_guest(root: &Path, work: &Path, bins: &[(String, PathBuf)], series: &str,
     let vmtrace = args.arch.binary(root);
     let mut script =
         String::from("set -u\nexport PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp VMTRACE_TEST_SCALE=10\n");
+    if args.arch == Arch::Arm64 {
+        let _ = writeln!(script, "export VMTRACE_PREBUILT_FIXTURES='{}'", work.join("fixtures").display());
+        let _ = writeln!(script, "export PYENV_ROOT={ARM64_PYENV_ROOT}");
+    }
     let _ = writeln!(script, "uname -r > /mnt/uname\n'{}' check > /mnt/check 2>&1", vmtrace.display());
     let _ = writeln!(script, "fail=0");
     for (bin, test) in if args.arch == Arch::Arm64 { ARM64_TESTS } else { TESTS } {
@@ -295,8 +371,13 @@ fn run_guest(root: &Path, work: &Path, bins: &[(String, PathBuf)], series: &str,
     }
     fs::write(xchg.join("run.sh"), script)?;
     // Where the tests write inside the read-only host: cargo's test tmpdir.
-    fs::write(xchg.join("writable"), format!("{}\n", root.join("target/tmp").display()))?;
-    fs::create_dir_all(root.join("target/tmp"))?;
+    // (CARGO_TARGET_TMPDIR: target/tmp, or target/TRIPLE/tmp for a cross build.)
+    let tmp = match args.arch {
+        Arch::X86_64 => root.join("target/tmp"),
+        Arch::Arm64 => root.join("target").join(args.arch.triple()).join("tmp"),
+    };
+    fs::write(xchg.join("writable"), format!("{}\n", tmp.display()))?;
+    fs::create_dir_all(&tmp)?;
     let vmlinuz = kdir.join(format!("boot/vmlinuz-{release}"));
     eprintln!("xtask: booting {release} under qemu (TCG)");
     let t0 = Instant::now();
@@ -412,8 +493,12 @@ pub fn run(root: &Path, args: &VmtestArgs) -> Result<Vec<Outcome>> {
     };
     fs::create_dir_all(&work)?;
     let series: Vec<&str> = if args.kernel == "all" { vec!["6.1", "6.12"] } else { vec![args.kernel.as_str()] };
-    let names: Vec<&str> = ARM64_TESTS.iter().map(|(n, _)| *n).collect();
+    let mut names: Vec<&str> = ARM64_TESTS.iter().map(|(n, _)| *n).collect();
+    names.dedup();
     let bins = test_binaries(root, args.arch, &names)?;
+    if args.arch == Arch::Arm64 {
+        cross_fixtures(root, &work.join("fixtures"), args.arch)?;
+    }
     let mut out = Vec::new();
     for s in series {
         out.push(run_guest(root, &work, &bins, s, args)?);

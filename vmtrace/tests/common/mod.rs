@@ -492,13 +492,23 @@ pub fn torch_python() -> Option<std::path::PathBuf> {
 /// Compiles the C fixture `name` (-O0, frame pointers: every function keeps
 /// its frame, so its stacks name it) into `dir`; returns the binary.
 pub fn compile_c(name: &str, dir: &std::path::Path) -> std::path::PathBuf {
-    let bin = dir.join(name.trim_end_matches(".c"));
-    let ok = Command::new("cc")
-        .args(["-O0", "-fno-omit-frame-pointer", "-o"])
-        .arg(&bin)
-        .arg(fixture(name))
-        .status()
-        .expect("a C compiler (cc)");
+    compile_c_with(name, &["-O0", "-fno-omit-frame-pointer"], dir)
+}
+
+/// Compiles the C fixture `name` with `flags` into `dir`; returns the
+/// binary. Where `VMTRACE_PREBUILT_FIXTURES` names a directory (a guest
+/// without a compiler: `cargo xtask vmtest --arch arm64` cross-builds the
+/// fixtures its tests use, with the same flags, before booting), the binary
+/// built there is used instead, and its absence fails the test.
+pub fn compile_c_with(name: &str, flags: &[&str], dir: &std::path::Path) -> std::path::PathBuf {
+    let stem = name.trim_end_matches(".c");
+    if let Some(prebuilt) = std::env::var_os("VMTRACE_PREBUILT_FIXTURES") {
+        let bin = std::path::Path::new(&prebuilt).join(stem);
+        assert!(bin.exists(), "VMTRACE_PREBUILT_FIXTURES: no prebuilt {} ({name} {flags:?})", bin.display());
+        return bin;
+    }
+    let bin = dir.join(stem);
+    let ok = Command::new("cc").args(flags).arg("-o").arg(&bin).arg(fixture(name)).status().expect("a C compiler (cc)");
     assert!(ok.success(), "compiling {name} failed");
     bin
 }
