@@ -419,18 +419,18 @@ impl AggregateSource for Probes {
     }
 
     fn sweep_stacks(&mut self, mut referenced: std::collections::HashSet<u32>, min_age: u64) -> usize {
-        // Counted or in flight in the kernel, or a running process's call site.
+        // As `forget_stacks`: first the slots (no CPU hands out an id
+        // unstored from then on), then the keys still in the kernel, where
+        // an id handed out before is: counted or in flight, or a running
+        // process's call site.
+        self.clear_recent();
         let id = |s: i32| u32::try_from(s).ok();
         referenced.extend(self.maps.fault_stacks.keys().filter_map(Result::ok).filter_map(|k| id(k.user_stack)));
         referenced.extend(self.stack_keys_in_flight().iter().filter_map(|k| id(k.user_stack)));
         referenced.extend(self.maps.mm_stacks.keys().filter_map(Result::ok).filter_map(|k| id(k.user_stack)));
         let ids = self.maps.drained.sweep(&referenced, min_age);
-        if !ids.is_empty() {
-            // As `forget_stacks`: no CPU hands out a forgotten id unstored.
-            self.clear_recent();
-            for id in &ids {
-                self.maps.py_seen.remove(id);
-            }
+        for id in &ids {
+            self.maps.py_seen.remove(id);
         }
         ids.len()
     }
