@@ -12,6 +12,7 @@ pub mod cli;
 mod collect;
 pub mod demo;
 pub mod export;
+pub mod hash;
 pub mod identity;
 pub mod kernel;
 pub mod loader;

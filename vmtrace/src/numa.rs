@@ -233,7 +233,7 @@ impl NumaTracker {
             topo,
             vmstat_start: vmstat_numa(),
             pending: Vec::new(),
-            procs: HashMap::new(),
+            procs: HashMap::default(),
             last_maps: None,
             stale: std::collections::BTreeSet::new(),
             points: None,
@@ -336,7 +336,7 @@ impl NumaTracker {
         if self.pending.is_empty() {
             return;
         }
-        let mut by_pid: HashMap<u32, Vec<(u64, u32, i32)>> = HashMap::new();
+        let mut by_pid: HashMap<u32, Vec<(u64, u32, i32)>> = HashMap::default();
         for (tgid, addr, cpu, stack) in self.pending.drain(..) {
             by_pid.entry(tgid).or_default().push((addr, cpu, stack));
         }

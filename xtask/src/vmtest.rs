@@ -29,8 +29,9 @@ pub struct VmtestArgs {
     /// its output lands in target/vmtest/xchg-RELEASE/).
     #[arg(long)]
     pub script: Option<PathBuf>,
-    /// Minutes before a guest is given up on.
-    #[arg(long, default_value_t = 30)]
+    /// Minutes before a guest is given up on. A TCG guest runs at half its
+    /// speed beside a build: 6.1's tests took more than 30 minutes so.
+    #[arg(long, default_value_t = 60)]
     pub timeout_min: u64,
     /// Guest architecture: x86_64 (the host's userspace over 9p), or arm64
     /// (Debian's arm64 kernel under qemu-system-aarch64, a minimal arm64

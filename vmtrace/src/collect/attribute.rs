@@ -1,7 +1,8 @@
 //! Region attribution: the kernel's per-granule fault counts placed in the
 //! regions each process had mapped, then summed per file.
 use super::{process::ProcessTable, AggregateSource};
-use std::collections::{HashMap, HashSet};
+use crate::hash::{HashMap, HashSet};
+use std::sync::Arc;
 
 use vmtrace_common::{GranuleCounts, GranuleKey};
 
@@ -17,11 +18,12 @@ fn shares_after_fork(table: &ProcessTable, parents: &HashSet<u32>, pid: u32) -> 
 }
 
 /// The address space `pid` started from: its parent's at the fork, replayed
-/// (a chain of forks at most `depth` long). Replays are kept in `memo` by
-/// what decides them: the children a shell forks one after the other start
-/// from one replay of the shell's history, not one each (the replays were
-/// a tenth of the collector's time beside a shell loop).
-fn start_of(table: &ProcessTable, pid: u32, depth: u32, memo: &StartMemo) -> Option<Vec<Region>> {
+/// (a chain of forks at most `depth` long). Replays are kept in `starts`:
+/// the children a shell forks one after the other start from one replay of
+/// the shell's history, not one each (the replays were a tenth of the
+/// collector's time beside a shell loop), across the slices and ticks that
+/// place them.
+fn start_of(table: &ProcessTable, pid: u32, depth: u32, starts: &mut Starts) -> Option<Start> {
     let fork = table.get(pid)?.history.forked_from?;
     let (ppid, gen) = (fork.parent, fork.gen);
     let parent = table.get(ppid)?;
@@ -29,19 +31,62 @@ fn start_of(table: &ProcessTable, pid: u32, depth: u32, memo: &StartMemo) -> Opt
     if depth == 0 || parent.history.is_empty() {
         return None;
     }
-    let key = (ppid, gen, depth, regions::history::kept_at_fork(&parent.history, (gen, fork.at_ns)));
-    if let Some(r) = memo.borrow().get(&key) {
+    let start = start_of(table, ppid, depth - 1, starts);
+    let key = StartKey {
+        parent: ppid,
+        gen,
+        depth,
+        kept: regions::history::kept_at_fork(&parent.history, (gen, fork.at_ns)),
+        changes: parent.history.changes(),
+        maps: (parent.maps.len(), parent.maps_read),
+        from: start.as_ref().map_or(0, |(id, _)| *id),
+    };
+    if let Some(r) = starts.memo.get(&key) {
+        starts.hits += 1;
         return r.clone();
     }
-    let start = start_of(table, ppid, depth - 1, memo);
-    let r = Some(regions::regions_at(&parent.history, start, (gen, fork.at_ns), &parent.maps));
-    memo.borrow_mut().insert(key, r.clone());
+    let replayed =
+        regions::regions_at(&parent.history, start.as_ref().map(|(_, r)| &**r), (gen, fork.at_ns), &parent.maps);
+    if starts.memo.len() >= STARTS_KEPT {
+        starts.memo.clear();
+    }
+    starts.next_id += 1;
+    let r = Some((starts.next_id, Arc::from(replayed)));
+    starts.memo.insert(key, r.clone());
     r
 }
 
-/// Replayed starts, by (parent, generation, depth, the parent's entries of
-/// that generation the fork keeps); valid while the table does not change.
-type StartMemo = std::cell::RefCell<HashMap<(u32, u32, u32, Vec<usize>), Option<Vec<Region>>>>;
+/// What decides a replayed start: the parent, the fork's generation, the
+/// parent's entries of that generation the fork keeps, the depth of the
+/// chain, the parent's log and maps as they were (its count of changes,
+/// its maps' length and last read), and the start its own replay began
+/// from (an id each replay gets).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct StartKey {
+    parent: u32,
+    gen: u32,
+    depth: u32,
+    kept: Vec<usize>,
+    changes: u64,
+    maps: (usize, Option<std::time::Instant>),
+    from: u64,
+}
+
+/// Replays kept at once, at most: a parent's address space is tens of KB,
+/// and a loop forks from the same few.
+const STARTS_KEPT: usize = 128;
+
+/// A replayed start and the id it was given.
+type Start = (u64, Arc<[Region]>);
+
+/// Replayed starts of forked processes, kept between placements.
+#[derive(Default)]
+pub(crate) struct Starts {
+    memo: HashMap<StartKey, Option<Start>>,
+    next_id: u64,
+    /// Starts found already replayed.
+    pub hits: u64,
+}
 
 /// Faults per region of the processes `wanted` picks (`top` while running:
 /// the live ones, not every process the trace has seen), then per file and
@@ -49,12 +94,13 @@ type StartMemo = std::cell::RefCell<HashMap<(u32, u32, u32, Vec<usize>), Option<
 pub(crate) fn build_regions_of(
     table: &mut ProcessTable,
     source: &impl AggregateSource,
+    starts: &mut Starts,
     wanted: impl Fn(u32) -> bool,
 ) -> Attributed {
     let mut partial = Partial::new(weighted_time(source));
     let mut granules = source.all_granules();
     granules.retain(|(k, _)| wanted(k.tgid));
-    place_into(&mut partial, table, &granules);
+    place_into(&mut partial, table, starts, &granules);
     finish(partial, source)
 }
 
@@ -66,7 +112,12 @@ pub(crate) fn weighted_time(source: &impl AggregateSource) -> bool {
 }
 
 /// Places `granules` in the regions of their processes, into `partial`.
-pub(crate) fn place_into(partial: &mut Partial, table: &mut ProcessTable, granules: &[(GranuleKey, GranuleCounts)]) {
+pub(crate) fn place_into(
+    partial: &mut Partial,
+    table: &mut ProcessTable,
+    starts: &mut Starts,
+    granules: &[(GranuleKey, GranuleCounts)],
+) {
     // Processes whose maps were never read (e.g. with -a) are read now if alive.
     let mut pids: Vec<u32> = granules.iter().map(|(k, _)| k.tgid).collect();
     pids.dedup();
@@ -77,11 +128,10 @@ pub(crate) fn place_into(partial: &mut Partial, table: &mut ProcessTable, granul
     }
     let table = &*table;
     let parents: HashSet<u32> = table.iter().filter_map(|(_, p)| p.ppid).collect();
-    let memo = StartMemo::default();
     partial.add(granules, |pid| {
         table.get(pid).map(|p| ProcessInput {
             history: &p.history,
-            start: start_of(table, pid, 16, &memo),
+            start: start_of(table, pid, 16, starts).map(|(_, r)| r),
             final_maps: &p.maps,
             shares_after_fork: shares_after_fork(table, &parents, pid),
         })
@@ -91,7 +141,7 @@ pub(crate) fn place_into(partial: &mut Partial, table: &mut ProcessTable, granul
 /// The files and tensors of what `partial` placed, with what the kernel
 /// counted of their page cache; the regions costliest in fault time first.
 pub(crate) fn finish(partial: Partial, source: &impl AggregateSource) -> Attributed {
-    let mut chunks: HashMap<(u32, u64), Vec<(u64, u64)>> = HashMap::new();
+    let mut chunks: HashMap<(u32, u64), Vec<(u64, u64)>> = HashMap::default();
     for (k, pages) in source.page_cache_chunks() {
         chunks.entry((k.dev, k.ino)).or_default().push((u64::from(k.chunk), pages));
     }

@@ -189,15 +189,15 @@ impl AggregateSource for FakeSource {
         self.stack_counts.clone()
     }
 
-    fn stack_keys_of(&self, tgids: &std::collections::HashSet<u32>) -> Vec<StackKey> {
+    fn stack_keys_of(&self, tgids: &crate::hash::HashSet<u32>) -> Vec<StackKey> {
         self.stack_counts.iter().map(|(k, _)| *k).filter(|k| tgids.contains(&k.tgid)).collect()
     }
 
-    fn stacks_in_flight(&self) -> std::collections::HashSet<u32> {
-        std::collections::HashSet::new()
+    fn stacks_in_flight(&self) -> crate::hash::HashSet<u32> {
+        crate::hash::HashSet::default()
     }
 
-    fn take_stack_counts(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(StackKey, StackCounts)> {
+    fn take_stack_counts(&mut self, tgids: &crate::hash::HashSet<u32>) -> Vec<(StackKey, StackCounts)> {
         let (out, kept) =
             std::mem::take(&mut self.stack_counts).into_iter().partition(|(k, _)| tgids.contains(&k.tgid));
         self.stack_counts = kept;
@@ -208,7 +208,7 @@ impl AggregateSource for FakeSource {
         self.mm_stacks.clone()
     }
 
-    fn take_mm_stacks(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(MmStackKey, MmStackCounts)> {
+    fn take_mm_stacks(&mut self, tgids: &crate::hash::HashSet<u32>) -> Vec<(MmStackKey, MmStackCounts)> {
         let (taken, kept) = std::mem::take(&mut self.mm_stacks).into_iter().partition(|(k, _)| tgids.contains(&k.tgid));
         self.mm_stacks = kept;
         taken
@@ -226,7 +226,7 @@ impl AggregateSource for FakeSource {
         self.granules.clone()
     }
 
-    fn take_granules(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(GranuleKey, GranuleCounts)> {
+    fn take_granules(&mut self, tgids: &crate::hash::HashSet<u32>) -> Vec<(GranuleKey, GranuleCounts)> {
         let (taken, kept) = std::mem::take(&mut self.granules).into_iter().partition(|(k, _)| tgids.contains(&k.tgid));
         self.granules = kept;
         taken
@@ -275,8 +275,8 @@ impl AggregateSource for FakeSource {
         (0, 0, 0)
     }
 
-    fn granules_in_flight(&self) -> std::collections::HashSet<u32> {
-        std::collections::HashSet::new()
+    fn granules_in_flight(&self) -> crate::hash::HashSet<u32> {
+        crate::hash::HashSet::default()
     }
 
     fn map_gen(&self, _tgid: u32) -> Option<u32> {

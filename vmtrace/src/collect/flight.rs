@@ -23,7 +23,7 @@ pub(crate) struct FlightRecorder {
 
 impl FlightRecorder {
     pub(crate) fn new(now: Instant) -> Self {
-        Self { history: HashMap::new(), last_sample: now, ooms: Vec::new() }
+        Self { history: HashMap::default(), last_sample: now, ooms: Vec::new() }
     }
 
     /// Whether the next sample is due at `now`.

@@ -11,7 +11,8 @@
 //! stacks of the folded, not with how many came and went, so a recording
 //! under process churn stays bounded (issue #31) while every count still
 //! adds up in the summary and each flamegraph keeps its names.
-use std::collections::{BTreeMap, HashMap};
+use crate::hash::HashMap;
+use std::collections::BTreeMap;
 
 use crate::{
     model::{fold, MmSite, Process},
@@ -206,7 +207,7 @@ impl FoldedAway {
     /// Adds a process's row (as the summary would list it).
     pub(crate) fn add_row(&mut self, p: &Process) {
         let row = self.row.get_or_insert_with(|| fold::empty_other(p.kernel_accounting.is_some()));
-        let mut one = HashMap::new();
+        let mut one = HashMap::default();
         fold::add_to_other(row, p, &mut one);
         for (name, n) in one {
             let name = if self.names.len() < MAX_NAMES || self.names.contains_key(&name) {

@@ -27,7 +27,7 @@ impl<S: AggregateSource> Session<S> {
         let (stats, mm): (Vec<(u32, FaultStats)>, HashMap<u32, MmStats>) = match scope {
             LiveScope::Running => (
                 self.source.all_stats(),
-                if self.opts.families.tlb { self.source.all_mm().into_iter().collect() } else { HashMap::new() },
+                if self.opts.families.tlb { self.source.all_mm().into_iter().collect() } else { HashMap::default() },
             ),
             LiveScope::WholeTrace => {
                 let mut stats: BTreeMap<u32, FaultStats> = self.stats_totals();

@@ -202,7 +202,7 @@ impl Default for PinnedTracker {
         Self {
             page: page_size(),
             procs: BTreeMap::new(),
-            sites: HashMap::new(),
+            sites: HashMap::default(),
             failures: Vec::new(),
             last_status: None,
             machine: None,

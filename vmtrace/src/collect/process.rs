@@ -199,7 +199,7 @@ impl ProcessTable {
     /// An exited process whose faults are placed: its mapping log goes.
     /// Lets go of the memory maps of retired processes whose stacks were
     /// symbolized: what is kept of them is their counts and identity.
-    pub(crate) fn release(&mut self, pids: &std::collections::HashSet<u32>) {
+    pub(crate) fn release(&mut self, pids: &crate::hash::HashSet<u32>) {
         for pid in pids {
             if let Some(p) = self.procs.get_mut(pid) {
                 p.released = true;
@@ -212,7 +212,7 @@ impl ProcessTable {
 
     /// Forgets the released processes `pids` (folded away: the summary
     /// holds them in its other process row).
-    pub(crate) fn remove(&mut self, pids: &std::collections::HashSet<u32>) {
+    pub(crate) fn remove(&mut self, pids: &crate::hash::HashSet<u32>) {
         for pid in pids {
             self.procs.remove(pid);
             self.live.remove(pid);

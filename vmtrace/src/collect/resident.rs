@@ -11,7 +11,8 @@
 //! snapshotted at its peaks (as the kernel reports them) and at its end,
 //! and the snapshot is scaled to the kernel's exact totals when the
 //! profiles are written.
-use std::collections::{BTreeMap, HashMap};
+use crate::hash::HashMap;
+use std::collections::BTreeMap;
 
 use vmtrace_common::{
     page_sampled, EventKind, MmCall, MmEvent, OomEvent, PageSample, RssEvent, RssMm, TaskEvent, LEAF_BLOCK_SHIFT,
@@ -130,7 +131,7 @@ pub(crate) struct ResidentTracker {
     procs: HashMap<u32, Proc>,
     /// Processes taken out (`take`) whose ended address space the kernel's
     /// counters may still hold for a while: not made an entry again.
-    taken: std::collections::HashSet<u32>,
+    taken: crate::hash::HashSet<u32>,
     live_pages: usize,
     /// The address sample: 1 in `period` pages, by `page_sampled` with `salt`
     /// (the programs' `RESIDENT_SALT`).
@@ -393,7 +394,7 @@ impl ResidentTracker {
     pub(crate) fn kernel_counters(&mut self, all: &[(u32, RssMm)], now_ns: u64) -> Vec<u32> {
         let mut forget = Vec::new();
         // The taken processes whose ended address space stays in the map.
-        let mut lingering = std::collections::HashSet::new();
+        let mut lingering = crate::hash::HashSet::default();
         for (mm_id, m) in all {
             let old = |t: u64| now_ns.saturating_sub(t) > FORGET_AFTER_NS;
             if m.tgid == 0 {
@@ -434,7 +435,7 @@ impl ResidentTracker {
 
     /// The stacks the snapshots of `pids` hold pages under, as
     /// `symbols::SymKey`s (what the profiles will symbolize).
-    pub(crate) fn owner_keys(&self, pids: &std::collections::HashSet<u32>) -> Vec<super::symbols::SymKey> {
+    pub(crate) fn owner_keys(&self, pids: &crate::hash::HashSet<u32>) -> Vec<super::symbols::SymKey> {
         let mut out = Vec::new();
         for pid in pids {
             let Some(p) = self.procs.get(pid) else { continue };
@@ -453,8 +454,8 @@ impl ResidentTracker {
 
     /// The user stack ids the pages and snapshots of the processes `of`
     /// picks are owned by.
-    pub(crate) fn stack_ids(&self, of: impl Fn(u32) -> bool) -> std::collections::HashSet<u32> {
-        let mut out = std::collections::HashSet::new();
+    pub(crate) fn stack_ids(&self, of: impl Fn(u32) -> bool) -> crate::hash::HashSet<u32> {
+        let mut out = crate::hash::HashSet::default();
         for (_, p) in self.procs.iter().filter(|(pid, _)| of(**pid)) {
             let snaps = [&p.peak, &p.end].into_iter().flatten().flat_map(|s| s.by_owner.keys());
             for o in p.live.values().map(|page| &page.owner).chain(snaps) {

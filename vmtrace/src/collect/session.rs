@@ -179,10 +179,11 @@ pub struct Session<S: AggregateSource> {
     /// When the kernel's resident counters were last read.
     last_resident: Instant,
     last_object_drop: Instant,
-    /// IPIs per call site at the last tick (for storm culprits).
-    last_sites: HashMap<MmStackKey, u64>,
+    /// IPIs per call site (syscall, user stack) at the last tick, by
+    /// process (for storm culprits): an exited process's go at once.
+    last_sites: HashMap<u32, HashMap<(u32, i32), u64>>,
     /// Processes that sent IPIs since the last walk of the call-site map.
-    stale_sites: std::collections::HashSet<u32>,
+    stale_sites: crate::hash::HashSet<u32>,
     timeline: TimelineRecorder,
     /// Copied user stacks, unwound as they arrive.
     native: NativeStacks,
@@ -206,6 +207,8 @@ pub struct Session<S: AggregateSource> {
     last_sweep: Instant,
     /// The regions of the retired processes, placed.
     placed: crate::regions::Partial,
+    /// Replayed starts of forked processes, kept between placements.
+    starts: attribute::Starts,
     /// Processes retired (their regions placed before the end).
     pub retired: u64,
     /// Faults and fault time of the retired processes, the 20 largest of
@@ -235,7 +238,7 @@ pub struct Session<S: AggregateSource> {
     /// Call-site counts of retired processes waiting to be released, by process.
     mm_waiting: HashMap<u32, Vec<(MmStackKey, MmStackCounts)>>,
     /// Retired processes folded whole, to be folded away once released.
-    whole: std::collections::HashSet<u32>,
+    whole: crate::hash::HashSet<u32>,
     /// What is kept of the processes folded away (`fold_away`).
     folded: super::folded::FoldedAway,
     /// A fault stack with a region leaf was seen (`--leaf region`): the
@@ -418,8 +421,8 @@ impl<S: AggregateSource> Session<S> {
             last_storm_tick: now,
             last_resident: now,
             last_object_drop: now,
-            last_sites: HashMap::new(),
-            stale_sites: std::collections::HashSet::new(),
+            last_sites: HashMap::default(),
+            stale_sites: crate::hash::HashSet::default(),
             timeline: TimelineRecorder::new(now),
             native: NativeStacks::default(),
             python: super::python::Tracker::default(),
@@ -435,6 +438,7 @@ impl<S: AggregateSource> Session<S> {
             last_retire: now,
             last_sweep: now,
             placed,
+            starts: attribute::Starts::default(),
             retired: 0,
             retired_sum: (0, 0),
             retired_top: Default::default(),
@@ -447,8 +451,8 @@ impl<S: AggregateSource> Session<S> {
             released: 0,
             to_release: std::collections::VecDeque::new(),
             release_slices: 0,
-            mm_waiting: HashMap::new(),
-            whole: std::collections::HashSet::new(),
+            mm_waiting: HashMap::default(),
+            whole: crate::hash::HashSet::default(),
             folded: super::folded::FoldedAway::default(),
             leaf_seen: false,
         }
@@ -787,9 +791,9 @@ impl<S: AggregateSource> Session<S> {
             self.stale_sites.extend(rose.keys());
             return;
         }
-        let mut deltas: HashMap<u32, Vec<(super::storms::Site, u64)>> = HashMap::new();
+        let mut deltas: HashMap<u32, Vec<(super::storms::Site, u64)>> = HashMap::default();
         for (k, c) in self.source.all_mm_stacks() {
-            let before = self.last_sites.insert(k, c.ipis).unwrap_or(0);
+            let before = self.last_sites.entry(k.tgid).or_default().insert((k.call, k.user_stack), c.ipis).unwrap_or(0);
             if c.ipis > before && self.storms.in_storm(k.tgid) && rose.contains_key(&k.tgid) {
                 deltas.entry(k.tgid).or_default().push(((k.call, k.user_stack), c.ipis - before));
             }
@@ -901,10 +905,9 @@ impl<S: AggregateSource> Session<S> {
             self.python.exited(tgid, &mut self.source);
             self.storms.forget(tgid);
         }
-        if !batch.exited.is_empty() && !self.last_sites.is_empty() {
-            let gone: std::collections::HashSet<u32> = batch.exited.iter().copied().collect();
-            self.last_sites.retain(|k, _| !gone.contains(&k.tgid));
-            self.stale_sites.retain(|p| !gone.contains(p));
+        for tgid in &batch.exited {
+            self.last_sites.remove(tgid);
+            self.stale_sites.remove(tgid);
         }
         if self.opts.retire_exited && self.opts.families.regions && !self.opts.forget_exited {
             self.retiring.extend(batch.exited.iter().map(|&tgid| (tgid, now)));
@@ -965,7 +968,7 @@ impl<S: AggregateSource> Session<S> {
     pub(crate) fn build_regions(&mut self) -> Attributed {
         let granules = self.source.all_granules();
         let mut placed = std::mem::take(&mut self.placed);
-        attribute::place_into(&mut placed, &mut self.table, &granules);
+        attribute::place_into(&mut placed, &mut self.table, &mut self.starts, &granules);
         attribute::finish(placed, &self.source)
     }
 
@@ -976,7 +979,7 @@ impl<S: AggregateSource> Session<S> {
     /// 20 retired processes have more faults and 20 more time (they are
     /// rows at the end: it is not among the heaviest). The first such
     /// process is left as it is, so that the end's fold has two to fold.
-    fn sure_to_fold(&mut self, batch: &std::collections::HashSet<u32>) -> std::collections::HashSet<u32> {
+    fn sure_to_fold(&mut self, batch: &crate::hash::HashSet<u32>) -> crate::hash::HashSet<u32> {
         let mut faults = Vec::new();
         for pid in batch {
             let st = self.table.get(*pid).and_then(|p| p.stats).unwrap_or_default();
@@ -1000,15 +1003,15 @@ impl<S: AggregateSource> Session<S> {
     /// Of `faults` (pid, faults, fault time), the processes the end's fold
     /// is sure to fold by the retired processes' totals now; the others are
     /// kept in `unfolded` to be looked at again.
-    fn pick_sure_to_fold(&mut self, faults: Vec<(u32, u64, u64)>) -> std::collections::HashSet<u32> {
+    fn pick_sure_to_fold(&mut self, faults: Vec<(u32, u64, u64)>) -> crate::hash::HashSet<u32> {
         let keep = crate::model::fold::KEEP_TOP_PROCESSES;
         let pct = self.opts.fold_below;
         if !self.opts.fold_processes || pct <= 0.0 {
-            return std::collections::HashSet::new();
+            return crate::hash::HashSet::default();
         }
         let (sum, top) = (self.retired_sum, &self.retired_top);
         let light = |x: u64, of: u64| (x as f64) * 100.0 < of as f64 * pct || of == 0;
-        let mut out = std::collections::HashSet::new();
+        let mut out = crate::hash::HashSet::default();
         for (pid, total, time_ns) in faults {
             let sure = !self.named_by_storm_or_oom(pid)
                 && light(total, sum.0)
@@ -1033,7 +1036,7 @@ impl<S: AggregateSource> Session<S> {
     /// Folds whole the processes `pids` whose rows are placed from row
     /// `from` on: what their COW faults copied stays with the process (its
     /// rows no longer carry its pid).
-    fn fold_whole(&mut self, pids: &std::collections::HashSet<u32>, from: usize) {
+    fn fold_whole(&mut self, pids: &crate::hash::HashSet<u32>, from: usize) {
         for pid in pids {
             let mut cow = crate::model::CowFrom::default();
             for c in self.placed.regions()[from..].iter().filter(|r| r.pid == *pid).filter_map(|r| r.cow_from.as_ref())
@@ -1069,7 +1072,7 @@ impl<S: AggregateSource> Session<S> {
     }
 
     /// `fold_away` for the processes `ready`.
-    fn fold_away_slice(&mut self, ready: &std::collections::HashSet<u32>) {
+    fn fold_away_slice(&mut self, ready: &crate::hash::HashSet<u32>) {
         if ready.is_empty() {
             return;
         }
@@ -1183,7 +1186,7 @@ impl<S: AggregateSource> Session<S> {
         if self.unfolded.is_empty() {
             return;
         }
-        let waiting: std::collections::HashSet<u32> = self.unfolded.iter().map(|u| u.0).collect();
+        let waiting: crate::hash::HashSet<u32> = self.unfolded.iter().map(|u| u.0).collect();
         for (tgid, st) in self.source.all_stats() {
             if !waiting.contains(&tgid) {
                 self.count_retired(&st);
@@ -1218,7 +1221,7 @@ impl<S: AggregateSource> Session<S> {
         }
         self.last_retire = now;
         let table = &self.table;
-        let needed: std::collections::HashSet<u32> = (self.table.live_pids().iter())
+        let needed: crate::hash::HashSet<u32> = (self.table.live_pids().iter())
             .chain(self.retiring.iter().map(|(pid, _)| pid))
             .filter_map(|pid| table.get(*pid)?.history.forked_from.map(|f| f.parent))
             .collect();
@@ -1261,9 +1264,9 @@ impl<S: AggregateSource> Session<S> {
             let (slice, more) = rest.split_at(end);
             rest = more;
             let from = self.placed.regions().len();
-            attribute::place_into(&mut self.placed, &mut self.table, slice);
+            attribute::place_into(&mut self.placed, &mut self.table, &mut self.starts, slice);
             added += self.placed.regions().len().saturating_sub(from);
-            let whole: std::collections::HashSet<u32> =
+            let whole: crate::hash::HashSet<u32> =
                 slice.iter().map(|(k, _)| k.tgid).filter(|p| unplaced.remove(p)).collect();
             self.fold_whole(&whole, from);
             self.placed.fold_small(from, self.opts.fold_below, |pid| folded.contains(&pid));
@@ -1274,12 +1277,14 @@ impl<S: AggregateSource> Session<S> {
         self.fold_whole(&unplaced, from);
         log::debug!(
             target: "vmtrace::retire",
-            "retired {} ({} folded whole) in {:?} (granules taken in {taken_in:?}): {} region rows added, {} held",
+            "retired {} ({} folded whole) in {:?} (granules taken in {taken_in:?}): {} region rows added, {} held; \
+             fork starts found replayed so far: {}",
             batch.len(),
             folded.len(),
             t.elapsed(),
             added,
-            self.placed.regions().len()
+            self.placed.regions().len(),
+            self.starts.hits
         );
         self.refold();
         for pid in &batch {
@@ -1313,7 +1318,7 @@ impl<S: AggregateSource> Session<S> {
             return;
         }
         let in_flight =
-            if self.opts.stacks.is_some() { self.source.stacks_in_flight() } else { std::collections::HashSet::new() };
+            if self.opts.stacks.is_some() { self.source.stacks_in_flight() } else { crate::hash::HashSet::default() };
         let batch = take_ready(&mut self.exited_to_release, now, |pid| !in_flight.contains(&pid));
         if batch.is_empty() {
             return;
@@ -1336,7 +1341,7 @@ impl<S: AggregateSource> Session<S> {
         // not every process the node ever started.
         let whole: Vec<u32> = batch.iter().copied().filter(|p| !self.named_by_storm_or_oom(*p)).collect();
         self.whole.extend(whole);
-        let gone: std::collections::HashSet<u32> = batch.into_iter().collect();
+        let gone: crate::hash::HashSet<u32> = batch.into_iter().collect();
         self.let_go(gone, true, now);
     }
 
@@ -1375,11 +1380,11 @@ impl<S: AggregateSource> Session<S> {
         // grow past `above` however slow the machine; the budget then
         // works through a backlog.
         let floor = self.to_release.len().saturating_sub(above).min(came);
-        let mut gone = std::collections::HashSet::new();
+        let mut gone = crate::hash::HashSet::default();
         while self.to_release.len() > above && (self.released - before < floor as u64 || now.elapsed() < RELEASE_BUDGET)
         {
             let n = RELEASE_SLICE.min(self.to_release.len() - above);
-            let slice: std::collections::HashSet<u32> = self.to_release.drain(..n).collect();
+            let slice: crate::hash::HashSet<u32> = self.to_release.drain(..n).collect();
             self.release_retired(&slice);
             gone.extend(slice);
             self.keep_up();
@@ -1391,7 +1396,7 @@ impl<S: AggregateSource> Session<S> {
     /// After processes `gone` were released (`release_retired`): lets go
     /// of the drained stacks only they were counted under, folds away
     /// those folded whole, and gives the freed heap back to the kernel.
-    fn let_go(&mut self, mut gone: std::collections::HashSet<u32>, released_now: bool, now: Instant) {
+    fn let_go(&mut self, mut gone: crate::hash::HashSet<u32>, released_now: bool, now: Instant) {
         if released_now {
             // Their stacks are templates now: the drained frames go, once
             // per tick (one walk of the unreleased processes' keys).
@@ -1456,7 +1461,7 @@ impl<S: AggregateSource> Session<S> {
     fn sweep_stacks(&mut self, now: Instant) {
         self.last_sweep = now;
         let id = |s: i32| u32::try_from(s).ok();
-        let mut in_use: std::collections::HashSet<u32> =
+        let mut in_use: crate::hash::HashSet<u32> =
             self.retired_mm.iter().filter_map(|(k, _)| id(k.user_stack)).collect();
         in_use.extend(self.mm_waiting.values().flatten().filter_map(|(k, _)| id(k.user_stack)));
         if let Some(r) = self.resident.as_ref() {
@@ -1487,11 +1492,11 @@ impl<S: AggregateSource> Session<S> {
     /// Processes a storm or an OOM kill names keep theirs (the end names
     /// their culprits), as does every process when the Perfetto trace is
     /// kept (it names call sites at the end).
-    fn release_retired(&mut self, batch: &std::collections::HashSet<u32>) {
+    fn release_retired(&mut self, batch: &crate::hash::HashSet<u32>) {
         if self.trace.is_some() {
             return;
         }
-        let pids: std::collections::HashSet<u32> =
+        let pids: crate::hash::HashSet<u32> =
             batch.iter().copied().filter(|p| !self.named_by_storm_or_oom(*p)).collect();
         if pids.is_empty() {
             return;
@@ -1528,7 +1533,7 @@ impl<S: AggregateSource> Session<S> {
     /// `build_regions` for live processes only.
     pub(crate) fn build_live_regions(&mut self) -> Attributed {
         let live = self.table.live_pids().clone();
-        attribute::build_regions_of(&mut self.table, &self.source, |pid| live.contains(&pid))
+        attribute::build_regions_of(&mut self.table, &self.source, &mut self.starts, |pid| live.contains(&pid))
     }
 
     /// Frames of a call site, outermost first, the syscall as leaf.
@@ -1679,8 +1684,8 @@ fn take_ready(
     waiting: &mut Vec<(u32, Instant)>,
     now: Instant,
     free: impl Fn(u32) -> bool,
-) -> std::collections::HashSet<u32> {
-    let mut batch = std::collections::HashSet::new();
+) -> crate::hash::HashSet<u32> {
+    let mut batch = crate::hash::HashSet::default();
     waiting.retain(|(pid, at)| {
         let ready = now.saturating_duration_since(*at) >= RETIRE_AFTER && free(*pid);
         if ready {

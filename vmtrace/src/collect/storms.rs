@@ -1,7 +1,8 @@
 //! Shootdown storms: a process sending TLB-flush IPIs faster than a threshold.
 //! Fed every tick (~100 ms, the window) with each process's IPIs-sent total and
 //! the per-call-site deltas, so a storm knows its culprit stack.
-use std::collections::{BTreeMap, HashMap};
+use crate::hash::HashMap;
+use std::collections::BTreeMap;
 
 /// A call site: (`MmCall`, user stack id).
 pub(crate) type Site = (u32, i32);
@@ -29,7 +30,7 @@ pub struct StormDetector {
 
 impl StormDetector {
     pub fn new(threshold_per_s: f64) -> Self {
-        Self { threshold_per_s, last: HashMap::new(), open: HashMap::new(), closed: Vec::new() }
+        Self { threshold_per_s, last: HashMap::default(), open: HashMap::default(), closed: Vec::new() }
     }
 
     /// IPIs a second from which a process is in a storm.
@@ -65,7 +66,7 @@ impl StormDetector {
                     end_s: now_s,
                     peak_per_s: 0.0,
                     ipis: 0,
-                    sites: HashMap::new(),
+                    sites: HashMap::default(),
                     malloc: None,
                 });
                 s.end_s = now_s;

@@ -199,7 +199,7 @@ impl Symbols {
 
     /// Forgets the stacks and call sites of `pids` (folded away: their
     /// counts were symbolized into the other process's).
-    pub(crate) fn forget(&mut self, pids: &std::collections::HashSet<u32>) {
+    pub(crate) fn forget(&mut self, pids: &crate::hash::HashSet<u32>) {
         self.stacks.retain(|k, _| !pids.contains(&k.0));
         self.sites.retain(|k, _| !pids.contains(&k.0));
         if self.stacks.capacity() > 4 * self.stacks.len().max(1024) {
@@ -276,7 +276,7 @@ pub(crate) fn symbolize_counts(
     let todo: Vec<SymKey> = raw.iter().map(|(k, _)| sym_key(k)).filter(|k| !syms.stacks.contains_key(k)).collect();
     let mut fresh = symbolize_keys(todo, &mut syms.names, table, source, native, py);
     let mut out = Vec::new();
-    let mut comms: HashMap<u32, String> = HashMap::new();
+    let mut comms: HashMap<u32, String> = HashMap::default();
     for (k, c) in raw {
         let key = sym_key(&k);
         let Some(sym) = syms.stacks.get(&key).or_else(|| fresh.get(&key)) else { continue };
@@ -313,8 +313,8 @@ fn symbolize_keys(
     native: &NativeStacks,
     py: &CodeCache,
 ) -> HashMap<SymKey, Symbolized> {
-    let mut out: HashMap<SymKey, (Vec<(Template, u64)>, bool)> = HashMap::new();
-    let mut by_pid: HashMap<u32, Vec<RawVariant>> = HashMap::new();
+    let mut out: HashMap<SymKey, (Vec<(Template, u64)>, bool)> = HashMap::default();
+    let mut by_pid: HashMap<u32, Vec<RawVariant>> = HashMap::default();
     for key in keys {
         if out.contains_key(&key) {
             continue;

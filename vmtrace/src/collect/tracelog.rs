@@ -1,7 +1,7 @@
 //! The event log of `record --perfetto`: streamed events as they arrive, and
 //! each process's counters every collector interval (100 ms), as growth
 //! since the last one. Bounded per kind ([`TraceLog::MAX_PER_KIND`]).
-use std::collections::HashMap;
+use crate::hash::HashMap;
 
 use vmtrace_common::{
     EventKind, FaultMajorEvent, MmEvent, MmStats, RssMm, TaskEvent, MM_CALLS, MM_CALL_NAMES, RSS_ANON, RSS_ENDED,
@@ -260,7 +260,7 @@ pub(crate) fn finish(
     now_ns: u64,
 ) -> TraceLog {
     let mut names = Names::default();
-    let mut named: HashMap<(u32, i32), Vec<String>> = HashMap::new();
+    let mut named: HashMap<(u32, i32), Vec<String>> = HashMap::default();
     for m in std::mem::take(&mut t.majors) {
         let mut fault = m.fault;
         if m.user_stack >= 0 {
@@ -283,7 +283,7 @@ pub(crate) fn finish(
     // Each process's last address space, as summary.json's figures are
     // (an exec's old one, in `record -- CMD` a copy of vmtrace's own, is not
     // the program's).
-    let mut last: HashMap<u32, RssTrack> = HashMap::new();
+    let mut last: HashMap<u32, RssTrack> = HashMap::default();
     for ((pid, _), track) in t.rss {
         match last.get(&pid) {
             Some(l) if l.rank() > track.rank() => {}

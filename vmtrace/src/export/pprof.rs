@@ -5,7 +5,8 @@
 //! where the recording knows it), so a profile's total is its folded file's.
 //! The frames are the folded files' strings, taken apart in [`parse_frame`]:
 //! the process name is the root frame, as in the folded files.
-use std::{collections::HashMap, io, io::Write as _, path::Path};
+use crate::hash::HashMap;
+use std::{io, io::Write as _, path::Path};
 
 use prost::Message as _;
 
@@ -166,10 +167,10 @@ impl Builder {
     pub fn new(kind: Kind, period: u64) -> Self {
         let mut b = Self {
             profile: pb::Profile::default(),
-            strings: HashMap::new(),
-            functions: HashMap::new(),
-            locations: HashMap::new(),
-            mappings: HashMap::new(),
+            strings: HashMap::default(),
+            functions: HashMap::default(),
+            locations: HashMap::default(),
+            mappings: HashMap::default(),
         };
         // string_table[0] must be "".
         b.string("");
@@ -319,7 +320,7 @@ pub fn sample(kind: Kind, line: &str, pid: Option<u32>, region: Option<&str>, va
 /// profile's ~20,000 samples of ~30 frames each held every frame as its
 /// own string (25 MB at the agent's heap peak under churn, 2026-12-06).
 #[derive(Default)]
-pub struct FrameNames(std::collections::HashSet<std::sync::Arc<str>>);
+pub struct FrameNames(crate::hash::HashSet<std::sync::Arc<str>>);
 
 impl FrameNames {
     pub fn get(&mut self, name: &str) -> std::sync::Arc<str> {
@@ -418,9 +419,9 @@ pub fn graph_profile_with(kind: Kind, meta: &Meta, graph: &Graph, also: Option<&
     // Location ids by frame id, 0 until made.
     let mut located = vec![0u64; tree.frame_count()];
     // Process frames' locations apart: their names without the identity.
-    let mut roots: HashMap<u32, u64> = HashMap::new();
+    let mut roots: HashMap<u32, u64> = HashMap::default();
     let mut path = Vec::new();
-    let mut identities: HashMap<u32, Vec<(&'static str, String)>> = HashMap::new();
+    let mut identities: HashMap<u32, Vec<(&'static str, String)>> = HashMap::default();
     for l in &graph.lines {
         let mut parts = l.parts().peekable();
         if parts.peek().is_none() {

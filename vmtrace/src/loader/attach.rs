@@ -1,7 +1,8 @@
 //! The one attach path: a hook's candidates in order, each refused for a
 //! reason or attached; plus the two hooks whose rows depend on the load (the
 //! fault end's perf events and the user-stack walker).
-use std::{collections::HashSet, os::fd::AsFd as _};
+use crate::hash::HashSet;
+use std::os::fd::AsFd as _;
 
 use aya::{
     programs::{

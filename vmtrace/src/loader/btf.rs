@@ -1,6 +1,6 @@
 //! What the loader needs from the kernel's BTF (read by
 //! `kernel::btf`).
-use std::collections::HashSet;
+use crate::hash::HashSet;
 
 use super::{hooks, LoadError};
 use crate::kernel::btf as kbtf;

@@ -8,7 +8,7 @@
 //! the collector's time beside a shell loop starting a few processes a
 //! second). A record the ring had no room for (`GranuleKeyRingFull`) makes
 //! the next take walk the maps once and rebuild the index from them.
-use std::collections::HashMap;
+use crate::hash::HashMap;
 
 use vmtrace_common::GranuleKey;
 
@@ -48,7 +48,7 @@ impl GranuleIndex {
 
     /// The keys of `tgids`, each once (`true`: in `REGION_LATE`), which
     /// leave the index.
-    pub(super) fn take(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(GranuleKey, bool)> {
+    pub(super) fn take(&mut self, tgids: &crate::hash::HashSet<u32>) -> Vec<(GranuleKey, bool)> {
         let mut out = Vec::new();
         for tgid in tgids {
             let Some(mut v) = self.keys.remove(tgid) else { continue };

@@ -741,7 +741,7 @@ mod tests {
     /// The loader tells the hooks it attaches its own way by `what`.
     #[test]
     fn every_hook_has_its_own_name() {
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = crate::hash::HashSet::default();
         for h in all() {
             assert!(seen.insert(h.what), "two hooks named {:?}", h.what);
         }

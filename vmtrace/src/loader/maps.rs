@@ -43,7 +43,7 @@ pub(super) struct Maps {
     /// Python processes the programs take frames of (`PY_PROCS`).
     py_procs: aya::maps::HashMap<MapData, u32, vmtrace_common::PyProc>,
     /// `USER_STACKS` ids already looked at for Python frames.
-    py_seen: std::collections::HashSet<u32>,
+    py_seen: crate::hash::HashSet<u32>,
     /// What `drain_stacks` moved out of `FAULT_STACKS` and `USER_STACKS`.
     drained: crate::stacks::drain::Drained,
     /// Resident counters per address space (`RSS_MM`).
@@ -85,7 +85,7 @@ impl Maps {
             map_gen: take_map(ebpf, "MAP_GEN")?,
             map_gen_overflow: take_map(ebpf, "MAP_GEN_OVERFLOW")?,
             py_procs: take_map(ebpf, "PY_PROCS")?,
-            py_seen: std::collections::HashSet::new(),
+            py_seen: crate::hash::HashSet::default(),
             drained: crate::stacks::drain::Drained::default(),
             rss_mm: take_map(ebpf, "RSS_MM")?,
             recent: take_map(ebpf, "RECENT").ok(),
@@ -287,23 +287,23 @@ impl AggregateSource for Probes {
         self.maps.mm_stacks.iter().filter_map(Result::ok).map(|(k, v)| (k, sum_cpus(v.iter()))).collect()
     }
 
-    fn stack_keys_of(&self, tgids: &std::collections::HashSet<u32>) -> Vec<StackKey> {
-        let mut keys: std::collections::HashSet<StackKey> = self.maps.drained.keys_of(tgids).collect();
+    fn stack_keys_of(&self, tgids: &crate::hash::HashSet<u32>) -> Vec<StackKey> {
+        let mut keys: crate::hash::HashSet<StackKey> = self.maps.drained.keys_of(tgids).collect();
         keys.extend(self.maps.fault_stacks.keys().filter_map(Result::ok).filter(|k| tgids.contains(&k.tgid)));
         keys.into_iter().collect()
     }
 
-    fn stacks_in_flight(&self) -> std::collections::HashSet<u32> {
+    fn stacks_in_flight(&self) -> crate::hash::HashSet<u32> {
         self.stack_keys_in_flight().iter().map(|k| k.tgid).collect()
     }
 
     /// A released process's keys were drained long before (every 100 ms):
     /// the drained tables hold all of them.
-    fn take_stack_counts(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(StackKey, StackCounts)> {
+    fn take_stack_counts(&mut self, tgids: &crate::hash::HashSet<u32>) -> Vec<(StackKey, StackCounts)> {
         self.maps.drained.take_counts(tgids)
     }
 
-    fn take_mm_stacks(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(MmStackKey, MmStackCounts)> {
+    fn take_mm_stacks(&mut self, tgids: &crate::hash::HashSet<u32>) -> Vec<(MmStackKey, MmStackCounts)> {
         let keys: Vec<MmStackKey> =
             self.maps.mm_stacks.keys().filter_map(Result::ok).filter(|k| tgids.contains(&k.tgid)).collect();
         let mut out = Vec::new();
@@ -320,7 +320,7 @@ impl AggregateSource for Probes {
     /// Every stack aggregate, summed over CPUs, with the keys each CPU is
     /// still counting into.
     fn all_stack_counts(&self) -> Vec<(StackKey, StackCounts)> {
-        let mut all: std::collections::HashMap<StackKey, StackCounts> = std::collections::HashMap::new();
+        let mut all: crate::hash::HashMap<StackKey, StackCounts> = crate::hash::HashMap::default();
         self.maps.drained.merge_into(&mut all);
         for (k, v) in self.maps.fault_stacks.iter().filter_map(Result::ok) {
             all.entry(k).or_default().merge(&sum_cpus(v.iter()));
@@ -401,7 +401,7 @@ impl AggregateSource for Probes {
         // slots were cleared is in one of them.
         self.clear_recent();
         let user = |k: &StackKey| (!gone.contains(&k.tgid)).then(|| u32::try_from(k.user_stack).ok()).flatten();
-        let mut kept: std::collections::HashSet<u32> =
+        let mut kept: crate::hash::HashSet<u32> =
             self.maps.fault_stacks.keys().filter_map(Result::ok).filter_map(|k| user(&k)).collect();
         kept.extend(self.stack_keys_in_flight().iter().filter_map(user));
         kept.extend(users.in_use.iter().copied());
@@ -418,7 +418,7 @@ impl AggregateSource for Probes {
         ids.len()
     }
 
-    fn sweep_stacks(&mut self, mut referenced: std::collections::HashSet<u32>, min_age: u64) -> usize {
+    fn sweep_stacks(&mut self, mut referenced: crate::hash::HashSet<u32>, min_age: u64) -> usize {
         // As `forget_stacks`: first the slots (no CPU hands out an id
         // unstored from then on), then the keys still in the kernel, where
         // an id handed out before is: counted or in flight, or a running
@@ -515,7 +515,7 @@ impl AggregateSource for Probes {
     /// final, and the maps then hold what is live. A process whose granule a
     /// CPU still counts into (`GRANULE_CUR`) is left for a later call
     /// ([`Self::granules_in_flight`]).
-    fn take_granules(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(GranuleKey, GranuleCounts)> {
+    fn take_granules(&mut self, tgids: &crate::hash::HashSet<u32>) -> Vec<(GranuleKey, GranuleCounts)> {
         let lost = self
             .maps
             .drops
@@ -562,8 +562,8 @@ impl AggregateSource for Probes {
 
     /// Processes a CPU's current granule still holds counts of (not yet
     /// moved into `REGION_STATS`).
-    fn granules_in_flight(&self) -> std::collections::HashSet<u32> {
-        let Ok(cur) = self.maps.granule_cur.get(&0, 0) else { return std::collections::HashSet::new() };
+    fn granules_in_flight(&self) -> crate::hash::HashSet<u32> {
+        let Ok(cur) = self.maps.granule_cur.get(&0, 0) else { return crate::hash::HashSet::default() };
         cur.iter()
             .filter(|c| c.counts.faults | c.counts.major | c.counts.timed | c.counts.huge != 0)
             .map(|c| c.key.tgid)

@@ -408,7 +408,7 @@ fn user_walk_mode(own: bool) -> u32 {
 /// (`--latency-sample 1`, the default; a larger N asks for the sampled perf
 /// end), and the memory controller on (else `count_memcg_events()` returns
 /// before its tracepoint).
-fn memcg_end_item(opts: &LoadOptions, pgfault: Option<u32>, tp_btf: &std::collections::HashSet<&'static str>) -> u32 {
+fn memcg_end_item(opts: &LoadOptions, pgfault: Option<u32>, tp_btf: &crate::hash::HashSet<&'static str>) -> u32 {
     let Some(item) = pgfault else { return 0 };
     let hook = tp_btf.contains("count_memcg_events")
         || crate::kernel::preflight::tracepoint_exists("memcg", "count_memcg_events");

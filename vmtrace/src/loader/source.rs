@@ -19,11 +19,11 @@ use crate::model::ProbeInfo;
 /// (`AggregateSource::forget_stacks`).
 #[derive(Default)]
 pub struct StackUsers {
-    pub gone: std::collections::HashSet<u32>,
+    pub gone: crate::hash::HashSet<u32>,
     /// Ids of `gone`'s call sites and resident pages.
-    pub also: std::collections::HashSet<u32>,
+    pub also: crate::hash::HashSet<u32>,
     /// Ids the call sites and resident pages of processes not released refer to.
-    pub in_use: std::collections::HashSet<u32>,
+    pub in_use: crate::hash::HashSet<u32>,
 }
 
 pub trait AggregateSource {
@@ -74,17 +74,17 @@ pub trait AggregateSource {
     fn all_stack_counts(&self) -> Vec<(StackKey, StackCounts)>;
     /// The stack keys of `tgids` (retiring processes): drained, still in
     /// the kernel's map, or in a CPU's current slot.
-    fn stack_keys_of(&self, tgids: &std::collections::HashSet<u32>) -> Vec<StackKey>;
+    fn stack_keys_of(&self, tgids: &crate::hash::HashSet<u32>) -> Vec<StackKey>;
     /// Processes a CPU's current stack slot still counts into (not ready to
     /// retire: the slot's counts reach the aggregate later).
-    fn stacks_in_flight(&self) -> std::collections::HashSet<u32>;
+    fn stacks_in_flight(&self) -> crate::hash::HashSet<u32>;
     /// Takes the stack counts of released processes `tgids` out of the
     /// drained tables (`collect::folded`: they are folded away).
-    fn take_stack_counts(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(StackKey, StackCounts)>;
+    fn take_stack_counts(&mut self, tgids: &crate::hash::HashSet<u32>) -> Vec<(StackKey, StackCounts)>;
     /// mmap-family call-site aggregates.
     fn all_mm_stacks(&self) -> Vec<(MmStackKey, MmStackCounts)>;
     /// Takes the call-site aggregates of exited processes out of the kernel's map.
-    fn take_mm_stacks(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(MmStackKey, MmStackCounts)>;
+    fn take_mm_stacks(&mut self, tgids: &crate::hash::HashSet<u32>) -> Vec<(MmStackKey, MmStackCounts)>;
     /// A kernel stack's instruction pointers, innermost first.
     fn stack_ips(&self, id: i32) -> Option<Vec<u64>>;
     /// A user stack's instruction pointers, innermost first.
@@ -117,7 +117,7 @@ pub trait AggregateSource {
     /// in the kernel's maps, not in `in_use` (what the session holds:
     /// call sites, resident pages, placements), drained at least `min_age`
     /// drains ago. Returns how many went.
-    fn sweep_stacks(&mut self, _in_use: std::collections::HashSet<u32>, _min_age: u64) -> usize {
+    fn sweep_stacks(&mut self, _in_use: crate::hash::HashSet<u32>, _min_age: u64) -> usize {
         0
     }
     /// Drained stacks `sweep_stacks` let go so far.
@@ -131,9 +131,9 @@ pub trait AggregateSource {
     /// Per-granule fault counts.
     fn all_granules(&self) -> Vec<(GranuleKey, GranuleCounts)>;
     /// Takes the granules of exited processes out of the kernel's maps.
-    fn take_granules(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(GranuleKey, GranuleCounts)>;
+    fn take_granules(&mut self, tgids: &crate::hash::HashSet<u32>) -> Vec<(GranuleKey, GranuleCounts)>;
     /// Processes whose last granule a CPU still counts into.
-    fn granules_in_flight(&self) -> std::collections::HashSet<u32>;
+    fn granules_in_flight(&self) -> crate::hash::HashSet<u32>;
     /// A process's address-space generation now; `None` when not counting.
     fn map_gen(&self, tgid: u32) -> Option<u32>;
     /// Pages the traced processes added to the page cache for a file.

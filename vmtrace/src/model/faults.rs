@@ -143,7 +143,7 @@ pub fn largest_remainder(vals: &mut [f64]) {
     let left = (want - floors.iter().sum::<f64>()).round().max(0.0) as usize;
     let mut order: Vec<usize> = (0..vals.len()).collect();
     order.sort_by(|&a, &b| (vals[b] - floors[b]).total_cmp(&(vals[a] - floors[a])).then(a.cmp(&b)));
-    let up: std::collections::HashSet<usize> = order.into_iter().take(left).collect();
+    let up: crate::hash::HashSet<usize> = order.into_iter().take(left).collect();
     for (i, v) in vals.iter_mut().enumerate() {
         *v = floors[i] + if up.contains(&i) { 1.0 } else { 0.0 };
     }

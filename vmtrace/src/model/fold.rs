@@ -4,7 +4,8 @@
 //! regions to its faults, the processes to `totals`). A ten-minute `-a`
 //! recording has thousands of processes and ~10⁵ regions; almost all of
 //! them hold a sliver of the faults (docs/performance.md, "Output sizes").
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use crate::hash::HashMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -117,7 +118,7 @@ fn fold_processes(procs: &mut Vec<Process>, pct: f64, pinned: &BTreeSet<u32>) ->
 /// The sum of `folded` as one row: counts add, identities are dropped.
 fn other_process(folded: &[Process]) -> Process {
     let mut o = empty_other(folded.iter().all(|p| p.kernel_accounting.is_some()));
-    let mut comms: HashMap<String, u64> = HashMap::new();
+    let mut comms: HashMap<String, u64> = HashMap::default();
     for p in folded {
         add_to_other(&mut o, p, &mut comms);
     }

@@ -1,7 +1,7 @@
 //! What the live views show at one moment (`--stream json`, `top`,
 //! `serve`): each process's counters so far, turned into per-second rates
 //! between two moments. One snapshot type for the three views.
-use std::collections::HashMap;
+use crate::hash::HashMap;
 
 use vmtrace_common::{FaultStats, MmCall, MmStats};
 

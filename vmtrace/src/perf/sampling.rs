@@ -3,7 +3,7 @@
 //! with their data address; the same path runs on software events (page
 //! faults carry their address), which is how it is tested on machines
 //! without a PMU.
-use std::collections::HashMap;
+use crate::hash::HashMap;
 
 use perf_event::{
     data::Record as DataRecord,
@@ -64,7 +64,7 @@ impl Attribution {
 /// Attributes a batch of samples against fixed maps (one moment's view).
 pub fn attribute<S: std::hash::BuildHasher>(
     samples: &[DataSample],
-    maps: &HashMap<u32, Vec<Region>, S>,
+    maps: &std::collections::HashMap<u32, Vec<Region>, S>,
 ) -> (Vec<RegionSamples>, u64) {
     let mut a = Attribution::default();
     for &s in samples {
@@ -122,7 +122,7 @@ impl DataSampler {
                 }
             }
         }
-        Ok(Self { samplers, attribution: Attribution::default(), maps: HashMap::new(), samples: 0, lost: 0 })
+        Ok(Self { samplers, attribution: Attribution::default(), maps: HashMap::default(), samples: 0, lost: 0 })
     }
 
     /// dTLB-miss load sampling where the CPU supports it.
@@ -135,7 +135,7 @@ impl DataSampler {
 
     /// Moves every pending sample out of the kernel's buffers and attributes it.
     pub fn drain(&mut self) {
-        let mut refreshed = std::collections::HashSet::new();
+        let mut refreshed = crate::hash::HashSet::default();
         for sampler in &mut self.samplers {
             while let Some(rec) = sampler.next_record() {
                 let sample = match rec.parse_record() {
@@ -184,7 +184,7 @@ mod tests {
             "1000-3000 rw-p 00000000 00:00 0 [heap]\n\
              10000-20000 r--s 00000000 fe:01 7 /ckpt/model.safetensors\n",
         );
-        let maps = HashMap::from([(7, maps)]);
+        let maps: HashMap<u32, Vec<Region>> = [(7, maps)].into_iter().collect();
         let samples = [
             DataSample { pid: 7, addr: 0x1000 },
             DataSample { pid: 7, addr: 0x2fff },

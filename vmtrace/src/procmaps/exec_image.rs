@@ -7,7 +7,8 @@
 //! before a maps read: without this its program's and loader's frames were
 //! `[unknown] 0xADDR`, 18% of the faults of a recording beside a shell loop,
 //! and a name per address kept by the collector.
-use std::{collections::HashMap, sync::Arc};
+use crate::hash::HashMap;
+use std::sync::Arc;
 
 use super::Region;
 use crate::model::RegionKind;

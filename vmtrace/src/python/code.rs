@@ -3,7 +3,8 @@
 //! stacks of a process that has exited are still named; and the line of an
 //! instruction from the line table (CPython 3.11+ location table, 3.10's
 //! PEP 626 table).
-use std::{collections::HashMap, os::unix::fs::FileExt as _};
+use crate::hash::HashMap;
+use std::os::unix::fs::FileExt as _;
 
 use vmtrace_common::{py_code_stamp, PyFrame, PY_STAMP_WORDS};
 
@@ -111,7 +112,7 @@ impl CodeCache {
 
     /// Drops what was read of retired processes whose stacks are named
     /// already; their unnamed code objects stay counted.
-    pub fn forget_retired(&mut self, tgids: &std::collections::HashSet<u32>) {
+    pub fn forget_retired(&mut self, tgids: &crate::hash::HashSet<u32>) {
         if !self.codes.keys().any(|(t, _, _)| tgids.contains(t)) {
             for t in tgids {
                 self.layouts.remove(t);

@@ -5,7 +5,8 @@
 //! version's own headers (pyenv builds, default configure options; 3.10.13's
 //! from its debug info with gdb); a version not in the table gets no Python
 //! frames, never guessed ones.
-use std::{collections::HashMap, path::Path};
+use crate::hash::HashMap;
+use std::path::Path;
 
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
 use vmtrace_common::{PyProc, PY_FRAME_OBJECTS, PY_OFF_NONE, PY_THREAD_BY_PTHREAD};

@@ -10,7 +10,7 @@
 //! where a mapping is what one mmap (or exec, or brk for the heap) created;
 //! mprotect moves pages between the rows of their mapping, and a new mapping
 //! at reused addresses is a new row.
-use std::collections::HashMap;
+use crate::hash::HashMap;
 
 use crate::procmaps::Region;
 
@@ -100,6 +100,9 @@ pub struct History {
     /// removed it (its generation and log index), to see it made again.
     last_map: HashMap<u64, (Region, u64)>,
     unmapped: HashMap<u64, (u64, u32, usize)>,
+    /// Changes pushed so far (a replay of the log is kept while it is
+    /// unchanged: `collect::attribute`).
+    changes: u64,
 }
 
 /// Entries kept per process (~100 bytes each): a process that changes its
@@ -118,6 +121,7 @@ impl History {
 
     /// `push` of a change done at `at_ns` (CLOCK_MONOTONIC).
     pub fn push_at(&mut self, gen: u32, race_from: u32, at_ns: u64, change: Change) {
+        self.changes += 1;
         match &change {
             Change::Map { region, flags } => {
                 if let Some(&(end, at, i)) = self.unmapped.get(&region.start) {
@@ -167,12 +171,17 @@ impl History {
         self.log.is_empty()
     }
 
+    /// How many changes were pushed (each one may change the log).
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
     /// Its process has exited: no change comes any more, so what only
     /// folds later ones (the last mapping at each address, the munmaps that
     /// may be undone, the last maps read) goes; the log is kept whole.
     pub fn retire(&mut self) {
-        self.last_map = HashMap::new();
-        self.unmapped = HashMap::new();
+        self.last_map = HashMap::default();
+        self.unmapped = HashMap::default();
         self.last_snapshot = None;
         self.log.shrink_to_fit();
     }
@@ -181,6 +190,7 @@ impl History {
     pub fn forget_log(&mut self) {
         self.retire();
         self.log = Vec::new();
+        self.changes += 1;
     }
 
     /// The paths of the files it mapped (mmaps and maps reads).

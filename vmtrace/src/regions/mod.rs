@@ -147,7 +147,7 @@ pub(crate) struct Partial {
     /// File pages hit, kept for the files that may be checkpoints only.
     file_pages: Vec<(GranuleCounts, FileHit)>,
     /// Whether a path is a checkpoint (read once per path).
-    checkpoint: std::collections::HashMap<Arc<str>, bool>,
+    checkpoint: crate::hash::HashMap<Arc<str>, bool>,
     placement: Placement,
     /// Faults and fault time of every row added, and the 100 largest of
     /// each (what [`Partial::fold_small`] needs to know a row will be folded).
@@ -187,7 +187,7 @@ impl Partial {
     pub(crate) fn add<'a>(
         &mut self,
         granules: &[(GranuleKey, GranuleCounts)],
-        input_of: impl Fn(u32) -> Option<ProcessInput<'a>>,
+        mut input_of: impl FnMut(u32) -> Option<ProcessInput<'a>>,
     ) {
         let mut by_pid: BTreeMap<u32, Vec<(GranuleKey, GranuleCounts)>> = BTreeMap::new();
         for (k, g) in granules {
@@ -490,11 +490,12 @@ fn placeholder_id(path: &str) -> Option<(u32, u64)> {
 
 /// For each name of a mapped file that is only its inode, the path of
 /// another mapping of the same (dev, inode), if any (`stat` of each path).
-fn same_files<'a>(paths: impl Iterator<Item = &'a str>) -> std::collections::HashMap<String, String> {
-    use std::collections::{BTreeSet, HashMap};
+fn same_files<'a>(paths: impl Iterator<Item = &'a str>) -> crate::hash::HashMap<String, String> {
+    use crate::hash::HashMap;
+    use std::collections::BTreeSet;
     let paths: BTreeSet<&str> = paths.collect();
     let unnamed: HashMap<(u32, u64), &str> = paths.iter().filter_map(|p| Some((placeholder_id(p)?, *p))).collect();
-    let mut out = HashMap::new();
+    let mut out = HashMap::default();
     if unnamed.is_empty() {
         return out;
     }

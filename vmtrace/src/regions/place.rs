@@ -1,7 +1,7 @@
 //! Places one process's faults (per granule and address-space generation)
 //! in its regions by replaying its mapping history (`history.rs`) in
 //! generation order alongside them.
-use std::collections::HashMap;
+use crate::hash::HashMap;
 
 use vmtrace_common::{GranuleCounts, GranuleKey, GEN_UNKNOWN, GRANULE_PAGES, REGION_GRANULE_SHIFT};
 
@@ -55,7 +55,7 @@ pub(super) struct PlacedRegion {
 pub(crate) struct ProcessInput<'a> {
     pub history: &'a History,
     /// The address space it started from (its parent's at the fork), if known.
-    pub start: Option<Vec<Region>>,
+    pub start: Option<std::sync::Arc<[Region]>>,
     /// The last read of its maps (after the recording if it still lived).
     pub final_maps: &'a [Region],
     /// It forked, or was forked and did not exec since: its anonymous pages
@@ -69,12 +69,12 @@ pub(crate) struct ProcessInput<'a> {
 /// maps read (which CPython it runs, if its maps were not read while it ran).
 pub(crate) fn regions_at(
     history: &History,
-    start: Option<Vec<Region>>,
+    start: Option<&[Region]>,
     (gen, at_ns): (u32, u64),
     final_maps: &[Region],
 ) -> Vec<Region> {
-    let arena = python_arena_size(history, start.as_deref(), final_maps);
-    let mut r = start.map_or_else(Replay::default, |s| Replay::from_regions(&s)).with_python_arenas(arena);
+    let arena = python_arena_size(history, start, final_maps);
+    let mut r = start.map_or_else(Replay::default, Replay::from_regions).with_python_arenas(arena);
     let log = history::ordered_until(history, Some((gen, at_ns)));
     let mut races = Races::new(&log);
     let unmap_gens = unmap_gens(&log);
@@ -86,7 +86,7 @@ pub(crate) fn regions_at(
 
 /// Generations of munmaps: a maps read at one may have been made before it
 /// or after (an munmap does not bump the generation).
-fn unmap_gens(log: &[(u32, u32, &history::Change)]) -> std::collections::HashSet<u32> {
+fn unmap_gens(log: &[(u32, u32, &history::Change)]) -> crate::hash::HashSet<u32> {
     log.iter().filter(|(_, _, c)| matches!(c, history::Change::Unmap { .. })).map(|(g, _, _)| *g).collect()
 }
 
@@ -95,7 +95,7 @@ fn unmap_gens(log: &[(u32, u32, &history::Change)]) -> std::collections::HashSet
 fn apply_logged(
     replay: &mut Replay,
     races: &mut Races,
-    unmap_gens: &std::collections::HashSet<u32>,
+    unmap_gens: &crate::hash::HashSet<u32>,
     (g, _, c): &(u32, u32, &history::Change),
 ) {
     if races.any_open(*g) || unmap_gens.contains(g) {
@@ -201,8 +201,8 @@ pub(super) fn place(
     log::debug!(
         "{pid}: {} changes, from {} regions ({} arenas), Python arenas of {arena:?} bytes",
         log.len(),
-        input.start.as_ref().map_or(0, Vec::len),
-        input.start.iter().flatten().filter(|r| r.kind == RegionKind::PythonArena).count()
+        input.start.as_deref().map_or(0, <[Region]>::len),
+        input.start.iter().flat_map(|s| s.iter()).filter(|r| r.kind == RegionKind::PythonArena).count()
     );
     let mut races = Races::new(&log);
     // A maps read made while a change was in flight may show it half done.
@@ -255,7 +255,7 @@ pub(super) fn place(
     }
     // The same mapping made again at the same place (an allocator churning
     // one size) is one row: thousands of identical rows say nothing more.
-    let mut merged: HashMap<RowKey, PlacedRegion> = HashMap::new();
+    let mut merged: HashMap<RowKey, PlacedRegion> = HashMap::default();
     for (row, (acc, file_hits)) in rows.out {
         let region = match row {
             RowRef::Replay(i) => {

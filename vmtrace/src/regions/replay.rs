@@ -4,7 +4,8 @@
 //! (`history::ordered`); a fault is placed in the piece that covered its page
 //! at its generation, or, when a change raced it or was seen late, in the
 //! nearest mapping in time (the birth index).
-use std::collections::{BTreeMap, HashMap};
+use crate::hash::HashMap;
+use std::collections::BTreeMap;
 
 use super::history::{page_up, Change};
 use crate::{
@@ -516,7 +517,7 @@ impl Replay {
             }
         }
         // A row still mapped spans its pieces now, not every address it held.
-        let mut live: HashMap<usize, (u64, u64, u64)> = HashMap::new();
+        let mut live: HashMap<usize, (u64, u64, u64)> = HashMap::default();
         for (&s, p) in &self.model {
             let e = live.entry(p.row).or_insert((s, p.end, p.offset));
             if s < e.0 {

@@ -5,7 +5,8 @@
 //! stored uncompressed (torch aligns each to 64 bytes), so every tensor is a
 //! byte range of the file. The zip is read with the `zip` crate; the pickle
 //! with the small bounded reader below (serde-pickle has no persistent ids).
-use std::{collections::HashMap, fs::File, io::Read as _, path::Path};
+use crate::hash::HashMap;
+use std::{fs::File, io::Read as _, path::Path};
 
 use super::safetensors::Tensor;
 
@@ -44,7 +45,7 @@ pub(crate) fn tensors(path: &Path) -> Option<Vec<Tensor>> {
     let mut found = Vec::new();
     collect(&root, String::new(), 0, &mut found);
     // Where each storage's bytes lie in the file.
-    let mut storages: HashMap<String, Option<(u64, u64)>> = HashMap::new();
+    let mut storages: HashMap<String, Option<(u64, u64)>> = HashMap::default();
     let mut out = Vec::new();
     for (name, t) in found {
         let at = *storages.entry(t.storage.clone()).or_insert_with(|| {
@@ -211,7 +212,7 @@ fn collect(v: &Value, name: String, depth: usize, out: &mut Vec<(String, TensorR
 fn unpickle(data: &[u8]) -> Result<Value, String> {
     let mut r = Reader { data, pos: 0 };
     let mut stack: Vec<Value> = Vec::new();
-    let mut memo: HashMap<u64, Value> = HashMap::new();
+    let mut memo: HashMap<u64, Value> = HashMap::default();
     let pop = |stack: &mut Vec<Value>| stack.pop().ok_or_else(|| "stack underflow".to_string());
     let pop_mark = |stack: &mut Vec<Value>| -> Result<Vec<Value>, String> {
         let m = stack.iter().rposition(|v| *v == Value::Mark).ok_or("no mark")?;

@@ -368,15 +368,15 @@ fn recorded(s: &Summary) -> String {
 
 /// Labels by process frame (`model::identity::named`), for a frame
 /// several processes share.
-type SharedLabels = std::collections::HashMap<String, Vec<(&'static str, String)>>;
+type SharedLabels = crate::hash::HashMap<String, Vec<(&'static str, String)>>;
 
 /// The pid of each process frame the folded files name, and for a frame
 /// several processes share (a rank's DataLoader workers share their rank's)
 /// the identity labels all of them have: their samples keep their rank,
 /// pod and container, not none.
-fn process_frames(s: &Summary) -> (std::collections::HashMap<String, u32>, SharedLabels) {
-    let mut pids: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
-    let mut shared = SharedLabels::new();
+fn process_frames(s: &Summary) -> (crate::hash::HashMap<String, u32>, SharedLabels) {
+    let mut pids: crate::hash::HashMap<String, u32> = crate::hash::HashMap::default();
+    let mut shared = SharedLabels::default();
     for p in &s.processes {
         let frame = crate::model::identity::named(&p.comm, Some(&p.identity)).into_owned();
         let labels = p.identity.labels();

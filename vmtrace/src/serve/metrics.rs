@@ -17,8 +17,9 @@
 //! to the live process without one that faulted most in the last refresh
 //! (its series counts from then; what it did before stays in `other`); a
 //! cgroup's to the next cgroup seen.
+use crate::hash::{HashMap, HashSet};
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::BTreeMap,
     fmt::Write as _,
     hash::{Hash as _, Hasher as _},
     sync::Arc,
@@ -172,13 +173,13 @@ impl Aggregator {
         Self {
             top,
             max_cgroups,
-            seen: HashMap::new(),
+            seen: HashMap::default(),
             procs: BTreeMap::new(),
             proc_other: Series::default(),
             cgroups: BTreeMap::new(),
             cgroup_other: Series::default(),
             folded_procs: 0,
-            folded_cgroups: HashSet::new(),
+            folded_cgroups: HashSet::default(),
             oom_kills: 0,
             dropped: 0,
         }
@@ -282,7 +283,7 @@ impl Aggregator {
     /// what was seen of it becomes part of what was seen of pid 0, so that
     /// pid 0 grows only by what no refresh saw of it yet. Its memory goes.
     fn forget_folded_away(&mut self, snap: &LiveSnapshot) {
-        let present: std::collections::HashSet<u32> = snap.processes.iter().map(|p| p.pid).collect();
+        let present: crate::hash::HashSet<u32> = snap.processes.iter().map(|p| p.pid).collect();
         let gone: Vec<u32> = self.seen.keys().copied().filter(|p| !present.contains(p)).collect();
         if gone.is_empty() {
             return;

@@ -3,10 +3,8 @@
 //! ended now), or with `?seconds=N` what changed over the next N seconds: the
 //! difference of two cumulative profiles, which Parca (`delta: true`) and
 //! Grafana Alloy's `pyroscope.scrape` ask for.
-use std::{
-    collections::{BTreeMap, HashMap},
-    sync::Arc,
-};
+use crate::hash::HashMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use crate::{
     export::pprof::{self, Kind, Sample},

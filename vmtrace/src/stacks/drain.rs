@@ -16,7 +16,7 @@
 //! would share an id: the first keeps it, and the faults counted under that
 //! id are reported (`reused_faults`; of 300,000 distinct stacks, about 40 would share an id in a
 //! billion-id space).
-use std::collections::HashMap;
+use crate::hash::HashMap;
 
 use vmtrace_common::{Merge as _, PyFrame, StackCounts, StackKey};
 
@@ -40,7 +40,7 @@ pub struct Drained {
     counts: HashMap<u32, HashMap<StackKey, StackCounts>>,
     stacks: HashMap<u32, Stored>,
     /// Stacks found under an id already holding another stack (see the module doc).
-    reused: std::collections::HashSet<u32>,
+    reused: crate::hash::HashSet<u32>,
     /// Drains that moved anything.
     pub drains: u64,
     /// Drains, whether or not they moved anything (a stack's age).
@@ -56,7 +56,7 @@ impl Drained {
     }
 
     /// The keys of `tgids` drained so far.
-    pub fn keys_of<'a>(&'a self, tgids: &'a std::collections::HashSet<u32>) -> impl Iterator<Item = StackKey> + 'a {
+    pub fn keys_of<'a>(&'a self, tgids: &'a crate::hash::HashSet<u32>) -> impl Iterator<Item = StackKey> + 'a {
         tgids.iter().filter_map(|t| self.counts.get(t)).flat_map(|m| m.keys().copied())
     }
 
@@ -89,7 +89,7 @@ impl Drained {
     }
 
     /// Takes the counts of `tgids` out.
-    pub fn take_counts(&mut self, tgids: &std::collections::HashSet<u32>) -> Vec<(StackKey, StackCounts)> {
+    pub fn take_counts(&mut self, tgids: &crate::hash::HashSet<u32>) -> Vec<(StackKey, StackCounts)> {
         let out = tgids.iter().filter_map(|t| self.counts.remove(t)).flatten().collect();
         if self.counts.capacity() > 4 * self.counts.len().max(1024) {
             self.counts.shrink_to_fit();
@@ -111,15 +111,15 @@ impl Drained {
     /// `kept`: ids the kernel's maps still count under for others.
     pub fn forget_stacks(
         &mut self,
-        gone: &std::collections::HashSet<u32>,
+        gone: &crate::hash::HashSet<u32>,
         keep: &dyn Fn(u32) -> bool,
-        kept: &std::collections::HashSet<u32>,
-        also: &std::collections::HashSet<u32>,
+        kept: &crate::hash::HashSet<u32>,
+        also: &crate::hash::HashSet<u32>,
     ) -> Vec<u32> {
         let ids_of = |m: &HashMap<StackKey, StackCounts>| {
             m.keys().filter_map(|k| u32::try_from(k.user_stack).ok()).collect::<Vec<u32>>()
         };
-        let mut ids: std::collections::HashSet<u32> =
+        let mut ids: crate::hash::HashSet<u32> =
             gone.iter().filter_map(|t| self.counts.get(t)).flat_map(ids_of).collect();
         ids.extend(also);
         if ids.is_empty() {
@@ -154,8 +154,8 @@ impl Drained {
     /// process churn, where every process's ids are its own, those were
     /// most of what stayed (~1 a process; 19,463 of 20,799 held after 46 s
     /// of `docs/scripts/churn-serve.sh`). Returns the ids let go.
-    pub fn sweep(&mut self, referenced: &std::collections::HashSet<u32>, min_age: u64) -> Vec<u32> {
-        let counted: std::collections::HashSet<u32> =
+    pub fn sweep(&mut self, referenced: &crate::hash::HashSet<u32>, min_age: u64) -> Vec<u32> {
+        let counted: crate::hash::HashSet<u32> =
             self.counts.values().flat_map(|m| m.keys()).filter_map(|k| u32::try_from(k.user_stack).ok()).collect();
         let now = self.calls;
         let mut out = Vec::new();
@@ -214,15 +214,16 @@ mod tests {
         for id in [0x4000_0001, 0x4000_0002, 0x4000_0003] {
             assert!(d.add_stack(id, u64::from(id), &[u64::from(id)], None));
         }
-        let gone: std::collections::HashSet<u32> = [7].into();
+        let gone: crate::hash::HashSet<u32> = [7].into_iter().collect();
         // 9 was released before: its stack is not kept for it.
         // 7's call site walked 4 (never a fault stack); 5 is a live
         // process's resident page's.
         for id in [0x4000_0004, 0x4000_0005] {
             assert!(d.add_stack(id, u64::from(id), &[u64::from(id)], None));
         }
-        let none = std::collections::HashSet::new();
-        let (also, in_use) = ([0x4000_0004, 0x4000_0005].into(), [0x4000_0005].into());
+        let none = crate::hash::HashSet::default();
+        let (also, in_use): (crate::hash::HashSet<u32>, crate::hash::HashSet<u32>) =
+            ([0x4000_0004, 0x4000_0005].into_iter().collect(), [0x4000_0005].into_iter().collect());
         let mut forgot = d.forget_stacks(&gone, &|t| t != 9, &in_use, &also);
         forgot.sort_unstable();
         assert_eq!(forgot, vec![0x4000_0002, 0x4000_0004]);
@@ -230,7 +231,7 @@ mod tests {
         assert!(d.ips(0x4000_0003).is_some(), "not 7's");
         assert!(d.ips(0x4000_0005).is_some(), "in use");
         assert!(d.forget_stacks(&gone, &|t| t != 9, &none, &none).is_empty());
-        let mut all = HashMap::new();
+        let mut all = HashMap::default();
         d.merge_into(&mut all);
         assert_eq!(all.len(), 4, "every count stays");
     }
@@ -248,7 +249,7 @@ mod tests {
             d.next_drain();
         }
         assert!(d.add_stack(0x4000_0004, 4, &[4], None));
-        let referenced = [0x4000_0002].into();
+        let referenced: crate::hash::HashSet<u32> = [0x4000_0002].into_iter().collect();
         assert_eq!(d.sweep(&referenced, 5), vec![0x4000_0003]);
         assert_eq!(d.stacks(), 3);
         for _ in 0..5 {
@@ -273,7 +274,7 @@ mod tests {
         assert!(d.add_stack(0x4000_0001, 99, &[1, 2, 3], Some(&py)));
         assert_eq!(d.ips(0x4000_0001), Some(vec![1, 2, 3]));
         assert_eq!(d.python(0x4000_0001), Some(py));
-        let mut all = HashMap::new();
+        let mut all = HashMap::default();
         d.merge_into(&mut all);
         assert_eq!(all[&key(0x4000_0001)].faults, 6);
         assert_eq!(d.reused_faults(), 0);

@@ -104,7 +104,7 @@ pub fn fold_small(folded: &str, min_share: f64) -> String {
         return folded.to_string();
     }
     // The weight of every stack prefix, as a tree of frames: (parent, frame) -> node.
-    let mut nodes: std::collections::HashMap<(u32, &str), u32> = std::collections::HashMap::new();
+    let mut nodes: crate::hash::HashMap<(u32, &str), u32> = crate::hash::HashMap::default();
     let mut weights: Vec<u64> = vec![0];
     let mut paths: Vec<Vec<u32>> = Vec::with_capacity(lines.len());
     for (stack, w) in &lines {

@@ -1,6 +1,6 @@
 //! The code location of a stack (`model::CodeLocations`): its innermost
 //! Python line, else its innermost native frame of the program's own code.
-use std::collections::HashMap;
+use crate::hash::HashMap;
 
 use super::{flamegraph::Weight, Stack};
 use crate::model::{locations::location, CodeLocation, CodeLocations};
@@ -8,7 +8,7 @@ use crate::model::{locations::location, CodeLocation, CodeLocations};
 /// The top locations of `stacks` by `weight` (each stack's estimate).
 pub fn top(stacks: &[Stack], weight: Weight, limit: usize) -> Vec<CodeLocation> {
     let value = |s: &Stack| weight.of(&s.estimate);
-    let mut by: HashMap<String, (f64, HashMap<&str, f64>)> = HashMap::new();
+    let mut by: HashMap<String, (f64, HashMap<&str, f64>)> = HashMap::default();
     let mut total = 0.0;
     for s in stacks {
         let v = value(s);

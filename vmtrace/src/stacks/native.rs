@@ -8,7 +8,8 @@
 //! was seen, and the counts of the id are shared out in those proportions
 //! (`shares`): exact in events for the faults and calls whose sample arrived,
 //! an estimate for latency and majors when an id mixes several stacks.
-use std::{collections::HashMap, time::Instant};
+use crate::hash::HashMap;
+use std::time::Instant;
 
 use vmtrace_common::{StackSampleHead, STACK_ID_LOST};
 
@@ -214,7 +215,7 @@ impl NativeStacks {
 
     /// Forgets the unwound stacks of retired processes (their stacks are
     /// symbolized already).
-    pub fn forget_retired(&mut self, tgids: &std::collections::HashSet<u32>) {
+    pub fn forget_retired(&mut self, tgids: &crate::hash::HashSet<u32>) {
         for t in tgids {
             self.spaces.remove(t);
         }
@@ -243,7 +244,7 @@ fn lighten(v: &mut Vec<(NativeStack, u64)>, keep: usize) -> u64 {
         return 0;
     }
     order.sort_by_key(|&i| std::cmp::Reverse(v[i].1));
-    let gone: std::collections::HashSet<usize> = order[keep..].iter().copied().collect();
+    let gone: crate::hash::HashSet<usize> = order[keep..].iter().copied().collect();
     let leaf = v[order[keep]].0.frames.first().copied();
     let mut added = 0;
     let mut i = 0;

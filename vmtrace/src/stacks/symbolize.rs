@@ -3,11 +3,8 @@
 //! processes that exited are symbolized too; JIT code through
 //! `/tmp/perf-PID.map`; kernel frames through kallsyms. A frame that cannot be
 //! named shows `module+0xoffset`: frames never vanish.
-use std::{
-    cell::RefCell,
-    collections::{HashMap, HashSet},
-    path::PathBuf,
-};
+use crate::hash::{HashMap, HashSet};
+use std::{cell::RefCell, path::PathBuf};
 
 use blazesym::symbolize::{
     source::{Elf, Kernel, Source},
@@ -144,13 +141,13 @@ impl Default for Names {
     fn default() -> Self {
         Self {
             symbolizer: Symbolizer::new(),
-            debug: HashMap::new(),
-            kernel: HashMap::new(),
-            user: HashMap::new(),
+            debug: HashMap::default(),
+            kernel: HashMap::default(),
+            user: HashMap::default(),
             root: None,
-            roots: HashMap::new(),
-            other: RefCell::new(HashSet::new()),
-            stacks: RefCell::new(HashSet::new()),
+            roots: HashMap::default(),
+            other: RefCell::new(HashSet::default()),
+            stacks: RefCell::new(HashSet::default()),
         }
     }
 }
@@ -231,7 +228,7 @@ impl Names {
             }
             self.roots.entry(root_key(Some(r))).or_insert_with(|| std::sync::Arc::downgrade(r));
         }
-        let mut by_file: HashMap<&str, Vec<u64>> = HashMap::new();
+        let mut by_file: HashMap<&str, Vec<u64>> = HashMap::default();
         for &a in addrs {
             if let Place::File(path, off) = place(a, maps, None) {
                 if self.named(path, off).is_none() {

@@ -10,12 +10,8 @@
 //! make of `flamegraph::folded_by_pid`'s lines, byte for byte: lines in
 //! byte order, weights rounded in that order (largest remainder), each line's
 //! weight shared among its processes.
-use std::{
-    borrow::Cow,
-    cmp::Ordering,
-    collections::{BTreeMap, HashMap},
-    fmt::Write as _,
-};
+use crate::hash::HashMap;
+use std::{borrow::Cow, cmp::Ordering, collections::BTreeMap, fmt::Write as _};
 
 use super::{
     weight::{apportion, Weight, SMALL_STACKS},
@@ -87,16 +83,16 @@ impl<'a> Tree<'a> {
         let root = Node { frame: NONE, parent: NONE, first_child: NONE, next_sibling: NONE };
         let mut t = Self {
             names: Vec::new(),
-            ids: HashMap::new(),
-            by_ref: HashMap::new(),
+            ids: HashMap::default(),
+            by_ref: HashMap::default(),
             nodes: vec![root],
-            children: HashMap::new(),
+            children: HashMap::default(),
             ends: Vec::with_capacity(stacks.len()),
-            plain: HashMap::new(),
+            plain: HashMap::default(),
         };
         // The process frame of each pid (and name: an exec renames it) that
         // names an identity, made once.
-        let mut named: HashMap<(u32, &'a str), Option<u32>> = HashMap::new();
+        let mut named: HashMap<(u32, &'a str), Option<u32>> = HashMap::default();
         for s in stacks {
             let frame = match identities.get(&s.pid) {
                 None => None,
@@ -227,7 +223,7 @@ impl<'a> Tree<'a> {
     pub fn graph(&self, stacks: &'a [Stack], weight: Weight) -> Graph<'_, 'a> {
         // Each line's weight summed in stack order, its processes' shares
         // (pids ascending), its region leaf: as `flamegraph::folded_by_pid`.
-        let mut index: HashMap<u32, u32> = HashMap::new();
+        let mut index: HashMap<u32, u32> = HashMap::default();
         let mut lines: Vec<Line<'a>> = Vec::new();
         for (s, &end) in stacks.iter().zip(&self.ends) {
             let w = weight.of(&s.estimate);
@@ -372,7 +368,7 @@ impl Graph<'_, '_> {
         }
         // A line is kept whole, or cut at its first node past the process's
         // own that is too light, and ends in `SMALL_STACKS` under its caller.
-        let (mut whole, mut cut): (HashMap<u32, u64>, HashMap<u32, u64>) = (HashMap::new(), HashMap::new());
+        let (mut whole, mut cut): (HashMap<u32, u64>, HashMap<u32, u64>) = (HashMap::default(), HashMap::default());
         let mut path = Vec::new();
         for l in self.lines.iter().filter(|l| l.weight > 0) {
             path.clear();

@@ -5,7 +5,8 @@
 //! left of their process's totals, in proportion to what was measured in
 //! them (a ratio estimate). So each flamegraph adds up to the process table —
 //! faults, fault time and majors — and the heavy tail is never left to chance.
-use std::collections::{BTreeMap, HashMap};
+use crate::hash::HashMap;
+use std::collections::BTreeMap;
 
 use vmtrace_common::STRATUM_EXACT;
 
@@ -117,7 +118,7 @@ pub fn weigh(stacks: &mut Vec<Stack>, totals: &BTreeMap<u32, Totals>, comm_of: &
     }
     let measured =
         |s: &Stack| [s.counts.faults as f64, s.counts.time_ns as f64, s.counts.major as f64, s.counts.cow as f64];
-    let mut sums: HashMap<u32, Sums> = HashMap::new();
+    let mut sums: HashMap<u32, Sums> = HashMap::default();
     for s in stacks.iter().filter(|s| s.stratum & WEIGHED == 0) {
         let e = sums.entry(s.pid).or_default();
         e.comm.clone_from(&s.comm);
@@ -128,7 +129,7 @@ pub fn weigh(stacks: &mut Vec<Stack>, totals: &BTreeMap<u32, Totals>, comm_of: &
     }
     // Per process and weight: the factor for sampled stacks, and what no
     // sampled stack can take.
-    let mut factors: HashMap<u32, [f64; WEIGHTS]> = HashMap::new();
+    let mut factors: HashMap<u32, [f64; WEIGHTS]> = HashMap::default();
     let mut unsampled = Vec::new();
     for (&pid, sum) in &sums {
         let want = totals.get(&pid).copied().unwrap_or_default().values();

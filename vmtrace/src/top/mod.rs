@@ -8,8 +8,8 @@ pub mod model;
 pub mod numa;
 pub mod view;
 
+use crate::hash::HashMap;
 use std::{
-    collections::HashMap,
     io::IsTerminal as _,
     time::{Duration, Instant},
 };
@@ -93,11 +93,11 @@ impl Model {
             procs: RateKeeper::default(),
             regions: RateKeeper::default(),
             totals: RateKeeper::default(),
-            resident_prev: HashMap::new(),
+            resident_prev: HashMap::default(),
             dtlb_prev: None,
             last: Instant::now(),
             names: Names::default(),
-            sites: HashMap::new(),
+            sites: HashMap::default(),
             numa: numa::NodeReads::new(&crate::numa::Topology::read()),
         }
     }

@@ -1,7 +1,7 @@
 //! What `vmtrace top` shows: rates over the last refresh, computed from the
 //! cumulative counters the kernel keeps. No terminal here, so it is tested
 //! without one.
-use std::collections::HashMap;
+use crate::hash::HashMap;
 
 use crate::model::{
     live::{Cum, Rates},
@@ -109,7 +109,7 @@ pub const ARENAS: u64 = u64::MAX;
 pub fn region_totals(regions: &[RegionSummary]) -> Vec<RegionTotal> {
     let start = |r: &RegionSummary| u64::from_str_radix(r.start.trim_start_matches("0x"), 16).unwrap_or(0);
     let mut out: Vec<RegionTotal> = Vec::new();
-    let mut arenas: HashMap<u32, (usize, usize)> = HashMap::new();
+    let mut arenas: HashMap<u32, (usize, usize)> = HashMap::default();
     for r in regions {
         let f = &r.faults;
         let cum = Cum { faults: f.total, major: f.major, cow: f.cow, time_ns: f.time_ns, ..Cum::default() };

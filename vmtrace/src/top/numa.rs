@@ -6,8 +6,9 @@
 //! their own: a process of hundreds of GB takes seconds to walk, and the
 //! loop that drains the kernel's rings must not wait for it. On a host with
 //! one node nothing is read and there is no column.
+use crate::hash::HashMap;
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::BTreeMap,
     sync::mpsc,
     time::{Duration, Instant},
 };
@@ -45,7 +46,7 @@ impl NodeReads {
         (!topo.single_node()).then(|| Self {
             nodes: topo.nodes.clone(),
             last: None,
-            by_pid: HashMap::new(),
+            by_pid: HashMap::default(),
             pending: None,
         })
     }

@@ -368,10 +368,10 @@ fn node_series(log: &TraceLog) -> NodeSeries {
         .collect();
     // Stable: at one time a read comes before an exit.
     changes.sort_by_key(|c| c.0);
-    let mut now: HashMap<(u32, u32), u64> = HashMap::new();
+    let mut now: HashMap<(u32, u32), u64> = HashMap::default();
     let mut sum: BTreeMap<u32, u64> = BTreeMap::new();
     // Each node's last total: (time, index in `totals`).
-    let mut last: HashMap<u32, (u64, usize)> = HashMap::new();
+    let mut last: HashMap<u32, (u64, usize)> = HashMap::default();
     for (ts, pid, node, pages) in changes {
         let before = now.insert((pid, node), pages).unwrap_or(0);
         let total = sum.entry(node).or_default();

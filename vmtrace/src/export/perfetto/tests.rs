@@ -1,4 +1,4 @@
-use std::collections::HashMap;
+use crate::hash::HashMap;
 
 use prost::Message as _;
 use vmtrace_protos::perfetto::{trace_packet::Data, track_event, Trace, TrackEvent};
@@ -99,7 +99,7 @@ fn tracks_slices_instants_and_counters() {
     let first = &trace.packet[0];
     assert!(matches!(&first.data, Some(Data::ClockSnapshot(c)) if c.primary_trace_clock == Some(3)));
     assert_eq!(first.sequence_flags, Some(1));
-    let mut tracks: HashMap<u64, String> = HashMap::new();
+    let mut tracks: HashMap<u64, String> = HashMap::default();
     let mut events = Vec::new();
     for p in &trace.packet {
         match &p.data {
@@ -168,8 +168,8 @@ fn tracks_slices_instants_and_counters() {
 fn counters_integrate_to_their_totals() {
     let log = log();
     let trace = decode(&summary(), &log);
-    let mut tracks: HashMap<u64, String> = HashMap::new();
-    let mut series: HashMap<u64, Vec<(u64, f64)>> = HashMap::new();
+    let mut tracks: HashMap<u64, String> = HashMap::default();
+    let mut series: HashMap<u64, Vec<(u64, f64)>> = HashMap::default();
     for p in &trace.packet {
         match &p.data {
             Some(Data::TrackDescriptor(t)) => {
@@ -213,7 +213,7 @@ fn resident_points_are_byte_counters_per_process() {
     };
     let trace = decode(&summary(), &log);
     let (tracks, values) = named_counters(&trace);
-    let mut series: HashMap<String, Vec<f64>> = HashMap::new();
+    let mut series: HashMap<String, Vec<f64>> = HashMap::default();
     for (uuid, _, v) in values {
         series.entry(tracks[&uuid].0.clone()).or_default().push(v);
     }
@@ -232,7 +232,7 @@ fn resident_points_are_byte_counters_per_process() {
 /// once; and its counter values in order, (track uuid, timestamp, value).
 type Tracks = HashMap<u64, (String, Option<String>, Option<u64>)>;
 fn named_counters(trace: &Trace) -> (Tracks, Vec<(u64, u64, f64)>) {
-    let (mut tracks, mut values) = (Tracks::new(), Vec::new());
+    let (mut tracks, mut values) = (Tracks::default(), Vec::new());
     for p in &trace.packet {
         match &p.data {
             Some(Data::TrackDescriptor(t)) => {
@@ -282,7 +282,7 @@ fn node_points_are_byte_counters_per_process_and_node() {
     };
     let trace = decode(&summary(), &log);
     let (tracks, values) = named_counters(&trace);
-    let mut series = Series::new();
+    let mut series = Series::default();
     for (uuid, ts, v) in values {
         let (name, _, parent) = tracks[&uuid].clone();
         series.entry((name, parent)).or_default().push(((ts - T0) / MS, v / 4096.0));

@@ -12,8 +12,8 @@ mod measure;
 #[cfg(test)]
 mod tests;
 
+use crate::hash::HashMap;
 use std::{
-    collections::HashMap,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     sync::Arc,
@@ -203,7 +203,7 @@ impl Default for Unwinder {
 
 impl Unwinder {
     pub fn new() -> Self {
-        Self { objects: HashMap::new(), named: HashMap::new(), cache: CacheNative::new(), max_frames: 127 }
+        Self { objects: HashMap::default(), named: HashMap::default(), cache: CacheNative::new(), max_frames: 127 }
     }
 
     pub fn stats(&self) -> Stats {
