@@ -180,14 +180,19 @@ fn nothing_is_lost_beside_heavy_process_churn() {
     // What the collector holds of the drained stacks follows what is live,
     // not every process seen: each process's stacks are its own (ASLR), and
     // those walked for pages it no longer held stayed, more than one a
-    // process, until they were swept.
+    // process, until they were swept. The processes alive at the end (a
+    // build running beside the test has thousands of stacks) hold theirs.
     let seen = procs.len() as u64 - 1 + procs.iter().find(|p| p["pid"] == 0).map_or(0, |o| u(&o["folded"]));
     let held = u(&s["stacks"]["drained_stacks"]);
+    let of_live = s["stacks"]["drained_stacks_of_live"].as_u64().unwrap_or(0);
     let swept = s["stacks"]["swept_stacks"].as_u64().unwrap_or(0);
-    eprintln!("{rounds} rounds: {seen} processes seen, {held} drained stacks held at the end, {swept} swept");
+    eprintln!(
+        "{rounds} rounds: {seen} processes seen, {held} drained stacks held at the end ({of_live} of live processes), \
+         {swept} swept"
+    );
     assert!(
-        swept > 0 && 4 * held < seen,
-        "{held} drained stacks held at the end for {seen} processes seen: {}",
+        swept > 0 && 4 * held.saturating_sub(of_live) < seen,
+        "{held} drained stacks held at the end ({of_live} of live processes) for {seen} processes seen: {}",
         s["stacks"]
     );
 }

@@ -31,11 +31,15 @@ fn start_of(table: &ProcessTable, pid: u32, depth: u32, starts: &mut Starts) -> 
     if depth == 0 || parent.history.is_empty() {
         return None;
     }
-    let start = start_of(table, ppid, depth - 1, starts);
+    // A parent that exec'd before the fork: what it started from is gone.
+    let start = if parent.history.first_exec_gen().is_some_and(|e| e <= gen) {
+        None
+    } else {
+        start_of(table, ppid, depth - 1, starts)
+    };
     let key = StartKey {
         parent: ppid,
         gen,
-        depth,
         kept: regions::history::kept_at_fork(&parent.history, (gen, fork.at_ns)),
         changes: parent.history.changes(),
         maps: (parent.maps.len(), parent.maps_read),
@@ -45,6 +49,7 @@ fn start_of(table: &ProcessTable, pid: u32, depth: u32, starts: &mut Starts) -> 
         starts.hits += 1;
         return r.clone();
     }
+    log::debug!(target: "vmtrace::starts", "replaying {ppid} for {pid}: {key:?}");
     let replayed =
         regions::regions_at(&parent.history, start.as_ref().map(|(_, r)| &**r), (gen, fork.at_ns), &parent.maps);
     if starts.memo.len() >= STARTS_KEPT {
@@ -57,15 +62,15 @@ fn start_of(table: &ProcessTable, pid: u32, depth: u32, starts: &mut Starts) -> 
 }
 
 /// What decides a replayed start: the parent, the fork's generation, the
-/// parent's entries of that generation the fork keeps, the depth of the
-/// chain, the parent's log and maps as they were (its count of changes,
-/// its maps' length and last read), and the start its own replay began
-/// from (an id each replay gets).
+/// parent's entries of that generation the fork keeps, the parent's log and
+/// maps as they were (its count of changes, its maps' length and last
+/// read), and the start its own replay began from (an id each replay gets;
+/// 0 for none, as where the chain was cut at its depth: the depth itself
+/// is not, so a parent reached along chains of two lengths is one replay).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct StartKey {
     parent: u32,
     gen: u32,
-    depth: u32,
     kept: Vec<usize>,
     changes: u64,
     maps: (usize, Option<std::time::Instant>),
@@ -128,10 +133,21 @@ pub(crate) fn place_into(
     }
     let table = &*table;
     let parents: HashSet<u32> = table.iter().filter_map(|(_, p)| p.ppid).collect();
+    // The earliest generation each process faulted at.
+    let mut first_gen: HashMap<u32, u32> = HashMap::default();
+    for (k, _) in granules {
+        first_gen.entry(k.tgid).and_modify(|g| *g = (*g).min(k.gen)).or_insert(k.gen);
+    }
     partial.add(granules, |pid| {
         table.get(pid).map(|p| ProcessInput {
             history: &p.history,
-            start: start_of(table, pid, 16, starts).map(|(_, r)| r),
+            // One that exec'd before its first fault never used what it
+            // started from: no replay of its parent (most of a shell's
+            // children).
+            start: match p.history.first_exec_gen() {
+                Some(e) if first_gen.get(&pid).is_none_or(|g| *g >= e) => None,
+                _ => start_of(table, pid, 16, starts).map(|(_, r)| r),
+            },
             final_maps: &p.maps,
             shares_after_fork: shares_after_fork(table, &parents, pid),
         })

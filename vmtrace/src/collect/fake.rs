@@ -275,6 +275,10 @@ impl AggregateSource for FakeSource {
         (0, 0, 0)
     }
 
+    fn drained_stacks_of(&self, _: &crate::hash::HashSet<u32>, _: crate::hash::HashSet<u32>) -> usize {
+        0
+    }
+
     fn granules_in_flight(&self) -> crate::hash::HashSet<u32> {
         crate::hash::HashSet::default()
     }

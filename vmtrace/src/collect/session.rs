@@ -1609,6 +1609,10 @@ impl<S: AggregateSource> Session<S> {
             tracelog::finish(t, table, source, native, py, monotonic_ns())
         });
         let leaf = stacks.iter().any(|s| s.leaf.is_some());
+        // The drained stacks of the processes alive at the end: theirs to hold.
+        let live: crate::hash::HashSet<u32> = self.table.live_pids().iter().copied().collect();
+        let live_ids = self.resident.as_ref().map(|r| r.stack_ids(|p| live.contains(&p))).unwrap_or_default();
+        let held_of_live = self.source.drained_stacks_of(&live, live_ids);
         let resident = self.build_resident(leaf);
         let attributed = families.regions.then(|| self.build_regions());
         let mm = self.mm_totals();
@@ -1663,6 +1667,7 @@ impl<S: AggregateSource> Session<S> {
             st.lost_not_counted = by_kind(vmtrace_common::DropKind::StackCountsFull);
             (st.shared_id_faults, st.drained_stacks, _) = self.source.drained_stacks();
             st.swept_stacks = self.source.swept_stacks();
+            st.drained_stacks_of_live = held_of_live;
         }
         finished.trace = trace;
         self.finish_placement(&mut finished.summary, finished.trace.as_mut());

@@ -446,6 +446,30 @@ impl AggregateSource for Probes {
         (d.reused_faults(), d.stacks(), d.frame_bytes())
     }
 
+    fn drained_stacks_of(&self, tgids: &crate::hash::HashSet<u32>, mut ids: crate::hash::HashSet<u32>) -> usize {
+        let id = |s: i32| u32::try_from(s).ok();
+        let theirs = |t: u32| tgids.contains(&t);
+        ids.extend(self.maps.drained.keys_of(tgids).filter_map(|k| id(k.user_stack)));
+        ids.extend(
+            self.maps
+                .fault_stacks
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|k| theirs(k.tgid))
+                .filter_map(|k| id(k.user_stack)),
+        );
+        ids.extend(self.stack_keys_in_flight().iter().filter(|k| theirs(k.tgid)).filter_map(|k| id(k.user_stack)));
+        ids.extend(
+            self.maps
+                .mm_stacks
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|k| theirs(k.tgid))
+                .filter_map(|k| id(k.user_stack)),
+        );
+        self.maps.drained.held_of(&ids)
+    }
+
     /// Has the programs take the Python frames of `tgid`.
     fn register_python(&mut self, tgid: u32, p: &vmtrace_common::PyProc) -> bool {
         self.maps.user_stacks.is_some() && self.maps.py_procs.insert(tgid, *p, 0).is_ok()

@@ -128,6 +128,10 @@ pub trait AggregateSource {
     /// drained, bytes of their frames).
     fn drained_stacks(&self) -> (u64, usize, usize);
 
+    /// How many of the drained stacks held are those of `tgids` (counted
+    /// for them, in flight or their call sites) or in `also`.
+    fn drained_stacks_of(&self, tgids: &crate::hash::HashSet<u32>, also: crate::hash::HashSet<u32>) -> usize;
+
     /// Per-granule fault counts.
     fn all_granules(&self) -> Vec<(GranuleKey, GranuleCounts)>;
     /// Takes the granules of exited processes out of the kernel's maps.

@@ -40,6 +40,11 @@ pub struct StacksSummary {
     /// them any more (`stacks::drain::Drained::sweep`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub swept_stacks: u64,
+    /// Of `drained_stacks`, those of processes alive at the end (counted
+    /// for them, their call sites or the owners of their resident pages):
+    /// the rest are exited processes' not yet let go.
+    #[serde(default, skip_serializing_if = "is_zero_usize")]
+    pub drained_stacks_of_live: usize,
     /// Share of sampled user stacks with at most two frames: a sign of code
     /// built without frame pointers.
     pub shallow_user_stacks_pct: f64,

@@ -205,6 +205,12 @@ impl History {
         })
     }
 
+    /// The generation its first exec while traced began (faults from it on
+    /// are in the exec'd program's address space, whatever it started from).
+    pub fn first_exec_gen(&self) -> Option<u32> {
+        self.log.iter().filter(|l| matches!(l.change, Change::Exec)).map(|l| l.gen).min()
+    }
+
     /// Whether it exec'd while traced.
     pub fn execed(&self) -> bool {
         self.log.iter().any(|l| matches!(l.change, Change::Exec))

@@ -182,6 +182,11 @@ impl Drained {
         self.counts.values().flatten().filter(|(k, _)| reused(k)).map(|(_, c)| c.faults).sum()
     }
 
+    /// How many of `ids` are held.
+    pub fn held_of(&self, ids: &crate::hash::HashSet<u32>) -> usize {
+        ids.iter().filter(|id| self.stacks.contains_key(id)).count()
+    }
+
     /// Distinct user stacks kept.
     pub fn stacks(&self) -> usize {
         self.stacks.len()
