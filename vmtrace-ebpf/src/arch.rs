@@ -99,19 +99,13 @@ pub fn in_write_syscall() -> bool {
 }
 
 /// Whether a frame-pointer chain whose first return address is `first_ret`
-/// can hold every frame. x86-64: a call pushes its return address, so the
-/// chain misses nothing it can see. arm64: a leaf function (no frame record)
-/// keeps its return address in x30 only, and a chain through x29 passes over
-/// its caller (code built `-O2 -fomit-frame-pointer` leaves x29 at libc's
-/// last frame record, a chain that looks whole); trust it only where x30 is
-/// the chain's first return address, else userspace unwinds a copy.
-#[cfg(not(bpf_target_arch = "aarch64"))]
-#[inline(always)]
-pub const fn chain_holds_leaf(_lr: u64, _first_ret: u64) -> bool {
-    true
-}
-
-/// See the x86-64 version.
+/// can hold every frame (arm64 only: on x86-64 a call pushes its return
+/// address, so the chain misses nothing it can see, and `stacks::walk` has
+/// no such term there). A leaf function (no frame record) keeps its return
+/// address in x30 only, and a chain through x29 passes over its caller (code
+/// built `-O2 -fomit-frame-pointer` leaves x29 at libc's last frame record, a
+/// chain that looks whole); trust it only where x30 is the chain's first
+/// return address, else userspace unwinds a copy.
 #[cfg(bpf_target_arch = "aarch64")]
 #[inline(always)]
 pub const fn chain_holds_leaf(lr: u64, first_ret: u64) -> bool {
