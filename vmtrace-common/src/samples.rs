@@ -25,12 +25,15 @@ pub struct StackSampleHead {
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
+    /// The link register (x30) on arm64, where a leaf function's return
+    /// address stays (its CFI says so); 0 on x86-64, which pushes it.
+    pub lr: u64,
     /// How many events of its id this copy stands for: 1, then 2^k once the
     /// id had many copies (the kernel thins them at random, `samples.rs`).
     pub weight: u32,
     pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<StackSampleHead>() == 16 + 16 + 32);
+const _: () = assert!(core::mem::size_of::<StackSampleHead>() == 16 + 16 + 40);
 
 /// A user stack to unwind in userspace: registers and up to `N` bytes of the
 /// stack from `sp` (`EventKind::StackSample`, on its own ring).
@@ -40,4 +43,4 @@ pub struct StackSample<const N: usize> {
     pub head: StackSampleHead,
     pub stack: [u8; N],
 }
-const _: () = assert!(core::mem::size_of::<StackSample<16384>>() == 64 + 16384);
+const _: () = assert!(core::mem::size_of::<StackSample<16384>>() == 72 + 16384);

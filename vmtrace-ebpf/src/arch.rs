@@ -12,6 +12,9 @@ pub struct UserRegs {
     pub sp: u64,
     /// The frame pointer (rbp; x29 on arm64).
     pub fp: u64,
+    /// The link register (x30 on arm64: a leaf function's return address);
+    /// 0 on x86-64, where every call pushes it.
+    pub lr: u64,
     /// A 64-bit task (the frame-pointer walk reads 8-byte frames).
     pub is64: bool,
 }
@@ -33,6 +36,7 @@ pub fn user_regs() -> UserRegs {
             ip: core::ptr::read_volatile(&raw const (*regs).rip),
             sp: core::ptr::read_volatile(&raw const (*regs).rsp),
             fp: core::ptr::read_volatile(&raw const (*regs).rbp),
+            lr: 0,
             is64: core::ptr::read_volatile(&raw const (*regs).cs) & 0xffff == USER_CS_64,
         }
     }
@@ -53,6 +57,7 @@ pub fn user_regs() -> UserRegs {
             ip: core::ptr::read_volatile(&raw const (*regs).pc),
             sp: core::ptr::read_volatile(&raw const (*regs).sp),
             fp: core::ptr::read_volatile(&raw const (*regs).regs[29]),
+            lr: core::ptr::read_volatile(&raw const (*regs).regs[30]),
             is64: core::ptr::read_volatile(&raw const (*regs).pstate) & PSR_MODE32_BIT == 0,
         }
     }
@@ -91,4 +96,18 @@ pub fn in_write_syscall() -> bool {
     let nr = i64::from(nr as i32);
     let [a, b, c, d, e] = WRITE_SYSCALLS;
     nr == a || nr == b || nr == c || nr == d || nr == e
+}
+
+/// Whether a frame-pointer chain whose first return address is `first_ret`
+/// can hold every frame (arm64 only: on x86-64 a call pushes its return
+/// address, so the chain misses nothing it can see, and `stacks::walk` has
+/// no such term there). A leaf function (no frame record) keeps its return
+/// address in x30 only, and a chain through x29 passes over its caller (code
+/// built `-O2 -fomit-frame-pointer` leaves x29 at libc's last frame record, a
+/// chain that looks whole); trust it only where x30 is the chain's first
+/// return address, else userspace unwinds a copy.
+#[cfg(bpf_target_arch = "aarch64")]
+#[inline(always)]
+pub const fn chain_holds_leaf(lr: u64, first_ret: u64) -> bool {
+    lr == first_ret
 }

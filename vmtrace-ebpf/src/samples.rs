@@ -109,7 +109,7 @@ fn send<const N: usize>(id: i32, weight: u32) {
         count_drop(DropKind::StackSampleRingFull);
         return;
     };
-    let crate::arch::UserRegs { ip, sp, fp: bp, .. } = crate::arch::user_regs();
+    let crate::arch::UserRegs { ip, sp, fp: bp, lr, .. } = crate::arch::user_regs();
     // SAFETY: reserved ring memory of the record's size, written before submit.
     let s = unsafe { &mut *e.as_mut_ptr() };
     let dst = s.stack.as_mut_ptr();
@@ -154,6 +154,7 @@ fn send<const N: usize>(id: i32, weight: u32) {
         ip,
         sp,
         bp,
+        lr,
         weight,
         _pad: 0,
     };

@@ -131,7 +131,8 @@ fn walk() -> Option<(i32, bool)> {
     let Some(s) = SCRATCH.get_ptr_mut(0) else { return Some((STACK_ID_LOST, false)) };
     // SAFETY: this CPU's scratch; programs on one CPU do not interleave.
     let s = unsafe { &mut *s };
-    let crate::arch::UserRegs { ip, sp, fp, is64 } = crate::arch::user_regs();
+    let regs = crate::arch::user_regs();
+    let crate::arch::UserRegs { ip, sp, fp, is64, .. } = regs;
     if !is64 {
         return None;
     }
@@ -148,7 +149,15 @@ fn walk() -> Option<(i32, bool)> {
     // that does not start on the stack, just above sp, read data; and a
     // pointer to a zeroed local reads as a one-frame chain "ending" at once
     // (seen in numpy's copy loops), while a real one passes main and its caller.
+    // arm64 adds the x30 rule (`arch::chain_holds_leaf`). x86-64 has no term
+    // at all, not an always-true one: `&& true` still changed the code LLVM
+    // emits for `clean` (its loop exits set a spilled flag), and 6.1's
+    // verifier then gave up on `page_fault_kernel` (1M instructions).
+    #[cfg(not(bpf_target_arch = "aarch64"))]
     let clean = root && nr >= 3 && fp >= sp && fp - sp < FIRST_FRAME_MAX;
+    #[cfg(bpf_target_arch = "aarch64")]
+    let clean =
+        root && nr >= 3 && fp >= sp && fp - sp < FIRST_FRAME_MAX && crate::arch::chain_holds_leaf(regs.lr, s.ips[1]);
     let h = crate::python::walk(s, h);
     // SAFETY: this CPU's slot, as for the scratch.
     let recent = RECENT.get_ptr_mut(h as u32 & (RECENT_SLOTS - 1)).map(|r| unsafe { &mut *r });

@@ -500,8 +500,6 @@ pub(super) fn user_stacks(user_walk: u32, forced: bool) -> Attachment {
                 kind: ProgramKind::StackId,
                 reason: if forced {
                     "forced (--force-tracepoints)"
-                } else if cfg!(target_arch = "aarch64") {
-                    "arm64: the verifier gives up on the mmap enter program with the own walk (1M instructions on 6.1 and 6.12)"
                 } else {
                     "no bpf_task_pt_regs (before 5.15)"
                 }

@@ -395,9 +395,6 @@ fn arch_globals(loader: &mut EbpfLoader<'_>) {
 fn user_walk_mode(own: bool) -> u32 {
     match crate::kernel::preflight::kernel_release() {
         _ if !own => 0,
-        // arm64: the verifier gives up on the mmap enter program with either
-        // walk (1M instructions, 6.1 and 6.12; not yet understood): the kernel's walker.
-        _ if cfg!(target_arch = "aarch64") => 0,
         Some(v) if v >= (6, 12) => vmtrace_common::USER_WALK_WINDOWS,
         _ => vmtrace_common::USER_WALK_FRAMES,
     }

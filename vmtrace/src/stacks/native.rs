@@ -111,7 +111,7 @@ impl NativeStacks {
         if head.user_stack < 0 {
             return;
         }
-        let sample = Sample { regs: Regs { ip: head.ip, sp: head.sp, bp: head.bp }, stack };
+        let sample = Sample { regs: Regs { ip: head.ip, sp: head.sp, bp: head.bp, lr: head.lr }, stack };
         let (mut unwound, mut covered) = self.unwind(head.tgid, &sample, procs);
         // Code mapped since the maps were read (a library loaded, JIT code)
         // is missing from the space: read them again (`refresh` limits how

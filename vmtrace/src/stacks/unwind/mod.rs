@@ -39,6 +39,8 @@ pub struct Regs {
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
+    /// arm64's link register (x30): a leaf function's return address.
+    pub lr: u64,
 }
 
 /// One sample: registers and the bytes of the stack copied from `regs.sp`.
@@ -291,7 +293,7 @@ impl Unwinder {
 
     /// Walks one sample of a process whose address space is `space`.
     pub fn unwind(&mut self, space: &AddressSpace, sample: &Sample) -> Unwound {
-        let Regs { ip, sp, bp } = sample.regs;
+        let Regs { ip, sp, bp, lr } = sample.regs;
         let window_end = sp.saturating_add(sample.stack.len() as u64);
         let mut read = |addr: u64| -> Result<u64, ()> {
             let off = usize::try_from(addr.checked_sub(sp).ok_or(())?).map_err(|_| ())?;
@@ -300,7 +302,7 @@ impl Unwinder {
         };
         let mut frames: Vec<u64> = Vec::new();
         let mut last: Option<(u64, Option<Code>)> = None;
-        let mut it = space.modules.iter_frames(ip, UnwindRegsNative::new(ip, sp, bp), &mut self.cache, &mut read);
+        let mut it = space.modules.iter_frames(ip, native_regs(ip, sp, bp, lr), &mut self.cache, &mut read);
         let stop = loop {
             if frames.len() >= self.max_frames {
                 break Stop::MaxFrames;
@@ -331,6 +333,19 @@ impl Unwinder {
         };
         Unwound { frames, stop }
     }
+}
+
+/// framehop's registers at the sampled instant: x86-64 unwinds from the
+/// instruction pointer, sp and rbp; arm64 from the link register (where a
+/// leaf function's return address stays), sp and x29.
+#[cfg(target_arch = "aarch64")]
+fn native_regs(_ip: u64, sp: u64, bp: u64, lr: u64) -> UnwindRegsNative {
+    UnwindRegsNative::new(lr, sp, bp)
+}
+
+#[cfg(not(target_arch = "aarch64"))]
+fn native_regs(ip: u64, sp: u64, bp: u64, _lr: u64) -> UnwindRegsNative {
+    UnwindRegsNative::new(ip, sp, bp)
 }
 
 /// framehop's module for one mapping of an object: SVMAs of the sections plus

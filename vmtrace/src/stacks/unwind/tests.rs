@@ -64,7 +64,7 @@ fn read_files(dir: &Path) -> (Regs, Vec<u8>, Vec<Region>) {
     let stack = std::fs::read(dir.join("stack")).expect("stack written");
     assert_eq!(stack.len() as u64, v[3]);
     let maps = procmaps::parse(&std::fs::read_to_string(dir.join("maps")).expect("maps written"));
-    (Regs { ip: v[0], sp: v[1], bp: v[2] }, stack, maps)
+    (Regs { ip: v[0], sp: v[1], bp: v[2], lr: 0 }, stack, maps)
 }
 
 /// Names of the frames, call sites for return addresses.
