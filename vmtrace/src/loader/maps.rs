@@ -118,6 +118,19 @@ impl Probes {
         }
         out
     }
+
+    /// The user stack ids the kernel still holds keys under for the
+    /// processes `of` picks: counted (`FAULT_STACKS`), being counted
+    /// (`STACK_CUR`) or call sites (`MM_STACKS`).
+    fn kernel_stack_ids(&self, of: impl Fn(u32) -> bool) -> crate::hash::HashSet<u32> {
+        let id = |s: i32| u32::try_from(s).ok();
+        let fault = self.maps.fault_stacks.keys().filter_map(Result::ok).filter(|k| of(k.tgid)).map(|k| k.user_stack);
+        let mut ids: crate::hash::HashSet<u32> = fault.filter_map(id).collect();
+        ids.extend(self.stack_keys_in_flight().iter().filter(|k| of(k.tgid)).filter_map(|k| id(k.user_stack)));
+        let mm = self.maps.mm_stacks.keys().filter_map(Result::ok).filter(|k| of(k.tgid)).map(|k| k.user_stack);
+        ids.extend(mm.filter_map(id));
+        ids
+    }
 }
 
 fn take_map<T: TryFrom<aya::maps::Map>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, LoadError> {
@@ -400,17 +413,9 @@ impl AggregateSource for Probes {
         // in flight in a CPU's `STACK_CUR`): an id handed out before the
         // slots were cleared is in one of them.
         self.clear_recent();
-        let user = |k: &StackKey| (!gone.contains(&k.tgid)).then(|| u32::try_from(k.user_stack).ok()).flatten();
-        let mut kept: crate::hash::HashSet<u32> =
-            self.maps.fault_stacks.keys().filter_map(Result::ok).filter_map(|k| user(&k)).collect();
-        kept.extend(self.stack_keys_in_flight().iter().filter_map(user));
+        // The call sites of processes still running count as theirs.
+        let mut kept = self.kernel_stack_ids(|t| !gone.contains(&t));
         kept.extend(users.in_use.iter().copied());
-        // The call sites of processes still running, in the kernel's map.
-        kept.extend(
-            (self.maps.mm_stacks.keys().filter_map(Result::ok))
-                .filter(|k| !gone.contains(&k.tgid))
-                .filter_map(|k| u32::try_from(k.user_stack).ok()),
-        );
         let ids = self.maps.drained.forget_stacks(gone, keep, &kept, &users.also);
         for id in &ids {
             self.maps.py_seen.remove(id);
@@ -424,10 +429,7 @@ impl AggregateSource for Probes {
         // an id handed out before is: counted or in flight, or a running
         // process's call site.
         self.clear_recent();
-        let id = |s: i32| u32::try_from(s).ok();
-        referenced.extend(self.maps.fault_stacks.keys().filter_map(Result::ok).filter_map(|k| id(k.user_stack)));
-        referenced.extend(self.stack_keys_in_flight().iter().filter_map(|k| id(k.user_stack)));
-        referenced.extend(self.maps.mm_stacks.keys().filter_map(Result::ok).filter_map(|k| id(k.user_stack)));
+        referenced.extend(self.kernel_stack_ids(|_| true));
         let ids = self.maps.drained.sweep(&referenced, min_age);
         for id in &ids {
             self.maps.py_seen.remove(id);
@@ -447,26 +449,8 @@ impl AggregateSource for Probes {
     }
 
     fn drained_stacks_of(&self, tgids: &crate::hash::HashSet<u32>, mut ids: crate::hash::HashSet<u32>) -> usize {
-        let id = |s: i32| u32::try_from(s).ok();
-        let theirs = |t: u32| tgids.contains(&t);
-        ids.extend(self.maps.drained.keys_of(tgids).filter_map(|k| id(k.user_stack)));
-        ids.extend(
-            self.maps
-                .fault_stacks
-                .keys()
-                .filter_map(Result::ok)
-                .filter(|k| theirs(k.tgid))
-                .filter_map(|k| id(k.user_stack)),
-        );
-        ids.extend(self.stack_keys_in_flight().iter().filter(|k| theirs(k.tgid)).filter_map(|k| id(k.user_stack)));
-        ids.extend(
-            self.maps
-                .mm_stacks
-                .keys()
-                .filter_map(Result::ok)
-                .filter(|k| theirs(k.tgid))
-                .filter_map(|k| id(k.user_stack)),
-        );
+        ids.extend(self.maps.drained.keys_of(tgids).filter_map(|k| u32::try_from(k.user_stack).ok()));
+        ids.extend(self.kernel_stack_ids(|t| tgids.contains(&t)));
         self.maps.drained.held_of(&ids)
     }
 
