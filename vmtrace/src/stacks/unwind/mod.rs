@@ -21,8 +21,8 @@ use std::{
 };
 
 use framehop::{
-    CacheNative, Error as FhError, ExplicitModuleSectionInfo, MayAllocateDuringUnwind, Module, UnwindRegsNative,
-    Unwinder as _, UnwinderNative,
+    CacheNative, Error as FhError, ExplicitModuleSectionInfo, FrameAddress, MayAllocateDuringUnwind, Module,
+    UnwindRegsNative, Unwinder as _, UnwinderNative,
 };
 
 pub use elf::LoadError;
@@ -117,20 +117,28 @@ struct CodeRange {
     start: u64,
     end: u64,
     code: Code,
+    /// Added (wrapping) to an address of the range to get its address in
+    /// the object's place among all objects (`Unwinder::modules`); `Cfi`
+    /// ranges only.
+    delta: u64,
 }
 
-/// One process's modules as framehop wants them, plus its executable ranges.
-/// Build it again when the process maps new code.
+/// One process's executable ranges: which object holds each and where that
+/// object sits among all objects. Build it again when the process maps new
+/// code. Holds no unwind data: that is the `Unwinder`'s, once per object.
 pub struct AddressSpace {
-    modules: UnwinderNative<Bytes, MayAllocateDuringUnwind>,
     code: Vec<CodeRange>,
 }
 
 impl AddressSpace {
-    fn code_at(&self, addr: u64) -> Option<Code> {
+    fn range_at(&self, addr: u64) -> Option<&CodeRange> {
         let i = self.code.partition_point(|c| c.start <= addr).checked_sub(1)?;
         let c = &self.code[i];
-        (addr < c.end).then_some(c.code)
+        (addr < c.end).then_some(c)
+    }
+
+    fn code_at(&self, addr: u64) -> Option<Code> {
+        self.range_at(addr).map(|c| c.code)
     }
 
     /// Whether `addr` lies in executable code this space knows.
@@ -142,7 +150,36 @@ impl AddressSpace {
     pub fn code_ranges(&self) -> impl Iterator<Item = (u64, u64, Code)> + '_ {
         self.code.iter().map(|c| (c.start, c.end, c.code))
     }
+
+    /// `frame` as the objects' unwinder looks it up: in its object's place,
+    /// or (code without CFI, or no code) at `NOWHERE`, below every object,
+    /// where framehop's fallback rule (frame pointers) applies.
+    fn placed(&self, frame: FrameAddress) -> FrameAddress {
+        let delta = match self.range_at(frame.address_for_lookup()) {
+            Some(c) if c.code == Code::Cfi => Some(c.delta),
+            _ => None,
+        };
+        match frame {
+            FrameAddress::InstructionPointer(a) => {
+                FrameAddress::InstructionPointer(delta.map_or(NOWHERE, |d| a.wrapping_add(d)))
+            }
+            FrameAddress::ReturnAddress(a) => {
+                let a = delta.map_or(NOWHERE + 1, |d| a.get().wrapping_add(d));
+                FrameAddress::from_return_address(a).unwrap_or(FrameAddress::InstructionPointer(NOWHERE))
+            }
+        }
+    }
 }
+
+/// Each object's place among all objects (`Unwinder::modules`): the n-th
+/// object read with CFI sits at `(n + 1) * SLOT`, its SVMAs as offsets, so
+/// an address of any process maps to one address per (object, offset)
+/// whatever the process's layout (ASLR), and framehop's rule cache serves
+/// every process of a binary. framehop looks addresses up as u32 offsets
+/// from a module's base: an object's code lies below 4 GiB of SVMA.
+const SLOT: u64 = 1 << 32;
+/// Where code without CFI is looked up: below every object.
+const NOWHERE: u64 = 0x1000;
 
 /// How long a path is taken to name the object a stat found (`Unwinder::named`).
 const RECHECK: Duration = Duration::from_secs(1);
@@ -182,16 +219,33 @@ pub struct Stats {
     pub unreadable: usize,
 }
 
-/// Unwind sections per object, shared by all processes, and framehop's rule
-/// cache (keyed by address and module generation, so shared safely too).
+/// An object read: its unwind sections, and where it sits among all
+/// objects (`SLOT`) when it has CFI.
+#[derive(Clone)]
+struct Loaded {
+    info: Arc<ObjectInfo>,
+    base: Option<u64>,
+}
+
+/// Unwind sections per object, shared by all processes: every object with
+/// CFI is one module of one framehop unwinder, at its own place
+/// (`SLOT`), and one rule cache serves all of them. A short-lived process
+/// of a binary seen before unwinds from cached rules: with a module list per
+/// process, each one's fresh generation missed every rule, and one rule
+/// lookup (`.eh_frame_hdr`, FDE, CFI rows) per frame was most of the
+/// unwinding beside a shell loop. The generation now changes only when a
+/// new object is read, far from the wrap of framehop's 16-bit counter
+/// (a process's fresh list bumped it once per module).
 pub struct Unwinder {
-    objects: HashMap<ObjectKey, Option<Arc<ObjectInfo>>>,
+    objects: HashMap<ObjectKey, Option<Loaded>>,
     /// Which object a path named when last checked (a stat at most once
     /// per `RECHECK` per path: every process's address space names the
     /// same libraries, and their stats were 2% of the collector's time
     /// beside a shell loop). A file replaced under its name (an upgrade) is
     /// seen within that second.
     named: HashMap<PathBuf, (ObjectKey, Instant)>,
+    modules: UnwinderNative<Bytes, MayAllocateDuringUnwind>,
+    placed: u64,
     cache: CacheNative<MayAllocateDuringUnwind>,
     /// Frames per stack at most (the kernel's stack maps keep 127).
     pub max_frames: usize,
@@ -205,7 +259,14 @@ impl Default for Unwinder {
 
 impl Unwinder {
     pub fn new() -> Self {
-        Self { objects: HashMap::default(), named: HashMap::default(), cache: CacheNative::new(), max_frames: 127 }
+        Self {
+            objects: HashMap::default(),
+            named: HashMap::default(),
+            modules: UnwinderNative::new(),
+            placed: 0,
+            cache: CacheNative::new(),
+            max_frames: 127,
+        }
     }
 
     pub fn stats(&self) -> Stats {
@@ -214,7 +275,7 @@ impl Unwinder {
             match o {
                 Some(o) => {
                     s.objects += 1;
-                    s.bytes += o.bytes();
+                    s.bytes += o.info.bytes();
                 }
                 None => s.unreadable += 1,
             }
@@ -222,8 +283,9 @@ impl Unwinder {
         s
     }
 
-    /// Unwind sections of the file at `path`, read on first use.
-    fn object(&mut self, path: &Path) -> Option<Arc<ObjectInfo>> {
+    /// The object at `path`, read on first use (and placed among all
+    /// objects when it has CFI).
+    fn object(&mut self, path: &Path) -> Option<Loaded> {
         let key = match self.named.get(path) {
             Some((key, checked)) if checked.elapsed() < RECHECK => key.clone(),
             _ => {
@@ -235,16 +297,26 @@ impl Unwinder {
                 key
             }
         };
-        self.objects
-            .entry(key)
-            .or_insert_with(|| match ObjectInfo::load(path) {
-                Ok(info) => Some(Arc::new(info)),
-                Err(e) => {
-                    log::debug!("unwind: {}: {e}", path.display());
-                    None
-                }
-            })
-            .clone()
+        if let Some(o) = self.objects.get(&key) {
+            return o.clone();
+        }
+        let loaded = match ObjectInfo::load(path) {
+            Ok(info) => {
+                let base = info.has_cfi().then(|| {
+                    self.placed += 1;
+                    let base = self.placed * SLOT;
+                    self.modules.add_module(module(&path.to_string_lossy(), base..base + SLOT, base, &info));
+                    base
+                });
+                Some(Loaded { info: Arc::new(info), base })
+            }
+            Err(e) => {
+                log::debug!("unwind: {}: {e}", path.display());
+                None
+            }
+        };
+        self.objects.insert(key, loaded.clone());
+        loaded
     }
 
     /// The address space of a process from its memory map; `root`: where
@@ -252,7 +324,6 @@ impl Unwinder {
     /// (`procmaps::root`), else they are as here. Objects are read on first
     /// sight and cached across processes.
     pub fn address_space(&mut self, maps: &[Region], root: Option<&RootDir>) -> AddressSpace {
-        let mut modules = UnwinderNative::new();
         let mut code = Vec::new();
         let mut i = 0;
         while i < maps.len() {
@@ -269,16 +340,18 @@ impl Unwinder {
             }
             let (start, end) = (r.start, maps[j - 1].end);
             i = j;
+            let mut delta = 0;
             let kind = match (r.kind, r.path.as_deref()) {
                 (RegionKind::File, Some(path)) => {
                     let full = PathBuf::from(crate::procmaps::root::here(root, path));
                     match self.object(&full) {
-                        Some(info) if info.has_cfi() => match info.bias(r.start, r.offset) {
-                            Some(bias) => {
-                                modules.add_module(module(path, start..end, bias, &info));
+                        Some(Loaded { info, base: Some(base) }) => match info.bias(r.start, r.offset) {
+                            // Its code's SVMAs must fit the object's place.
+                            Some(bias) if end.wrapping_sub(bias) <= SLOT && start.wrapping_sub(bias) < SLOT => {
+                                delta = base.wrapping_sub(bias);
                                 Code::Cfi
                             }
-                            None => Code::NoCfi,
+                            _ => Code::NoCfi,
                         },
                         _ => Code::NoCfi,
                     }
@@ -286,9 +359,9 @@ impl Unwinder {
                 (RegionKind::Vdso, _) => Code::Vdso,
                 _ => Code::Anonymous,
             };
-            code.push(CodeRange { start, end, code: kind });
+            code.push(CodeRange { start, end, code: kind, delta });
         }
-        AddressSpace { modules, code }
+        AddressSpace { code }
     }
 
     /// Walks one sample of a process whose address space is `space`.
@@ -302,7 +375,17 @@ impl Unwinder {
         };
         let mut frames: Vec<u64> = Vec::new();
         let mut last: Option<(u64, Option<Code>)> = None;
-        let mut it = space.modules.iter_frames(ip, native_regs(ip, sp, bp, lr), &mut self.cache, &mut read);
+        let mut regs = native_regs(ip, sp, bp, lr);
+        // framehop's `UnwindIterator`, each frame looked up in its object's
+        // place (`AddressSpace::placed`); the registers and the stack read
+        // stay the process's own.
+        let mut step = |frame: FrameAddress, regs: &mut UnwindRegsNative| -> Result<Option<FrameAddress>, FhError> {
+            match self.modules.unwind_frame(space.placed(frame), regs, &mut self.cache, &mut read)? {
+                Some(ret) => FrameAddress::from_return_address(ret).map(Some).ok_or(FhError::ReturnAddressIsNull),
+                None => Ok(None),
+            }
+        };
+        let mut prev: Option<FrameAddress> = None;
         let stop = loop {
             if frames.len() >= self.max_frames {
                 break Stop::MaxFrames;
@@ -313,23 +396,26 @@ impl Unwinder {
                 Some((addr, Some(code))) if code != Code::Cfi => Some(Stop::NoUnwindInfo { addr, code }),
                 _ => None,
             };
-            match it.next() {
-                Ok(Some(frame)) => {
-                    let addr = frame.address();
-                    let code = space.code_at(frame.address_for_lookup());
-                    if code.is_none() && !frames.is_empty() {
-                        log::debug!(target: "vmtrace::unwind", "left code at {addr:#x}: ip {ip:#x} sp {sp:#x} bp {bp:#x}, {} bytes copied, frames {frames:x?}", sample.stack.len());
-                        break no_cfi(last).unwrap_or(Stop::LeftCode { addr });
+            let frame = match prev {
+                None => FrameAddress::InstructionPointer(ip),
+                Some(prev) => match step(prev, &mut regs) {
+                    Ok(Some(frame)) => frame,
+                    Ok(None) => break no_cfi(last).unwrap_or(Stop::Root),
+                    Err(FhError::CouldNotReadStack(addr)) if addr >= window_end => {
+                        break no_cfi(last).unwrap_or(Stop::WindowEnd { addr })
                     }
-                    frames.push(addr);
-                    last = Some((addr, code));
-                }
-                Ok(None) => break no_cfi(last).unwrap_or(Stop::Root),
-                Err(FhError::CouldNotReadStack(addr)) if addr >= window_end => {
-                    break no_cfi(last).unwrap_or(Stop::WindowEnd { addr })
-                }
-                Err(e) => break no_cfi(last).unwrap_or(Stop::Error(e)),
+                    Err(e) => break no_cfi(last).unwrap_or(Stop::Error(e)),
+                },
+            };
+            let addr = frame.address();
+            let code = space.code_at(frame.address_for_lookup());
+            if code.is_none() && !frames.is_empty() {
+                log::debug!(target: "vmtrace::unwind", "left code at {addr:#x}: ip {ip:#x} sp {sp:#x} bp {bp:#x}, {} bytes copied, frames {frames:x?}", sample.stack.len());
+                break no_cfi(last).unwrap_or(Stop::LeftCode { addr });
             }
+            frames.push(addr);
+            last = Some((addr, code));
+            prev = Some(frame);
         };
         Unwound { frames, stop }
     }
@@ -368,4 +454,11 @@ fn module(name: &str, avma: std::ops::Range<u64>, bias: u64, info: &ObjectInfo) 
         text_segment: None,
     };
     Module::new(name.to_string(), avma, bias, sections)
+}
+
+impl Drop for Unwinder {
+    fn drop(&mut self) {
+        let s = self.cache.stats();
+        log::debug!(target: "vmtrace::unwind_cache", "rule cache: {} lookups, {} hits; {} objects placed", s.total(), s.hits(), self.placed);
+    }
 }
