@@ -15,7 +15,10 @@ use vmtrace_common::{
     StackCur, StackKey,
 };
 
-use super::{AggregateSource, LoadError, Probes};
+use super::{
+    batch::{self, Values},
+    AggregateSource, LoadError, Probes,
+};
 use crate::model::ProbeInfo;
 
 pub(super) struct Maps {
@@ -57,13 +60,74 @@ pub(super) struct Maps {
     /// `BPF_MAP_LOOKUP_AND_DELETE_ELEM` (aya 0.14 offers it for queues and
     /// stacks only); `None` once the kernel refused it (before 5.14).
     granule_fds: Option<[std::os::fd::OwnedFd; 2]>,
+    /// Second handles on the maps read in batches (`batch`).
+    batch: Batches,
+}
+
+/// Second handles on the hash maps read in batches (`loader::batch`), and
+/// whether the kernel refused a batch once (then every map is walked key by
+/// key, as aya does).
+struct Batches {
+    fault_stacks: Option<std::os::fd::OwnedFd>,
+    user_stacks: Option<std::os::fd::OwnedFd>,
+    mm_stacks: Option<std::os::fd::OwnedFd>,
+    mm_stats: Option<std::os::fd::OwnedFd>,
+    /// Possible CPUs: the per-CPU maps' value arrays.
+    cpus: usize,
+    refused: std::cell::Cell<bool>,
+}
+
+impl Batches {
+    fn new(ebpf: &Ebpf) -> Self {
+        Self {
+            fault_stacks: map_fd(ebpf, "FAULT_STACKS"),
+            user_stacks: map_fd(ebpf, "USER_STACKS"),
+            mm_stacks: map_fd(ebpf, "MM_STACKS"),
+            mm_stats: map_fd(ebpf, "MM_STATS"),
+            cpus: aya::util::nr_cpus().unwrap_or(0),
+            refused: std::cell::Cell::new(false),
+        }
+    }
+
+    /// Every entry of the map `fd` (per-CPU values summed by `each` where
+    /// `per_cpu`), removed when `delete`; false when it could not be read
+    /// in batches (nothing was read or removed: walk it key by key).
+    fn run<K: Copy, V: Copy>(
+        &self,
+        fd: Option<&std::os::fd::OwnedFd>,
+        per_cpu: bool,
+        delete: bool,
+        each: impl FnMut(K, &[V]),
+    ) -> bool {
+        let Some(fd) = fd.filter(|_| !self.refused.get() && self.cpus > 0) else { return false };
+        let values = if per_cpu { Values::PerCpu(self.cpus) } else { Values::Plain };
+        if batch::for_each(fd.as_fd(), values, delete, each).is_some() {
+            return true;
+        }
+        log::debug!("batched map reads refused: maps are walked key by key");
+        self.refused.set(true);
+        false
+    }
+
+    /// The keys of the per-CPU map `fd` that `of` picks.
+    fn keys<K: Copy, V: Copy>(&self, fd: Option<&std::os::fd::OwnedFd>, of: impl Fn(&K) -> bool) -> Option<Vec<K>> {
+        let mut keys = Vec::new();
+        self.run(fd, true, false, |k: K, _: &[V]| {
+            if of(&k) {
+                keys.push(k);
+            }
+        })
+        .then_some(keys)
+    }
 }
 
 impl Maps {
     /// Takes the maps out of the loaded object; `own_user_stacks`: the
     /// programs walk user stacks into `USER_STACKS`.
     pub(super) fn take(ebpf: &mut Ebpf, own_user_stacks: bool) -> Result<Self, LoadError> {
+        let batch = Batches::new(ebpf);
         Ok(Self {
+            batch,
             fault_stats: take_map(ebpf, "FAULT_STATS")?,
             drops: take_map(ebpf, "DROPS")?,
             events: take_map(ebpf, "EVENTS")?,
@@ -124,11 +188,18 @@ impl Probes {
     /// (`STACK_CUR`) or call sites (`MM_STACKS`).
     fn kernel_stack_ids(&self, of: impl Fn(u32) -> bool) -> crate::hash::HashSet<u32> {
         let id = |s: i32| u32::try_from(s).ok();
-        let fault = self.maps.fault_stacks.keys().filter_map(Result::ok).filter(|k| of(k.tgid)).map(|k| k.user_stack);
-        let mut ids: crate::hash::HashSet<u32> = fault.filter_map(id).collect();
+        let b = &self.maps.batch;
+        let fault = match b.keys::<StackKey, StackCounts>(b.fault_stacks.as_ref(), |k| of(k.tgid)) {
+            Some(keys) => keys,
+            None => self.maps.fault_stacks.keys().filter_map(Result::ok).filter(|k| of(k.tgid)).collect(),
+        };
+        let mut ids: crate::hash::HashSet<u32> = fault.iter().filter_map(|k| id(k.user_stack)).collect();
         ids.extend(self.stack_keys_in_flight().iter().filter(|k| of(k.tgid)).filter_map(|k| id(k.user_stack)));
-        let mm = self.maps.mm_stacks.keys().filter_map(Result::ok).filter(|k| of(k.tgid)).map(|k| k.user_stack);
-        ids.extend(mm.filter_map(id));
+        let mm = match b.keys::<MmStackKey, MmStackCounts>(b.mm_stacks.as_ref(), |k| of(k.tgid)) {
+            Some(keys) => keys,
+            None => self.maps.mm_stacks.keys().filter_map(Result::ok).filter(|k| of(k.tgid)).collect(),
+        };
+        ids.extend(mm.iter().filter_map(|k| id(k.user_stack)));
         ids
     }
 }
@@ -140,7 +211,7 @@ fn take_map<T: TryFrom<aya::maps::Map>>(ebpf: &mut Ebpf, name: &'static str) -> 
 /// A second handle on the per-CPU hash map `name`, still in `ebpf`.
 fn map_fd(ebpf: &Ebpf, name: &str) -> Option<std::os::fd::OwnedFd> {
     match ebpf.map(name)? {
-        aya::maps::Map::PerCpuHashMap(d) => d.fd().as_fd().try_clone_to_owned().ok(),
+        aya::maps::Map::PerCpuHashMap(d) | aya::maps::Map::HashMap(d) => d.fd().as_fd().try_clone_to_owned().ok(),
         _ => None,
     }
 }
@@ -284,25 +355,45 @@ impl AggregateSource for Probes {
 
     /// Every mmap/TLB aggregate still in the kernel map.
     fn all_mm(&self) -> Vec<(u32, MmStats)> {
+        let mut out = Vec::new();
+        let b = &self.maps.batch;
+        if b.run(b.mm_stats.as_ref(), true, false, |k: u32, v: &[MmStats]| out.push((k, sum_cpus(v.iter())))) {
+            return out;
+        }
         self.maps.mm_stats.iter().filter_map(Result::ok).map(|(k, v)| (k, sum_cpus(v.iter()))).collect()
     }
 
     /// Shootdowns received (`tlb_flush` reason 1) per CPU, over every
     /// mmap/TLB aggregate still held.
     fn received_per_cpu(&self) -> Vec<u64> {
-        let per_cpu: Vec<Vec<MmStats>> =
-            self.maps.mm_stats.iter().filter_map(Result::ok).map(|(_, v)| v.iter().copied().collect()).collect();
+        let mut per_cpu: Vec<Vec<MmStats>> = Vec::new();
+        let b = &self.maps.batch;
+        if !b.run(b.mm_stats.as_ref(), true, false, |_: u32, v: &[MmStats]| per_cpu.push(v.to_vec())) {
+            per_cpu =
+                self.maps.mm_stats.iter().filter_map(Result::ok).map(|(_, v)| v.iter().copied().collect()).collect();
+        }
         received_by_cpu(per_cpu.iter().map(Vec::as_slice))
     }
 
     /// Call-site counts of mmap-family syscalls, summed over CPUs.
     fn all_mm_stacks(&self) -> Vec<(MmStackKey, MmStackCounts)> {
+        let mut out = Vec::new();
+        let b = &self.maps.batch;
+        if b.run(b.mm_stacks.as_ref(), true, false, |k, v: &[MmStackCounts]| out.push((k, sum_cpus(v.iter())))) {
+            return out;
+        }
         self.maps.mm_stacks.iter().filter_map(Result::ok).map(|(k, v)| (k, sum_cpus(v.iter()))).collect()
     }
 
     fn stack_keys_of(&self, tgids: &crate::hash::HashSet<u32>) -> Vec<StackKey> {
         let mut keys: crate::hash::HashSet<StackKey> = self.maps.drained.keys_of(tgids).collect();
-        keys.extend(self.maps.fault_stacks.keys().filter_map(Result::ok).filter(|k| tgids.contains(&k.tgid)));
+        let b = &self.maps.batch;
+        match b.keys::<StackKey, StackCounts>(b.fault_stacks.as_ref(), |k| tgids.contains(&k.tgid)) {
+            Some(k) => keys.extend(k),
+            None => {
+                keys.extend(self.maps.fault_stacks.keys().filter_map(Result::ok).filter(|k| tgids.contains(&k.tgid)));
+            }
+        }
         keys.into_iter().collect()
     }
 
@@ -317,10 +408,27 @@ impl AggregateSource for Probes {
     }
 
     fn take_mm_stacks(&mut self, tgids: &crate::hash::HashSet<u32>) -> Vec<(MmStackKey, MmStackCounts)> {
-        let keys: Vec<MmStackKey> =
-            self.maps.mm_stacks.keys().filter_map(Result::ok).filter(|k| tgids.contains(&k.tgid)).collect();
+        let b = &self.maps.batch;
+        let keys = match b.keys::<MmStackKey, MmStackCounts>(b.mm_stacks.as_ref(), |k| tgids.contains(&k.tgid)) {
+            Some(keys) => keys,
+            None => self.maps.mm_stacks.keys().filter_map(Result::ok).filter(|k| tgids.contains(&k.tgid)).collect(),
+        };
         let mut out = Vec::new();
-        for k in keys {
+        let mut rest = Vec::new();
+        match b.mm_stacks.as_ref().filter(|_| self.maps.granule_fds.is_some()) {
+            // One system call per key, and nothing a CPU adds in between lost.
+            Some(fd) => {
+                for k in keys {
+                    match take_per_cpu::<MmStackKey, MmStackCounts>(fd.as_fd(), &k) {
+                        Ok(Some(v)) => out.push((k, v)),
+                        Ok(None) => {}
+                        Err(_) => rest.push(k),
+                    }
+                }
+            }
+            None => rest = keys,
+        }
+        for k in rest {
             if let Ok(v) = self.maps.mm_stacks.get(&k, 0) {
                 if self.maps.mm_stacks.remove(&k).is_ok() {
                     out.push((k, sum_cpus(v.iter())));
@@ -335,8 +443,12 @@ impl AggregateSource for Probes {
     fn all_stack_counts(&self) -> Vec<(StackKey, StackCounts)> {
         let mut all: crate::hash::HashMap<StackKey, StackCounts> = crate::hash::HashMap::default();
         self.maps.drained.merge_into(&mut all);
-        for (k, v) in self.maps.fault_stacks.iter().filter_map(Result::ok) {
-            all.entry(k).or_default().merge(&sum_cpus(v.iter()));
+        let b = &self.maps.batch;
+        let mut add = |k: StackKey, v: &[StackCounts]| all.entry(k).or_default().merge(&sum_cpus(v.iter()));
+        if !b.run(b.fault_stacks.as_ref(), true, false, &mut add) {
+            for (k, v) in self.maps.fault_stacks.iter().filter_map(Result::ok) {
+                add(k, &v);
+            }
         }
         for i in 0..vmtrace_common::STACK_CUR_SLOTS {
             let Ok(cur) = self.maps.stack_cur.get(&i, 0) else { continue };
@@ -372,17 +484,37 @@ impl AggregateSource for Probes {
     /// instructions' window) is lost: the stacks test measures it.
     fn drain_stacks(&mut self) -> Vec<crate::python::PyStack> {
         self.maps.drained.next_drain();
-        let keys: Vec<StackKey> = self.maps.fault_stacks.keys().filter_map(Result::ok).collect();
-        let mut moved = !keys.is_empty();
-        for k in keys {
-            if let Ok(v) = self.maps.fault_stacks.get(&k, 0) {
-                if self.maps.fault_stacks.remove(&k).is_ok() {
-                    self.maps.drained.add_counts(k, &sum_cpus(v.iter()));
+        let mut moved = false;
+        let (b, drained) = (&self.maps.batch, &mut self.maps.drained);
+        let batched = b.run(b.fault_stacks.as_ref(), true, true, |k, v: &[StackCounts]| {
+            moved = true;
+            drained.add_counts(k, &sum_cpus(v.iter()));
+        });
+        if !batched {
+            let keys: Vec<StackKey> = self.maps.fault_stacks.keys().filter_map(Result::ok).collect();
+            moved = !keys.is_empty();
+            for k in keys {
+                if let Ok(v) = self.maps.fault_stacks.get(&k, 0) {
+                    if self.maps.fault_stacks.remove(&k).is_ok() {
+                        self.maps.drained.add_counts(k, &sum_cpus(v.iter()));
+                    }
                 }
             }
         }
         let mut fresh = Vec::new();
-        if let Some(map) = self.maps.user_stacks.as_mut() {
+        let (b, drained, seen) = (&self.maps.batch, &mut self.maps.drained, &mut self.maps.py_seen);
+        let batched = self.maps.user_stacks.is_some()
+            && b.run(b.user_stacks.as_ref(), false, true, |id: u32, s: &[vmtrace_common::UserStack]| {
+                let s = &s[0];
+                moved = true;
+                let py = py_stack(s);
+                let ips = &s.ips[..(s.nr as usize).min(s.ips.len())];
+                drained.add_stack(id, s.hash, ips, py.as_ref());
+                if let Some(p) = py.filter(|_| seen.insert(id)) {
+                    fresh.push(p);
+                }
+            });
+        if let Some(map) = self.maps.user_stacks.as_mut().filter(|_| !batched) {
             let ids: Vec<u32> = map.keys().filter_map(Result::ok).collect();
             moved |= !ids.is_empty();
             for id in ids {
@@ -467,8 +599,18 @@ impl AggregateSource for Probes {
     /// The Python frames of stacks stored since the last call.
     fn new_python_stacks(&mut self) -> Vec<crate::python::PyStack> {
         let Some(map) = self.maps.user_stacks.as_ref() else { return Vec::new() };
-        let fresh: Vec<u32> = map.keys().filter_map(Result::ok).filter(|k| !self.maps.py_seen.contains(k)).collect();
         let mut out = Vec::new();
+        let (b, seen) = (&self.maps.batch, &mut self.maps.py_seen);
+        let batched = b.run(b.user_stacks.as_ref(), false, false, |id: u32, s: &[vmtrace_common::UserStack]| {
+            if !seen.contains(&id) {
+                seen.insert(id);
+                out.extend(py_stack(&s[0]));
+            }
+        });
+        if batched {
+            return out;
+        }
+        let fresh: Vec<u32> = map.keys().filter_map(Result::ok).filter(|k| !self.maps.py_seen.contains(k)).collect();
         for id in fresh {
             let Ok(s) = map.get(&id, 0) else { continue };
             self.maps.py_seen.insert(id);

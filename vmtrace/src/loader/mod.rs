@@ -14,6 +14,7 @@ use vmtrace_common::Config;
 use crate::{kernel::btf as kbtf, perf::EndPrograms, stacks::StackMode};
 
 mod attach;
+mod batch;
 mod btf;
 mod check;
 mod granules;
