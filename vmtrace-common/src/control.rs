@@ -150,8 +150,13 @@ pub struct KernelOffsets {
     /// exit, or another process that held it: a /proc reader, a CLONE_VM
     /// sibling).
     pub mm_users: u32,
+    /// `task_struct.group_leader` and `.comm`: the process's own name at
+    /// its group's exit, the leader's (what `/proc/PID/comm` shows, a
+    /// `prctl(PR_SET_NAME)` included) when another thread leaves last.
+    pub task_group_leader: u32,
+    pub task_comm: u32,
 }
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 168);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 176);
 
 impl KernelOffsets {
     pub const MISSING: u32 = u32::MAX;
@@ -198,6 +203,8 @@ impl KernelOffsets {
         mm_exe_file: Self::MISSING,
         mm_saved_auxv: Self::MISSING,
         mm_users: Self::MISSING,
+        task_group_leader: Self::MISSING,
+        task_comm: Self::MISSING,
     };
 }
 

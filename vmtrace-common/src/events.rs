@@ -105,6 +105,9 @@ pub struct TaskEvent {
     pub at_base: u64,
     pub exe_dev: u32,
     pub _pad: u32,
+    /// The running task's name; at a group's exit (`group_dead`) the
+    /// process's: its leader's, whichever thread left last (all zeros when
+    /// the leader's could not be read).
     pub comm: [u8; COMM_LEN],
 }
 const _: () = assert!(core::mem::size_of::<TaskEvent>() == 16 + 24 + 16 + 32 + 16);

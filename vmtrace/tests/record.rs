@@ -280,9 +280,63 @@ fn kernel_accounting_is_the_whole_process_when_a_helper_thread_exits_last() {
     assert!(k >= minflt && k <= minflt + 200, "kernel_accounting {k}, the child's own getrusage {minflt}");
 }
 
+/// Processes renamed after they started, as a DataLoader worker names itself
+/// `pt_data_worker` with prctl(PR_SET_NAME): the command renames itself after
+/// its exec; its forked child renames itself, then a helper thread renames
+/// itself too and is the last thread to exit (the main thread leaves through
+/// `os._exit`, as in `LAST_THREAD_NOT_MAIN`).
+const RENAMED: &str = r#"
+import ctypes, mmap, os, sys, threading, time
+libc = ctypes.CDLL(None)
+def name(n):
+    libc.prctl(15, n, 0, 0, 0)
+def helper():
+    name(b"helper_thread")
+    time.sleep(5)
+name(b"renamed_parent")
+pid = os.fork()
+if pid == 0:
+    name(b"renamed_child")
+    m = mmap.mmap(-1, 8 << 20)
+    for i in range(0, len(m), 4096):
+        m[i] = 1
+    threading.Thread(target=helper).start()
+    time.sleep(0.05)
+    sys.stdout.write(f"child {os.getpid()}\n")
+    sys.stdout.flush()
+    os._exit(0)
+os.waitpid(pid, 0)
+sys.stdout.write(f"parent {os.getpid()}\n")
+"#;
+
+/// A process is named as it was when it exited (its leader's name, what
+/// /proc/PID/comm showed), not as it was at its fork or exec, nor as the
+/// thread that exited last.
+#[test]
+fn renamed_processes_keep_the_name_they_exited_with() {
+    privileged!();
+    let Some(python) = pyenv_python(12) else { return };
+    let run = record(&[], &[python.to_str().unwrap(), "-c", RENAMED]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let stdout = String::from_utf8_lossy(&run.output.stdout);
+    let pid_of = |role: &str| -> u32 {
+        let line = stdout.lines().find(|l| l.starts_with(role)).unwrap_or_else(|| panic!("no {role} line: {stdout}"));
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let (parent, child) = (pid_of("parent "), pid_of("child "));
+    assert_eq!(run.process(parent)["comm"], "renamed_parent", "renamed after its exec");
+    let c = run.process(child);
+    assert_eq!(c["comm"], "renamed_child", "renamed after its fork; its last thread's name is not the process's");
+    assert!(u(&c["faults"]["total"]) >= 2048, "the child touched 8 MiB: {c:#}");
+    // The flamegraphs' process frames too.
+    let folded = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();
+    let roots: std::collections::BTreeSet<&str> = folded.lines().filter_map(|l| l.split(';').next()).collect();
+    assert!(roots.contains("renamed_child") && !roots.contains("helper_thread"), "faults.folded roots: {roots:?}");
+}
+
 /// A fork DataLoader job (every worker's last thread is its queue feeder):
 /// each worker's count at exit against the /proc/self/stat it wrote just
-/// before exiting.
+/// before exiting, and its name as torch set it.
 #[test]
 fn dataloader_workers_kernel_accounting_equals_their_own_proc_stat() {
     privileged!();
@@ -321,6 +375,9 @@ fn dataloader_workers_kernel_accounting_equals_their_own_proc_stat() {
             "worker {pid}: kernel_accounting {kmin} minor, its own /proc/self/stat {minflt}"
         );
         assert!(kmaj >= majflt && kmaj <= majflt + 50, "worker {pid}: {kmaj} major, its own {majflt}");
+        // torch names its workers after their fork (prctl(PR_SET_NAME)), and
+        // their last thread is the queue feeder: the name is the leader's.
+        assert_eq!(run.process(pid)["comm"], "pt_data_worker", "worker {pid}'s name as it exited");
         workers += 1;
     }
     assert_eq!(workers, 2, "one epoch, two workers");

@@ -248,6 +248,13 @@ fn try_exit(task: *const u8) -> Option<()> {
     ev.pid = pid;
     ev.tgid = tgid;
     ev.group_dead = 1;
+    if pid != tgid {
+        // The process's name is its leader's, not the last thread's (a
+        // DataLoader worker's is its queue feeder): what /proc/PID/comm
+        // showed, after a prctl(PR_SET_NAME) too. The leader, a zombie
+        // until the group is reaped, keeps its task_struct.
+        ev.comm = leader_comm(task).unwrap_or([0u8; COMM_LEN]);
+    }
     ev.exit_code = read_field::<i32>(task, off.task_exit_code).unwrap_or(-1) as u32;
     let smin: u64 = read_field(signal, off.signal_min_flt).unwrap_or(0);
     let smaj: u64 = read_field(signal, off.signal_maj_flt).unwrap_or(0);
@@ -260,6 +267,14 @@ fn try_exit(task: *const u8) -> Option<()> {
     ev.kernel_maj_flt = tmaj + smaj;
     emit(ev);
     Some(())
+}
+
+/// `task->group_leader->comm`.
+#[inline(always)]
+fn leader_comm(task: *const u8) -> Option<[u8; COMM_LEN]> {
+    let off = koffsets();
+    let leader: u64 = read_field(task, off.task_group_leader)?;
+    read_field(leader as *const u8, off.task_comm)
 }
 
 /// Threads summed at a group's exit: more than a DataLoader worker or an

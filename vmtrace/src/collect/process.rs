@@ -469,8 +469,13 @@ impl ProcessTable {
                 self.live.remove(&ev.tgid);
                 let p = self.procs.entry(ev.tgid).or_default();
                 p.exited = true;
-                if p.comm.is_empty() {
-                    p.comm = comm_str(&ev.comm);
+                // Its name as it left, its leader's (the kernel sends that
+                // one, whichever thread left last): a worker renamed by
+                // prctl(PR_SET_NAME) after its fork is named as `ps` showed
+                // it, not as its parent. Empty when the leader's was unread.
+                let comm = comm_str(&ev.comm);
+                if !comm.is_empty() {
+                    p.comm = comm;
                 }
                 if ev.exit_code != u32::MAX {
                     p.exit_code = Some(shell_status(ev.exit_code as i32));
@@ -871,6 +876,31 @@ mod tests {
         let p = &t.procs[&4242];
         assert_eq!((p.ppid, p.comm.as_str(), p.exit_code), (Some(1), "work", Some(137)));
         assert_eq!(p.kernel, Some(KernelAccounting { minor: 10, major: 0 }));
+    }
+
+    #[test]
+    fn the_name_at_exit_is_the_processs_name() {
+        let mut t = ProcessTable::default();
+        // Renamed after its fork (prctl(PR_SET_NAME), as a DataLoader worker):
+        // the group's exit carries the leader's name.
+        t.apply(&ev(EventKind::TaskFork, 4242));
+        let mut e = ev(EventKind::TaskExit, 4242);
+        e.comm = *b"pt_data_worker\0\0";
+        t.apply(&e);
+        assert_eq!(t.procs[&4242].comm, "pt_data_worker");
+        // The leader's name unread (all zeros): the name it had stays.
+        t.apply(&ev(EventKind::TaskFork, 4343));
+        t.apply(&TaskEvent { pid: 4344, comm: [0; 16], ..ev(EventKind::TaskExit, 4343) });
+        assert_eq!(t.procs[&4343].comm, "work");
+        // A thread's own exit (not the group's) names nothing.
+        t.apply(&ev(EventKind::TaskFork, 4545));
+        t.apply(&TaskEvent {
+            pid: 4546,
+            group_dead: 0,
+            comm: *b"helper\0\0\0\0\0\0\0\0\0\0",
+            ..ev(EventKind::TaskExit, 4545)
+        });
+        assert_eq!((t.procs[&4545].comm.as_str(), t.procs[&4545].exited), ("work", false));
     }
 
     fn brk(tgid: u32, returned: u64) -> vmtrace_common::MmEvent {

@@ -460,12 +460,44 @@ pub fn run(out: &Path) -> Result<i32, DemoError> {
     Ok(0)
 }
 
-/// What the GETRUSAGE column is, and why it is a little below FAULTS.
+/// What the GETRUSAGE column is, and why it differs from FAULTS by a few
+/// faults, either way.
 const GETRUSAGE_NOTE: &str =
-    "GETRUSAGE: the faults each workload process counted itself (getrusage), read when it reports,\n\
-     just before it exits; writing that report and exiting fault a little more, so FAULTS is a\n\
-     few faults higher per process. In the COW rows ~100 higher: three processes, and a forked\n\
-     worker shares its pages with its parent, so even writing its report copies pages.";
+    "GETRUSAGE: the faults each workload process counted itself (getrusage), read when it writes its\n\
+     report, just before it exits. Two things part it from FAULTS, in opposite directions. GETRUSAGE\n\
+     also has the faults the command's process took after vmtrace forked it, before it was traced\n\
+     and exec'd the command (about ten; summary.json's kernel_accounting, the kernel's count at exit,\n\
+     has them), and the kernel's get_user_pages() faults for it (execve copying its arguments:\n\
+     `populated`). FAULTS also has the faults after the report (writing it, exiting). So FAULTS may\n\
+     be a few below GETRUSAGE or a few above it. In the COW rows it is tens above: three processes,\n\
+     and a forked worker shares its pages with its parent, so even writing its report copies pages.";
+
+/// Populated faults above this many are a row's own story (an mlock, a
+/// MAP_POPULATE), not execve's few.
+const POPULATED_NOTE_MIN: u64 = 16;
+
+/// The notes under the table, each a paragraph: what GETRUSAGE is, and the
+/// rows whose GETRUSAGE has many faults the kernel took through
+/// get_user_pages() (`populated`), which FAULTS leaves out.
+fn getrusage_notes(rows: &[Row]) -> Vec<String> {
+    let mut notes = vec![GETRUSAGE_NOTE.to_string()];
+    let populated: Vec<&Row> = rows.iter().filter(|r| r.populated.is_some_and(|p| p > POPULATED_NOTE_MIN)).collect();
+    if !populated.is_empty() {
+        let mut n = String::from(
+            "GETRUSAGE also has the pages the kernel faulted in for a call (mlock, MAP_POPULATE: through\n\
+             get_user_pages(), no fault of the program's own), which FAULTS leaves out; summary.json and\n\
+             demo.json have them as `populated`:",
+        );
+        for r in populated {
+            let p = r.populated.unwrap_or(0);
+            let g = r.getrusage_faults.map_or("-".into(), |g| g.to_string());
+            let _ =
+                write!(n, "\n  {}: FAULTS {} + {p} populated = {} (GETRUSAGE {g})", r.scenario, r.faults, r.faults + p);
+        }
+        notes.push(n);
+    }
+    notes
+}
 
 fn find<'a>(rows: &'a [Row], name: &str) -> Option<&'a Row> {
     rows.iter().find(|r| r.scenario == name)
@@ -490,7 +522,9 @@ pub fn comparison(rows: &[Row]) -> String {
             r.scenario, c[0], c[1], c[2], c[3], c[4], c[5], c[6]
         );
     }
-    let _ = writeln!(t, "{GETRUSAGE_NOTE}");
+    for note in getrusage_notes(rows) {
+        let _ = writeln!(t, "{note}");
+    }
     let _ = writeln!(t, "\nWhat it shows:");
     if let (Some(a), Some(b)) = (find(rows, "first-touch-4k"), find(rows, "first-touch-thp")) {
         let _ = writeln!(
@@ -599,10 +633,14 @@ fn demo_html(rows: &[Row], sections: &[(String, String, Summary)], out: &Path) -
             escape_html(&r.what)
         );
     }
+    b.push_str("</table></div>");
+    for note in getrusage_notes(rows) {
+        // The text's line breaks flow, a list's items keep theirs.
+        let _ = write!(b, "<p class='note'>{}</p>", escape_html(&note).replace("\n  ", "<br>").replace('\n', " "));
+    }
     let _ = write!(
         b,
-        "</table></div><p class='note'>{}</p><h3>What it shows</h3><pre class='wrap'>{}</pre>",
-        escape_html(&GETRUSAGE_NOTE.replace('\n', " ")),
+        "<h3>What it shows</h3><pre class='wrap'>{}</pre>",
         escape_html(comparison(rows).split("What it shows:").nth(1).unwrap_or("").trim_start_matches('\n'))
     );
     for (name, what, s) in sections {
@@ -646,9 +684,22 @@ mod tests {
         let textbook = [row("first-touch-4k", 65_536, 96), row("first-touch-thp", 128, 54)];
         let t = comparison(&textbook);
         assert!(t.contains("GETRUSAGE: the faults each workload process counted itself"), "{t}");
+        assert!(t.contains("a few below GETRUSAGE or a few above it"), "either way, each said why: {t}");
         assert!(!t.contains("Against the textbook"), "{t}");
         let flipped = [row("first-touch-4k", 65_536, 96), row("first-touch-thp", 128, 211)];
         assert!(comparison(&flipped).contains("Against the textbook, huge pages took no less time here"));
+    }
+
+    #[test]
+    fn the_table_explains_the_populated_pages_getrusage_counts() {
+        let mut plain = row("first-touch-4k", 65_752, 96);
+        (plain.populated, plain.getrusage_faults) = (Some(1), Some(65_755));
+        let mut locked = row("locked-pool-idle", 2_255, 4);
+        (locked.populated, locked.getrusage_faults) = (Some(32_769), Some(35_025));
+        let t = comparison(&[plain.clone(), locked]);
+        assert!(t.contains("\n  locked-pool-idle: FAULTS 2255 + 32769 populated = 35024 (GETRUSAGE 35025)\n"), "{t}");
+        assert!(!t.contains("first-touch-4k: FAULTS"), "execve's populated fault is the general note's: {t}");
+        assert!(!comparison(&[plain]).contains("populated = "), "no row populated much: no list");
     }
 
     #[test]

@@ -260,6 +260,8 @@ pub fn kernel_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         mm_exe_file: o("mm_struct", "exe_file")?,
         mm_saved_auxv: o("mm_struct", "saved_auxv")?,
         mm_users: o("mm_struct", "mm_users")?,
+        task_group_leader: o("task_struct", "group_leader")?,
+        task_comm: o("task_struct", "comm")?,
         pcpu_count: o("percpu_counter", "count")?,
         // Before 6.2 `rss_stat` is a `struct mm_rss_stat` of atomics, and
         // the tracepoint carries the count (`TP_PROTO(mm, member, count)`).

@@ -165,7 +165,8 @@ pub(super) fn attach(cx: &mut Context<'_>, hook: &'static Hook) -> Result<Attach
         Gate::HugePagesPossible => {
             if let Some(why) = crate::kernel::thp::why_impossible() {
                 return Ok(skipped(format!(
-                    "not needed: {why}; no anonymous or shmem fault can map a huge page (PMD-order page-cache folios are seen by the page-cache hook)"
+                    "{}{why}; no anonymous or shmem fault can map a huge page (PMD-order page-cache folios are seen by the page-cache hook)",
+                    crate::model::summary::NOT_NEEDED
                 )));
             }
         }

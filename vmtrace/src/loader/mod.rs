@@ -64,6 +64,9 @@ pub fn enable_run_stats() -> Result<std::os::fd::OwnedFd, LoadError> {
 /// `pages_a_process_wrote_are_not_from_disk`, under both periods).
 pub const DEFAULT_FAST_PERIOD: u32 = 16;
 
+/// Why the huge-page hook is left out where the memcg fault end serves.
+const HUGE_SEEN_BY_MEMCG_END: &str = "the memcg fault end sees the THP_FAULT_ALLOC of the fault in flight (shmem and tmpfs cannot map huge pages here), without a program on every page allocation";
+
 #[allow(clippy::struct_excessive_bools, reason = "independent switches of one load")]
 pub struct LoadOptions {
     pub trace_all: bool,
@@ -293,7 +296,7 @@ impl Probes {
                     what: hook.what,
                     target: "count_memcg_events".into(),
                     outcome: attach::Outcome::Skipped {
-                        reason: "not needed: the memcg fault end sees the THP_FAULT_ALLOC of the fault in flight (shmem and tmpfs cannot map huge pages here), without a program on every page allocation".into(),
+                        reason: format!("{}{HUGE_SEEN_BY_MEMCG_END}", crate::model::summary::NOT_NEEDED),
                     },
                 });
             } else {

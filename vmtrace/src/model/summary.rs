@@ -179,6 +179,18 @@ pub struct ProbeInfo {
     pub fallback_reason: Option<String>,
 }
 
+/// How a skipped hook's reason begins when nothing is lost without it.
+pub const NOT_NEEDED: &str = "not needed: ";
+
+impl ProbeInfo {
+    /// A hook left out because nothing it would record is missing: another
+    /// program sees the same events (the memcg fault end sees the huge-page
+    /// faults), or they cannot happen on this kernel (THP off everywhere).
+    pub fn not_needed(&self) -> bool {
+        self.program_type == "none" && self.fallback_reason.as_deref().is_some_and(|r| r.starts_with(NOT_NEEDED))
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Process {
     pub pid: u32,

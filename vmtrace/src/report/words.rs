@@ -10,6 +10,11 @@ pub fn probe_lines(s: &Summary) -> Vec<String> {
     let mut causes: Vec<String> = Vec::new();
     for p in s.probes.iter() {
         let Some(reason) = &p.fallback_reason else { continue };
+        // Left out with nothing lost (another program sees its events, or
+        // they cannot happen here): no different numbers, nothing to say.
+        if p.not_needed() {
+            continue;
+        }
         // "fault end (every fault)" and "(sampled)" are one thing to a reader.
         let what = p.what.split(" (").next().unwrap_or(&p.what);
         let item = if p.program_type == "none" {
@@ -134,6 +139,12 @@ mod tests {
             "none",
             Some("fentry: refused (EPERM): kernel lockdown forbids fentry/fexit here; kprobe: none; derived from the cgroup instead"),
         ));
+        // Not needed: the memcg end sees the huge-page faults, or THP is off.
+        // Nothing is missing: neither "not recorded" nor a cause.
+        let memcg = "not needed: the memcg fault end sees the THP_FAULT_ALLOC of the fault in flight";
+        s.probes.push(probe("huge-page faults", "none", Some(memcg)));
+        let thp_off = "not needed: THP is never for anonymous memory; no anonymous or shmem fault can map a huge page";
+        s.probes.push(probe("huge-page faults", "none", Some(thp_off)));
         let lines = probe_lines(&s);
         assert_eq!(
             lines,
@@ -143,6 +154,13 @@ mod tests {
                 "  OOM constraint and memcg: not hooked; derived from the cgroup instead",
             ]
         );
+        // A hook the kernel lacks, with nothing in its place: not recorded.
+        let none = "no migrate:mm_migrate_pages on this kernel (6.1): migrations are not counted";
+        s.probes.push(probe("page migrations", "none", Some(none)));
+        assert_eq!(probe_lines(&s)[3], "  page migrations: not recorded on this kernel");
+        assert!(probe_lines(&s)[0].starts_with("probes: 3 work differently"), "{:?}", probe_lines(&s));
+        s.probes.retain(|p| p.not_needed() || p.fallback_reason.is_none());
+        assert!(probe_lines(&s).is_empty(), "only probes not needed: nothing to say");
     }
 
     #[test]
