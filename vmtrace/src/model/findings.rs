@@ -745,11 +745,13 @@ fn huge_pages_unused(s: &Summary, out: &mut Vec<Finding>) {
             "huge_pages_unused",
             p.pid,
             format!(
-                "{} of anonymous memory ({} regions, the largest {}) was faulted in 4 KiB pages: {faults} faults, \
+                "{} of anonymous memory ({}) was faulted in 4 KiB pages: {faults} faults, \
                 {}. Transparent huge pages are `madvise` here and the program never asked for them.",
                 bytes(pages * PAGE),
-                big.len(),
-                bytes(largest.size()),
+                match big.len() {
+                    1 => format!("one region of {}", bytes(largest.size())),
+                    n => format!("{n} regions, the largest {}", bytes(largest.size())),
+                },
                 fmt_ns(time)
             ),
             "Ask for huge pages on the large buffers: madvise(buf, len, MADV_HUGEPAGE) on a 2 MiB-aligned buffer \
