@@ -109,15 +109,39 @@ impl Batches {
         false
     }
 
-    /// The keys of the per-CPU map `fd` that `of` picks.
-    fn keys<K: Copy, V: Copy>(&self, fd: Option<&std::os::fd::OwnedFd>, of: impl Fn(&K) -> bool) -> Option<Vec<K>> {
+    /// The keys of the per-CPU hash `map` (`fd`: its second handle) that
+    /// `of` picks: in batches, else key by key.
+    fn keys<K: aya::Pod, V: aya::Pod>(
+        &self,
+        fd: Option<&std::os::fd::OwnedFd>,
+        map: &PerCpuHashMap<MapData, K, V>,
+        of: impl Fn(&K) -> bool,
+    ) -> Vec<K> {
         let mut keys = Vec::new();
-        self.run(fd, true, false, |k: K, _: &[V]| {
+        let batched = self.run(fd, true, false, |k: K, _: &[V]| {
             if of(&k) {
                 keys.push(k);
             }
-        })
-        .then_some(keys)
+        });
+        if !batched {
+            keys = map.keys().filter_map(Result::ok).filter(|k| of(k)).collect();
+        }
+        keys
+    }
+
+    /// Every entry of the per-CPU hash `map` (`fd`: its second handle),
+    /// its values summed over CPUs: in batches, else key by key.
+    fn summed<K: aya::Pod, V: aya::Pod + Merge>(
+        &self,
+        fd: Option<&std::os::fd::OwnedFd>,
+        map: &PerCpuHashMap<MapData, K, V>,
+        mut each: impl FnMut(K, V),
+    ) {
+        if !self.run(fd, true, false, |k, v: &[V]| each(k, sum_cpus(v.iter()))) {
+            for (k, v) in map.iter().filter_map(Result::ok) {
+                each(k, sum_cpus(v.iter()));
+            }
+        }
     }
 }
 
@@ -189,16 +213,10 @@ impl Probes {
     fn kernel_stack_ids(&self, of: impl Fn(u32) -> bool) -> crate::hash::HashSet<u32> {
         let id = |s: i32| u32::try_from(s).ok();
         let b = &self.maps.batch;
-        let fault = match b.keys::<StackKey, StackCounts>(b.fault_stacks.as_ref(), |k| of(k.tgid)) {
-            Some(keys) => keys,
-            None => self.maps.fault_stacks.keys().filter_map(Result::ok).filter(|k| of(k.tgid)).collect(),
-        };
+        let fault = b.keys(b.fault_stacks.as_ref(), &self.maps.fault_stacks, |k| of(k.tgid));
         let mut ids: crate::hash::HashSet<u32> = fault.iter().filter_map(|k| id(k.user_stack)).collect();
         ids.extend(self.stack_keys_in_flight().iter().filter(|k| of(k.tgid)).filter_map(|k| id(k.user_stack)));
-        let mm = match b.keys::<MmStackKey, MmStackCounts>(b.mm_stacks.as_ref(), |k| of(k.tgid)) {
-            Some(keys) => keys,
-            None => self.maps.mm_stacks.keys().filter_map(Result::ok).filter(|k| of(k.tgid)).collect(),
-        };
+        let mm = b.keys(b.mm_stacks.as_ref(), &self.maps.mm_stacks, |k| of(k.tgid));
         ids.extend(mm.iter().filter_map(|k| id(k.user_stack)));
         ids
     }
@@ -357,10 +375,8 @@ impl AggregateSource for Probes {
     fn all_mm(&self) -> Vec<(u32, MmStats)> {
         let mut out = Vec::new();
         let b = &self.maps.batch;
-        if b.run(b.mm_stats.as_ref(), true, false, |k: u32, v: &[MmStats]| out.push((k, sum_cpus(v.iter())))) {
-            return out;
-        }
-        self.maps.mm_stats.iter().filter_map(Result::ok).map(|(k, v)| (k, sum_cpus(v.iter()))).collect()
+        b.summed(b.mm_stats.as_ref(), &self.maps.mm_stats, |k, v| out.push((k, v)));
+        out
     }
 
     /// Shootdowns received (`tlb_flush` reason 1) per CPU, over every
@@ -379,21 +395,14 @@ impl AggregateSource for Probes {
     fn all_mm_stacks(&self) -> Vec<(MmStackKey, MmStackCounts)> {
         let mut out = Vec::new();
         let b = &self.maps.batch;
-        if b.run(b.mm_stacks.as_ref(), true, false, |k, v: &[MmStackCounts]| out.push((k, sum_cpus(v.iter())))) {
-            return out;
-        }
-        self.maps.mm_stacks.iter().filter_map(Result::ok).map(|(k, v)| (k, sum_cpus(v.iter()))).collect()
+        b.summed(b.mm_stacks.as_ref(), &self.maps.mm_stacks, |k, v| out.push((k, v)));
+        out
     }
 
     fn stack_keys_of(&self, tgids: &crate::hash::HashSet<u32>) -> Vec<StackKey> {
         let mut keys: crate::hash::HashSet<StackKey> = self.maps.drained.keys_of(tgids).collect();
         let b = &self.maps.batch;
-        match b.keys::<StackKey, StackCounts>(b.fault_stacks.as_ref(), |k| tgids.contains(&k.tgid)) {
-            Some(k) => keys.extend(k),
-            None => {
-                keys.extend(self.maps.fault_stacks.keys().filter_map(Result::ok).filter(|k| tgids.contains(&k.tgid)));
-            }
-        }
+        keys.extend(b.keys(b.fault_stacks.as_ref(), &self.maps.fault_stacks, |k| tgids.contains(&k.tgid)));
         keys.into_iter().collect()
     }
 
@@ -409,10 +418,7 @@ impl AggregateSource for Probes {
 
     fn take_mm_stacks(&mut self, tgids: &crate::hash::HashSet<u32>) -> Vec<(MmStackKey, MmStackCounts)> {
         let b = &self.maps.batch;
-        let keys = match b.keys::<MmStackKey, MmStackCounts>(b.mm_stacks.as_ref(), |k| tgids.contains(&k.tgid)) {
-            Some(keys) => keys,
-            None => self.maps.mm_stacks.keys().filter_map(Result::ok).filter(|k| tgids.contains(&k.tgid)).collect(),
-        };
+        let keys = b.keys(b.mm_stacks.as_ref(), &self.maps.mm_stacks, |k| tgids.contains(&k.tgid));
         let mut out = Vec::new();
         let mut rest = Vec::new();
         match b.mm_stacks.as_ref().filter(|_| self.maps.granule_fds.is_some()) {
@@ -444,12 +450,7 @@ impl AggregateSource for Probes {
         let mut all: crate::hash::HashMap<StackKey, StackCounts> = crate::hash::HashMap::default();
         self.maps.drained.merge_into(&mut all);
         let b = &self.maps.batch;
-        let mut add = |k: StackKey, v: &[StackCounts]| all.entry(k).or_default().merge(&sum_cpus(v.iter()));
-        if !b.run(b.fault_stacks.as_ref(), true, false, &mut add) {
-            for (k, v) in self.maps.fault_stacks.iter().filter_map(Result::ok) {
-                add(k, &v);
-            }
-        }
+        b.summed(b.fault_stacks.as_ref(), &self.maps.fault_stacks, |k, v| all.entry(k).or_default().merge(&v));
         for i in 0..vmtrace_common::STACK_CUR_SLOTS {
             let Ok(cur) = self.maps.stack_cur.get(&i, 0) else { continue };
             for c in cur.iter().filter(|c| c.counts.faults | c.counts.major | c.counts.timed != 0) {
@@ -602,8 +603,7 @@ impl AggregateSource for Probes {
         let mut out = Vec::new();
         let (b, seen) = (&self.maps.batch, &mut self.maps.py_seen);
         let batched = b.run(b.user_stacks.as_ref(), false, false, |id: u32, s: &[vmtrace_common::UserStack]| {
-            if !seen.contains(&id) {
-                seen.insert(id);
+            if seen.insert(id) {
                 out.extend(py_stack(&s[0]));
             }
         });
