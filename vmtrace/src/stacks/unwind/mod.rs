@@ -154,8 +154,10 @@ impl AddressSpace {
     /// `frame` as the objects' unwinder looks it up: in its object's place,
     /// or (code without CFI, or no code) at `NOWHERE`, below every object,
     /// where framehop's fallback rule (frame pointers) applies.
-    fn placed(&self, frame: FrameAddress) -> FrameAddress {
-        let delta = match self.range_at(frame.address_for_lookup()) {
+    /// `range`: the code range holding the frame (`range_at` of its
+    /// lookup address), found once for its code and its place.
+    fn placed(frame: FrameAddress, range: Option<&CodeRange>) -> FrameAddress {
+        let delta = match range {
             Some(c) if c.code == Code::Cfi => Some(c.delta),
             _ => None,
         };
@@ -379,13 +381,16 @@ impl Unwinder {
         // framehop's `UnwindIterator`, each frame looked up in its object's
         // place (`AddressSpace::placed`); the registers and the stack read
         // stay the process's own.
-        let mut step = |frame: FrameAddress, regs: &mut UnwindRegsNative| -> Result<Option<FrameAddress>, FhError> {
-            match self.modules.unwind_frame(space.placed(frame), regs, &mut self.cache, &mut read)? {
+        let mut step = |frame: FrameAddress,
+                        range: Option<&CodeRange>,
+                        regs: &mut UnwindRegsNative|
+         -> Result<Option<FrameAddress>, FhError> {
+            match self.modules.unwind_frame(AddressSpace::placed(frame, range), regs, &mut self.cache, &mut read)? {
                 Some(ret) => FrameAddress::from_return_address(ret).map(Some).ok_or(FhError::ReturnAddressIsNull),
                 None => Ok(None),
             }
         };
-        let mut prev: Option<FrameAddress> = None;
+        let mut prev: Option<(FrameAddress, Option<&CodeRange>)> = None;
         let stop = loop {
             if frames.len() >= self.max_frames {
                 break Stop::MaxFrames;
@@ -398,7 +403,7 @@ impl Unwinder {
             };
             let frame = match prev {
                 None => FrameAddress::InstructionPointer(ip),
-                Some(prev) => match step(prev, &mut regs) {
+                Some((prev, range)) => match step(prev, range, &mut regs) {
                     Ok(Some(frame)) => frame,
                     Ok(None) => break no_cfi(last).unwrap_or(Stop::Root),
                     Err(FhError::CouldNotReadStack(addr)) if addr >= window_end => {
@@ -408,14 +413,15 @@ impl Unwinder {
                 },
             };
             let addr = frame.address();
-            let code = space.code_at(frame.address_for_lookup());
+            let range = space.range_at(frame.address_for_lookup());
+            let code = range.map(|c| c.code);
             if code.is_none() && !frames.is_empty() {
                 log::debug!(target: "vmtrace::unwind", "left code at {addr:#x}: ip {ip:#x} sp {sp:#x} bp {bp:#x}, {} bytes copied, frames {frames:x?}", sample.stack.len());
                 break no_cfi(last).unwrap_or(Stop::LeftCode { addr });
             }
             frames.push(addr);
             last = Some((addr, code));
-            prev = Some(frame);
+            prev = Some((frame, range));
         };
         Unwound { frames, stop }
     }
