@@ -792,7 +792,11 @@ impl<S: AggregateSource> Session<S> {
             return;
         }
         let mut deltas: HashMap<u32, Vec<(super::storms::Site, u64)>> = HashMap::default();
-        for (k, c) in self.source.all_mm_stacks() {
+        // The walk sees the sites of processes that exited and are not yet
+        // retired: their baselines were dropped at the exit and must not
+        // come back (they grew by every exited process beside a shell loop).
+        let live: crate::hash::HashSet<u32> = all.iter().map(|(pid, _)| *pid).collect();
+        for (k, c) in self.source.all_mm_stacks().into_iter().filter(|(k, _)| live.contains(&k.tgid)) {
             let before = self.last_sites.entry(k.tgid).or_default().insert((k.call, k.user_stack), c.ipis).unwrap_or(0);
             if c.ipis > before && self.storms.in_storm(k.tgid) && rose.contains_key(&k.tgid) {
                 deltas.entry(k.tgid).or_default().push(((k.call, k.user_stack), c.ipis - before));
@@ -810,6 +814,10 @@ impl<S: AggregateSource> Session<S> {
                 };
                 self.storms.add_site(pid, site, d);
             }
+        }
+        self.last_sites.retain(|pid, _| live.contains(pid));
+        if self.last_sites.capacity() > 4 * self.last_sites.len().max(1024) {
+            self.last_sites.shrink_to_fit();
         }
         self.stale_sites.clear();
     }
