@@ -43,8 +43,13 @@ pub struct RssMm {
     pub end_ns: u64,
     /// The peak when `peak_ns` was last read (once per `RSS_PEAK_TIME_STEP`).
     pub peak_timed: u64,
+    /// The `mm_struct`'s address, taken from the owner's own first event
+    /// (its `current->mm`), 0 until then. The classic event carries only a
+    /// hash of it: its program reads `mm_users` through this to tell a
+    /// teardown in another task's context. Not used by userspace.
+    pub owner_mm: u64,
 }
-const _: () = assert!(core::mem::size_of::<RssMm>() == 8 + 8 * (4 * RSS_MEMBERS + 2) + 32);
+const _: () = assert!(core::mem::size_of::<RssMm>() == 8 + 8 * (4 * RSS_MEMBERS + 2) + 40);
 
 impl RssMm {
     /// Resident bytes (file + anon + shmem; swap entries are not resident).

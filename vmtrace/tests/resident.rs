@@ -84,11 +84,33 @@ fn glibc_heap_and_mmap_at_end_and_peak() {
 #[test]
 fn an_address_space_torn_down_by_another_process_keeps_its_owners_end() {
     privileged!();
+    torn_down_by_another_process(&[], "tp_btf");
+}
+
+/// The same with the classic `kmem:rss_stat` program (arm64's on 6.1 and
+/// 6.12, whose verifier refuses the tp_btf one), which tells the teardown
+/// through the owner's mm address its own first event gave.
+#[test]
+fn an_address_space_torn_down_by_another_process_keeps_its_owners_end_classic() {
+    privileged!();
+    torn_down_by_another_process(&["--force-tracepoints"], "tracepoint");
+}
+
+/// `resident_clone_vm.c` recorded with `flags`, the resident hook served by
+/// a program of type `kind`: the worker's end against its own smaps_rollup.
+fn torn_down_by_another_process(flags: &[&str], kind: &str) {
     let dir = disk_dir();
     let bin = common::compile_c("resident_clone_vm.c", dir.path());
     let own_path = dir.path().join("own.txt");
-    let run = record(&[], &[bin.to_str().unwrap(), "64", own_path.to_str().unwrap()]);
+    let run = record(flags, &[bin.to_str().unwrap(), "64", own_path.to_str().unwrap()]);
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let probe = run.summary["probes"]
+        .as_array()
+        .expect("summary.probes")
+        .iter()
+        .find(|p| p["what"] == "resident memory")
+        .unwrap_or_else(|| panic!("no resident memory probe: {:#}", run.summary["probes"]));
+    assert_eq!(probe["program_type"], kind, "{probe:#}");
     let own = std::fs::read_to_string(&own_path).expect("the worker's smaps_rollup");
     let worker: u32 = own
         .lines()

@@ -28,6 +28,7 @@ use vmtrace_common::{
 
 use crate::{
     globals::{koffsets, stopped},
+    probes::task::read_field,
     shared::{batched_wakeup, count_drop, is_traced, tp_field, EVENTS},
 };
 
@@ -72,13 +73,60 @@ const TP_RSS_CURR: usize = 12;
 const TP_RSS_MEMBER: usize = 16;
 const TP_RSS_SIZE: usize = 24;
 
+// The event has no mm pointer and no reference count: a teardown in
+// another task's context (a CLONE_VM sibling, or a reader of the owner's
+// /proc files holding the last reference) is told by `Teardown::Classic`.
 #[tracepoint(category = "kmem", name = "rss_stat")]
 pub fn tp_kmem_rss_stat(ctx: TracePointContext) -> u32 {
     let member: u32 = tp_field(&ctx, TP_RSS_MEMBER);
     let size = tp_field::<i64>(&ctx, TP_RSS_SIZE).max(0) as u64;
     let curr = tp_field::<u32>(&ctx, TP_RSS_CURR) != 0;
-    let _ = update(tp_field(&ctx, TP_RSS_MM_ID), curr, false, member, size);
+    let _ = update(tp_field(&ctx, TP_RSS_MM_ID), curr, Teardown::Classic, member, size);
     0
+}
+
+/// How an event tells that its mm is being torn down (`mm_users` is 0,
+/// `__mmput`), whatever task's context it runs in.
+#[derive(Clone, Copy)]
+enum Teardown {
+    /// The tp_btf program read the event's mm (`mm`) and its `mm_users`.
+    Btf { mm: u64, dying: bool },
+    /// The classic event: `mm_users` read through the entry's `owner_mm`,
+    /// the address the owner's own first event gave (its `current->mm`; the
+    /// event's `mm_id` is a keyed hash of it, which a program cannot
+    /// compute). Exact as the tp_btf test is: the same field of the same mm.
+    /// Not an exit mark: `sched_process_exit` fires after `exit_mm()` up to
+    /// 6.15 (arm64's 6.1 and 6.12, where this program serves), so a /proc
+    /// reader's `mmput` can tear the mm down before the owner's exit is seen;
+    /// nor userspace guessing from the first decrease in another context:
+    /// reclaim decreases a live mm's counters from kswapd too.
+    Classic,
+}
+
+impl Teardown {
+    /// The mm's address in an event of its owner's own (`curr`).
+    #[inline(always)]
+    fn own_mm(self) -> u64 {
+        match self {
+            Self::Btf { mm, .. } => mm,
+            Self::Classic => {
+                // SAFETY: no preconditions; the pointer is only read through
+                // bpf_probe_read_kernel.
+                let task = unsafe { aya_ebpf::helpers::bpf_get_current_task() } as *const u8;
+                read_field::<u64>(task, koffsets().task_mm).unwrap_or(0)
+            }
+        }
+    }
+
+    /// Whether the mm of an entry whose `owner_mm` is `owner_mm` has no user
+    /// left; read only for a change outside the owner's context.
+    #[inline(always)]
+    fn dying(self, owner_mm: u64) -> bool {
+        match self {
+            Self::Btf { dying, .. } => dying,
+            Self::Classic => read_field::<i32>(owner_mm as *const u8, koffsets().mm_users) == Some(0),
+        }
+    }
 }
 
 /// x86-64's page size; the counters count pages.
@@ -170,7 +218,8 @@ fn try_btf_rss_stat(ctx: &BtfTracePointContext) -> Option<()> {
     let curr = mm_id(current_mm, &off) == id;
     // Torn down by whoever dropped the last reference: no user is left.
     let dying = !curr && off.mm_users != KernelOffsets::MISSING && btf_load::<i32>(mm, off.mm_users) == 0;
-    update(id as u32, curr, dying, member, (pages.max(0) as u64) << page_shift())
+    let how = Teardown::Btf { mm: mm as u64, dying };
+    update(id as u32, curr, how, member, (pages.max(0) as u64) << page_shift())
 }
 
 /// The last counter this CPU saw change: its mm, the current task's mm,
@@ -219,10 +268,10 @@ fn btf_load<T: Copy>(base: *const u8, off: u32) -> T {
 }
 
 /// One counter of the address space `mm_id` changed to `size` bytes; `curr`:
-/// the mm is the current task's; `dying`: it is being torn down (no user
-/// left), in whatever task's context.
+/// the mm is the current task's; `how`: how to tell it is being torn down
+/// (no user left), in whatever task's context.
 #[inline(always)]
-fn update(mm_id: u32, curr: bool, dying: bool, member: u32, size: u64) -> Option<()> {
+fn update(mm_id: u32, curr: bool, how: Teardown, member: u32, size: u64) -> Option<()> {
     if stopped() || member as usize >= RSS_MEMBERS {
         return None;
     }
@@ -232,7 +281,7 @@ fn update(mm_id: u32, curr: bool, dying: bool, member: u32, size: u64) -> Option
         // fills without running in it: a child's at fork (dup_mmap), the new
         // one of an exec before the switch. Reclaim and teardown of an mm
         // not seen before are not counted: nothing of it was known.
-        if is_traced(tgid) && RSS_MM.insert(mm_id, fresh(tgid, curr, member, size), 0).is_err() {
+        if is_traced(tgid) && RSS_MM.insert(mm_id, fresh(tgid, curr, how, member, size), 0).is_err() {
             count_drop(DropKind::RssMmFull);
         }
         return None;
@@ -246,20 +295,22 @@ fn update(mm_id: u32, curr: bool, dying: bool, member: u32, size: u64) -> Option
         // the next fork or exec). Its old figures were streamed
         // (`ResidentEnd`) and read by userspace.
         if is_traced(tgid) {
-            *e = fresh(tgid, curr, member, size);
+            *e = fresh(tgid, curr, how, member, size);
         }
         return None;
     }
     if e.tgid == 0 && curr {
         // The child's (or exec'd image's) first event in its own context.
         e.tgid = tgid;
+        e.owner_mm = how.own_mm();
     }
     // The owner changing its own counters while its mm is not current: it is
     // tearing the mm down (exit_mm, or the old mm at exec). Or another task
     // is, having held the last reference when the owner exited: a reader of
     // the owner's /proc files (vmtrace's own collector among them, under
     // load) or a CLONE_VM sibling. The counters still hold the owner's end.
-    if !curr && e.tgid != 0 && (e.tgid == tgid || dying) && e.flags & RSS_ENDED == 0 {
+    // (Reclaim changes a live mm's counters from kswapd: not a teardown.)
+    if !curr && e.tgid != 0 && e.flags & RSS_ENDED == 0 && (e.tgid == tgid || how.dying(e.owner_mm)) {
         e.flags |= RSS_ENDED;
         e.end = e.size;
         // SAFETY: no preconditions.
@@ -299,8 +350,9 @@ fn update(mm_id: u32, curr: bool, dying: bool, member: u32, size: u64) -> Option
 /// A new address space's entry: owned by `tgid` if it is its own (`curr`),
 /// else unclaimed until its owner's first event.
 #[inline(always)]
-fn fresh(tgid: u32, curr: bool, member: u32, size: u64) -> RssMm {
-    let mut v = RssMm { tgid: if curr { tgid } else { 0 }, ..RssMm::default() };
+fn fresh(tgid: u32, curr: bool, how: Teardown, member: u32, size: u64) -> RssMm {
+    let mut v =
+        RssMm { tgid: if curr { tgid } else { 0 }, owner_mm: if curr { how.own_mm() } else { 0 }, ..RssMm::default() };
     set_member(&mut v.size, member, size);
     v.at_fork = v.size;
     // SAFETY: no preconditions.

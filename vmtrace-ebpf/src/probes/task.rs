@@ -195,7 +195,8 @@ fn exec_image() -> Option<(u32, u64, u64, u64)> {
 }
 
 // TP_PROTO(struct task_struct *p[, bool group_dead]); runs as p, after
-// `exit_code` is set and the mm is released. group_dead is derived from
+// `exit_code` is set; after `exit_mm()` up to 6.15, just before it from 6.16
+// (when `group_dead` came). group_dead is derived from
 // `signal->live` (already decremented) so older kernels without the argument work.
 #[btf_tracepoint(function = "sched_process_exit")]
 pub fn tp_btf_sched_process_exit(ctx: BtfTracePointContext) -> i32 {
