@@ -166,7 +166,25 @@ impl MappedRegions {
     /// How many are remembered per process (the lowest starts go first).
     pub const CAP: usize = 4096;
 
+    /// Adds `r`, in the order the process mapped it: what it covers of
+    /// regions added before is theirs no more (a mapping over a mapping
+    /// replaces it, as `MAP_FIXED` does: ld.so maps a library's text over
+    /// the span it reserved, then its data over the text's tail). Regions
+    /// unmapped and not mapped over stay known.
     pub fn insert(&mut self, r: Region) {
+        let covered: Vec<u64> =
+            (self.by_start.range(..r.end).rev()).take_while(|(_, e)| e.end > r.start).map(|(s, _)| *s).collect();
+        for start in covered {
+            let Some(e) = self.by_start.remove(&start) else { continue };
+            if e.end > r.end {
+                let skip = r.end - e.start;
+                let offset = if e.path.is_some() { e.offset + skip } else { e.offset };
+                self.by_start.insert(r.end, Region { start: r.end, offset, ..e.clone() });
+            }
+            if e.start < r.start {
+                self.by_start.insert(e.start, Region { end: r.start, ..e });
+            }
+        }
         self.by_start.insert(r.start, r);
         if self.by_start.len() > Self::CAP {
             self.by_start.pop_first();
@@ -253,8 +271,11 @@ mod tests {
         assert_eq!(m.find(0x2fff).map(|r| r.start), Some(0x1000));
         assert_eq!(m.find(0x3000), None);
         assert_eq!(m.find(0x18000).map(|r| r.start), Some(0x10000));
-        m.insert(r(0x10000, 0x11000)); // remapped at the same start: the newest wins
-        assert_eq!(m.find(0x18000), None);
+        // Mapped over at the same start: the newest holds what it covers,
+        // the rest of the older one stays (as the kernel leaves it).
+        m.insert(r(0x10000, 0x11000));
+        assert_eq!(m.find(0x10800).map(|r| r.end), Some(0x11000));
+        assert_eq!(m.find(0x18000).map(|r| r.start), Some(0x11000));
         for i in 0..(MappedRegions::CAP as u64 + 10) {
             let start = 0x0010_0000 + i * 0x1000;
             m.insert(r(start, start + 0x1000));

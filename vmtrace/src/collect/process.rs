@@ -653,9 +653,13 @@ fn maps_with_history(p: &ProcInfo) -> Vec<crate::procmaps::Region> {
     maps
 }
 
-/// The regions of `mapped` (mapping events, exec images) that no region of
-/// `maps` covers and no other of `mapped` overlaps: of two that overlap
-/// (one unmapped, the other mapped in its place), neither is trusted.
+/// The regions of `mapped` (mapping events, exec images, in the order the
+/// process made them: `MappedRegions::insert`) that no region of `maps`
+/// covers. They used to be left out where two overlapped, as if the order
+/// were unknown: ld.so maps a library's text over the span it reserved and
+/// its data over the text's tail, so a process that exited before its maps
+/// were read after its exec lost its libraries' code (arm64 6.12: its
+/// stacks stopped at `[unwind left code]` after `main`).
 fn trusted_mapped(
     mapped: &crate::procmaps::MappedRegions,
     maps: &[crate::procmaps::Region],
@@ -671,20 +675,7 @@ fn trusted_mapped(
             maps.iter().any(|m| m.start < r.end && r.start < m.end)
         }
     };
-    // `mapped` is sorted by start: a region overlaps an earlier one when
-    // it starts below their furthest end, a later one when that starts
-    // below its end.
-    let mapped: Vec<_> = mapped.iter().collect();
-    let mut furthest = 0;
-    let mut out = Vec::new();
-    for (i, r) in mapped.iter().enumerate() {
-        let alone = r.start >= furthest && mapped.get(i + 1).is_none_or(|n| n.start >= r.end);
-        furthest = furthest.max(r.end);
-        if alone && !overlaps(r) {
-            out.push((*r).clone());
-        }
-    }
-    out
+    mapped.iter().filter(|r| !overlaps(r)).cloned().collect()
 }
 
 /// The paths of files mmap events named, by the kernel's (device, inode):
@@ -1003,12 +994,15 @@ mod tests {
             path: Some(path.into()),
         };
         let mut t = ProcessTable::default();
-        // Read at exec: the program and ld.so; then ld.so mapped libc, and
-        // two mappings that overlap (one unmapped, the other in its place).
+        // Read at exec: the program and ld.so; then ld.so mapped libc over
+        // the span it reserved, and its data over the text's tail; and a
+        // mapping made over another (the later one holds what they share).
         let p = t.procs.entry(u32::MAX).or_default();
         p.maps = vec![r(0x1000, 0x2000, "/bin/prog"), r(0x9000, 0xa000, "/lib/ld.so")];
         for m in [
-            r(0x5000, 0x6000, "/lib/libc.so"),
+            Region { perms: "---p".into(), ..r(0x3000, 0x7000, "/lib/libc.so") },
+            r(0x3000, 0x6000, "/lib/libc.so"),
+            Region { perms: "rw-p".into(), offset: 0x2800, ..r(0x5800, 0x6800, "/lib/libc.so") },
             r(0x1000, 0x2000, "/bin/prog"),
             r(0x7000, 0x8000, "/a"),
             r(0x7800, 0x8800, "/b"),
@@ -1016,8 +1010,20 @@ mod tests {
             p.mapped.insert(m);
         }
         assert!(t.add_mapped_to_maps(u32::MAX));
-        let paths: Vec<_> = t.procs[&u32::MAX].maps.iter().map(|m| m.path.as_deref().unwrap()).collect();
-        assert_eq!(paths, ["/bin/prog", "/lib/libc.so", "/lib/ld.so"]);
+        let got: Vec<_> = (t.procs[&u32::MAX].maps.iter())
+            .map(|m| (m.start, m.end, m.perms.to_string(), m.offset, m.path.as_deref().unwrap()))
+            .collect();
+        let want = [
+            (0x1000, 0x2000, "r-xp", 0, "/bin/prog"),
+            (0x3000, 0x5800, "r-xp", 0, "/lib/libc.so"),
+            (0x5800, 0x6800, "rw-p", 0x2800, "/lib/libc.so"),
+            (0x6800, 0x7000, "---p", 0x3800, "/lib/libc.so"),
+            (0x7000, 0x7800, "r-xp", 0, "/a"),
+            (0x7800, 0x8800, "r-xp", 0, "/b"),
+            (0x9000, 0xa000, "r-xp", 0, "/lib/ld.so"),
+        ];
+        let want: Vec<_> = want.iter().map(|(s, e, p, o, n)| (*s, *e, p.to_string(), *o, *n)).collect();
+        assert_eq!(got, want);
         assert!(t.procs[&u32::MAX].maps_read.is_some());
         assert!(!t.add_mapped_to_maps(u32::MAX), "nothing new the second time");
     }
