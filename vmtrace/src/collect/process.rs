@@ -306,6 +306,7 @@ impl ProcessTable {
         let read_at_ns = crate::kernel::monotonic_ns();
         match read {
             Ok(m) if !m.is_empty() => {
+                log::debug!(target: "vmtrace::maps", "maps of {pid} read: {} regions, {} executable, generation {before:?} → {after:?}", m.len(), m.iter().filter(|r| r.perms.contains('x')).count());
                 if !self.procs.get(&pid).is_some_and(|p| p.exited) {
                     self.live.insert(pid);
                 }

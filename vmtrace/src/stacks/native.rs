@@ -9,7 +9,7 @@
 //! (`shares`): exact in events for the faults and calls whose sample arrived,
 //! an estimate for latency and majors when an id mixes several stacks.
 use crate::hash::HashMap;
-use std::time::Instant;
+use std::{fmt::Write as _, time::Instant};
 
 use vmtrace_common::{StackSampleHead, STACK_ID_LOST};
 
@@ -51,6 +51,8 @@ pub struct NativeStack {
 struct Space {
     maps_read: Option<Instant>,
     addresses: AddressSpace,
+    /// Whether a walk that left code logged this space (once per space).
+    logged: bool,
 }
 
 /// Distinct unwound stacks held (all processes) before the lightest are
@@ -119,6 +121,9 @@ impl NativeStacks {
         if !covered || matches!(unwound.stop, Stop::NoUnwindInfo { .. } | Stop::LeftCode { .. }) {
             procs.refresh(head.tgid);
             (unwound, covered) = self.unwind(head.tgid, &sample, procs);
+            if let Stop::LeftCode { addr } = unwound.stop {
+                self.log_space(head.tgid, addr, procs);
+            }
         }
         self.samples += 1;
         let stop = unwound.stop;
@@ -185,10 +190,40 @@ impl NativeStacks {
             let root = procs.root(tgid);
             let (maps, maps_read) = procs.maps(tgid);
             let space = unwinder.address_space(maps, root.as_deref());
-            self.spaces.insert(tgid, Space { maps_read, addresses: space });
+            self.spaces.insert(tgid, Space { maps_read, addresses: space, logged: false });
         }
         let space = &self.spaces[&tgid].addresses;
         (unwinder.unwind(space, sample), space.covers(sample.regs.ip))
+    }
+
+    /// Logs (debug, once per address space) the maps and code ranges a walk
+    /// of `tgid` left code in at `addr`: what to compare with the process's
+    /// /proc/PID/maps when a return address falls outside them.
+    fn log_space(&mut self, tgid: u32, addr: u64, procs: &mut impl ProcessMaps) {
+        if !log::log_enabled!(target: "vmtrace::unwind", log::Level::Debug) {
+            return;
+        }
+        let Some(space) = self.spaces.get_mut(&tgid).filter(|s| !s.logged) else { return };
+        space.logged = true;
+        let mut s = format!("tgid {tgid} left code at {addr:#x}; code ranges:");
+        for (start, end, code) in space.addresses.code_ranges() {
+            let _ = write!(s, "\n  {start:x}-{end:x} {code:?}");
+        }
+        let (maps, read) = procs.maps(tgid);
+        let _ = write!(s, "\nfrom the maps read {:?} ago:", read.map(|t| t.elapsed()));
+        for r in maps {
+            let _ = write!(
+                s,
+                "\n  {:x}-{:x} {} {:x} {:?} {}",
+                r.start,
+                r.end,
+                r.perms.as_str(),
+                r.offset,
+                r.kind,
+                r.path.as_deref().unwrap_or("")
+            );
+        }
+        log::debug!(target: "vmtrace::unwind", "{s}");
     }
 
     /// The unwound stacks counted under `user_stack` in `tgid`, with how many
