@@ -46,7 +46,7 @@ static CONFIG: Config = Config {
     fast_period: 0,
     memcg_thp_fault: 0,
     memcg_thp_file: 0,
-    _pad: 0,
+    fork_child_pid_offset: 0,
 };
 
 /// Kernel struct offsets from BTF, set by the loader.
