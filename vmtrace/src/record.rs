@@ -112,10 +112,13 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     // Before report.html (it links it) and before folding: every process.
     let trace_failure = trace.and_then(|log| write_perfetto(&opts.out, &summary, &log));
     note_malloc_trims(&mut summary, &mm_sites);
+    crate::collect::log_own_memory("the session's end");
     derive_and_fold(&mut summary, &stacks, resident.as_ref().map(|r| r.peak.as_slice()), opts.output.fold_below);
+    crate::collect::log_own_memory("findings and the fold");
     let writing = Instant::now();
     let mut write_failures = report::write_recording_with(&opts.out, &summary, &stack_outputs, &opts.output);
     write_failures.extend(trace_failure);
+    crate::collect::log_own_memory("the outputs");
     log::info!(
         "outputs written in {:.2} s; the end step (symbols, summary, outputs) took {:.2} s; \
          collector peak memory {} KiB",

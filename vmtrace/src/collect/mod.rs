@@ -68,3 +68,15 @@ pub struct Finished {
     /// The resident profiles (`--events resident` with stacks).
     pub resident: Option<resident::ResidentProfiles>,
 }
+
+/// With `RUST_LOG=vmtrace::end=debug`: the collector's resident memory now
+/// and at its peak, after the step `what` (where the end's memory goes).
+pub(crate) fn log_own_memory(what: &str) {
+    if !log::log_enabled!(target: "vmtrace::end", log::Level::Debug) {
+        return;
+    }
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kb =
+        |f: &str| status.lines().find(|l| l.starts_with(f)).and_then(|l| l.split_whitespace().nth(1)).unwrap_or("?");
+    log::debug!(target: "vmtrace::end", "after {what}: VmRSS {} kB, RssAnon {} kB, VmHWM {} kB", kb("VmRSS:"), kb("RssAnon:"), kb("VmHWM:"));
+}
