@@ -12,6 +12,7 @@
 //! and the snapshot is scaled to the kernel's exact totals when the
 //! profiles are written.
 use crate::hash::HashMap;
+use crate::hash::ShrinkSparse as _;
 use std::collections::BTreeMap;
 
 use vmtrace_common::{
@@ -516,9 +517,7 @@ impl ResidentTracker {
     /// Takes `pid`'s snapshots out (an exited process folded away).
     pub(crate) fn take(&mut self, pid: u32, now_ns: u64) -> Option<ProcResident> {
         let p = self.procs.remove(&pid)?;
-        if self.procs.capacity() > 4 * self.procs.len().max(1024) {
-            self.procs.shrink_to_fit();
-        }
+        self.procs.shrink_if_sparse();
         self.taken.insert(pid);
         Some(p.ended(now_ns))
     }

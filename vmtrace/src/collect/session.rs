@@ -1,6 +1,7 @@
 //! The collection loop: polls the source, applies its events to the process
 //! table and runs the periodic jobs (timeline, storms, flight recorder, maps
 //! refresh); at the end reads the aggregates once and assembles the summary.
+use crate::hash::ShrinkSparse as _;
 use std::{
     collections::{BTreeMap, HashMap},
     time::{Duration, Instant},
@@ -816,9 +817,7 @@ impl<S: AggregateSource> Session<S> {
             }
         }
         self.last_sites.retain(|pid, _| live.contains(pid));
-        if self.last_sites.capacity() > 4 * self.last_sites.len().max(1024) {
-            self.last_sites.shrink_to_fit();
-        }
+        self.last_sites.shrink_if_sparse();
         self.stale_sites.clear();
     }
 

@@ -1,6 +1,7 @@
 //! Names for addresses: the memory maps of traced processes, kept fresh while
 //! they live, and the symbolization of fault stacks, mmap call sites and
 //! storm culprits from them.
+use crate::hash::ShrinkSparse as _;
 use std::{
     collections::HashMap,
     time::{Duration, Instant},
@@ -202,12 +203,8 @@ impl Symbols {
     pub(crate) fn forget(&mut self, pids: &crate::hash::HashSet<u32>) {
         self.stacks.retain(|k, _| !pids.contains(&k.0));
         self.sites.retain(|k, _| !pids.contains(&k.0));
-        if self.stacks.capacity() > 4 * self.stacks.len().max(1024) {
-            self.stacks.shrink_to_fit();
-        }
-        if self.sites.capacity() > 4 * self.sites.len().max(1024) {
-            self.sites.shrink_to_fit();
-        }
+        self.stacks.shrink_if_sparse();
+        self.sites.shrink_if_sparse();
     }
 
     /// Closes the object files read for the last symbolization.

@@ -17,6 +17,7 @@
 //! id are reported (`reused_faults`; of 300,000 distinct stacks, about 40 would share an id in a
 //! billion-id space).
 use crate::hash::HashMap;
+use crate::hash::ShrinkSparse as _;
 
 use vmtrace_common::{Merge as _, PyFrame, StackCounts, StackKey};
 
@@ -91,9 +92,7 @@ impl Drained {
     /// Takes the counts of `tgids` out.
     pub fn take_counts(&mut self, tgids: &crate::hash::HashSet<u32>) -> Vec<(StackKey, StackCounts)> {
         let out = tgids.iter().filter_map(|t| self.counts.remove(t)).flatten().collect();
-        if self.counts.capacity() > 4 * self.counts.len().max(1024) {
-            self.counts.shrink_to_fit();
-        }
+        self.counts.shrink_if_sparse();
         out
     }
 
@@ -132,9 +131,7 @@ impl Drained {
         }
         let out: Vec<u32> =
             ids.into_iter().filter(|id| !kept.contains(id)).filter(|id| self.stacks.remove(id).is_some()).collect();
-        if self.stacks.capacity() > 4 * self.stacks.len().max(1024) {
-            self.stacks.shrink_to_fit();
-        }
+        self.stacks.shrink_if_sparse();
         out
     }
 
@@ -166,9 +163,7 @@ impl Drained {
             }
             keep
         });
-        if self.stacks.capacity() > 4 * self.stacks.len().max(1024) {
-            self.stacks.shrink_to_fit();
-        }
+        self.stacks.shrink_if_sparse();
         self.swept += out.len() as u64;
         out
     }

@@ -3,6 +3,7 @@
 //! processes that exited are symbolized too; JIT code through
 //! `/tmp/perf-PID.map`; kernel frames through kallsyms. A frame that cannot be
 //! named shows `module+0xoffset`: frames never vanish.
+use crate::hash::ShrinkSparse as _;
 use crate::hash::{HashMap, HashSet};
 use std::{cell::RefCell, path::PathBuf};
 
@@ -193,12 +194,8 @@ impl Names {
         // Stacks first: they hold names.
         stacks.retain(|f| std::sync::Arc::strong_count(f) > 1);
         other.retain(|f| std::sync::Arc::strong_count(f) > 1);
-        if other.capacity() > 4 * other.len().max(1024) {
-            other.shrink_to_fit();
-        }
-        if stacks.capacity() > 4 * stacks.len().max(1024) {
-            stacks.shrink_to_fit();
-        }
+        other.shrink_if_sparse();
+        stacks.shrink_if_sparse();
         before - other.len() - stacks.len()
     }
 
