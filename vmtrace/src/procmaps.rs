@@ -124,16 +124,24 @@ fn classify(inode: u64, name: &str) -> RegionKind {
 
 /// Parses the text of `/proc/PID/maps`. Lines that do not parse are skipped.
 pub(crate) fn parse(text: &str) -> Vec<Region> {
+    text.lines().filter_map(|l| parse_line(l).map(|(r, _)| r)).collect()
+}
+
+/// As `parse`, each region with the file it maps: the kernel's (device,
+/// inode), device as `major << 20 | minor` as the tracepoints give it;
+/// inode 0 for none.
+pub(crate) fn parse_with_files(text: &str) -> Vec<(Region, (u32, u64))> {
     text.lines().filter_map(parse_line).collect()
 }
 
-fn parse_line(line: &str) -> Option<Region> {
+fn parse_line(line: &str) -> Option<(Region, (u32, u64))> {
     // start-end perms offset dev inode [path]; the path may contain spaces.
     let mut it = line.splitn(6, ' ');
     let range = it.next()?;
     let perms = Perms::from(it.next()?);
     let offset = u64::from_str_radix(it.next()?, 16).ok()?;
-    let _dev = it.next()?;
+    let (major, minor) = it.next()?.split_once(':')?;
+    let dev = (u32::from_str_radix(major, 16).ok()? << 20) | u32::from_str_radix(minor, 16).ok()?;
     let inode: u64 = it.next()?.parse().ok()?;
     let name = it.next().unwrap_or("").trim_start();
     let name = name.strip_suffix(" (deleted)").unwrap_or(name);
@@ -141,11 +149,16 @@ fn parse_line(line: &str) -> Option<Region> {
     let (start, end) = (u64::from_str_radix(s, 16).ok()?, u64::from_str_radix(e, 16).ok()?);
     let kind = classify(inode, name);
     let path = (!name.is_empty()).then(|| Arc::from(name));
-    Some(Region { start, end, perms, offset, kind, path })
+    Some((Region { start, end, perms, offset, kind, path }, (dev, inode)))
 }
 
 pub(crate) fn read(pid: u32) -> std::io::Result<Vec<Region>> {
     std::fs::read_to_string(format!("/proc/{pid}/maps")).map(|t| parse(&t))
+}
+
+/// As `read`, with the file of each region (`parse_with_files`).
+pub(crate) fn read_with_files(pid: u32) -> std::io::Result<Vec<(Region, (u32, u64))>> {
+    std::fs::read_to_string(format!("/proc/{pid}/maps")).map(|t| parse_with_files(&t))
 }
 
 /// The region holding `addr` (regions sorted by start, as the kernel lists them).
@@ -201,6 +214,11 @@ impl MappedRegions {
         self.by_start.values()
     }
 
+    /// The regions, to change what does not place them (their names).
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Region> {
+        self.by_start.values_mut()
+    }
+
     pub fn len(&self) -> usize {
         self.by_start.len()
     }
@@ -246,6 +264,15 @@ mod tests {
         assert_eq!(r[5].kind, RegionKind::Stack);
         assert_eq!(r[6].kind, RegionKind::Vdso);
         assert_eq!(r[3].perms, "r--s");
+    }
+
+    #[test]
+    fn parses_the_file_of_each_region() {
+        let ids: Vec<_> = parse_with_files(MAPS).into_iter().map(|(_, id)| id).collect();
+        assert_eq!(ids[0], ((0xfe << 20) | 1, 1048));
+        assert_eq!(ids[1], (0, 0));
+        assert_eq!(ids[3], ((0xfe << 20) | 1, 2222));
+        assert_eq!(ids[4], (5, 7));
     }
 
     #[test]

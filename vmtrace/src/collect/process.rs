@@ -49,6 +49,9 @@ pub struct ProcInfo {
     /// Regions it mapped, from mapping-change events (newest last, bounded):
     /// they stay known after they are unmapped or the process is gone.
     pub mapped: crate::procmaps::MappedRegions,
+    /// A region of `mapped` or `maps` is named only by its file's (device,
+    /// inode): `ProcessTable::name_files` looks for its path again.
+    pub unnamed_files: bool,
     /// mmap/TLB aggregate taken from the kernel when it exited.
     pub mm: Option<vmtrace_common::MmStats>,
     /// Its mapping changes and maps reads, by address-space generation: where
@@ -95,6 +98,7 @@ impl Default for ProcInfo {
             root: None,
             root_checked: false,
             mapped: crate::procmaps::MappedRegions::default(),
+            unnamed_files: false,
             mm: None,
             history: crate::regions::history::History::default(),
             execs: 0,
@@ -301,18 +305,24 @@ impl ProcessTable {
     /// after it (no mapping change was in flight).
     pub(crate) fn snapshot_maps_at(&mut self, pid: u32, gen_of: &dyn Fn(u32) -> Option<u32>) -> bool {
         let before = gen_of(pid);
-        let read = crate::procmaps::read(pid);
+        let read = crate::procmaps::read_with_files(pid);
         let after = gen_of(pid);
         let read_at_ns = crate::kernel::monotonic_ns();
         match read {
             Ok(m) if !m.is_empty() => {
-                log::debug!(target: "vmtrace::maps", "maps of {pid} read: {} regions, {} executable, generation {before:?} → {after:?}", m.len(), m.iter().filter(|r| r.perms.contains('x')).count());
+                log::debug!(target: "vmtrace::maps", "maps of {pid} read: {} regions, {} executable, generation {before:?} → {after:?}", m.len(), m.iter().filter(|(r, _)| r.perms.contains('x')).count());
                 if !self.procs.get(&pid).is_some_and(|p| p.exited) {
                     self.live.insert(pid);
                 }
                 if !self.procs.get(&pid).is_some_and(|p| p.root_checked) {
                     self.check_root(pid);
                 }
+                // Its paths name its files here unless it has another root.
+                if self.root_of(pid).is_none() {
+                    self.file_names.learn_maps(m.iter().map(|(r, id)| (r, *id)));
+                }
+                let m: Vec<crate::procmaps::Region> = m.into_iter().map(|(r, _)| r).collect();
+                self.name_files(pid);
                 let p = self.procs.entry(pid).or_default();
                 if let (Some(b), Some(a)) = (before, after) {
                     p.history.snapshot(a, &m, a == b, read_at_ns);
@@ -350,8 +360,13 @@ impl ProcessTable {
     /// collector re-read them): adds the regions its mapping events mapped
     /// (ld.so's libraries, dlopen) that no region of its last read covers,
     /// so a stack sample drained late still unwinds through them. True when
-    /// any was added (the maps then count as read now).
+    /// any was added or named (`name_files`; the maps then count as read
+    /// now).
     pub(crate) fn add_mapped_to_maps(&mut self, pid: u32) -> bool {
+        // Files named since (a maps read of another process) change the
+        // maps as much as regions added: address spaces built from them
+        // are built again (`maps_read`).
+        let named = self.name_files(pid) > 0;
         let Some(p) = self.procs.get_mut(&pid) else { return false };
         // Nothing more to learn until it maps something else.
         p.maps_stale = false;
@@ -359,13 +374,37 @@ impl ProcessTable {
             return false;
         }
         let missing = trusted_mapped(&p.mapped, &p.maps);
-        let added = !missing.is_empty();
+        let added = !missing.is_empty() || named;
         p.maps.extend(missing);
         if added {
             p.maps.sort_by_key(|r| r.start);
             p.maps_read = Some(std::time::Instant::now());
         }
         added
+    }
+
+    /// Names `pid`'s regions known only by their file's (device, inode)
+    /// (`region_from_event`'s placeholders) where that file's path is known
+    /// now (`FileNames::find`: a later maps read of any process, the
+    /// collector's own maps). A path is used only while its `stat` is that
+    /// file. How many were named.
+    pub(crate) fn name_files(&mut self, pid: u32) -> usize {
+        let Self { procs, file_names, .. } = self;
+        let Some(p) = procs.get_mut(&pid).filter(|p| p.unnamed_files && !p.released) else { return 0 };
+        let (mut named, mut left) = (0, 0);
+        for r in p.mapped.iter_mut().chain(p.maps.iter_mut()) {
+            let Some(name) = r.path.as_deref().filter(|n| n.starts_with("[file ")) else { continue };
+            match file_names.name_placeholder(name) {
+                Some(path) => {
+                    log::debug!(target: "vmtrace::maps", "{pid}: {name} at {:#x}-{:#x} is {path}", r.start, r.end);
+                    r.path = Some(path.into());
+                    named += 1;
+                }
+                None => left += 1,
+            }
+        }
+        p.unnamed_files = left > 0;
+        named
     }
 
     /// Applies one task event from the kernel.
@@ -630,12 +669,16 @@ pub(crate) fn region_from_event(ev: &vmtrace_common::MmEvent, names: &mut FileNa
         });
         // A program may close the fd right after mmap (torch does): the
         // mapping itself still names its file.
-        let path = path.or_else(|| mapped_file_name(ev).map(|p| names.learn(ev.dev, ev.ino, p))).unwrap_or_else(|| {
+        let path = path.or_else(|| mapped_file_name(ev).map(|p| names.learn(ev.dev, ev.ino, p)));
+        // Gone (the process exited before its events were drained): the
+        // same file mapped elsewhere, the collector's own libc among them.
+        let path = path.or_else(|| names.find(ev.dev, ev.ino)).unwrap_or_else(|| {
             if ev.ino == 0 {
                 format!("[fd {}]", ev.fd as i64)
             } else {
                 // Closed before it could be named (a later maps read names it
-                // if it is still mapped): what `find -inum` needs.
+                // if it is still mapped; `ProcessTable::name_files`): what
+                // `find -inum` needs.
                 format!("[file {}:{} inode {}]", ev.dev >> 20, ev.dev & 0xf_ffff, ev.ino)
             }
         });
@@ -689,9 +732,20 @@ fn trusted_mapped(
 /// a shell loop). A file replaced under its name within that second keeps
 /// the name for the old one's mappings, as /proc/PID/maps shows them (the
 /// name, "(deleted)", which vmtrace drops). The table is emptied when full.
+///
+/// Maps reads name files too (`learn_maps`): a process that mapped a
+/// library and exited before its events were drained (the descriptor, the
+/// mapping and /proc/PID gone) has it named by any other mapping of the
+/// same (device, inode) the collector read, its own included (`find`).
 #[derive(Default)]
 pub(crate) struct FileNames {
     by_file: HashMap<(u32, u64), (String, std::time::Instant)>,
+    /// Files a maps read named by a path that is another file here (a
+    /// deleted or replaced file, another mount namespace): not looked at
+    /// again at every read. Emptied when full.
+    refused: std::collections::HashSet<(u32, u64)>,
+    /// When the collector's own maps were last read for a file not named.
+    own_read: Option<std::time::Instant>,
 }
 
 impl FileNames {
@@ -721,9 +775,63 @@ impl FileNames {
             if self.by_file.len() >= Self::MAX {
                 self.by_file.clear();
             }
+            self.refused.remove(&(dev, ino));
             self.by_file.insert((dev, ino), (path.clone(), std::time::Instant::now()));
         }
         path
+    }
+
+    /// Learns the files a maps read names (regions with their (device,
+    /// inode), `procmaps::parse_with_files`), as paths of this mount
+    /// namespace: a path is taken only where its `stat` here is that
+    /// (device, inode). Files known already are not looked at. How many
+    /// were learned.
+    fn learn_maps<'a>(&mut self, files: impl IntoIterator<Item = (&'a crate::procmaps::Region, (u32, u64))>) -> usize {
+        let mut learned = 0;
+        for (r, (dev, ino)) in files {
+            let Some(path) = r.path.as_deref().filter(|p| p.starts_with('/')) else { continue };
+            if ino == 0 || self.by_file.contains_key(&(dev, ino)) || self.refused.contains(&(dev, ino)) {
+                continue;
+            }
+            if crate::regions::kernel_dev_ino(path).is_some_and(|(d, i, _)| (d, i) == (dev, ino)) {
+                self.learn(dev, ino, path.to_string());
+                learned += 1;
+            } else {
+                if self.refused.len() >= Self::MAX {
+                    self.refused.clear();
+                }
+                self.refused.insert((dev, ino));
+            }
+        }
+        learned
+    }
+
+    /// The path of the file, as `get`, else from the collector's own maps
+    /// (read at most once per `RECHECK` for files not named): vmtrace
+    /// maps libc and the other system libraries its targets map.
+    fn find(&mut self, dev: u32, ino: u64) -> Option<String> {
+        if ino == 0 {
+            return None;
+        }
+        if let Some(path) = self.get(dev, ino) {
+            return Some(path);
+        }
+        if self.own_read.is_some_and(|t| t.elapsed() < Self::RECHECK) {
+            return None;
+        }
+        self.own_read = Some(std::time::Instant::now());
+        let own = crate::procmaps::read_with_files(std::process::id()).unwrap_or_default();
+        let learned = self.learn_maps(own.iter().map(|(r, id)| (r, *id)));
+        log::debug!(target: "vmtrace::maps", "own maps read for file {}:{} inode {ino}: {learned} files learned", dev >> 20, dev & 0xf_ffff);
+        self.get(dev, ino)
+    }
+
+    /// The path of the file a placeholder name (`[file MAJOR:MINOR inode
+    /// N]`, a mapping whose path was not found when it was made) stands
+    /// for, if a path to that file is known now (`find`).
+    fn name_placeholder(&mut self, name: &str) -> Option<String> {
+        let (dev, ino) = crate::regions::placeholder_id(name)?;
+        self.find(dev, ino)
     }
 }
 
@@ -745,17 +853,10 @@ fn mapped_file_name(ev: &vmtrace_common::MmEvent) -> Option<String> {
             return Some(target.display().to_string());
         }
     }
-    let maps = fs::read_to_string(format!("/proc/{}/maps", ev.tgid)).ok()?;
-    maps.lines().find_map(|line| {
-        let mut f = line.split_ascii_whitespace();
-        let (range, _, _, dev, ino) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
-        let (lo, hi) = range.split_once('-')?;
-        let (lo, hi) = (u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?);
-        let (major, minor) = dev.split_once(':')?;
-        let dev = (u32::from_str_radix(major, 16).ok()? << 20) | u32::from_str_radix(minor, 16).ok()?;
-        let path = f.collect::<Vec<_>>().join(" ");
-        (lo <= ev.addr && ev.addr < hi && ino.parse::<u64>().ok()? == ev.ino && dev == ev.dev && path.starts_with('/'))
-            .then_some(path)
+    let maps = crate::procmaps::read_with_files(ev.tgid).ok()?;
+    maps.into_iter().find_map(|(r, id)| {
+        let path = r.path.as_deref().filter(|p| p.starts_with('/'))?;
+        (r.contains(ev.addr) && id == (ev.dev, ev.ino)).then(|| path.to_string())
     })
 }
 
@@ -772,6 +873,9 @@ impl ProcessTable {
             c if c == MmCall::Mmap as u32 => {
                 let r = region_from_event(ev, &mut self.file_names);
                 let p = self.procs.entry(ev.tgid).or_default();
+                if r.path.as_deref().is_some_and(|n| crate::regions::placeholder_id(n).is_some()) {
+                    p.unnamed_files = true;
+                }
                 p.mapped.insert(r.clone());
                 p.maps_stale = true;
                 Change::Map { region: r, flags: ev.flags }
@@ -855,6 +959,97 @@ mod tests {
         assert_eq!(names.get(dev, ino), None);
         assert!(names.by_file.is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A maps line of `path` as (dev, ino).
+    fn maps_line(dev: u32, ino: u64, path: &str) -> String {
+        format!("7f0000000000-7f0000001000 r-xp 00000000 {:02x}:{:02x} {ino} {path}\n", dev >> 20, dev & 0xf_ffff)
+    }
+
+    #[test]
+    fn a_maps_read_names_a_file_only_where_its_path_is_that_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let [a, b] = ["liba.so", "libb.so"].map(|n| {
+            let p = dir.path().join(n);
+            std::fs::write(&p, n).unwrap();
+            p.display().to_string()
+        });
+        let (da, ia, _) = crate::regions::kernel_dev_ino(&a).unwrap();
+        let (db, ib, _) = crate::regions::kernel_dev_ino(&b).unwrap();
+        // Another process's maps: `a` as it is here; `b`'s path for a file
+        // that is not `b` (replaced since, or another mount namespace's).
+        let text = maps_line(da, ia, &a) + &maps_line(db, ib + 1000, &b) + &maps_line(da, ia, &a);
+        let mut names = FileNames { own_read: Some(std::time::Instant::now()), ..FileNames::default() };
+        let files = crate::procmaps::parse_with_files(&text);
+        assert_eq!(names.learn_maps(files.iter().map(|(r, id)| (r, *id))), 1);
+        assert_eq!(names.find(da, ia).as_deref(), Some(a.as_str()));
+        assert_eq!(names.find(db, ib + 1000), None, "a path that is another file is not used");
+        assert_eq!(names.find(db, ib), None, "nothing named b's own inode");
+        assert!(names.refused.contains(&(db, ib + 1000)));
+        assert_eq!(names.learn_maps(files.iter().map(|(r, id)| (r, *id))), 0, "neither is looked at again");
+    }
+
+    #[test]
+    fn a_file_the_collector_maps_is_named_from_its_own_maps() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("libown.so");
+        std::fs::write(&path, vec![7u8; 8192]).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        // SAFETY: the file is the test's own and not changed while mapped.
+        let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+        let (dev, ino, _) = crate::regions::kernel_dev_ino(&path.display().to_string()).unwrap();
+        let mut names = FileNames::default();
+        assert_eq!(names.find(dev, ino), Some(path.display().to_string()));
+        assert_eq!(names.find(dev, ino + 1000), None, "read once per second at most, and not that file");
+        drop(map);
+    }
+
+    /// A process that mapped a library and exited before its mapping events
+    /// were drained (its descriptor, mapping and /proc entry gone): the
+    /// library is named by its file's (dev, inode) only, until any maps read
+    /// names that file.
+    #[test]
+    fn a_gone_processs_unnamed_library_is_named_once_a_maps_read_names_its_file() {
+        use vmtrace_common::MmCall;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("libgone.so");
+        std::fs::write(&path, vec![7u8; 8192]).unwrap();
+        let p = path.display().to_string();
+        let (dev, ino, _) = crate::regions::kernel_dev_ino(&p).unwrap();
+        let mut t = ProcessTable::default();
+        // Not mapped by the collector yet: its own maps do not name it.
+        assert_eq!(t.file_names.find(dev, ino), None);
+        let mmap = |addr: u64, len: u64, dev: u32, ino: u64| vmtrace_common::MmEvent {
+            call: MmCall::Mmap as u32,
+            addr,
+            len,
+            prot: (libc::PROT_READ | libc::PROT_EXEC) as u64,
+            flags: libc::MAP_PRIVATE as u64,
+            fd: 3,
+            dev,
+            ino,
+            ..brk(u32::MAX, 0)
+        };
+        t.note_change(&mmap(0x3000, 0x2000, dev, ino));
+        t.note_change(&mmap(0x8000, 0x1000, dev, ino + 1000));
+        let unnamed = format!("[file {}:{} inode {ino}]", dev >> 20, dev & 0xf_ffff);
+        let other = format!("[file {}:{} inode {}]", dev >> 20, dev & 0xf_ffff, ino + 1000);
+        let gone = &t.procs[&u32::MAX];
+        assert_eq!(gone.mapped.find(0x3000).and_then(|r| r.path.as_deref()), Some(unnamed.as_str()));
+        assert!(gone.unnamed_files);
+        // The collector's maps read (any process's would do) sees the file.
+        let file = std::fs::File::open(&path).unwrap();
+        // SAFETY: the file is the test's own and not changed while mapped.
+        let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+        assert!(t.snapshot_maps(std::process::id()));
+        drop(map);
+        assert!(t.add_mapped_to_maps(u32::MAX));
+        let gone = &t.procs[&u32::MAX];
+        let name = |addr| crate::procmaps::find(&gone.maps, addr).and_then(|r| r.path.as_deref());
+        assert_eq!(name(0x3000), Some(p.as_str()));
+        assert_eq!(gone.mapped.find(0x4fff).and_then(|r| r.path.as_deref()), Some(p.as_str()));
+        assert_eq!(name(0x8000), Some(other.as_str()), "no file here is that inode: it stays unnamed");
+        assert!(gone.unnamed_files, "looked for again");
     }
 
     #[test]

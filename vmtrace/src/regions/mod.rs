@@ -481,7 +481,7 @@ fn from_disk_in(chunks: &[(u64, u64)], start: u64, end: u64) -> u64 {
 }
 
 /// The (dev, inode) a placeholder name `[file MAJOR:MINOR inode N]` stands for.
-fn placeholder_id(path: &str) -> Option<(u32, u64)> {
+pub(crate) fn placeholder_id(path: &str) -> Option<(u32, u64)> {
     let rest = path.strip_prefix("[file ")?.strip_suffix(']')?;
     let (dev, ino) = rest.split_once(" inode ")?;
     let (major, minor) = dev.split_once(':')?;
