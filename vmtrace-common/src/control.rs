@@ -258,8 +258,6 @@ pub struct Config {
     /// them, in place of the `mm_page_alloc` hook.
     pub memcg_thp_fault: u32,
     pub memcg_thp_file: u32,
-    /// Offset of `child_pid` in the classic `sched:sched_process_fork`
-    /// record, from its format file (0: unknown, the 6.18 layout's 20).
-    pub fork_child_pid_offset: u32,
+    pub _pad: u32,
 }
 const _: () = assert!(core::mem::size_of::<Config>() == 80);

@@ -14,6 +14,7 @@ mod regions;
 mod resident;
 mod samples;
 mod stacks;
+mod tpfields;
 pub use control::*;
 pub use events::*;
 pub use faults::*;
@@ -23,6 +24,7 @@ pub use regions::*;
 pub use resident::*;
 pub use samples::*;
 pub use stacks::*;
+pub use tpfields::*;
 
 #[cfg(feature = "user")]
 mod pod {
@@ -55,6 +57,7 @@ mod pod {
     unsafe impl aya::Pod for super::StackSampleHead {}
     unsafe impl aya::Pod for super::KernelOffsets {}
     unsafe impl aya::Pod for super::Config {}
+    unsafe impl aya::Pod for super::TpOffsets {}
     unsafe impl aya::Pod for super::RssMm {}
     unsafe impl aya::Pod for super::RssEvent {}
     unsafe impl aya::Pod for super::PageSample {}

@@ -1,7 +1,7 @@
 //! Read-only globals the loader sets before load (`CONFIG`, `KOFFSETS`) and
 //! the one control word userspace writes while the programs run (`CONTROL`).
 use aya_ebpf::{macros::map, maps::Array};
-use vmtrace_common::{Config, KernelOffsets, CONTROL_RUNNING, CONTROL_STOPPED};
+use vmtrace_common::{Config, KernelOffsets, Tp, TpOffsets, CONTROL_RUNNING, CONTROL_STOPPED};
 
 /// Written by userspace, `CONTROL_*`: the window every aggregate covers, the
 /// same as the kernel's own counters' (opened at its start, read at its end).
@@ -46,12 +46,25 @@ static CONFIG: Config = Config {
     fast_period: 0,
     memcg_thp_fault: 0,
     memcg_thp_file: 0,
-    fork_child_pid_offset: 0,
+    _pad: 0,
 };
 
 /// Kernel struct offsets from BTF, set by the loader.
 #[unsafe(no_mangle)]
 static KOFFSETS: KernelOffsets = KernelOffsets::UNKNOWN;
+
+/// The running kernel's offsets of the classic tracepoint fields read at a
+/// loaded offset (`vmtrace_common::TP_FIELDS`), set by the loader from the
+/// format files; `TpOffsets::MISSING` where the record lacks the field.
+#[unsafe(no_mangle)]
+static TP_OFFSETS: TpOffsets = TpOffsets::TABLE;
+
+/// One offset of `TP_OFFSETS`, read alone.
+#[inline(always)]
+pub fn tp_offset(f: Tp) -> u16 {
+    // SAFETY: as for `config`.
+    unsafe { core::ptr::read_volatile(&raw const TP_OFFSETS.offsets[f as usize]) }
+}
 
 /// One field of `CONFIG`, read alone: `config()` copies all of it (a load
 /// per field, in every hook that calls it). `conf(|c| &c.regions)`.

@@ -23,6 +23,45 @@ pub fn tp_field<T: Copy>(ctx: &TracePointContext, offset: usize) -> T {
     unsafe { core::ptr::read_volatile(ctx.as_ptr().cast::<u8>().add(offset).cast::<T>()) }
 }
 
+/// A `Fixed` field of `vmtrace_common::TP_FIELDS`, read at its table offset
+/// (a constant load): `tp_fixed!(ctx, RssSize: i64)`. The loader refuses the
+/// program where the kernel's format has the field elsewhere; the type's
+/// size is checked against the table's at compile time.
+macro_rules! tp_fixed {
+    ($ctx:expr, $f:ident: $t:ty) => {{
+        const { assert!(core::mem::size_of::<$t>() == vmtrace_common::Tp::$f.size(), "the field's size") };
+        $crate::shared::tp_field::<$t>($ctx, const { vmtrace_common::Tp::$f.fixed_offset() })
+    }};
+}
+pub(crate) use tp_fixed;
+
+/// A `Loaded` field of `vmtrace_common::TP_FIELDS`, read at the offset the
+/// loader found in the kernel's format file: `tp_loaded!(ctx, OomAnonRss:
+/// u64)`, `None` where the kernel's record lacks it.
+macro_rules! tp_loaded {
+    ($ctx:expr, $f:ident: $t:ty) => {{
+        const {
+            assert!(core::mem::size_of::<$t>() == vmtrace_common::Tp::$f.size(), "the field's size");
+            assert!(vmtrace_common::Tp::$f.is_loaded(), "a Fixed field is read with tp_fixed!");
+        };
+        $crate::shared::tp_read_loaded::<$t>($ctx, vmtrace_common::Tp::$f)
+    }};
+}
+pub(crate) use tp_loaded;
+
+/// `tp_loaded!`'s read: `bpf_probe_read_kernel` at a variable offset (the
+/// verifier refuses a direct context load at one).
+#[inline(always)]
+pub fn tp_read_loaded<T: Copy>(ctx: &TracePointContext, f: vmtrace_common::Tp) -> Option<T> {
+    let off = crate::globals::tp_offset(f);
+    if off == vmtrace_common::TpOffsets::MISSING {
+        return None;
+    }
+    // SAFETY: an offset from the running kernel's format file; the helper
+    // faults safely.
+    unsafe { ctx.read_at::<T>(usize::from(off)) }.ok()
+}
+
 /// Per-process fault aggregates, keyed by tgid (not preallocated; the loader
 /// sizes it by CPU count, vmtrace/src/loader/sizes.rs). It is also the traced set: a
 /// tgid is traced iff it has an entry (userspace adds the target, the fork hook

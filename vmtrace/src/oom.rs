@@ -281,7 +281,12 @@ fn record(
 ) -> OomRecord {
     OomRecord {
         victim_pid: ev.victim_pid,
-        victim_comm: comm_str(&ev.victim_comm),
+        victim_comm: match comm_str(&ev.victim_comm) {
+            // Not in this kernel's record: /proc, while the victim lasts.
+            c if c.is_empty() => fs::read_to_string(format!("/proc/{}/comm", ev.victim_pid))
+                .map_or_else(|_| "?".into(), |c| c.trim_end().to_string()),
+            c => c,
+        },
         trigger_pid: ev.trigger_tgid,
         trigger_comm: comm_str(&ev.trigger_comm),
         constraint: constraint.into(),
@@ -297,6 +302,7 @@ fn record(
         pgtables_kb: ev.pgtables_kb,
         oom_score_adj: ev.oom_score_adj,
         uid: ev.uid,
+        unknown: crate::kernel::tpformat::oom_unknown().iter().map(|&f| f.to_string()).collect(),
         in_target,
         time_s,
         top_regions: top,

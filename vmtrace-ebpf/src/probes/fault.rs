@@ -33,7 +33,7 @@ use crate::{
     globals::{conf, config},
     inflight::{current_fault, nofault_read, take_start, FAULT_SLOT},
     mapgen::fault_gen,
-    shared::{batched_wakeup, count_drop, current_stats, get_or_insert, tp_field, EVENTS, FAULT_STATS},
+    shared::{batched_wakeup, count_drop, current_stats, get_or_insert, tp_fixed, EVENTS, FAULT_STATS},
     stacks::{user_stack_id, STACKS},
 };
 
@@ -207,24 +207,30 @@ pub fn tp_btf_page_fault_kernel(ctx: BtfTracePointContext) -> i32 {
 //   field:unsigned long address;    offset:8;  size:8; signed:0;
 //   field:unsigned long ip;         offset:16; size:8; signed:0;
 //   field:unsigned long error_code; offset:24; size:8; signed:0;
-const TP_FAULT_ADDRESS: usize = 8;
-const TP_FAULT_ERROR_CODE: usize = 24;
-
+// (`Tp::FaultUserAddress` … in vmtrace-common's table, checked at attach).
 #[tracepoint(category = "exceptions", name = "page_fault_user")]
 pub fn tp_exceptions_page_fault_user(ctx: TracePointContext) -> u32 {
-    let _ = try_tp_page_fault(&ctx, false);
+    let _ = try_tp_page_fault(
+        &ctx,
+        tp_fixed!(&ctx, FaultUserAddress: u64),
+        tp_fixed!(&ctx, FaultUserErrorCode: u64),
+        false,
+    );
     0
 }
 
 #[tracepoint(category = "exceptions", name = "page_fault_kernel")]
 pub fn tp_exceptions_page_fault_kernel(ctx: TracePointContext) -> u32 {
-    let _ = try_tp_page_fault(&ctx, true);
+    let _ = try_tp_page_fault(
+        &ctx,
+        tp_fixed!(&ctx, FaultKernelAddress: u64),
+        tp_fixed!(&ctx, FaultKernelErrorCode: u64),
+        true,
+    );
     0
 }
 
-fn try_tp_page_fault(ctx: &TracePointContext, kernel_mode: bool) -> Option<()> {
-    let address: u64 = tp_field(ctx, TP_FAULT_ADDRESS);
-    let error_code: u64 = tp_field(ctx, TP_FAULT_ERROR_CODE);
+fn try_tp_page_fault(ctx: &TracePointContext, address: u64, error_code: u64, kernel_mode: bool) -> Option<()> {
     if !kernel_mode || address < KERNEL_SPACE_START {
         try_fault_start(ctx, address, error_code, kernel_mode)?;
     }
@@ -459,7 +465,7 @@ pub fn tp_btf_count_memcg_events(ctx: BtfTracePointContext) -> i32 {
 //   field:unsigned long val; offset:24; size:8; signed:0;
 #[tracepoint(category = "memcg", name = "count_memcg_events")]
 pub fn tp_memcg_count_memcg_events(ctx: TracePointContext) -> u32 {
-    let _ = try_memcg_event(&ctx, tp_field::<u32>(&ctx, 16));
+    let _ = try_memcg_event(&ctx, tp_fixed!(&ctx, MemcgEventItem: u32));
     0
 }
 
@@ -802,7 +808,7 @@ pub fn tp_btf_mm_page_alloc(ctx: BtfTracePointContext) -> i32 {
 //   field:int migratetype;            offset:32; size:4; signed:1;
 #[tracepoint(category = "kmem", name = "mm_page_alloc")]
 pub fn tp_kmem_mm_page_alloc(ctx: TracePointContext) -> u32 {
-    if tp_field::<u32>(&ctx, 16) >= PMD_ORDER {
+    if tp_fixed!(&ctx, PageAllocOrder: u32) >= PMD_ORDER {
         let _ = try_huge_alloc(&ctx);
     }
     0

@@ -14,7 +14,7 @@ use super::fault::try_huge_alloc;
 use crate::{
     globals::config,
     inflight::in_fault,
-    shared::{count_drop, is_traced, tp_field},
+    shared::{count_drop, is_traced, tp_fixed, tp_loaded},
 };
 
 /// Pages added to the page cache per file by traced processes (readahead).
@@ -31,6 +31,8 @@ static FILE_CHUNKS: PerCpuHashMap<FileChunkKey, u64> = PerCpuHashMap::with_max_e
 //   field:unsigned long index; offset:24; size:8; signed:0;
 //   field:dev_t s_dev;         offset:32; size:4; signed:0;
 //   field:unsigned char order; offset:36; size:1; signed:0;
+// 6.1's record ends at s_dev: `order` is read where the loader found it
+// (`Tp::AddToCacheOrder`), and each folio counts as one page without it.
 #[tracepoint(category = "filemap", name = "mm_filemap_add_to_page_cache")]
 pub fn tp_filemap_mm_filemap_add_to_page_cache(ctx: TracePointContext) -> u32 {
     let _ = try_add_to_page_cache(&ctx);
@@ -43,8 +45,9 @@ fn try_add_to_page_cache(ctx: &TracePointContext) -> Option<()> {
     if config().regions == 0 || !is_traced(tgid) {
         return None;
     }
-    let (ino, index, dev, order) =
-        (tp_field::<u64>(ctx, 16), tp_field::<u64>(ctx, 24), tp_field::<u32>(ctx, 32), tp_field::<u8>(ctx, 36));
+    let (ino, index, dev) =
+        (tp_fixed!(ctx, AddToCacheIno: u64), tp_fixed!(ctx, AddToCacheIndex: u64), tp_fixed!(ctx, AddToCacheDev: u32));
+    let order = tp_loaded!(ctx, AddToCacheOrder: u8).unwrap_or(0);
     if u32::from(order) >= PMD_ORDER {
         // A PMD-order folio: page-cache folios reach it on filesystems with
         // large folios whatever transparent_hugepage/enabled says, so the

@@ -14,7 +14,7 @@ use vmtrace_common::{migrate_bucket, FaultStats};
 
 use crate::{
     globals::stopped,
-    shared::{is_traced, tp_field, FAULT_STATS},
+    shared::{is_traced, tp_fixed, FAULT_STATS},
 };
 
 /// Migrations in flight per thread: `[start, reason]` of the outer one and
@@ -96,7 +96,7 @@ pub fn tp_btf_mm_migrate_pages_start(ctx: BtfTracePointContext) -> i32 {
 
 #[tracepoint(category = "migrate", name = "mm_migrate_pages_start")]
 pub fn tp_migrate_mm_migrate_pages_start(ctx: TracePointContext) -> u32 {
-    migrate_start(tp_field::<i32>(&ctx, 12));
+    migrate_start(tp_fixed!(&ctx, MigrateStartReason: i32));
     0
 }
 
@@ -112,7 +112,7 @@ pub fn tp_btf_mm_migrate_pages(ctx: BtfTracePointContext) -> i32 {
 
 #[tracepoint(category = "migrate", name = "mm_migrate_pages")]
 pub fn tp_migrate_mm_migrate_pages(ctx: TracePointContext) -> u32 {
-    let _ = try_migrate_end(tp_field::<u64>(&ctx, 8), tp_field::<u64>(&ctx, 16));
+    let _ = try_migrate_end(tp_fixed!(&ctx, MigrateSucceeded: u64), tp_fixed!(&ctx, MigrateFailed: u64));
     0
 }
 
@@ -126,7 +126,7 @@ fn numa_moved(tgid: i32) {
 // NUMA balancing moved a thread to a CPU of its preferred node.
 #[tracepoint(category = "sched", name = "sched_move_numa")]
 pub fn tp_sched_sched_move_numa(ctx: TracePointContext) -> u32 {
-    numa_moved(tp_field::<i32>(&ctx, 12));
+    numa_moved(tp_fixed!(&ctx, MoveNumaTgid: i32));
     0
 }
 
@@ -134,7 +134,7 @@ pub fn tp_sched_sched_move_numa(ctx: TracePointContext) -> u32 {
 // two threads swapped CPUs across nodes; each moved.
 #[tracepoint(category = "sched", name = "sched_swap_numa")]
 pub fn tp_sched_sched_swap_numa(ctx: TracePointContext) -> u32 {
-    numa_moved(tp_field::<i32>(&ctx, 12));
-    numa_moved(tp_field::<i32>(&ctx, 32));
+    numa_moved(tp_fixed!(&ctx, SwapNumaSrcTgid: i32));
+    numa_moved(tp_fixed!(&ctx, SwapNumaDstTgid: i32));
     0
 }

@@ -13,14 +13,14 @@ use aya_ebpf::{
 };
 use vmtrace_common::{
     DropKind, EventHeader, EventKind, KernelOffsets, MmCall, MmEvent, MmInflight, MmLockEvent, MmStackCounts,
-    MmStackKey, MmStats, ADVICE_SLOTS, MAP_LOCKED, STACK_ID_NONE, STACK_USER,
+    MmStackKey, MmStats, Tp, ADVICE_SLOTS, MAP_LOCKED, STACK_ID_NONE, STACK_USER,
 };
 
 use crate::{
     globals::{config, koffsets},
     mapgen::{bump_gen, map_gen, mark_gen},
     probes::task::read_field,
-    shared::{batched_wakeup, count_drop, get_or_insert, is_traced, tp_field, EVENTS, WAKE_NOW},
+    shared::{batched_wakeup, count_drop, get_or_insert, is_traced, tp_fixed, EVENTS, WAKE_NOW},
     stacks::user_stack_id,
 };
 
@@ -142,9 +142,9 @@ pub fn mm_park(tid: u32) {
 //   mlock(start, len)  mlock2(start, len, flags)  munlock(start, len)
 //   mlockall(flags)    munlockall()
 // sys_exit_*: `long ret` at 16.
-const SYSCALL_NR: usize = 8;
-const ARG0: usize = 16;
-const EXIT_RET: usize = 16;
+// (`Tp::SysEnterNr`, `Tp::SysEnterArgs`, `Tp::SysExitRet` in vmtrace-common's
+// table, checked at attach.)
+const ARG0: usize = Tp::SysEnterArgs.fixed_offset();
 const MAP_ANONYMOUS: u64 = 0x20;
 
 /// The family's arm64 (asm-generic) syscall numbers, and how many arguments each has.
@@ -244,7 +244,7 @@ fn try_sys_exit(ctx: &TracePointContext) -> Option<()> {
     let tid = pid_tgid as u32;
     let tgid = (pid_tgid >> 32) as u32;
     let f = mm_end(tid)?;
-    let ret: i64 = tp_field(ctx, EXIT_RET);
+    let ret = tp_fixed!(ctx, SysExitRet: i64);
     let ok = !(-4095..0).contains(&ret);
     let a = f.args;
     if f.call == MmCall::Mmap as u32 && a[3] & MAP_LOCKED != 0 {
@@ -496,7 +496,7 @@ pub fn tp_syscalls_sys_exit_lock(ctx: TracePointContext) -> u32 {
 fn try_sys_exit_lock(ctx: &TracePointContext) -> Option<()> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let f = mm_end(pid_tgid as u32)?;
-    let ret: i64 = tp_field(ctx, EXIT_RET);
+    let ret = tp_fixed!(ctx, SysExitRet: i64);
     emit_lock((pid_tgid >> 32) as u32, pid_tgid as u32, &f, ret, !(-4095..0).contains(&ret));
     Some(())
 }
@@ -515,7 +515,7 @@ fn try_sys_enter(ctx: &TracePointContext, lock: bool) -> Option<()> {
     // is attached to the family's syscalls only, so no walk is wasted.
     // Syscalls are far rarer than faults: every call site is taken.
     let user_stack = if config().stack_mode & STACK_USER != 0 { user_stack_id(ctx) } else { STACK_ID_NONE };
-    let nr = tp_field(ctx, SYSCALL_NR);
+    let nr = tp_fixed!(ctx, SysEnterNr: i32);
     let (call, n) = if lock { lock_call_of(nr)? } else { call_of(nr)? };
     // SAFETY: the record lies in the kernel's per-CPU trace buffer, which
     // extends past the shortest record; a failed read leaves zeros.

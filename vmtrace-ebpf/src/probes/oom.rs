@@ -16,7 +16,7 @@ use vmtrace_common::{DropKind, EventHeader, EventKind, KernelOffsets, OomEvent, 
 
 use crate::{
     globals::koffsets,
-    shared::{count_drop, current_stats, is_traced, EVENTS, WAKE_NOW},
+    shared::{count_drop, current_stats, is_traced, tp_loaded, EVENTS, WAKE_NOW},
 };
 
 /// The 8 bytes at `base + off`, or None for a null base or an offset this kernel lacks.
@@ -130,6 +130,9 @@ fn try_btf_mark_victim(ctx: &BtfTracePointContext) -> Option<()> {
 //   field:unsigned long pgtables;      offset:56; size:8; signed:0;
 //   field:short oom_score_adj;         offset:64; size:2; signed:1;
 // print fmt: "... total-vm=%lukB anon-rss=%lukB ..." (values already in kB)
+// Before 6.8 the record has `pid` alone: every field is read where the loader
+// found it (`Tp::OomPid` …), and one the record lacks is left 0 (userspace
+// reports it unknown).
 #[tracepoint(category = "oom", name = "mark_victim")]
 pub fn tp_oom_mark_victim(ctx: TracePointContext) -> u32 {
     let _ = try_tp_oom_mark_victim(&ctx);
@@ -142,7 +145,7 @@ fn try_tp_oom_mark_victim(ctx: &TracePointContext) -> Result<(), i32> {
         return Ok(());
     };
     let pid_tgid = bpf_get_current_pid_tgid();
-    // SAFETY: offsets from the format above.
+    // SAFETY: no preconditions.
     let ev = unsafe {
         OomEvent {
             hdr: EventHeader {
@@ -150,17 +153,17 @@ fn try_tp_oom_mark_victim(ctx: &TracePointContext) -> Result<(), i32> {
                 size: core::mem::size_of::<OomEvent>() as u32,
                 ts_ns: bpf_ktime_get_ns(),
             },
-            victim_pid: ctx.read_at::<i32>(8).unwrap_or(0) as u32,
+            victim_pid: tp_loaded!(ctx, OomPid: i32).unwrap_or(0) as u32,
             trigger_tgid: (pid_tgid >> 32) as u32,
             trigger_tid: pid_tgid as u32,
-            uid: ctx.read_at::<u32>(48).unwrap_or(0),
-            oom_score_adj: i32::from(ctx.read_at::<i16>(64).unwrap_or(0)),
+            uid: tp_loaded!(ctx, OomUid: u32).unwrap_or(0),
+            oom_score_adj: i32::from(tp_loaded!(ctx, OomScoreAdj: i16).unwrap_or(0)),
             constraint: 0,
-            total_vm_kb: ctx.read_at::<u64>(16).unwrap_or(0),
-            anon_rss_kb: ctx.read_at::<u64>(24).unwrap_or(0),
-            file_rss_kb: ctx.read_at::<u64>(32).unwrap_or(0),
-            shmem_rss_kb: ctx.read_at::<u64>(40).unwrap_or(0),
-            pgtables_kb: ctx.read_at::<u64>(56).unwrap_or(0),
+            total_vm_kb: tp_loaded!(ctx, OomTotalVm: u64).unwrap_or(0),
+            anon_rss_kb: tp_loaded!(ctx, OomAnonRss: u64).unwrap_or(0),
+            file_rss_kb: tp_loaded!(ctx, OomFileRss: u64).unwrap_or(0),
+            shmem_rss_kb: tp_loaded!(ctx, OomShmemRss: u64).unwrap_or(0),
+            pgtables_kb: tp_loaded!(ctx, OomPgtables: u64).unwrap_or(0),
             victim_comm: [0; COMM_LEN],
             trigger_comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
             victim_memcg_id: 0,
@@ -178,8 +181,9 @@ fn try_tp_oom_mark_victim(ctx: &TracePointContext) -> Result<(), i32> {
         let _ = OOM_DOMAIN.remove(victim);
     }
     // __data_loc: low 16 bits the offset of the string in the record, high 16 its length.
-    // SAFETY: offset from the format; the helper bounds the copy.
-    if let Ok(loc) = unsafe { ctx.read_at::<u32>(12) } {
+    // Without it (before 6.8) the comm stays empty: userspace reads /proc.
+    if let Some(loc) = tp_loaded!(ctx, OomComm: u32) {
+        // SAFETY: the record's own offset of the string; the helper bounds the copy.
         let src = unsafe { (ctx.as_ptr() as *const u8).add((loc & 0xffff) as usize) };
         let _ = unsafe { bpf_probe_read_kernel_str_bytes(src, &mut out.victim_comm) };
     }

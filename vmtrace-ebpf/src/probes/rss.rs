@@ -29,7 +29,7 @@ use vmtrace_common::{
 use crate::{
     globals::{koffsets, stopped},
     probes::task::read_field,
-    shared::{batched_wakeup, count_drop, is_traced, tp_field, EVENTS},
+    shared::{batched_wakeup, count_drop, is_traced, tp_fixed, EVENTS},
 };
 
 /// Set by the loader: 1 streams the sampled pages (`PageSample`).
@@ -68,20 +68,18 @@ pub static RSS_MM: HashMap<u32, RssMm> = HashMap::with_max_entries(16_384, 0);
 //   field:unsigned int curr;   offset:12; size:4; signed:0;
 //   field:int member;          offset:16; size:4; signed:1;
 //   field:long size;           offset:24; size:8; signed:1;
-const TP_RSS_MM_ID: usize = 8;
-const TP_RSS_CURR: usize = 12;
-const TP_RSS_MEMBER: usize = 16;
-const TP_RSS_SIZE: usize = 24;
+// (`Tp::RssMmId` … in vmtrace-common's table: the same on 6.1, 6.12 and
+// 6.18, and checked at attach).
 
 // The event has no mm pointer and no reference count: a teardown in
 // another task's context (a CLONE_VM sibling, or a reader of the owner's
 // /proc files holding the last reference) is told by `Teardown::Classic`.
 #[tracepoint(category = "kmem", name = "rss_stat")]
 pub fn tp_kmem_rss_stat(ctx: TracePointContext) -> u32 {
-    let member: u32 = tp_field(&ctx, TP_RSS_MEMBER);
-    let size = tp_field::<i64>(&ctx, TP_RSS_SIZE).max(0) as u64;
-    let curr = tp_field::<u32>(&ctx, TP_RSS_CURR) != 0;
-    let _ = update(tp_field(&ctx, TP_RSS_MM_ID), curr, Teardown::Classic, member, size);
+    let member = tp_fixed!(&ctx, RssMember: u32);
+    let size = tp_fixed!(&ctx, RssSize: i64).max(0) as u64;
+    let curr = tp_fixed!(&ctx, RssCurr: u32) != 0;
+    let _ = update(tp_fixed!(&ctx, RssMmId: u32), curr, Teardown::Classic, member, size);
     0
 }
 

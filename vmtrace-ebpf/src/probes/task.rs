@@ -16,7 +16,7 @@ use crate::{
     globals::{config, koffsets},
     inflight::forget_parked,
     mapgen::{bump_gen, map_gen, release_gen, reset_gen},
-    shared::{add_traced, count_drop, is_traced, EVENTS, FAULT_STATS, WAKE_NOW},
+    shared::{add_traced, count_drop, is_traced, tp_loaded, EVENTS, FAULT_STATS, WAKE_NOW},
 };
 
 /// Reads a `T` at `base + off`, or `None` when the offset is unknown on this kernel.
@@ -101,9 +101,9 @@ fn try_btf_sched_process_fork(ctx: &BtfTracePointContext) -> Option<()> {
     try_fork(ctx, (bpf_get_current_pid_tgid() >> 32) as u32, pid, tgid)
 }
 
-// /sys/kernel/tracing/events/sched/sched_process_fork/format (6.18; up to
-// 6.x the comms are char[16] and child_pid is at 44: the loader reads the
-// offset from the format, `Config::fork_child_pid_offset`):
+// /sys/kernel/tracing/events/sched/sched_process_fork/format (6.18; on 6.1
+// the comms are char[16] and child_pid is at 44: the loader reads the
+// offset from the format, `Tp::ForkChildPid`):
 //   field:__data_loc char[] parent_comm; offset:8;  size:4; signed:0;
 //   field:pid_t parent_pid;              offset:12; size:4; signed:1;
 //   field:__data_loc char[] child_comm;  offset:16; size:4; signed:0;
@@ -119,12 +119,7 @@ pub fn tp_sched_sched_process_fork(ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn try_sched_process_fork(ctx: &TracePointContext) -> Option<()> {
-    let off = match crate::globals::config().fork_child_pid_offset {
-        0 => 20,
-        o => o as usize,
-    };
-    // SAFETY: offset from the format above (the running kernel's).
-    let child_pid = unsafe { ctx.read_at::<i32>(off) }.ok()?;
+    let child_pid = tp_loaded!(ctx, ForkChildPid: i32)?;
     let parent_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     try_fork(ctx, parent_tgid, child_pid as u32, child_pid as u32)
 }

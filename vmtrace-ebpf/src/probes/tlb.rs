@@ -14,7 +14,7 @@ use vmtrace_common::{MM_CALLS, MM_IPI_FROM_FLUSH, STACK_ID_NONE, STACK_USER, TLB
 use super::mmap::{mm_current, mm_stack_counts, mm_stats, stack_key};
 use crate::{
     globals::config,
-    shared::{is_traced, tp_field},
+    shared::{is_traced, tp_fixed},
     stacks::user_stack_id,
 };
 
@@ -32,7 +32,7 @@ pub fn tp_btf_tlb_flush(ctx: BtfTracePointContext) -> i32 {
 //   field:unsigned long pages; offset:16; size:8; signed:0;
 #[tracepoint(category = "tlb", name = "tlb_flush")]
 pub fn tp_tlb_tlb_flush(ctx: TracePointContext) -> u32 {
-    let _ = try_tlb_flush(&ctx, tp_field(&ctx, 8), tp_field(&ctx, 16));
+    let _ = try_tlb_flush(&ctx, tp_fixed!(&ctx, TlbFlushReason: i32), tp_fixed!(&ctx, TlbFlushPages: u64));
     0
 }
 
@@ -165,7 +165,7 @@ pub fn tp_btf_csd_queue_cpu(ctx: BtfTracePointContext) -> i32 {
 //   field:void * csd;       offset:32; size:8; signed:0;
 #[tracepoint(category = "csd", name = "csd_queue_cpu")]
 pub fn tp_csd_csd_queue_cpu(ctx: TracePointContext) -> u32 {
-    csd_queued(&ctx, tp_field(&ctx, 24));
+    csd_queued(&ctx, tp_fixed!(&ctx, CsdFunc: u64));
     0
 }
 

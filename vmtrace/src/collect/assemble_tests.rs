@@ -17,6 +17,7 @@ fn info(ppid: u32, comm: &str, exit_code: Option<i32>) -> ProcInfo {
 
 fn oom(victim: u32) -> OomRecord {
     OomRecord {
+        unknown: Vec::new(),
         victim_pid: victim,
         victim_comm: "hog".into(),
         trigger_pid: victim,
@@ -230,4 +231,31 @@ fn stratified_time_is_summed_as_weighted_and_the_unweighted_tail_is_in_the_error
     // All samples equal: no sampling variance; the tail, 38 x 1 µs.
     assert_eq!(f.sampling.time_error_ns, Some(38_000), "{:?}", f.sampling);
     assert_eq!(super::unweighted_fast(&s), 38);
+}
+
+/// A kill on a kernel whose `oom:mark_victim` record has no sizes (before
+/// 6.8): they are said to be unknown, not 0 MiB, in summary.txt and the finding.
+#[test]
+fn an_oom_record_without_sizes_says_unknown() {
+    let mut r = oom(42);
+    assert!(r.sizes_known());
+    assert!(crate::model::oom::render(&r).contains("anon 1.0 MiB"));
+    r.unknown = crate::kernel::tpformat::oom_unknown_in(&vmtrace_common::TpOffsets {
+        offsets: {
+            let mut o = vmtrace_common::TpOffsets::TABLE.offsets;
+            for f in [vmtrace_common::Tp::OomAnonRss, vmtrace_common::Tp::OomFileRss, vmtrace_common::Tp::OomShmemRss] {
+                o[f as usize] = vmtrace_common::TpOffsets::MISSING;
+            }
+            o
+        },
+    })
+    .into_iter()
+    .map(String::from)
+    .collect();
+    assert_eq!(r.unknown, ["anon_rss_kb", "file_rss_kb", "shmem_rss_kb"]);
+    assert!(!r.sizes_known());
+    let text = crate::model::oom::render(&r);
+    assert!(text.contains("anon unknown, file unknown, shmem unknown, page tables 0.0 MiB"), "{text}");
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["unknown"][0], "anon_rss_kb");
 }

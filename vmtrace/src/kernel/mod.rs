@@ -2,6 +2,7 @@
 pub mod btf;
 pub mod preflight;
 pub mod thp;
+pub mod tpformat;
 
 /// CLOCK_MONOTONIC now, in ns: the kernel's clock, as `bpf_ktime_get_ns`
 /// and the Perfetto trace read it.

@@ -188,20 +188,6 @@ pub fn tracepoint_exists(category: &str, name: &str) -> bool {
     Path::new(TRACEFS).join("events").join(category).join(name).is_dir()
 }
 
-/// The offset of `field` in a classic tracepoint's record, from its
-/// `format` file: layouts differ between kernels (`sched_process_fork`'s
-/// comms are `char[16]` up to 6.x, `__data_loc` strings later).
-pub fn tracepoint_field_offset(category: &str, name: &str, field: &str) -> Option<u32> {
-    let path = Path::new(TRACEFS).join("events").join(category).join(name).join("format");
-    let text = std::fs::read_to_string(path).ok()?;
-    text.lines().find_map(|l| {
-        let decl = l.trim().strip_prefix("field:")?.split(';').next()?;
-        let named = decl.rsplit([' ', '*']).next()? == field;
-        let off = l.split(';').find_map(|p| p.trim().strip_prefix("offset:"))?;
-        named.then(|| off.trim().parse().ok()).flatten()
-    })
-}
-
 pub fn tracepoint_check(category: &str, name: &str) -> Check {
     let path = Path::new(TRACEFS).join("events").join(category).join(name);
     let label = format!("tracepoint {category}:{name}");

@@ -32,6 +32,10 @@ pub enum AttachError {
     OnCpu { cpu: u32, error: ProgramError },
     #[error("{0} programs are not attached from the hook table")]
     NotInTable(ProgramKind),
+    /// The program reads a field at a fixed offset where this kernel's
+    /// record has something else (`vmtrace_common::TP_FIELDS`).
+    #[error("refused: it would misread the record: {0}")]
+    Layout(String),
 }
 
 /// Why a candidate was not used.
@@ -229,6 +233,9 @@ fn attach_one(ebpf: &mut Ebpf, btf: &Btf, c: &Candidate) -> Result<(), AttachErr
         }
         ProgramKind::Tracepoint => {
             let (category, name) = c.tracepoint().ok_or(AttachError::NotInTable(c.kind))?;
+            if let Some(why) = crate::kernel::tpformat::fixed_mismatch(category, name) {
+                return Err(AttachError::Layout(why));
+            }
             let p: &mut TracePoint = prog.try_into()?;
             // A program may serve several tracepoints (the mmap family's).
             if p.fd().is_err() {

@@ -279,7 +279,7 @@ pub const HOOKS: &[Hook] = &[
     Hook {
         doc: doc(
             "fork, exec, exit",
-            "tp_btf sees the task pointer: child tgid, exit code, kernel fault counters; with the classic format every child is recorded as its own group (a thread's stray entry is removed at its exit), its `child_pid` at the offset the loader reads from the tracepoint's format file (`char[16]` comms put it at 44 on 6.1, `__data_loc` ones at 20 on 6.18), exec and exit read `bpf_get_current_task()`",
+            "tp_btf sees the task pointer: child tgid, exit code, kernel fault counters; with the classic format every child is recorded as its own group (a thread's stray entry is removed at its exit), its `child_pid` at the offset the loader reads from the tracepoint's format file (`char[16]` comms put it at 44 on 6.1 and 6.12, `__data_loc` ones at 20 on 6.18), exec and exit read `bpf_get_current_task()`",
         ),
         ..hook(
             "follow forks",

@@ -175,12 +175,6 @@ pub struct Probes {
     page_salt: u64,
 }
 
-/// Where the classic `sched_process_fork` record holds `child_pid` on this
-/// kernel (0: unknown; the kernel programs then take 6.18's layout).
-fn fork_child_pid_offset() -> u32 {
-    crate::kernel::preflight::tracepoint_field_offset("sched", "sched_process_fork", "child_pid").unwrap_or(0)
-}
-
 impl Probes {
     /// Runs and run time of each program that ran (counted only while
     /// [`enable_run_stats`] is held).
@@ -212,7 +206,6 @@ impl Probes {
         // shmem's THP_FILE_ALLOC): no hook on every page allocation then.
         let item = |v: Option<u32>| if memcg_pgfault != 0 { v.map_or(0, |v| v + 1) } else { 0 };
         let config = Config {
-            fork_child_pid_offset: fork_child_pid_offset(),
             trace_all: u32::from(opts.trace_all),
             minor_period: opts.minor_period,
             stack_mode: opts.stacks.bits(),
@@ -241,6 +234,7 @@ impl Probes {
             fast_period: if memcg_pgfault != 0 && opts.fast_period > 1 { opts.fast_period } else { 0 },
             memcg_thp_fault: item(thp_items.0),
             memcg_thp_file: item(thp_items.1),
+            _pad: 0,
         };
         let page_salt = random_salt();
         let mut loader = EbpfLoader::new();
@@ -250,6 +244,8 @@ impl Probes {
             .btf(Some(&btf))
             .override_global("CONFIG", &config, true)
             .override_global("KOFFSETS", &offsets, true)
+            // Classic tracepoint fields at this kernel's offsets (`TP_FIELDS`).
+            .override_global("TP_OFFSETS", &crate::kernel::tpformat::kernel_offsets_logged(), true)
             .override_global(
                 "RESIDENT_PAGES",
                 &u32::from(opts.families.resident && opts.stacks != StackMode::None),

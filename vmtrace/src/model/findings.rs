@@ -202,7 +202,15 @@ fn oom_kills(s: &Summary, out: &mut Vec<Finding>) {
     // Kills of processes outside the trace (OOM kills are seen system-wide)
     // are another program's story.
     for r in s.oom.iter().flatten().filter(|r| r.in_target) {
-        let held_kb = r.anon_rss_kb + r.file_rss_kb + r.shmem_rss_kb;
+        let held = if r.sizes_known() {
+            format!(
+                "{} resident ({} anon)",
+                bytes((r.anon_rss_kb + r.file_rss_kb + r.shmem_rss_kb) << 10),
+                bytes(r.anon_rss_kb << 10)
+            )
+        } else {
+            "an unknown amount (this kernel's OOM record has no sizes)".to_string()
+        };
         let limit = match (r.constraint.as_str(), &r.cgroup, r.cgroup_limit_bytes) {
             ("memcg", Some(cg), Some(l)) => format!("the memory cgroup {cg}'s limit of {}", bytes(l)),
             ("memcg", Some(cg), None) => format!("the memory cgroup {cg}'s limit"),
@@ -219,11 +227,8 @@ fn oom_kills(s: &Summary, out: &mut Vec<Finding>) {
             "oom_kill",
             r.victim_pid,
             format!(
-                "The OOM killer killed {} at {:.2} s: it held {} resident ({} anon) when it hit {limit}{what}.",
-                r.victim_comm,
-                r.time_s,
-                bytes(held_kb << 10),
-                bytes(r.anon_rss_kb << 10)
+                "The OOM killer killed {} at {:.2} s: it held {held} when it hit {limit}{what}.",
+                r.victim_comm, r.time_s,
             ),
             match (r.constraint.as_str(), r.cgroup_limit_bytes) {
                 ("memcg", Some(l)) => format!(
@@ -243,9 +248,11 @@ fn oom_kills(s: &Summary, out: &mut Vec<Finding>) {
             f.comm.clone_from(&r.victim_comm);
             f.process = format!("{} (pid {})", r.victim_comm, r.victim_pid);
         }
-        ev(&mut f, "anon_rss_kb", r.anon_rss_kb);
-        ev(&mut f, "file_rss_kb", r.file_rss_kb);
-        ev(&mut f, "shmem_rss_kb", r.shmem_rss_kb);
+        if r.sizes_known() {
+            ev(&mut f, "anon_rss_kb", r.anon_rss_kb);
+            ev(&mut f, "file_rss_kb", r.file_rss_kb);
+            ev(&mut f, "shmem_rss_kb", r.shmem_rss_kb);
+        }
         ev(&mut f, "time_s", (r.time_s * 100.0).round() / 100.0);
         ev(&mut f, "constraint", r.constraint.clone());
         if let Some(cg) = &r.cgroup {

@@ -432,6 +432,7 @@ fn code_majors_fire_on_executable_mappings_only() {
 fn an_oom_kill_names_the_limit_and_what_grew() {
     let mut s = summary(vec![process(100, 1, "oom-hog", 70_000)]);
     s.oom = Some(vec![OomRecord {
+        unknown: Vec::new(),
         victim_pid: 100,
         victim_comm: "oom-hog".into(),
         trigger_pid: 100,

@@ -42,6 +42,10 @@ pub struct OomRecord {
     pub pgtables_kb: u64,
     pub oom_score_adj: i32,
     pub uid: u32,
+    /// The fields above that this kernel's `oom:mark_victim` record lacks
+    /// (before 6.8 it has the pid alone), by name: 0 there means unknown.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unknown: Vec<String>,
     pub in_target: bool,
     /// Seconds since the trace started.
     pub time_s: f64,
@@ -79,21 +83,37 @@ pub fn site_tail(frames: &[String]) -> String {
     }
 }
 
+impl OomRecord {
+    /// Whether `field` (as named in the record) was read from the kernel.
+    pub fn known(&self, field: &str) -> bool {
+        !self.unknown.iter().any(|u| u == field)
+    }
+
+    /// Whether the victim's resident sizes were read.
+    pub fn sizes_known(&self) -> bool {
+        ["anon_rss_kb", "file_rss_kb", "shmem_rss_kb"].iter().all(|f| self.known(f))
+    }
+}
+
 /// One paragraph per kill for summary.txt.
 pub fn render(r: &OomRecord) -> String {
     use std::fmt::Write as _;
+    let known = |f: &str, v: String| if r.known(f) { v } else { "unknown".into() };
     let mut s = format!(
         "OOM at {:.2} s: killed {} (pid {}{}), anon {}, file {}, shmem {}, page tables {}, oom_score_adj {}",
         r.time_s,
         r.victim_comm,
         r.victim_pid,
         if r.in_target { "" } else { ", not traced" },
-        mib(r.anon_rss_kb),
-        mib(r.file_rss_kb),
-        mib(r.shmem_rss_kb),
-        mib(r.pgtables_kb),
-        r.oom_score_adj
+        known("anon_rss_kb", mib(r.anon_rss_kb)),
+        known("file_rss_kb", mib(r.file_rss_kb)),
+        known("shmem_rss_kb", mib(r.shmem_rss_kb)),
+        known("pgtables_kb", mib(r.pgtables_kb)),
+        known("oom_score_adj", r.oom_score_adj.to_string())
     );
+    if !r.unknown.is_empty() {
+        s.push_str(" (this kernel's oom:mark_victim record has no sizes: unknown, not zero)");
+    }
     let _ = match (r.constraint.as_str(), &r.cgroup) {
         ("memcg", Some(cg)) => write!(
             s,
