@@ -216,7 +216,14 @@ fn classic_tracepoint_fallback_counts_the_same() {
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let r = run.report("first-touch");
     assert_eq!(run.summary["processes"].as_array().unwrap().len(), 1, "{:#}", run.summary["processes"]);
-    assert_close("faults of all threads", u(&run.process(r.pid)["faults"]["total"]), r.minflt, 1.0);
+    // Against the kernel's count at the process's exit (wait4's rusage):
+    // the workload's own getrusage is read before its 16 threads' exits,
+    // which fault too (Debian's 6.1: ~25 faults, over 1% of ~2,300).
+    let p = run.process(r.pid);
+    let (total, own) = (u(&p["faults"]["total"]), r.minflt);
+    let at_exit = u(&p["kernel_accounting"]["minor"]) + u(&p["kernel_accounting"]["major"]);
+    eprintln!("threads: vmtrace {total}, the kernel at exit {at_exit}, the workload's own getrusage {own}");
+    assert_close("faults of all threads", total, at_exit, 1.0);
 }
 
 /// `--probe-stats`: the kernel's run counts of the fault programs, in
