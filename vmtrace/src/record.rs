@@ -188,8 +188,7 @@ fn derive_and_fold(summary: &mut Summary, stacks: &[Stack], resident_peak: Optio
 /// The collector's own peak resident memory (`VmHWM`), in KiB.
 fn peak_rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
+    Some(crate::collect::pinned::status_kb(&status, "VmHWM")? / 1024)
 }
 
 /// `trace.perfetto-trace`; a partial file is removed (report.html links the file if it is there).

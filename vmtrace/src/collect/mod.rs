@@ -76,7 +76,6 @@ pub(crate) fn log_own_memory(what: &str) {
         return;
     }
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kb =
-        |f: &str| status.lines().find(|l| l.starts_with(f)).and_then(|l| l.split_whitespace().nth(1)).unwrap_or("?");
-    log::debug!(target: "vmtrace::end", "after {what}: VmRSS {} kB, RssAnon {} kB, VmHWM {} kB", kb("VmRSS:"), kb("RssAnon:"), kb("VmHWM:"));
+    let kb = |f: &str| pinned::status_kb(&status, f).map_or_else(|| "?".into(), |b| (b / 1024).to_string());
+    log::debug!(target: "vmtrace::end", "after {what}: VmRSS {} kB, RssAnon {} kB, VmHWM {} kB", kb("VmRSS"), kb("RssAnon"), kb("VmHWM"));
 }

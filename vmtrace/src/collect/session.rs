@@ -1674,9 +1674,7 @@ impl<S: AggregateSource> Session<S> {
         }
         finished
     }
-}
 
-impl<S: AggregateSource> Session<S> {
     /// The end's notes on folding (how many processes "other" sums, of
     /// which `while_recording` were folded as they retired) and on the
     /// stacks lost, drained and swept.
