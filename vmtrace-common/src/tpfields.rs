@@ -70,8 +70,6 @@ macro_rules! tp_fields {
             $(TpField { tracepoint: $tracepoint, field: $field, offset: $offset, size: $size, read: TpRead::$read },)+
         ];
 
-        /// The names of the rows, as `Tp`'s variants.
-        pub const TP_FIELD_NAMES: [&str; TP_FIELD_COUNT] = [$(stringify!($name),)+];
     };
 }
 

@@ -111,7 +111,7 @@ pub fn render(r: &OomRecord) -> String {
         known("pgtables_kb", mib(r.pgtables_kb)),
         known("oom_score_adj", r.oom_score_adj.to_string())
     );
-    if !r.unknown.is_empty() {
+    if !r.sizes_known() {
         s.push_str(" (this kernel's oom:mark_victim record has no sizes: unknown, not zero)");
     }
     let _ = match (r.constraint.as_str(), &r.cgroup) {
