@@ -397,7 +397,7 @@ fn no_stacks_means_no_flamegraphs() {
     assert!(!run.out.path().join("faults.svg").exists());
 }
 
-const FAMILY_C: &str = r"
+const FAMILY_C: &str = r#"
 #define _GNU_SOURCE
 #include <sched.h>
 #include <stdlib.h>
@@ -413,8 +413,19 @@ __attribute__((noinline)) void touch_in_family(size_t n) {
     munmap((void *)p, n);
 }
 
-/* A fault on every CPU from another stack: the children's last counts,
-   which a CPU holds until its next fault, are counted and they can retire. */
+/* Faults at `depth` frames below its first call: each depth is another stack. */
+__attribute__((noinline)) void fault_at_depth(volatile char *p, int depth) {
+    if (depth > 0) {
+        fault_at_depth(p, depth - 1);
+        return;
+    }
+    *p = 1;
+}
+
+/* Faults on every CPU from 256 other stacks: each CPU's slots of stack
+   counts (`STACK_CUR`, direct-mapped, 16 a CPU) then hold none of the
+   children's keys, which would keep them "in flight", and their last
+   counts are counted: they can retire. */
 __attribute__((noinline)) void fault_on_every_cpu(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     for (long cpu = 0; cpu < n; cpu++) {
@@ -424,24 +435,29 @@ __attribute__((noinline)) void fault_on_every_cpu(void) {
             CPU_ZERO(&set);
             CPU_SET(cpu, &set);
             sched_setaffinity(0, sizeof set, &set);
-            volatile char *p = malloc(1 << 20);
-            for (size_t i = 0; i < (1 << 20); i += 4096) p[i] = 1;
+            volatile char *p = mmap(NULL, 256 << 12, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (p == MAP_FAILED) _exit(2);
+            for (int d = 0; d < 256; d++) fault_at_depth(p + ((size_t)d << 12), d);
             _exit(0);
         }
         waitpid(c, NULL, 0);
     }
 }
 
-/* 24 children take their faults and exit; 4 s later (retired and let go)
-   the parent takes its own from the same call site: the same stack. */
+/* 24 children take their faults and exit; once the collector let go of
+   their stacks (the test creates the file $GO when its log says so; 120 s
+   at most), the parent takes its own from the same call site: the same
+   stack. Until then it faults on every CPU each 200 ms, so that no CPU
+   holds the children's last counts. */
 int main(void) {
+    const char *go = getenv("GO");
     for (int i = 0; i <= 24; i++) {
         pid_t c = i < 24 ? fork() : 0;
         if (i == 24) {
-            fault_on_every_cpu();
-            sleep(2);
-            fault_on_every_cpu();
-            sleep(2);
+            for (int t = 0; t < 600 && (!go || access(go, F_OK) != 0); t++) {
+                fault_on_every_cpu();
+                usleep(200 * 1000);
+            }
         }
         if (c == 0) {
             touch_in_family(i < 24 ? 8UL << 20 : 64UL << 20);
@@ -452,52 +468,69 @@ int main(void) {
     }
     return 0;
 }
-";
+"#;
 
 /// Retired processes' drained stacks are let go once symbolized: fork
 /// children that exited (and were let go) shared their stack with their
 /// parent, which walks it again later. The parent's faults keep their
-/// stack, and the children's theirs.
+/// stack, and the children's theirs. The parent waits for the collector's
+/// log to say it let go of drained stacks (however long a loaded machine
+/// takes to retire the children), then faults.
 #[test]
 fn stacks_of_released_children_go_and_their_parent_keeps_the_same_stack() {
+    use std::io::BufRead as _;
     privileged!();
     let dir = tempfile::tempdir().unwrap();
     let bin = compile_source(dir.path(), "family", FAMILY_C);
-    // A child whose exit is not retired in time (seen rarely) keeps the
-    // shared stack for all: the run is repeated until the stacks were let go.
-    let mut let_go = 0;
-    for _ in 0..4 {
-        let out = tempfile::tempdir().unwrap();
-        let vm = vmtrace()
-            .env("VMTRACE_RELEASE_ABOVE", "0")
-            .env("RUST_LOG", "warn,vmtrace::release=debug")
-            .args(["record", "--stack-sample", "1", "--out"])
-            .arg(out.path())
-            .arg("--")
-            .arg(&bin)
-            .output()
-            .unwrap();
-        let run = finish(out, vm);
-        assert_eq!(run.code(), Some(0), "{}", run.stderr());
-        let_go = run
-            .stderr()
-            .lines()
-            .filter_map(|l| l.split_once(" drained stacks let go")?.0.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum();
-        let folded = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();
-        let under: u64 = folded
-            .lines()
-            .filter(|l| l.contains(";touch_in_family"))
-            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
-            .sum();
-        // 24 × 8 MiB and 64 MiB of 4 KiB pages.
-        let want = 24 * 2048 + 16_384;
-        assert!(under * 100 >= want * 95, "{under} of {want} faults under touch_in_family:\n{folded}");
-        if let_go > 0 {
-            break;
+    let go = dir.path().join("go");
+    let out = tempfile::tempdir().unwrap();
+    let mut child = vmtrace()
+        .env("VMTRACE_RELEASE_ABOVE", "0")
+        .env("RUST_LOG", "warn,vmtrace::release=debug")
+        .env("GO", &go)
+        .args(["record", "--stack-sample", "1", "--out"])
+        .arg(out.path())
+        .arg("--")
+        .arg(&bin)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        std::io::Read::read_to_end(&mut { stdout }, &mut v).unwrap();
+        v
+    });
+    // The log, line by line: the first "N drained stacks let go" with N > 0
+    // lets the parent go on.
+    let (mut stderr, mut let_go) = (Vec::new(), 0);
+    for line in std::io::BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        let n: u64 = line
+            .split_once(" drained stacks let go")
+            .and_then(|(l, _)| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0);
+        if n > 0 && let_go == 0 {
+            std::fs::write(&go, b"").unwrap();
         }
+        let_go += n;
+        stderr.extend_from_slice(line.as_bytes());
+        stderr.push(b'\n');
     }
-    assert!(let_go > 0, "the children's stacks were never let go in 4 runs");
+    let output = std::process::Output { status: child.wait().unwrap(), stdout: reader.join().unwrap(), stderr };
+    let run = finish(out, output);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert!(let_go > 0, "the children's stacks were never let go in 120 s:\n{}", run.stderr());
+    let folded = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();
+    let under: u64 = folded
+        .lines()
+        .filter(|l| l.contains(";touch_in_family"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+        .sum();
+    // 24 × 8 MiB and 64 MiB of 4 KiB pages.
+    let want = 24 * 2048 + 16_384;
+    assert!(under * 100 >= want * 95, "{under} of {want} faults under touch_in_family:\n{folded}");
 }
 
 /// The process frame of the folded files names a process's rank, pod and
