@@ -435,6 +435,15 @@ fn timeline_keeps_the_kernels_clock_when_the_collector_is_late() {
         first as f64 * bin,
         r.minflt
     );
+    // The timeline adds up to the totals: the faults the command took
+    // before the clock started (its exec, the shell's start) are in it.
+    let major: u64 = t["major"].as_array().unwrap().iter().map(u).sum();
+    let totals = &run.summary["totals"];
+    assert_eq!(
+        (faults.iter().sum::<u64>(), major),
+        (u(&totals["total"]), u(&totals["major"])),
+        "the timeline against the totals: {faults:?}"
+    );
     let peak = faults.iter().enumerate().max_by_key(|(_, n)| **n).map(|(i, _)| i as f64 * bin).unwrap();
     assert!(peak >= sleep_s - bin && peak <= duration, "the burst at {peak:.2} s, after the {sleep_s} s sleep");
 }

@@ -521,10 +521,14 @@ impl<S: AggregateSource> Session<S> {
         self.table.set_kernel_accounting(pid, k);
     }
 
-    /// Marks the start of the trace proper.
+    /// Marks the start of the trace proper. The timeline starts from zero,
+    /// not from the totals now: a started command was released (and
+    /// exec'd, and `/bin/true` ran to its end) before this, and its first
+    /// faults are in the totals; the first bin holds them, so that the
+    /// timeline adds up to `totals`.
     pub fn start_clock(&mut self) {
         self.started = Instant::now();
-        self.timeline.restart(self.started, self.source.totals());
+        self.timeline.restart(self.started, (0, 0));
         self.last_storm_tick = self.started;
         self.started_mono_ns = monotonic_ns();
         if let Some(t) = self.trace.as_mut() {
