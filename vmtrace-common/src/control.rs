@@ -8,6 +8,14 @@ pub const CONTROL_RUNNING: u32 = 1;
 /// `CONTROL[0]` after it: nothing is counted, so the aggregates and the
 /// kernel's own counters, read after, cover the same moment.
 pub const CONTROL_STOPPED: u32 = 2;
+/// `CONTROL[CONTROL_LAUNCHER]`: while nonzero, the tgid (vmtrace's own)
+/// whose forks are followed, as a traced process's are: a started command
+/// is counted from its fork (its first faults, before it reaches the gate
+/// where it waits to exec, included), not from the moment userspace added
+/// its pid. 0: none.
+pub const CONTROL_LAUNCHER: u32 = 1;
+/// Entries of `CONTROL`.
+pub const CONTROL_ENTRIES: u32 = 2;
 
 /// Why something was dropped; index into the per-CPU `DROPS` array.
 /// `FaultStatsFull`, `TracedFull` and `MmStatsFull` are also an entry the

@@ -1,12 +1,14 @@
 //! Read-only globals the loader sets before load (`CONFIG`, `KOFFSETS`) and
 //! the one control word userspace writes while the programs run (`CONTROL`).
 use aya_ebpf::{macros::map, maps::Array};
-use vmtrace_common::{Config, KernelOffsets, Tp, TpOffsets, CONTROL_RUNNING, CONTROL_STOPPED};
+use vmtrace_common::{
+    Config, KernelOffsets, Tp, TpOffsets, CONTROL_ENTRIES, CONTROL_LAUNCHER, CONTROL_RUNNING, CONTROL_STOPPED,
+};
 
 /// Written by userspace, `CONTROL_*`: the window every aggregate covers, the
 /// same as the kernel's own counters' (opened at its start, read at its end).
 #[map]
-pub static CONTROL: Array<u32> = Array::with_max_entries(1, 0);
+pub static CONTROL: Array<u32> = Array::with_max_entries(CONTROL_ENTRIES, 0);
 
 #[inline(always)]
 fn control() -> u32 {
@@ -16,6 +18,13 @@ fn control() -> u32 {
 #[inline(always)]
 pub fn stopped() -> bool {
     control() == CONTROL_STOPPED
+}
+
+/// Whether `tgid` is the launcher whose forks are followed now
+/// (`CONTROL_LAUNCHER`: vmtrace, while it forks the command it starts).
+#[inline(always)]
+pub fn is_launcher(tgid: u32) -> bool {
+    tgid != 0 && CONTROL.get(CONTROL_LAUNCHER).is_some_and(|l| *l == tgid) && !stopped()
 }
 
 /// `-a` counts a process only inside the window; a traced target is counted

@@ -88,10 +88,11 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     if let (Some(p), Some(c)) = (perf.as_mut(), tracer.child()) {
         // No minor-fault perf event was opened on the command: its count is
         // the kernel's task counters of the command and the children it
-        // waited for (what getrusage reads), from its release on.
+        // waited for (what getrusage reads), from its fork on, as vmtrace's
+        // (`Probes::follow_forks_of`).
         let still_running = || stat_faults(c.pid);
         if let Some(f) = usage.or_else(still_running).filter(|_| p.minor_from_tasks) {
-            p.kernel_minor_faults = (f.minor + f.children_minor).saturating_sub(c.minor_at_release);
+            p.kernel_minor_faults = f.minor + f.children_minor;
             p.kernel_page_faults = p.kernel_minor_faults + p.kernel_major_faults;
             p.scope.push_str("; minor faults from its task counters, with the children it waited for");
         }

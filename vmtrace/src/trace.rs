@@ -433,6 +433,16 @@ fn start_target(
     perf: bool,
     output: Option<&std::fs::File>,
 ) -> Result<Started, TraceError> {
+    // A command is followed from its fork: its faults before the gate count.
+    let spawned = match target {
+        Target::Command(argv) => {
+            session.source_mut().follow_forks_of(Some(std::process::id()));
+            let spawned = GatedChild::spawn_with_output(argv, output);
+            session.source_mut().follow_forks_of(None);
+            Some(spawned?)
+        }
+        _ => None,
+    };
     // The target's own fault-end events (when the loader left them to us)
     // serve the perf counters too; without counters the probes keep them.
     // `minor_from_tasks`: a command's minor faults are read from its task
@@ -450,7 +460,7 @@ fn start_target(
     };
     Ok(match target {
         Target::Command(argv) => {
-            let mut c = GatedChild::spawn_with_output(argv, output)?;
+            let mut c = spawned.expect("forked above for a command");
             let counters = perf_for(Scope::Tasks(vec![c.pid]), true)?;
             session.source_mut().trace_pid(c.pid).map_err(|e| TraceError::Trace(c.pid, e))?;
             session.set_parent(c.pid, std::process::id());

@@ -64,9 +64,11 @@ fn task_event(kind: EventKind) -> TaskEvent {
     }
 }
 
-/// Follows a new process (not a new thread: threads share their group's tgid).
+/// Follows a new process (not a new thread: threads share their group's
+/// tgid) of a traced one, or of the launcher (`is_launcher`: the command
+/// vmtrace starts is counted from its fork).
 fn try_fork<C: EbpfContext>(ctx: &C, parent_tgid: u32, child_pid: u32, child_tgid: u32) -> Option<()> {
-    if !is_traced(parent_tgid) || child_pid != child_tgid {
+    if child_pid != child_tgid || !(is_traced(parent_tgid) || crate::globals::is_launcher(parent_tgid)) {
         return None;
     }
     if config().trace_all == 0 && !add_traced(child_tgid) {

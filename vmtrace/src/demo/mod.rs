@@ -465,12 +465,10 @@ pub fn run(out: &Path) -> Result<i32, DemoError> {
 const GETRUSAGE_NOTE: &str =
     "GETRUSAGE: the faults each workload process counted itself (getrusage), read when it writes its\n\
      report, just before it exits. Two things part it from FAULTS, in opposite directions. GETRUSAGE\n\
-     also has the faults the command's process took after vmtrace forked it, before it was traced\n\
-     and exec'd the command (about ten; summary.json's kernel_accounting, the kernel's count at exit,\n\
-     has them), and the kernel's get_user_pages() faults for it (execve copying its arguments:\n\
-     `populated`). FAULTS also has the faults after the report (writing it, exiting). So FAULTS may\n\
-     be a few below GETRUSAGE or a few above it. In the COW rows it is tens above: three processes,\n\
-     and a forked worker shares its pages with its parent, so even writing its report copies pages.";
+     also has the kernel's get_user_pages() faults for it (execve copying its arguments: `populated`).\n\
+     FAULTS also has the faults after the report (writing it, exiting). So FAULTS may be\n\
+     a few below GETRUSAGE or a few above it. In the COW rows it is tens above: three processes, and\n\
+     a forked worker shares its pages with its parent, so even writing its report copies pages.";
 
 /// Populated faults above this many are a row's own story (an mlock, a
 /// MAP_POPULATE), not execve's few.
