@@ -587,9 +587,7 @@ impl ProcessTable {
             let link = fs::read_link(format!("/proc/{}/exe", ev.tgid)).ok()?.display().to_string();
             // The link is the path in the process's mount namespace: used
             // only where it is the same file here.
-            crate::regions::kernel_dev_ino(&link)
-                .is_some_and(|(d, i, _)| (d, i) == (dev, ino))
-                .then(|| self.file_names.learn(dev, ino, link))
+            crate::regions::is_file(&link, dev, ino).then(|| self.file_names.learn(dev, ino, link))
         });
         path.map_or_else(Vec::new, |exe| self.exec_images.regions(&exe, ev.start_code, ev.at_base))
     }
@@ -658,9 +656,7 @@ pub(crate) fn region_from_event(ev: &vmtrace_common::MmEvent, names: &mut FileNa
         // said which file it was; a name that is not that file is not used.
         let fd = format!("/proc/{}/fd/{}", ev.tgid, ev.fd);
         let named = fs::read_link(&fd).ok().map(|p| p.display().to_string());
-        let is_it = |p: &str| {
-            ev.ino == 0 || crate::regions::kernel_dev_ino(p).is_some_and(|(dev, ino, _)| (dev, ino) == (ev.dev, ev.ino))
-        };
+        let is_it = |p: &str| ev.ino == 0 || crate::regions::is_file(p, ev.dev, ev.ino);
         // An unlinked file (a shared-memory segment) has no path to look at:
         // the descriptor is the file. Named without " (deleted)", as maps are.
         let path = named.and_then(|p| match p.strip_suffix(" (deleted)") {
@@ -761,7 +757,7 @@ impl FileNames {
         if checked.elapsed() < Self::RECHECK {
             return Some(path.clone());
         }
-        if crate::regions::kernel_dev_ino(path).is_some_and(|(d, i, _)| (d, i) == (dev, ino)) {
+        if crate::regions::is_file(path, dev, ino) {
             *checked = std::time::Instant::now();
             return Some(path.clone());
         }
@@ -793,7 +789,7 @@ impl FileNames {
             if ino == 0 || self.by_file.contains_key(&(dev, ino)) || self.refused.contains(&(dev, ino)) {
                 continue;
             }
-            if crate::regions::kernel_dev_ino(path).is_some_and(|(d, i, _)| (d, i) == (dev, ino)) {
+            if crate::regions::is_file(path, dev, ino) {
                 self.learn(dev, ino, path.to_string());
                 learned += 1;
             } else {
@@ -841,15 +837,13 @@ impl FileNames {
 /// of `/proc/PID/maps` that covers the address with the same inode (the
 /// kernel may have merged the mapping with a neighbour).
 fn mapped_file_name(ev: &vmtrace_common::MmEvent) -> Option<String> {
-    use std::os::unix::fs::MetadataExt as _;
     if ev.ino == 0 {
         return None;
     }
     let end = ev.addr + ((ev.len + 4095) & !4095);
     let link = format!("/proc/{}/map_files/{:x}-{:x}", ev.tgid, ev.addr, end);
-    if let (Ok(m), Ok(target)) = (fs::metadata(&link), fs::read_link(&link)) {
-        let dev = (libc::major(m.dev()) << 20) | libc::minor(m.dev());
-        if (dev, m.ino()) == (ev.dev, ev.ino) {
+    if crate::regions::is_file(&link, ev.dev, ev.ino) {
+        if let Ok(target) = fs::read_link(&link) {
             return Some(target.display().to_string());
         }
     }
