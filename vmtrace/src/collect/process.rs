@@ -742,6 +742,10 @@ pub(crate) struct FileNames {
     refused: std::collections::HashSet<(u32, u64)>,
     /// When the collector's own maps were last read for a file not named.
     own_read: Option<std::time::Instant>,
+    /// Files the collector's own maps were read for (`find`): a file they
+    /// did not name does not have them read again (a later read made for
+    /// another file, or any maps read, still names it). Emptied when full.
+    own_looked: std::collections::HashSet<(u32, u64)>,
 }
 
 impl FileNames {
@@ -802,9 +806,12 @@ impl FileNames {
         learned
     }
 
-    /// The path of the file, as `get`, else from the collector's own maps
-    /// (read at most once per `RECHECK` for files not named): vmtrace
-    /// maps libc and the other system libraries its targets map.
+    /// The path of the file, as `get`, else from the collector's own maps:
+    /// vmtrace maps libc and the other system libraries its targets map.
+    /// They are read once for each file not named otherwise, and at most
+    /// once per `RECHECK` (a file asked for within it has them read at a
+    /// later call): a file they do not name, looked for at every maps read
+    /// of its process, costs one read, not one a second.
     fn find(&mut self, dev: u32, ino: u64) -> Option<String> {
         if ino == 0 {
             return None;
@@ -812,9 +819,13 @@ impl FileNames {
         if let Some(path) = self.get(dev, ino) {
             return Some(path);
         }
-        if self.own_read.is_some_and(|t| t.elapsed() < Self::RECHECK) {
+        if self.own_looked.contains(&(dev, ino)) || self.own_read.is_some_and(|t| t.elapsed() < Self::RECHECK) {
             return None;
         }
+        if self.own_looked.len() >= Self::MAX {
+            self.own_looked.clear();
+        }
+        self.own_looked.insert((dev, ino));
         self.own_read = Some(std::time::Instant::now());
         let own = crate::procmaps::read_with_files(std::process::id()).unwrap_or_default();
         let learned = self.learn_maps(own.iter().map(|(r, id)| (r, *id)));
@@ -994,8 +1005,47 @@ mod tests {
         let (dev, ino, _) = crate::regions::kernel_dev_ino(&path.display().to_string()).unwrap();
         let mut names = FileNames::default();
         assert_eq!(names.find(dev, ino), Some(path.display().to_string()));
-        assert_eq!(names.find(dev, ino + 1000), None, "read once per second at most, and not that file");
+        let first = names.own_read;
+        assert_eq!(names.find(dev, ino + 1000), None);
+        assert_eq!(names.own_read, first, "read once per second at most");
         drop(map);
+    }
+
+    /// A file the collector's own maps do not name has them read once, not
+    /// once a second at every maps read of the process that mapped it; a
+    /// file asked for later has them read again, and that read names every
+    /// file they map then.
+    #[test]
+    fn the_collectors_own_maps_are_read_once_for_a_file_they_do_not_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("liblater.so");
+        std::fs::write(&path, vec![7u8; 8192]).unwrap();
+        let p = path.display().to_string();
+        let (dev, ino, _) = crate::regions::kernel_dev_ino(&p).unwrap();
+        let mut names = FileNames::default();
+        let a_second_ago = |names: &mut FileNames| {
+            names.own_read = names.own_read.and_then(|t| t.checked_sub(FileNames::RECHECK));
+            names.own_read
+        };
+        assert_eq!(names.find(dev, ino), None, "not mapped yet");
+        let read = a_second_ago(&mut names);
+        assert!(read.is_some(), "read for it");
+        assert_eq!(names.find(dev, ino), None);
+        assert_eq!(names.own_read, read, "not read again for it, a second later");
+        // Mapped since: a read made for another file names it.
+        let file = std::fs::File::open(&path).unwrap();
+        // SAFETY: the file is the test's own and not changed while mapped.
+        let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+        assert_eq!(names.find(dev, ino), None, "still not read again for it");
+        assert_eq!(names.find(dev, ino + 1000), None);
+        assert_ne!(names.own_read, read, "another file has them read");
+        assert_eq!(names.find(dev, ino), Some(p), "learned from that read");
+        drop(map);
+        // Bounded: emptied when full, so a file looked for long ago is looked for again.
+        names.own_looked = (0..FileNames::MAX as u64).map(|i| (1, i)).collect();
+        a_second_ago(&mut names);
+        assert_eq!(names.find(1, u64::MAX), None);
+        assert_eq!(names.own_looked.len(), 1);
     }
 
     /// A process that mapped a library and exited before its mapping events
