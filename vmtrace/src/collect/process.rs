@@ -322,7 +322,6 @@ impl ProcessTable {
                     self.file_names.learn_maps(m.iter().map(|(r, id)| (r, *id)));
                 }
                 let m: Vec<crate::procmaps::Region> = m.into_iter().map(|(r, _)| r).collect();
-                self.name_files(pid);
                 let p = self.procs.entry(pid).or_default();
                 if let (Some(b), Some(a)) = (before, after) {
                     p.history.snapshot(a, &m, a == b, read_at_ns);
@@ -337,6 +336,11 @@ impl ProcessTable {
                 }
                 p.maps_read = Some(std::time::Instant::now());
                 p.maps_stale = false;
+                // Once the read has replaced the maps: what is kept is
+                // named (the read's own regions have their paths; the old
+                // ones it did not replace are history now), and a
+                // placeholder it replaced (same span) is not looked for.
+                self.name_files(pid);
                 true
             }
             _ => {
@@ -1094,6 +1098,52 @@ mod tests {
         assert_eq!(gone.mapped.find(0x4fff).and_then(|r| r.path.as_deref()), Some(p.as_str()));
         assert_eq!(name(0x8000), Some(other.as_str()), "no file here is that inode: it stays unnamed");
         assert!(gone.unnamed_files, "looked for again");
+    }
+
+    /// A maps read names the regions kept after it: a placeholder it
+    /// replaced (a region at the same span) is dropped, not looked for and
+    /// not left to be looked for again; one it did not (history now) is
+    /// named.
+    #[test]
+    fn a_maps_read_names_the_regions_it_keeps() {
+        use crate::{model::RegionKind, procmaps::Region};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("libkept.so");
+        std::fs::write(&path, b"kept").unwrap();
+        let lib = path.display().to_string();
+        let (dev, ino, _) = crate::regions::kernel_dev_ino(&lib).unwrap();
+        let pid = std::process::id();
+        let exe = std::env::current_exe().unwrap().display().to_string();
+        let own = crate::procmaps::read_with_files(pid).unwrap();
+        let (text, _) =
+            own.iter().find(|(r, _)| r.path.as_deref() == Some(exe.as_str())).expect("the test's own program");
+        let placeholder = |ino: u64| Some(format!("[file {}:{} inode {ino}]", dev >> 20, dev & 0xf_ffff).into());
+        let mut t = ProcessTable::default();
+        t.file_names.learn(dev, ino, lib.clone());
+        let p = t.procs.entry(pid).or_default();
+        p.maps = vec![
+            Region {
+                start: 0x1000,
+                end: 0x2000,
+                perms: "r-xp".into(),
+                offset: 0,
+                kind: RegionKind::File,
+                path: placeholder(ino),
+            },
+            // At the span of the program's text: the read replaces it. Its
+            // inode is no file here: it could never be named.
+            Region { path: placeholder(ino + 1000), ..text.clone() },
+        ];
+        p.unnamed_files = true;
+        assert!(t.snapshot_maps(pid));
+        let p = &t.procs[&pid];
+        assert_eq!(p.mapped.find(0x1800).and_then(|r| r.path.as_deref()), Some(lib.as_str()), "history, named");
+        assert_eq!(crate::procmaps::find(&p.maps, text.start).and_then(|r| r.path.as_deref()), Some(exe.as_str()));
+        assert!(
+            !p.maps.iter().chain(p.mapped.iter()).any(|r| r.path.as_deref().is_some_and(|n| n.starts_with("[file "))),
+            "no placeholder kept"
+        );
+        assert!(!p.unnamed_files, "nothing left to name: the replaced placeholder is not looked for again");
     }
 
     #[test]
