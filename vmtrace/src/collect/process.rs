@@ -737,6 +737,12 @@ fn trusted_mapped(
 /// library and exited before its events were drained (the descriptor, the
 /// mapping and /proc/PID gone) has it named by any other mapping of the
 /// same (device, inode) the collector read, its own included (`find`).
+/// Every maps read is learned from, not only for files a placeholder asked
+/// for: a short-lived process's library is often asked for after the last
+/// read that named it. It costs one `stat` per file not known yet (beside
+/// a shell and Python loop, `record -a` for 30 s: 43 to 189 stats, each of
+/// a distinct file, in 16,047 maps reads; the collector made ~840 `stat`s a
+/// second in all, most an `fstat` of a /proc file it read).
 #[derive(Default)]
 pub(crate) struct FileNames {
     by_file: HashMap<(u32, u64), (String, std::time::Instant)>,
