@@ -322,7 +322,6 @@ impl ProcessTable {
                     self.file_names.learn_maps(m.iter().map(|(r, id)| (r, *id)));
                 }
                 let m: Vec<crate::procmaps::Region> = m.into_iter().map(|(r, _)| r).collect();
-                self.name_files(pid);
                 let p = self.procs.entry(pid).or_default();
                 if let (Some(b), Some(a)) = (before, after) {
                     p.history.snapshot(a, &m, a == b, read_at_ns);
@@ -337,6 +336,11 @@ impl ProcessTable {
                 }
                 p.maps_read = Some(std::time::Instant::now());
                 p.maps_stale = false;
+                // Once the read has replaced the maps: what is kept is
+                // named (the read's own regions have their paths; the old
+                // ones it did not replace are history now), and a
+                // placeholder it replaced (same span) is not looked for.
+                self.name_files(pid);
                 true
             }
             _ => {
@@ -587,9 +591,7 @@ impl ProcessTable {
             let link = fs::read_link(format!("/proc/{}/exe", ev.tgid)).ok()?.display().to_string();
             // The link is the path in the process's mount namespace: used
             // only where it is the same file here.
-            crate::regions::kernel_dev_ino(&link)
-                .is_some_and(|(d, i, _)| (d, i) == (dev, ino))
-                .then(|| self.file_names.learn(dev, ino, link))
+            crate::regions::is_file(&link, dev, ino).then(|| self.file_names.learn(dev, ino, link))
         });
         path.map_or_else(Vec::new, |exe| self.exec_images.regions(&exe, ev.start_code, ev.at_base))
     }
@@ -658,9 +660,7 @@ pub(crate) fn region_from_event(ev: &vmtrace_common::MmEvent, names: &mut FileNa
         // said which file it was; a name that is not that file is not used.
         let fd = format!("/proc/{}/fd/{}", ev.tgid, ev.fd);
         let named = fs::read_link(&fd).ok().map(|p| p.display().to_string());
-        let is_it = |p: &str| {
-            ev.ino == 0 || crate::regions::kernel_dev_ino(p).is_some_and(|(dev, ino, _)| (dev, ino) == (ev.dev, ev.ino))
-        };
+        let is_it = |p: &str| ev.ino == 0 || crate::regions::is_file(p, ev.dev, ev.ino);
         // An unlinked file (a shared-memory segment) has no path to look at:
         // the descriptor is the file. Named without " (deleted)", as maps are.
         let path = named.and_then(|p| match p.strip_suffix(" (deleted)") {
@@ -737,6 +737,12 @@ fn trusted_mapped(
 /// library and exited before its events were drained (the descriptor, the
 /// mapping and /proc/PID gone) has it named by any other mapping of the
 /// same (device, inode) the collector read, its own included (`find`).
+/// Every maps read is learned from, not only for files a placeholder asked
+/// for: a short-lived process's library is often asked for after the last
+/// read that named it. It costs one `stat` per file not known yet (beside
+/// a shell and Python loop, `record -a` for 30 s: 43 to 189 stats, each of
+/// a distinct file, in 16,047 maps reads; the collector made ~840 `stat`s a
+/// second in all, most an `fstat` of a /proc file it read).
 #[derive(Default)]
 pub(crate) struct FileNames {
     by_file: HashMap<(u32, u64), (String, std::time::Instant)>,
@@ -746,6 +752,10 @@ pub(crate) struct FileNames {
     refused: std::collections::HashSet<(u32, u64)>,
     /// When the collector's own maps were last read for a file not named.
     own_read: Option<std::time::Instant>,
+    /// Files the collector's own maps were read for (`find`): a file they
+    /// did not name does not have them read again (a later read made for
+    /// another file, or any maps read, still names it). Emptied when full.
+    own_looked: std::collections::HashSet<(u32, u64)>,
 }
 
 impl FileNames {
@@ -761,7 +771,7 @@ impl FileNames {
         if checked.elapsed() < Self::RECHECK {
             return Some(path.clone());
         }
-        if crate::regions::kernel_dev_ino(path).is_some_and(|(d, i, _)| (d, i) == (dev, ino)) {
+        if crate::regions::is_file(path, dev, ino) {
             *checked = std::time::Instant::now();
             return Some(path.clone());
         }
@@ -793,7 +803,7 @@ impl FileNames {
             if ino == 0 || self.by_file.contains_key(&(dev, ino)) || self.refused.contains(&(dev, ino)) {
                 continue;
             }
-            if crate::regions::kernel_dev_ino(path).is_some_and(|(d, i, _)| (d, i) == (dev, ino)) {
+            if crate::regions::is_file(path, dev, ino) {
                 self.learn(dev, ino, path.to_string());
                 learned += 1;
             } else {
@@ -806,9 +816,12 @@ impl FileNames {
         learned
     }
 
-    /// The path of the file, as `get`, else from the collector's own maps
-    /// (read at most once per `RECHECK` for files not named): vmtrace
-    /// maps libc and the other system libraries its targets map.
+    /// The path of the file, as `get`, else from the collector's own maps:
+    /// vmtrace maps libc and the other system libraries its targets map.
+    /// They are read once for each file not named otherwise, and at most
+    /// once per `RECHECK` (a file asked for within it has them read at a
+    /// later call): a file they do not name, looked for at every maps read
+    /// of its process, costs one read, not one a second.
     fn find(&mut self, dev: u32, ino: u64) -> Option<String> {
         if ino == 0 {
             return None;
@@ -816,9 +829,13 @@ impl FileNames {
         if let Some(path) = self.get(dev, ino) {
             return Some(path);
         }
-        if self.own_read.is_some_and(|t| t.elapsed() < Self::RECHECK) {
+        if self.own_looked.contains(&(dev, ino)) || self.own_read.is_some_and(|t| t.elapsed() < Self::RECHECK) {
             return None;
         }
+        if self.own_looked.len() >= Self::MAX {
+            self.own_looked.clear();
+        }
+        self.own_looked.insert((dev, ino));
         self.own_read = Some(std::time::Instant::now());
         let own = crate::procmaps::read_with_files(std::process::id()).unwrap_or_default();
         let learned = self.learn_maps(own.iter().map(|(r, id)| (r, *id)));
@@ -841,15 +858,13 @@ impl FileNames {
 /// of `/proc/PID/maps` that covers the address with the same inode (the
 /// kernel may have merged the mapping with a neighbour).
 fn mapped_file_name(ev: &vmtrace_common::MmEvent) -> Option<String> {
-    use std::os::unix::fs::MetadataExt as _;
     if ev.ino == 0 {
         return None;
     }
     let end = ev.addr + ((ev.len + 4095) & !4095);
     let link = format!("/proc/{}/map_files/{:x}-{:x}", ev.tgid, ev.addr, end);
-    if let (Ok(m), Ok(target)) = (fs::metadata(&link), fs::read_link(&link)) {
-        let dev = (libc::major(m.dev()) << 20) | libc::minor(m.dev());
-        if (dev, m.ino()) == (ev.dev, ev.ino) {
+    if crate::regions::is_file(&link, ev.dev, ev.ino) {
+        if let Ok(target) = fs::read_link(&link) {
             return Some(target.display().to_string());
         }
     }
@@ -1000,8 +1015,47 @@ mod tests {
         let (dev, ino, _) = crate::regions::kernel_dev_ino(&path.display().to_string()).unwrap();
         let mut names = FileNames::default();
         assert_eq!(names.find(dev, ino), Some(path.display().to_string()));
-        assert_eq!(names.find(dev, ino + 1000), None, "read once per second at most, and not that file");
+        let first = names.own_read;
+        assert_eq!(names.find(dev, ino + 1000), None);
+        assert_eq!(names.own_read, first, "read once per second at most");
         drop(map);
+    }
+
+    /// A file the collector's own maps do not name has them read once, not
+    /// once a second at every maps read of the process that mapped it; a
+    /// file asked for later has them read again, and that read names every
+    /// file they map then.
+    #[test]
+    fn the_collectors_own_maps_are_read_once_for_a_file_they_do_not_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("liblater.so");
+        std::fs::write(&path, vec![7u8; 8192]).unwrap();
+        let p = path.display().to_string();
+        let (dev, ino, _) = crate::regions::kernel_dev_ino(&p).unwrap();
+        let mut names = FileNames::default();
+        let a_second_ago = |names: &mut FileNames| {
+            names.own_read = names.own_read.and_then(|t| t.checked_sub(FileNames::RECHECK));
+            names.own_read
+        };
+        assert_eq!(names.find(dev, ino), None, "not mapped yet");
+        let read = a_second_ago(&mut names);
+        assert!(read.is_some(), "read for it");
+        assert_eq!(names.find(dev, ino), None);
+        assert_eq!(names.own_read, read, "not read again for it, a second later");
+        // Mapped since: a read made for another file names it.
+        let file = std::fs::File::open(&path).unwrap();
+        // SAFETY: the file is the test's own and not changed while mapped.
+        let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+        assert_eq!(names.find(dev, ino), None, "still not read again for it");
+        assert_eq!(names.find(dev, ino + 1000), None);
+        assert_ne!(names.own_read, read, "another file has them read");
+        assert_eq!(names.find(dev, ino), Some(p), "learned from that read");
+        drop(map);
+        // Bounded: emptied when full, so a file looked for long ago is looked for again.
+        names.own_looked = (0..FileNames::MAX as u64).map(|i| (1, i)).collect();
+        a_second_ago(&mut names);
+        assert_eq!(names.find(1, u64::MAX), None);
+        assert_eq!(names.own_looked.len(), 1);
     }
 
     /// A process that mapped a library and exited before its mapping events
@@ -1050,6 +1104,52 @@ mod tests {
         assert_eq!(gone.mapped.find(0x4fff).and_then(|r| r.path.as_deref()), Some(p.as_str()));
         assert_eq!(name(0x8000), Some(other.as_str()), "no file here is that inode: it stays unnamed");
         assert!(gone.unnamed_files, "looked for again");
+    }
+
+    /// A maps read names the regions kept after it: a placeholder it
+    /// replaced (a region at the same span) is dropped, not looked for and
+    /// not left to be looked for again; one it did not (history now) is
+    /// named.
+    #[test]
+    fn a_maps_read_names_the_regions_it_keeps() {
+        use crate::{model::RegionKind, procmaps::Region};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("libkept.so");
+        std::fs::write(&path, b"kept").unwrap();
+        let lib = path.display().to_string();
+        let (dev, ino, _) = crate::regions::kernel_dev_ino(&lib).unwrap();
+        let pid = std::process::id();
+        let exe = std::env::current_exe().unwrap().display().to_string();
+        let own = crate::procmaps::read_with_files(pid).unwrap();
+        let (text, _) =
+            own.iter().find(|(r, _)| r.path.as_deref() == Some(exe.as_str())).expect("the test's own program");
+        let placeholder = |ino: u64| Some(format!("[file {}:{} inode {ino}]", dev >> 20, dev & 0xf_ffff).into());
+        let mut t = ProcessTable::default();
+        t.file_names.learn(dev, ino, lib.clone());
+        let p = t.procs.entry(pid).or_default();
+        p.maps = vec![
+            Region {
+                start: 0x1000,
+                end: 0x2000,
+                perms: "r-xp".into(),
+                offset: 0,
+                kind: RegionKind::File,
+                path: placeholder(ino),
+            },
+            // At the span of the program's text: the read replaces it. Its
+            // inode is no file here: it could never be named.
+            Region { path: placeholder(ino + 1000), ..text.clone() },
+        ];
+        p.unnamed_files = true;
+        assert!(t.snapshot_maps(pid));
+        let p = &t.procs[&pid];
+        assert_eq!(p.mapped.find(0x1800).and_then(|r| r.path.as_deref()), Some(lib.as_str()), "history, named");
+        assert_eq!(crate::procmaps::find(&p.maps, text.start).and_then(|r| r.path.as_deref()), Some(exe.as_str()));
+        assert!(
+            !p.maps.iter().chain(p.mapped.iter()).any(|r| r.path.as_deref().is_some_and(|n| n.starts_with("[file "))),
+            "no placeholder kept"
+        );
+        assert!(!p.unnamed_files, "nothing left to name: the replaced placeholder is not looked for again");
     }
 
     #[test]

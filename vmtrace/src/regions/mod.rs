@@ -581,6 +581,13 @@ pub(crate) fn kernel_dev_ino(path: &str) -> Option<(u32, u64, u64)> {
     Some(((major << 20) | minor, m.ino(), m.len()))
 }
 
+/// True when `path` (followed, as `stat` does) is the file the kernel
+/// reported as (`dev`, `ino`): a name taken from /proc or a maps read is
+/// used for a file only while it is that file here.
+pub(crate) fn is_file(path: &str, dev: u32, ino: u64) -> bool {
+    kernel_dev_ino(path).is_some_and(|(d, i, _)| (d, i) == (dev, ino))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -725,6 +732,26 @@ mod tests {
         assert_eq!(from_disk_in(&chunks, 2 * mib, 3 * mib), 0);
         // Pages read twice (evicted and read again): a range gets each once.
         assert_eq!(from_disk_in(&[(0, 264)], 4096 * 3, 4096 * 3 + mib / 2), mib / 2);
+    }
+
+    /// A path names a file only while its `stat` is that (device, inode): a
+    /// file replaced under its name, or a path that is gone, does not.
+    #[test]
+    fn a_path_is_a_file_only_while_its_stat_is_that_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lib.so");
+        std::fs::write(&path, b"one").unwrap();
+        let p = path.to_str().unwrap();
+        let (dev, ino, _) = kernel_dev_ino(p).unwrap();
+        assert!(is_file(p, dev, ino));
+        assert!(!is_file(p, dev, ino + 1), "another inode");
+        assert!(!is_file(p, dev + 1, ino), "another device");
+        let other = dir.path().join("new.so");
+        std::fs::write(&other, b"two").unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        assert!(!is_file(p, dev, ino), "replaced under its name");
+        std::fs::remove_file(&path).unwrap();
+        assert!(!is_file(p, dev, ino), "gone");
     }
 
     #[test]
