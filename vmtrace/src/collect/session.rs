@@ -842,7 +842,7 @@ impl<S: AggregateSource> Session<S> {
             (now, seen) => now.or(seen),
         };
         let in_target = self.table.contains(victim) || self.source.is_traced(victim);
-        let mut rec = oom::describe(ev, cgroup, in_target, self.since_start(ev.hdr.ts_ns));
+        let mut rec = oom::describe(ev, cgroup, in_target, self.since_start(ev.hdr.ts_ns), &self.source.tp_offsets());
         // Its count is read once more at the kill.
         rec.fault_rate_per_s = self.source.stats_of(victim).and_then(|s| {
             let now_s = self.seconds_at(now);
