@@ -404,7 +404,7 @@ impl Batch {
 impl<S: AggregateSource> Session<S> {
     pub fn new(source: S, opts: SessionOptions) -> Self {
         let now = Instant::now();
-        let page_salt = source.page_salt();
+        let (page_salt, tp_offsets) = (source.page_salt(), source.tp_offsets());
         let placed = crate::regions::Partial::new(attribute::weighted_time(&source));
         Self {
             minor_period: source.minor_period(),
@@ -428,10 +428,9 @@ impl<S: AggregateSource> Session<S> {
             native: NativeStacks::default(),
             python: super::python::Tracker::default(),
             trace: opts.trace_log.then(|| TraceRecorder::new(monotonic_ns())),
-            resident: opts
-                .families
-                .resident
-                .then(|| ResidentTracker::new(opts.stacks.map_or(1, |(_, period)| period), page_salt)),
+            resident: opts.families.resident.then(|| {
+                ResidentTracker::new(opts.stacks.map_or(1, |(_, period)| period), page_salt).with_oom_sizes(&tp_offsets)
+            }),
             placement: Some(super::placement::Placement::new(opts.families.mmap, opts.trace_log)),
             retiring: Vec::new(),
             forgotten_granules: Vec::new(),
