@@ -271,6 +271,9 @@ fn describe_kill(
     r
 }
 
+/// A victim's comm neither the record (before 6.8) nor /proc gave.
+pub(crate) const UNKNOWN_COMM: &str = "?";
+
 /// `enum oom_constraint` + 1 as the OOM probe passes it.
 fn kernel_constraint(v: u32) -> Option<&'static str> {
     match v {
@@ -298,7 +301,7 @@ fn record(
         victim_comm: match comm_str(&ev.victim_comm) {
             // Not in this kernel's record: /proc, while the victim lasts.
             c if c.is_empty() => fs::read_to_string(format!("/proc/{}/comm", ev.victim_pid))
-                .map_or_else(|_| "?".into(), |c| c.trim_end().to_string()),
+                .map_or_else(|_| UNKNOWN_COMM.into(), |c| c.trim_end().to_string()),
             c => c,
         },
         trigger_pid: ev.trigger_tgid,

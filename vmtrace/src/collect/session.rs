@@ -842,6 +842,13 @@ impl<S: AggregateSource> Session<S> {
         };
         let in_target = self.table.contains(victim) || self.source.is_traced(victim);
         let mut rec = oom::describe(ev, cgroup, in_target, self.since_start(ev.hdr.ts_ns), &self.source.tp_offsets());
+        // No comm in the record (before 6.8, where no hook sees the victim's
+        // task) and /proc already gone: the name the table knew it by.
+        if rec.victim_comm == oom::UNKNOWN_COMM {
+            if let Some(p) = self.table.get(victim).filter(|p| !p.comm.is_empty()) {
+                rec.victim_comm.clone_from(&p.comm);
+            }
+        }
         // Its count is read once more at the kill.
         rec.fault_rate_per_s = self.source.stats_of(victim).and_then(|s| {
             let now_s = self.seconds_at(now);

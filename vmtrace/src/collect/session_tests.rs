@@ -230,6 +230,23 @@ fn an_oom_kills_unknown_fields_are_the_loaders() {
     );
 }
 
+/// Before 6.8 the record has no comm; a victim already gone from /proc
+/// keeps the name the table knew it by.
+#[test]
+fn an_oom_victim_without_a_comm_in_the_record_is_named_from_the_table() {
+    let mut src = FakeSource::new(16);
+    src.push(&task(EventKind::TaskFork, CHILD, CHILD, PARENT, "hog"));
+    let families = Families { oom: true, ..Families::default() };
+    let mut s = session(src, SessionOptions::new(families));
+    let kill = oom_kill(CHILD, "", s.started_mono_ns + 1_000, 0);
+    s.source_mut().push(&kill);
+    let stranger = oom_kill(CHILD + 100, "", s.started_mono_ns + 2_000, 0);
+    s.source_mut().push(&stranger);
+    s.step(s.started + ms(250));
+    let names: Vec<&str> = s.ooms().iter().map(|o| o.victim_comm.as_str()).collect();
+    assert_eq!(names, ["hog", "?"]);
+}
+
 #[test]
 fn the_duration_ends_when_tracing_stopped_not_after_the_reports() {
     let mut s = session(FakeSource::new(16), SessionOptions::new(Families::default()));

@@ -124,15 +124,22 @@ pub(super) struct Context<'a> {
     /// The struct offsets the programs read (a tp_btf program that needs a
     /// field this kernel lacks is not tried).
     pub offsets: &'a vmtrace_common::KernelOffsets,
+    /// `mark_victim` passes the victim's task (6.8+; `BtfFacts::victim_task`).
+    pub victim_task: bool,
     /// The classic tracepoints' formats, read once (`Fixed` fields checked
     /// against them before attaching).
     pub formats: &'a mut crate::kernel::tpformat::Formats,
 }
 
 /// Why a tp_btf program cannot work on this kernel's structs, if it cannot.
-fn missing_fields(c: &Candidate, o: &vmtrace_common::KernelOffsets) -> Option<&'static str> {
+fn missing_fields(c: &Candidate, o: &vmtrace_common::KernelOffsets, victim_task: bool) -> Option<&'static str> {
     use vmtrace_common::KernelOffsets as K;
     match c.program {
+        // Attached there, it would read no pid, and the classic hook would
+        // leave every kill for it to complete (`OOM_PENDING`): lost.
+        "tp_btf_mark_victim" if !victim_task => {
+            Some("mark_victim passes the victim's pid alone before 6.8 (TP_PROTO(int pid)), no task to read")
+        }
         // arm64 keys mms by their pointer (its context.id is the ASID, reassigned).
         "tp_btf_rss_stat" if (cfg!(target_arch = "x86_64") && o.mm_ctx_id == K::MISSING) || o.task_mm == K::MISSING => {
             Some("no mm_struct.context.ctx_id or task_struct.mm in kernel BTF (the mm's id)")
@@ -184,7 +191,7 @@ pub(super) fn attach(cx: &mut Context<'_>, hook: &'static Hook) -> Result<Attach
             Refusal::NotTried("disabled by --force-tracepoints".into())
         } else if c.kind == ProgramKind::TpBtf && !cx.tp_btf.contains(c.target) {
             Refusal::NotTried(format!("no btf_trace_{} in kernel BTF", c.target))
-        } else if let Some(why) = missing_fields(c, cx.offsets) {
+        } else if let Some(why) = missing_fields(c, cx.offsets, cx.victim_task) {
             Refusal::NotTried(why.into())
         } else {
             match attach_one(cx, c) {

@@ -200,7 +200,8 @@ impl Probes {
     }
 
     pub fn load(opts: &LoadOptions) -> Result<Self, LoadError> {
-        let btf::BtfFacts { offsets, fault_bits, tp_btf, user_walk, pgfault, thp_items } = btf::btf_facts()?;
+        let btf::BtfFacts { offsets, fault_bits, tp_btf, user_walk, pgfault, thp_items, victim_task } =
+            btf::btf_facts()?;
         let user_walk = user_walk_mode(user_walk && !opts.force_tracepoints);
         btf::release_freed_memory();
         let btf = Btf::from_sys_fs().map_err(|e| kbtf::BtfError::Read(e.to_string()))?;
@@ -237,6 +238,7 @@ impl Probes {
             tp_btf: &tp_btf,
             force_tracepoints: opts.force_tracepoints,
             offsets: &offsets,
+            victim_task,
             formats: &mut formats,
         };
         // The memcg end marks anonymous huge faults itself (THP_FAULT_ALLOC);
