@@ -11,7 +11,7 @@ use std::{
 };
 
 use serde::{Deserialize, Serialize};
-use vmtrace_common::OomEvent;
+use vmtrace_common::{OomEvent, TpOffsets};
 
 use crate::model::{HeldRegion, OomRecord};
 use crate::{model::comm_str, procmaps};
@@ -199,8 +199,22 @@ pub(crate) fn top_regions(pid: u32, n: usize) -> Option<Vec<HeldRegion>> {
 }
 
 /// Everything that can be learned about a kill when its event arrives: read
-/// at once, since the victim is on its way out.
+/// at once, since the victim is on its way out. `tp`: the offsets the
+/// programs read the record at (`TP_OFFSETS`), naming the fields this
+/// kernel's record lacks (`OomRecord::unknown`).
 pub(crate) fn describe(
+    ev: &OomEvent,
+    victim_cgroup: Option<(CgroupVersion, String)>,
+    in_target: bool,
+    time_s: f64,
+    tp: &TpOffsets,
+) -> OomRecord {
+    let mut r = describe_kill(ev, victim_cgroup, in_target, time_s);
+    r.unknown = crate::kernel::tpformat::oom_unknown_in(tp).into_iter().map(String::from).collect();
+    r
+}
+
+fn describe_kill(
     ev: &OomEvent,
     victim_cgroup: Option<(CgroupVersion, String)>,
     in_target: bool,
@@ -257,6 +271,9 @@ pub(crate) fn describe(
     r
 }
 
+/// A victim's comm neither the record (before 6.8) nor /proc gave.
+pub(crate) const UNKNOWN_COMM: &str = "?";
+
 /// `enum oom_constraint` + 1 as the OOM probe passes it.
 fn kernel_constraint(v: u32) -> Option<&'static str> {
     match v {
@@ -284,7 +301,7 @@ fn record(
         victim_comm: match comm_str(&ev.victim_comm) {
             // Not in this kernel's record: /proc, while the victim lasts.
             c if c.is_empty() => fs::read_to_string(format!("/proc/{}/comm", ev.victim_pid))
-                .map_or_else(|_| "?".into(), |c| c.trim_end().to_string()),
+                .map_or_else(|_| UNKNOWN_COMM.into(), |c| c.trim_end().to_string()),
             c => c,
         },
         trigger_pid: ev.trigger_tgid,
@@ -302,7 +319,7 @@ fn record(
         pgtables_kb: ev.pgtables_kb,
         oom_score_adj: ev.oom_score_adj,
         uid: ev.uid,
-        unknown: crate::kernel::tpformat::oom_unknown().iter().map(|&f| f.to_string()).collect(),
+        unknown: Vec::new(),
         in_target,
         time_s,
         top_regions: top,

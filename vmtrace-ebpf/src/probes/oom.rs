@@ -85,8 +85,10 @@ pub fn kprobe_oom_kill_process(ctx: ProbeContext) -> u32 {
 #[map]
 static VICTIM_MEMCG: HashMap<u32, u64> = HashMap::with_max_entries(256, 0);
 
-// TP_PROTO(struct task_struct *task, uid_t uid). Attached before the classic
-// hook, so it runs first on the same tracepoint.
+// TP_PROTO(struct task_struct *task, uid_t uid) since 6.8; before it
+// TP_PROTO(int pid), no task: the loader does not attach this there
+// (`BtfFacts::victim_task`). Attached before the classic hook, so it runs
+// first on the same tracepoint.
 #[btf_tracepoint(function = "mark_victim")]
 pub fn tp_btf_mark_victim(ctx: BtfTracePointContext) -> i32 {
     let _ = try_btf_mark_victim(&ctx);
@@ -182,6 +184,7 @@ fn try_tp_oom_mark_victim(ctx: &TracePointContext) -> Result<(), i32> {
     }
     // __data_loc: low 16 bits the offset of the string in the record, high 16 its length.
     // Without it (before 6.8) the comm stays empty: userspace reads /proc.
+    // (The tp_btf hook cannot fill it in: before 6.8 it gets the pid alone.)
     if let Some(loc) = tp_loaded!(ctx, OomComm: u32) {
         // SAFETY: the record's own offset of the string; the helper bounds the copy.
         let src = unsafe { (ctx.as_ptr() as *const u8).add((loc & 0xffff) as usize) };

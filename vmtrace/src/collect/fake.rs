@@ -33,6 +33,8 @@ pub struct FakeSource {
     pub user_stacks: HashMap<i32, Vec<u64>>,
     pub granules: Vec<(GranuleKey, GranuleCounts)>,
     pub probes: Vec<ProbeInfo>,
+    /// `TP_OFFSETS`; `None`: the table's (every field in the records, as on 6.18).
+    pub tp_offsets: Option<vmtrace_common::TpOffsets>,
 }
 
 /// The bytes of a `#[repr(C)]` event, as the ring buffer carries them.
@@ -147,6 +149,10 @@ impl AggregateSource for FakeSource {
     fn page_salt(&self) -> u64 {
         // Fixed: the fake's pages are sampled the same way in every run.
         0x5eed
+    }
+
+    fn tp_offsets(&self) -> vmtrace_common::TpOffsets {
+        self.tp_offsets.unwrap_or(vmtrace_common::TpOffsets::TABLE)
     }
 
     fn probe_info(&self) -> Vec<ProbeInfo> {

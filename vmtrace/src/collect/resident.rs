@@ -144,6 +144,10 @@ pub(crate) struct ResidentTracker {
     /// Each OOM victim's live set at its kill, scaled later to the kernel's
     /// counters the kill reported.
     ooms: Vec<(u32, Snapshot)>,
+    /// The kill's sizes (by `RSS_*` member) that this kernel's
+    /// `oom:mark_victim` record lacks (before 6.8, all): the sample's own
+    /// estimate stands in for them.
+    oom_unknown: [bool; RSS_MEMBERS],
 }
 
 /// Bytes of a sampled fault's page.
@@ -160,6 +164,16 @@ impl ResidentTracker {
     /// hash salted with `salt`.
     pub fn new(period: u32, salt: u64) -> Self {
         Self { period: period.max(1), salt, ..Self::default() }
+    }
+
+    /// Takes which of an OOM kill's sizes the kernel's record has from the
+    /// offsets the programs read it at (`TP_OFFSETS`).
+    pub fn with_oom_sizes(mut self, tp: &vmtrace_common::TpOffsets) -> Self {
+        use vmtrace_common::Tp;
+        for (kind, field) in [(RSS_ANON, Tp::OomAnonRss), (RSS_FILE, Tp::OomFileRss), (RSS_SHMEM, Tp::OomShmemRss)] {
+            self.oom_unknown[kind] = !tp.known(field);
+        }
+        self
     }
 
     /// A sampled fault: its page is the stack's now (a copy-on-write copy
@@ -376,17 +390,20 @@ impl ResidentTracker {
 
     /// An OOM kill: the victim's pages as it is chosen (in ring order, so
     /// every page it faulted in before is there), with the kernel's counters
-    /// the kill reports. Victims with no sampled page (not traced) are left.
+    /// the kill reports; where the record has none (before 6.8), the
+    /// sample's own estimate (each sampled page standing for `period`), not
+    /// a 0 that would scale every page away. Victims with no sampled page
+    /// (not traced) are left.
     pub(crate) fn oom_kill(&mut self, ev: &OomEvent) {
         let Some(p) = self.procs.get(&ev.victim_pid).filter(|p| !p.live.is_empty()) else { return };
         if self.ooms.len() >= MAX_OOM_SNAPSHOTS {
             return;
         }
-        let mut size = [0; RSS_MEMBERS];
-        size[RSS_FILE] = ev.file_rss_kb * 1024;
-        size[RSS_ANON] = ev.anon_rss_kb * 1024;
-        size[RSS_SHMEM] = ev.shmem_rss_kb * 1024;
-        self.ooms.push((ev.victim_pid, snapshot(&p.live, size, ev.hdr.ts_ns)));
+        let mut snap = snapshot(&p.live, [0; RSS_MEMBERS], ev.hdr.ts_ns);
+        for (kind, kb) in [(RSS_FILE, ev.file_rss_kb), (RSS_ANON, ev.anon_rss_kb), (RSS_SHMEM, ev.shmem_rss_kb)] {
+            snap.size[kind] = if self.oom_unknown[kind] { sampled_bytes(&snap, kind, self.period) } else { kb * 1024 };
+        }
+        self.ooms.push((ev.victim_pid, snap));
     }
 
     /// Takes in the kernel's counters (`RSS_MM`, by `mm_id`) and returns the
@@ -622,6 +639,16 @@ fn snapshot(live: &BTreeMap<u64, Page>, size: [u64; 4], ts_ns: u64) -> Snapshot 
         e.1 += 1;
     }
     Snapshot { size, ts_ns, by_owner }
+}
+
+/// The bytes of `kind` a snapshot's pages stand for with no kernel total:
+/// exact-stratum pages themselves, sampled ones 1 in `period` pages each.
+fn sampled_bytes(s: &Snapshot, kind: usize, period: u32) -> u64 {
+    s.by_owner
+        .iter()
+        .filter(|(o, _)| usize::from(o.kind) == kind)
+        .map(|(o, v)| if o.exact { v.0 } else { v.0 * u64::from(period) })
+        .sum()
 }
 
 /// A snapshot's owners weighted to the kernel's totals, kind by kind
@@ -926,6 +953,39 @@ mod tests {
         let of = |s: i32| owners.iter().filter(|o| o.0.user_stack == s).map(|o| o.1).sum::<f64>();
         assert!((of(1) - 5.0 * 64.0 * 4096.0).abs() < 0.5);
         assert!((of(2) - 20.0 * 64.0 * 4096.0).abs() < 0.5);
+    }
+
+    /// Before 6.8 the kill's record has no sizes (read as 0): the victim's
+    /// sampled pages stand for the sample period's, not for nothing.
+    #[test]
+    fn an_oom_kill_without_sizes_is_the_samples_own_estimate() {
+        use vmtrace_common::{Tp, TpOffsets};
+        let mut tp = TpOffsets::TABLE;
+        for f in [Tp::OomAnonRss, Tp::OomFileRss, Tp::OomShmemRss] {
+            tp.offsets[f as usize] = TpOffsets::MISSING;
+        }
+        let mut t = ResidentTracker::new(64, 0).with_oom_sizes(&tp);
+        for i in 0..30 {
+            t.page_anon(&sample(5, 0x10_0000 + i * 4096, if i < 10 { 1 } else { 2 }));
+        }
+        // A huge page stands for itself.
+        t.page_anon(&PageSample { flags: PAGE_HUGE, ..sample(5, 0x4000_0000, 3) });
+        t.oom_kill(&crate::collect::fake::oom_kill(5, "hog", 4, 0));
+        let (_, _, ooms) = t.finish(10);
+        let s = &ooms[0].1;
+        assert_eq!(s.size[RSS_ANON], 30 * 64 * 4096 + (2 << 20));
+        assert_eq!((s.size[RSS_FILE], s.size[RSS_SHMEM]), (0, 0));
+        let (owners, left) = scaled(s);
+        assert!(left.abs() < 0.5);
+        let of = |s: i32| owners.iter().filter(|o| o.0.user_stack == s).map(|o| o.1).sum::<f64>();
+        assert!((of(1) - 10.0 * 64.0 * 4096.0).abs() < 0.5, "{}", of(1));
+        assert!((of(2) - 20.0 * 64.0 * 4096.0).abs() < 0.5, "{}", of(2));
+        assert!((of(3) - f64::from(2 << 20)).abs() < 0.5, "{}", of(3));
+        // With the sizes in the record, the record's figures.
+        let mut t = ResidentTracker::new(64, 0).with_oom_sizes(&TpOffsets::TABLE);
+        t.page_anon(&sample(5, 0x10_0000, 1));
+        t.oom_kill(&crate::collect::fake::oom_kill(5, "hog", 4, 0));
+        assert_eq!(t.finish(10).2[0].1.size[RSS_ANON], 0);
     }
 
     #[test]

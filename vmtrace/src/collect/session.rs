@@ -404,7 +404,7 @@ impl Batch {
 impl<S: AggregateSource> Session<S> {
     pub fn new(source: S, opts: SessionOptions) -> Self {
         let now = Instant::now();
-        let page_salt = source.page_salt();
+        let (page_salt, tp_offsets) = (source.page_salt(), source.tp_offsets());
         let placed = crate::regions::Partial::new(attribute::weighted_time(&source));
         Self {
             minor_period: source.minor_period(),
@@ -428,10 +428,9 @@ impl<S: AggregateSource> Session<S> {
             native: NativeStacks::default(),
             python: super::python::Tracker::default(),
             trace: opts.trace_log.then(|| TraceRecorder::new(monotonic_ns())),
-            resident: opts
-                .families
-                .resident
-                .then(|| ResidentTracker::new(opts.stacks.map_or(1, |(_, period)| period), page_salt)),
+            resident: opts.families.resident.then(|| {
+                ResidentTracker::new(opts.stacks.map_or(1, |(_, period)| period), page_salt).with_oom_sizes(&tp_offsets)
+            }),
             placement: Some(super::placement::Placement::new(opts.families.mmap, opts.trace_log)),
             retiring: Vec::new(),
             forgotten_granules: Vec::new(),
@@ -846,7 +845,14 @@ impl<S: AggregateSource> Session<S> {
             (now, seen) => now.or(seen),
         };
         let in_target = self.table.contains(victim) || self.source.is_traced(victim);
-        let mut rec = oom::describe(ev, cgroup, in_target, self.since_start(ev.hdr.ts_ns));
+        let mut rec = oom::describe(ev, cgroup, in_target, self.since_start(ev.hdr.ts_ns), &self.source.tp_offsets());
+        // No comm in the record (before 6.8, where no hook sees the victim's
+        // task) and /proc already gone: the name the table knew it by.
+        if rec.victim_comm == oom::UNKNOWN_COMM {
+            if let Some(p) = self.table.get(victim).filter(|p| !p.comm.is_empty()) {
+                rec.victim_comm.clone_from(&p.comm);
+            }
+        }
         // Its count is read once more at the kill.
         rec.fault_rate_per_s = self.source.stats_of(victim).and_then(|s| {
             let now_s = self.seconds_at(now);

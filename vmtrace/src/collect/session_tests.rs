@@ -202,6 +202,51 @@ fn an_oom_kill_carries_the_flight_recorders_rate() {
     assert_eq!(r.victim_faults, Some(400));
 }
 
+/// The fields a kill's record lacks are those the loader found missing
+/// (the source's `TP_OFFSETS`), not a second read of the format files.
+#[test]
+fn an_oom_kills_unknown_fields_are_the_loaders() {
+    use vmtrace_common::{Tp, TpOffsets};
+    let unknown_with = |tp: Option<TpOffsets>| {
+        let mut src = FakeSource::new(16);
+        src.tp_offsets = tp;
+        let families = Families { oom: true, ..Families::default() };
+        let mut s = session(src, SessionOptions::new(families));
+        let kill = oom_kill(CHILD, "hog", s.started_mono_ns + 1_000, 0);
+        s.source_mut().push(&kill);
+        s.step(s.started + ms(250));
+        s.ooms()[0].unknown.clone()
+    };
+    assert_eq!(unknown_with(None), Vec::<String>::new());
+    let mut pid_alone = TpOffsets::TABLE;
+    for (i, f) in vmtrace_common::TP_FIELDS.iter().enumerate() {
+        if f.tracepoint == "oom:mark_victim" && i != Tp::OomPid as usize {
+            pid_alone.offsets[i] = TpOffsets::MISSING;
+        }
+    }
+    assert_eq!(
+        unknown_with(Some(pid_alone)),
+        ["total_vm_kb", "anon_rss_kb", "file_rss_kb", "shmem_rss_kb", "pgtables_kb", "uid", "oom_score_adj"]
+    );
+}
+
+/// Before 6.8 the record has no comm; a victim already gone from /proc
+/// keeps the name the table knew it by.
+#[test]
+fn an_oom_victim_without_a_comm_in_the_record_is_named_from_the_table() {
+    let mut src = FakeSource::new(16);
+    src.push(&task(EventKind::TaskFork, CHILD, CHILD, PARENT, "hog"));
+    let families = Families { oom: true, ..Families::default() };
+    let mut s = session(src, SessionOptions::new(families));
+    let kill = oom_kill(CHILD, "", s.started_mono_ns + 1_000, 0);
+    s.source_mut().push(&kill);
+    let stranger = oom_kill(CHILD + 100, "", s.started_mono_ns + 2_000, 0);
+    s.source_mut().push(&stranger);
+    s.step(s.started + ms(250));
+    let names: Vec<&str> = s.ooms().iter().map(|o| o.victim_comm.as_str()).collect();
+    assert_eq!(names, ["hog", "?"]);
+}
+
 #[test]
 fn the_duration_ends_when_tracing_stopped_not_after_the_reports() {
     let mut s = session(FakeSource::new(16), SessionOptions::new(Families::default()));

@@ -22,6 +22,7 @@ pub enum BtfError {
 
 // BTF kinds (include/uapi/linux/btf.h) this reader looks at or must skip over.
 const INT: u32 = 1;
+const PTR: u32 = 2;
 const ARRAY: u32 = 3;
 const STRUCT: u32 = 4;
 const UNION: u32 = 5;
@@ -297,6 +298,29 @@ pub fn has_btf_tracepoint(btf: &Btf, tp: &str) -> bool {
     btf.named(&format!("btf_trace_{tp}")).next().is_some()
 }
 
+/// Whether argument `i` of tracepoint `tp` (after the hidden `void *__data`)
+/// is a pointer, from the prototype `btf_trace_<tp>` names; `None` where BTF
+/// does not say. (`mark_victim` passes the victim's `task_struct *` since 6.8,
+/// its pid before.)
+pub fn tracepoint_arg_is_pointer(btf: &Btf, tp: &str, i: usize) -> Option<bool> {
+    let name = format!("btf_trace_{tp}");
+    let td = btf.named(&name).find(|t| t.kind == TYPEDEF)?;
+    let proto = btf.by_id(td.size_or_type).filter(|t| t.kind == PTR)?;
+    let proto = btf.by_id(proto.size_or_type).filter(|t| t.kind == FUNC_PROTO)?;
+    if i + 1 >= proto.vlen as usize {
+        return None;
+    }
+    // FUNC_PROTO params: (name_off, type) pairs.
+    let mut t = btf.by_id(u32_at(&btf.data, proto.data + 8 * (i + 1) + 4)?)?;
+    for _ in 0..8 {
+        match t.kind {
+            TYPEDEF | VOLATILE | CONST | TYPE_TAG => t = btf.by_id(t.size_or_type)?,
+            kind => return Some(kind == PTR),
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -377,6 +401,64 @@ mod tests {
         }
         assert!(has_btf_tracepoint(&ours, "sched_switch"));
         assert!(!has_btf_tracepoint(&ours, "no_such_tracepoint_vmtrace"));
+    }
+
+    /// BTF of types (name offset, kind, vlen, size or type, extra words)
+    /// and a string section.
+    fn blob(types: &[(u32, u32, u32, u32, &[u32])], strings: &[u8]) -> Vec<u8> {
+        let mut t = Vec::new();
+        for &(name, kind, vlen, size_or_type, extra) in types {
+            for w in [name, (kind << 24) | vlen, size_or_type].iter().chain(extra) {
+                t.extend_from_slice(&w.to_le_bytes());
+            }
+        }
+        let mut b = vec![0x9f, 0xeb, 1, 0];
+        for w in [24, 0, t.len() as u32, t.len() as u32, strings.len() as u32] {
+            b.extend_from_slice(&w.to_le_bytes());
+        }
+        b.extend(t);
+        b.extend_from_slice(strings);
+        b
+    }
+
+    /// `mark_victim`'s argument: the victim's task since 6.8, its pid before.
+    #[test]
+    fn tells_a_tracepoints_pointer_argument_from_an_integer() {
+        let strings = b"\0int\0btf_trace_mark_victim\0task_struct\0";
+        let (int, tp, task) = (1, 5, 27);
+        // 1 int, 2 void *, 3 proto, 4 pointer to it, 5 the typedef, 6 struct task_struct (empty), 7 pointer to it.
+        let with = |arg: u32| {
+            Btf::parse(blob(
+                &[
+                    (int, INT, 0, 4, &[32]),
+                    (0, PTR, 0, 0, &[]),
+                    (0, FUNC_PROTO, 2, 0, &[0, 2, 0, arg]),
+                    (0, PTR, 0, 3, &[]),
+                    (tp, TYPEDEF, 0, 4, &[]),
+                    (task, STRUCT, 0, 0, &[]),
+                    (0, PTR, 0, 6, &[]),
+                ],
+                strings,
+            ))
+            .unwrap()
+        };
+        // Before 6.8: TP_PROTO(int pid).
+        assert_eq!(tracepoint_arg_is_pointer(&with(1), "mark_victim", 0), Some(false));
+        // 6.8: TP_PROTO(struct task_struct *task, uid_t uid) (its first argument here).
+        assert_eq!(tracepoint_arg_is_pointer(&with(7), "mark_victim", 0), Some(true));
+        assert_eq!(tracepoint_arg_is_pointer(&with(7), "mark_victim", 1), None);
+        assert_eq!(tracepoint_arg_is_pointer(&with(7), "no_such", 0), None);
+        // The running kernel's (skipped without BTF).
+        if let Ok(data) = std::fs::read(VMLINUX_BTF) {
+            let btf = Btf::parse(data).unwrap();
+            let release = crate::kernel::preflight::kernel_release();
+            if release.is_some_and(|v| v >= (6, 8)) {
+                assert_eq!(tracepoint_arg_is_pointer(&btf, "mark_victim", 0), Some(true));
+            }
+            // sched_switch(bool preempt, struct task_struct *prev, ...).
+            assert_eq!(tracepoint_arg_is_pointer(&btf, "sched_switch", 0), Some(false));
+            assert_eq!(tracepoint_arg_is_pointer(&btf, "sched_switch", 1), Some(true));
+        }
     }
 
     #[test]

@@ -1,6 +1,9 @@
 //! Prerequisites, checked before loading anything: each is ok, or missing with
 //! the fix. `vmtrace check` prints the same table `record` enforces.
-use std::{fmt, fs, path::Path};
+use std::{
+    fmt, fs,
+    path::{Path, PathBuf},
+};
 
 use super::btf;
 
@@ -184,12 +187,17 @@ pub fn tracefs_check() -> Check {
     }
 }
 
+/// The tracefs directory of tracepoint `category:name` (its `format`, `id`, `enable`).
+pub fn tracepoint_dir(category: &str, name: &str) -> PathBuf {
+    Path::new(TRACEFS).join("events").join(category).join(name)
+}
+
 pub fn tracepoint_exists(category: &str, name: &str) -> bool {
-    Path::new(TRACEFS).join("events").join(category).join(name).is_dir()
+    tracepoint_dir(category, name).is_dir()
 }
 
 pub fn tracepoint_check(category: &str, name: &str) -> Check {
-    let path = Path::new(TRACEFS).join("events").join(category).join(name);
+    let path = tracepoint_dir(category, name);
     let label = format!("tracepoint {category}:{name}");
     if path.is_dir() {
         Check::new(&label, Status::Ok, "present", None)

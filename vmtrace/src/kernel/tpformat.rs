@@ -3,11 +3,11 @@
 //! a `Loaded` field's offset on this kernel (or `TpOffsets::MISSING`), and,
 //! for a program reading `Fixed` offsets, whether this kernel's record has
 //! them where the program reads them.
-use std::{fmt, path::Path};
+use std::{collections::BTreeMap, fmt};
 
 use vmtrace_common::{Tp, TpField, TpOffsets, TpRead, TP_FIELDS, TP_FIELD_COUNT};
 
-use super::preflight::TRACEFS;
+use super::preflight::tracepoint_dir;
 
 /// One `field:` line of a format file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -138,54 +138,86 @@ pub fn loaded_offset(spec: &TpField, fields: &[FormatField]) -> u16 {
 /// fields; `None` where the format could not be read). A `Loaded` field of a
 /// tracepoint whose format is unreadable keeps the table's offset (the
 /// program cannot attach there anyway); `Fixed` rows keep theirs.
-pub fn offsets(mut formats: impl FnMut(&str) -> Option<Vec<FormatField>>) -> TpOffsets {
+pub fn offsets<'a>(formats: impl Fn(&str) -> Option<&'a [FormatField]>) -> TpOffsets {
     let mut out = TpOffsets::TABLE;
     for (i, spec) in TP_FIELDS.iter().enumerate() {
         if spec.read == TpRead::Loaded {
             if let Some(fields) = formats(spec.tracepoint) {
-                out.offsets[i] = loaded_offset(spec, &fields);
+                out.offsets[i] = loaded_offset(spec, fields);
             }
         }
     }
     out
 }
 
-/// The format of `category:name` on this kernel.
-pub fn read(category: &str, name: &str) -> Option<Vec<FormatField>> {
-    let path = Path::new(TRACEFS).join("events").join(category).join(name).join("format");
-    std::fs::read_to_string(path).ok().map(|t| parse(&t))
+/// Reads a format file's text by (category, name).
+type ReadFormat = Box<dyn FnMut(&str, &str) -> Option<String>>;
+
+/// The format files of one run, each read and parsed once: the loader takes
+/// `TP_OFFSETS` from them, then checks each classic program's `Fixed`
+/// fields against them as it attaches it.
+pub struct Formats {
+    /// A format file's text by (category, name): tracefs, or a test's.
+    read: ReadFormat,
+    /// "category:name" → its fields; `None`: unreadable.
+    parsed: BTreeMap<String, Option<Vec<FormatField>>>,
 }
 
-/// This kernel's `TP_OFFSETS`.
-pub fn kernel_offsets() -> TpOffsets {
-    let mut cache: Vec<(String, Option<Vec<FormatField>>)> = Vec::new();
-    offsets(|tp| {
-        if let Some((_, f)) = cache.iter().find(|(t, _)| t == tp) {
-            return f.clone();
-        }
-        let f = tp.split_once(':').and_then(|(c, n)| read(c, n));
-        cache.push((tp.into(), f.clone()));
-        f
-    })
-}
-
-/// `kernel_offsets`, with the fields this kernel's records lack logged.
-pub fn kernel_offsets_logged() -> TpOffsets {
-    let o = kernel_offsets();
-    let missing = missing_loaded(&o);
-    if !missing.is_empty() {
-        log::info!("not in this kernel's tracepoint records (read as unknown): {}", missing.join(", "));
+impl Formats {
+    /// The running kernel's (tracefs `events/<category>/<name>/format`).
+    pub fn kernel() -> Self {
+        Self::with(|c, n| std::fs::read_to_string(tracepoint_dir(c, n).join("format")).ok())
     }
-    o
-}
 
-/// The `Fixed` fields this kernel's `category:name` has elsewhere, as one
-/// message; `None` when all match (or the format is unreadable: attaching
-/// then fails on its own).
-pub fn fixed_mismatch(category: &str, name: &str) -> Option<String> {
-    let fields = read(category, name)?;
-    let m = check_fixed(category, name, &fields);
-    (!m.is_empty()).then(|| m.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))
+    /// Formats read by `read` (category, name) → the file's text.
+    pub fn with(read: impl FnMut(&str, &str) -> Option<String> + 'static) -> Self {
+        Self { read: Box::new(read), parsed: BTreeMap::new() }
+    }
+
+    /// Reads and parses `tracepoint` ("category:name") unless done before.
+    fn load(&mut self, tracepoint: &str) {
+        if !self.parsed.contains_key(tracepoint) {
+            let fields = tracepoint.split_once(':').and_then(|(c, n)| (self.read)(c, n)).map(|t| parse(&t));
+            self.parsed.insert(tracepoint.to_string(), fields);
+        }
+    }
+
+    fn cached(&self, tracepoint: &str) -> Option<&[FormatField]> {
+        self.parsed.get(tracepoint)?.as_deref()
+    }
+
+    /// The fields of `category:name`; `None` when its format is unreadable.
+    pub fn get(&mut self, category: &str, name: &str) -> Option<&[FormatField]> {
+        let tp = format!("{category}:{name}");
+        self.load(&tp);
+        self.cached(&tp)
+    }
+
+    /// The `TP_OFFSETS` of these formats.
+    pub fn offsets(&mut self) -> TpOffsets {
+        for spec in TP_FIELDS.iter().filter(|s| s.read == TpRead::Loaded) {
+            self.load(spec.tracepoint);
+        }
+        offsets(|tp| self.cached(tp))
+    }
+
+    /// `offsets`, with the fields the records lack logged.
+    pub fn offsets_logged(&mut self) -> TpOffsets {
+        let o = self.offsets();
+        let missing = missing_loaded(&o);
+        if !missing.is_empty() {
+            log::info!("not in this kernel's tracepoint records (read as unknown): {}", missing.join(", "));
+        }
+        o
+    }
+
+    /// The `Fixed` fields `category:name` has elsewhere, as one message;
+    /// `None` when all match (or the format is unreadable: attaching then
+    /// fails on its own).
+    pub fn fixed_mismatch(&mut self, category: &str, name: &str) -> Option<String> {
+        let m = check_fixed(category, name, self.get(category, name)?);
+        (!m.is_empty()).then(|| m.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))
+    }
 }
 
 /// The `Loaded` fields the running kernel's records lack, as "tracepoint
@@ -195,13 +227,6 @@ pub fn missing_loaded(offsets: &TpOffsets) -> Vec<String> {
         .filter(|&i| TP_FIELDS[i].read == TpRead::Loaded && offsets.offsets[i] == TpOffsets::MISSING)
         .map(|i| format!("{} {}", TP_FIELDS[i].tracepoint, TP_FIELDS[i].field))
         .collect()
-}
-
-/// The `OomRecord` fields that the running kernel's `oom:mark_victim`
-/// record lacks (read once).
-pub fn oom_unknown() -> &'static [&'static str] {
-    static UNKNOWN: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
-    UNKNOWN.get_or_init(|| oom_unknown_in(&kernel_offsets()))
 }
 
 /// The `OomRecord` fields that `offsets` has no offset for.
@@ -252,7 +277,8 @@ format:
 print fmt: \"pid=%d\", REC->pid
 ";
 
-    /// 6.1's: the pid alone.
+    /// Upstream 6.1's (before 6.8): the pid alone. (Debian's 6.1 has the
+    /// 6.8 record: tests/tracefs/formats-6.1.txt.)
     const MARK_VICTIM_61: &str = "name: mark_victim
 format:
 \tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
@@ -270,8 +296,11 @@ print fmt: \"pid=%d\", REC->pid
 \tfield:pid_t child_pid;\toffset:44;\tsize:4;\tsigned:1;
 ";
 
-    fn formats<'a>(table: &'a [(&'a str, &'a str)]) -> impl FnMut(&str) -> Option<Vec<FormatField>> + 'a {
-        move |tp| table.iter().find(|(t, _)| *t == tp).map(|(_, text)| parse(text))
+    /// Formats from a table of ("category:name", text); the others unreadable.
+    fn formats(table: &'static [(&'static str, &'static str)]) -> Formats {
+        Formats::with(move |c, n| {
+            table.iter().find(|(t, _)| *t == format!("{c}:{n}")).map(|(_, text)| (*text).to_string())
+        })
     }
 
     #[test]
@@ -292,12 +321,12 @@ print fmt: \"pid=%d\", REC->pid
 
     #[test]
     fn loaded_offsets_follow_the_format_and_mark_missing_fields() {
-        let o = offsets(formats(&[("oom:mark_victim", MARK_VICTIM_618), ("sched:sched_process_fork", FORK_61)]));
+        let o = formats(&[("oom:mark_victim", MARK_VICTIM_618), ("sched:sched_process_fork", FORK_61)]).offsets();
         assert_eq!(o.get(Tp::OomAnonRss), 24);
         assert_eq!(o.get(Tp::OomScoreAdj), 64);
         assert_eq!(o.get(Tp::ForkChildPid), 44);
         assert!(oom_sizes_known(&o));
-        let o = offsets(formats(&[("oom:mark_victim", MARK_VICTIM_61)]));
+        let o = formats(&[("oom:mark_victim", MARK_VICTIM_61)]).offsets();
         assert_eq!(o.get(Tp::OomPid), 8);
         assert_eq!(o.get(Tp::OomComm), TpOffsets::MISSING);
         assert_eq!(o.get(Tp::OomAnonRss), TpOffsets::MISSING);
@@ -307,10 +336,11 @@ print fmt: \"pid=%d\", REC->pid
         // Unreadable formats: the table's own offsets.
         assert_eq!(o.get(Tp::ForkChildPid), 20);
         // Another size: unknown, not misread.
-        let o = offsets(formats(&[(
+        let o = formats(&[(
             "filemap:mm_filemap_add_to_page_cache",
             "\tfield:unsigned int order;\toffset:36;\tsize:4;\tsigned:0;",
-        )]));
+        )])
+        .offsets();
         assert_eq!(o.get(Tp::AddToCacheOrder), TpOffsets::MISSING);
     }
 
@@ -384,7 +414,7 @@ print fmt: \"pid=%d\", REC->pid
                 seen += usize::from(TP_FIELDS.iter().any(|s| s.is_of(c, n)));
             }
             assert!(seen > 30, "{kernel}: {seen} tracepoints");
-            let o = offsets(|tp| formats.iter().find(|(t, _)| *t == tp.replace(':', "/")).map(|(_, f)| f.clone()));
+            let o = offsets(|tp| formats.iter().find(|(t, _)| *t == tp.replace(':', "/")).map(|(_, f)| f.as_slice()));
             assert_eq!(o.get(Tp::ForkChildPid), fork_child_pid, "{kernel}");
             assert!(oom_sizes_known(&o), "{kernel}");
             assert_eq!(missing_loaded(&o), Vec::<String>::new(), "{kernel}");
@@ -394,6 +424,75 @@ print fmt: \"pid=%d\", REC->pid
                 }
             }
         }
+    }
+
+    /// Formats served from a capture's sections, and how many reads they took.
+    fn from_capture(text: &str) -> (Formats, std::rc::Rc<std::cell::Cell<usize>>) {
+        let mut sections: Vec<(String, String)> = Vec::new();
+        for line in text.lines() {
+            if let Some(tp) = line.strip_prefix("### ") {
+                sections.push((tp.replace('/', ":"), String::new()));
+            } else if let Some((_, t)) = sections.last_mut() {
+                t.push_str(line);
+                t.push('\n');
+            }
+        }
+        let reads = std::rc::Rc::new(std::cell::Cell::new(0));
+        let counted = reads.clone();
+        let formats = Formats::with(move |c, n| {
+            counted.set(counted.get() + 1);
+            sections.iter().find(|(t, _)| *t == format!("{c}:{n}")).map(|(_, t)| t.clone())
+        });
+        (formats, reads)
+    }
+
+    /// The loader's offsets and its attach checks share one read of each file.
+    #[test]
+    fn each_format_is_read_once_per_run() {
+        let text = include_str!("../../tests/tracefs/formats-6.18.txt");
+        let (mut formats, reads) = from_capture(text);
+        let loaded: std::collections::BTreeSet<_> =
+            TP_FIELDS.iter().filter(|s| s.read == TpRead::Loaded).map(|s| s.tracepoint).collect();
+        assert_eq!(formats.offsets(), formats.offsets());
+        assert_eq!(reads.get(), loaded.len());
+        let all: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("### ")).collect();
+        for _ in 0..2 {
+            for tp in &all {
+                let (c, n) = tp.split_once('/').unwrap();
+                assert_eq!(formats.fixed_mismatch(c, n), None, "{tp}");
+            }
+        }
+        assert_eq!(reads.get(), all.len(), "a format read twice");
+        // An unreadable one is not read again either.
+        assert_eq!(formats.fixed_mismatch("no", "such"), None);
+        assert_eq!(formats.get("no", "such"), None);
+        assert_eq!(reads.get(), all.len() + 1);
+    }
+
+    /// Debian's 6.1 capture with `oom:mark_victim` trimmed to upstream 6.1's
+    /// record (the pid alone): every other field the OOM programs read is
+    /// unknown, nothing is refused, and the rest of the table is unchanged.
+    #[test]
+    fn a_61_record_without_the_oom_fields_leaves_them_unknown() {
+        let full = include_str!("../../tests/tracefs/formats-6.1.txt");
+        let (head, rest) = full.split_once("### oom/mark_victim\n").unwrap();
+        let (dropped, after) = rest.split_once("### ").unwrap();
+        assert!(dropped.contains("total_vm"), "{dropped}");
+        let trimmed =
+            format!("{head}### oom/mark_victim\n\tfield:int pid;\toffset:8;\tsize:4;\tsigned:1;\n### {after}");
+        let (mut formats, _) = from_capture(&trimmed);
+        let o = formats.offsets();
+        assert_eq!(o.get(Tp::OomPid), 8);
+        assert!(!o.known(Tp::OomComm));
+        assert!(!oom_sizes_known(&o));
+        assert_eq!(
+            oom_unknown_in(&o),
+            ["total_vm_kb", "anon_rss_kb", "file_rss_kb", "shmem_rss_kb", "pgtables_kb", "uid", "oom_score_adj"]
+        );
+        assert_eq!(missing_loaded(&o).len(), 8, "{:?}", missing_loaded(&o));
+        assert!(missing_loaded(&o).iter().all(|m| m.starts_with("oom:mark_victim ")));
+        assert_eq!(o.get(Tp::ForkChildPid), 44);
+        assert_eq!(formats.fixed_mismatch("oom", "mark_victim"), None);
     }
 
     #[test]

@@ -124,12 +124,22 @@ pub(super) struct Context<'a> {
     /// The struct offsets the programs read (a tp_btf program that needs a
     /// field this kernel lacks is not tried).
     pub offsets: &'a vmtrace_common::KernelOffsets,
+    /// `mark_victim` passes the victim's task (6.8+; `BtfFacts::victim_task`).
+    pub victim_task: bool,
+    /// The classic tracepoints' formats, read once (`Fixed` fields checked
+    /// against them before attaching).
+    pub formats: &'a mut crate::kernel::tpformat::Formats,
 }
 
 /// Why a tp_btf program cannot work on this kernel's structs, if it cannot.
-fn missing_fields(c: &Candidate, o: &vmtrace_common::KernelOffsets) -> Option<&'static str> {
+fn missing_fields(c: &Candidate, o: &vmtrace_common::KernelOffsets, victim_task: bool) -> Option<&'static str> {
     use vmtrace_common::KernelOffsets as K;
     match c.program {
+        // Attached there, it would read no pid, and the classic hook would
+        // leave every kill for it to complete (`OOM_PENDING`): lost.
+        "tp_btf_mark_victim" if !victim_task => {
+            Some("mark_victim passes the victim's pid alone before 6.8 (TP_PROTO(int pid)), no task to read")
+        }
         // arm64 keys mms by their pointer (its context.id is the ASID, reassigned).
         "tp_btf_rss_stat" if (cfg!(target_arch = "x86_64") && o.mm_ctx_id == K::MISSING) || o.task_mm == K::MISSING => {
             Some("no mm_struct.context.ctx_id or task_struct.mm in kernel BTF (the mm's id)")
@@ -181,10 +191,10 @@ pub(super) fn attach(cx: &mut Context<'_>, hook: &'static Hook) -> Result<Attach
             Refusal::NotTried("disabled by --force-tracepoints".into())
         } else if c.kind == ProgramKind::TpBtf && !cx.tp_btf.contains(c.target) {
             Refusal::NotTried(format!("no btf_trace_{} in kernel BTF", c.target))
-        } else if let Some(why) = missing_fields(c, cx.offsets) {
+        } else if let Some(why) = missing_fields(c, cx.offsets, cx.victim_task) {
             Refusal::NotTried(why.into())
         } else {
-            match attach_one(cx.ebpf, cx.btf, c) {
+            match attach_one(cx, c) {
                 Ok(()) => {
                     let outcome = if refused.is_empty() {
                         Outcome::Preferred(c.kind)
@@ -223,8 +233,15 @@ fn reasons(refused: &[(&Candidate, Refusal)]) -> String {
     refused.iter().map(|(c, r)| format!("{}{r}", c.label)).collect::<Vec<_>>().join("; ")
 }
 
-fn attach_one(ebpf: &mut Ebpf, btf: &Btf, c: &Candidate) -> Result<(), AttachError> {
-    let prog = ebpf.program_mut(c.program).ok_or(AttachError::ProgramMissing)?;
+fn attach_one(cx: &mut Context<'_>, c: &Candidate) -> Result<(), AttachError> {
+    let btf = cx.btf;
+    if c.kind == ProgramKind::Tracepoint {
+        let (category, name) = c.tracepoint().ok_or(AttachError::NotInTable(c.kind))?;
+        if let Some(why) = cx.formats.fixed_mismatch(category, name) {
+            return Err(AttachError::Layout(why));
+        }
+    }
+    let prog = cx.ebpf.program_mut(c.program).ok_or(AttachError::ProgramMissing)?;
     match c.kind {
         ProgramKind::TpBtf => {
             let p: &mut BtfTracePoint = prog.try_into()?;
@@ -233,9 +250,6 @@ fn attach_one(ebpf: &mut Ebpf, btf: &Btf, c: &Candidate) -> Result<(), AttachErr
         }
         ProgramKind::Tracepoint => {
             let (category, name) = c.tracepoint().ok_or(AttachError::NotInTable(c.kind))?;
-            if let Some(why) = crate::kernel::tpformat::fixed_mismatch(category, name) {
-                return Err(AttachError::Layout(why));
-            }
             let p: &mut TracePoint = prog.try_into()?;
             // A program may serve several tracepoints (the mmap family's).
             if p.fd().is_err() {
@@ -314,7 +328,7 @@ pub(super) fn fault_start_arm64(cx: &mut Context<'_>) -> Result<Attachment, Load
     let refusal = if cx.force_tracepoints {
         Refusal::NotTried("disabled by --force-tracepoints".into())
     } else {
-        match attach_one(cx.ebpf, cx.btf, fentry) {
+        match attach_one(cx, fentry) {
             Ok(()) => {
                 return Ok(Attachment {
                     what: hook.what,
@@ -368,7 +382,7 @@ pub(super) fn fault_end(
     } else if config.vm_fault_major == 0 {
         Some(Refusal::NotTried("no enum vm_fault_reason in kernel BTF".into()))
     } else {
-        match attach_one(cx.ebpf, cx.btf, fexit) {
+        match attach_one(cx, fexit) {
             Ok(()) => {
                 let a = Attachment {
                     what: super::hooks::MEMCG_END.what,

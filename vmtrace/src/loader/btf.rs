@@ -17,6 +17,9 @@ pub(super) struct BtfFacts {
     pub pgfault: Option<u32>,
     /// `THP_FAULT_ALLOC` and `THP_FILE_ALLOC` in `enum vm_event_item`.
     pub thp_items: (Option<u32>, Option<u32>),
+    /// `mark_victim` passes the victim's `task_struct *` (6.8+), which
+    /// `tp_btf_mark_victim` reads; before 6.8 it passes the pid alone.
+    pub victim_task: bool,
 }
 
 /// Reads the facts, then drops the BTF bytes before aya parses its own copy:
@@ -50,7 +53,9 @@ pub(super) fn btf_facts() -> Result<BtfFacts, LoadError> {
         kbtf::enum_value(&kbtf, "vm_event_item", "THP_FAULT_ALLOC"),
         kbtf::enum_value(&kbtf, "vm_event_item", "THP_FILE_ALLOC"),
     );
-    Ok(BtfFacts { offsets: kbtf::kernel_offsets(&kbtf)?, fault_bits, tp_btf, user_walk, pgfault, thp_items })
+    let victim_task = kbtf::tracepoint_arg_is_pointer(&kbtf, "mark_victim", 0) == Some(true);
+    let offsets = kbtf::kernel_offsets(&kbtf)?;
+    Ok(BtfFacts { offsets, fault_bits, tp_btf, user_walk, pgfault, thp_items, victim_task })
 }
 
 /// OR of `vm_fault_reason` bits from kernel BTF (0 for names it lacks).

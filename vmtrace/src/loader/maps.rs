@@ -325,6 +325,10 @@ impl AggregateSource for Probes {
         self.page_salt
     }
 
+    fn tp_offsets(&self) -> vmtrace_common::TpOffsets {
+        self.tp_offsets
+    }
+
     /// Every address space's resident counters (`RSS_MM`), by `mm_id`.
     fn all_rss(&self) -> Vec<(u32, vmtrace_common::RssMm)> {
         self.maps.rss_mm.iter().filter_map(Result::ok).collect()

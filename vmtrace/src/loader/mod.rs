@@ -173,6 +173,9 @@ pub struct Probes {
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     /// The salt of the resident sample's page hash (`RESIDENT_SALT`).
     page_salt: u64,
+    /// The classic tracepoint fields' offsets the programs were loaded
+    /// with (`TP_OFFSETS`): which fields this kernel's records lack.
+    tp_offsets: vmtrace_common::TpOffsets,
 }
 
 impl Probes {
@@ -197,46 +200,18 @@ impl Probes {
     }
 
     pub fn load(opts: &LoadOptions) -> Result<Self, LoadError> {
-        let btf::BtfFacts { offsets, fault_bits, tp_btf, user_walk, pgfault, thp_items } = btf::btf_facts()?;
+        let btf::BtfFacts { offsets, fault_bits, tp_btf, user_walk, pgfault, thp_items, victim_task } =
+            btf::btf_facts()?;
         let user_walk = user_walk_mode(user_walk && !opts.force_tracepoints);
         btf::release_freed_memory();
         let btf = Btf::from_sys_fs().map_err(|e| kbtf::BtfError::Read(e.to_string()))?;
         let memcg_pgfault = memcg_end_item(opts, pgfault, &tp_btf);
-        // The memcg end sees THP allocations in a fault too (THP_FAULT_ALLOC;
-        // shmem's THP_FILE_ALLOC): no hook on every page allocation then.
-        let item = |v: Option<u32>| if memcg_pgfault != 0 { v.map_or(0, |v| v + 1) } else { 0 };
-        let config = Config {
-            trace_all: u32::from(opts.trace_all),
-            minor_period: opts.minor_period,
-            stack_mode: opts.stacks.bits(),
-            stack_period: opts.stack_period.max(1),
-            leaf_region: u32::from(opts.leaf_region),
-            mm: if opts.families.mmap || opts.families.tlb {
-                let csd = crate::kernel::preflight::tracepoint_exists("csd", "csd_queue_cpu");
-                vmtrace_common::MM_ON | if csd { 0 } else { vmtrace_common::MM_IPI_FROM_FLUSH }
-            } else {
-                0
-            },
-            flush_tlb_func: if opts.families.tlb { kernel_symbol("flush_tlb_func").unwrap_or(0) } else { 0 },
-            regions: u32::from(opts.families.regions),
-            vm_fault_unaccounted: fault_bits.0,
-            vm_fault_major: fault_bits.1,
-            fault_flag_tried: fault_bits.2,
-            user_walk,
-            memcg_pgfault,
-            // The copy needs the user registers (bpf_task_pt_regs), as the own walk does.
-            stack_window: if user_walk != 0 && opts.stacks.bits() & vmtrace_common::STACK_USER != 0 {
-                opts.stack_window
-            } else {
-                0
-            },
-            stream_majors: u32::from(opts.stream_majors),
-            fast_period: if memcg_pgfault != 0 && opts.fast_period > 1 { opts.fast_period } else { 0 },
-            memcg_thp_fault: item(thp_items.0),
-            memcg_thp_file: item(thp_items.1),
-            _pad: 0,
-        };
+        let config = program_config(opts, fault_bits, user_walk, memcg_pgfault, thp_items);
         let page_salt = random_salt();
+        // Each classic tracepoint's format, read once: the `Loaded` fields'
+        // offsets now, the `Fixed` ones' check as each program attaches.
+        let mut formats = crate::kernel::tpformat::Formats::kernel();
+        let tp_offsets = formats.offsets_logged();
         let mut loader = EbpfLoader::new();
         arch_globals(&mut loader);
         sizes::apply(&mut loader);
@@ -245,7 +220,7 @@ impl Probes {
             .override_global("CONFIG", &config, true)
             .override_global("KOFFSETS", &offsets, true)
             // Classic tracepoint fields at this kernel's offsets (`TP_FIELDS`).
-            .override_global("TP_OFFSETS", &crate::kernel::tpformat::kernel_offsets_logged(), true)
+            .override_global("TP_OFFSETS", &tp_offsets, true)
             .override_global(
                 "RESIDENT_PAGES",
                 &u32::from(opts.families.resident && opts.stacks != StackMode::None),
@@ -263,6 +238,8 @@ impl Probes {
             tp_btf: &tp_btf,
             force_tracepoints: opts.force_tracepoints,
             offsets: &offsets,
+            victim_task,
+            formats: &mut formats,
         };
         // The memcg end marks anonymous huge faults itself (THP_FAULT_ALLOC);
         // where shmem or a tmpfs may map huge pages too, or the end is not the
@@ -309,7 +286,18 @@ impl Probes {
             }
         }
         let maps = maps::Maps::take(&mut ebpf, user_walk != 0)?;
-        Ok(Self { ebpf, attached, minor_period, fast_period, end_programs, fault_end: None, maps, logger, page_salt })
+        Ok(Self {
+            ebpf,
+            attached,
+            minor_period,
+            fast_period,
+            end_programs,
+            fault_end: None,
+            maps,
+            logger,
+            page_salt,
+            tp_offsets,
+        })
     }
 
     /// Whether the fault end sees `get_user_pages()` faults
@@ -392,6 +380,51 @@ fn arch_globals(loader: &mut EbpfLoader<'_>) {
         loader.override_global("RSS_PAGE_SHIFT", shift, true);
     }
     let _ = loader;
+}
+
+/// The programs' `CONFIG`: the options, and what the kernel offers
+/// (`btf::BtfFacts`, the memcg end's item, the user-stack walk).
+fn program_config(
+    opts: &LoadOptions,
+    fault_bits: (u32, u32, u32),
+    user_walk: u32,
+    memcg_pgfault: u32,
+    thp_items: (Option<u32>, Option<u32>),
+) -> Config {
+    // The memcg end sees THP allocations in a fault too (THP_FAULT_ALLOC;
+    // shmem's THP_FILE_ALLOC): no hook on every page allocation then.
+    let item = |v: Option<u32>| if memcg_pgfault != 0 { v.map_or(0, |v| v + 1) } else { 0 };
+    Config {
+        trace_all: u32::from(opts.trace_all),
+        minor_period: opts.minor_period,
+        stack_mode: opts.stacks.bits(),
+        stack_period: opts.stack_period.max(1),
+        leaf_region: u32::from(opts.leaf_region),
+        mm: if opts.families.mmap || opts.families.tlb {
+            let csd = crate::kernel::preflight::tracepoint_exists("csd", "csd_queue_cpu");
+            vmtrace_common::MM_ON | if csd { 0 } else { vmtrace_common::MM_IPI_FROM_FLUSH }
+        } else {
+            0
+        },
+        flush_tlb_func: if opts.families.tlb { kernel_symbol("flush_tlb_func").unwrap_or(0) } else { 0 },
+        regions: u32::from(opts.families.regions),
+        vm_fault_unaccounted: fault_bits.0,
+        vm_fault_major: fault_bits.1,
+        fault_flag_tried: fault_bits.2,
+        user_walk,
+        memcg_pgfault,
+        // The copy needs the user registers (bpf_task_pt_regs), as the own walk does.
+        stack_window: if user_walk != 0 && opts.stacks.bits() & vmtrace_common::STACK_USER != 0 {
+            opts.stack_window
+        } else {
+            0
+        },
+        stream_majors: u32::from(opts.stream_majors),
+        fast_period: if memcg_pgfault != 0 && opts.fast_period > 1 { opts.fast_period } else { 0 },
+        memcg_thp_fault: item(thp_items.0),
+        memcg_thp_file: item(thp_items.1),
+        _pad: 0,
+    }
 }
 
 /// How the programs walk user stacks (`Config::user_walk`): 0 where they

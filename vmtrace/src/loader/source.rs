@@ -49,6 +49,11 @@ pub trait AggregateSource {
     /// The salt of the resident sample's page hash
     /// (`vmtrace_common::page_sampled`).
     fn page_salt(&self) -> u64;
+    /// The classic tracepoint fields' offsets the programs read at
+    /// (`TP_OFFSETS`): `TpOffsets::MISSING` for a field this kernel's
+    /// record lacks, which the programs leave 0 (an OOM record's sizes
+    /// before 6.8: unknown, not 0).
+    fn tp_offsets(&self) -> vmtrace_common::TpOffsets;
 
     /// Whether `tgid` is in the traced set.
     fn is_traced(&self, tgid: u32) -> bool;

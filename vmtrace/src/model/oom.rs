@@ -60,8 +60,9 @@ pub struct OomRecord {
     /// What grew: the victim's resident memory by call site just before the
     /// kill (`--events resident` with stacks), largest first. Estimated from
     /// its sampled pages, scaled to the kernel's anon + file + shmem at the
-    /// kill (`anon_rss_kb` + `file_rss_kb` + `shmem_rss_kb`); null when the
-    /// victim was not traced or no page of it was sampled.
+    /// kill (`anon_rss_kb` + `file_rss_kb` + `shmem_rss_kb`; where those are
+    /// `unknown`, each sampled page stands for the sample period's pages);
+    /// null when the victim was not traced or no page of it was sampled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resident_sites: Option<Vec<super::ResidentSite>>,
 }

@@ -380,6 +380,8 @@ fn resident_section(s: &Summary) -> String {
 fn oom_section(s: &Summary) -> String {
     let Some(ooms) = s.oom.as_ref().filter(|o| !o.is_empty()) else { return String::new() };
     let mib = |kb: u64| format!("{:.1} MiB", kb as f64 / 1024.0);
+    // A field the kernel's record lacks (before 6.8) reads 0: not a size.
+    let known = |o: &crate::model::OomRecord, field: &str, v: String| if o.known(field) { v } else { "unknown".into() };
     let rows: Vec<Vec<String>> = ooms
         .iter()
         .map(|o| {
@@ -390,10 +392,10 @@ fn oom_section(s: &Summary) -> String {
                 escape(&o.constraint),
                 wrapping(o.cgroup.as_deref().unwrap_or("")),
                 o.cgroup_limit_bytes.map_or_else(String::new, bytes),
-                mib(o.anon_rss_kb),
-                mib(o.file_rss_kb),
-                mib(o.shmem_rss_kb),
-                o.oom_score_adj.to_string(),
+                known(o, "anon_rss_kb", mib(o.anon_rss_kb)),
+                known(o, "file_rss_kb", mib(o.file_rss_kb)),
+                known(o, "shmem_rss_kb", mib(o.shmem_rss_kb)),
+                known(o, "oom_score_adj", o.oom_score_adj.to_string()),
                 if o.in_target { "yes" } else { "no" }.into(),
             ]
         })
@@ -847,5 +849,19 @@ mod tests {
         assert_eq!(base64(b"fo"), "Zm8=");
         assert_eq!(base64(b"foo"), "Zm9v");
         assert_eq!(base64(b"foobar"), "Zm9vYmFy");
+    }
+
+    /// A size the kernel's record lacks (before 6.8) reads "unknown", not 0.0 MiB.
+    #[test]
+    fn an_oom_kills_unknown_sizes_say_unknown() {
+        let mut s: Summary = serde_json::from_str(include_str!("../../tests/golden/summary.json")).expect("golden");
+        let known = oom_section(&s);
+        assert!(known.contains("31.8 MiB") && !known.contains("unknown"), "{known}");
+        let o = &mut s.oom.as_mut().expect("golden has a kill")[0];
+        o.unknown = ["anon_rss_kb", "file_rss_kb", "shmem_rss_kb", "oom_score_adj"].map(String::from).to_vec();
+        (o.anon_rss_kb, o.file_rss_kb) = (0, 0);
+        let html = oom_section(&s);
+        assert_eq!(html.matches("<td>unknown</td>").count(), 4, "{html}");
+        assert!(!html.contains("0.0 MiB"), "{html}");
     }
 }

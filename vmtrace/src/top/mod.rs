@@ -303,13 +303,13 @@ impl Model {
 }
 
 fn oom_line(o: &OomRecord) -> String {
-    let mib = |kb: u64| kb as f64 / 1024.0;
+    let anon =
+        if o.known("anon_rss_kb") { format!("{:.1} MiB", o.anon_rss_kb as f64 / 1024.0) } else { "unknown".into() };
     format!(
-        "OOM KILL at {:.1} s: pid {} ({}) anon {:.1} MiB, {} constraint{}; triggered by pid {} ({})",
+        "OOM KILL at {:.1} s: pid {} ({}) anon {anon}, {} constraint{}; triggered by pid {} ({})",
         o.time_s,
         o.victim_pid,
         o.victim_comm,
-        mib(o.anon_rss_kb),
         o.constraint,
         o.cgroup.as_deref().map(|c| format!(" in {c}")).unwrap_or_default(),
         o.trigger_pid,

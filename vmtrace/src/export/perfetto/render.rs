@@ -183,13 +183,16 @@ pub fn render<W: Write>(w: &mut Writer<W>, summary: &Summary, log: &TraceLog) ->
             What::Task(i) => task_instant(log, at(i)),
             What::Oom(i) => {
                 let o = &ooms[at(i)];
-                let args = vec![
+                let mut args = vec![
                     arg("victim_pid", Arg::Uint(u64::from(o.victim_pid))),
                     arg("victim_comm", Arg::Str(o.victim_comm.clone())),
                     arg("trigger_pid", Arg::Uint(u64::from(o.trigger_pid))),
                     arg("constraint", Arg::Str(o.constraint.clone())),
-                    arg("anon_rss_kb", Arg::Uint(o.anon_rss_kb)),
                 ];
+                // Left out where the kernel's record has no sizes (read as 0).
+                if o.known("anon_rss_kb") {
+                    args.push(arg("anon_rss_kb", Arg::Uint(o.anon_rss_kb)));
+                }
                 instant(process_uuid(o.victim_pid), "OOM kill", args)
             }
             What::Counter { point, k, zero } => {

@@ -339,3 +339,32 @@ fn process_tracks_carry_rank_pod_and_container() {
     });
     assert!(other.is_some_and(|t| t.process_labels.is_empty()));
 }
+
+/// The OOM kill's arguments; `anon_rss_kb` only where the kernel's record has it.
+#[test]
+fn an_oom_kills_unknown_size_is_left_out_not_zero() {
+    let args = |s: &Summary| -> Vec<String> {
+        let trace = decode(s, &log());
+        let kill = trace
+            .packet
+            .iter()
+            .find_map(|p| match &p.data {
+                Some(Data::TrackEvent(e)) if name(e) == "OOM kill" => Some(e.clone()),
+                _ => None,
+            })
+            .expect("an OOM kill instant");
+        kill.debug_annotations
+            .iter()
+            .filter_map(|a| match &a.name_field {
+                Some(vmtrace_protos::perfetto::debug_annotation::NameField::Name(n)) => Some(n.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut s = summary();
+    assert!(args(&s).contains(&"anon_rss_kb".to_string()));
+    s.oom.as_mut().unwrap()[0].unknown = vec!["anon_rss_kb".into(), "file_rss_kb".into(), "shmem_rss_kb".into()];
+    let without = args(&s);
+    assert!(!without.contains(&"anon_rss_kb".to_string()), "{without:?}");
+    assert!(without.contains(&"victim_pid".to_string()), "{without:?}");
+}
