@@ -193,11 +193,18 @@ pub(crate) fn add_to_other(o: &mut Process, p: &Process, comms: &mut HashMap<Str
 /// The name counted for folded processes whose names were not kept.
 pub const OTHER_NAMES: &str = "[other names]";
 
-/// The `n` names counted most (ties by name).
+/// The `n` names counted most (ties by name), the rest summed under
+/// `OTHER_NAMES`: the counts still add up to the processes folded.
 fn top_comms(comms: &HashMap<String, u64>, n: usize) -> BTreeMap<String, u64> {
-    let mut by_count: Vec<(&String, &u64)> = comms.iter().collect();
+    let mut by_count: Vec<(&String, &u64)> = comms.iter().filter(|(c, _)| *c != OTHER_NAMES).collect();
     by_count.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
-    by_count.into_iter().take(n).map(|(c, k)| (c.clone(), *k)).collect()
+    let rest: u64 =
+        by_count.iter().skip(n).map(|(_, k)| **k).sum::<u64>() + comms.get(OTHER_NAMES).copied().unwrap_or(0);
+    let mut top: BTreeMap<String, u64> = by_count.into_iter().take(n).map(|(c, k)| (c.clone(), *k)).collect();
+    if rest > 0 {
+        top.insert(OTHER_NAMES.into(), rest);
+    }
+    top
 }
 
 /// The "other" row a folded region adds into: per process, per kind, and per

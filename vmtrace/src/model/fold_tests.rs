@@ -216,3 +216,18 @@ fn permissions_of_folded_rows() {
     assert_eq!(union_perms(["r--p", "rw-s"].into_iter()), "rw-*");
     assert_eq!(union_perms(["---p"].into_iter()), "---p");
 }
+
+/// More names than `folded_comms` lists: the 20 most common, and the rest
+/// under `[other names]`, still adding up to the processes folded.
+#[test]
+fn folded_names_past_the_twentieth_are_other_names() {
+    let mut s = summary();
+    for (i, p) in s.processes.iter_mut().filter(|p| p.pid >= 1000).enumerate() {
+        p.comm = format!("tool{}", i % 30);
+    }
+    fold(&mut s, 0.1);
+    let other = s.processes.iter().find(|p| p.pid == OTHER_PID).expect("an other row");
+    assert_eq!(other.folded_comms.len(), 21, "{:?}", other.folded_comms);
+    assert_eq!(other.folded_comms.values().sum::<u64>(), other.folded, "{:?}", other.folded_comms);
+    assert!(other.folded_comms.get(OTHER_NAMES).is_some_and(|n| *n > 0));
+}
