@@ -677,9 +677,8 @@ pub(crate) fn region_from_event(ev: &vmtrace_common::MmEvent, names: &mut FileNa
                 format!("[fd {}]", ev.fd as i64)
             } else {
                 // Closed before it could be named (a later maps read names it
-                // if it is still mapped; `ProcessTable::name_files`): what
-                // `find -inum` needs.
-                format!("[file {}:{} inode {}]", ev.dev >> 20, ev.dev & 0xf_ffff, ev.ino)
+                // if it is still mapped; `ProcessTable::name_files`).
+                crate::regions::placeholder(ev.dev, ev.ino)
             }
         });
         (RegionKind::File, Some(path))
@@ -1086,8 +1085,8 @@ mod tests {
         };
         t.note_change(&mmap(0x3000, 0x2000, dev, ino));
         t.note_change(&mmap(0x8000, 0x1000, dev, ino + 1000));
-        let unnamed = format!("[file {}:{} inode {ino}]", dev >> 20, dev & 0xf_ffff);
-        let other = format!("[file {}:{} inode {}]", dev >> 20, dev & 0xf_ffff, ino + 1000);
+        let unnamed = crate::regions::placeholder(dev, ino);
+        let other = crate::regions::placeholder(dev, ino + 1000);
         let gone = &t.procs[&u32::MAX];
         assert_eq!(gone.mapped.find(0x3000).and_then(|r| r.path.as_deref()), Some(unnamed.as_str()));
         assert!(gone.unnamed_files);
@@ -1123,7 +1122,7 @@ mod tests {
         let own = crate::procmaps::read_with_files(pid).unwrap();
         let (text, _) =
             own.iter().find(|(r, _)| r.path.as_deref() == Some(exe.as_str())).expect("the test's own program");
-        let placeholder = |ino: u64| Some(format!("[file {}:{} inode {ino}]", dev >> 20, dev & 0xf_ffff).into());
+        let placeholder = |ino: u64| Some(crate::regions::placeholder(dev, ino).into());
         let mut t = ProcessTable::default();
         t.file_names.learn(dev, ino, lib.clone());
         let p = t.procs.entry(pid).or_default();

@@ -480,7 +480,13 @@ fn from_disk_in(chunks: &[(u64, u64)], start: u64, end: u64) -> u64 {
     bytes.round() as u64
 }
 
-/// The (dev, inode) a placeholder name `[file MAJOR:MINOR inode N]` stands for.
+/// The placeholder name of a mapped file known only by its kernel (dev,
+/// inode): `[file MAJOR:MINOR inode N]`, what `find -inum` needs.
+pub(crate) fn placeholder(dev: u32, ino: u64) -> String {
+    format!("[file {}:{} inode {ino}]", dev >> 20, dev & 0xf_ffff)
+}
+
+/// The (dev, inode) a placeholder name (`placeholder`) stands for.
 pub(crate) fn placeholder_id(path: &str) -> Option<(u32, u64)> {
     let rest = path.strip_prefix("[file ")?.strip_suffix(']')?;
     let (dev, ino) = rest.split_once(" inode ")?;
