@@ -235,12 +235,6 @@ fn reasons(refused: &[(&Candidate, Refusal)]) -> String {
 
 fn attach_one(cx: &mut Context<'_>, c: &Candidate) -> Result<(), AttachError> {
     let btf = cx.btf;
-    if c.kind == ProgramKind::Tracepoint {
-        let (category, name) = c.tracepoint().ok_or(AttachError::NotInTable(c.kind))?;
-        if let Some(why) = cx.formats.fixed_mismatch(category, name) {
-            return Err(AttachError::Layout(why));
-        }
-    }
     let prog = cx.ebpf.program_mut(c.program).ok_or(AttachError::ProgramMissing)?;
     match c.kind {
         ProgramKind::TpBtf => {
@@ -250,6 +244,9 @@ fn attach_one(cx: &mut Context<'_>, c: &Candidate) -> Result<(), AttachError> {
         }
         ProgramKind::Tracepoint => {
             let (category, name) = c.tracepoint().ok_or(AttachError::NotInTable(c.kind))?;
+            if let Some(why) = cx.formats.fixed_mismatch(category, name) {
+                return Err(AttachError::Layout(why));
+            }
             let p: &mut TracePoint = prog.try_into()?;
             // A program may serve several tracepoints (the mmap family's).
             if p.fd().is_err() {
