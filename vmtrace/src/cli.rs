@@ -134,7 +134,7 @@ pub struct RecordArgs {
     #[arg(short, long, default_value = "vmtrace-out")]
     pub out: PathBuf,
     /// Stop after this many seconds (decimals allowed).
-    #[arg(short, long, value_parser = parse_duration)]
+    #[arg(short, long, value_parser = parse_duration, allow_negative_numbers = true)]
     pub duration: Option<Duration>,
     /// Event families to trace (comma-separated).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "faults,regions,mmap,tlb,oom,perf,resident")]
@@ -157,7 +157,7 @@ pub struct RecordArgs {
     pub stacks: crate::stacks::StackMode,
     /// Take a stack on 1 in N faults, at random (flamegraph counts are scaled by
     /// N). A user-stack walk costs ~0.2-0.5 µs (deeper stacks more): 1 = every fault.
-    #[arg(long, default_value_t = 64, value_parser = parse_stack_period)]
+    #[arg(long, default_value_t = 64, value_parser = parse_stack_period, allow_negative_numbers = true)]
     pub stack_sample: u32,
     /// KiB of user stack copied with the registers at each stack taken whose
     /// frame-pointer chain is not whole, to unwind code built without frame
@@ -179,7 +179,7 @@ pub struct RecordArgs {
     pub leaf: Leaf,
     /// TLB-flush IPIs per second (over 100 ms windows) above which a process is
     /// in a shootdown storm.
-    #[arg(long, default_value_t = crate::collect::DEFAULT_STORM_THRESHOLD)]
+    #[arg(long, default_value_t = crate::collect::DEFAULT_STORM_THRESHOLD, value_parser = parse_rate, allow_negative_numbers = true)]
     pub storm_threshold: f64,
     /// Also write trace.perfetto-trace, a timeline for ui.perfetto.dev: tracks
     /// per process and thread, fault/COW/shootdown rates every 100 ms, a slice
@@ -191,13 +191,13 @@ pub struct RecordArgs {
     #[arg(long, value_enum)]
     pub stream: Option<StreamFormat>,
     /// Seconds between streamed objects.
-    #[arg(long, default_value = "1", value_parser = parse_duration)]
+    #[arg(long, default_value = "1", value_parser = parse_duration, allow_negative_numbers = true)]
     pub interval: Duration,
     /// Processes and regions with less than this percentage of all faults and
     /// of all fault time are summed into "other" rows (a process's regions
     /// per kind; the processes into one pid-0 row): totals still add up.
     /// The 20 heaviest processes and 100 heaviest regions are always listed.
-    #[arg(long, value_name = "PCT", default_value = "0.1", value_parser = parse_pct)]
+    #[arg(long, value_name = "PCT", default_value = "0.1", value_parser = parse_pct, allow_negative_numbers = true)]
     pub fold_below: f64,
     /// `all`: list every process and region (no folding, as --fold-below 0).
     #[arg(long, value_enum, default_value = "top")]
@@ -230,10 +230,10 @@ pub struct TopArgs {
     #[arg(short, long)]
     pub all: bool,
     /// Seconds between refreshes.
-    #[arg(long, default_value = "1", value_parser = parse_duration)]
+    #[arg(long, default_value = "1", value_parser = parse_duration, allow_negative_numbers = true)]
     pub interval: Duration,
     /// TLB-flush IPIs per second above which a process is in a shootdown storm.
-    #[arg(long, default_value_t = crate::collect::DEFAULT_STORM_THRESHOLD)]
+    #[arg(long, default_value_t = crate::collect::DEFAULT_STORM_THRESHOLD, value_parser = parse_rate, allow_negative_numbers = true)]
     pub storm_threshold: f64,
     /// Where a command's stdout and stderr go [default: $TMPDIR/vmtrace-top-PID.log].
     #[arg(long, value_name = "FILE")]
@@ -387,6 +387,14 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// A rate (per second): a positive number.
+pub fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+        _ => Err(format!("`{s}`: give a positive number per second (e.g. 1000)")),
+    }
+}
+
 pub fn parse_stack_period(s: &str) -> Result<u32, String> {
     match s.parse::<u32>() {
         Ok(n) if (1..=1_000_000).contains(&n) => Ok(n),
@@ -444,6 +452,8 @@ mod tests {
         assert!(parse_duration("0").is_err());
         assert!(parse_duration("-1").is_err());
         assert!(parse_duration("soon").is_err());
+        assert_eq!(parse_rate("2500"), Ok(2500.0));
+        assert!(parse_rate("-1").is_err() && parse_rate("0").is_err() && parse_rate("inf").is_err());
     }
 
     #[test]

@@ -55,6 +55,10 @@ pub struct RecordOutcome {
 /// an earlier recording's outputs from it (`report::remove_earlier_outputs`).
 pub fn prepare_out_dir(dir: &Path) -> Result<(), RecordError> {
     let err = |err| RecordError::OutDir { path: dir.to_path_buf(), err };
+    // create_dir_all says only "File exists" for a file (or /dev/null).
+    if fs::metadata(dir).is_ok_and(|m| !m.is_dir()) {
+        return Err(err(std::io::Error::new(std::io::ErrorKind::NotADirectory, "it exists and is not a directory")));
+    }
     fs::create_dir_all(dir).map_err(err)?;
     let probe = dir.join(".vmtrace-write-test");
     fs::write(&probe, b"").map_err(err)?;
