@@ -21,6 +21,82 @@ pub(super) fn page_up(v: u64) -> u64 {
     v.saturating_add(PAGE - 1) & !(PAGE - 1)
 }
 
+/// A maps read as logged: whole, or what changed since the read logged
+/// before it (the process's reads are replayed in the order they were
+/// logged, from its first, which is whole). A long-running process's maps
+/// are read every second and differ by a mapping or two: logged whole,
+/// each read copied the whole map (~200 regions), and a busy process's log
+/// grew by megabytes a minute.
+#[derive(Clone, Debug)]
+pub enum MapsRead {
+    Whole(Vec<Region>),
+    /// The regions of the read before that are gone (their indices, in
+    /// order), and the new ones (by start).
+    Since {
+        gone: Box<[u32]>,
+        new: Box<[Region]>,
+    },
+}
+
+impl From<Vec<Region>> for MapsRead {
+    fn from(v: Vec<Region>) -> Self {
+        Self::Whole(v)
+    }
+}
+
+impl MapsRead {
+    /// `now` as logged after `before` (both sorted by start, as the kernel lists them).
+    pub fn since(before: &[Region], now: &[Region]) -> Self {
+        let (mut i, mut j) = (0, 0);
+        let (mut gone, mut new) = (Vec::new(), Vec::new());
+        while i < before.len() || j < now.len() {
+            match (before.get(i), now.get(j)) {
+                (Some(b), Some(n)) if b == n => (i, j) = (i + 1, j + 1),
+                (Some(b), Some(n)) if b.start < n.start => (gone.push(i as u32), i += 1).1,
+                (Some(b), Some(n)) if n.start < b.start => (new.push(n.clone()), j += 1).1,
+                (Some(_), Some(n)) => {
+                    gone.push(i as u32);
+                    new.push(n.clone());
+                    (i, j) = (i + 1, j + 1);
+                }
+                (Some(_), None) => (gone.push(i as u32), i += 1).1,
+                (None, Some(n)) => (new.push(n.clone()), j += 1).1,
+                (None, None) => unreachable!(),
+            }
+        }
+        Self::Since { gone: gone.into(), new: new.into() }
+    }
+
+    /// The whole read, given the read logged before it.
+    pub fn rebuild(&self, before: &[Region]) -> Vec<Region> {
+        match self {
+            Self::Whole(v) => v.clone(),
+            Self::Since { gone, new } => {
+                let mut gone = gone.iter().peekable();
+                let kept = before.iter().enumerate().filter(|(i, _)| {
+                    let g = gone.peek().is_some_and(|g| **g as usize == *i);
+                    if g {
+                        gone.next();
+                    }
+                    !g
+                });
+                let mut out: Vec<Region> = kept.map(|(_, r)| r.clone()).collect();
+                out.extend(new.iter().cloned());
+                out.sort_by_key(|r| r.start);
+                out
+            }
+        }
+    }
+
+    /// The regions it holds (the new ones of a `Since`).
+    pub fn regions(&self) -> &[Region] {
+        match self {
+            Self::Whole(v) => v,
+            Self::Since { new, .. } => new,
+        }
+    }
+}
+
 /// One logged change, taking effect at `gen`.
 #[derive(Clone, Debug)]
 pub enum Change {
@@ -52,10 +128,10 @@ pub enum Change {
     /// execve: a new, empty address space.
     Exec,
     /// A read of /proc/PID/maps while tracing, with no change in flight.
-    Snapshot(Vec<Region>),
+    Snapshot(MapsRead),
     /// A read that raced a change: only its mappings over addresses no
     /// change touched since the exec are used (they were there all along).
-    Backdate(Vec<Region>),
+    Backdate(MapsRead),
     /// An munmap whose mapping was made again as it was (see `History::push`).
     Nothing,
 }
@@ -92,7 +168,9 @@ pub struct Fork {
 pub struct History {
     log: Vec<Logged>,
     pub forked_from: Option<Fork>,
-    last_snapshot: Option<Vec<Region>>,
+    /// The last maps read logged, its generation and time: the next is
+    /// logged as what changed since (`MapsRead::Since`).
+    last_snapshot: Option<(Vec<Region>, u32, u64)>,
     /// The generation of the first change not logged (the log was full):
     /// faults from it on are placed approximately.
     pub truncated_at: Option<u32>,
@@ -159,16 +237,30 @@ impl History {
     /// the read was `gen`); else `gen` is the one after.
     /// `at_ns`: CLOCK_MONOTONIC when the read was done.
     pub fn snapshot(&mut self, gen: u32, maps: &[Region], settled: bool, at_ns: u64) {
-        if self.last_snapshot.as_deref() == Some(maps) {
-            return;
-        }
-        self.last_snapshot = Some(maps.to_vec());
-        let change = if settled { Change::Snapshot(maps.to_vec()) } else { Change::Backdate(maps.to_vec()) };
+        let read = match &self.last_snapshot {
+            Some((last, ..)) if last.as_slice() == maps => return,
+            // Replayed in the order logged (by generation, then time): a
+            // read that would sort before the last one is logged whole.
+            Some((last, g, t)) if gen >= *g && at_ns >= *t && at_ns != 0 => MapsRead::since(last, maps),
+            _ => MapsRead::Whole(maps.to_vec()),
+        };
+        self.last_snapshot = Some((maps.to_vec(), gen, at_ns));
+        let change = if settled { Change::Snapshot(read) } else { Change::Backdate(read) };
         self.push_at(gen, gen, at_ns, change);
     }
 
     pub fn is_empty(&self) -> bool {
         self.log.is_empty()
+    }
+
+    /// Entries logged, and the regions they hold (a maps read holds them
+    /// all): to measure what a live process's log weighs.
+    pub fn weight(&self) -> (usize, usize) {
+        let regions = |l: &Logged| match &l.change {
+            Change::Snapshot(r) | Change::Backdate(r) => r.regions().len(),
+            _ => 1,
+        };
+        (self.log.len(), self.log.iter().map(regions).sum::<usize>())
     }
 
     /// How many changes were pushed (each one may change the log).
@@ -198,7 +290,7 @@ impl History {
         self.log.iter().flat_map(|l| {
             let regions: &[Region] = match &l.change {
                 Change::Map { region, .. } => std::slice::from_ref(region),
-                Change::Snapshot(r) | Change::Backdate(r) => r,
+                Change::Snapshot(r) | Change::Backdate(r) => r.regions(),
                 _ => &[],
             };
             super::python::paths(regions)

@@ -206,3 +206,41 @@ fn a_forked_child_starts_with_the_arenas_its_parent_freed_after_the_fork() {
     let later = crate::regions::place::regions_at(&h, None, (6, 130), &[]);
     assert_eq!(later.iter().filter(|r| r.kind == RegionKind::PythonArena).count(), 1, "{later:#?}");
 }
+
+#[test]
+fn a_maps_read_logged_as_what_changed_rebuilds_the_read_whole() {
+    let a = vec![anon(MIB, 2 * MIB, "rw-p"), file(4 * MIB, 5 * MIB, "/lib/a.so"), anon(8 * MIB, 9 * MIB, "rw-p")];
+    // One region grown, one gone, two new (one where a region was, other perms).
+    let b = vec![
+        anon(MIB, 3 * MIB, "rw-p"),
+        anon(4 * MIB, 5 * MIB, "r--p"),
+        file(6 * MIB, 7 * MIB, "/lib/b.so"),
+        anon(8 * MIB, 9 * MIB, "rw-p"),
+    ];
+    for (before, now) in [(&a, &b), (&b, &a), (&a, &a), (&a, &Vec::new()), (&Vec::new(), &b)] {
+        let read = MapsRead::since(before, now);
+        assert_eq!(&read.rebuild(before), now);
+    }
+    let MapsRead::Since { gone, new } = MapsRead::since(&a, &b) else { panic!("whole") };
+    assert_eq!((&*gone, new.len()), (&[0u32, 1][..], 3), "only what changed is logged");
+}
+
+#[test]
+fn faults_placed_among_reads_logged_as_changes_land_where_whole_reads_put_them() {
+    // Reads that each move one mapping: logged as changes after the first,
+    // they place each generation's faults as whole reads would.
+    let mut h = History::default();
+    let mut whole = History::default();
+    let mut granules = Vec::new();
+    for gen in 1..6u32 {
+        let at = u64::from(gen) * 4 * MIB;
+        let maps = vec![anon(MIB, 2 * MIB, "rw-p"), file(at, at + MIB, "/lib/moving.so")];
+        h.snapshot(gen, &maps, true, u64::from(gen) * 1000);
+        whole.push_at(gen, gen, u64::from(gen) * 1000, Change::Snapshot(MapsRead::Whole(maps)));
+        granules.extend(faults(at, at + MIB, gen));
+    }
+    assert!(h.log.iter().skip(1).all(|l| matches!(&l.change, Change::Snapshot(MapsRead::Since { .. }))));
+    let (rows, _) = run(&h, &granules);
+    assert_eq!(rows, run(&whole, &granules).0);
+    assert!(rows.iter().any(|(r, n)| r.path.as_deref() == Some("/lib/moving.so") && *n > 0), "{rows:?}");
+}

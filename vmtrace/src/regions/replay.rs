@@ -138,6 +138,8 @@ pub(crate) struct Replay {
     /// The process runs a CPython whose obmalloc arenas are this large: its
     /// mmaps of that size are named (`python.rs`).
     python_arena: Option<u64>,
+    /// The last maps read replayed (the next may be logged as what changed since).
+    last_read: Vec<Region>,
 }
 
 impl Replay {
@@ -316,8 +318,14 @@ impl Replay {
                 self.resets.push(gen);
                 self.brk = None;
             }
-            Change::Snapshot(regions) => self.reconcile(gen, regions),
-            Change::Backdate(regions) => self.backdate_gaps(regions),
+            Change::Snapshot(read) => {
+                let regions = self.read(read);
+                self.reconcile(gen, &regions);
+            }
+            Change::Backdate(read) => {
+                let regions = self.read(read);
+                self.backdate_gaps(&regions);
+            }
             Change::Nothing => {}
         }
     }
@@ -326,9 +334,19 @@ impl Replay {
     /// in flight: a maps read is then only good for backdating.
     pub(crate) fn apply_raced(&mut self, gen: u32, change: &Change) {
         match change {
-            Change::Snapshot(regions) => self.backdate_gaps(regions),
+            Change::Snapshot(read) => {
+                let regions = self.read(read);
+                self.backdate_gaps(&regions);
+            }
             c => self.apply(gen, c),
         }
+    }
+
+    /// A maps read whole, rebuilt from the one replayed before it.
+    fn read(&mut self, read: &super::history::MapsRead) -> Vec<Region> {
+        let regions = read.rebuild(&self.last_read);
+        self.last_read.clone_from(&regions);
+        regions
     }
 
     fn brk(&mut self, gen: u32, brk: u64) {
