@@ -240,6 +240,8 @@ pub struct Session<S: AggregateSource> {
     mm_waiting: HashMap<u32, Vec<(MmStackKey, MmStackCounts)>>,
     /// Retired processes folded whole, to be folded away once released.
     whole: crate::hash::HashSet<u32>,
+    /// When `log_weights` last logged.
+    last_weights: Instant,
     /// What is kept of the processes folded away (`fold_away`).
     folded: super::folded::FoldedAway,
     /// A fault stack with a region leaf was seen (`--leaf region`): the
@@ -453,6 +455,7 @@ impl<S: AggregateSource> Session<S> {
             release_slices: 0,
             mm_waiting: HashMap::default(),
             whole: crate::hash::HashSet::default(),
+            last_weights: Instant::now(),
             folded: super::folded::FoldedAway::default(),
             leaf_seen: false,
         }
@@ -614,6 +617,7 @@ impl<S: AggregateSource> Session<S> {
         mark(3);
         self.take_stacks(now);
         mark(4);
+        self.log_weights(now);
         let took = now.elapsed();
         if took >= SLOW_TICK {
             let [counts, maps, python, retire, stacks] = marks;
@@ -1468,6 +1472,60 @@ impl<S: AggregateSource> Session<S> {
             // SAFETY: malloc_trim only returns free pages to the kernel.
             unsafe { libc::malloc_trim(0) };
         }
+    }
+
+    /// Every 10 s with `RUST_LOG=vmtrace::weights=debug`: what the processes
+    /// still held weigh (their mapping logs, drained stack keys and the
+    /// stacks only they count under), live and exited, and the heaviest.
+    fn log_weights(&mut self, now: Instant) {
+        if !log::log_enabled!(target: "vmtrace::weights", log::Level::Debug)
+            || now.saturating_duration_since(self.last_weights) < Duration::from_secs(10)
+        {
+            return;
+        }
+        self.last_weights = now;
+        let drained: crate::hash::HashMap<u32, (usize, usize)> =
+            self.source.drained_by_tgid().into_iter().map(|(t, k, s)| (t, (k, s))).collect();
+        let mut rows: Vec<(u32, bool, usize, usize, usize, usize, usize)> = Vec::new();
+        let mut sums = [[0usize; 5]; 2];
+        for (pid, p) in self.table.iter() {
+            let (entries, regions) = p.history.weight();
+            let (keys, own) = drained.get(pid).copied().unwrap_or_default();
+            let live = !p.exited;
+            let s = &mut sums[usize::from(live)];
+            for (i, v) in [1, entries, regions, keys, own].into_iter().enumerate() {
+                s[i] += v;
+            }
+            rows.push((*pid, live, entries, regions, keys, own, p.maps.len()));
+        }
+        let not_in_table =
+            drained.iter().filter(|(t, _)| self.table.get(**t).is_none()).map(|(_, v)| v.0).sum::<usize>();
+        rows.sort_by_key(|r| std::cmp::Reverse(r.3 + r.4));
+        let comm = |pid: u32| self.table.get(pid).map_or("?", |p| p.comm.as_str()).to_string();
+        let top: Vec<String> = rows
+            .iter()
+            .take(6)
+            .map(|r| {
+                format!(
+                    "{}({}{}): log {}/{} regions, {} keys, {} own stacks, {} maps",
+                    r.0,
+                    comm(r.0),
+                    if r.1 { "" } else { ", exited" },
+                    r.2,
+                    r.3,
+                    r.4,
+                    r.5,
+                    r.6
+                )
+            })
+            .collect();
+        log::debug!(
+            target: "vmtrace::weights",
+            "live [procs, log entries, log regions, keys, own stacks] {:?}, exited {:?}, keys of processes not in the table {not_in_table}; heaviest: {}",
+            sums[1],
+            sums[0],
+            top.join("; ")
+        );
     }
 
     /// Lets go of the drained stacks nothing refers to any more

@@ -585,6 +585,10 @@ impl AggregateSource for Probes {
         (d.reused_faults(), d.stacks(), d.frame_bytes())
     }
 
+    fn drained_by_tgid(&self) -> Vec<(u32, usize, usize)> {
+        self.maps.drained.keys_by_tgid()
+    }
+
     fn drained_stacks_of(&self, tgids: &crate::hash::HashSet<u32>, mut ids: crate::hash::HashSet<u32>) -> usize {
         ids.extend(self.maps.drained.keys_of(tgids).filter_map(|k| u32::try_from(k.user_stack).ok()));
         ids.extend(self.kernel_stack_ids(|t| tgids.contains(&t)));

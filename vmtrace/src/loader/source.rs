@@ -137,6 +137,12 @@ pub trait AggregateSource {
     /// for them, in flight or their call sites) or in `also`.
     fn drained_stacks_of(&self, tgids: &crate::hash::HashSet<u32>, also: crate::hash::HashSet<u32>) -> usize;
 
+    /// Per process: drained keys, and held stacks only it counts under
+    /// (`RUST_LOG=vmtrace::weights=debug`).
+    fn drained_by_tgid(&self) -> Vec<(u32, usize, usize)> {
+        Vec::new()
+    }
+
     /// Per-granule fault counts.
     fn all_granules(&self) -> Vec<(GranuleKey, GranuleCounts)>;
     /// Takes the granules of exited processes out of the kernel's maps.

@@ -182,6 +182,22 @@ impl Drained {
         ids.iter().filter(|id| self.stacks.contains_key(id)).count()
     }
 
+    /// Keys drained per process, and the held stacks only it counts under
+    /// (to measure what each process's drained stacks weigh).
+    pub fn keys_by_tgid(&self) -> Vec<(u32, usize, usize)> {
+        let ids_of = |m: &HashMap<StackKey, StackCounts>| -> crate::hash::HashSet<u32> {
+            m.keys().filter_map(|k| u32::try_from(k.user_stack).ok()).collect()
+        };
+        let mut users: HashMap<u32, u32> = HashMap::default();
+        for m in self.counts.values() {
+            for id in ids_of(m) {
+                *users.entry(id).or_default() += 1;
+            }
+        }
+        let own = |m| ids_of(m).into_iter().filter(|id| users[id] == 1 && self.stacks.contains_key(id)).count();
+        self.counts.iter().map(|(t, m)| (*t, m.len(), own(m))).collect()
+    }
+
     /// Distinct user stacks kept.
     pub fn stacks(&self) -> usize {
         self.stacks.len()
@@ -189,7 +205,10 @@ impl Drained {
 
     /// Bytes of frames held (to measure the tables' size).
     pub fn frame_bytes(&self) -> usize {
-        self.stacks.values().map(|s| s.ips.len() * 8 + s.py.as_ref().map_or(0, |p| p.2.len() * 16)).sum()
+        self.stacks
+            .values()
+            .map(|s| s.ips.len() * 8 + s.py.as_ref().map_or(0, |p| p.2.len() * std::mem::size_of::<PyFrame>()))
+            .sum()
     }
 }
 
