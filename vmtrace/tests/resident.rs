@@ -123,6 +123,38 @@ fn torn_down_by_another_process(flags: &[&str], kind: &str) {
     assert_close("resident at the end", u(&r["end_bytes"]), kb(&own, "Rss"), 5.0);
 }
 
+/// A shell that forks and execs small programs: `true` and the static
+/// `ldconfig` peak under `RSS_PEAK_MIN_STEP` (1 MiB), so no peak event
+/// comes for their address spaces. Each process is in both profiles all
+/// the same, and each profile adds up to its per-process figures
+/// (resident-peak.folded left out t1's `ldconfig`, 802,816 bytes, before).
+#[test]
+fn the_peak_profile_adds_up_to_every_processs_peak_small_exec_children_too() {
+    privileged!();
+    let script = "/bin/true; /sbin/ldconfig -p >/dev/null; /bin/ls / >/dev/null";
+    let run = record(&[], &["sh", "-c", script]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let read = |f: &str| std::fs::read_to_string(run.out.path().join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+    let (end, peak) = (read("resident.folded"), read("resident-peak.folded"));
+    let procs = run.summary["processes"].as_array().expect("processes");
+    let with: Vec<&serde_json::Value> = procs.iter().map(|p| &p["resident"]).filter(|r| r.is_object()).collect();
+    assert!(with.len() >= 4, "sh and its three children: {:#}", run.summary["processes"]);
+    let sum = |key: &str| with.iter().map(|r| u(&r[key])).sum::<u64>();
+    // Rounding: a byte or so a stack.
+    let near = |what: &str, got: u64, want: u64, lines: &str| {
+        let slack = lines.lines().count() as u64 + 16;
+        assert!(got.abs_diff(want) <= slack, "{what}: {got} against {want}:\n{lines}");
+    };
+    near("resident.folded against the end_bytes", weight(&end, |_| true), sum("end_bytes"), &end);
+    near("resident-peak.folded against the peak_bytes", weight(&peak, |_| true), sum("peak_bytes"), &peak);
+    for comm in ["true", "ldconfig", "ls"] {
+        let mine = |l: &str| l.split(';').next() == Some(comm);
+        if weight(&end, mine) > 0 {
+            assert!(weight(&peak, mine) >= weight(&end, mine), "{comm} at its peak:\n{peak}");
+        }
+    }
+}
+
 /// A site's bytes in `top_at_end` for `pid`: frames with `frame`, and with
 /// (or without) the shared-with-parent leaf.
 fn site_bytes(summary: &serde_json::Value, pid: u64, frame: &str, shared: bool) -> u64 {

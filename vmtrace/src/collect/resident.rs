@@ -1003,6 +1003,104 @@ mod tests {
         assert_eq!(end.by_owner.iter().map(|(o, v)| (o.user_stack, v.1)).collect::<Vec<_>>(), [(3, 1)]);
     }
 
+    /// The profiles `build` makes of `procs`: (end, peak) totals by pid.
+    fn profile_totals(procs: &BTreeMap<u32, ProcResident>) -> (ResidentProfiles, BTreeMap<u32, (f64, f64)>) {
+        let mut symbolize = |raw: Vec<(vmtrace_common::StackKey, vmtrace_common::StackCounts)>| {
+            raw.into_iter()
+                .map(|(k, counts)| crate::stacks::Stack {
+                    pid: k.tgid,
+                    user: vec![format!("s{}", k.user_stack).into()].into(),
+                    stratum: k.stratum,
+                    counts,
+                    ..crate::stacks::Stack::default()
+                })
+                .collect()
+        };
+        let r = build((procs, ResidentCounts::default(), &[]), (false, 64, 0), &mut symbolize, &|_| String::new());
+        let mut by: BTreeMap<u32, (f64, f64)> = BTreeMap::new();
+        for s in &r.end {
+            by.entry(s.pid).or_default().0 += s.estimate.faults;
+        }
+        for s in &r.peak {
+            by.entry(s.pid).or_default().1 += s.estimate.faults;
+        }
+        (r, by)
+    }
+
+    /// A child forked then exec'd (`ldconfig` of a Python job) whose new
+    /// address space peaks under `RSS_PEAK_MIN_STEP`: no peak event comes,
+    /// yet its peak profile holds its peak, from its pages at the end; and
+    /// the parent's, whose peak event came a step below its peak, is scaled
+    /// to it. The peak profile adds up to the processes' `peak_bytes`.
+    #[test]
+    fn the_peak_profile_adds_up_to_each_processs_peak_without_a_peak_event() {
+        let mut t = ResidentTracker::new(64, 0);
+        for i in 0..8 {
+            t.page_anon(&sample(5, 0x10_0000 + i * 4096, 1));
+        }
+        t.rss(&rss(EventKind::ResidentPeak, 5, 8 << 20));
+        t.task(&fork(6, 5));
+        let mut exec = fork(6, 5);
+        exec.hdr.kind = EventKind::TaskExec as u32;
+        t.task(&exec);
+        t.page_anon(&sample(6, 0x40_0000, 2));
+        t.page_anon(&sample(6, 0x50_0000, 3));
+        let mut exit = exec;
+        (exit.hdr.kind, exit.group_dead) = (EventKind::TaskExit as u32, 1);
+        t.task(&exit);
+        t.rss(&rss(EventKind::ResidentEnd, 6, 700 << 10));
+        // The kernel's counters: the child's new address space peaked at
+        // 784 KiB (anon 600, file 184), the parent's at 9 MiB.
+        let child = RssMm {
+            tgid: 6,
+            flags: RSS_ENDED,
+            size: [0, 700 << 10, 0, 0],
+            end: [0, 700 << 10, 0, 0],
+            peak: 784 << 10,
+            peak_size: [184 << 10, 600 << 10, 0, 0],
+            first_ns: 2,
+            end_ns: 3,
+            ..RssMm::default()
+        };
+        let parent = RssMm { tgid: 5, size: [0, 9 << 20, 0, 0], peak: 9 << 20, peak_size: [0, 9 << 20, 0, 0], ..child };
+        let parent = RssMm { flags: 0, first_ns: 1, ..parent };
+        let _ = t.kernel_counters(&[(1, parent), (2, child)], 4);
+        let (procs, _, _) = t.finish(10);
+        assert!(procs[&6].peak.is_none(), "no peak event for the child");
+        let (r, by) = profile_totals(&procs);
+        for (pid, want) in [(5, 9 << 20), (6, 784 << 10)] {
+            assert_eq!(r.per_process[&pid].peak_bytes, want);
+            let (_, peak) = by[&pid];
+            assert!((peak - want as f64).abs() < 1.5, "pid {pid}: peak profile {peak} of {want}: {:?}", r.peak);
+        }
+        // The child's file pages at the peak: no sampled page stands for them.
+        let unsampled: f64 =
+            r.peak.iter().filter(|s| s.pid == 6 && &*s.user[0] == UNSAMPLED_PAGES).map(|s| s.estimate.faults).sum();
+        assert!((unsampled - f64::from(184 << 10)).abs() < 1.5, "{unsampled}");
+    }
+
+    /// A peak reading below the end's, and a peak (VmHWM) without its
+    /// counters of then (an idle `-p` target): the peak profile is taken
+    /// to `peak_bytes` kind by kind.
+    #[test]
+    fn a_peak_snapshot_is_scaled_to_peak_bytes() {
+        let end = Snapshot {
+            size: [100, 300, 0, 0],
+            ts_ns: 1,
+            by_owner: BTreeMap::from([(
+                Owner { user_stack: 1, kernel_stack: -1, exact: false, inherited: false, leaf_block: 0, kind: 1 },
+                (4096, 1),
+            )]),
+        };
+        let s = peak_snapshot(None, &end, [100, 300, 0, 0], 1000).unwrap();
+        assert_eq!(s.size, [250, 750, 0, 0]);
+        let s = peak_snapshot(None, &end, [10, 20, 0, 0], 400).unwrap();
+        assert_eq!(s.size, [100, 300, 0, 0], "the end above the peak's reading");
+        let s = peak_snapshot(None, &end, [1, 1, 1, 0], 1000).unwrap();
+        assert_eq!(s.resident(), 1000);
+        assert!(peak_snapshot(None, &end, [0; 4], 0).is_none());
+    }
+
     #[test]
     fn brk_shrink_and_mremap_move_or_drop_pages() {
         let mut t = ResidentTracker::default();
@@ -1239,6 +1337,47 @@ fn top_sites(stacks: &[crate::stacks::Stack], n: usize) -> Vec<crate::model::Res
         .collect()
 }
 
+/// The pages a process's peak profile is made of, with the sizes they are
+/// scaled to, so that it adds up to the process's `peak_bytes`: its live
+/// set when the peak passed the last snapshot by a step (`ResidentPeak`),
+/// else its live set at its end: a process whose resident size never
+/// reached `RSS_PEAK_MIN_STEP` (1 MiB) gets no peak event (`ldconfig`
+/// exec'd by a Python job: 802,816 bytes at its peak, left out of
+/// resident-peak.folded before). Scaled to the counters at the peak
+/// (`peak_size`) taken to `peak_bytes` where those differ from it (the
+/// end above the peak's reading; an idle `-p` target's VmHWM with only
+/// its counters of now), kind by kind in proportion. `None` at 0 bytes.
+fn peak_snapshot(
+    at_peak: Option<&Snapshot>,
+    end: &Snapshot,
+    peak_size: [u64; RSS_MEMBERS],
+    peak_bytes: u64,
+) -> Option<Snapshot> {
+    use vmtrace_common::{RSS_ANON, RSS_FILE, RSS_SHMEM};
+    if peak_bytes == 0 {
+        return None;
+    }
+    let mut s = at_peak.unwrap_or(end).clone();
+    let from = if RssMm::resident(&peak_size) >= end.resident() { peak_size } else { end.size };
+    let mut size = from;
+    let had = RssMm::resident(&from);
+    if had != peak_bytes {
+        let kinds = [RSS_ANON, RSS_FILE, RSS_SHMEM];
+        if had == 0 {
+            size[RSS_ANON] = peak_bytes;
+        } else {
+            for k in kinds {
+                size[k] = (u128::from(from[k]) * u128::from(peak_bytes) / u128::from(had)) as u64;
+            }
+            // What the rounding down left, to the largest kind.
+            let largest = kinds.into_iter().max_by_key(|&k| size[k]).unwrap_or(RSS_ANON);
+            size[largest] += peak_bytes - RssMm::resident(&size);
+        }
+    }
+    s.size = size;
+    Some(s)
+}
+
 fn refs(v: &[(u32, Snapshot)]) -> Vec<(u32, &Snapshot)> {
     v.iter().map(|(p, s)| (*p, s)).collect()
 }
@@ -1301,13 +1440,7 @@ pub(crate) fn build(
             },
         );
         ends.push((*pid, end.clone()));
-        if let Some(s) = p.peak.as_ref() {
-            // Taken when the peak passed the last snapshot by a step: scaled
-            // to the kernel's own peak.
-            let mut s = s.clone();
-            if k.is_some_and(|k| RssMm::resident(&k.peak_size) >= s.resident()) {
-                s.size = k.map_or(s.size, |k| k.peak_size);
-            }
+        if let Some(s) = peak_snapshot(p.peak.as_ref(), end, peak_size, peak.max(end.resident())) {
             peaks.push((*pid, s));
         }
     }

@@ -353,7 +353,7 @@ impl Partial {
                 let faults = a.faults(weighted);
                 let cache = page_cache(&path).unwrap_or_default();
                 let added = cache.added;
-                let tensors = tensor_view(&path, &file_pages, &cache.chunks, weighted);
+                let tensors = tensor_view(&path, &file_pages, &cache, weighted);
                 FileSummary {
                     cold_fraction: if faults.total > 0 { faults.major as f64 / faults.total as f64 } else { 0.0 },
                     readahead_pages: added.saturating_sub(faults.major),
@@ -464,17 +464,29 @@ pub(crate) struct PageCache {
 }
 
 /// Bytes of `chunks` (see `PageCache`) that fall in `[start, end)` of the
-/// file, a chunk's pages spread evenly over it. A page read twice (evicted
-/// under memory pressure, then read again) is added twice: the file's
-/// `added` counts every read, a range's share at most each page once.
-fn from_disk_in(chunks: &[(u64, u64)], start: u64, end: u64) -> u64 {
+/// file, a chunk's pages spread evenly over its part of the file: the
+/// last chunk ends at the file's last page (`file_bytes` rounded up; 0,
+/// not known: the whole chunk), so a range all of whose pages came from
+/// disk gets its whole size. Spread over the whole 1 MiB, the one page of
+/// a 64 MiB + 2,111-byte checkpoint's last chunk gave the tensor ending
+/// 1,152 bytes into it 4.5 of them: `head.bias` 4,193,157 of 4,194,304
+/// bytes. A page read twice (evicted under memory pressure, then read
+/// again) is added twice: the file's `added` counts every read, a range's
+/// share at most each page once.
+fn from_disk_in(chunks: &[(u64, u64)], file_bytes: u64, start: u64, end: u64) -> u64 {
     let size = 4096u64 << FILE_CHUNK_SHIFT;
+    let file_end = file_bytes.div_ceil(4096) * 4096;
     let bytes: f64 = chunks
         .iter()
         .map(|&(c, pages)| {
-            let (lo, hi) = (c * size, (c + 1) * size);
+            let lo = c * size;
+            let hi = match (c + 1) * size {
+                hi if file_end > lo && file_end < hi => file_end,
+                hi => hi,
+            };
             let overlap = hi.min(end).saturating_sub(lo.max(start));
-            (pages.min(1 << FILE_CHUNK_SHIFT) * 4096) as f64 * overlap as f64 / size as f64
+            let extent = hi - lo;
+            (pages.min(extent / 4096) * 4096) as f64 * overlap as f64 / extent as f64
         })
         .sum();
     bytes.round() as u64
@@ -532,13 +544,8 @@ fn checkpoint_tensors(path: &str) -> Option<Vec<safetensors::Tensor>> {
 }
 
 /// Per-tensor faults of a checkpoint, from the file pages that faulted, and
-/// how much of each came from disk (`chunks`).
-fn tensor_view(
-    path: &str,
-    hits: &[(GranuleCounts, FileHit)],
-    chunks: &[(u64, u64)],
-    weighted: bool,
-) -> Vec<TensorSummary> {
+/// how much of each came from disk (`cache`'s chunks).
+fn tensor_view(path: &str, hits: &[(GranuleCounts, FileHit)], cache: &PageCache, weighted: bool) -> Vec<TensorSummary> {
     if !path.starts_with('/') || !hits.iter().any(|(_, h)| &*h.path == path) {
         return Vec::new();
     }
@@ -562,7 +569,7 @@ fn tensor_view(
                 major: f.major,
                 time_ns: f.time_ns,
                 pages_touched: a.pages,
-                from_disk_bytes: from_disk_in(chunks, t.start, t.end),
+                from_disk_bytes: from_disk_in(&cache.chunks, cache.file_bytes, t.start, t.end),
             }
         })
         .collect()
@@ -732,12 +739,39 @@ mod tests {
         let mib = 1u64 << 20;
         // Chunk 0 fully read (256 pages), chunk 1 half (128 pages).
         let chunks = [(0, 256), (1, 128)];
-        assert_eq!(from_disk_in(&chunks, 0, mib), mib);
-        assert_eq!(from_disk_in(&chunks, mib, 2 * mib), mib / 2);
-        assert_eq!(from_disk_in(&chunks, mib / 2, mib + mib / 2), mib / 2 + mib / 4);
-        assert_eq!(from_disk_in(&chunks, 2 * mib, 3 * mib), 0);
+        assert_eq!(from_disk_in(&chunks, 0, 0, mib), mib);
+        assert_eq!(from_disk_in(&chunks, 0, mib, 2 * mib), mib / 2);
+        assert_eq!(from_disk_in(&chunks, 0, mib / 2, mib + mib / 2), mib / 2 + mib / 4);
+        assert_eq!(from_disk_in(&chunks, 0, 2 * mib, 3 * mib), 0);
         // Pages read twice (evicted and read again): a range gets each once.
-        assert_eq!(from_disk_in(&[(0, 264)], 4096 * 3, 4096 * 3 + mib / 2), mib / 2);
+        assert_eq!(from_disk_in(&[(0, 264)], 0, 4096 * 3, 4096 * 3 + mib / 2), mib / 2);
+    }
+
+    /// A file read whole whose last chunk is a page (t1's ckpt.pt: 2,111
+    /// bytes over 64 MiB, 16,385 pages read): each tensor gets its size,
+    /// the one ending 1,152 bytes into the last chunk too (4,193,157 of
+    /// 4,194,304 when the page was spread over the whole chunk); and
+    /// safetensors' 264-byte header shifting a 16 MiB tensor into the
+    /// file's last, partial page.
+    #[test]
+    fn a_tensor_read_whole_gets_its_size_up_to_the_files_last_page() {
+        let mib = 1u64 << 20;
+        let file = 64 * mib + 2111;
+        let mut chunks: Vec<(u64, u64)> = (0..64).map(|c| (c, 256)).collect();
+        chunks.push((64, 1));
+        for (start, bytes) in
+            [(960, 16_777_216), (16_778_240, 33_554_432), (50_332_736, 12_582_912), (62_915_712, 4_194_304)]
+        {
+            assert_eq!(from_disk_in(&chunks, file, start, start + bytes), bytes, "tensor at {start}");
+        }
+        let file = 33_554_696;
+        let chunks: Vec<(u64, u64)> = (0..32).map(|c| (c, 256)).chain([(32, 1)]).collect();
+        assert_eq!(from_disk_in(&chunks, file, 16_777_480, file), 16_777_216);
+        // Half the last page's chunk read: half of what falls in it.
+        let chunks = [(0, 256), (1, 2)];
+        assert_eq!(from_disk_in(&chunks, mib + 4 * 4096, mib, mib + 4 * 4096), 2 * 4096);
+        // A file truncated since (its size before the chunk): the whole chunk.
+        assert_eq!(from_disk_in(&[(1, 128)], mib / 2, mib, 2 * mib), mib / 2);
     }
 
     /// A path names a file only while its `stat` is that (device, inode): a
