@@ -274,6 +274,11 @@ fn compaction_a_process_runs_is_counted_as_its_migrations() {
     // Work for it: 64 MiB of this test's own pages with every other page
     // freed, so each 2 MiB block is half used (compaction moves them).
     let _held = Fragmented::new(64 << 20);
+    // NUMA balancing off while it runs: Debian's kernels turn it on where
+    // there are two nodes, and a hinting fault of the shell's own then
+    // migrates a page that is not compaction's (the 6.1 two-node guest:
+    // 3,052 of 3,053 pages compaction's, 1 `numa_balancing`).
+    let _balancing = Path::new(NUMA_BALANCING).exists().then(|| Sysctl::set(NUMA_BALANCING, "0"));
     let (ok0, fail0) = (vmstat("pgmigrate_success"), vmstat("pgmigrate_fail"));
     let run = record(&["--events", "faults,oom"], &["sh", "-c", "echo 1 > /proc/sys/vm/compact_memory"]);
     let (ok, fail) = (vmstat("pgmigrate_success") - ok0, vmstat("pgmigrate_fail") - fail0);
@@ -321,6 +326,8 @@ fn move_pages_across_nodes_is_counted_page_for_page() {
     assert!(u(&m["pages"]) <= ok, "{m:#} against pgmigrate_success +{ok}");
 }
 
+const NUMA_BALANCING: &str = "/proc/sys/kernel/numa_balancing";
+
 /// Restores a sysctl's value when the test ends.
 struct Sysctl(&'static str, String);
 impl Sysctl {
@@ -350,7 +357,7 @@ fn numa_balancing_migrations_are_the_faulting_process_s() {
         );
         return;
     }
-    let _on = Sysctl::set("/proc/sys/kernel/numa_balancing", "1");
+    let _on = Sysctl::set(NUMA_BALANCING, "1");
     let dir = disk_dir();
     let bin = compile_c("numa_balance.c", dir.path());
     let m0 = vmstat("numa_pages_migrated");
@@ -381,7 +388,7 @@ fn memory_chasing_its_threads_between_nodes_is_numa_migration_churn() {
         eprintln!("memory_chasing_its_threads_between_nodes_is_numa_migration_churn: 1 NUMA node here; it runs in `cargo xtask vmtest`");
         return;
     }
-    let _on = Sysctl::set("/proc/sys/kernel/numa_balancing", "1");
+    let _on = Sysctl::set(NUMA_BALANCING, "1");
     let dir = disk_dir();
     let bin = compile_c("numa_balance.c", dir.path());
     let m0 = vmstat("numa_pages_migrated");
@@ -394,7 +401,15 @@ fn memory_chasing_its_threads_between_nodes_is_numa_migration_churn() {
     let nb = m["pages_by_reason"]["numa_balancing"].as_u64().unwrap_or(0);
     eprintln!("NUMA balancing, 3 rounds: {out}vmtrace {m}, numa_pages_migrated +{migrated}");
     assert_eq!(rounds.len(), 3, "{out}");
-    let want = rounds.iter().sum::<u64>();
+    // A round ends at 90% of the pages on its node: the pages it left on
+    // the other node are on the next round's node already, counted there
+    // unmoved (the 6.1 guest: rounds 8,192, 7,951, 8,192 and 24,190
+    // migrated, 241 of the third's left over from the second).
+    let want: u64 = rounds
+        .iter()
+        .enumerate()
+        .map(|(i, r)| r.saturating_sub(if i == 0 { 0 } else { 8192 - rounds[i - 1].min(8192) }))
+        .sum();
     assert!(rounds.iter().all(|r| *r * 10 >= 8192 * 9), "the kernel did not move the pages each round: {out}");
     assert!(nb >= want && nb <= migrated, "{m:#}: the rounds {rounds:?}, numa_pages_migrated +{migrated}");
     let f = run.summary["findings"].as_array().unwrap().iter().find(|f| f["kind"] == "numa_migration_churn");

@@ -678,7 +678,9 @@ pub(crate) fn region_from_event(ev: &vmtrace_common::MmEvent, names: &mut FileNa
             } else {
                 // Closed before it could be named (a later maps read names it
                 // if it is still mapped; `ProcessTable::name_files`).
-                crate::regions::placeholder(ev.dev, ev.ino)
+                let name = crate::regions::placeholder(ev.dev, ev.ino);
+                log::debug!(target: "vmtrace::maps", "{}: mapping {:#x}-{:#x} named {name}: no path left for it (descriptor, mapping and maps gone)", ev.tgid, ev.addr, ev.addr + ev.len);
+                name
             }
         });
         (RegionKind::File, Some(path))
