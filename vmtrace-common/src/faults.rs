@@ -215,3 +215,8 @@ pub const INFLIGHT_PAGE_STACK: u32 = 64;
 /// `InflightFault::flags`: a write to a present page (x86's `X86_PF_WRITE |
 /// X86_PF_PROT`): copy-on-write, counted in its stack's `StackCounts::cow`.
 pub const INFLIGHT_COW: u32 = 128;
+/// `InflightFault::flags`: a copy-on-write fault that allocated a user page
+/// (`kmem:mm_page_alloc`, order 0, `__GFP_MOVABLE`): the kernel copied the
+/// page rather than reusing it. Counted once per fault
+/// (`GranuleCounts::cow_copied`).
+pub const INFLIGHT_COPIED: u32 = 256;

@@ -39,7 +39,11 @@ pub struct GranuleCounts {
     pub major_time_ns: u64,
     /// Bit i: page i of the granule faulted at least once.
     pub touched: u64,
-    pub exec: u64,
+    pub exec: u32,
+    /// Of `cow`: the faults in which the kernel allocated the new page of a
+    /// copy (`INFLIGHT_COPIED`); the others gave write access back to a page
+    /// the process held alone (reuse, no copy).
+    pub cow_copied: u32,
     /// Faults served by a transparent huge page (see `FaultStats::huge`).
     pub huge: u64,
     /// Coarse latency histogram of the timed faults: bucket i holds latencies
@@ -72,6 +76,7 @@ impl Merge for GranuleCounts {
         self.touched |= o.touched;
         self.exec += o.exec;
         self.huge += o.huge;
+        self.cow_copied += o.cow_copied;
         for i in 0..GRANULE_HIST {
             self.hist[i] += o.hist[i];
         }

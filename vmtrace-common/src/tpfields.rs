@@ -74,7 +74,7 @@ macro_rules! tp_fields {
 }
 
 /// Rows of `TP_FIELDS`.
-pub const TP_FIELD_COUNT: usize = 36;
+pub const TP_FIELD_COUNT: usize = 37;
 
 tp_fields! {
     // Syscalls (the mmap family): the same layout on every kernel.
@@ -90,6 +90,7 @@ tp_fields! {
     MemcgEventItem: Fixed "memcg:count_memcg_events" "item" @ 16 : 4;
     /// Every page allocation in the system.
     PageAllocOrder: Fixed "kmem:mm_page_alloc" "order" @ 16 : 4;
+    PageAllocGfp: Fixed "kmem:mm_page_alloc" "gfp_flags" @ 24 : 8;
     RssMmId: Fixed "kmem:rss_stat" "mm_id" @ 8 : 4;
     RssCurr: Fixed "kmem:rss_stat" "curr" @ 12 : 4;
     RssMember: Fixed "kmem:rss_stat" "member" @ 16 : 4;

@@ -195,3 +195,54 @@ fn safetensors_faults_land_on_their_tensors() {
     let txt = std::fs::read_to_string(run.out.path().join("summary.txt")).unwrap();
     assert!(txt.contains("tensor lm_head.weight"), "{txt}");
 }
+
+/// COW faults split into copies and reuses as the kernel did them: a write
+/// after the forked child exited reuses the page (no copy), one while a
+/// child lives copies it. The fixture counts the kernel's copies itself from
+/// the pages' frame numbers (/proc/self/pagemap) before and after each
+/// write; `cow_from` must agree, region by region.
+#[test]
+fn cow_after_the_child_exited_is_a_reuse_not_a_fork_copy() {
+    privileged!();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = compile_c("cow_after_exit.c", dir.path());
+    let run = record(&[], &[bin.to_str().unwrap()]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let out = String::from_utf8_lossy(&run.output.stdout).to_string();
+    // "A 0xSTART PAGES COPIED": the kernel's figures for each buffer.
+    let kernel = |name: &str| -> (u64, u64, u64) {
+        let line = out.lines().find(|l| l.starts_with(&format!("{name} 0x"))).unwrap_or_else(|| panic!("{out}"));
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let start = u64::from_str_radix(f[1].trim_start_matches("0x"), 16).unwrap();
+        (start, f[2].parse().unwrap(), f[3].parse().unwrap())
+    };
+    let pid = run.summary["target"]["pid"].as_u64().unwrap() as u32;
+    let rows = regions_of(&run, pid);
+    let hex = |r: &Value, k: &str| u64::from_str_radix(r[k].as_str().unwrap().trim_start_matches("0x"), 16).unwrap();
+    let row_at = |a: u64| -> &Value {
+        rows.iter().copied().find(|r| hex(r, "start") <= a && a < hex(r, "end")).unwrap_or_else(|| panic!("{rows:#?}"))
+    };
+    let slack = 8;
+    let mut kernel_copies = 0;
+    for name in ["A", "B"] {
+        let (start, pages, copied) = kernel(name);
+        kernel_copies += copied;
+        let r = row_at(start);
+        let c = &r["cow_from"];
+        let n = |k: &str| c.get(k).map_or(0, u);
+        let ours_copied = n("zero_page") + n("fork") + n("other") + n("file");
+        eprintln!(
+            "{name}: kernel {copied} of {pages} pages copied, {} reused; vmtrace {} COW faults: {c}",
+            pages - copied,
+            r["faults"]["cow"]
+        );
+        assert!(u(&r["faults"]["cow"]).abs_diff(pages) <= slack, "{name}: a COW fault per page written: {r:#}");
+        assert!(ours_copied.abs_diff(copied) <= slack, "{name}: kernel copied {copied} pages: {c}");
+        assert!(u(&c["reused"]).abs_diff(pages - copied) <= slack, "{name}: kernel reused {}: {c}", pages - copied);
+    }
+    // The buffers are the process's bulk: its fork copies are the kernel's
+    // copies of B (and the few of A), not every COW fault after a fork.
+    let p = run.process(pid);
+    let fork = u(&p["cow_from"]["fork"]);
+    assert!(fork <= kernel_copies + 64, "fork copies {fork}, the kernel copied {kernel_copies}: {:#}", p["cow_from"]);
+}

@@ -13,6 +13,10 @@
 //!        minor/major classification, and the latency since the start stamp.
 //! huge:  `kmem:mm_page_alloc` of a PMD-order folio inside a fault marks it
 //!        served by a huge page.
+//! copy:  `kmem:mm_page_alloc` of a user page (order 0, `__GFP_MOVABLE`)
+//!        inside a copy-on-write fault: the kernel copied the page
+//!        (`wp_page_copy`) rather than giving write access back to a page the
+//!        process holds alone (`wp_page_reuse`), which allocates nothing.
 //! Slow faults (slept, or huge) always get a stack, in the exact stratum.
 //! A thread that sleeps mid-fault is parked by the `sched_switch` hook (`sched.rs`).
 use aya_ebpf::{
@@ -24,9 +28,9 @@ use aya_ebpf::{
 use vmtrace_common::{
     granule_bucket, hist_bucket, pf, DropKind, EventHeader, EventKind, FaultMajorEvent, GranuleCounts, GranuleCur,
     GranuleKey, GranuleNewEvent, InflightFault, Merge, StackCounts, StackCur, StackKey, GEN_UNKNOWN, GRANULE_PAGES,
-    INFLIGHT_COW, INFLIGHT_ENDED, INFLIGHT_EXACT_STACK, INFLIGHT_HUGE, INFLIGHT_PAGE, INFLIGHT_PAGE_STACK,
-    INFLIGHT_SAMPLED, INFLIGHT_UNTRACED, LEAF_BLOCK_SHIFT, PMD_ORDER, REGION_GRANULE_SHIFT, STACK_CUR_SLOTS,
-    STACK_ID_LOST, STACK_ID_NONE, STACK_KERNEL, STACK_USER, STRATUM_EXACT, STRATUM_SAMPLED,
+    INFLIGHT_COPIED, INFLIGHT_COW, INFLIGHT_ENDED, INFLIGHT_EXACT_STACK, INFLIGHT_HUGE, INFLIGHT_PAGE,
+    INFLIGHT_PAGE_STACK, INFLIGHT_SAMPLED, INFLIGHT_UNTRACED, LEAF_BLOCK_SHIFT, PMD_ORDER, REGION_GRANULE_SHIFT,
+    STACK_CUR_SLOTS, STACK_ID_LOST, STACK_ID_NONE, STACK_KERNEL, STACK_USER, STRATUM_EXACT, STRATUM_SAMPLED,
 };
 
 use crate::{
@@ -111,7 +115,8 @@ fn granule_counts(tgid: u32, address: u64) -> Option<&'static mut GranuleCounts>
     // SAFETY: this CPU's slot; BPF programs on one CPU do not interleave.
     let cur = unsafe { &mut *GRANULE_CUR.get_ptr_mut(0)? };
     if cur.key != key {
-        if cur.counts.faults | cur.counts.major | cur.counts.timed | cur.counts.huge != 0 {
+        let c = &cur.counts;
+        if c.faults | c.major | c.timed | c.huge | u64::from(c.cow_copied) != 0 {
             flush_granule(&cur.key, &cur.counts);
         }
         cur.key = key;
@@ -791,13 +796,13 @@ fn fault_stack_counts(tgid: u32, f: &InflightFault) -> Option<&'static mut Stack
 // TP_PROTO(struct page *page, unsigned int order, gfp_t gfp_flags, int migratetype).
 // An anonymous THP fault allocates its PMD-order folio inside the fault: while
 // this thread has a fault in flight, such an allocation means the fault is
-// served by a huge page. Every page allocation in the system passes here, so
-// the order is tested first.
+// served by a huge page. A copy-on-write fault that copies allocates the new
+// page (order 0, movable: `GFP_HIGHUSER_MOVABLE`); one that reuses the page
+// allocates none. Every page allocation in the system passes here, so the
+// order and flags are tested first.
 #[btf_tracepoint(function = "mm_page_alloc")]
 pub fn tp_btf_mm_page_alloc(ctx: BtfTracePointContext) -> i32 {
-    if ctx.arg::<u32>(1) >= PMD_ORDER {
-        let _ = try_huge_alloc(&ctx);
-    }
+    page_alloc(&ctx, ctx.arg::<u32>(1), ctx.arg::<u32>(2));
     0
 }
 
@@ -808,10 +813,61 @@ pub fn tp_btf_mm_page_alloc(ctx: BtfTracePointContext) -> i32 {
 //   field:int migratetype;            offset:32; size:4; signed:1;
 #[tracepoint(category = "kmem", name = "mm_page_alloc")]
 pub fn tp_kmem_mm_page_alloc(ctx: TracePointContext) -> u32 {
-    if tp_fixed!(&ctx, PageAllocOrder: u32) >= PMD_ORDER {
-        let _ = try_huge_alloc(&ctx);
-    }
+    page_alloc(&ctx, tp_fixed!(&ctx, PageAllocOrder: u32), tp_fixed!(&ctx, PageAllocGfp: u64) as u32);
     0
+}
+
+/// `___GFP_MOVABLE` (bit 3 of `gfp_t` on every kernel since 4.x): user
+/// pages are movable; page tables, slab and kernel buffers are not.
+const GFP_MOVABLE: u32 = 0x08;
+
+/// See `try_cow_copy`.
+const STALE_COPY_NS: u64 = 10_000_000;
+
+#[inline(always)]
+fn page_alloc<C: StackIdContext>(ctx: &C, order: u32, gfp: u32) {
+    if order >= PMD_ORDER {
+        let _ = try_huge_alloc(ctx);
+    } else if order == 0 && gfp & GFP_MOVABLE != 0 {
+        let _ = try_cow_copy();
+    }
+}
+
+/// A user page allocated by the current thread: when its fault in flight is
+/// a copy-on-write one, the kernel is copying the page. Counted once per
+/// fault (a retried fault allocates again).
+#[inline(always)]
+fn try_cow_copy() -> Option<()> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    // SAFETY: per-CPU slot; programs on one CPU do not interleave.
+    let slot = unsafe { &mut *FAULT_SLOT.get_ptr_mut(0)? };
+    let slot = if slot.tid == tid {
+        slot
+    } else {
+        // Parked: the fault slept before its allocation (a lock, reclaim).
+        // SAFETY: a live entry of this thread, which only its programs touch.
+        unsafe { &mut *crate::inflight::current_fault(tid)? }
+    };
+    if slot.flags & (INFLIGHT_COW | INFLIGHT_COPIED | INFLIGHT_UNTRACED | INFLIGHT_ENDED) != INFLIGHT_COW {
+        return None;
+    }
+    // The sampled perf-event end leaves most faults in the slot after they
+    // end: a COW fault that reused its page would take a later allocation of
+    // the thread's (a syscall's page-cache page) for a copy. A copy allocates
+    // within microseconds of the fault's start unless it slept (parked, and
+    // then ended by an end that takes it).
+    // SAFETY: no preconditions.
+    if conf(|c| &c.minor_period) > 1 && unsafe { bpf_ktime_get_ns() }.saturating_sub(slot.start_ns) > STALE_COPY_NS {
+        return None;
+    }
+    slot.flags |= INFLIGHT_COPIED;
+    if conf(|c| &c.regions) != 0 {
+        if let Some(g) = granule_counts(tgid, slot.page << 12) {
+            g.cow_copied += 1;
+        }
+    }
+    Some(())
 }
 
 /// A PMD-order folio allocated (or added to the page cache) by the current

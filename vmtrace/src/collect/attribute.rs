@@ -102,7 +102,7 @@ pub(crate) fn build_regions_of(
     starts: &mut Starts,
     wanted: impl Fn(u32) -> bool,
 ) -> Attributed {
-    let mut partial = Partial::new(weighted_time(source));
+    let mut partial = Partial::new(weighted_time(source)).with_cow_copies(source.cow_copies_seen());
     let mut granules = source.all_granules();
     granules.retain(|(k, _)| wanted(k.tgid));
     place_into(&mut partial, table, starts, &granules);

@@ -407,7 +407,8 @@ impl<S: AggregateSource> Session<S> {
     pub fn new(source: S, opts: SessionOptions) -> Self {
         let now = Instant::now();
         let (page_salt, tp_offsets) = (source.page_salt(), source.tp_offsets());
-        let placed = crate::regions::Partial::new(attribute::weighted_time(&source));
+        let placed =
+            crate::regions::Partial::new(attribute::weighted_time(&source)).with_cow_copies(source.cow_copies_seen());
         Self {
             minor_period: source.minor_period(),
             fast_period: source.fast_period(),

@@ -457,7 +457,8 @@ pub const FILEMAP_HOOK: Hook = Hook {
     )
 };
 
-/// PMD-order allocations inside a fault: the fault is served by a huge page.
+/// PMD-order allocations inside a fault: the fault is served by a huge page
+/// (arm64; x86's `ALLOC_HOOK` does this too).
 pub const HUGE_HOOK: Hook = Hook {
     gate: Gate::HugePagesPossible,
     doc: doc(
@@ -466,6 +467,23 @@ pub const HUGE_HOOK: Hook = Hook {
     ),
     ..hook(
         "huge-page faults",
+        Family::Regions,
+        &[tp_btf("tp_btf_mm_page_alloc", "mm_page_alloc"), tp("tp_kmem_mm_page_alloc", "kmem:mm_page_alloc")],
+    )
+};
+
+/// Page allocations inside a fault (x86): a PMD-order one serves the fault
+/// with a huge page; a user page allocated in a copy-on-write fault is the
+/// copy (a write that reuses its page allocates nothing), which tells
+/// `cow_from`'s copies from reuses.
+pub const ALLOC_HOOK: Hook = Hook {
+    without: Some("no huge-page faults; COW copies inferred from forks and read faults"),
+    doc: doc(
+        "huge-page faults, COW copies",
+        "PMD-order allocation during an in-flight fault, counted once per fault; an order-0 movable (user) page allocated during an in-flight copy-on-write fault: the kernel copied the page (`wp_page_copy`) rather than reusing it (`wp_page_reuse`, which allocates nothing), counted once per fault. It runs on every page allocation in the system (~60 ns). PMD-order page-cache folios (large-folio filesystems) are seen by the page-cache hook too",
+    ),
+    ..hook(
+        "page allocations in faults",
         Family::Regions,
         &[tp_btf("tp_btf_mm_page_alloc", "mm_page_alloc"), tp("tp_kmem_mm_page_alloc", "kmem:mm_page_alloc")],
     )
@@ -610,15 +628,17 @@ pub fn all() -> impl Iterator<Item = &'static Hook> {
 
 /// The hook table of `arch`.
 pub fn all_for(arch: Arch) -> impl Iterator<Item = &'static Hook> {
-    let (start, tlb): (&'static [Hook], &'static [Hook]) = match arch {
-        Arch::X86_64 => (&X86_FAULT_START, TLB_HOOKS),
-        Arch::Aarch64 => (std::slice::from_ref(&ARM64_FAULT_START), ARM64_TLB_HOOKS),
+    // arm64 counts no COW fault (no protection bit at the fault start): its
+    // allocation hook is there for huge pages only.
+    let (start, tlb, alloc): (&'static [Hook], &'static [Hook], &'static Hook) = match arch {
+        Arch::X86_64 => (&X86_FAULT_START, TLB_HOOKS, &ALLOC_HOOK),
+        Arch::Aarch64 => (std::slice::from_ref(&ARM64_FAULT_START), ARM64_TLB_HOOKS, &HUGE_HOOK),
     };
     start
         .iter()
         .chain(HOOKS)
         .chain(MMAP_HOOKS.iter().flatten())
-        .chain([&OOM_DOMAIN, &FILEMAP_HOOK, &HUGE_HOOK])
+        .chain([&OOM_DOMAIN, &FILEMAP_HOOK, alloc])
         .chain(tlb)
         .chain([&RSS_HOOK, &FAULT_END, &MEMCG_END, &USER_STACKS])
 }

@@ -317,6 +317,10 @@ impl AggregateSource for Probes {
         Probes::populated_seen(self)
     }
 
+    fn cow_copies_seen(&self) -> bool {
+        Probes::cow_copies_seen(self)
+    }
+
     fn fast_period(&self) -> u32 {
         self.fast_period
     }

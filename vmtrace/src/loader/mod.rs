@@ -243,7 +243,9 @@ impl Probes {
         };
         // The memcg end marks anonymous huge faults itself (THP_FAULT_ALLOC);
         // where shmem or a tmpfs may map huge pages too, or the end is not the
-        // memcg one, the `mm_page_alloc` hook does.
+        // memcg one, the `mm_page_alloc` hook does. That is arm64's
+        // `HUGE_HOOK`: x86's `ALLOC_HOOK` is attached always, for the COW
+        // copies, and marks huge faults too (once per fault either way).
         let memcg_huge = config.memcg_thp_fault != 0 && !crate::kernel::thp::shmem_huge_possible();
         let mut huge_row = None;
         let mut attached = Vec::new();
@@ -298,6 +300,12 @@ impl Probes {
             page_salt,
             tp_offsets,
         })
+    }
+
+    /// Whether copy-on-write faults that copied are told from those that
+    /// reused their page (`GranuleCounts::cow_copied`, `ALLOC_HOOK`).
+    pub fn cow_copies_seen(&self) -> bool {
+        self.attached.iter().any(|a| a.what == hooks::ALLOC_HOOK.what && a.kind().is_some())
     }
 
     /// Whether the fault end sees `get_user_pages()` faults

@@ -41,6 +41,11 @@ pub trait AggregateSource {
     fn populated_seen(&self) -> bool {
         false
     }
+    /// Whether the programs tell a copy-on-write fault that copied from one
+    /// that reused its page (`GranuleCounts::cow_copied`).
+    fn cow_copies_seen(&self) -> bool {
+        false
+    }
     /// 1 in how many fast minor faults the programs time, every slow one
     /// exactly (0: not stratified).
     fn fast_period(&self) -> u32;

@@ -83,8 +83,14 @@ pub struct CowFrom {
     /// No copy: write access given back on a page the process holds alone
     /// (after mprotect, after a forked child exited, dirty tracking).
     pub reused: u64,
-    /// Of all of these, the COW faults in Python object memory (CPython's
-    /// obmalloc arenas: reference counts written in objects a fork shares).
+    /// Copied another page of anonymous memory in a process that shares
+    /// nothing since a fork (KSM-merged, pinned, in the swap cache): only
+    /// where copies are observed (docs/design.md, "What COW copied").
+    #[serde(default, skip_serializing_if = "super::summary::is_zero")]
+    pub other: u64,
+    /// Of the copies (all but `reused`), those in Python object memory
+    /// (CPython's obmalloc arenas: reference counts written in objects a
+    /// fork shares).
     #[serde(default, skip_serializing_if = "super::summary::is_zero")]
     pub python_objects: u64,
 }
@@ -95,11 +101,12 @@ impl CowFrom {
         self.fork += o.fork;
         self.file += o.file;
         self.reused += o.reused;
+        self.other += o.other;
         self.python_objects += o.python_objects;
     }
 
     pub fn total(&self) -> u64 {
-        self.zero_page + self.fork + self.file + self.reused
+        self.zero_page + self.fork + self.file + self.reused + self.other
     }
 }
 

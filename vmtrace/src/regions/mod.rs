@@ -31,6 +31,7 @@ pub(crate) struct Acc {
     write: f64,
     exec: f64,
     cow: f64,
+    cow_copied: f64,
     huge: f64,
     time_ns: f64,
     timed: f64,
@@ -44,8 +45,9 @@ impl Acc {
         self.faults += g.faults as f64 * share;
         self.major += g.major as f64 * share;
         self.write += g.write as f64 * share;
-        self.exec += g.exec as f64 * share;
+        self.exec += f64::from(g.exec) * share;
         self.cow += g.cow as f64 * share;
+        self.cow_copied += f64::from(g.cow_copied) * share;
         self.huge += g.huge as f64 * share;
         self.time_ns += g.time_ns as f64 * share;
         self.timed += g.timed as f64 * share;
@@ -62,6 +64,7 @@ impl Acc {
         self.write += o.write;
         self.exec += o.exec;
         self.cow += o.cow;
+        self.cow_copied += o.cow_copied;
         self.huge += o.huge;
         self.time_ns += o.time_ns;
         self.timed += o.timed;
@@ -142,6 +145,9 @@ pub(crate) struct Attributed {
 pub(crate) struct Partial {
     /// Timed faults carry their weights (stratified timing): see `Acc::faults`.
     weighted: bool,
+    /// The programs told COW faults that copied from those that reused their
+    /// page (`GranuleCounts::cow_copied`): see `cow_from`.
+    copies_seen: bool,
     regions: Vec<RegionSummary>,
     files: BTreeMap<Arc<str>, Acc>,
     /// File pages hit, kept for the files that may be checkpoints only.
@@ -181,6 +187,12 @@ impl Partial {
     /// whose timed faults carry their weights.
     pub(crate) fn new(weighted: bool) -> Self {
         Self { weighted, ..Self::default() }
+    }
+
+    /// `seen`: the granules' `cow_copied` counts the copies
+    /// (`AggregateSource::cow_copies_seen`).
+    pub(crate) fn with_cow_copies(self, seen: bool) -> Self {
+        Self { copies_seen: seen, ..self }
     }
 
     /// Places the faults of the processes of `granules` and adds their rows.
@@ -262,7 +274,7 @@ impl Partial {
                 // A huge page freed and faulted again counts again: never
                 // more pages than the region has.
                 pages_touched: a.pages_faulted_in().min((r.end - r.start) / 4096),
-                cow_from: cow_from(&r, &a, shares_after_fork.contains(&pid)),
+                cow_from: cow_from(&r, &a, shares_after_fork.contains(&pid), self.copies_seen),
                 folded: 0,
             });
         }
@@ -400,14 +412,20 @@ pub fn attribute<'a>(
     p.finish(page_cache)
 }
 
-/// What a region's COW faults copied. The kernel does not say; each fault
-/// says read or write and whether the page was present. A read fault on
-/// anonymous memory maps the zero page, so a later write copies it: as many
-/// COW faults as there were reads are zero-page copies. The rest copied a
-/// page shared since a fork when the process forked or was forked (and did
-/// not exec since); otherwise nothing was copied. In a private file mapping
-/// every one copied a file page.
-fn cow_from(r: &Region, a: &Acc, shares_after_fork: bool) -> Option<crate::model::CowFrom> {
+/// What a region's COW faults copied. Each fault says read or write and
+/// whether the page was present; where `copies_seen`, the programs also
+/// counted the COW faults in which the kernel allocated the copy
+/// (`cow_copied`), and the others reused their page. A read fault on
+/// anonymous memory maps the zero page, so as many copies as there were
+/// reads are zero-page copies; the rest copied a page shared since a fork
+/// when the process forked or was forked (and did not exec since), else
+/// some other shared page (`other`: KSM, pinned, swap cache). In a private
+/// file mapping a copy copied a file page. Without `copies_seen` every COW
+/// fault of an anonymous region that is not a zero-page copy is taken for a
+/// fork copy when the process shares since a fork (a write after the child
+/// exited is then miscounted), else for a reuse, and every one in a private
+/// file mapping for a copy.
+fn cow_from(r: &Region, a: &Acc, shares_after_fork: bool, copies_seen: bool) -> Option<crate::model::CowFrom> {
     let round = |v: f64| v.round().max(0.0) as u64;
     let cow = round(a.cow);
     if cow == 0 {
@@ -415,21 +433,34 @@ fn cow_from(r: &Region, a: &Acc, shares_after_fork: bool) -> Option<crate::model
     }
     let mut c = crate::model::CowFrom::default();
     match r.kind {
+        RegionKind::File if copies_seen => {
+            c.file = round(a.cow_copied).min(cow);
+            c.reused = cow - c.file;
+        }
         RegionKind::File => c.file = cow,
         k if k.is_anon_like() => {
             let reads = round(a.faults - a.write - a.exec);
-            c.zero_page = reads.min(cow);
-            if shares_after_fork {
-                c.fork = cow - c.zero_page;
+            let copied = if copies_seen {
+                round(a.cow_copied).min(cow)
+            } else if shares_after_fork {
+                cow
             } else {
-                c.reused = cow - c.zero_page;
+                reads.min(cow)
+            };
+            c.zero_page = reads.min(copied);
+            let rest = copied - c.zero_page;
+            if shares_after_fork {
+                c.fork = rest;
+            } else {
+                c.other = rest;
             }
+            c.reused = cow - copied;
         }
         // Shared memory is never copied: a write fault there is dirty tracking.
         _ => c.reused = cow,
     }
     if r.kind == RegionKind::PythonArena {
-        c.python_objects = cow;
+        c.python_objects = cow - c.reused;
     }
     Some(c)
 }

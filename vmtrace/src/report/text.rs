@@ -304,6 +304,13 @@ fn cow_line(out: &mut String, c: &crate::model::CowFrom) {
             "  COW: {} zero-page copies (anonymous memory read, then written), {} copies of pages shared since a fork, {} of private file pages, {} without a copy (write access given back)",
             c.zero_page, c.fork, c.file, c.reused
         );
+        if c.other > 0 {
+            let _ = writeln!(
+                out,
+                "  COW: {} copies of other shared pages (KSM, pinned, swap cache) in processes that share nothing since a fork",
+                c.other
+            );
+        }
         if c.python_objects > 0 {
             let _ = writeln!(
                 out,
