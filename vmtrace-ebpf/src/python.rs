@@ -191,7 +191,13 @@ pub fn walk(s: &mut UserStack, mut h: u64) -> u64 {
             let stamp =
                 unsafe { bpf_probe_read_user((code + u64::from(p.code_stamp)) as *const [u64; PY_STAMP_WORDS]) }
                     .map_or(0, |w| py_code_stamp(&w, p.code_stamp_words));
-            if let Some(slot) = s.py.get_mut(nr & (PY_DEPTH - 1)) {
+            // The slot from the depth read again and masked where it is
+            // used: `nr < PY_DEPTH` above lets LLVM drop a mask of `nr`, and
+            // 6.1's verifier loses the bound of `nr` spilled across the reads
+            // ("R3 unbounded memory access" at this store).
+            // SAFETY: as above.
+            let at = unsafe { core::ptr::read_volatile(nr_p) } as usize & (PY_DEPTH - 1);
+            if let Some(slot) = s.py.get_mut(at) {
                 *slot = PyFrame { code, instr, stamp };
             }
             // A frame object is its own evaluation-loop call.
