@@ -5,6 +5,12 @@
 /// Python frames recorded per stack at most (innermost first).
 pub const PY_DEPTH: usize = 32;
 
+/// `UserStack::py_flags`: the thread ran more Python frames than `py`
+/// holds (a frame beyond the `PY_DEPTH` innermost, or one the walk could not
+/// read): `py` holds the innermost ones, and the outermost of them need not
+/// start its evaluation-loop call.
+pub const PY_TRUNCATED: u32 = 1;
+
 /// `PyProc` offsets that a version does not have.
 pub const PY_OFF_NONE: u32 = u32::MAX;
 

@@ -106,7 +106,8 @@ pub struct UserStack {
     /// The process whose Python frames these are (the first to store the
     /// stack): where userspace reads their code objects.
     pub py_tgid: u32,
-    pub _pad: u32,
+    /// [`crate::PY_TRUNCATED`] or 0.
+    pub py_flags: u32,
     /// Python frames recorded in `py` (0: none, or not a known interpreter).
     pub py_nr: u32,
     /// Bit i: `py[i]` is the outermost Python frame of its

@@ -13,7 +13,7 @@ use aya_ebpf::{
 };
 use vmtrace_common::{
     py_code_stamp, KernelOffsets, PyFrame, PyProc, UserStack, PY_DEPTH, PY_FRAME_OBJECTS, PY_FRAME_READ, PY_OFF_NONE,
-    PY_STAMP_WORDS, PY_THREAD_BY_PTHREAD,
+    PY_STAMP_WORDS, PY_THREAD_BY_PTHREAD, PY_TRUNCATED,
 };
 
 /// Python processes by tgid (set by userspace once it found `_PyRuntime`).
@@ -47,6 +47,11 @@ pub fn on_exec(tgid: u32) {
 
 /// Thread states looked at per interpreter at most.
 const THREADS_MAX: u32 = 64;
+
+/// Frames looked at per walk at most: `PY_DEPTH` Python frames, a shim
+/// after each (3.12+: one per evaluation-loop call), and the frame that tells
+/// the walk was cut short.
+const WALK_STEPS: usize = 2 * PY_DEPTH + 1;
 
 /// A frame owned by the C stack: the shim that starts a
 /// `_PyEval_EvalFrameDefault` call (3.12+).
@@ -129,6 +134,7 @@ fn word_at(buf: &[u64; PY_FRAME_READ / 8], off: u32) -> u64 {
 pub fn walk(s: &mut UserStack, mut h: u64) -> u64 {
     s.py_nr = 0;
     s.py_ends = 0;
+    s.py_flags = 0;
     let pid_tgid = bpf_get_current_pid_tgid();
     s.py_tgid = (pid_tgid >> 32) as u32;
     // SAFETY: a plain value read.
@@ -149,10 +155,10 @@ pub fn walk(s: &mut UserStack, mut h: u64) -> u64 {
     // and the loop's iterations converge (1M instructions otherwise).
     let nr_p = &raw mut s.py_nr;
     let ends_p = &raw mut s.py_ends;
-    for _ in 0..PY_DEPTH + 8 {
+    for _ in 0..WALK_STEPS {
         // SAFETY: fields of this CPU's scratch value.
         let nr = unsafe { core::ptr::read_volatile(nr_p) } as usize;
-        if f == 0 || nr >= PY_DEPTH {
+        if f == 0 {
             break;
         }
         // SAFETY: bpf_probe_read_user faults safely.
@@ -164,6 +170,11 @@ pub fn walk(s: &mut UserStack, mut h: u64) -> u64 {
                 bit = 1 << ((nr - 1) & 31);
             }
         } else {
+            if nr >= PY_DEPTH {
+                // A Python frame beyond those kept (a shim is still taken,
+                // as it only ends the call of the frame below it).
+                break;
+            }
             let code = word_at(&buf, p.frame_code);
             let instr = if objects {
                 // f_lasti, an int: its 4 bytes, sign dropped (userspace
@@ -180,7 +191,13 @@ pub fn walk(s: &mut UserStack, mut h: u64) -> u64 {
             let stamp =
                 unsafe { bpf_probe_read_user((code + u64::from(p.code_stamp)) as *const [u64; PY_STAMP_WORDS]) }
                     .map_or(0, |w| py_code_stamp(&w, p.code_stamp_words));
-            if let Some(slot) = s.py.get_mut(nr & (PY_DEPTH - 1)) {
+            // The slot from the depth read again and masked where it is
+            // used: `nr < PY_DEPTH` above lets LLVM drop a mask of `nr`, and
+            // 6.1's verifier loses the bound of `nr` spilled across the reads
+            // ("R3 unbounded memory access" at this store).
+            // SAFETY: as above.
+            let at = unsafe { core::ptr::read_volatile(nr_p) } as usize & (PY_DEPTH - 1);
+            if let Some(slot) = s.py.get_mut(at) {
                 *slot = PyFrame { code, instr, stamp };
             }
             // A frame object is its own evaluation-loop call.
@@ -194,6 +211,13 @@ pub fn walk(s: &mut UserStack, mut h: u64) -> u64 {
         // SAFETY: as above.
         unsafe { core::ptr::write_volatile(ends_p, core::ptr::read_volatile(ends_p) | bit) };
         f = word_at(&buf, p.frame_previous);
+    }
+    // Stopped before the chain's end: by depth, by steps, or at a frame it
+    // could not read. `py` holds the innermost frames; userspace pairs them
+    // with the innermost evaluation-loop frames and marks the cut.
+    if f != 0 {
+        s.py_flags = PY_TRUNCATED;
+        h = crate::shared::mix(h ^ u64::from(PY_TRUNCATED));
     }
     h
 }

@@ -158,6 +158,105 @@ fn python_3_13_threads_and_forked_workers_are_named() {
     threads_and_workers_are_named(13);
 }
 
+/// `fill_buffers` (line 5) faults 55 Python frames deep: `<module>`, `main`,
+/// `Deep.__iter__` (entered from C: `for` calls `PyObject_GetIter`, whose
+/// slot runs a new evaluation-loop call) and 51 frames of `down`.
+const DEEP: &str = "\
+import sys
+
+def fill_buffers(n):
+    bufs = []
+    for _ in range(n): bufs.append(bytearray(4 << 20))
+    return bufs
+
+def down(d, rounds):
+    if d == 0:
+        for _ in range(rounds):
+            b = fill_buffers(40)
+            del b
+        return
+    down(d - 1, rounds)
+
+class Deep:
+    def __iter__(self):
+        down(50, int(sys.argv[1]))
+        return iter(())
+
+def main():
+    for _ in Deep():
+        pass
+
+if __name__ == '__main__':
+    main()
+";
+
+/// A stack deeper than the kernel keeps (`PY_DEPTH`): its innermost frames,
+/// after one `[python truncated]` frame, where they ran (beneath the C slot
+/// that entered `Deep.__iter__`'s call), never in the outer calls' place
+/// (uc28: `DataLoader.__iter__` sat under `PyEval_EvalCode`).
+fn deep_stacks_keep_their_innermost_frames(minor: u32) {
+    let Some((_run, f)) = record_script(minor, DEEP) else { return };
+    let depth = vmtrace_common::PY_DEPTH;
+    let inner = format!("{}fill_buffers (fill.py:5)", "down (fill.py:14);".repeat(depth - 2) + "down (fill.py:11);");
+    let stack = |l: &str| l.rsplit_once(' ').map_or(l, |(s, _)| s).split(';').map(str::to_string).collect::<Vec<_>>();
+    // The kept frames, right after the marker and nothing Python before it.
+    let cut_right = |l: &str| {
+        let frames = stack(l);
+        let Some(first) = frames.iter().position(|f| vmtrace::python::is_python_frame(f)) else { return false };
+        first > 0 && frames[first - 1] == "[python truncated]" && python_only(l) == inner
+    };
+    let named = folded_share(&f, cut_right);
+    assert!(named >= 0.9, "3.{minor}: {:.1}% under [python truncated];{inner}:\n{f}", named * 100.0);
+    // Where the native stack shows the C slot that entered `Deep.__iter__`,
+    // every Python frame sits beneath it.
+    let through_slot = |l: &str| stack(l).iter().any(|f| f == "slot_tp_iter") && python_only(l) == inner;
+    let misplaced: Vec<&str> = f
+        .lines()
+        .filter(|l| through_slot(l))
+        .filter(|l| {
+            let frames = stack(l);
+            let slot = frames.iter().position(|f| f == "slot_tp_iter").unwrap();
+            frames[..slot].iter().any(|f| vmtrace::python::is_python_frame(f) || f == "[python truncated]")
+        })
+        .collect();
+    assert!(misplaced.is_empty(), "3.{minor}: Python frames above the slot that ran them:\n{}", misplaced.join("\n"));
+    // 3.11+ runs Python calls without C recursion: its native stacks reach
+    // the slot (3.10's, three C frames a call, end in the stack window).
+    let shown = folded_share(&f, through_slot);
+    eprintln!(
+        "3.{minor}: {:.1}% of fault weight under [python truncated] and the {depth} innermost frames, {:.1}% through slot_tp_iter",
+        named * 100.0,
+        shown * 100.0
+    );
+    if minor >= 11 {
+        assert!(shown >= 0.5, "3.{minor}: {:.1}% of fault weight through slot_tp_iter:\n{f}", shown * 100.0);
+    }
+}
+
+#[test]
+fn python_3_10_deep_stacks_keep_their_innermost_frames() {
+    privileged!();
+    deep_stacks_keep_their_innermost_frames(10);
+}
+
+#[test]
+fn python_3_11_deep_stacks_keep_their_innermost_frames() {
+    privileged!();
+    deep_stacks_keep_their_innermost_frames(11);
+}
+
+#[test]
+fn python_3_12_deep_stacks_keep_their_innermost_frames() {
+    privileged!();
+    deep_stacks_keep_their_innermost_frames(12);
+}
+
+#[test]
+fn python_3_13_deep_stacks_keep_their_innermost_frames() {
+    privileged!();
+    deep_stacks_keep_their_innermost_frames(13);
+}
+
 /// 3.9 has no table here: native stacks only, and summary.json says so.
 #[test]
 fn python_3_9_stays_native_with_a_note() {

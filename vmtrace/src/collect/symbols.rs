@@ -430,7 +430,7 @@ pub(crate) fn site_frames(
 /// Native frames with the Python frames of their stack spliced in.
 fn with_python(frames: Vec<String>, py: &CodeCache, tgid: u32, stack: Option<&PyStack>) -> Vec<String> {
     match stack {
-        Some(s) => crate::python::splice(frames, &py.segments(tgid, s)),
+        Some(s) => crate::python::splice(frames, &py.segments(tgid, s), s.truncated),
         None => frames,
     }
 }

@@ -856,7 +856,12 @@ fn granule_new(bytes: &[u8]) -> Option<vmtrace_common::GranuleNewEvent> {
 
 fn py_stack(s: &vmtrace_common::UserStack) -> Option<crate::python::PyStack> {
     let nr = (s.py_nr as usize).min(s.py.len());
-    (nr > 0).then(|| crate::python::PyStack { tgid: s.py_tgid, frames: s.py[..nr].to_vec(), ends: s.py_ends })
+    (nr > 0).then(|| crate::python::PyStack {
+        tgid: s.py_tgid,
+        frames: s.py[..nr].to_vec(),
+        ends: s.py_ends,
+        truncated: s.py_flags & vmtrace_common::PY_TRUNCATED != 0,
+    })
 }
 
 /// One aggregate summed over the CPUs (or entries) it was kept on.

@@ -50,6 +50,9 @@ pub struct PyStack {
     pub frames: Vec<PyFrame>,
     /// Bit i: frame i is the outermost of its evaluation-loop call.
     pub ends: u32,
+    /// The thread ran more frames than `frames` (`PY_TRUNCATED`): they are
+    /// its innermost ones.
+    pub truncated: bool,
 }
 
 /// What reading a frame's code object gave.

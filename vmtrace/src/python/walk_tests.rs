@@ -75,8 +75,8 @@ fn walk_live(minor: u32) {
     // The same frames as if their code objects had been other ones (another
     // stamp at the same addresses): what lies there now does not name them.
     let other: Vec<PyFrame> = frames.iter().map(|f| PyFrame { stamp: f.stamp ^ 2, ..*f }).collect();
-    let stack = PyStack { tgid: pid, frames, ends: 0 };
-    let freed = PyStack { tgid: pid, frames: other, ends: 0 };
+    let stack = PyStack { tgid: pid, frames, ends: 0, truncated: false };
+    let freed = PyStack { tgid: pid, frames: other, ends: 0, truncated: false };
     let mut codes = CodeCache::default();
     codes.set_layout(pid, found.code);
     codes.resolve(&stack);

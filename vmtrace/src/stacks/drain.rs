@@ -30,8 +30,9 @@ struct Stored {
     born: u64,
     /// Innermost first.
     ips: Box<[u64]>,
-    /// Python frames (innermost first), their process and `ends` bits.
-    py: Option<(u32, u32, Box<[PyFrame]>)>,
+    /// Python frames (innermost first), their process, `ends` bits and
+    /// whether they were cut short.
+    py: Option<(u32, u32, bool, Box<[PyFrame]>)>,
 }
 
 /// Counts and stacks drained from the kernel maps.
@@ -71,7 +72,7 @@ impl Drained {
                 false
             }
             None => {
-                let py = py.map(|p| (p.tgid, p.ends, p.frames.clone().into_boxed_slice()));
+                let py = py.map(|p| (p.tgid, p.ends, p.truncated, p.frames.clone().into_boxed_slice()));
                 self.stacks.insert(id, Stored { hash, born: self.calls, ips: ips.into(), py });
                 true
             }
@@ -85,8 +86,8 @@ impl Drained {
 
     /// A drained stack's Python frames.
     pub fn python(&self, id: u32) -> Option<PyStack> {
-        let (tgid, ends, frames) = self.stacks.get(&id)?.py.as_ref()?;
-        Some(PyStack { tgid: *tgid, frames: frames.to_vec(), ends: *ends })
+        let (tgid, ends, truncated, frames) = self.stacks.get(&id)?.py.as_ref()?;
+        Some(PyStack { tgid: *tgid, frames: frames.to_vec(), ends: *ends, truncated: *truncated })
     }
 
     /// Takes the counts of `tgids` out.
@@ -207,7 +208,7 @@ impl Drained {
     pub fn frame_bytes(&self) -> usize {
         self.stacks
             .values()
-            .map(|s| s.ips.len() * 8 + s.py.as_ref().map_or(0, |p| p.2.len() * std::mem::size_of::<PyFrame>()))
+            .map(|s| s.ips.len() * 8 + s.py.as_ref().map_or(0, |p| p.3.len() * std::mem::size_of::<PyFrame>()))
             .sum()
     }
 }
@@ -287,7 +288,7 @@ mod tests {
         let c = StackCounts { faults: 3, major: 1, time_ns: 30, timed: 3, cow: 0 };
         d.add_counts(key(0x4000_0001), &c);
         d.add_counts(key(0x4000_0001), &c);
-        let py = PyStack { tgid: 7, frames: vec![PyFrame { code: 1, instr: 2, stamp: 3 }], ends: 1 };
+        let py = PyStack { tgid: 7, frames: vec![PyFrame { code: 1, instr: 2, stamp: 3 }], ends: 1, truncated: true };
         assert!(d.add_stack(0x4000_0001, 99, &[1, 2, 3], Some(&py)));
         // Drained again after being walked again: same hash, same stack.
         assert!(d.add_stack(0x4000_0001, 99, &[1, 2, 3], Some(&py)));
