@@ -593,12 +593,7 @@ fn flame_heading(s: &Summary, dir: &Path, file: &str, title: &str) -> String {
     let total = flamegraph::total(&folded);
     let period = s.stacks.as_ref().map_or(1, |st| st.sample_period.max(1));
     let what = match file {
-        "resident.svg" | "resident-peak.svg" => {
-            return format!(
-                "{title} — {} (estimated from sampled pages, scaled to the kernel's resident totals)",
-                bytes(total)
-            )
-        }
+        "resident.svg" | "resident-peak.svg" => return format!("{title} — {}", bytes(total)),
         "mmap.svg" => return format!("{title} — {} calls", thousands(total)),
         "major-faults.svg" => return format!("{title} — {} major faults", thousands(total)),
         "fault-time.svg" if period > 1 => format!("≈{}", fmt_ns(total)),
@@ -706,13 +701,9 @@ fn flames_section(s: &Summary, dir: &Path, flame_prefix: &str) -> String {
         ("fault-time.svg", "Time in the fault handler by call stack"),
         ("cow.svg", "Copy-on-write faults by call stack"),
         ("shootdowns.svg", "TLB shootdown IPIs by initiating call site"),
-        ("major-faults.svg", "Major faults (pages read from disk) by call stack"),
-        ("mmap.svg", "mmap-family calls by call site"),
-        ("resident-peak.svg", "Resident memory at each process's peak by call site"),
-        ("resident.svg", "Resident memory at each process's end by call site"),
     ] {
         // A graph of nothing says nothing.
-        if (file == "cow.svg" && s.totals.cow == 0) || (file == "major-faults.svg" && s.totals.major == 0) {
+        if file == "cow.svg" && s.totals.cow == 0 {
             continue;
         }
         let img = flame_img(dir, file);
@@ -724,6 +715,23 @@ fn flames_section(s: &Summary, dir: &Path, flame_prefix: &str) -> String {
                 img.replace(file, &format!("{flame_prefix}{file}"))
             );
         }
+    }
+    // The others are linked, not embedded: a torch import's mmap.svg alone
+    // is 790 KB, and the page is meant to stay small.
+    let linked: Vec<String> = [
+        ("major-faults.svg", "major faults"),
+        ("mmap.svg", "mmap-family calls"),
+        ("resident-peak.svg", "resident memory at each process's peak"),
+        ("resident.svg", "resident memory at each process's end"),
+    ]
+    .iter()
+    .filter(|(f, _)| dir.join(f).is_file() && (*f != "major-faults.svg" || s.totals.major > 0))
+    .map(|(f, what)| {
+        format!("<a href='{flame_prefix}{f}'><code>{f}</code></a> ({})", escape(&flame_heading(s, dir, f, what)))
+    })
+    .collect();
+    if !linked.is_empty() {
+        let _ = write!(flames, "<p class='note'>Interactive flamegraphs of {}.</p>", linked.join(", "));
     }
     let profiles: Vec<String> = crate::export::pprof::ALL
         .iter()
