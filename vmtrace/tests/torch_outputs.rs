@@ -165,7 +165,11 @@ fn import_torch_writes_small_readable_outputs() {
     let run = record(&[], &[python.to_str().unwrap(), "-c", "import torch"]);
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
     let (bytes, files) = dir_bytes(run.out.path());
-    assert!(bytes <= 5_000_000, "import torch wrote {bytes} bytes: {files:?}");
+    // 5 MB when it was set (issue 32); the resident profiles that came
+    // after (resident and resident-peak .svg/.folded/.pb.gz, ~1.2 MB here)
+    // took an import to 4.4-5.06 MB from run to run (shootdowns.svg alone
+    // 68-168 KB): 5,055,220 bytes failed the last suite's first try.
+    assert!(bytes <= 6_000_000, "import torch wrote {bytes} bytes: {files:?}");
     // Lines people read stay readable: C++ names folded (`name<…>(…)`).
     let txt = std::fs::read_to_string(run.out.path().join("summary.txt")).unwrap();
     let longest = txt.lines().max_by_key(|l| l.chars().count()).unwrap_or_default();
