@@ -9,7 +9,7 @@ pub(crate) mod root;
 
 use crate::model::RegionKind;
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Region {
     pub start: u64,
     pub end: u64,

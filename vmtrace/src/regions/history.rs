@@ -38,12 +38,6 @@ pub enum MapsRead {
     },
 }
 
-impl From<Vec<Region>> for MapsRead {
-    fn from(v: Vec<Region>) -> Self {
-        Self::Whole(v)
-    }
-}
-
 impl MapsRead {
     /// `now` as logged after `before` (both sorted by start, as the kernel lists them).
     pub fn since(before: &[Region], now: &[Region]) -> Self {
