@@ -91,6 +91,15 @@ pub const PAGE_HUGE: u32 = 1;
 /// since pages are sampled by address (`page_sampled`): a huge page stands
 /// for itself (`PAGE_HUGE`), every other page is of the address sample.
 pub const PAGE_EXACT: u32 = 2;
+/// `PageSample::flags`: a copy-on-write fault (a write to a present,
+/// write-protected page).
+pub const PAGE_COW: u32 = 4;
+/// `PageSample::flags`: with `PAGE_COW`, the kernel allocated the copy
+/// (`wp_page_copy`); without it the fault reused the page it had
+/// (`wp_page_reuse`: the process held it alone, e.g. after its fork child
+/// exited), which stays its first owner's. Meaningful only where the
+/// page-allocation hook tells copies (`cow_copies_seen`).
+pub const PAGE_COPIED: u32 = 8;
 
 /// A 64-bit mix of a virtual page number (address >> 12) and the
 /// recording's salt: splitmix64's finalizer, a bijection, so with a uniform

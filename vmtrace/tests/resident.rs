@@ -171,6 +171,29 @@ fn site_bytes(summary: &serde_json::Value, pid: u64, frame: &str, shared: bool) 
         .sum()
 }
 
+/// A write after the fork child exited reuses the page (the kernel copies
+/// nothing: it counts the copies itself from pagemap): the buffer stays
+/// under `fill_buffer`, which faulted it in, not under `rewrite_buffer`
+/// (uc29: 64 MiB under the writer, 0 under the allocating function; in a
+/// torch job 266 MiB of the main process under interpreter shutdown).
+#[test]
+fn a_write_that_reuses_its_pages_leaves_them_with_the_code_that_faulted_them_in() {
+    privileged!();
+    let dir = disk_dir();
+    let bin = common::compile_c("resident_cow_reuse.c", dir.path());
+    let run = record(&["--stack-sample", "1"], &[bin.to_str().unwrap()]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let out = String::from_utf8_lossy(&run.output.stdout).to_string();
+    let f: Vec<u64> = out.split_whitespace().map(|v| v.parse().unwrap()).collect();
+    let (pages, copied) = (f[0], f[1]);
+    let pid = u64::from(run.summary["target"]["pid"].as_u64().unwrap() as u32);
+    let filled = site_bytes(&run.summary, pid, "fill_buffer", false);
+    let rewritten = site_bytes(&run.summary, pid, "rewrite_buffer", false);
+    eprintln!("kernel: {copied} of {pages} pages copied; fill_buffer {filled} B, rewrite_buffer {rewritten} B");
+    assert_close("the reused buffer under fill_buffer", filled, (pages - copied) * 4096, 5.0);
+    assert!(rewritten <= (copied + 64) * 4096, "rewrite_buffer holds {rewritten} B; the kernel copied {copied} pages");
+}
+
 /// `fork_workers.c` (its folder, then `args`) recorded with a stack on 1 in
 /// `stack_sample` faults; its two workers' pids.
 fn fork_workers_run(stack_sample: &str, args: &[&str]) -> (Run, tempfile::TempDir, Vec<u64>) {

@@ -22,8 +22,8 @@ use aya_ebpf::{
 };
 use vmtrace_common::{
     page_sampled, DropKind, EventHeader, EventKind, InflightFault, KernelOffsets, PageSample, RssEvent, RssMm,
-    INFLIGHT_HUGE, INFLIGHT_PAGE, PAGE_HUGE, RSS_ENDED, RSS_MEMBERS, RSS_PEAK_MIN_STEP, RSS_PEAK_TIME_STEP,
-    STACK_ID_NONE,
+    INFLIGHT_COPIED, INFLIGHT_COW, INFLIGHT_HUGE, INFLIGHT_PAGE, PAGE_COPIED, PAGE_COW, PAGE_HUGE, RSS_ENDED,
+    RSS_MEMBERS, RSS_PEAK_MIN_STEP, RSS_PEAK_TIME_STEP, STACK_ID_NONE,
 };
 
 use crate::{
@@ -420,7 +420,15 @@ pub fn stream_page(tgid: u32, f: &InflightFault) {
         count_drop(DropKind::PageSampleRingFull);
         return;
     };
-    let flags = if f.flags & INFLIGHT_HUGE != 0 { PAGE_HUGE } else { 0 };
+    let mut flags = if f.flags & INFLIGHT_HUGE != 0 { PAGE_HUGE } else { 0 };
+    // A copy-on-write fault, and whether the page-allocation hook saw it
+    // copy: the fault ended, so the copy (allocated inside it) was seen.
+    if f.flags & INFLIGHT_COW != 0 {
+        flags |= PAGE_COW;
+        if f.flags & INFLIGHT_COPIED != 0 {
+            flags |= PAGE_COPIED;
+        }
+    }
     slot.write(PageSample {
         hdr: EventHeader {
             kind: EventKind::PageSample as u32,

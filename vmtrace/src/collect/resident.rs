@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use vmtrace_common::{
     page_sampled, EventKind, MmCall, MmEvent, OomEvent, PageSample, RssEvent, RssMm, TaskEvent, LEAF_BLOCK_SHIFT,
-    PAGE_EXACT, PAGE_HUGE, RSS_ANON, RSS_ENDED, RSS_FILE, RSS_MEMBERS, RSS_SHMEM,
+    PAGE_COPIED, PAGE_COW, PAGE_EXACT, PAGE_HUGE, RSS_ANON, RSS_ENDED, RSS_FILE, RSS_MEMBERS, RSS_SHMEM,
 };
 
 /// Sampled pages followed at once over all processes (~48 bytes each): at
@@ -141,6 +141,10 @@ pub(crate) struct ResidentTracker {
     /// Sampled pages streamed, and those not followed (`MAX_LIVE_PAGES`).
     pub sampled_pages: u64,
     pub dropped_pages: u64,
+    /// Whether a copy-on-write fault's page sample says if it copied.
+    cow_copies_seen: bool,
+    /// Sampled copy-on-write faults that reused a followed page (its owner kept).
+    pub reused_pages: u64,
     /// Each OOM victim's live set at its kill, scaled later to the kernel's
     /// counters the kill reported.
     ooms: Vec<(u32, Snapshot)>,
@@ -176,8 +180,17 @@ impl ResidentTracker {
         self
     }
 
+    /// Copy-on-write faults that reused their page are told from copies
+    /// (`PAGE_COPIED`; the loader's `cow_copies_seen`).
+    pub fn with_cow_copies(mut self, seen: bool) -> Self {
+        self.cow_copies_seen = seen;
+        self
+    }
+
     /// A sampled fault: its page is the stack's now (a copy-on-write copy
-    /// of an inherited page becomes the writer's).
+    /// of an inherited page becomes the writer's). A copy-on-write fault
+    /// that reused its page allocated nothing: the page stays its owner's,
+    /// the process's alone now.
     pub(crate) fn page(&mut self, ev: &PageSample, kind: u8) {
         self.sampled_pages += 1;
         let (period, salt) = (self.period, self.salt);
@@ -189,6 +202,15 @@ impl ResidentTracker {
         // ended before it, yet its record may come after the call's (the
         // fault's end is seen late). Its page is gone.
         if p.given_back.iter().any(|&(start, end, ts)| (start..end).contains(&addr) && ev.hdr.ts_ns < ts) {
+            return;
+        }
+        let reused = self.cow_copies_seen && ev.flags & (PAGE_COW | PAGE_COPIED | PAGE_HUGE) == PAGE_COW;
+        if let Some(page) = p.live.get_mut(&addr).filter(|page| reused && page.bytes == bytes) {
+            // (uc29: a program that wrote its 64 MiB after its fork child
+            // exited had it all under the writing function, none under the
+            // allocating one.)
+            page.owner.inherited = false;
+            self.reused_pages += 1;
             return;
         }
         let owner = Owner {
@@ -816,6 +838,45 @@ mod tests {
         let own: u64 = end.by_owner.iter().filter(|(o, _)| o.user_stack == 9 && !o.inherited).map(|(_, v)| v.0).sum();
         assert_eq!((inherited, own), (3 * 4096, 4096));
         assert_eq!(end.resident(), 4 * 4096);
+    }
+
+    /// A write after the fork child exited reuses the page (uc29): it stays
+    /// under the stack that faulted it in, no longer shared. A copy goes to
+    /// the writer; where copies are not told apart, every write does.
+    #[test]
+    fn a_reused_page_stays_its_owners_and_a_copy_is_the_writers() {
+        let cow = |tgid: u32, addr: u64, stack: i32, copied: bool| PageSample {
+            flags: PAGE_COW | if copied { PAGE_COPIED } else { 0 },
+            ..sample(tgid, addr, stack)
+        };
+        for seen in [true, false] {
+            let mut t = ResidentTracker::default().with_cow_copies(seen);
+            for i in 0..4 {
+                t.page_anon(&sample(5, 0x10_0000 + i * 4096, 1));
+            }
+            let mut ev = fork(6, 5);
+            t.task(&ev);
+            ev.hdr.kind = EventKind::TaskExit as u32;
+            ev.group_dead = 1;
+            t.task(&ev);
+            // The parent writes three pages alone (reused) and a fourth it
+            // copies (a read-only file page, say); a page never seen is the
+            // writer's whatever it was.
+            for i in 0..3 {
+                t.page_anon(&cow(5, 0x10_0000 + i * 4096, 7, false));
+            }
+            t.page_anon(&cow(5, 0x10_3000, 7, true));
+            t.page_anon(&cow(5, 0x50_0000, 7, false));
+            t.rss(&rss(EventKind::ResidentEnd, 5, 5 * 4096));
+            assert_eq!(t.reused_pages, if seen { 3 } else { 0 });
+            let (procs, _, _) = t.finish(10);
+            let end = procs[&5].end.as_ref().unwrap();
+            let of = |stack: i32| -> u64 {
+                end.by_owner.iter().filter(|(o, _)| o.user_stack == stack && !o.inherited).map(|(_, v)| v.1).sum()
+            };
+            let want = if seen { (3, 2) } else { (0, 5) };
+            assert_eq!((of(1), of(7)), want, "copies seen: {seen}");
+        }
     }
 
     /// Pages and forks come on separate rings: a child's copy that comes

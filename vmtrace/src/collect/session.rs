@@ -406,9 +406,8 @@ impl Batch {
 impl<S: AggregateSource> Session<S> {
     pub fn new(source: S, opts: SessionOptions) -> Self {
         let now = Instant::now();
-        let (page_salt, tp_offsets) = (source.page_salt(), source.tp_offsets());
-        let placed =
-            crate::regions::Partial::new(attribute::weighted_time(&source)).with_cow_copies(source.cow_copies_seen());
+        let (page_salt, tp_offsets, cow_copies) = (source.page_salt(), source.tp_offsets(), source.cow_copies_seen());
+        let placed = crate::regions::Partial::new(attribute::weighted_time(&source)).with_cow_copies(cow_copies);
         Self {
             minor_period: source.minor_period(),
             fast_period: source.fast_period(),
@@ -432,7 +431,9 @@ impl<S: AggregateSource> Session<S> {
             python: super::python::Tracker::default(),
             trace: opts.trace_log.then(|| TraceRecorder::new(monotonic_ns())),
             resident: opts.families.resident.then(|| {
-                ResidentTracker::new(opts.stacks.map_or(1, |(_, period)| period), page_salt).with_oom_sizes(&tp_offsets)
+                ResidentTracker::new(opts.stacks.map_or(1, |(_, period)| period), page_salt)
+                    .with_oom_sizes(&tp_offsets)
+                    .with_cow_copies(cow_copies)
             }),
             placement: Some(super::placement::Placement::new(opts.families.mmap, opts.trace_log)),
             retiring: Vec::new(),

@@ -87,6 +87,12 @@ pub struct StacksSummary {
     /// (unreadable: the process was gone).
     #[serde(default)]
     pub python_unnamed_faults: u64,
+    /// Sampled faults whose Python walk was cut short (`PY_TRUNCATED`: the
+    /// thread ran more frames than the kernel's walk reads, or a frame could
+    /// not be read at the fault); `[python truncated]` stands for the outer
+    /// frames: the innermost frames and lines are right, the callers missing.
+    #[serde(default)]
+    pub python_truncated_faults: u64,
     /// Code objects seen in stacks that were freed before they were read
     /// (each named `[python code freed]`).
     #[serde(default)]

@@ -437,6 +437,18 @@ fn stacks_section(out: &mut String, s: &Summary) {
     if st.python_unnamed_faults > 0 {
         let _ = writeln!(out, "  {}", python_unnamed_line(st));
     }
+    if st.python_truncated_faults > 0 {
+        let _ = writeln!(
+            out,
+            "  Python stacks cut short ({} sampled faults, {:.2}%: deeper than the kernel reads, or a frame\n  \
+             not readable at the fault): their innermost frames (up to {}) are shown under {}, the outer\n  \
+             callers are not.",
+            st.python_truncated_faults,
+            st.python_truncated_faults as f64 * 100.0 / st.sampled_faults.max(1) as f64,
+            vmtrace_common::PY_DEPTH,
+            crate::python::TRUNCATED
+        );
+    }
     // Both are what code built without frame pointers does to a walk: the
     // chain ends at once (shallow), or runs into data (broken, then cut).
     if st.broken_chain_pct >= 1.0 || st.shallow_user_stacks_pct > 50.0 {
