@@ -158,6 +158,14 @@ pub(crate) fn assemble(mut i: Inputs) -> Finished {
         i.mm_sites.extend(f.sites());
     }
     let drop_counts = DropCounts { by_kind: i.drops.clone(), malformed_events: i.malformed_events };
+    // summary.json sums some counters (`mm` is the map's and the ring's):
+    // the log names each, so that a loss says where it happened.
+    let named = drop_counts.by_name();
+    if drop_counts.lost() > 0 {
+        log::warn!("lost {} events; kernel drop counters: {named:?}", drop_counts.lost());
+    } else if !named.is_empty() {
+        log::info!("kernel drop counters (nothing lost): {named:?}");
+    }
     let drops = drop_counts.summary();
     let (processes, totals) = processes(&i);
     let stratified = i.fast_period > 1 && i.minor_period == 1;

@@ -81,6 +81,32 @@ impl DropCounts {
         self.by_kind.iter().sum()
     }
 
+    /// The kernel counters that are not zero, by their `DropKind` name
+    /// (`mm` in summary.json is two of them: the map and the ring).
+    pub fn by_name(&self) -> Vec<(&'static str, u64)> {
+        use DropKind as K;
+        const NAMES: [(DropKind, &str); vmtrace_common::DROP_KINDS as usize - 1] = [
+            (K::TaskEventRingFull, "TaskEventRingFull"),
+            (K::FaultStatsFull, "FaultStatsFull"),
+            (K::TracedFull, "TracedFull"),
+            (K::FaultUntimed, "FaultUntimed"),
+            (K::OomRingFull, "OomRingFull"),
+            (K::StackLost, "StackLost"),
+            (K::StackCountsFull, "StackCountsFull"),
+            (K::MmStatsFull, "MmStatsFull"),
+            (K::MmEventRingFull, "MmEventRingFull"),
+            (K::RegionStatsFull, "RegionStatsFull"),
+            (K::FileChunksFull, "FileChunksFull"),
+            (K::StackSampleRingFull, "StackSampleRingFull"),
+            (K::FaultMajorRingFull, "FaultMajorRingFull"),
+            (K::RssMmFull, "RssMmFull"),
+            (K::RssRingFull, "RssRingFull"),
+            (K::PageSampleRingFull, "PageSampleRingFull"),
+            (K::GranuleKeyRingFull, "GranuleKeyRingFull"),
+        ];
+        NAMES.iter().map(|&(k, name)| (name, self.get(k))).filter(|(_, n)| *n > 0).collect()
+    }
+
     /// Stacks that could not be kept (their faults still count).
     pub fn stacks_lost(&self) -> u64 {
         self.get(DropKind::StackLost) + self.get(DropKind::StackCountsFull)
@@ -127,5 +153,16 @@ mod tests {
         assert_eq!(d.stacks_lost(), 30);
         let s = d.summary();
         assert_eq!((s.task_events, s.mm, s.untimed_faults, s.region_stats_full), (5, 2, 100, 30));
+        assert_eq!(
+            d.by_name(),
+            [
+                ("TaskEventRingFull", 1),
+                ("FaultUntimed", 100),
+                ("StackLost", 10),
+                ("StackCountsFull", 20),
+                ("MmEventRingFull", 2),
+                ("RegionStatsFull", 30)
+            ]
+        );
     }
 }
