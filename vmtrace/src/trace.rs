@@ -165,6 +165,18 @@ impl Plan {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .map_or(crate::collect::session::STACK_SWEEP, std::time::Duration::from_millis),
+            // `VMTRACE_STACK_SEAL_MS` (0: never) and `VMTRACE_STACK_SEAL_ABOVE`:
+            // the tests seal live processes' stacks sooner.
+            stack_seal: (
+                std::env::var("VMTRACE_STACK_SEAL_MS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .map_or(crate::collect::session::STACK_SEAL, std::time::Duration::from_millis),
+                std::env::var("VMTRACE_STACK_SEAL_ABOVE")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(crate::collect::session::SEAL_ABOVE),
+            ),
         }
     }
 }

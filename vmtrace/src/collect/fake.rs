@@ -210,6 +210,13 @@ impl AggregateSource for FakeSource {
         out
     }
 
+    /// The fake drains nothing: every count of `tgid` is settled.
+    fn take_settled_counts(&mut self, tgid: u32, _min_age: u64) -> Vec<(StackKey, StackCounts)> {
+        let (out, kept) = std::mem::take(&mut self.stack_counts).into_iter().partition(|(k, _)| k.tgid == tgid);
+        self.stack_counts = kept;
+        out
+    }
+
     fn all_mm_stacks(&self) -> Vec<(MmStackKey, MmStackCounts)> {
         self.mm_stacks.clone()
     }

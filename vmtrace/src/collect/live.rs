@@ -152,6 +152,8 @@ impl<S: AggregateSource> Session<S> {
         }
         let (native, py) = (&self.native, &self.python.codes);
         let mut stacks = super::symbols::build_stacks(&mut self.table, &self.source, native, py, &mut self.syms);
+        let table = &mut self.table;
+        stacks.extend(self.syms.sealed_stacks(|_| true, &mut |pid| table.ensure(pid).comm.clone()));
         let totals = self
             .stats_totals()
             .iter()

@@ -86,6 +86,13 @@ const CLOSE_OBJECTS_EVERY: u64 = 16;
 /// (`sweep_stacks`), and how long one is held first: a ring record or a
 /// fault in flight naming it has long been seen by then.
 pub const STACK_SWEEP: Duration = Duration::from_secs(10);
+/// How often live processes' settled stack keys are sealed
+/// (`Session::seal_live`), once more than `SEAL_ABOVE` drained stacks are
+/// held; a key must have gone without a count for as long (in drains, at
+/// least `SEAL_MIN_AGE`: 50 by default).
+pub const STACK_SEAL: Duration = Duration::from_secs(5);
+pub const SEAL_ABOVE: usize = 8192;
+const SEAL_MIN_AGE: u64 = 5;
 
 /// The live snapshot: a child module, for the session's private state.
 #[path = "live.rs"]
@@ -135,6 +142,10 @@ pub struct SessionOptions {
     /// How often the drained stacks nothing refers to are let go, and how
     /// long one must have been held first (`Session::sweep_stacks`).
     pub stack_sweep: Duration,
+    /// How often live processes' settled stack keys are sealed, and the
+    /// drained stacks held above which they are (`Session::seal_live`);
+    /// zero: never.
+    pub stack_seal: (Duration, usize),
 }
 
 impl SessionOptions {
@@ -153,6 +164,7 @@ impl SessionOptions {
             fold_processes: false,
             release_above: RELEASE_ABOVE,
             stack_sweep: STACK_SWEEP,
+            stack_seal: (STACK_SEAL, SEAL_ABOVE),
         }
     }
 }
@@ -206,6 +218,10 @@ pub struct Session<S: AggregateSource> {
     last_retire: Instant,
     /// The last sweep of the drained stacks nothing refers to (`let_go`).
     last_sweep: Instant,
+    /// The last sealing of live processes' settled keys (`seal_live`), and
+    /// the drained stacks it let go.
+    last_seal: Instant,
+    sealed_stacks: u64,
     /// The regions of the retired processes, placed.
     placed: crate::regions::Partial,
     /// Replayed starts of forked processes, kept between placements.
@@ -441,6 +457,8 @@ impl<S: AggregateSource> Session<S> {
             exited_to_release: Vec::new(),
             last_retire: now,
             last_sweep: now,
+            last_seal: now,
+            sealed_stacks: 0,
             placed,
             starts: attribute::Starts::default(),
             retired: 0,
@@ -618,6 +636,7 @@ impl<S: AggregateSource> Session<S> {
         self.release_exited(now);
         mark(3);
         self.take_stacks(now);
+        self.seal_live(now);
         mark(4);
         self.log_weights(now);
         let took = now.elapsed();
@@ -1130,6 +1149,8 @@ impl<S: AggregateSource> Session<S> {
         if self.opts.stacks.is_some() {
             let raw = source.take_stack_counts(ready);
             let mut stacks = symbols::symbolize_counts(raw, table, source, native, py, &mut self.syms);
+            let mut comm = |pid: u32| table.ensure(pid).comm.clone();
+            stacks.extend(self.syms.sealed_stacks(|p| ready.contains(&p), &mut comm));
             self.leaf_seen |= stacks.iter().any(|s| s.leaf.is_some());
             let comm_of = |pid: u32| rows.get(&pid).map_or_else(String::new, |r| r.comm.clone());
             crate::stacks::weight::weigh(&mut stacks, &totals, &comm_of);
@@ -1537,6 +1558,18 @@ impl<S: AggregateSource> Session<S> {
     /// trace every stack is kept for the end: not called.)
     fn sweep_stacks(&mut self, now: Instant) {
         self.last_sweep = now;
+        let in_use = self.stack_ids_held();
+        let t = Instant::now();
+        // In drains (one a tick).
+        let min_age = (self.opts.stack_sweep.as_millis() / STORM_TICK.as_millis()).max(10) as u64;
+        let swept = self.source.sweep_stacks(in_use, min_age);
+        log::debug!(target: "vmtrace::release", "swept {swept} drained stacks nothing refers to in {:?}", t.elapsed());
+    }
+
+    /// The stack ids the session refers to besides the drained counts:
+    /// call sites not folded away, resident pages and snapshots, and what
+    /// the placement trackers name at the end.
+    fn stack_ids_held(&self) -> crate::hash::HashSet<u32> {
         let id = |s: i32| u32::try_from(s).ok();
         let mut in_use: crate::hash::HashSet<u32> =
             self.retired_mm.iter().filter_map(|(k, _)| id(k.user_stack)).collect();
@@ -1547,11 +1580,71 @@ impl<S: AggregateSource> Session<S> {
         if let Some(p) = self.placement.as_ref() {
             in_use.extend(p.stack_ids());
         }
+        in_use
+    }
+
+    /// Every `stack_seal` once more than its threshold of drained stacks
+    /// are held: the keys of live processes that no drain added to for
+    /// the sealing's period (5 s) are taken out of the drained tables,
+    /// symbolized with the unwound stacks their ids have now and added to
+    /// each process's sealed shapes (`symbols::Sealed`); then the drained
+    /// stacks only they were counted under go (`forget_stacks`, nothing
+    /// gone: those of the kernel's keys, call sites, resident pages and
+    /// placements stay). Without it, a process that lives on (a compiler,
+    /// a server) held every stack it was ever counted under until its exit
+    /// (a rustc 3,709 keys after 4 minutes). Within `RELEASE_BUDGET`; not
+    /// with the Perfetto trace (which keeps every stack for the end).
+    fn seal_live(&mut self, now: Instant) {
+        let (every, above) = self.opts.stack_seal;
+        if self.opts.stacks.is_none()
+            || self.trace.is_some()
+            || every.is_zero()
+            || now.saturating_duration_since(self.last_seal) < every
+        {
+            return;
+        }
+        self.last_seal = now;
+        if self.source.drained_stacks().1 < above {
+            return;
+        }
         let t = Instant::now();
-        // In drains (one a tick).
-        let min_age = (self.opts.stack_sweep.as_millis() / STORM_TICK.as_millis()).max(10) as u64;
-        let swept = self.source.sweep_stacks(in_use, min_age);
-        log::debug!(target: "vmtrace::release", "swept {swept} drained stacks nothing refers to in {:?}", t.elapsed());
+        // In drains (one a tick): as long as the sealing's period.
+        let min_age = ((every.as_millis() / STORM_TICK.as_millis()) as u64).max(SEAL_MIN_AGE);
+        let live: Vec<u32> = self.table.live_pids().iter().copied().collect();
+        let (table, source, native, py) = (&mut self.table, &mut self.source, &self.native, &self.python.codes);
+        let mut ids = crate::hash::HashSet::default();
+        let (mut keys, mut procs) = (0, 0);
+        for pid in live {
+            if t.elapsed() >= RELEASE_BUDGET {
+                break;
+            }
+            let raw = source.take_settled_counts(pid, min_age);
+            if raw.is_empty() {
+                continue;
+            }
+            keys += raw.len();
+            procs += 1;
+            ids.extend(raw.iter().filter_map(|(k, _)| u32::try_from(k.user_stack).ok()));
+            self.syms.seal(raw, table, source, native, py);
+        }
+        if keys == 0 {
+            return;
+        }
+        let users = crate::loader::StackUsers {
+            gone: crate::hash::HashSet::default(),
+            also: ids,
+            in_use: self.stack_ids_held(),
+        };
+        let table = &self.table;
+        let forgot = self.source.forget_stacks(&users, &|t| table.get(t).is_none_or(|p| !p.released));
+        self.sealed_stacks += forgot as u64;
+        log::debug!(
+            target: "vmtrace::release",
+            "sealed {keys} settled keys of {procs} live processes in {:?}: {forgot} drained stacks let go; \
+             (processes, shapes) sealed {:?}",
+            t.elapsed(),
+            self.syms.sealed().sizes()
+        );
     }
 
     /// A storm or an OOM kill names `pid`: its row is never folded, and its
@@ -1667,7 +1760,10 @@ impl<S: AggregateSource> Session<S> {
         let native = &self.native;
         let py = &self.python.codes;
         let stacks = if self.opts.stacks.is_some() {
-            symbols::build_stacks(&mut self.table, &self.source, native, py, &mut self.syms)
+            let mut stacks = symbols::build_stacks(&mut self.table, &self.source, native, py, &mut self.syms);
+            let table = &mut self.table;
+            stacks.extend(self.syms.sealed_stacks(|_| true, &mut |pid| table.ensure(pid).comm.clone()));
+            stacks
         } else {
             Vec::new()
         };
@@ -1770,6 +1866,8 @@ impl<S: AggregateSource> Session<S> {
             (st.shared_id_faults, st.drained_stacks, _) = self.source.drained_stacks();
             st.swept_stacks = self.source.swept_stacks();
             st.drained_stacks_of_live = held_of_live;
+            let sealed = self.syms.sealed();
+            (st.sealed_keys, st.sealed_stacks, st.sealed_shapes) = (sealed.keys, self.sealed_stacks, sealed.sizes().1);
         }
     }
 }

@@ -519,3 +519,67 @@ fn a_process_the_snapshots_drain_forgets_keeps_its_label_and_leaves_no_entry() {
     assert_eq!(p.identity.as_deref().and_then(|i| i.cgroup.as_deref()), Some("/pod/a"));
     assert!(s.table.get(CHILD).is_none(), "forgotten, and not read back");
 }
+
+/// Live processes' settled stack keys sealed as the recording goes (the
+/// fake's are all settled), counted again afterwards, and one of the
+/// processes exiting and released: the end gives every process the same
+/// counts and every folded line the same weight as without sealing.
+#[test]
+fn sealed_stacks_of_live_processes_give_the_same_end() {
+    use crate::stacks::{flamegraph, weight::Weight};
+    use vmtrace_common::{StackCounts, StackKey};
+    const LATER: u32 = NO_SUCH_PID + 4;
+    let run = |seal: bool| {
+        let mut src = FakeSource::new(1);
+        src.push(&task(EventKind::TaskFork, CHILD, CHILD, PARENT, "work"));
+        src.push(&task(EventKind::TaskFork, LATER, LATER, PARENT, "later"));
+        src.stats.insert(CHILD, faults(64, 0));
+        src.stats.insert(LATER, faults(32, 0));
+        src.user_stacks.insert(5, vec![0x1000, 0x2000]);
+        src.user_stacks.insert(6, vec![0x1000, 0x3000]);
+        let key = |tgid, user_stack| StackKey { tgid, user_stack, kernel_stack: -1, ..StackKey::default() };
+        let c = |n: u64| StackCounts { faults: n, timed: n, time_ns: 100 * n, cow: n / 2, ..Default::default() };
+        for tgid in [CHILD, LATER] {
+            src.stack_counts.push((key(tgid, 5), c(8)));
+        }
+        let families = Families { regions: true, ..Families::default() };
+        let opts = SessionOptions {
+            retire_exited: true,
+            release_above: 0,
+            stacks: Some((StackMode::User, 1)),
+            stack_seal: (if seal { ms(100) } else { Duration::ZERO }, 0),
+            ..SessionOptions::new(families)
+        };
+        let mut s = session(src, opts);
+        let t0 = s.started;
+        s.step(t0 + ms(10));
+        s.step(t0 + ms(200));
+        assert_eq!(s.source().stack_counts.is_empty(), seal, "sealed: taken out");
+        // Counted again: the same key (afresh once sealed) and a new one.
+        for tgid in [CHILD, LATER] {
+            s.source_mut().stack_counts.push((key(tgid, 5), c(4)));
+            s.source_mut().stack_counts.push((key(tgid, 6), c(2)));
+        }
+        s.source_mut().push(&exit(LATER, 0, "later"));
+        s.step(t0 + ms(400));
+        s.step(t0 + ms(5000));
+        assert!(s.known(LATER).is_some_and(|p| p.released), "released");
+        let f = finish_at(s, ms(6000));
+        let procs: Vec<(u32, u64)> = f.summary.processes.iter().map(|p| (p.pid, p.faults.total)).collect();
+        let lines: Vec<String> = [Weight::Faults, Weight::TimeNs, Weight::Cow]
+            .into_iter()
+            .flat_map(|w| flamegraph::folded_by_pid(&f.stacks, w))
+            .map(|l| format!("{} {} {}", l.pid, l.line, l.weight))
+            .collect();
+        let st = f.summary.stacks.clone().unwrap();
+        (procs, lines, st.sampled_faults, st.sealed_keys)
+    };
+    let (sealed, not) = (run(true), run(false));
+    assert_eq!(sealed.0, not.0, "processes");
+    assert_eq!(sealed.1, not.1, "folded lines");
+    assert_eq!(sealed.2, not.2);
+    assert_eq!(sealed.2, 2 * (8 + 4 + 2));
+    assert_eq!((sealed.3, not.3), (4, 0), "keys sealed: 2, then the live one's 2");
+    // Four fault lines, two COW lines (the fake's totals have no fault time).
+    assert_eq!(sealed.1.len(), 6, "{:?}", sealed.1);
+}

@@ -135,7 +135,7 @@ struct Symbolized {
 
 /// A symbolized stack without its process and counts: what is kept per
 /// key of a retired process (a fifth of a `Stack`).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[allow(clippy::struct_excessive_bools, reason = "the flags of `Stack`, kept as they are")]
 #[allow(clippy::option_option, reason = "`Stack::unwound` as it is")]
 struct Template {
@@ -180,6 +180,80 @@ pub(crate) struct Symbols {
     names: Names,
     stacks: HashMap<SymKey, Symbolized>,
     sites: HashMap<(u32, u32, i32), Vec<(stacks::Frames, u64)>>,
+    /// The settled counts of live processes, symbolized (`seal`).
+    sealed: Sealed,
+}
+
+/// Sealed shapes one process keeps before its lightest are added into one
+/// `[lighter stacks]` stack per stratum and kind (`Sealed::compact`).
+const MAX_SEALED: usize = 2048;
+
+/// The fault counts of live processes' settled keys, symbolized when they
+/// were taken out of the drained tables (`Drained::take_settled`), summed
+/// by what their stacks show (their shape) per process: the drained
+/// stacks only they were counted under can then go, and what a process
+/// that lives on keeps grows with its distinct shapes (bounded), not with
+/// every stack id it was counted under. Each sealing splits a key's
+/// counts by the unwound stacks its samples gave until then; counts
+/// drained for the key later are symbolized afresh (never from a frozen
+/// cache), so sealed and fresh add up to the key's counts.
+#[derive(Default)]
+pub(crate) struct Sealed {
+    by_pid: HashMap<u32, HashMap<(Template, u32), StackCounts>>,
+    /// Keys whose counts were sealed, and shapes added into a lighter one.
+    pub keys: u64,
+    pub lightened: u64,
+}
+
+impl Sealed {
+    fn add(&mut self, pid: u32, t: &Template, counts: StackCounts, stratum: u32) {
+        use vmtrace_common::Merge as _;
+        let m = self.by_pid.entry(pid).or_default();
+        match m.get_mut(&(t.clone(), stratum)) {
+            Some(c) => c.merge(&counts),
+            None => {
+                m.insert((t.clone(), stratum), counts);
+            }
+        }
+    }
+
+    /// Keeps `pid`'s `keep` heaviest shapes (by faults, then time) and adds
+    /// the others into one `[lighter stacks]` shape per stratum and kind:
+    /// counts stay whole (`folded::StackSums::compact` does the same).
+    fn compact(&mut self, pid: u32, keep: usize) {
+        use vmtrace_common::Merge as _;
+        let Some(m) = self.by_pid.get_mut(&pid) else { return };
+        if m.len() <= keep {
+            return;
+        }
+        let mut all: Vec<_> = m.drain().collect();
+        all.sort_by(|a, b| b.1.faults.cmp(&a.1.faults).then(b.1.time_ns.cmp(&a.1.time_ns)));
+        let light = all.split_off(keep);
+        self.lightened += light.len() as u64;
+        m.extend(all);
+        let lighter: stacks::Frames = vec![stacks::Frame::from(stacks::native::LIGHTER)].into();
+        for ((t, stratum), c) in light {
+            let into = Template { user: lighter.clone(), kernel: Vec::new().into(), leaf: None, ..t };
+            m.entry((into, stratum)).or_default().merge(&c);
+        }
+        m.shrink_to_fit();
+    }
+
+    fn stacks_of<'a>(
+        &'a self,
+        pids: impl Fn(u32) -> bool + 'a,
+        comm_of: &'a mut dyn FnMut(u32) -> String,
+    ) -> impl Iterator<Item = Stack> + 'a {
+        self.by_pid.iter().filter(move |(p, _)| pids(**p)).flat_map(move |(pid, m)| {
+            let comm = comm_of(*pid);
+            m.iter().map(move |((t, stratum), c)| t.stack(*pid, &comm, *c, *stratum)).collect::<Vec<_>>()
+        })
+    }
+
+    /// (processes, shapes) held.
+    pub(crate) fn sizes(&self) -> (usize, usize) {
+        (self.by_pid.len(), self.by_pid.values().map(HashMap::len).sum())
+    }
 }
 
 impl Symbols {
@@ -198,9 +272,53 @@ impl Symbols {
         self.stacks.extend(done);
     }
 
-    /// Forgets the stacks and call sites of `pids` (folded away: their
-    /// counts were symbolized into the other process's).
+    /// Symbolizes the settled counts `raw` of live processes with the
+    /// unwound stacks their ids have now, not cached (counts drained later
+    /// for the same keys are symbolized afresh), and adds them to the
+    /// processes' sealed shapes.
+    pub(crate) fn seal(
+        &mut self,
+        raw: Vec<(StackKey, StackCounts)>,
+        table: &mut ProcessTable,
+        source: &impl AggregateSource,
+        native: &NativeStacks,
+        py: &CodeCache,
+    ) {
+        let keys: Vec<SymKey> = raw.iter().map(|(k, _)| sym_key(k)).collect();
+        let done = symbolize_keys(keys, &mut self.names, table, source, native, py);
+        let mut pids = crate::hash::HashSet::default();
+        self.sealed.keys += raw.len() as u64;
+        for (k, c) in raw {
+            let Some(sym) = done.get(&sym_key(&k)) else { continue };
+            each_part(sym, c, |t, counts| self.sealed.add(k.tgid, t, counts, k.stratum));
+            pids.insert(k.tgid);
+        }
+        for pid in pids {
+            if self.sealed.by_pid.get(&pid).is_some_and(|m| m.len() > MAX_SEALED) {
+                self.sealed.compact(pid, MAX_SEALED * 3 / 4);
+            }
+        }
+    }
+
+    /// The sealed stacks of the processes `pids` picks, named by `comm_of`.
+    pub(crate) fn sealed_stacks(
+        &self,
+        pids: impl Fn(u32) -> bool,
+        comm_of: &mut dyn FnMut(u32) -> String,
+    ) -> Vec<Stack> {
+        self.sealed.stacks_of(pids, comm_of).collect()
+    }
+
+    /// The sealing's counts and sizes.
+    pub(crate) fn sealed(&self) -> &Sealed {
+        &self.sealed
+    }
+
+    /// Forgets the stacks, call sites and sealed shapes of `pids` (folded
+    /// away: their counts were symbolized into the other process's).
     pub(crate) fn forget(&mut self, pids: &crate::hash::HashSet<u32>) {
+        self.sealed.by_pid.retain(|p, _| !pids.contains(p));
+        self.sealed.by_pid.shrink_if_sparse();
         self.stacks.retain(|k, _| !pids.contains(&k.0));
         self.sites.retain(|k, _| !pids.contains(&k.0));
         self.stacks.shrink_if_sparse();
@@ -278,22 +396,29 @@ pub(crate) fn symbolize_counts(
         let key = sym_key(&k);
         let Some(sym) = syms.stacks.get(&key).or_else(|| fresh.get(&key)) else { continue };
         let comm = comms.entry(k.tgid).or_insert_with(|| table.ensure(k.tgid).comm.clone());
-        if !sym.split {
-            for (t, _) in &sym.variants {
-                out.push(t.stack(k.tgid, comm, c, k.stratum));
-            }
-            continue;
-        }
-        let weights: Vec<u64> = sym.variants.iter().map(|(_, n)| *n).collect();
-        for ((t, _), counts) in sym.variants.iter().zip(split_counts(&c, &weights)) {
-            if counts.faults | counts.timed | counts.major == 0 {
-                continue;
-            }
-            out.push(t.stack(k.tgid, comm, counts, k.stratum));
-        }
+        each_part(sym, c, |t, counts| out.push(t.stack(k.tgid, comm, counts, k.stratum)));
     }
     fresh.clear();
     out
+}
+
+/// A key's counts `c` as its stacks show them: whole on each of its
+/// stacks, or shared out over the unwound stacks of a frame-pointer stack
+/// by their weights (a part that gets nothing is left out).
+fn each_part(sym: &Symbolized, c: StackCounts, mut f: impl FnMut(&Template, StackCounts)) {
+    if !sym.split {
+        for (t, _) in &sym.variants {
+            f(t, c);
+        }
+        return;
+    }
+    let weights: Vec<u64> = sym.variants.iter().map(|(_, n)| *n).collect();
+    for ((t, _), counts) in sym.variants.iter().zip(split_counts(&c, &weights)) {
+        if counts.faults | counts.timed | counts.major == 0 {
+            continue;
+        }
+        f(t, counts);
+    }
 }
 
 /// One key to symbolize: its user and kernel IPs, how the user stack ended
@@ -585,6 +710,76 @@ mod tests {
         // Nothing but the wrapper: kept, rather than an empty culprit.
         assert_eq!(culprit_frames(v(&["__GI_munmap", "[munmap]"])), v(&["__GI_munmap", "[munmap]"]));
         assert_eq!(culprit_frames(Vec::new()), Vec::<String>::new());
+    }
+
+    /// A live process's key sealed, then counted again after its id's
+    /// samples gave another unwound stack: each epoch is shared out by the
+    /// weights of its own time, and the two add up to the key's counts.
+    #[test]
+    fn each_sealing_splits_by_the_unwound_stacks_of_its_time() {
+        use crate::collect::fake::{FakeSource, NO_SUCH_PID};
+        let (pid, id) = (NO_SUCH_PID + 7, 5);
+        let key = StackKey { tgid: pid, user_stack: id, kernel_stack: -1, ..StackKey::default() };
+        let c = StackCounts { faults: 8, timed: 8, time_ns: 800, ..StackCounts::default() };
+        let (mut table, src, py) = (ProcessTable::default(), FakeSource::new(1), CodeCache::default());
+        let mut native = NativeStacks::default();
+        let (a, b) = (
+            NativeStack { frames: vec![0x1000, 0x2000], cut: None },
+            NativeStack { frames: vec![0x1000, 0x3000], cut: None },
+        );
+        native.add_variant(pid, id, a.clone(), 3);
+        let mut syms = Symbols::default();
+        syms.seal(vec![(key, c)], &mut table, &src, &native, &py);
+        // Later samples: b, a third of them.
+        native.add_variant(pid, id, b, 1);
+        native.add_variant(pid, id, a, 1);
+        let fresh = symbolize_counts(vec![(key, c)], &mut table, &src, &native, &py, &mut syms);
+        let sealed = syms.sealed_stacks(|p| p == pid, &mut |_| "work".into());
+        let faults = |v: &[Stack]| {
+            let mut f: Vec<(String, u64)> = v.iter().map(|s| (s.user.join(";"), s.counts.faults)).collect();
+            f.sort();
+            f
+        };
+        // Sealed: a alone then; fresh: 2:1 (a:b), not frozen at a alone.
+        assert_eq!(faults(&sealed).iter().map(|f| f.1).collect::<Vec<_>>(), [8]);
+        assert_eq!(faults(&fresh).iter().map(|f| f.1).sum::<u64>(), 8);
+        assert_eq!(fresh.len(), 2, "{fresh:?}");
+        assert_eq!(faults(&fresh).iter().map(|f| f.1).max(), Some(6));
+        let all: u64 = sealed.iter().chain(&fresh).map(|s| s.counts.time_ns).sum();
+        assert_eq!(all, 1600);
+        assert_eq!((syms.sealed().keys, syms.sealed().sizes()), (1, (1, 1)));
+        // Sealed again with today's weights: added to the same shapes by what they show.
+        syms.seal(vec![(key, c)], &mut table, &src, &native, &py);
+        let sealed = syms.sealed_stacks(|_| true, &mut |_| "work".into());
+        assert_eq!(sealed.iter().map(|s| s.counts.faults).sum::<u64>(), 16);
+        assert_eq!(syms.sealed().sizes(), (1, 2));
+        syms.forget(&[pid].into_iter().collect());
+        assert_eq!(syms.sealed().sizes(), (0, 0));
+    }
+
+    #[test]
+    fn the_lightest_sealed_shapes_add_into_one() {
+        let mut sealed = Sealed::default();
+        let t = |leaf: &str| Template {
+            user: vec![stacks::Frame::from("main"), stacks::Frame::from(leaf)].into(),
+            kernel: Vec::new().into(),
+            leaf: None,
+            unwound: None,
+            python: false,
+            python_unnamed: false,
+            user_missing: false,
+            user_cut: false,
+        };
+        for i in 0..20u64 {
+            sealed.add(1, &t(&format!("f{i}")), StackCounts { faults: i + 1, ..StackCounts::default() }, 0);
+        }
+        sealed.compact(1, 5);
+        let out = sealed.stacks_of(|_| true, &mut |_| "x".into()).collect::<Vec<_>>();
+        assert_eq!(out.len(), 6);
+        assert_eq!(out.iter().map(|s| s.counts.faults).sum::<u64>(), (1..=20).sum::<u64>());
+        let lighter = out.iter().find(|s| &*s.user[0] == stacks::native::LIGHTER).unwrap();
+        assert_eq!(lighter.counts.faults, (1..=15).sum::<u64>());
+        assert_eq!(sealed.lightened, 15);
     }
 
     #[test]

@@ -424,6 +424,10 @@ impl AggregateSource for Probes {
         self.maps.drained.take_counts(tgids)
     }
 
+    fn take_settled_counts(&mut self, tgid: u32, min_age: u64) -> Vec<(StackKey, StackCounts)> {
+        self.maps.drained.take_settled(tgid, min_age)
+    }
+
     fn take_mm_stacks(&mut self, tgids: &crate::hash::HashSet<u32>) -> Vec<(MmStackKey, MmStackCounts)> {
         let b = &self.maps.batch;
         let keys = b.keys(b.mm_stacks.as_ref(), &self.maps.mm_stacks, |k| tgids.contains(&k.tgid));
@@ -547,7 +551,7 @@ impl AggregateSource for Probes {
     /// released) stores it again instead of counting under a forgotten id.
     fn forget_stacks(&mut self, users: &super::source::StackUsers, keep: &dyn Fn(u32) -> bool) -> usize {
         let gone = &users.gone;
-        if gone.is_empty() {
+        if gone.is_empty() && users.also.is_empty() {
             return 0;
         }
         // First the slots, then the keys still in the kernel (counted, or

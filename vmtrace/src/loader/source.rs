@@ -91,6 +91,10 @@ pub trait AggregateSource {
     /// Takes the stack counts of released processes `tgids` out of the
     /// drained tables (`collect::folded`: they are folded away).
     fn take_stack_counts(&mut self, tgids: &crate::hash::HashSet<u32>) -> Vec<(StackKey, StackCounts)>;
+    /// Takes the drained counts of a live process's keys that no drain
+    /// added to for `min_age` drains (`Drained::take_settled`): the
+    /// session seals them (`collect::symbols::Sealed`).
+    fn take_settled_counts(&mut self, tgid: u32, min_age: u64) -> Vec<(StackKey, StackCounts)>;
     /// mmap-family call-site aggregates.
     fn all_mm_stacks(&self) -> Vec<(MmStackKey, MmStackCounts)>;
     /// Takes the call-site aggregates of exited processes out of the kernel's map.
@@ -118,8 +122,9 @@ pub trait AggregateSource {
     /// `gone` were counted under (`Drained::forget_stacks`), and has the
     /// programs forget the ids they remember; returns how many went.
     /// `also`: ids the released processes used besides their fault counts
-    /// (call sites, resident pages); `in_use`: ids something not released
-    /// still refers to (kept whatever the counts say).
+    /// (call sites, resident pages), or the ids of sealed keys (`gone`
+    /// empty); `in_use`: ids something not released still refers to (kept
+    /// whatever the counts say).
     fn forget_stacks(&mut self, _gone: &StackUsers, _keep: &dyn Fn(u32) -> bool) -> usize {
         0
     }

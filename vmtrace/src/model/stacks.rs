@@ -45,6 +45,18 @@ pub struct StacksSummary {
     /// the rest are exited processes' not yet let go.
     #[serde(default, skip_serializing_if = "is_zero_usize")]
     pub drained_stacks_of_live: usize,
+    /// Keys of live processes whose drained counts were sealed while
+    /// recording: symbolized once no count had come for 5 s, and added to
+    /// the process's sealed stacks (`collect::symbols::Sealed`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub sealed_keys: u64,
+    /// Drained stacks let go once their keys were sealed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub sealed_stacks: u64,
+    /// Distinct sealed stacks held at the end (at most 2,048 a process:
+    /// past that, the lightest add into a `[lighter stacks]` one).
+    #[serde(default, skip_serializing_if = "is_zero_usize")]
+    pub sealed_shapes: usize,
     /// Share of sampled user stacks with at most two frames: a sign of code
     /// built without frame pointers.
     pub shallow_user_stacks_pct: f64,

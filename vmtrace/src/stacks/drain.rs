@@ -35,11 +35,18 @@ struct Stored {
     py: Option<(u32, u32, bool, Box<[PyFrame]>)>,
 }
 
+/// A key's drained counts, and the drain that last added to them.
+#[derive(Clone, Copy, Default)]
+struct Counted {
+    counts: StackCounts,
+    last: u64,
+}
+
 /// Counts and stacks drained from the kernel maps.
 #[derive(Default)]
 pub struct Drained {
     /// By process: a retiring process's keys are found without a walk of all.
-    counts: HashMap<u32, HashMap<StackKey, StackCounts>>,
+    counts: HashMap<u32, HashMap<StackKey, Counted>>,
     stacks: HashMap<u32, Stored>,
     /// Stacks found under an id already holding another stack (see the module doc).
     reused: crate::hash::HashSet<u32>,
@@ -54,7 +61,34 @@ pub struct Drained {
 impl Drained {
     /// Adds the counts of a key taken out of `FAULT_STACKS`.
     pub fn add_counts(&mut self, key: StackKey, c: &StackCounts) {
-        self.counts.entry(key.tgid).or_default().entry(key).or_default().merge(c);
+        let e = self.counts.entry(key.tgid).or_default().entry(key).or_default();
+        e.counts.merge(c);
+        e.last = self.calls;
+    }
+
+    /// Takes out the counts of `tgid`'s keys that no drain added to for
+    /// `min_age` drains (settled): a live process's counts, symbolized and
+    /// sealed by the session (`collect::symbols::Sealed`), so that the
+    /// stacks only they were counted under can go (`forget_stacks`). A
+    /// count drained later for the same key starts afresh.
+    pub fn take_settled(&mut self, tgid: u32, min_age: u64) -> Vec<(StackKey, StackCounts)> {
+        let Some(m) = self.counts.get_mut(&tgid) else { return Vec::new() };
+        let now = self.calls;
+        let mut out = Vec::new();
+        m.retain(|k, c| {
+            let settled = now.saturating_sub(c.last) >= min_age;
+            if settled {
+                out.push((*k, c.counts));
+            }
+            !settled
+        });
+        if m.is_empty() {
+            self.counts.remove(&tgid);
+        } else {
+            m.shrink_if_sparse();
+        }
+        self.counts.shrink_if_sparse();
+        out
     }
 
     /// The keys of `tgids` drained so far.
@@ -92,7 +126,7 @@ impl Drained {
 
     /// Takes the counts of `tgids` out.
     pub fn take_counts(&mut self, tgids: &crate::hash::HashSet<u32>) -> Vec<(StackKey, StackCounts)> {
-        let out = tgids.iter().filter_map(|t| self.counts.remove(t)).flatten().collect();
+        let out = tgids.iter().filter_map(|t| self.counts.remove(t)).flatten().map(|(k, c)| (k, c.counts)).collect();
         self.counts.shrink_if_sparse();
         out
     }
@@ -100,7 +134,7 @@ impl Drained {
     /// Adds every drained count into `all`.
     pub fn merge_into(&self, all: &mut HashMap<StackKey, StackCounts>) {
         for (k, c) in self.counts.values().flatten() {
-            all.entry(*k).or_default().merge(c);
+            all.entry(*k).or_default().merge(&c.counts);
         }
     }
 
@@ -116,7 +150,7 @@ impl Drained {
         kept: &crate::hash::HashSet<u32>,
         also: &crate::hash::HashSet<u32>,
     ) -> Vec<u32> {
-        let ids_of = |m: &HashMap<StackKey, StackCounts>| {
+        let ids_of = |m: &HashMap<StackKey, Counted>| {
             m.keys().filter_map(|k| u32::try_from(k.user_stack).ok()).collect::<Vec<u32>>()
         };
         let mut ids: crate::hash::HashSet<u32> =
@@ -175,7 +209,7 @@ impl Drained {
             return 0;
         }
         let reused = |k: &StackKey| u32::try_from(k.user_stack).is_ok_and(|id| self.reused.contains(&id));
-        self.counts.values().flatten().filter(|(k, _)| reused(k)).map(|(_, c)| c.faults).sum()
+        self.counts.values().flatten().filter(|(k, _)| reused(k)).map(|(_, c)| c.counts.faults).sum()
     }
 
     /// How many of `ids` are held.
@@ -186,7 +220,7 @@ impl Drained {
     /// Keys drained per process, and the held stacks only it counts under
     /// (to measure what each process's drained stacks weigh).
     pub fn keys_by_tgid(&self) -> Vec<(u32, usize, usize)> {
-        let ids_of = |m: &HashMap<StackKey, StackCounts>| -> crate::hash::HashSet<u32> {
+        let ids_of = |m: &HashMap<StackKey, Counted>| -> crate::hash::HashSet<u32> {
             m.keys().filter_map(|k| u32::try_from(k.user_stack).ok()).collect()
         };
         let mut users: HashMap<u32, u32> = HashMap::default();
@@ -254,6 +288,45 @@ mod tests {
         let mut all = HashMap::default();
         d.merge_into(&mut all);
         assert_eq!(all.len(), 4, "every count stays");
+    }
+
+    #[test]
+    fn settled_keys_are_taken_and_their_stacks_go_unless_still_counted_under() {
+        let mut d = Drained::default();
+        let c = StackCounts { faults: 2, ..StackCounts::default() };
+        let of =
+            |user_stack: i32, kernel_stack: i32| StackKey { tgid: 7, user_stack, kernel_stack, ..StackKey::default() };
+        // 1: counted long ago (two keys); 2: long ago; 3: counted again lately.
+        d.next_drain();
+        for k in [of(0x4000_0001, -1), of(0x4000_0001, 9), of(0x4000_0002, -1), of(0x4000_0003, -1)] {
+            d.add_counts(k, &c);
+        }
+        for id in [0x4000_0001, 0x4000_0002, 0x4000_0003] {
+            assert!(d.add_stack(id, u64::from(id), &[u64::from(id)], None));
+        }
+        for _ in 0..10 {
+            d.next_drain();
+        }
+        d.add_counts(of(0x4000_0001, 9), &c);
+        d.add_counts(of(0x4000_0003, -1), &c);
+        let mut taken = d.take_settled(7, 5);
+        taken.sort_by_key(|(k, _)| k.user_stack);
+        assert_eq!(
+            taken.iter().map(|(k, c)| (k.user_stack, c.faults)).collect::<Vec<_>>(),
+            [(0x4000_0001, 2), (0x4000_0002, 2)]
+        );
+        assert!(d.take_settled(7, 5).is_empty() && d.take_settled(8, 0).is_empty());
+        let ids: crate::hash::HashSet<u32> = taken.iter().map(|(k, _)| k.user_stack as u32).collect();
+        let none = crate::hash::HashSet::default();
+        // 1 is still counted under (its key with a kernel stack is young): kept.
+        assert_eq!(d.forget_stacks(&none, &|_| true, &none, &ids), vec![0x4000_0002]);
+        assert!(d.ips(0x4000_0001).is_some() && d.ips(0x4000_0003).is_some());
+        // Counted again later: the key starts afresh.
+        d.add_counts(of(0x4000_0002, -1), &c);
+        let mut all = HashMap::default();
+        d.merge_into(&mut all);
+        assert_eq!((all[&of(0x4000_0002, -1)].faults, all[&of(0x4000_0001, 9)].faults), (2, 4));
+        assert!(!all.contains_key(&of(0x4000_0001, -1)));
     }
 
     #[test]

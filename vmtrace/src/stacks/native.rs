@@ -236,6 +236,16 @@ impl NativeStacks {
         self.by_id.get(&(tgid, user_stack)).map_or(&[], Vec::as_slice)
     }
 
+    /// Counts `weight` more events of `stack` under `user_stack` (tests).
+    #[cfg(test)]
+    pub fn add_variant(&mut self, tgid: u32, user_stack: i32, stack: NativeStack, weight: u64) {
+        let seen = self.by_id.entry((tgid, user_stack)).or_default();
+        match seen.iter_mut().find(|(s, _)| *s == stack) {
+            Some((_, n)) => *n += weight,
+            None => seen.push((stack, weight)),
+        }
+    }
+
     /// The stack seen most often under `user_stack` (a storm's culprit).
     pub fn dominant(&self, tgid: u32, user_stack: i32) -> Option<&NativeStack> {
         self.variants(tgid, user_stack).iter().max_by_key(|(_, n)| *n).map(|(s, _)| s)
