@@ -213,12 +213,7 @@ pub(crate) fn assemble(mut i: Inputs) -> Finished {
         python_faults: i.stacks.iter().filter(|s| s.python).map(|s| s.counts.faults).sum(),
         python_pct: stacks::python_pct(&i.stacks),
         python_unnamed_faults: i.stacks.iter().filter(|s| s.python_unnamed).map(|s| s.counts.faults).sum(),
-        python_truncated_faults: i
-            .stacks
-            .iter()
-            .filter(|s| s.python && s.user.iter().any(|f| &**f == crate::python::TRUNCATED))
-            .map(|s| s.counts.faults)
-            .sum(),
+        python_truncated_faults: stacks::python_truncated_faults(&i.stacks),
         python_codes_freed: i.python_unnamed.0,
         python_codes_unreadable: i.python_unnamed.1,
         python_native_only: i.python_native_only.clone(),

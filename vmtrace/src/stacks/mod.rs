@@ -211,6 +211,15 @@ pub fn python_pct(stacks: &[Stack]) -> f64 {
     pct_of_faults(stacks, |s| !s.user.is_empty() || s.user_missing, |s| s.python)
 }
 
+/// Faults of the stacks whose Python walk was cut short (`[python truncated]`).
+pub fn python_truncated_faults(stacks: &[Stack]) -> u64 {
+    stacks
+        .iter()
+        .filter(|s| s.python && s.user.iter().any(|f| &**f == crate::python::TRUNCATED))
+        .map(|s| s.counts.faults)
+        .sum()
+}
+
 /// Of the stacks that pass `counted`, the share (in %, by faults) that pass `hit`.
 fn pct_of_faults(stacks: &[Stack], counted: impl Fn(&Stack) -> bool, hit: impl Fn(&Stack) -> bool) -> f64 {
     let (mut hits, mut all) = (0u64, 0u64);
