@@ -103,7 +103,7 @@ pub struct StacksSummary {
     /// thread ran more frames than the kernel's walk reads, or a frame could
     /// not be read at the fault); `[python truncated]` stands for the outer
     /// frames: the innermost frames and lines are right, the callers missing.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub python_truncated_faults: u64,
     /// Code objects seen in stacks that were freed before they were read
     /// (each named `[python code freed]`).
