@@ -733,9 +733,9 @@ fn flames_section(s: &Summary, dir: &Path, flame_prefix: &str) -> String {
     if !linked.is_empty() {
         let _ = write!(flames, "<p class='note'>Interactive flamegraphs of {}.</p>", linked.join(", "));
     }
-    let profiles: Vec<String> = crate::export::pprof::ALL
+    let profiles: Vec<String> = super::GRAPHS
         .iter()
-        .map(|k| k.file())
+        .map(|g| g.kind.file())
         .filter(|f| dir.join(f).is_file())
         .map(|f| format!("<a href='{flame_prefix}{f}'><code>{f}</code></a>"))
         .collect();
