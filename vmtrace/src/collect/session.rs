@@ -1702,7 +1702,8 @@ impl<S: AggregateSource> Session<S> {
         let stats = self.stats_totals();
         let drops = self.source.drops();
         let drop_kinds = drops.clone();
-        let pids = assemble::summary_pids(&target, stats.keys().copied(), self.table.pids(), process::is_thread);
+        let counted = assemble::counted_pids(&stats, &mm);
+        let pids = assemble::summary_pids(&target, counted, self.table.pids(), process::is_thread);
         let processes = pids.into_iter().map(|pid| (pid, self.table.ensure(pid).clone())).collect();
         let mut finished = assemble::assemble(Inputs {
             target,
