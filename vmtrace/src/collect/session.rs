@@ -519,6 +519,11 @@ impl<S: AggregateSource> Session<S> {
         self.table.set_parent(pid, ppid);
     }
 
+    /// The traced processes not known to have exited.
+    pub fn live_pids(&self) -> Vec<u32> {
+        self.table.live_pids().iter().copied().collect()
+    }
+
     /// Replaces the exit hook's read of `pid`'s kernel fault counters.
     pub fn set_kernel_accounting(&mut self, pid: u32, k: KernelAccounting) {
         self.table.set_kernel_accounting(pid, k);
