@@ -43,16 +43,16 @@ pub enum Command {
         #[arg(long)]
         allow_remote: bool,
         /// Serve the metrics of this process (and its later children) instead of the whole system.
-        #[arg(short, long)]
+        #[arg(short, long, value_parser = parse_pid, allow_negative_numbers = true)]
         pid: Option<u32>,
         /// Trace the whole system (the default).
         #[arg(short, long)]
         all: bool,
         /// Processes with series of their own (the busiest, as places free up); the rest add into comm="other".
-        #[arg(long, default_value_t = 20)]
+        #[arg(long, default_value_t = 20, value_parser = parse_count, allow_negative_numbers = true)]
         top: usize,
         /// Cgroups (with ranks) with series of their own; later ones add into cgroup="other".
-        #[arg(long, default_value_t = 200)]
+        #[arg(long, default_value_t = 200, value_parser = parse_count, allow_negative_numbers = true)]
         cgroups: usize,
         /// Take no fault stacks: no profiles at /debug/pprof/ (cheaper).
         #[arg(long)]
@@ -143,14 +143,14 @@ pub struct RecordArgs {
     /// fault is timed and every fault counted whatever N is. N > 1 leaves slow
     /// faults to chance: the default times every one (fexit, or
     /// memcg:count_memcg_events on 6.14+, at about the cost of sampling).
-    #[arg(long, default_value_t = 1, value_parser = parse_period)]
+    #[arg(long, default_value_t = 1, value_parser = parse_period, allow_negative_numbers = true)]
     pub latency_sample: u32,
     /// Where the fault end sees every fault (memcg:count_memcg_events, 6.14+):
     /// time every slow fault (it slept, a huge page, a major) exactly and 1 in
     /// N of the fast minor faults, each standing for the fast faults before
     /// it; the estimate's error is stated (`sampling.time_error_ns`). 1 =
     /// time every fault.
-    #[arg(long, default_value_t = crate::loader::DEFAULT_FAST_PERIOD, value_parser = parse_period)]
+    #[arg(long, default_value_t = crate::loader::DEFAULT_FAST_PERIOD, value_parser = parse_period, allow_negative_numbers = true)]
     pub fast_sample: u32,
     /// Call stacks to collect for faults.
     #[arg(long, value_enum, default_value = "user")]
@@ -163,7 +163,7 @@ pub struct RecordArgs {
     /// frame-pointer chain is not whole, to unwind code built without frame
     /// pointers (distro libraries, CPython) with its `.eh_frame`: 8, 16 or 32;
     /// 0 = frame pointers only. A copy costs a few µs, on sampled events only.
-    #[arg(long, default_value_t = 16, value_parser = parse_stack_window)]
+    #[arg(long, default_value_t = 16, value_parser = parse_stack_window, allow_negative_numbers = true)]
     pub stack_window: u32,
     /// Leave Python frames out of stacks: native frames only, and no walk of
     /// the interpreter's frames at each stack taken (to measure its cost).
@@ -210,7 +210,7 @@ pub struct RecordArgs {
     #[arg(long)]
     pub force_tracepoints: bool,
     /// Trace a running process (and its later children) until it exits.
-    #[arg(short, long)]
+    #[arg(short, long, value_parser = parse_pid, allow_negative_numbers = true)]
     pub pid: Option<u32>,
     /// Trace the whole system.
     #[arg(short, long)]
@@ -224,7 +224,7 @@ pub struct RecordArgs {
 #[command(group(clap::ArgGroup::new("target").args(["pid", "all", "command"])))]
 pub struct TopArgs {
     /// Watch a running process (and its later children).
-    #[arg(short, long)]
+    #[arg(short, long, value_parser = parse_pid, allow_negative_numbers = true)]
     pub pid: Option<u32>,
     /// Watch the whole system (the default).
     #[arg(short, long)]
@@ -387,6 +387,20 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// A process id: a whole number from 1 (`-p -5` is not a process group).
+pub fn parse_pid(s: &str) -> Result<u32, String> {
+    match s.parse::<i64>() {
+        Ok(n) if n >= 1 && u32::try_from(n).is_ok() => Ok(n as u32),
+        Ok(n) if n < 0 => Err(format!("`{s}`: a process id is a positive whole number (a pid, not a process group)")),
+        _ => Err(format!("`{s}`: give a process id, a whole number from 1 (as `pgrep` or `ps` print)")),
+    }
+}
+
+/// A number of rows: a whole number, 0 or more.
+pub fn parse_count(s: &str) -> Result<usize, String> {
+    s.parse::<usize>().map_err(|_| format!("`{s}`: give a whole number, 0 or more"))
+}
+
 /// A rate (per second): a positive number.
 pub fn parse_rate(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
@@ -485,6 +499,54 @@ mod tests {
         let Command::Record(r) = c.command else { panic!() };
         assert_eq!(r.command, ["ls", "-l"]);
         assert_eq!(r.latency_sample, 1);
+    }
+
+    /// A negative number given to a numeric option is refused with what the
+    /// option needs, not clap's tip to write `-- -5` (which would make it
+    /// the command to run).
+    #[test]
+    fn negative_numbers_are_refused_with_what_the_option_needs() {
+        let err = |args: &[&str]| {
+            let e = Cli::try_parse_from(args).expect_err("refused");
+            assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{args:?}: {e}");
+            let text = e.to_string();
+            assert!(!text.contains("-- -"), "{args:?}: clap's tip: {text}");
+            text
+        };
+        for args in [
+            &["vmtrace", "record", "-p", "-5"][..],
+            &["vmtrace", "record", "--pid", "-5"],
+            &["vmtrace", "top", "-p", "-5"],
+            &["vmtrace", "serve", "-p", "-5"],
+        ] {
+            let text = err(args);
+            assert!(text.contains("`-5`: a process id is a positive whole number"), "{args:?}: {text}");
+        }
+        assert!(err(&["vmtrace", "record", "-p", "0"]).contains("give a process id"));
+        assert!(err(&["vmtrace", "record", "-p", "x"]).contains("give a process id"));
+        assert!(err(&["vmtrace", "record", "-p", "4294967296"]).contains("give a process id"));
+        for (opt, says) in [
+            ("--duration", "duration must be positive"),
+            ("--stack-sample", "give a whole number from 1"),
+            ("--latency-sample", "give a whole number from 0"),
+            ("--fast-sample", "give a whole number from 0"),
+            ("--stack-window", "give 8, 16 or 32"),
+            ("--storm-threshold", "give a positive number per second"),
+            ("--interval", "duration must be positive"),
+            ("--fold-below", "give a percentage"),
+        ] {
+            let text = err(&["vmtrace", "record", opt, "-1", "-a"]);
+            assert!(text.contains(says), "{opt}: {text}");
+        }
+        for opt in ["--top", "--cgroups"] {
+            assert!(err(&["vmtrace", "serve", opt, "-1"]).contains("give a whole number, 0 or more"), "{opt}");
+        }
+        for opt in ["--interval", "--storm-threshold"] {
+            err(&["vmtrace", "top", opt, "-1"]);
+        }
+        let c = Cli::try_parse_from(["vmtrace", "record", "-p", "42"]).unwrap();
+        let Command::Record(r) = c.command else { panic!() };
+        assert_eq!(r.pid, Some(42));
     }
 
     #[test]

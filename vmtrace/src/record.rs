@@ -1,6 +1,7 @@
 //! `vmtrace record`: starts the trace (`trace::Tracer`), collects until the
 //! target ends, writes every output. The CLI, the demo and the tests all call this.
 use std::{
+    fmt::Write as _,
     fs,
     io::Write as _,
     path::{Path, PathBuf},
@@ -89,6 +90,8 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     // One moment for everything: stop counting, then read the kernel's own
     // counters (processes may go on faulting while the reports are built).
     let Stopped { mut perf, program_stats } = tracer.stop(opts.detach);
+    let mut command_minor = None;
+    let live = tracer.session().live_pids();
     if let (Some(p), Some(c)) = (perf.as_mut(), tracer.child()) {
         // No minor-fault perf event was opened on the command: its count is
         // the kernel's task counters of the command and the children it
@@ -99,11 +102,22 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
             p.kernel_minor_faults = f.minor + f.children_minor;
             p.kernel_page_faults = p.kernel_minor_faults + p.kernel_major_faults;
             p.scope.push_str("; minor faults from its task counters, with the children it waited for");
+            // Those it did not wait for (still running, or orphaned and
+            // reaped by another) are not in them: their own counters, now.
+            let at_stop: crate::hash::HashMap<u32, u64> = live
+                .into_iter()
+                .filter(|pid| *pid != c.pid)
+                .filter_map(|pid| stat_faults(pid).map(|s| (pid, s.minor)))
+                .collect();
+            command_minor = Some((c.pid, f, at_stop));
         }
     }
     let (session, info, child) = tracer.into_parts();
     let ending = Instant::now();
     let Finished { mut summary, stacks, mm_sites, trace, resident } = session.finish(info);
+    if let (Some(p), Some((command, f, at_stop))) = (perf.as_mut(), command_minor) {
+        count_unwaited(p, &summary.processes, command, f, &at_stop);
+    }
     summary.perf = perf;
     summary.program_stats = program_stats;
     if let Some(st) = summary.stacks.as_mut() {
@@ -159,6 +173,57 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
 /// Each process's brk calls made inside its own `malloc_trim()` (a site
 /// whose stack has that frame), for the heap-trim finding: those trims go
 /// on whatever `M_TRIM_THRESHOLD` says.
+/// The minor faults of the command's descendants by their own kernel
+/// counters: each exited one's at its exit (`kernel_accounting`), each one
+/// still running at the stop as read then (`at_stop`). `None` when one of
+/// them has neither (its exit not seen).
+fn descendants_minor(
+    processes: &[crate::model::Process],
+    command: u32,
+    at_stop: &crate::hash::HashMap<u32, u64>,
+) -> Option<u64> {
+    processes
+        .iter()
+        .filter(|p| p.pid != command)
+        .map(|p| at_stop.get(&p.pid).copied().or(p.kernel_accounting.map(|k| k.minor)))
+        .sum()
+}
+
+/// A command that did not wait for every process it started (a launcher
+/// that exits first, a shell's `cmd &`, a process group stopped by Ctrl-C
+/// that kills the launcher before its children) has their faults in no
+/// getrusage count of its own, while vmtrace counted them: the kernel's
+/// figure is then each process's own counters, as vmtrace's rows are, and
+/// the scope says why. A false gap otherwise (uc29: +7787% after Ctrl-C to
+/// the group, blamed on faults that never completed).
+fn count_unwaited(
+    p: &mut crate::model::PerfSummary,
+    processes: &[crate::model::Process],
+    command: u32,
+    f: StatFaults,
+    at_stop: &crate::hash::HashMap<u32, u64>,
+) {
+    let Some(all) = descendants_minor(processes, command, at_stop) else { return };
+    if all <= f.children_minor {
+        return;
+    }
+    let running = processes.iter().filter(|q| at_stop.contains_key(&q.pid)).count();
+    p.kernel_minor_faults = f.minor + all;
+    p.kernel_page_faults = p.kernel_minor_faults + p.kernel_major_faults;
+    let still = match running {
+        0 => String::new(),
+        1 => ", 1 still running at the stop".to_string(),
+        n => format!(", {n} still running at the stop"),
+    };
+    let _ = write!(
+        p.scope,
+        "; but the command did not wait for every process it started (orphaned, or not yet exited{still}): \
+         {} of their minor faults are in no getrusage count of it, so each process's own counters are summed \
+         instead (at its exit, or at the stop)",
+        all - f.children_minor
+    );
+}
+
 fn note_malloc_trims(summary: &mut Summary, mm_sites: &[crate::model::MmSite]) {
     let mut by_pid: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
     for site in mm_sites {
@@ -302,6 +367,61 @@ fn wait_for_end(tracer: &mut Tracer, opts: &RecordOptions, usage: &mut Option<St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// uc29's Ctrl-C to the process group: the launcher (62 faults of its
+    /// own) died before reaping python (4,988), so its getrusage counts
+    /// only itself; vmtrace counted both. The kernel's figure is then every
+    /// process's own counters, and the scope says why: no false gap.
+    #[test]
+    fn a_command_that_did_not_wait_for_its_children_is_compared_by_each_processs_counters() {
+        let mut s = crate::model::fold::tests::summary();
+        s.processes.truncate(3);
+        let set = |p: &mut crate::model::Process, pid, ka: Option<u64>| {
+            p.pid = pid;
+            p.faults.total = ka.unwrap_or(700);
+            p.kernel_accounting = ka.map(|minor| KernelAccounting { minor, major: 0 });
+        };
+        set(&mut s.processes[0], 10, Some(62));
+        set(&mut s.processes[1], 11, Some(4988));
+        set(&mut s.processes[2], 12, None);
+        let launcher = StatFaults { minor: 62, major: 0, children_minor: 0 };
+        let perf = || crate::model::PerfSummary {
+            kernel_minor_faults: 62,
+            kernel_major_faults: 2,
+            kernel_page_faults: 64,
+            scope: "the command".into(),
+            ..Default::default()
+        };
+        let text = |p: &crate::model::PerfSummary, procs: &[crate::model::Process]| {
+            let mut s = s.clone();
+            s.processes = procs.to_vec();
+            s.totals.total = procs.iter().map(|p| p.faults.total).sum();
+            s.perf = Some(p.clone());
+            report::text::render(&s)
+        };
+        // Python exited (the exit hook read its counters); a third process
+        // still ran at the stop, read then.
+        let at_stop: crate::hash::HashMap<u32, u64> = [(12, 700)].into_iter().collect();
+        let mut p = perf();
+        count_unwaited(&mut p, &s.processes, 10, launcher, &at_stop);
+        assert_eq!((p.kernel_minor_faults, p.kernel_page_faults), (62 + 4988 + 700, 64 + 4988 + 700));
+        assert!(p.scope.contains("did not wait for every process it started"), "{}", p.scope);
+        assert!(p.scope.contains("1 still running at the stop") && p.scope.contains(": 5688 of"), "{}", p.scope);
+        let txt = text(&p, &s.processes);
+        assert!(!txt.contains("GAP"), "{txt}");
+        assert!(txt.contains("did not wait"), "{txt}");
+        // Without: the uc29 figure, a false gap.
+        assert!(text(&perf(), &s.processes).contains("GAP > 1%"));
+        // A command that reaped them all: as before.
+        let reaped = StatFaults { children_minor: 4988, ..launcher };
+        let mut p = perf();
+        count_unwaited(&mut p, &s.processes[..2], 10, reaped, &crate::hash::HashMap::default());
+        assert_eq!(p, perf());
+        // A process whose exit was not seen: no own count to sum, as before.
+        let mut p = perf();
+        count_unwaited(&mut p, &s.processes, 10, launcher, &crate::hash::HashMap::default());
+        assert_eq!(p, perf());
+    }
 
     #[test]
     fn a_lost_output_fails_vmtrace_but_keeps_the_commands_own_failure() {

@@ -37,6 +37,17 @@ fn folded_total(dir: &Path, stem: &str) -> u64 {
     vmtrace::stacks::flamegraph::total(&f)
 }
 
+/// Each file of a directory and its bytes, by name.
+fn files_in(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.file_name().into_string().unwrap(), std::fs::read(e.path()).unwrap())
+        })
+        .collect()
+}
+
 fn check_totals(dir: &Path, when: &str) {
     for (stem, index, unit) in PROFILES {
         let file = dir.join(format!("{stem}.pb.gz"));
@@ -77,13 +88,25 @@ fn every_profile_reads_in_pprof_with_its_folded_total() {
         assert!(tags.contains(key), "no {key} label in faults.pb.gz:\n{tags}");
     }
     assert!(tags.contains(&file.display().to_string()), "the file's region is a label:\n{tags}");
-    // `report DIR` writes them again from the folded files.
-    for (stem, ..) in PROFILES {
-        std::fs::remove_file(out.join(format!("{stem}.pb.gz"))).unwrap();
+    // `report DIR` writes every file again from summary.json and the folded
+    // files: each flamegraph (mmap, shootdowns and resident ones too, not
+    // only the fault ones), each profile, the text and the page.
+    let recorded = files_in(out);
+    for f in recorded.keys().filter(|f| *f != "summary.json" && !f.ends_with(".folded")) {
+        std::fs::remove_file(out.join(f)).unwrap();
     }
-    std::fs::remove_file(out.join("report.html")).unwrap();
     let rebuilt = vmtrace().arg("report").arg(out).output().unwrap();
     assert!(rebuilt.status.success(), "{}", String::from_utf8_lossy(&rebuilt.stderr));
+    let again = files_in(out);
+    assert_eq!(again.keys().collect::<Vec<_>>(), recorded.keys().collect::<Vec<_>>(), "report DIR: the same files");
+    for stem in ["faults", "mmap", "shootdowns", "resident", "resident-peak"] {
+        assert!(again.contains_key(&format!("{stem}.svg")), "report DIR wrote no {stem}.svg");
+    }
+    for (f, bytes) in &recorded {
+        if Path::new(f).extension().is_some_and(|e| e == "txt" || e == "folded" || e == "json") {
+            assert!(again[f] == *bytes, "{f} rebuilt is not the same bytes");
+        }
+    }
     check_totals(out, "report DIR");
     let html = std::fs::read_to_string(out.join("report.html")).expect("report DIR writes report.html again");
     assert!(

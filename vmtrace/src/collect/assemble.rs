@@ -64,6 +64,20 @@ pub(crate) struct Inputs {
 /// whole system was traced, every one the target ran (even one that never
 /// faulted), in pid order. `is_thread` drops live threads the fallback fork
 /// hook could not tell from processes.
+/// The processes the totals and the folded files count: those with a fault,
+/// an mmap-family call or a shootdown IPI sent. A kernel thread that
+/// faults nothing but sends shootdowns (`kdamond.0`, DAMON's, unmapping
+/// user pages) is in `shootdowns.folded`, and so gets a row: the rows' IPIs
+/// add up to the flamegraph's (uc29: 962 against 964). A flush only
+/// received (a context switch's) makes no row.
+pub(crate) fn counted_pids<'a>(
+    stats: &'a BTreeMap<u32, FaultStats>,
+    mm: &'a BTreeMap<u32, MmStats>,
+) -> impl Iterator<Item = u32> + 'a {
+    let sent = mm.iter().filter(|(_, m)| m.ipis_sent > 0 || m.calls.iter().any(|n| *n > 0)).map(|(pid, _)| *pid);
+    stats.keys().copied().chain(sent)
+}
+
 pub(crate) fn summary_pids(
     target: &TargetInfo,
     faulted: impl Iterator<Item = u32>,

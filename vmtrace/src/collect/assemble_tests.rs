@@ -3,7 +3,7 @@ use std::collections::BTreeMap;
 
 use vmtrace_common::{DropKind, FaultStats, MmCall, MmStats};
 
-use super::{assemble, summary_pids, Inputs};
+use super::{assemble, counted_pids, summary_pids, Inputs};
 use crate::{
     collect::process::ProcInfo,
     loader::Families,
@@ -258,4 +258,35 @@ fn an_oom_record_without_sizes_says_unknown() {
     assert!(text.contains("anon unknown, file unknown, shmem unknown, page tables 0.0 MiB"), "{text}");
     let json = serde_json::to_value(&r).unwrap();
     assert_eq!(json["unknown"][0], "anon_rss_kb");
+}
+
+/// `record -a`: a kernel thread that faults nothing but sends shootdowns
+/// (uc29: `kdamond.0`, 2 IPIs) gets a row, so that the rows' IPIs add up
+/// to the shootdown flamegraph's; one that only had flushes (a context
+/// switch's) gets none.
+#[test]
+fn a_kernel_thread_that_sends_shootdowns_has_a_row_and_the_ipis_add_up() {
+    let mut i = inputs();
+    i.target = TargetInfo { kind: TargetKind::System, command: None, pid: None, exit_status: None };
+    let mut kdamond = MmStats { ipis_sent: 2, ..MmStats::default() };
+    // Outside any mmap-family call.
+    kdamond.ipis_by_call[vmtrace_common::MM_CALLS] = 2;
+    let mut idle = MmStats::default();
+    idle.tlb_reason[0] = 40;
+    let mut mapper = MmStats::default();
+    mapper.calls[MmCall::Mmap as usize] = 3;
+    i.mm.extend([(20, kdamond), (30, idle), (40, mapper)]);
+    let pids = summary_pids(&i.target, counted_pids(&i.stats, &i.mm), [7].into_iter(), |_| false);
+    assert_eq!(pids, [10, 20, 40], "faults, shootdowns sent, mmap calls: not flushes received");
+    // Before: only the processes with faults.
+    assert_eq!(summary_pids(&i.target, i.stats.keys().copied(), std::iter::empty(), |_| false), [10]);
+    i.processes = pids.iter().map(|pid| (*pid, info(1, if *pid == 20 { "kdamond.0" } else { "p" }, None))).collect();
+    // The sites' IPIs (shootdowns.folded's total): 7 of the faulting process, 2 of kdamond's.
+    let site = |pid, ipis| crate::model::MmSite { pid, comm: "p".into(), frames: Vec::new().into(), calls: 1, ipis };
+    i.mm_sites = vec![site(10, 7), site(20, 2)];
+    let s = assemble(i).summary;
+    let rows: u64 = s.processes.iter().filter_map(|p| p.tlb.as_ref()).map(|t| t.ipis_sent).sum();
+    assert_eq!(rows, 7 + 2);
+    let row = s.processes.iter().find(|p| p.pid == 20).expect("kdamond's row");
+    assert_eq!((row.comm.as_str(), row.faults.total), ("kdamond.0", 0));
 }

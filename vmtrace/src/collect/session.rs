@@ -538,6 +538,11 @@ impl<S: AggregateSource> Session<S> {
         self.table.set_parent(pid, ppid);
     }
 
+    /// The traced processes not known to have exited.
+    pub fn live_pids(&self) -> Vec<u32> {
+        self.table.live_pids().iter().copied().collect()
+    }
+
     /// Replaces the exit hook's read of `pid`'s kernel fault counters.
     pub fn set_kernel_accounting(&mut self, pid: u32, k: KernelAccounting) {
         self.table.set_kernel_accounting(pid, k);
@@ -1799,7 +1804,8 @@ impl<S: AggregateSource> Session<S> {
         let stats = self.stats_totals();
         let drops = self.source.drops();
         let drop_kinds = drops.clone();
-        let pids = assemble::summary_pids(&target, stats.keys().copied(), self.table.pids(), process::is_thread);
+        let counted = assemble::counted_pids(&stats, &mm);
+        let pids = assemble::summary_pids(&target, counted, self.table.pids(), process::is_thread);
         let processes = pids.into_iter().map(|pid| (pid, self.table.ensure(pid).clone())).collect();
         let mut finished = assemble::assemble(Inputs {
             target,

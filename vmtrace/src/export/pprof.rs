@@ -47,8 +47,7 @@ pub const RESIDENT_PEAK: Kind =
 /// stacks count no COW faults apart, so each process is one sample.
 pub const COW: Kind = Kind { stem: "cow", values: &[("cow_faults", "count")], period_type: ("faults", "count") };
 
-/// Every profile, in the order they are written.
-pub const ALL: [Kind; 8] = [FAULTS, FAULT_TIME, MAJOR_FAULTS, COW, MMAP, SHOOTDOWNS, RESIDENT, RESIDENT_PEAK];
+// Every profile, with its flamegraph, is listed once in `report::GRAPHS`.
 
 impl Kind {
     pub fn file(self) -> String {

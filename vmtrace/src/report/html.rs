@@ -605,10 +605,11 @@ fn flame_heading(s: &Summary, dir: &Path, file: &str, title: &str) -> String {
     let how = match file {
         "shootdowns.svg" => String::new(),
         _ if period > 1 => {
-            let counted = if file == "fault-time.svg" {
-                format!("{} measured", fmt_ns(s.totals.time_ns))
-            } else {
-                format!("{} counted", thousands(s.totals.total))
+            // The graph's own total, as summary.json counts it.
+            let counted = match file {
+                "fault-time.svg" => format!("{} measured", fmt_ns(s.totals.time_ns)),
+                "cow.svg" => format!("{} counted", thousands(s.totals.cow)),
+                _ => format!("{} counted", thousands(s.totals.total)),
             };
             format!(" (estimated from 1 in {period} stacks; {counted})")
         }
@@ -733,9 +734,9 @@ fn flames_section(s: &Summary, dir: &Path, flame_prefix: &str) -> String {
     if !linked.is_empty() {
         let _ = write!(flames, "<p class='note'>Interactive flamegraphs of {}.</p>", linked.join(", "));
     }
-    let profiles: Vec<String> = crate::export::pprof::ALL
+    let profiles: Vec<String> = super::GRAPHS
         .iter()
-        .map(|k| k.file())
+        .map(|g| g.kind.file())
         .filter(|f| dir.join(f).is_file())
         .map(|f| format!("<a href='{flame_prefix}{f}'><code>{f}</code></a>"))
         .collect();
@@ -869,6 +870,31 @@ mod tests {
         assert_eq!(base64(b"fo"), "Zm8=");
         assert_eq!(base64(b"foo"), "Zm9v");
         assert_eq!(base64(b"foobar"), "Zm9vYmFy");
+    }
+
+    /// Each flamegraph's heading gives its own total: the COW graph's
+    /// "counted" is the COW faults (totals.cow), not all faults.
+    #[test]
+    fn each_flamegraph_heading_counts_its_own_total() {
+        let mut s: Summary = serde_json::from_str(include_str!("../../tests/golden/summary.json")).expect("golden");
+        s.stacks.as_mut().expect("golden has stacks").sample_period = 16;
+        (s.totals.total, s.totals.cow, s.totals.major, s.totals.time_ns) = (189_685, 73_332, 293, 1_315_735_832);
+        let dir = tempfile::tempdir().unwrap();
+        for (stem, total) in [
+            ("faults", 189_700),
+            ("cow", 73_300),
+            ("major-faults", 293),
+            ("fault-time", 1_315_000_000),
+            ("shootdowns", 16),
+        ] {
+            std::fs::write(dir.path().join(format!("{stem}.folded")), format!("prog;main {total}\n")).unwrap();
+        }
+        let heading = |file| flame_heading(&s, dir.path(), file, "T");
+        assert_eq!(heading("faults.svg"), "T — ≈189.7k faults (estimated from 1 in 16 stacks; 189,685 counted)");
+        assert_eq!(heading("cow.svg"), "T — ≈73.3k faults (estimated from 1 in 16 stacks; 73,332 counted)");
+        assert_eq!(heading("major-faults.svg"), "T — 293 major faults");
+        assert_eq!(heading("fault-time.svg"), "T — ≈1.31 s (estimated from 1 in 16 stacks; 1.32 s measured)");
+        assert_eq!(heading("shootdowns.svg"), "T — 16 IPIs");
     }
 
     /// A size the kernel's record lacks (before 6.8) reads "unknown", not 0.0 MiB.

@@ -119,13 +119,13 @@ pub(crate) fn resident_rows(s: &Summary) -> (Vec<(&crate::model::Process, &crate
     (procs, more)
 }
 
-/// Every file a recording writes (`pprof::ALL`'s stems give the flamegraph
+/// Every file a recording writes ([`GRAPHS`]' stems give the flamegraph
 /// triples): the only ones [`remove_earlier_outputs`] may remove.
 pub fn owned_files() -> Vec<String> {
     let mut files: Vec<String> = ["summary.json", "summary.txt", "regions.txt", "report.html"].map(String::from).into();
     files.push(crate::export::perfetto::FILE.to_string());
-    for kind in pprof::ALL {
-        files.extend([format!("{}.svg", kind.stem), format!("{}.folded", kind.stem), kind.file()]);
+    for g in GRAPHS {
+        files.extend(graph_files(g.kind));
     }
     files
 }
@@ -175,19 +175,52 @@ pub fn write_recording_with(dir: &Path, s: &Summary, stacks: &StackOutputs, o: &
     w.failed
 }
 
-const FAULT_GRAPHS: [(Weight, &str, &str, pprof::Kind); 4] = [
-    (Weight::Faults, "Page faults by call stack", "faults", pprof::FAULTS),
-    (Weight::TimeNs, "Fault-handler time by call stack", "ns", pprof::FAULT_TIME),
-    (Weight::Major, "Major faults by call stack", "faults", pprof::MAJOR_FAULTS),
-    (Weight::Cow, "Copy-on-write faults by call stack", "faults", pprof::COW),
+/// One flamegraph of a recording: its profile (whose stem names its
+/// `.folded`, `.svg` and `.pb.gz`), what its title says it shows and the
+/// unit of its weights.
+#[derive(Clone, Copy, Debug)]
+pub struct Graph {
+    pub kind: pprof::Kind,
+    pub title: &'static str,
+    pub unit: &'static str,
+}
+
+/// Every flamegraph `record` writes, each with its pprof profile, in the
+/// order they are written: `record` takes each one's title and unit from
+/// here, `report DIR` rebuilds each one whose folded file it finds, and
+/// report.html links each profile. A new graph is one entry (and its writer).
+pub const GRAPHS: [Graph; 8] = [
+    Graph { kind: pprof::FAULTS, title: "Page faults by call stack", unit: "faults" },
+    Graph { kind: pprof::FAULT_TIME, title: "Fault-handler time by call stack", unit: "ns" },
+    Graph { kind: pprof::MAJOR_FAULTS, title: "Major faults by call stack", unit: "faults" },
+    Graph { kind: pprof::COW, title: "Copy-on-write faults by call stack", unit: "faults" },
+    Graph { kind: pprof::MMAP, title: "mmap-family calls by call site", unit: "calls" },
+    Graph { kind: pprof::SHOOTDOWNS, title: "TLB shootdown IPIs sent, by initiating call site", unit: "IPIs" },
+    Graph { kind: pprof::RESIDENT, title: "Resident memory at each process's end by call stack", unit: "bytes" },
+    Graph { kind: pprof::RESIDENT_PEAK, title: "Resident memory at each process's peak by call stack", unit: "bytes" },
 ];
+
+/// The entry of [`GRAPHS`] for `kind`.
+fn graph_of(kind: pprof::Kind) -> Graph {
+    GRAPHS.into_iter().find(|g| g.kind == kind).unwrap_or(Graph { kind, title: kind.stem, unit: "" })
+}
+
+/// The fault flamegraphs, by what each is weighted by.
+const FAULT_GRAPHS: [(Weight, pprof::Kind); 4] = [
+    (Weight::Faults, pprof::FAULTS),
+    (Weight::TimeNs, pprof::FAULT_TIME),
+    (Weight::Major, pprof::MAJOR_FAULTS),
+    (Weight::Cow, pprof::COW),
+];
+
+/// A graph's `.svg`, `.folded` and `.pb.gz`.
+fn graph_files(kind: pprof::Kind) -> [String; 3] {
+    [format!("{}.svg", kind.stem), format!("{}.folded", kind.stem), kind.file()]
+}
 
 /// The files the fault flamegraphs and profiles are written to, for summary.json.
 pub fn flamegraph_files() -> Vec<String> {
-    FAULT_GRAPHS
-        .iter()
-        .flat_map(|(w, .., kind)| [format!("{}.svg", w.file_stem()), format!("{}.folded", w.file_stem()), kind.file()])
-        .collect()
+    FAULT_GRAPHS.iter().flat_map(|(_, kind)| graph_files(*kind)).collect()
 }
 
 /// The folded stacks, flamegraphs and pprof profiles of a recording.
@@ -224,7 +257,8 @@ fn write_flamegraphs(w: &mut Writer, stacks: &[Stack], st: &StacksSummary, s: &S
         tree.frame_count(),
         t.elapsed().as_secs_f64() * 1e3
     );
-    for (weight, title, unit, kind) in FAULT_GRAPHS {
+    for (weight, kind) in FAULT_GRAPHS {
+        let Graph { title, unit, .. } = graph_of(kind);
         // One split feeds both: the profile's samples add up to the folded lines.
         let graph = tree.graph(stacks, weight);
         let total = graph.total();
@@ -237,7 +271,7 @@ fn write_flamegraphs(w: &mut Writer, stacks: &[Stack], st: &StacksSummary, s: &S
         };
         let extra = if weight == Weight::TimeNs { format!("{timing}{how}") } else { how.clone() };
         let title = format!("{title} — {total_text} ({extra})");
-        w.flamegraph_folded(weight.file_stem(), &graph.folded_small(flamegraph::MIN_SHARE), &title, unit);
+        w.flamegraph_folded(kind.stem, &graph.folded_small(flamegraph::MIN_SHARE), &title, unit);
         let meta = pprof::Meta {
             period: n,
             comment: &title,
@@ -259,10 +293,8 @@ fn write_mm_flamegraphs(w: &mut Writer, sites: &[MmSite], s: &Summary) {
     let stacks = pprof::mm_stacks(sites);
     let tree = crate::stacks::tree::Tree::with_identities(&stacks, &identities(s));
     let (calls, ipis) = pprof::mm_graphs(&tree, &stacks);
-    for (kind, graph, title, unit) in [
-        (pprof::MMAP, &calls, "mmap-family calls by call site", "calls"),
-        (pprof::SHOOTDOWNS, &ipis, "TLB shootdown IPIs sent, by initiating call site", "IPIs"),
-    ] {
+    for (kind, graph) in [(pprof::MMAP, &calls), (pprof::SHOOTDOWNS, &ipis)] {
+        let Graph { title, unit, .. } = graph_of(kind);
         let f = graph.folded();
         let total = graph.total();
         let title = format!("{title} — {total} {unit}");
@@ -281,10 +313,7 @@ fn write_mm_flamegraphs(w: &mut Writer, sites: &[MmSite], s: &Summary) {
 
 /// The files the resident profiles are written to, for summary.json.
 pub fn resident_files() -> Vec<String> {
-    [pprof::RESIDENT, pprof::RESIDENT_PEAK]
-        .iter()
-        .flat_map(|k| [format!("{}.svg", k.stem), format!("{}.folded", k.stem), k.file()])
-        .collect()
+    [pprof::RESIDENT, pprof::RESIDENT_PEAK].into_iter().flat_map(graph_files).collect()
 }
 
 /// `resident.{folded,svg,pb.gz}` and `resident-peak.*`: stacks by the bytes
@@ -292,16 +321,14 @@ pub fn resident_files() -> Vec<String> {
 /// its peak, scaled to the kernel's exact totals.
 fn write_resident(w: &mut Writer, end: &[Stack], peak: &[Stack], r: &crate::model::ResidentSummary, s: &Summary) {
     let how = format!("estimated from the pages of 1 in {} faults, scaled to the kernel's totals", r.sample_period);
-    for (kind, stacks, what) in [
-        (pprof::RESIDENT, end, "Resident memory at each process's end by call stack"),
-        (pprof::RESIDENT_PEAK, peak, "Resident memory at each process's peak by call stack"),
-    ] {
+    for (kind, stacks) in [(pprof::RESIDENT, end), (pprof::RESIDENT_PEAK, peak)] {
+        let Graph { title: what, unit, .. } = graph_of(kind);
         // As many stacks as the faults' with a stack on every fault: a tree, as there.
         let tree = crate::stacks::tree::Tree::with_identities(stacks, &identities(s));
         let graph = tree.graph(stacks, Weight::Faults);
         let total = graph.total();
         let title = format!("{what} — {} ({how})", crate::model::bytes(total));
-        w.flamegraph_folded(kind.stem, &graph.folded_small(flamegraph::MIN_SHARE), &title, "bytes");
+        w.flamegraph_folded(kind.stem, &graph.folded_small(flamegraph::MIN_SHARE), &title, unit);
         let meta = pprof::Meta {
             period: 4096,
             comment: &title,
@@ -329,12 +356,11 @@ pub fn rebuild(dir: &Path) -> Result<Summary, String> {
     if s.regions.is_some() {
         w.text("regions.txt", &text::render_regions(&s));
     }
-    // Flamegraphs from the folded stacks saved beside them.
-    for (weight, ..) in FAULT_GRAPHS {
-        let stem = weight.file_stem();
+    // Every flamegraph `record` writes, from the folded stacks saved beside it.
+    for Graph { kind, title, unit } in GRAPHS {
+        let stem = kind.stem;
         if let Ok(f) = fs::read_to_string(dir.join(format!("{stem}.folded"))) {
-            let unit = if weight == Weight::TimeNs { "ns" } else { "faults" };
-            let title = format!("{stem} — {} {unit} (rebuilt by vmtrace report)", flamegraph::total(&f));
+            let title = format!("{title} — {} {unit} (rebuilt by vmtrace report)", flamegraph::total(&f));
             w.put(&format!("{stem}.svg"), |p| flamegraph::write_svg(p, &f, &title, unit));
         }
     }
@@ -400,7 +426,7 @@ fn process_frames(s: &Summary) -> (crate::hash::HashMap<String, u32>, SharedLabe
 fn rebuild_profiles(w: &mut Writer, s: &Summary) {
     let (pids, shared) = process_frames(s);
     let calls = fs::read_to_string(w.dir.join("mmap.folded")).ok();
-    for kind in pprof::ALL {
+    for Graph { kind, .. } in GRAPHS {
         let Ok(f) = fs::read_to_string(w.dir.join(format!("{}.folded", kind.stem))) else { continue };
         let period = match kind {
             pprof::MMAP | pprof::SHOOTDOWNS => 1,
@@ -516,6 +542,105 @@ mod tests {
         assert!(txt.contains("(10 more storms in summary.json)"), "{txt}");
         let t: Vec<f64> = starts.iter().map(|x| x.parse().unwrap()).collect();
         assert!(t.windows(2).all(|w| w[0] < w[1]), "{t:?}");
+    }
+
+    /// What `record` writes with every graph: the golden summary, with
+    /// fault stacks, mmap-family call sites and resident stacks.
+    fn record_every_graph(dir: &Path) -> Summary {
+        let mut s: Summary = serde_json::from_str(
+            &fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/summary.json")).unwrap(),
+        )
+        .unwrap();
+        s.resident = Some(crate::model::ResidentSummary { sample_period: 1, ..Default::default() });
+        // As `record` does.
+        s.findings = Some(crate::model::findings::diagnose(&s));
+        let pid = s.processes[0].pid;
+        let stack = |user: &[&str], faults: f64, time_ns: f64, major: f64, cow: f64| Stack {
+            pid,
+            comm: "prog".into(),
+            user: user.iter().map(|f| (*f).into()).collect(),
+            estimate: crate::stacks::weight::Estimate { faults, time_ns, major, cow },
+            ..Stack::default()
+        };
+        let faults = [
+            stack(&["main", "load"], 60.0, 9000.0, 1.0, 0.0),
+            stack(&["main", "fork_and_write"], 40.0, 800.0, 0.0, 40.0),
+        ];
+        let site = |frames: &[&str], calls, ipis| MmSite {
+            pid,
+            comm: "prog".into(),
+            frames: frames.iter().map(|f| (*f).into()).collect(),
+            calls,
+            ipis,
+        };
+        let sites = [site(&["main", "[mmap]"], 30, 0), site(&["main", "free", "[munmap]"], 20, 19)];
+        let end = [stack(&["main", "load"], 40960.0, 0.0, 0.0, 0.0)];
+        let peak = [stack(&["main", "load"], 81920.0, 0.0, 0.0, 0.0), stack(&["main", "tmp"], 4096.0, 0.0, 0.0, 0.0)];
+        let outputs = StackOutputs { faults: Some(&faults), mm_sites: Some(&sites), resident: Some((&end, &peak)) };
+        assert!(write_recording(dir, &s, &outputs).is_empty());
+        s
+    }
+
+    fn files_in(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+        fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.file_name().into_string().unwrap(), fs::read(e.path()).unwrap())
+            })
+            .collect()
+    }
+
+    /// `report DIR` writes every file `record` wrote but summary.json and
+    /// the folded files it reads (and the Perfetto trace, which it cannot):
+    /// every flamegraph, not only the fault ones. The text and folded files
+    /// come out byte for byte the same.
+    #[test]
+    fn report_rebuilds_every_file_record_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        record_every_graph(dir.path());
+        let recorded = files_in(dir.path());
+        let names: Vec<&str> = recorded.keys().map(String::as_str).collect();
+        for g in GRAPHS {
+            for f in graph_files(g.kind) {
+                assert!(recorded.contains_key(&f), "record wrote no {f}: {names:?}");
+            }
+        }
+        let kept = |f: &str| f == "summary.json" || f.ends_with(".folded");
+        for f in recorded.keys().filter(|f| !kept(f)) {
+            fs::remove_file(dir.path().join(f)).unwrap();
+        }
+        rebuild(dir.path()).expect("report DIR");
+        let rebuilt = files_in(dir.path());
+        assert_eq!(rebuilt.keys().collect::<Vec<_>>(), recorded.keys().collect::<Vec<_>>(), "the same files");
+        for f in ["summary.json", "summary.txt", "regions.txt"]
+            .iter()
+            .copied()
+            .chain(names.iter().copied().filter(|f| f.ends_with(".folded")))
+        {
+            assert!(
+                rebuilt[f] == recorded[f],
+                "{f} rebuilt differs:\n{}\n---\n{}",
+                String::from_utf8_lossy(&recorded[f]),
+                String::from_utf8_lossy(&rebuilt[f])
+            );
+        }
+        // The page embeds and links the same graphs as record's.
+        let html = String::from_utf8_lossy(&rebuilt["report.html"]);
+        for f in ["shootdowns.svg", "mmap.svg", "resident.svg", "resident-peak.svg", "major-faults.svg", "cow.pb.gz"] {
+            assert!(html.contains(f), "report.html names no {f}");
+        }
+        let embedded = |h: &str| h.matches("<svg").count() + h.matches("data:image/svg").count();
+        assert_eq!(embedded(&html), embedded(&String::from_utf8_lossy(&recorded["report.html"])));
+    }
+
+    #[test]
+    fn every_graph_is_listed_once() {
+        let mut stems: Vec<&str> = GRAPHS.iter().map(|g| g.kind.stem).collect();
+        stems.sort_unstable();
+        stems.dedup();
+        assert_eq!(stems.len(), GRAPHS.len());
+        assert!(GRAPHS.iter().all(|g| !g.unit.is_empty() && !g.title.is_empty()));
     }
 
     #[test]
