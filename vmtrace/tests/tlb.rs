@@ -217,11 +217,26 @@ fn two_thread_munmap_churn_storms_are_blamed_on_its_call_site() {
     // One storm on a quiet machine; a loaded one may pause the churner for a
     // whole window and split it (`out_of_storms_bound`).
     let mut in_storms = 0;
+    // The churner also sends a few IPIs outside munmap (6 to 18 in a 6.1
+    // guest with NUMA balancing on): a storm split so small that they could
+    // top it (a slow guest cut one churn into 4-shootdown storms) is blamed
+    // on whatever its process sent most of in it, within what it sent.
+    let other = ipis - u(&t["ipis_by_call"]["munmap"]);
     for s in storms {
         assert_eq!(s["pid"], pid);
-        assert_eq!(s["top_call"], "munmap");
-        let stack: Vec<&str> = s["top_stack"].as_array().unwrap().iter().filter_map(|f| f.as_str()).collect();
-        assert!(stack.iter().any(|f| f.contains("churn_munmap_loop")), "culprit stack names the churner: {stack:?}");
+        if u(&s["shootdowns"]) > 2 * other {
+            assert_eq!(s["top_call"], "munmap", "{s:#}; the process sent {other} IPIs outside munmap");
+            let stack: Vec<&str> = s["top_stack"].as_array().unwrap().iter().filter_map(|f| f.as_str()).collect();
+            assert!(
+                stack.iter().any(|f| f.contains("churn_munmap_loop")),
+                "culprit stack names the churner: {stack:?}"
+            );
+        } else {
+            let call = s["top_call"].as_str().unwrap();
+            let of_call = t["ipis_by_call"][call].as_u64().unwrap_or(0) as f64;
+            let share = s["top_share"].as_f64().unwrap() * u(&s["shootdowns"]) as f64;
+            assert!(share <= of_call + 0.5, "{s:#}: more {call} IPIs than the process sent ({of_call}): {t:#}");
+        }
         assert!(s["peak_per_s"].as_f64().unwrap() >= threshold.floor(), "{s:#} (threshold {threshold:.0}/s)");
         in_storms += u(&s["shootdowns"]);
     }
