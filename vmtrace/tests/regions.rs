@@ -227,6 +227,9 @@ fn cow_after_the_child_exited_is_a_reuse_not_a_fork_copy() {
     for name in ["A", "B"] {
         let (start, pages, copied) = kernel(name);
         kernel_copies += copied;
+        // The fixture aligns each buffer to a region granule: a granule shared
+        // with the other buffer would have its copies split by page share.
+        assert_eq!(start % (1 << vmtrace_common::REGION_GRANULE_SHIFT), 0, "{name} at {start:#x}: {out}");
         let r = row_at(start);
         let c = &r["cow_from"];
         let n = |k: &str| c.get(k).map_or(0, u);

@@ -41,7 +41,7 @@ pub struct VmtestArgs {
 }
 
 /// Tests run in each guest: the fault count, OOM (fentry, and kprobe via
-/// --force-tracepoints), TLB and Perfetto-trace tests.
+/// --force-tracepoints), TLB, Perfetto-trace and COW-copy tests.
 const TESTS: &[(&str, &str)] = &[
     ("record", "first_touch_total_equals_getrusage"),
     ("oom", "memcg_oom"),
@@ -53,6 +53,8 @@ const TESTS: &[(&str, &str)] = &[
     ("pinned", ""),
     // The resident end read through `mm_users` (a BTF offset per kernel).
     ("resident", "torn_down_by_another"),
+    // COW copies marked in mm_page_alloc, against the kernel's pagemap frame numbers.
+    ("regions", "cow_after_the_child_exited"),
 ];
 
 /// Tests run in each arm64 guest (TCG emulation of arm64 is slow): the
