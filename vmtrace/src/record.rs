@@ -170,9 +170,6 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     Ok(RecordOutcome { summary, exit_status, write_failures })
 }
 
-/// Each process's brk calls made inside its own `malloc_trim()` (a site
-/// whose stack has that frame), for the heap-trim finding: those trims go
-/// on whatever `M_TRIM_THRESHOLD` says.
 /// The minor faults of the command's descendants by their own kernel
 /// counters: each exited one's at its exit (`kernel_accounting`), each one
 /// still running at the stop as read then (`at_stop`). `None` when one of
@@ -224,6 +221,9 @@ fn count_unwaited(
     );
 }
 
+/// Each process's brk calls made inside its own `malloc_trim()` (a site
+/// whose stack has that frame), for the heap-trim finding: those trims go
+/// on whatever `M_TRIM_THRESHOLD` says.
 fn note_malloc_trims(summary: &mut Summary, mm_sites: &[crate::model::MmSite]) {
     let mut by_pid: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
     for site in mm_sites {

@@ -205,7 +205,7 @@ impl ResidentTracker {
             return;
         }
         let reused = self.cow_copies_seen && ev.flags & (PAGE_COW | PAGE_COPIED | PAGE_HUGE) == PAGE_COW;
-        if let Some(page) = p.live.get_mut(&addr).filter(|page| reused && page.bytes == bytes) {
+        if let Some(page) = reused.then(|| p.live.get_mut(&addr)).flatten().filter(|page| page.bytes == bytes) {
             // (uc29: a program that wrote its 64 MiB after its fork child
             // exited had it all under the writing function, none under the
             // allocating one.)

@@ -1615,7 +1615,7 @@ impl<S: AggregateSource> Session<S> {
         let t = Instant::now();
         // In drains (one a tick): as long as the sealing's period.
         let min_age = ((every.as_millis() / STORM_TICK.as_millis()) as u64).max(SEAL_MIN_AGE);
-        let live: Vec<u32> = self.table.live_pids().iter().copied().collect();
+        let live = self.live_pids();
         let (table, source, native, py) = (&mut self.table, &mut self.source, &self.native, &self.python.codes);
         let mut ids = crate::hash::HashSet::default();
         let (mut keys, mut procs) = (0, 0);

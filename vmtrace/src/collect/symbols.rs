@@ -208,13 +208,7 @@ pub(crate) struct Sealed {
 impl Sealed {
     fn add(&mut self, pid: u32, t: &Template, counts: StackCounts, stratum: u32) {
         use vmtrace_common::Merge as _;
-        let m = self.by_pid.entry(pid).or_default();
-        match m.get_mut(&(t.clone(), stratum)) {
-            Some(c) => c.merge(&counts),
-            None => {
-                m.insert((t.clone(), stratum), counts);
-            }
-        }
+        self.by_pid.entry(pid).or_default().entry((t.clone(), stratum)).or_default().merge(&counts);
     }
 
     /// Keeps `pid`'s `keep` heaviest shapes (by faults, then time) and adds
