@@ -214,14 +214,18 @@ impl Aggregator {
             .iter()
             .map(|p| Counts::growth(&Counts::of(p), &self.seen.get(&p.pid).map(|s| s.last).unwrap_or_default()))
             .collect();
-        // Free places go to the live processes without one that faulted most since.
+        // Free places go to the live processes without one that faulted most
+        // since; not to one that neither did anything since nor holds memory
+        // (a kernel thread under `-a`: ksoftirqd, rcu_preempt).
         let free = self.top.saturating_sub(self.procs.len());
         if free > 0 {
+            let holds = |p: &LiveProcess| p.resident.is_some_and(|r| r.anon + r.file + r.shmem > 0);
             let mut want: Vec<(u64, u32)> = snap
                 .processes
                 .iter()
                 .zip(&growth)
                 .filter(|(p, _)| !p.exited && self.seen.get(&p.pid).is_none_or(|s| !s.own && !s.done))
+                .filter(|(p, g)| g.faults() + g.ipis > 0 || holds(p))
                 .map(|(p, g)| (g.faults(), p.pid))
                 .collect();
             want.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
@@ -531,6 +535,26 @@ mod tests {
         assert_eq!(sum(&t, "vmtrace_page_faults_total{pid=\"\"", "minor"), other_before, "{t}");
         // The cgroup's counter holds everything, the exited process's too.
         assert_eq!(sum(&t, "vmtrace_cgroup_page_faults_total{cgroup=\"/s\"", "minor"), 19, "{t}");
+    }
+
+    /// uc29: under `-a` the places left by few busy processes went to
+    /// kernel threads that never fault and hold no memory.
+    #[test]
+    fn a_process_that_does_nothing_and_holds_nothing_takes_no_place() {
+        let sys = id("/s", None);
+        let mut a = Aggregator::new(3, 10);
+        let kthread = LiveProcess { resident: None, ..proc(2, 0, &sys, false) };
+        let idle_with_memory = proc(4, 0, &sys, false);
+        let snap = LiveSnapshot {
+            t_s: 1.0,
+            processes: vec![kthread, proc(3, 5, &sys, false), idle_with_memory],
+            ..LiveSnapshot::default()
+        };
+        a.update(&snap);
+        let t = a.render();
+        assert!(!t.contains("pid=\"2\""), "{t}");
+        assert!(t.contains("pid=\"3\"") && t.contains("pid=\"4\""), "{t}");
+        assert_eq!(a.series_counts().0, 2, "{t}");
     }
 
     #[test]
