@@ -45,7 +45,11 @@ pub struct GranuleCounts {
     /// the process held alone (reuse, no copy).
     pub cow_copied: u32,
     /// Faults served by a transparent huge page (see `FaultStats::huge`).
-    pub huge: u64,
+    pub huge: u32,
+    /// Of `cow_copied`: the copies whose new page was allocated zeroed
+    /// (`__GFP_ZERO`): a write to anonymous memory that a read had mapped to
+    /// the zero page. The other copies copied a page's contents.
+    pub cow_zero: u32,
     /// Coarse latency histogram of the timed faults: bucket i holds latencies
     /// up to 1024 << 2i ns (1 µs, 4 µs, … 1.07 s), the last the rest; bucket
     /// i is exactly bucket 2i of the fine histogram.
@@ -77,6 +81,7 @@ impl Merge for GranuleCounts {
         self.exec += o.exec;
         self.huge += o.huge;
         self.cow_copied += o.cow_copied;
+        self.cow_zero += o.cow_zero;
         for i in 0..GRANULE_HIST {
             self.hist[i] += o.hist[i];
         }

@@ -249,3 +249,41 @@ fn cow_after_the_child_exited_is_a_reuse_not_a_fork_copy() {
     let fork = u(&p["cow_from"]["fork"]);
     assert!(fork <= kernel_copies + 64, "fork copies {fork}, the kernel copied {kernel_copies}: {:#}", p["cow_from"]);
 }
+
+/// A write to anonymous memory that a read mapped to the zero page copies
+/// the zero page: the copies are told by their zeroed allocation, not
+/// guessed from the reads, and none is taken for a copy of some other
+/// shared page. Against the kernel's frames (pagemap).
+#[test]
+fn zero_page_copies_are_told_by_the_kernel_not_guessed() {
+    privileged!();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = compile_c("zero_page_copies.c", dir.path());
+    let run = record(&[], &[bin.to_str().unwrap()]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let out = String::from_utf8_lossy(&run.output.stdout).to_string();
+    let f: Vec<&str> =
+        out.lines().find(|l| l.starts_with("ZERO 0x")).unwrap_or_else(|| panic!("{out}")).split_whitespace().collect();
+    let start = u64::from_str_radix(f[1].trim_start_matches("0x"), 16).unwrap();
+    let (pages, zero_mapped, copied): (u64, u64, u64) =
+        (f[2].parse().unwrap(), f[3].parse().unwrap(), f[4].parse().unwrap());
+    assert_eq!(zero_mapped, pages, "every page read maps the zero page: {out}");
+    let pid = run.summary["target"]["pid"].as_u64().unwrap() as u32;
+    let rows = regions_of(&run, pid);
+    let hex = |r: &Value, k: &str| u64::from_str_radix(r[k].as_str().unwrap().trim_start_matches("0x"), 16).unwrap();
+    let r = rows
+        .iter()
+        .copied()
+        .find(|r| hex(r, "start") <= start && start < hex(r, "end"))
+        .unwrap_or_else(|| panic!("{rows:#?}"));
+    let c = &r["cow_from"];
+    let n = |k: &str| c.get(k).map_or(0, u);
+    eprintln!(
+        "kernel: {zero_mapped} of {pages} pages mapped the zero page, {copied} copied; vmtrace: {c}, faults {}",
+        r["faults"]
+    );
+    let slack = 8;
+    assert!(n("zero_page").abs_diff(copied) <= slack, "zero-page copies: kernel {copied}: {c}");
+    assert_eq!(n("other") + n("fork") + n("file"), 0, "{c}");
+    assert_eq!(n("reused"), 0, "{c}");
+}

@@ -116,7 +116,7 @@ fn granule_counts(tgid: u32, address: u64) -> Option<&'static mut GranuleCounts>
     let cur = unsafe { &mut *GRANULE_CUR.get_ptr_mut(0)? };
     if cur.key != key {
         let c = &cur.counts;
-        if c.faults | c.major | c.timed | c.huge | u64::from(c.cow_copied) != 0 {
+        if c.faults | c.major | c.timed | u64::from(c.huge) | u64::from(c.cow_copied) != 0 {
             flush_granule(&cur.key, &cur.counts);
         }
         cur.key = key;
@@ -821,6 +821,11 @@ pub fn tp_kmem_mm_page_alloc(ctx: TracePointContext) -> u32 {
 /// pages are movable; page tables, slab and kernel buffers are not.
 const GFP_MOVABLE: u32 = 0x08;
 
+/// `___GFP_ZERO` (bit 8 of `gfp_t` on every kernel since 4.x): the page is
+/// allocated zeroed, as a copy-on-write fault on the zero page allocates its
+/// copy (`vma_alloc_zeroed_movable_folio`); a copy of a page's contents does not.
+const GFP_ZERO: u32 = 0x100;
+
 /// See `try_cow_copy`.
 const STALE_COPY_NS: u64 = 10_000_000;
 
@@ -829,15 +834,15 @@ fn page_alloc<C: StackIdContext>(ctx: &C, order: u32, gfp: u32) {
     if order >= PMD_ORDER {
         let _ = try_huge_alloc(ctx);
     } else if order == 0 && gfp & GFP_MOVABLE != 0 {
-        let _ = try_cow_copy();
+        let _ = try_cow_copy(gfp & GFP_ZERO != 0);
     }
 }
 
 /// A user page allocated by the current thread: when its fault in flight is
 /// a copy-on-write one, the kernel is copying the page. Counted once per
-/// fault (a retried fault allocates again).
+/// fault (a retried fault allocates again). `zeroed`: the zero page's copy.
 #[inline(always)]
-fn try_cow_copy() -> Option<()> {
+fn try_cow_copy(zeroed: bool) -> Option<()> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
     // SAFETY: per-CPU slot; programs on one CPU do not interleave.
@@ -865,6 +870,7 @@ fn try_cow_copy() -> Option<()> {
     if conf(|c| &c.regions) != 0 {
         if let Some(g) = granule_counts(tgid, slot.page << 12) {
             g.cow_copied += 1;
+            g.cow_zero += u32::from(zeroed);
         }
     }
     Some(())

@@ -669,7 +669,9 @@ impl AggregateSource for Probes {
             all.entry(k).or_default().merge(&sum_cpus(v.iter()));
         }
         if let Ok(cur) = self.maps.granule_cur.get(&0, 0) {
-            for c in cur.iter().filter(|c| c.counts.faults | c.counts.major | c.counts.timed | c.counts.huge != 0) {
+            for c in
+                cur.iter().filter(|c| c.counts.faults | c.counts.major | c.counts.timed | u64::from(c.counts.huge) != 0)
+            {
                 all.entry(c.key).or_default().merge(&c.counts);
             }
         }
@@ -731,7 +733,7 @@ impl AggregateSource for Probes {
     fn granules_in_flight(&self) -> crate::hash::HashSet<u32> {
         let Ok(cur) = self.maps.granule_cur.get(&0, 0) else { return crate::hash::HashSet::default() };
         cur.iter()
-            .filter(|c| c.counts.faults | c.counts.major | c.counts.timed | c.counts.huge != 0)
+            .filter(|c| c.counts.faults | c.counts.major | c.counts.timed | u64::from(c.counts.huge) != 0)
             .map(|c| c.key.tgid)
             .collect()
     }

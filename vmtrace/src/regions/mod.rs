@@ -32,6 +32,7 @@ pub(crate) struct Acc {
     exec: f64,
     cow: f64,
     cow_copied: f64,
+    cow_zero: f64,
     huge: f64,
     time_ns: f64,
     timed: f64,
@@ -48,7 +49,8 @@ impl Acc {
         self.exec += f64::from(g.exec) * share;
         self.cow += g.cow as f64 * share;
         self.cow_copied += f64::from(g.cow_copied) * share;
-        self.huge += g.huge as f64 * share;
+        self.cow_zero += f64::from(g.cow_zero) * share;
+        self.huge += f64::from(g.huge) * share;
         self.time_ns += g.time_ns as f64 * share;
         self.timed += g.timed as f64 * share;
         self.major_time_ns += g.major_time_ns as f64 * share;
@@ -65,6 +67,7 @@ impl Acc {
         self.exec += o.exec;
         self.cow += o.cow;
         self.cow_copied += o.cow_copied;
+        self.cow_zero += o.cow_zero;
         self.huge += o.huge;
         self.time_ns += o.time_ns;
         self.timed += o.timed;
@@ -415,12 +418,15 @@ pub fn attribute<'a>(
 /// What a region's COW faults copied. Each fault says read or write and
 /// whether the page was present; where `copies_seen`, the programs also
 /// counted the COW faults in which the kernel allocated the copy
-/// (`cow_copied`), and the others reused their page. A read fault on
-/// anonymous memory maps the zero page, so as many copies as there were
-/// reads are zero-page copies; the rest copied a page shared since a fork
-/// when the process forked or was forked (and did not exec since), else
-/// some other shared page (`other`: KSM, pinned, swap cache). In a private
-/// file mapping a copy copied a file page. Without `copies_seen` every COW
+/// (`cow_copied`), and the others reused their page; of the copies, those
+/// allocated zeroed (`cow_zero`, `__GFP_ZERO`) copied the zero page, which a
+/// read fault on anonymous memory maps. The rest copied a page shared since
+/// a fork when the process forked or was forked (and did not exec since),
+/// else some other shared page (`other`: KSM, pinned, swap cache). In a
+/// private file mapping a copy copied a file page. Without `copies_seen`, as
+/// many copies as there were read faults are taken for zero-page copies
+/// (a granule shared with a neighbour can put the reads in one region and
+/// the copies in the other), and every COW
 /// fault of an anonymous region that is not a zero-page copy is taken for a
 /// fork copy when the process shares since a fork (a write after the child
 /// exited is then miscounted), else for a reuse, and every one in a private
@@ -447,7 +453,7 @@ fn cow_from(r: &Region, a: &Acc, shares_after_fork: bool, copies_seen: bool) -> 
             } else {
                 reads.min(cow)
             };
-            c.zero_page = reads.min(copied);
+            c.zero_page = if copies_seen { round(a.cow_zero) } else { reads }.min(copied);
             let rest = copied - c.zero_page;
             if shares_after_fork {
                 c.fork = rest;
