@@ -15,6 +15,24 @@ pub const RSS_MEMBERS: usize = 4;
 /// one at exec): `end` holds the counters just before.
 pub const RSS_ENDED: u32 = 1;
 
+/// `RssMm::flags`: the entry was made by an event in the owner's own
+/// context (a fault of its own), not by whoever filled a new address space
+/// (a parent's fork, an exec before the switch): an address space that
+/// existed before it was first seen, a process that started before the
+/// trace. Its figures from before then (the peak, `VmHWM`) are read from
+/// `/proc/PID/status` by userspace.
+pub const RSS_OWN_FIRST: u32 = 2;
+
+/// `RssMm::flags`: member `i` (an `RSS_*` index) is known, from an event of
+/// its own or read from the mm when the entry was made (the tp_btf
+/// program): bit `RSS_SEEN_SHIFT + i`. An unseen member of an address
+/// space that existed before it was first seen is not 0 but unknown, and
+/// unchanged since (each change fires the event): userspace reads it from
+/// `/proc/PID/status` once.
+pub const RSS_SEEN_SHIFT: u32 = 8;
+/// Every member known.
+pub const RSS_SEEN_ALL: u32 = ((1 << RSS_MEMBERS) - 1) << RSS_SEEN_SHIFT;
+
 /// One address space's resident counters (`RSS_MM`, keyed by the
 /// tracepoint's `mm_id`, a hash of the mm pointer). Bytes.
 #[repr(C)]
@@ -23,7 +41,7 @@ pub struct RssMm {
     /// The process whose mm this is; 0 until its own first event (a child's
     /// mm is filled by its parent's fork before the child runs).
     pub tgid: u32,
-    /// `RSS_ENDED`.
+    /// `RSS_ENDED`, `RSS_OWN_FIRST`, the members seen (`RSS_SEEN_SHIFT`).
     pub flags: u32,
     /// Each member's size as of the last event.
     pub size: [u64; RSS_MEMBERS],

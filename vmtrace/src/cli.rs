@@ -37,7 +37,7 @@ pub enum Command {
     /// OpenMetrics endpoint for Prometheus at http://ADDR/metrics.
     Serve {
         /// Address to listen on; anything but loopback needs --allow-remote.
-        #[arg(long, default_value = "127.0.0.1:9464")]
+        #[arg(long, default_value = "127.0.0.1:9464", value_parser = parse_listen)]
         listen: std::net::SocketAddr,
         /// Allow listening on a non-loopback address.
         #[arg(long)]
@@ -396,6 +396,24 @@ pub fn parse_pid(s: &str) -> Result<u32, String> {
     }
 }
 
+/// An address to listen on: `IP:PORT`, or `HOST:PORT` with the host name
+/// resolved (`localhost:9464`; uc30: refused as "invalid socket address
+/// syntax"). A name resolving to loopback among others listens on
+/// loopback: what the name is for on this machine.
+pub fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs as _;
+    if let Ok(a) = s.parse::<std::net::SocketAddr>() {
+        return Ok(a);
+    }
+    let all: Vec<std::net::SocketAddr> =
+        s.to_socket_addrs().map_err(|e| format!("`{s}`: give HOST:PORT or IP:PORT ({e})"))?.collect();
+    all.iter()
+        .find(|a| a.ip().is_loopback())
+        .or_else(|| all.first())
+        .copied()
+        .ok_or_else(|| format!("`{s}`: the name resolves to no address"))
+}
+
 /// A number of rows: a whole number, 0 or more.
 pub fn parse_count(s: &str) -> Result<usize, String> {
     s.parse::<usize>().map_err(|_| format!("`{s}`: give a whole number, 0 or more"))
@@ -442,6 +460,14 @@ pub fn parse_period(s: &str) -> Result<u32, String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn listen_takes_a_host_name() {
+        let a = super::parse_listen("localhost:9464").unwrap();
+        assert!(a.ip().is_loopback() && a.port() == 9464, "{a}");
+        assert_eq!(super::parse_listen("[::1]:80").unwrap().to_string(), "[::1]:80");
+        assert!(super::parse_listen("localhost").is_err(), "no port");
+    }
+
     use super::*;
     use clap::CommandFactory;
 

@@ -423,6 +423,28 @@ mod tests {
         assert_eq!(p, perf());
     }
 
+    /// uc30: `sh -c '… true; … env true; … ldconfig -p'`: kernel 577,
+    /// vmtrace 569 exceptions and 8 faults through get_user_pages()
+    /// (`totals.populated`), which the kernel's getrusage counts too.
+    #[test]
+    fn populated_faults_are_in_the_comparison_with_the_kernels_count() {
+        let mut s = crate::model::fold::tests::summary();
+        s.totals.total = 569;
+        s.perf = Some(crate::model::PerfSummary {
+            kernel_minor_faults: 577,
+            kernel_page_faults: 577,
+            scope: "the command".into(),
+            ..Default::default()
+        });
+        s.lost_events = 0;
+        s.totals.populated = Some(8);
+        let txt = report::text::render(&s);
+        assert!(!txt.contains("GAP"), "{txt}");
+        assert!(txt.contains("vmtrace 569 + 8 through get_user_pages() (+0.00%)"), "{txt}");
+        s.totals.populated = None;
+        assert!(report::text::render(&s).contains("GAP > 1%"));
+    }
+
     #[test]
     fn a_lost_output_fails_vmtrace_but_keeps_the_commands_own_failure() {
         let full = || {

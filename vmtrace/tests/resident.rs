@@ -434,3 +434,72 @@ fn an_idle_process_traced_by_pid_has_its_resident_figures() {
     let folded = std::fs::read_to_string(run.out.path().join("resident.folded")).unwrap();
     assert_close("resident.folded total", weight(&folded, |_| true), u(&r["end_bytes"]), 1.0);
 }
+
+/// A process that maps a file, reads it in, frees a 64 MiB buffer, and
+/// then faults 1 MiB every 50 ms, started before `record -p`: its file
+/// pages never change while traced, so no event tells them (uc30: file_bytes
+/// 0 and a peak from the trace's start alone, under `-p`, `-a`, `serve` and
+/// `top`). Its end against its status read right after the recording (file
+/// exact but for page cache churn, anon within the 1 MiB it faults), its
+/// peak against VmHWM (the freed buffer, before the trace). With the
+/// tp_btf program (every member read from the mm) and the classic
+/// tracepoint (`/proc/PID/status` fills the members never seen).
+#[test]
+fn a_faulting_process_traced_by_pid_has_its_file_pages_and_peak() {
+    use std::io::BufRead as _;
+    privileged!();
+    let dir = disk_dir();
+    let data = dir.path().join("data.bin");
+    let script = r"import mmap, sys, time
+with open(sys.argv[1], 'wb') as f:
+    f.write(b'\x01' * (24 << 20))
+f = open(sys.argv[1], 'rb')
+m = mmap.mmap(f.fileno(), 24 << 20, prot=mmap.PROT_READ)
+s = sum(m[i] for i in range(0, 24 << 20, 4096))
+b = bytearray(64 << 20)
+b[::4096] = b'\x01' * (16 << 10)
+del b
+print('ready', flush=True)
+while True:
+    a = mmap.mmap(-1, 1 << 20, flags=mmap.MAP_PRIVATE)
+    a[::4096] = b'\x01' * 256
+    a.close()
+    time.sleep(0.05)
+";
+    for force in [false, true] {
+        let mut faulter = Command::new("python3")
+            .args(["-c", script])
+            .arg(&data)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let pid = faulter.id();
+        let mut line = String::new();
+        std::io::BufReader::new(faulter.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready");
+        let out = tempfile::tempdir().unwrap();
+        let mut cmd = common::vmtrace();
+        cmd.args(["record", "--duration", "2", "--out"]).arg(out.path()).args(["-p", &pid.to_string()]);
+        if force {
+            cmd.arg("--force-tracepoints");
+        }
+        let vm = cmd.output().unwrap();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let _ = faulter.kill();
+        let _ = faulter.wait();
+        let run = common::finish(out, vm);
+        assert_eq!(run.code(), Some(0), "{}", run.stderr());
+        let r = &run.process(pid)["resident"];
+        let how = if force { "classic tracepoint" } else { "tp_btf" };
+        assert!(kb(&status, "RssFile") > 24 << 20, "the file is resident:\n{status}");
+        assert_close(&format!("file at the end ({how})"), u(&r["file_bytes"]), kb(&status, "RssFile"), 3.0);
+        let anon = u(&r["anon_bytes"]);
+        assert!(
+            anon.abs_diff(kb(&status, "RssAnon")) <= 1280 << 10,
+            "anon at the end ({how}): vmtrace {anon}, RssAnon {}",
+            kb(&status, "RssAnon")
+        );
+        assert_close(&format!("peak ({how})"), u(&r["peak_bytes"]), kb(&status, "VmHWM"), 3.0);
+        assert!(kb(&status, "VmHWM") > 64 << 20, "the freed buffer is in VmHWM:\n{status}");
+    }
+}

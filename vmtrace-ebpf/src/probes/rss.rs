@@ -23,7 +23,7 @@ use aya_ebpf::{
 use vmtrace_common::{
     page_sampled, DropKind, EventHeader, EventKind, InflightFault, KernelOffsets, PageSample, RssEvent, RssMm,
     INFLIGHT_COPIED, INFLIGHT_COW, INFLIGHT_HUGE, INFLIGHT_PAGE, PAGE_COPIED, PAGE_COW, PAGE_HUGE, RSS_ENDED,
-    RSS_MEMBERS, RSS_PEAK_MIN_STEP, RSS_PEAK_TIME_STEP, STACK_ID_NONE,
+    RSS_MEMBERS, RSS_OWN_FIRST, RSS_PEAK_MIN_STEP, RSS_PEAK_TIME_STEP, RSS_SEEN_ALL, RSS_SEEN_SHIFT, STACK_ID_NONE,
 };
 
 use crate::{
@@ -79,7 +79,7 @@ pub fn tp_kmem_rss_stat(ctx: TracePointContext) -> u32 {
     let member = tp_fixed!(&ctx, RssMember: u32);
     let size = tp_fixed!(&ctx, RssSize: i64).max(0) as u64;
     let curr = tp_fixed!(&ctx, RssCurr: u32) != 0;
-    let _ = update(tp_fixed!(&ctx, RssMmId: u32), curr, Teardown::Classic, member, size);
+    let _ = update(tp_fixed!(&ctx, RssMmId: u32), curr, Teardown::Classic, member, size, None);
     0
 }
 
@@ -193,17 +193,23 @@ fn try_btf_rss_stat(ctx: &BtfTracePointContext) -> Option<()> {
     let mm: *const u8 = ctx.arg(0);
     let member = ctx.arg::<u32>(1);
     let count = |i: u32| btf_load::<i64>(mm, off.mm_rss_stat + i * off.pcpu_size + off.pcpu_count);
-    let pages: i64 = if off.pcpu_size == KernelOffsets::MISSING {
-        ctx.arg(2)
+    // Every member's count (6.2+): a new entry starts from all of them, not
+    // only the member whose event made it (a process traced mid-life has
+    // file pages that may never change while traced). Three loads more
+    // per event that gets here.
+    let (pages, all): (i64, Option<[i64; RSS_MEMBERS]>) = if off.pcpu_size == KernelOffsets::MISSING {
+        (ctx.arg(2), None)
     } else {
         // Constant offsets, as the verifier requires of these loads.
-        match member {
-            0 => count(0),
-            1 => count(1),
-            2 => count(2),
-            3 => count(3),
+        let all = [count(0), count(1), count(2), count(3)];
+        let pages = match member {
+            0 => all[0],
+            1 => all[1],
+            2 => all[2],
+            3 => all[3],
             _ => return None,
-        }
+        };
+        (pages, Some(all))
     };
     // SAFETY: no preconditions; the current task's BTF pointer.
     let task = unsafe { bpf_get_current_task_btf() }.cast::<u8>().cast_const();
@@ -217,7 +223,9 @@ fn try_btf_rss_stat(ctx: &BtfTracePointContext) -> Option<()> {
     // Torn down by whoever dropped the last reference: no user is left.
     let dying = !curr && off.mm_users != KernelOffsets::MISSING && btf_load::<i32>(mm, off.mm_users) == 0;
     let how = Teardown::Btf { mm: mm as u64, dying };
-    update(id as u32, curr, how, member, (pages.max(0) as u64) << page_shift())
+    let bytes = |p: i64| (p.max(0) as u64) << page_shift();
+    let all = all.map(|a| [bytes(a[0]), bytes(a[1]), bytes(a[2]), bytes(a[3])]);
+    update(id as u32, curr, how, member, bytes(pages), all)
 }
 
 /// The last counter this CPU saw change: its mm, the current task's mm,
@@ -267,9 +275,17 @@ fn btf_load<T: Copy>(base: *const u8, off: u32) -> T {
 
 /// One counter of the address space `mm_id` changed to `size` bytes; `curr`:
 /// the mm is the current task's; `how`: how to tell it is being torn down
-/// (no user left), in whatever task's context.
+/// (no user left), in whatever task's context; `all`: every member, when
+/// the program could read them (a new entry starts from them).
 #[inline(always)]
-fn update(mm_id: u32, curr: bool, how: Teardown, member: u32, size: u64) -> Option<()> {
+fn update(
+    mm_id: u32,
+    curr: bool,
+    how: Teardown,
+    member: u32,
+    size: u64,
+    all: Option<[u64; RSS_MEMBERS]>,
+) -> Option<()> {
     if stopped() || member as usize >= RSS_MEMBERS {
         return None;
     }
@@ -279,7 +295,7 @@ fn update(mm_id: u32, curr: bool, how: Teardown, member: u32, size: u64) -> Opti
         // fills without running in it: a child's at fork (dup_mmap), the new
         // one of an exec before the switch. Reclaim and teardown of an mm
         // not seen before are not counted: nothing of it was known.
-        if is_traced(tgid) && RSS_MM.insert(mm_id, fresh(tgid, curr, how, member, size), 0).is_err() {
+        if is_traced(tgid) && RSS_MM.insert(mm_id, fresh(tgid, curr, how, member, size, all), 0).is_err() {
             count_drop(DropKind::RssMmFull);
         }
         return None;
@@ -293,7 +309,7 @@ fn update(mm_id: u32, curr: bool, how: Teardown, member: u32, size: u64) -> Opti
         // the next fork or exec). Its old figures were streamed
         // (`ResidentEnd`) and read by userspace.
         if is_traced(tgid) {
-            *e = fresh(tgid, curr, how, member, size);
+            *e = fresh(tgid, curr, how, member, size, all);
         }
         return None;
     }
@@ -317,6 +333,7 @@ fn update(mm_id: u32, curr: bool, how: Teardown, member: u32, size: u64) -> Opti
         emit(EventKind::ResidentEnd, ev.0, mm_id, &ev.1);
     }
     set_member(&mut e.size, member, size);
+    e.flags |= 1 << (RSS_SEEN_SHIFT + member);
     if e.tgid == 0 {
         e.at_fork = e.size;
     }
@@ -346,11 +363,17 @@ fn update(mm_id: u32, curr: bool, how: Teardown, member: u32, size: u64) -> Opti
 }
 
 /// A new address space's entry: owned by `tgid` if it is its own (`curr`),
-/// else unclaimed until its owner's first event.
+/// else unclaimed until its owner's first event. It starts from every
+/// member when `all` has them (`RSS_SEEN_ALL`), else from the event's alone.
 #[inline(always)]
-fn fresh(tgid: u32, curr: bool, how: Teardown, member: u32, size: u64) -> RssMm {
+fn fresh(tgid: u32, curr: bool, how: Teardown, member: u32, size: u64, all: Option<[u64; RSS_MEMBERS]>) -> RssMm {
     let mut v =
         RssMm { tgid: if curr { tgid } else { 0 }, owner_mm: if curr { how.own_mm() } else { 0 }, ..RssMm::default() };
+    v.flags = (1 << (RSS_SEEN_SHIFT + member)) | if curr { RSS_OWN_FIRST } else { 0 };
+    if let Some(all) = all {
+        v.size = all;
+        v.flags |= RSS_SEEN_ALL;
+    }
     set_member(&mut v.size, member, size);
     v.at_fork = v.size;
     // SAFETY: no preconditions.

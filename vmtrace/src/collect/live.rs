@@ -47,8 +47,7 @@ impl<S: AggregateSource> Session<S> {
         let mut processes: Vec<LiveProcess> = stats
             .iter()
             .map(|(pid, s)| {
-                let comm = self.table.get(*pid).map(|p| p.comm.clone());
-                LiveProcess::from_counters(*pid, comm, s, mm.get(pid), self.minor_period)
+                LiveProcess::from_counters(*pid, known_comm(&self.table, *pid), s, mm.get(pid), self.minor_period)
             })
             .collect();
         if scope == LiveScope::WholeTrace {
@@ -56,7 +55,7 @@ impl<S: AggregateSource> Session<S> {
             pids.sort_unstable();
             for (pid, m) in &mm {
                 if pids.binary_search(pid).is_err() {
-                    let comm = self.table.get(*pid).map(|p| p.comm.clone());
+                    let comm = known_comm(&self.table, *pid);
                     processes.push(LiveProcess::from_counters(*pid, comm, &FaultStats::default(), Some(m), 0));
                 }
             }
@@ -132,8 +131,13 @@ impl<S: AggregateSource> Session<S> {
         let Some(r) = self.resident.as_ref() else { return Vec::new() };
         let snaps = r.live_snapshots(crate::kernel::monotonic_ns());
         let (table, source, native, py) = (&mut self.table, &self.source, &self.native, &self.python.codes);
-        let comms: HashMap<u32, String> =
-            snaps.iter().filter_map(|(p, _)| Some((*p, table.get(*p)?.comm.clone()))).collect();
+        let comms: HashMap<u32, String> = snaps
+            .iter()
+            .map(|(p, _)| *p)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|p| (p, known_comm(table, p).unwrap_or_else(|| table.ensure(p).comm.clone())))
+            .collect();
         let syms = &mut self.syms;
         let mut symbolize = |raw| crate::collect::symbols::symbolize_counts(raw, table, source, native, py, syms);
         let comm_of = |pid: u32| comms.get(&pid).cloned().unwrap_or_default();
@@ -179,5 +183,29 @@ impl<S: AggregateSource> Session<S> {
             Vec::new()
         };
         (stacks, sites)
+    }
+}
+
+/// `pid`'s name, `None` while unknown: an entry made by an event of a
+/// process that started before the trace (a mapping change, a fault) has
+/// no name until /proc is read (uc30: `serve` labelled every such process
+/// `comm=""`, as it names from /proc only the unnamed).
+pub(crate) fn known_comm(table: &crate::collect::process::ProcessTable, pid: u32) -> Option<String> {
+    table.get(pid).map(|p| p.comm.clone()).filter(|c| !c.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_entry_made_before_its_name_was_read_has_no_name_yet() {
+        let mut t = crate::collect::process::ProcessTable::default();
+        // A mapping change or a fault of a process that predates the trace
+        // makes its entry with an empty name.
+        t.set_parent(77, 1);
+        assert_eq!(super::known_comm(&t, 77), None, "unknown, so serve reads it from /proc");
+        assert_eq!(super::known_comm(&t, 78), None);
+        let me = std::process::id();
+        let _ = t.ensure(me);
+        assert!(super::known_comm(&t, me).is_some_and(|c| !c.is_empty()));
     }
 }

@@ -102,6 +102,10 @@ struct Proc {
     kernel: Option<RssMm>,
     /// Its `mm_id`: a later read of the same address space replaces it.
     kernel_mm: Option<u32>,
+    /// `/proc/PID/status` read once for an address space that existed
+    /// before it was first seen (`RSS_OWN_FIRST`), by `mm_id`: its members
+    /// no event changed, and its `VmHWM` (`None`: the read failed).
+    status: Option<(u32, Option<StatusFill>)>,
     exited: bool,
     /// The last ranges given back, with when the call returned: a page
     /// whose fault began before that cannot still be there.
@@ -110,6 +114,51 @@ struct Proc {
     /// record comes after a child's fork (pages and forks come on separate
     /// rings) but faulted before it is the child's too.
     forked: std::collections::VecDeque<(u32, u64)>,
+}
+
+/// What `/proc/PID/status` gave for an address space first seen mid-life.
+#[derive(Clone, Copy, Debug)]
+struct StatusFill {
+    size: [u64; RSS_MEMBERS],
+    hwm: u64,
+    /// The members no event had changed when it was read (`RSS_SEEN_SHIFT`).
+    unseen: u32,
+}
+
+impl StatusFill {
+    /// The kernel map's entry `m` with what its events could not tell: an
+    /// address space that existed before it was first seen starts in the
+    /// map from the member whose event made the entry alone (the classic
+    /// tracepoint; the tp_btf program reads them all), and its peak from
+    /// then. A member no event changed is what status gave (unchanged
+    /// since: each change fires the event), at every moment: in the peak
+    /// too. The peak is at least `VmHWM`, the high-water mark since the
+    /// address space began (its time unknown).
+    fn apply(&self, m: &mut RssMm) {
+        use vmtrace_common::{RSS_SEEN_ALL, RSS_SEEN_SHIFT};
+        let unseen_now = !m.flags & RSS_SEEN_ALL;
+        let mut added = 0;
+        for i in 0..RSS_MEMBERS {
+            let bit = 1 << (RSS_SEEN_SHIFT + i as u32);
+            if unseen_now & bit != 0 {
+                m.size[i] = self.size[i];
+                m.peak_size[i] = self.size[i];
+                if i != vmtrace_common::RSS_SWAP {
+                    added += self.size[i];
+                }
+            }
+            // Its teardown began before the member's first event could be
+            // seen: the end holds 0 for it.
+            if m.flags & RSS_ENDED != 0 && self.unseen & bit != 0 && m.end[i] == 0 {
+                m.end[i] = self.size[i];
+            }
+        }
+        m.peak = (m.peak + added).max(RssMm::resident(&m.size));
+        if self.hwm > m.peak.max(RssMm::resident(&m.size)) {
+            m.peak = self.hwm;
+            m.peak_ns = 0;
+        }
+    }
 }
 
 /// Forks remembered per process (`Proc::forked`).
@@ -462,7 +511,11 @@ impl ResidentTracker {
             // the arguments can touch the old one after the new one exists).
             let rank = |k: &RssMm| (k.flags & RSS_ENDED == 0, k.end_ns, k.first_ns);
             if p.kernel_mm == Some(*mm_id) || p.kernel.is_none_or(|k| rank(&k) <= rank(m)) {
-                p.kernel = Some(*m);
+                let mut m = *m;
+                if let Some((_, Some(fill))) = p.status.filter(|(id, _)| id == mm_id) {
+                    fill.apply(&mut m);
+                }
+                p.kernel = Some(m);
                 p.kernel_mm = Some(*mm_id);
             }
             if m.flags & RSS_ENDED != 0 && old(m.end_ns) {
@@ -505,6 +558,43 @@ impl ResidentTracker {
             }
         }
         out
+    }
+
+    /// The processes whose address space existed before the map first saw
+    /// it (`RSS_OWN_FIRST`: they started before the trace) and whose
+    /// `/proc/PID/status` was not read for it yet (`fill_unseen`).
+    pub(crate) fn status_wanted(&self) -> Vec<u32> {
+        let mut out: Vec<u32> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| {
+                !p.exited
+                    && p.kernel.is_some_and(|k| {
+                        k.flags & (RSS_ENDED | vmtrace_common::RSS_OWN_FIRST) == vmtrace_common::RSS_OWN_FIRST
+                    })
+                    && p.status.map(|(id, _)| id) != p.kernel_mm
+            })
+            .map(|(pid, _)| *pid)
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// Takes in `pid`'s `/proc/PID/status` (`None`: it could not be read)
+    /// for its address space as last read (`status_wanted`): the members
+    /// no event changed, and its `VmHWM` as its peak at least.
+    pub(crate) fn fill_unseen(&mut self, pid: u32, status: Option<&str>) {
+        let Some(p) = self.procs.get_mut(&pid) else { return };
+        let (Some(mm_id), Some(k)) = (p.kernel_mm, p.kernel.as_mut()) else { return };
+        let fill = status.and_then(|s| status_counters(pid, s)).map(|m| StatusFill {
+            size: m.size,
+            hwm: m.peak,
+            unseen: !k.flags & vmtrace_common::RSS_SEEN_ALL,
+        });
+        if let Some(f) = fill {
+            f.apply(k);
+        }
+        p.status = Some((mm_id, fill));
     }
 
     /// A traced process still running whose address space the kernel map
@@ -775,6 +865,59 @@ mod tests {
         let _ = t.kernel_counters(&[(1, RssMm { tgid: 7, size: [1, 2, 0, 0], ..RssMm::default() })], 0);
         assert!(!t.fill_from_status(7, status));
         assert!(status_counters(8, "Name:\tkthreadd\n").is_none(), "a kernel thread has no RssAnon");
+    }
+
+    #[test]
+    fn a_process_first_seen_mid_life_gets_its_unseen_members_and_hwm_from_status() {
+        use vmtrace_common::{RSS_OWN_FIRST, RSS_SEEN_ALL, RSS_SEEN_SHIFT};
+        let status = "Name:\tfaulter\nVmHWM:\t    2336 kB\nVmRSS:\t    1272 kB\nRssAnon:\t      92 kB\n\
+                      RssFile:\t    1180 kB\nRssShmem:\t       0 kB\nVmSwap:\t       0 kB\n";
+        // The classic event's entry: made by an anon fault of its own, the
+        // file member never seen.
+        let anon_seen = RSS_OWN_FIRST | (1 << (RSS_SEEN_SHIFT + RSS_ANON as u32));
+        let k = RssMm {
+            tgid: 7,
+            flags: anon_seen,
+            size: [0, 300 << 10, 0, 0],
+            peak: 1000 << 10,
+            peak_size: [0, 1000 << 10, 0, 0],
+            peak_ns: 5,
+            first_ns: 1,
+            ..RssMm::default()
+        };
+        let mut t = ResidentTracker::new(1, 0);
+        let _ = t.kernel_counters(&[(3, k)], 10);
+        assert_eq!(t.status_wanted(), vec![7]);
+        t.fill_unseen(7, Some(status));
+        assert!(t.status_wanted().is_empty(), "read once per address space");
+        let m = t.kernel_of(7).unwrap();
+        assert_eq!(m.size, [1180 << 10, 300 << 10, 0, 0], "the anon member is the kernel map's");
+        assert_eq!(m.peak, 2336 << 10, "VmHWM: above the trace's peak with the file pages");
+        assert_eq!(m.peak_ns, 0, "its time unknown");
+        // Every later read gets the same fill, a file change seen replaces it.
+        let later = RssMm { size: [0, 400 << 10, 0, 0], peak: 3000 << 10, ..k };
+        let _ = t.kernel_counters(&[(3, later)], 20);
+        let m = t.kernel_of(7).unwrap();
+        assert_eq!(m.size[RSS_FILE], 1180 << 10);
+        assert_eq!(m.peak, (3000 + 1180) << 10, "the file pages were there at the trace's peak too");
+        let seen = RssMm { flags: anon_seen | (1 << RSS_SEEN_SHIFT), size: [900 << 10, 400 << 10, 0, 0], ..later };
+        let _ = t.kernel_counters(&[(3, seen)], 30);
+        assert_eq!(t.kernel_of(7).unwrap().size[RSS_FILE], 900 << 10);
+        // A teardown whose file event came first: the end holds 0 for it.
+        let ended = RssMm { flags: anon_seen | RSS_ENDED, end: [0, 400 << 10, 0, 0], end_ns: 40, ..later };
+        let _ = t.kernel_counters(&[(3, ended)], 40);
+        assert_eq!(t.kernel_of(7).unwrap().end[RSS_FILE], 1180 << 10);
+        // tp_btf: every member read when the entry was made; only VmHWM is wanted.
+        let mut t = ResidentTracker::new(1, 0);
+        let all = RssMm { flags: RSS_OWN_FIRST | RSS_SEEN_ALL, size: [1180 << 10, 300 << 10, 0, 0], ..k };
+        let _ = t.kernel_counters(&[(3, all)], 10);
+        t.fill_unseen(7, Some(status));
+        let m = t.kernel_of(7).unwrap();
+        assert_eq!((m.size, m.peak), ([1180 << 10, 300 << 10, 0, 0], 2336 << 10));
+        // A new address space (a fork child, an exec): nothing read.
+        let mut t = ResidentTracker::new(1, 0);
+        let _ = t.kernel_counters(&[(3, RssMm { flags: anon_seen & !RSS_OWN_FIRST, ..k })], 10);
+        assert!(t.status_wanted().is_empty());
     }
 
     #[test]

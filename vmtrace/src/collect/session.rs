@@ -709,6 +709,7 @@ impl<S: AggregateSource> Session<S> {
         for mm_id in r.kernel_counters(&all, now_ns) {
             self.source.forget_rss(mm_id);
         }
+        fill_unseen(r);
     }
 
     /// The kernel's resident counters read now unless read within the last
@@ -730,6 +731,7 @@ impl<S: AggregateSource> Session<S> {
         }
         // Nothing is forgotten now: every address space's figures are wanted.
         let _ = tracker.kernel_counters(&all, 0);
+        fill_unseen(&mut tracker);
         // A live process whose resident size never changed while traced has
         // no entry in the kernel's map: its /proc figures stand in.
         let unseen: Vec<u32> =
@@ -1924,4 +1926,16 @@ fn take_ready(
         !ready
     });
     batch
+}
+
+/// The processes that started before the trace: their `/proc/PID/status`
+/// once per address space, for the members no event changed (the classic
+/// tracepoint's entry starts from one) and the peak before the trace
+/// (`VmHWM`). uc30: a `-p` target mapping a file had file_bytes 0 and its
+/// peak from the trace's start only.
+fn fill_unseen(r: &mut super::resident::ResidentTracker) {
+    for pid in r.status_wanted() {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok();
+        r.fill_unseen(pid, status.as_deref());
+    }
 }

@@ -189,8 +189,12 @@ pub fn serve(opts: &ServeOptions) -> Result<i32, ServeError> {
         if Instant::now() >= next {
             let mut snap = session.live_snapshot(LiveScope::WholeTrace);
             // Names read from /proc for the processes with series that predate the trace.
-            let named: BTreeSet<u32> =
-                snap.processes.iter().filter(|p| p.comm.is_none() && !p.exited).map(|p| p.pid).collect();
+            let named: BTreeSet<u32> = snap
+                .processes
+                .iter()
+                .filter(|p| p.comm.as_deref().is_none_or(str::is_empty) && !p.exited)
+                .map(|p| p.pid)
+                .collect();
             session.name_processes(&mut snap, |pid| named.contains(&pid));
             agg.update(&snap);
             if let Ok(mut m) = shared.metrics.lock() {
