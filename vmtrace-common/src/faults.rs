@@ -220,3 +220,6 @@ pub const INFLIGHT_COW: u32 = 128;
 /// page rather than reusing it. Counted once per fault
 /// (`GranuleCounts::cow_copied`).
 pub const INFLIGHT_COPIED: u32 = 256;
+/// `InflightFault::flags`: its user stack was copied with its page's address
+/// (`StackSampleHead::addr`), streamed as `PAGE_STACK_COPY`.
+pub const INFLIGHT_STACK_COPY: u32 = 512;

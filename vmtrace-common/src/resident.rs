@@ -118,6 +118,11 @@ pub const PAGE_COW: u32 = 4;
 /// exited), which stays its first owner's. Meaningful only where the
 /// page-allocation hook tells copies (`cow_copies_seen`).
 pub const PAGE_COPIED: u32 = 8;
+/// `PageSample::flags`: the fault's user stack was copied for userspace to
+/// unwind (its frame-pointer walk was not whole), the copy carrying the
+/// page's address (`StackSampleHead::addr`): the loader hands that copy
+/// over just before the page, whose owner is then its unwound stack.
+pub const PAGE_STACK_COPY: u32 = 16;
 
 /// A 64-bit mix of a virtual page number (address >> 12) and the
 /// recording's salt: splitmix64's finalizer, a bijection, so with a uniform

@@ -30,10 +30,17 @@ pub struct StackSampleHead {
     pub lr: u64,
     /// How many events of its id this copy stands for: 1, then 2^k once the
     /// id had many copies (the kernel thins them at random, `samples.rs`).
+    /// 0 for a copy of the resident sample alone (`addr` set): taken for
+    /// a sampled page whose id's copies were being thinned; it names that
+    /// page's stack and is not counted among its id's.
     pub weight: u32,
     pub _pad: u32,
+    /// The faulting address (page-aligned) when the copy was taken for a
+    /// fault on a page of the resident sample (`PAGE_STACK_COPY`): userspace
+    /// makes this unwound stack the page's owner, not its id's mix. 0 else.
+    pub addr: u64,
 }
-const _: () = assert!(core::mem::size_of::<StackSampleHead>() == 16 + 16 + 40);
+const _: () = assert!(core::mem::size_of::<StackSampleHead>() == 16 + 16 + 48);
 
 /// A user stack to unwind in userspace: registers and up to `N` bytes of the
 /// stack from `sp` (`EventKind::StackSample`, on its own ring).
@@ -43,4 +50,4 @@ pub struct StackSample<const N: usize> {
     pub head: StackSampleHead,
     pub stack: [u8; N],
 }
-const _: () = assert!(core::mem::size_of::<StackSample<16384>>() == 72 + 16384);
+const _: () = assert!(core::mem::size_of::<StackSample<16384>>() == 80 + 16384);

@@ -51,8 +51,15 @@ const THIN_MAX_SHIFT: u32 = 10;
 /// userspace gives the id's unwound stacks stay unbiased however the mix of
 /// stacks behind one id changes over time. A constant of the frozen CONFIG
 /// picks the record size: the verifier keeps one branch.
+///
+/// `page`: the faulting address of a fault on a page of the resident sample
+/// (0 for any other stack): its copy is always sent, carrying the address,
+/// so userspace gives the page the stack of its own fault, not its id's mix
+/// over the run (code without frame pointers: one id for every call site of
+/// its leaf). One the thinning would have left out weighs 0: it names its
+/// page only. Returns whether a copy with `page` was sent.
 #[inline(always)]
-pub fn send_sample(id: i32) {
+pub fn send_sample(id: i32, page: u64) -> bool {
     let key = id as u32;
     // SAFETY: a plain value read.
     let copies = unsafe { COPIES.get(key) }.copied().unwrap_or(0);
@@ -62,15 +69,20 @@ pub fn send_sample(id: i32) {
         weight = 1 << shift;
         // SAFETY: no preconditions.
         if unsafe { bpf_get_prandom_u32() } & (weight - 1) != 0 {
-            return;
+            if page == 0 {
+                return false;
+            }
+            weight = 0;
         }
     }
-    let _ = COPIES.insert(key, copies + 1, 0);
+    if weight != 0 {
+        let _ = COPIES.insert(key, copies + 1, 0);
+    }
     match config().stack_window {
-        8192 => send::<8192>(id, weight),
-        16384 => send::<16384>(id, weight),
-        32768 => send::<32768>(id, weight),
-        _ => {}
+        8192 => send::<8192>(id, weight, page),
+        16384 => send::<16384>(id, weight, page),
+        32768 => send::<32768>(id, weight, page),
+        _ => false,
     }
 }
 
@@ -104,10 +116,10 @@ fn read_part<const N: usize>(dst: *mut u8, n: u64, sp: u64) -> u32 {
 }
 
 #[inline(always)]
-fn send<const N: usize>(id: i32, weight: u32) {
+fn send<const N: usize>(id: i32, weight: u32, page: u64) -> bool {
     let Some(mut e) = STACK_SAMPLES.reserve::<StackSample<N>>(0) else {
         count_drop(DropKind::StackSampleRingFull);
-        return;
+        return false;
     };
     let crate::arch::UserRegs { ip, sp, fp: bp, lr, .. } = crate::arch::user_regs();
     // SAFETY: reserved ring memory of the record's size, written before submit.
@@ -157,6 +169,7 @@ fn send<const N: usize>(id: i32, weight: u32) {
         lr,
         weight,
         _pad: 0,
+        addr: page,
     };
     // The collector polls every 100 ms: wake it early only once a quarter waits.
     let wake = if STACK_SAMPLES.query(u64::from(BPF_RB_AVAIL_DATA)) > u64::from(SAMPLES_BYTES / 4) {
@@ -165,4 +178,5 @@ fn send<const N: usize>(id: i32, weight: u32) {
         BPF_RB_NO_WAKEUP
     };
     e.submit(u64::from(wake));
+    page != 0
 }

@@ -42,11 +42,20 @@ pub static STACKS: StackTrace = StackTrace::with_max_entries(16_384, 0);
 /// this CPU's slot says it is walking (the kernel never accounts them).
 #[inline(always)]
 pub fn user_stack_id<C: StackIdContext>(ctx: &C) -> i32 {
+    user_stack_id_of_page(ctx, 0).0
+}
+
+/// `user_stack_id` for a fault on the page at `page` of the resident sample
+/// (0: any other stack), and whether its stack was copied with that address
+/// (`send_sample`).
+#[inline(always)]
+pub fn user_stack_id_of_page<C: StackIdContext>(ctx: &C, page: u64) -> (i32, bool) {
     let slot = FAULT_SLOT.get_ptr_mut(0);
     set_walking(slot, true);
     // A constant of the frozen CONFIG: the verifier drops the branch not
     // taken, so kernels without bpf_task_pt_regs load the other.
     let own = if config().user_walk != 0 { walk() } else { None };
+    let mut copied = false;
     let id = match own {
         Some((id, clean)) => {
             // Frame pointers are the fast path where their chain is whole;
@@ -60,7 +69,7 @@ pub fn user_stack_id<C: StackIdContext>(ctx: &C) -> i32 {
                 // SAFETY: as above.
                 let clean = unsafe { core::ptr::read_volatile(c) } != 0;
                 if !clean && id >= 0 && config().stack_window != 0 {
-                    send_sample(id);
+                    copied = send_sample(id, page);
                 }
             }
             id
@@ -68,7 +77,7 @@ pub fn user_stack_id<C: StackIdContext>(ctx: &C) -> i32 {
         None => ctx.get_stackid(&STACKS, u64::from(BPF_F_USER_STACK)).map_or(STACK_ID_LOST, |id| id as i32),
     };
     set_walking(slot, false);
-    id
+    (id, copied)
 }
 
 /// Walked user stacks by id (30 bits of their hash; see `store`). Not

@@ -503,3 +503,82 @@ while True:
         assert!(kb(&status, "VmHWM") > 64 << 20, "the freed buffer is in VmHWM:\n{status}");
     }
 }
+
+/// Flags of C code as most of it is built (and the native libraries under
+/// numpy and torch): optimized, no frame pointers.
+const NO_FP: [&str; 3] = ["-O2", "-fomit-frame-pointer", "-fno-optimize-sibling-calls"];
+
+/// Code without frame pointers (uc30 mun.c): the frame-pointer walk from
+/// glibc's memset ends at its leaf, one stack id for both sites. `site_a`
+/// fills 64 MiB and gives it back, then `site_b` fills 32 MiB and keeps it:
+/// at the end `site_b` holds its 32 MiB (against the process's own
+/// smaps_rollup) and `site_a` nothing; the peak, while only `site_a` held
+/// memory, is `site_a`'s. Each sampled page is owned by the stack of its
+/// own fault, copied and unwound (before: the id's unwound stacks weighted
+/// over the whole run, site_a 22.5 MiB and site_b 9.6 MiB at the end).
+#[test]
+fn code_without_frame_pointers_keeps_each_page_under_its_own_call_site() {
+    privileged!();
+    let dir = disk_dir();
+    let bin = common::compile_c_with("resident_nofp_sites.c", &NO_FP, dir.path());
+    let run = record(&["--stack-sample", "16"], &[bin.to_str().unwrap(), dir.path().to_str().unwrap()]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let own = std::fs::read_to_string(dir.path().join("status.txt")).expect("the workload's status.txt");
+    let pid = run.summary["target"]["pid"].as_u64().unwrap() as u32;
+    let r = &run.process(pid)["resident"];
+    assert_close("resident at the end (anon)", u(&r["anon_bytes"]), kb(&own, "Anonymous"), 5.0);
+    let read = |f: &str| std::fs::read_to_string(run.out.path().join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+    let (end, peak) = (read("resident.folded"), read("resident-peak.folded"));
+    let mib = 1u64 << 20;
+    let at = |folded: &str, site: &str| weight(folded, |l| l.contains(&format!(";{site};")));
+    eprintln!(
+        "end: site_a {} site_b {}; peak: site_a {} site_b {}",
+        at(&end, "site_a"),
+        at(&end, "site_b"),
+        at(&peak, "site_a"),
+        at(&peak, "site_b")
+    );
+    assert_close("site_b at the end", at(&end, "site_b"), 32 * mib, 5.0);
+    assert!(at(&end, "site_a") < mib, "site_a gave its memory back:\n{end}");
+    assert_close("site_a at the peak", at(&peak, "site_a"), 64 * mib, 10.0);
+    assert!(at(&peak, "site_b") < 2 * mib, "site_b had not run at the peak:\n{peak}");
+}
+
+/// A fork child's pages still shared with its parent are named with the
+/// parent's stacks (uc30 forkcow: they were under the child's own
+/// `writer_site`, 93.86 MiB of pages it never touched): under `alloc_site`,
+/// within 10% of the Shared_Dirty each child read of itself; its copies
+/// under `writer_site`, against its Private_Dirty. No frame pointers, so
+/// the parent's pages are named by their own unwound stacks too.
+#[test]
+fn a_fork_childs_shared_pages_are_named_with_its_parents_stacks() {
+    privileged!();
+    let dir = disk_dir();
+    let bin = common::compile_c_with("resident_nofp_fork.c", &NO_FP, dir.path());
+    let run = record(&["--stack-sample", "16"], &[bin.to_str().unwrap(), dir.path().to_str().unwrap()]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let parent = run.summary["target"]["pid"].as_u64().unwrap();
+    let children: Vec<u64> = run.summary["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["ppid"] == parent)
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(children.len(), 2, "{:#}", run.summary["processes"]);
+    for &c in &children {
+        let own = std::fs::read_to_string(dir.path().join(format!("child-{c}.txt"))).expect("the child's smaps");
+        let shared = site_bytes(&run.summary, c, "alloc_site", true);
+        eprintln!(
+            "child {c}: alloc_site shared {shared}, writer_site shared {}, writer_site own {}",
+            site_bytes(&run.summary, c, "writer_site", true),
+            site_bytes(&run.summary, c, "writer_site", false)
+        );
+        assert_close(&format!("child {c}'s shared pages under alloc_site"), shared, kb(&own, "Shared_Dirty"), 10.0);
+        assert_eq!(site_bytes(&run.summary, c, "writer_site", true), 0, "writer_site never touched the shared pages");
+        let copies = site_bytes(&run.summary, c, "writer_site", false);
+        assert_close(&format!("child {c}'s copies under writer_site"), copies, kb(&own, "Private_Dirty"), 10.0);
+    }
+    let mib = 1u64 << 20;
+    assert_close("the parent's buffer", site_bytes(&run.summary, parent, "alloc_site", false), 64 * mib, 5.0);
+}

@@ -29,8 +29,9 @@ use vmtrace_common::{
     granule_bucket, hist_bucket, pf, DropKind, EventHeader, EventKind, FaultMajorEvent, GranuleCounts, GranuleCur,
     GranuleKey, GranuleNewEvent, InflightFault, Merge, StackCounts, StackCur, StackKey, GEN_UNKNOWN, GRANULE_PAGES,
     INFLIGHT_COPIED, INFLIGHT_COW, INFLIGHT_ENDED, INFLIGHT_EXACT_STACK, INFLIGHT_HUGE, INFLIGHT_PAGE,
-    INFLIGHT_PAGE_STACK, INFLIGHT_SAMPLED, INFLIGHT_UNTRACED, LEAF_BLOCK_SHIFT, PMD_ORDER, REGION_GRANULE_SHIFT,
-    STACK_CUR_SLOTS, STACK_ID_LOST, STACK_ID_NONE, STACK_KERNEL, STACK_USER, STRATUM_EXACT, STRATUM_SAMPLED,
+    INFLIGHT_PAGE_STACK, INFLIGHT_SAMPLED, INFLIGHT_STACK_COPY, INFLIGHT_UNTRACED, LEAF_BLOCK_SHIFT, PMD_ORDER,
+    REGION_GRANULE_SHIFT, STACK_CUR_SLOTS, STACK_ID_LOST, STACK_ID_NONE, STACK_KERNEL, STACK_USER, STRATUM_EXACT,
+    STRATUM_SAMPLED,
 };
 
 use crate::{
@@ -38,7 +39,7 @@ use crate::{
     inflight::{current_fault, nofault_read, take_start, FAULT_SLOT},
     mapgen::fault_gen,
     shared::{batched_wakeup, count_drop, current_stats, get_or_insert, tp_fixed, EVENTS, FAULT_STATS},
-    stacks::{user_stack_id, STACKS},
+    stacks::{user_stack_id_of_page, STACKS},
 };
 
 /// Faults of all traced processes (index 0) and majors (1), per CPU: the
@@ -370,7 +371,12 @@ fn sample_stack<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, slot: &mut 
     if !drawn && !page {
         return (STACK_ID_NONE, STACK_ID_NONE);
     }
-    let ids = stack_ids(ctx);
+    // A page of the resident sample gets its own stack copied where the
+    // frame-pointer walk is not whole (`send_sample`).
+    let (ids, copied) = stack_ids(ctx, if page { address & !4095 } else { 0 });
+    if copied {
+        slot.flags |= INFLIGHT_STACK_COPY;
+    }
     if drawn {
         count_stacks(tgid, ids, address, STRATUM_SAMPLED, slot.flags & INFLIGHT_COW != 0);
     } else {
@@ -379,12 +385,21 @@ fn sample_stack<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, slot: &mut 
     ids
 }
 
-/// The current stacks, counted as one fault of `stratum`.
+/// The current stacks, counted as one fault of `stratum`; and whether the
+/// user stack was copied with the address of `page` (non-zero: a fault whose
+/// page is streamed, `stack_ids`).
 #[inline(always)]
-fn take_stacks<C: StackIdContext>(ctx: &C, tgid: u32, address: u64, stratum: u32, cow: bool) -> (i32, i32) {
-    let ids = stack_ids(ctx);
+fn take_stacks<C: StackIdContext>(
+    ctx: &C,
+    tgid: u32,
+    address: u64,
+    stratum: u32,
+    cow: bool,
+    page: u64,
+) -> ((i32, i32), bool) {
+    let (ids, copied) = stack_ids(ctx, page);
     count_stacks(tgid, ids, address, stratum, cow);
-    ids
+    (ids, copied)
 }
 
 /// One fault of `stratum` (a copy-on-write one if `cow`) under the stacks
@@ -398,18 +413,20 @@ fn count_stacks(tgid: u32, (user, kernel): (i32, i32), address: u64, stratum: u3
     }
 }
 
-/// The current user and kernel stack ids, as `stack_mode` asks.
+/// The current user and kernel stack ids, as `stack_mode` asks, and
+/// whether the user stack was copied with the address `page` (non-zero for
+/// a fault whose page is streamed, `PageSample`: `send_sample`).
 #[inline(always)]
-fn stack_ids<C: StackIdContext>(ctx: &C) -> (i32, i32) {
+fn stack_ids<C: StackIdContext>(ctx: &C, page: u64) -> ((i32, i32), bool) {
     let stack_mode = conf(|c| &c.stack_mode);
-    let user = if stack_mode & STACK_USER != 0 {
-        let id = user_stack_id(ctx);
+    let (user, copied) = if stack_mode & STACK_USER != 0 {
+        let (id, copied) = user_stack_id_of_page(ctx, page);
         if id == STACK_ID_LOST {
             count_drop(DropKind::StackLost);
         }
-        id
+        (id, copied)
     } else {
-        STACK_ID_NONE
+        (STACK_ID_NONE, false)
     };
     let kernel = if stack_mode & STACK_KERNEL != 0 {
         match ctx.get_stackid(&STACKS, 0) {
@@ -422,7 +439,7 @@ fn stack_ids<C: StackIdContext>(ctx: &C) -> (i32, i32) {
     } else {
         STACK_ID_NONE
     };
-    (user, kernel)
+    ((user, kernel), copied)
 }
 
 /// `StackKey::leaf_block` of `address`: 0 unless stacks end in their region.
@@ -922,8 +939,14 @@ pub fn exact_stack<C: StackIdContext>(ctx: &C, tgid: u32, slot: &mut InflightFau
         return;
     }
     let cow = slot.flags & INFLIGHT_COW != 0;
-    (slot.user_stack, slot.kernel_stack) = take_stacks(ctx, tgid, slot.page << 12, STRATUM_EXACT, cow);
+    // A huge page is streamed (`stream_page`): its stack is copied with its address.
+    let page = if slot.flags & INFLIGHT_HUGE != 0 { slot.page << 12 } else { 0 };
+    let ((user, kernel), copied) = take_stacks(ctx, tgid, slot.page << 12, STRATUM_EXACT, cow, page);
+    (slot.user_stack, slot.kernel_stack) = (user, kernel);
     slot.flags |= INFLIGHT_EXACT_STACK;
+    if copied {
+        slot.flags |= INFLIGHT_STACK_COPY;
+    }
 }
 
 /// `ns²` for the samples' variance, capped at 4.29 s (no 128-bit multiply in BPF).

@@ -22,8 +22,9 @@ use aya_ebpf::{
 };
 use vmtrace_common::{
     page_sampled, DropKind, EventHeader, EventKind, InflightFault, KernelOffsets, PageSample, RssEvent, RssMm,
-    INFLIGHT_COPIED, INFLIGHT_COW, INFLIGHT_HUGE, INFLIGHT_PAGE, PAGE_COPIED, PAGE_COW, PAGE_HUGE, RSS_ENDED,
-    RSS_MEMBERS, RSS_OWN_FIRST, RSS_PEAK_MIN_STEP, RSS_PEAK_TIME_STEP, RSS_SEEN_ALL, RSS_SEEN_SHIFT, STACK_ID_NONE,
+    INFLIGHT_COPIED, INFLIGHT_COW, INFLIGHT_HUGE, INFLIGHT_PAGE, INFLIGHT_STACK_COPY, PAGE_COPIED, PAGE_COW, PAGE_HUGE,
+    PAGE_STACK_COPY, RSS_ENDED, RSS_MEMBERS, RSS_OWN_FIRST, RSS_PEAK_MIN_STEP, RSS_PEAK_TIME_STEP, RSS_SEEN_ALL,
+    RSS_SEEN_SHIFT, STACK_ID_NONE,
 };
 
 use crate::{
@@ -444,6 +445,10 @@ pub fn stream_page(tgid: u32, f: &InflightFault) {
         return;
     };
     let mut flags = if f.flags & INFLIGHT_HUGE != 0 { PAGE_HUGE } else { 0 };
+    // Its user stack went to userspace as a copy with this page's address.
+    if f.flags & INFLIGHT_STACK_COPY != 0 {
+        flags |= PAGE_STACK_COPY;
+    }
     // A copy-on-write fault, and whether the page-allocation hook saw it
     // copy: the fault ended, so the copy (allocated inside it) was seen.
     if f.flags & INFLIGHT_COW != 0 {

@@ -47,6 +47,27 @@ pub(crate) struct Owner {
     /// `RSS_FILE`, `RSS_SHMEM`), from its mapping: each kind's pages are
     /// scaled to that counter.
     pub kind: u8,
+    /// The process whose fault this stack is: its maps and unwound stacks
+    /// name it. A fork child's inherited pages stay its parent's (uc30: a
+    /// child's shared part was named with the child's own stacks, under a
+    /// function that never touched it).
+    pub stack_pid: u32,
+    /// The unwound stack of the page's own fault (`NativeStacks::pin`, an id
+    /// of `stack_pid`'s), where its stack was copied; 0: none, the page is
+    /// owned by its frame-pointer id's mix of unwound stacks over the run.
+    /// Code without frame pointers gives one id to every call site of a
+    /// leaf (memset): the mix put freed memory, and other sites' pages,
+    /// under the sites that kept memory (uc30).
+    pub pinned: i32,
+}
+
+impl Owner {
+    /// The stack key its pages are symbolized under: the pinned stack where
+    /// there is one, in the process whose fault it was.
+    fn stack(&self, row_pid: u32) -> (u32, i32) {
+        let pid = if self.stack_pid == 0 { row_pid } else { self.stack_pid };
+        (pid, if self.pinned != 0 { self.pinned } else { self.user_stack })
+    }
 }
 
 /// The counter a page faulted in at `addr` lands in, from the process's
@@ -114,6 +135,9 @@ struct Proc {
     /// record comes after a child's fork (pages and forks come on separate
     /// rings) but faulted before it is the child's too.
     forked: std::collections::VecDeque<(u32, u64)>,
+    /// Whether it may hold pages under another process's stacks (a fork
+    /// child's inherited pages): `owner_keys` looks at it when that one goes.
+    foreign: bool,
 }
 
 /// What `/proc/PID/status` gave for an address space first seen mid-life.
@@ -240,7 +264,8 @@ impl ResidentTracker {
     /// of an inherited page becomes the writer's). A copy-on-write fault
     /// that reused its page allocated nothing: the page stays its owner's,
     /// the process's alone now.
-    pub(crate) fn page(&mut self, ev: &PageSample, kind: u8) {
+    /// `pinned`: the unwound stack of the page's own fault (`Owner::pinned`).
+    pub(crate) fn page(&mut self, ev: &PageSample, kind: u8, pinned: Option<i32>) {
         self.sampled_pages += 1;
         let (period, salt) = (self.period, self.salt);
         let p = self.procs.entry(ev.tgid).or_default();
@@ -274,6 +299,8 @@ impl ResidentTracker {
             inherited: false,
             leaf_block: addr >> LEAF_BLOCK_SHIFT,
             kind,
+            stack_pid: ev.tgid,
+            pinned: pinned.unwrap_or(0),
         };
         if bytes > 4096 {
             // A huge page replaces the small pages it covers.
@@ -293,12 +320,13 @@ impl ResidentTracker {
         // forked since hold it too, as their parent's, unless they made it
         // their own or gave it back meanwhile.
         for child in later_forks {
-            let Some(c) = self.procs.get(&child).filter(|c| !c.exited && !c.live.contains_key(&addr)) else {
+            let Some(c) = self.procs.get_mut(&child).filter(|c| !c.exited && !c.live.contains_key(&addr)) else {
                 continue;
             };
             if c.given_back.iter().any(|&(start, end, _)| (start..end).contains(&addr)) {
                 continue;
             }
+            c.foreign = true;
             self.insert(child, addr, Page { owner: Owner { inherited: true, ..owner }, ..page });
         }
     }
@@ -409,7 +437,8 @@ impl ResidentTracker {
                 }
                 self.dropped_pages += (parent.live.len() - live.len()) as u64;
                 let brk = parent.brk;
-                let mut child = Proc { live, brk, ..Proc::default() };
+                let foreign = !live.is_empty();
+                let mut child = Proc { live, brk, foreign, ..Proc::default() };
                 if let Some(c) = own {
                     child.live.extend(c.live);
                     child.given_back = c.given_back;
@@ -527,21 +556,37 @@ impl ResidentTracker {
     }
 
     /// The stacks the snapshots of `pids` hold pages under, as
-    /// `symbols::SymKey`s (what the profiles will symbolize).
+    /// `symbols::SymKey`s (what the profiles will symbolize); and those
+    /// other processes hold in the context of one of `pids` (a fork child's
+    /// pages inherited from a parent about to be let go).
     pub(crate) fn owner_keys(&self, pids: &crate::hash::HashSet<u32>) -> Vec<super::symbols::SymKey> {
         let mut out = Vec::new();
+        let mut key = |pid: u32, o: &Owner| {
+            let (stack_pid, user_stack) = o.stack(pid);
+            out.push((stack_pid, user_stack, o.kernel_stack, o.leaf_block));
+            if o.leaf_block != 0 {
+                // The profiles leave the leaf out unless the fault stacks end in one.
+                out.push((stack_pid, user_stack, o.kernel_stack, 0));
+            }
+        };
         for pid in pids {
             let Some(p) = self.procs.get(pid) else { continue };
             for s in [&p.peak, &p.end].into_iter().flatten() {
                 for o in s.by_owner.keys() {
-                    out.push((*pid, o.user_stack, o.kernel_stack, o.leaf_block));
-                    if o.leaf_block != 0 {
-                        // The profiles leave the leaf out unless the fault stacks end in one.
-                        out.push((*pid, o.user_stack, o.kernel_stack, 0));
-                    }
+                    key(*pid, o);
                 }
             }
         }
+        for (pid, p) in self.procs.iter().filter(|(pid, p)| p.foreign && !pids.contains(pid)) {
+            let snaps = [&p.peak, &p.end].into_iter().flatten().flat_map(|s| s.by_owner.keys());
+            for o in p.live.values().map(|page| &page.owner).chain(snaps) {
+                if o.stack_pid != *pid && pids.contains(&o.stack_pid) {
+                    key(*pid, o);
+                }
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
         out
     }
 
@@ -805,7 +850,7 @@ mod tests {
 
     impl ResidentTracker {
         fn page_anon(&mut self, ev: &PageSample) {
-            self.page(ev, RSS_ANON as u8);
+            self.page(ev, RSS_ANON as u8, None);
         }
     }
 
@@ -1109,6 +1154,62 @@ mod tests {
         assert!((own + shared - whole).abs() < 1.0);
     }
 
+    /// uc30 forkcow: the child's pages still shared with its parent are
+    /// symbolized in the parent's context (its pid, so its maps and unwound
+    /// stacks), yet listed under the child; its own copies in its own. A
+    /// page whose fault's stack was copied is owned by that stack (pinned),
+    /// not by its frame-pointer id's mix (uc30 mun.c).
+    #[test]
+    fn inherited_pages_are_named_in_the_parents_context_and_pinned_pages_by_their_own_stack() {
+        let mut t = ResidentTracker::default();
+        for i in 0..4 {
+            t.page(&sample(5, 0x10_0000 + i * 4096, 1), RSS_ANON as u8, Some(-20));
+        }
+        t.page(&sample(5, 0x20_0000, 1), RSS_ANON as u8, None);
+        t.task(&fork(6, 5));
+        t.page(&sample(6, 0x10_0000, 1), RSS_ANON as u8, Some(-21));
+        let mut retiring = crate::hash::HashSet::default();
+        retiring.insert(5);
+        let keys = t.owner_keys(&retiring);
+        assert!(keys.contains(&(5, -20, -1, 0x10_0000 >> LEAF_BLOCK_SHIFT)), "the child's inherited pages: {keys:?}");
+        let (procs, _, _) = t.finish(10);
+        let mut asked = Vec::new();
+        let mut symbolize = |raw: Vec<(vmtrace_common::StackKey, vmtrace_common::StackCounts)>| {
+            raw.into_iter()
+                .map(|(k, c)| {
+                    asked.push((k.tgid, k.user_stack));
+                    crate::stacks::Stack {
+                        pid: k.tgid,
+                        comm: format!("comm{}", k.tgid),
+                        user: vec![crate::stacks::Frame::from(format!("s{}", k.user_stack).as_str())].into(),
+                        counts: c,
+                        stratum: k.stratum,
+                        ..crate::stacks::Stack::default()
+                    }
+                })
+                .collect()
+        };
+        let snaps: Vec<(u32, &Snapshot)> = procs.iter().map(|(p, r)| (*p, r.end.as_ref().unwrap())).collect();
+        let mut with_size: Vec<(u32, Snapshot)> = snaps.iter().map(|(p, s)| (*p, (*s).clone())).collect();
+        for (_, s) in &mut with_size {
+            s.size[RSS_ANON] = s.by_owner.values().map(|v| v.0).sum();
+        }
+        let stacks = profile(&refs(&with_size), false, &mut symbolize, &|p| format!("row{p}"));
+        asked.sort_unstable();
+        asked.dedup();
+        assert_eq!(asked, [(5, -20), (5, 1), (6, -21)], "pinned ids, and the parent's for its pages");
+        let of = |pid: u32, frame: &str, shared: bool| -> u64 {
+            stacks
+                .iter()
+                .filter(|s| s.pid == pid && s.user[0].as_ref() == frame && s.leaf.is_some() == shared)
+                .map(|s| s.counts.major)
+                .sum()
+        };
+        assert_eq!((of(5, "s-20", false), of(5, "s1", false)), (4, 1));
+        assert_eq!((of(6, "s-20", true), of(6, "s1", true), of(6, "s-21", false)), (3, 1, 1));
+        assert!(stacks.iter().filter(|s| s.pid == 6).all(|s| s.comm == "row6" || s.comm == "comm6"));
+    }
+
     #[test]
     fn a_huge_page_copied_in_part_is_split_into_its_sampled_small_pages() {
         let (period, salt) = (4, 77);
@@ -1292,7 +1393,16 @@ mod tests {
             size: [100, 300, 0, 0],
             ts_ns: 1,
             by_owner: BTreeMap::from([(
-                Owner { user_stack: 1, kernel_stack: -1, exact: false, inherited: false, leaf_block: 0, kind: 1 },
+                Owner {
+                    user_stack: 1,
+                    kernel_stack: -1,
+                    exact: false,
+                    inherited: false,
+                    leaf_block: 0,
+                    kind: 1,
+                    stack_pid: 5,
+                    pinned: 0,
+                },
                 (4096, 1),
             )]),
         };
@@ -1374,9 +1484,13 @@ fn owner_counts(
         .map(|((o, _, pages), w)| {
             let stratum = if o.exact { vmtrace_common::STRATUM_EXACT } else { vmtrace_common::STRATUM_SAMPLED }
                 | if o.inherited { STRATUM_INHERITED } else { 0 };
+            // In the context of the process whose fault it was (a fork
+            // child's inherited pages: its parent's); `profile` puts the
+            // stack back under `pid`.
+            let (stack_pid, user_stack) = o.stack(pid);
             let key = vmtrace_common::StackKey {
-                tgid: pid,
-                user_stack: o.user_stack,
+                tgid: stack_pid,
+                user_stack,
                 kernel_stack: o.kernel_stack,
                 stratum,
                 leaf_block: if leaf { o.leaf_block } else { 0 },
@@ -1428,15 +1542,22 @@ pub(crate) fn profile(
     comm_of: &dyn Fn(u32) -> String,
 ) -> Vec<crate::stacks::Stack> {
     let mut raw = Vec::new();
+    // Keys symbolized in another process's context (a fork child's
+    // inherited pages, in its parent's), by the process they belong to.
+    let mut foreign: Vec<(u32, Vec<_>)> = Vec::new();
     let mut unsampled = Vec::new();
     for (pid, s) in snaps {
         let (r, left) = owner_counts(*pid, s, leaf);
-        raw.extend(r);
+        let (own, other): (Vec<_>, Vec<_>) = r.into_iter().partition(|(k, _)| k.tgid == *pid);
+        raw.extend(own);
+        if !other.is_empty() {
+            foreign.push((*pid, other));
+        }
         if left >= 1.0 {
             unsampled.push((*pid, left));
         }
     }
-    let n_raw = raw.len();
+    let n_raw = raw.len() + foreign.iter().map(|f| f.1.len()).sum::<usize>();
     // Symbolized a slice of keys at a time, and the stacks that come out
     // the same merged as they come: a key whose native stack was unwound
     // several ways is one stack per way (`symbols::symbolize_counts`), most
@@ -1445,10 +1566,18 @@ pub(crate) fn profile(
     // largest allocation.
     let mut stacks: Vec<crate::stacks::Stack> = Vec::new();
     let mut index: HashMap<SameStack, usize> = HashMap::default();
-    let mut raw = raw.into_iter().peekable();
-    while raw.peek().is_some() {
-        let slice: Vec<_> = raw.by_ref().take(PROFILE_SLICE).collect();
+    // (the process the keys belong to when symbolized in another's context, keys)
+    let groups = std::iter::once((None, raw)).chain(foreign.into_iter().map(|(pid, k)| (Some(pid), k)));
+    let slices = groups.flat_map(|(row, keys)| {
+        let mut keys = keys.into_iter().peekable();
+        std::iter::from_fn(move || keys.peek().is_some().then(|| (row, keys.by_ref().take(PROFILE_SLICE).collect())))
+    });
+    for (row, slice) in slices {
         for mut s in symbolize(slice) {
+            if let Some(pid) = row {
+                s.pid = pid;
+                s.comm = comm_of(pid);
+            }
             if s.stratum & STRATUM_INHERITED != 0 {
                 s.stratum &= !STRATUM_INHERITED;
                 s.leaf = Some(SHARED_LEAF.to_string());

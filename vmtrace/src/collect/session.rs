@@ -300,6 +300,9 @@ struct Batch {
     /// then would replace the locked set with what is left of it).
     locking: Vec<u32>,
     malformed: u64,
+    /// The copy of the next page sample's fault, unwound (the loader hands
+    /// it over just before the page: `stacks::native::PageCopies`).
+    page_pin: Option<crate::stacks::native::PagePin>,
 }
 
 impl Batch {
@@ -372,7 +375,11 @@ impl Batch {
                 }
                 None => self.malformed += 1,
             },
-            Some(EventKind::StackSample) => native.add(bytes, table),
+            Some(EventKind::StackSample) => {
+                if let Some(pin) = native.add(bytes, table) {
+                    self.page_pin = Some(pin);
+                }
+            }
             Some(EventKind::PyStackStored) => match read_event::<PyStackEvent>(bytes) {
                 Some(ev) => self.py_stored.push(ev.id),
                 None => self.malformed += 1,
@@ -389,19 +396,7 @@ impl Batch {
                 }
                 None => self.malformed += 1,
             },
-            Some(EventKind::PageSample) => match read_event::<vmtrace_common::PageSample>(bytes) {
-                Some(ev) => {
-                    if let Some(p) = placement {
-                        p.page(&ev);
-                    }
-                    if let Some(r) = resident {
-                        let anon = vmtrace_common::RSS_ANON as u8;
-                        let kind = table.get(ev.tgid).map_or(anon, |p| super::resident::page_kind(p, ev.addr));
-                        r.page(&ev, kind);
-                    }
-                }
-                None => self.malformed += 1,
-            },
+            Some(EventKind::PageSample) => self.page_sample(bytes, table, resident, placement),
             Some(EventKind::ResidentPeak | EventKind::ResidentEnd) => {
                 match read_event::<vmtrace_common::RssEvent>(bytes) {
                     Some(ev) => {
@@ -415,6 +410,35 @@ impl Batch {
             // The loader's granule index keeps these (`loader::granules`).
             Some(EventKind::GranuleNew) => {}
             None => self.malformed += 1,
+        }
+    }
+}
+
+impl Batch {
+    /// A sampled page: its NUMA placement, and its owner (its own fault's
+    /// unwound stack where that was copied: `page_pin`).
+    fn page_sample(
+        &mut self,
+        bytes: &[u8],
+        table: &ProcessTable,
+        resident: Option<&mut ResidentTracker>,
+        placement: Option<&mut super::placement::Placement>,
+    ) {
+        let Some(ev) = read_event::<vmtrace_common::PageSample>(bytes) else {
+            self.malformed += 1;
+            return;
+        };
+        if let Some(p) = placement {
+            p.page(&ev);
+        }
+        let pin = self
+            .page_pin
+            .take()
+            .filter(|p| ev.flags & vmtrace_common::PAGE_STACK_COPY != 0 && p.tgid == ev.tgid && p.addr == ev.addr);
+        if let Some(r) = resident {
+            let anon = vmtrace_common::RSS_ANON as u8;
+            let kind = table.get(ev.tgid).map_or(anon, |p| super::resident::page_kind(p, ev.addr));
+            r.page(&ev, kind, pin.map(|p| p.id));
         }
     }
 }

@@ -471,7 +471,8 @@ fn symbolize_keys(
                     (frames, why.is_some(), Some(why))
                 }
             };
-            let py_stack = source.python_stack(user_stack);
+            // A pinned stack's Python frames are its frame-pointer id's.
+            let py_stack = source.python_stack(native.original(pid, user_stack));
             let python = py_stack.is_some();
             let python_unnamed = py_stack.as_ref().is_some_and(|ps| py.any_unnamed(pid, ps));
             let user = match py_stack {

@@ -278,14 +278,29 @@ impl AggregateSource for Probes {
     }
 
     fn drain_events(&mut self, on_event: &mut dyn FnMut(&[u8])) {
-        while let Some(item) = self.maps.events.next() {
+        let mut copies = crate::stacks::native::PageCopies::default();
+        let maps = &mut self.maps;
+        while let Some(item) = maps.events.next() {
             // The granule keys' records stay here, in the loader's index.
-            match granule_new(&item) {
-                Some(ev) => self.maps.granule_index.note(&ev.key, ev.late != 0),
-                None => on_event(&item),
+            if let Some(ev) = granule_new(&item) {
+                maps.granule_index.note(&ev.key, ev.late != 0);
+                continue;
             }
+            // A page whose fault's stack was copied: the copy (on the
+            // samples ring, taken before the page's record was written) just
+            // before it, so the page is owned by its own stack.
+            if let Some(page) = crate::stacks::native::page_with_copy(&item) {
+                let samples = &mut maps.stack_samples;
+                if let Some(copy) = copies.copy_for(page, || samples.next().map(|s| s.to_vec())) {
+                    on_event(&copy);
+                }
+            }
+            on_event(&item);
         }
         // After the events: a sample's process is known (and its maps read) first.
+        for item in copies.rest() {
+            on_event(&item);
+        }
         while let Some(item) = self.next_sample() {
             on_event(&item);
         }

@@ -69,12 +69,39 @@ const MAX_PER_ID: usize = 1024;
 pub const LIGHTER: &str = "[lighter stacks]";
 pub const LIGHTER_REASON: &str = "lighter_stacks";
 
+/// The first id of an unwound stack pinned to the pages it faulted in
+/// ([`NativeStacks::pin`]); later ones count down from it. Below every id
+/// the kernel gives (`STACK_ID_NONE`, `STACK_ID_LOST` are -1 and -2).
+pub const PINNED_FIRST: i32 = -16;
+
+/// Distinct pinned stacks held (all processes): past this, a page is owned
+/// by its frame-pointer id's mix as before.
+const MAX_PINNED: usize = 65_536;
+
+/// Whether `id` is a pinned stack's (`NativeStacks::pin`).
+pub fn is_pinned(id: i32) -> bool {
+    id <= PINNED_FIRST
+}
+
+/// A pinned stack: the frame-pointer id it refines, and the stack with
+/// weight 1 (as `NativeStacks::variants` gives stacks).
+type Pinned = (i32, [(NativeStack, u64); 1]);
+
 /// Unwound stacks of every traced process, by (tgid, frame-pointer id).
 #[derive(Default)]
 pub struct NativeStacks {
     unwinder: Option<Unwinder>,
     spaces: HashMap<u32, Space>,
     by_id: HashMap<(u32, i32), Vec<(NativeStack, u64)>>,
+    /// The unwound stacks of single faults on pages of the resident sample
+    /// (copies with `StackSampleHead::addr`), by (tgid, pinned id): each the
+    /// frame-pointer id it refines and the stack (weight 1). A page is owned
+    /// by its own fault's stack, not by its id's mix over the whole run.
+    pinned: HashMap<(u32, i32), Pinned>,
+    /// The pinned ids of each (tgid, frame-pointer id): one per distinct stack.
+    pins_of: HashMap<(u32, i32), Vec<i32>>,
+    /// The next pinned id (counting down).
+    next_pin: i32,
     /// Distinct stacks in `by_id`, `[lighter stacks]` ones not counted (at
     /// most one per id).
     held: usize,
@@ -95,23 +122,34 @@ pub trait ProcessMaps {
     fn root(&self, tgid: u32) -> Option<std::sync::Arc<crate::procmaps::root::RootDir>>;
 }
 
+/// A copy taken for a fault on a page of the resident sample, unwound: the
+/// page (`addr`, in `tgid`) is owned by the pinned stack `id`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PagePin {
+    pub tgid: u32,
+    pub addr: u64,
+    pub id: i32,
+}
+
 impl NativeStacks {
-    /// Unwinds one `StackSample` record and counts its stack under its id.
-    pub fn add(&mut self, bytes: &[u8], procs: &mut impl ProcessMaps) {
+    /// Unwinds one `StackSample` record and counts its stack under its id
+    /// (unless it weighs 0: a copy for its page alone). A copy taken for a
+    /// page of the resident sample also pins its stack for that page.
+    pub fn add(&mut self, bytes: &[u8], procs: &mut impl ProcessMaps) -> Option<PagePin> {
         let head_len = std::mem::size_of::<StackSampleHead>();
         let Some(head) = bytes.get(..head_len).map(|b| {
             // SAFETY: length checked; the head is Pod (plain integers).
             unsafe { std::ptr::read_unaligned(b.as_ptr().cast::<StackSampleHead>()) }
         }) else {
             self.malformed += 1;
-            return;
+            return None;
         };
         let Some(stack) = bytes.get(head_len..head_len + head.len as usize) else {
             self.malformed += 1;
-            return;
+            return None;
         };
         if head.user_stack < 0 {
-            return;
+            return None;
         }
         let sample = Sample { regs: Regs { ip: head.ip, sp: head.sp, bp: head.bp, lr: head.lr }, stack };
         let (mut unwound, mut covered) = self.unwind(head.tgid, &sample, procs);
@@ -132,15 +170,26 @@ impl NativeStacks {
         } else {
             Some(Cut { reason: "unmapped_code", marker: "[unmapped code]".into() })
         };
-        let native = NativeStack { frames: unwound.frames, cut };
-        let seen = self.by_id.entry((head.tgid, head.user_stack)).or_default();
-        let weight = u64::from(head.weight.max(1));
+        let native = NativeStack { frames: unwound.frames.into_boxed_slice().into_vec(), cut };
+        let pin = (head.addr != 0).then(|| self.pin(head.tgid, head.user_stack, &native)).flatten().map(|id| PagePin {
+            tgid: head.tgid,
+            addr: head.addr,
+            id,
+        });
+        if head.weight > 0 {
+            self.count(head.tgid, head.user_stack, native, u64::from(head.weight));
+        }
+        pin
+    }
+
+    /// Counts `weight` events of `native` under `(tgid, user_stack)`.
+    fn count(&mut self, tgid: u32, user_stack: i32, native: NativeStack, weight: u64) {
+        let seen = self.by_id.entry((tgid, user_stack)).or_default();
         if let Some((_, n)) = seen.iter_mut().find(|(s, _)| *s == native) {
             *n += weight;
             return;
         }
-        // Its frames without the unwinder's spare room.
-        seen.push((NativeStack { frames: native.frames.into_boxed_slice().into_vec(), cut: native.cut }, weight));
+        seen.push((native, weight));
         self.held += 1;
         if seen.len() > MAX_PER_ID {
             let n = lighten(seen, MAX_PER_ID / 2);
@@ -149,6 +198,36 @@ impl NativeStacks {
         }
         if self.held > MAX_UNWOUND {
             self.compact();
+        }
+    }
+
+    /// The pinned id of `native` under `(tgid, user_stack)`, made at need:
+    /// one per distinct stack; `None` past the bounds (`MAX_PINNED`, or
+    /// `MAX_PER_ID` for one frame-pointer id).
+    pub fn pin(&mut self, tgid: u32, user_stack: i32, native: &NativeStack) -> Option<i32> {
+        let ids = self.pins_of.entry((tgid, user_stack)).or_default();
+        if let Some(&id) = ids.iter().find(|id| self.pinned.get(&(tgid, **id)).is_some_and(|p| p.1[0].0 == *native)) {
+            return Some(id);
+        }
+        if ids.len() >= MAX_PER_ID || self.pinned.len() >= MAX_PINNED {
+            return None;
+        }
+        if self.next_pin > PINNED_FIRST || self.next_pin == 0 {
+            self.next_pin = PINNED_FIRST;
+        }
+        let id = self.next_pin;
+        self.next_pin = id.checked_sub(1)?;
+        ids.push(id);
+        self.pinned.insert((tgid, id), (user_stack, [(native.clone(), 1)]));
+        Some(id)
+    }
+
+    /// The frame-pointer id a pinned id refines (`pin`); any other id as it is.
+    pub fn original(&self, tgid: u32, id: i32) -> i32 {
+        if is_pinned(id) {
+            self.pinned.get(&(tgid, id)).map_or(id, |p| p.0)
+        } else {
+            id
         }
     }
 
@@ -233,6 +312,9 @@ impl NativeStacks {
         if user_stack == STACK_ID_LOST {
             return &[];
         }
+        if is_pinned(user_stack) {
+            return self.pinned.get(&(tgid, user_stack)).map_or(&[], |p| p.1.as_slice());
+        }
         self.by_id.get(&(tgid, user_stack)).map_or(&[], Vec::as_slice)
     }
 
@@ -265,6 +347,8 @@ impl NativeStacks {
             self.spaces.remove(t);
         }
         self.by_id.retain(|(t, _), _| !tgids.contains(t));
+        self.pinned.retain(|(t, _), _| !tgids.contains(t));
+        self.pins_of.retain(|(t, _), _| !tgids.contains(t));
         self.held = self.by_id.values().flatten().filter(|(s, _)| !is_lighter(s)).count();
     }
 
@@ -272,7 +356,82 @@ impl NativeStacks {
     pub fn forget(&mut self, tgid: u32) {
         self.spaces.remove(&tgid);
         self.by_id.retain(|(t, _), _| *t != tgid);
+        self.pinned.retain(|(t, _), _| *t != tgid);
+        self.pins_of.retain(|(t, _), _| *t != tgid);
         self.held = self.by_id.values().flatten().filter(|(s, _)| !is_lighter(s)).count();
+    }
+}
+
+/// Copied stacks taken out of their ring while the event ring is drained:
+/// a page sample whose fault's stack was copied (`PAGE_STACK_COPY`) comes on
+/// the event ring, its copy on the samples ring, which is read after it;
+/// the loader hands the copy over just before the page (`copy_for`), so
+/// the page's owner is its own fault's unwound stack. The others go after
+/// the events, in their order, as before (`rest`).
+#[derive(Default)]
+pub struct PageCopies {
+    held: std::collections::VecDeque<Vec<u8>>,
+}
+
+/// How far apart a page's fault start and its copy may be (the copy is
+/// taken at the fault's start, or at its huge page's allocation).
+const COPY_SLACK_NS: u64 = 50_000_000;
+
+/// (tgid, addr, ts) of a copy taken for a page, if `bytes` is one.
+fn copy_of_page(bytes: &[u8]) -> Option<(u32, u64, u64)> {
+    let head = bytes.get(..std::mem::size_of::<StackSampleHead>()).map(|b| {
+        // SAFETY: length checked; the head is Pod (plain integers).
+        unsafe { std::ptr::read_unaligned(b.as_ptr().cast::<StackSampleHead>()) }
+    })?;
+    (head.hdr.kind == vmtrace_common::EventKind::StackSample as u32 && head.addr != 0).then_some((
+        head.tgid,
+        head.addr,
+        head.hdr.ts_ns,
+    ))
+}
+
+/// (tgid, addr, ts) of a page sample whose stack was copied, if `bytes` is one.
+pub fn page_with_copy(bytes: &[u8]) -> Option<(u32, u64, u64)> {
+    use vmtrace_common::{EventKind, PageSample, PAGE_STACK_COPY};
+    let ev = bytes.get(..std::mem::size_of::<PageSample>()).map(|b| {
+        // SAFETY: length checked; a plain repr(C) record of integers.
+        unsafe { std::ptr::read_unaligned(b.as_ptr().cast::<PageSample>()) }
+    })?;
+    (ev.hdr.kind == EventKind::PageSample as u32 && ev.flags & PAGE_STACK_COPY != 0).then_some((
+        ev.tgid,
+        ev.addr,
+        ev.hdr.ts_ns,
+    ))
+}
+
+impl PageCopies {
+    /// The copy of the page sample `page` (`page_with_copy`): among those
+    /// held, else read on from the samples ring (`pull`) until it comes or
+    /// the ring is empty (lost to a full ring: the page keeps its id's mix).
+    /// Every copy read meanwhile is held.
+    pub fn copy_for(
+        &mut self,
+        (tgid, addr, ts): (u32, u64, u64),
+        mut pull: impl FnMut() -> Option<Vec<u8>>,
+    ) -> Option<Vec<u8>> {
+        let fits = |b: &[u8]| {
+            copy_of_page(b).is_some_and(|(t, a, c)| t == tgid && a == addr && c.abs_diff(ts) < COPY_SLACK_NS)
+        };
+        if let Some(i) = self.held.iter().position(|b| fits(b)) {
+            return self.held.remove(i);
+        }
+        while let Some(b) = pull() {
+            if fits(&b) {
+                return Some(b);
+            }
+            self.held.push_back(b);
+        }
+        None
+    }
+
+    /// The copies held, in ring order (then the ring's own are read).
+    pub fn rest(&mut self) -> impl Iterator<Item = Vec<u8>> + '_ {
+        self.held.drain(..)
     }
 }
 
@@ -376,6 +535,100 @@ mod tests {
             std::slice::from_raw_parts((&raw const head).cast::<u8>(), std::mem::size_of::<StackSampleHead>())
         };
         [bytes, stack].concat()
+    }
+
+    fn page_record(tgid: u32, id: i32, ip: u64, weight: u32, addr: u64, ts: u64) -> Vec<u8> {
+        let mut r = record(tgid, id, ip, &[0; 64]);
+        let head = StackSampleHead {
+            hdr: vmtrace_common::EventHeader {
+                kind: vmtrace_common::EventKind::StackSample as u32,
+                size: 0,
+                ts_ns: ts,
+            },
+            tgid,
+            user_stack: id,
+            len: 64,
+            ip,
+            sp: 0x1000,
+            weight,
+            addr,
+            ..Default::default()
+        };
+        // SAFETY: a Pod value viewed as its bytes.
+        let bytes = unsafe {
+            std::slice::from_raw_parts((&raw const head).cast::<u8>(), std::mem::size_of::<StackSampleHead>())
+        };
+        r[..bytes.len()].copy_from_slice(bytes);
+        r
+    }
+
+    /// uc30 (mun.c, no frame pointers): one id for site_a's and site_b's
+    /// memset. Each page's copy pins its own stack; a copy the thinning
+    /// would have left out (weight 0) pins without counting.
+    #[test]
+    fn a_page_copy_pins_its_own_stack_and_a_weightless_one_is_not_counted() {
+        let mut n = NativeStacks::default();
+        let mut maps = NoMaps(Vec::new());
+        let a = n.add(&page_record(7, 5, 0x400_000, 1, 0x10_000, 1), &mut maps).unwrap();
+        let b = n.add(&page_record(7, 5, 0x500_000, 0, 0x20_000, 2), &mut maps).unwrap();
+        let a2 = n.add(&page_record(7, 5, 0x400_000, 0, 0x30_000, 3), &mut maps).unwrap();
+        assert!(n.add(&page_record(7, 5, 0x400_000, 1, 0, 4), &mut maps).is_none(), "not a page's copy");
+        assert_eq!((a.tgid, a.addr, b.addr), (7, 0x10_000, 0x20_000));
+        assert!(is_pinned(a.id) && is_pinned(b.id) && a.id != b.id);
+        assert_eq!(a2.id, a.id, "one pinned id per distinct stack");
+        assert_eq!(n.variants(7, a.id).len(), 1);
+        assert_eq!(n.variants(7, a.id)[0].0.frames, [0x400_000]);
+        assert_eq!(n.variants(7, b.id)[0].0.frames, [0x500_000]);
+        assert_eq!(n.original(7, b.id), 5);
+        assert_eq!(n.original(7, 5), 5);
+        // Counted: the two weighing 1, both the first stack's.
+        assert_eq!(n.variants(7, 5), [(n.variants(7, a.id)[0].0.clone(), 2)]);
+        n.forget(7);
+        assert!(n.variants(7, a.id).is_empty());
+    }
+
+    fn page_event(tgid: u32, addr: u64, ts: u64) -> Vec<u8> {
+        let ev = vmtrace_common::PageSample {
+            hdr: vmtrace_common::EventHeader {
+                kind: vmtrace_common::EventKind::PageSample as u32,
+                size: 48,
+                ts_ns: ts,
+            },
+            tgid,
+            flags: vmtrace_common::PAGE_STACK_COPY,
+            addr,
+            user_stack: 5,
+            kernel_stack: -1,
+            cpu: 0,
+            _pad: 0,
+        };
+        // SAFETY: a Pod value viewed as its bytes.
+        unsafe { std::slice::from_raw_parts((&raw const ev).cast::<u8>(), std::mem::size_of_val(&ev)) }.to_vec()
+    }
+
+    #[test]
+    fn a_page_gets_its_own_copy_from_the_samples_ring_and_the_rest_keep_their_order() {
+        let mut ring: std::collections::VecDeque<Vec<u8>> = [
+            record(7, 9, 0x100, &[0; 8]),
+            page_record(7, 5, 0x400_000, 1, 0x20_000, 10),
+            page_record(7, 5, 0x500_000, 1, 0x10_000, 20),
+            page_record(8, 5, 0x600_000, 1, 0x10_000, 30),
+        ]
+        .into();
+        let mut c = PageCopies::default();
+        let page = page_with_copy(&page_event(7, 0x10_000, 25)).unwrap();
+        let got = c.copy_for(page, || ring.pop_front()).unwrap();
+        assert_eq!(got, page_record(7, 5, 0x500_000, 1, 0x10_000, 20));
+        // Held: the ones read on the way, found without reading further.
+        let got = c.copy_for(page_with_copy(&page_event(7, 0x20_000, 12)).unwrap(), || ring.pop_front()).unwrap();
+        assert_eq!(got, page_record(7, 5, 0x400_000, 1, 0x20_000, 10));
+        assert_eq!(ring.len(), 1);
+        // Lost (or too far in time): none, and the ring read to its end.
+        assert!(c.copy_for((7, 0x30_000, 40), || ring.pop_front()).is_none());
+        assert!(c.copy_for((8, 0x10_000, 30 + COPY_SLACK_NS), || None).is_none());
+        let rest: Vec<Vec<u8>> = c.rest().collect();
+        assert_eq!(rest, [record(7, 9, 0x100, &[0; 8]), page_record(8, 5, 0x600_000, 1, 0x10_000, 30)]);
+        assert!(page_with_copy(&record(7, 9, 0x100, &[0; 8])).is_none());
     }
 
     #[test]
