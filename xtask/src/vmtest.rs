@@ -58,12 +58,18 @@ const TESTS: &[(&str, &str)] = &[
 ];
 
 /// Tests run in each arm64 guest (TCG emulation of arm64 is slow): the
-/// fault count against getrusage, regions, memcg OOM kills, user stacks of
-/// code built without frame pointers, and the perf counters.
+/// fault count against getrusage, regions, huge pages, resident memory,
+/// memcg OOM kills, user stacks of code built without frame
+/// pointers, and the perf counters.
 const ARM64_TESTS: &[(&str, &str)] = &[
     ("record", "first_touch_total_equals_getrusage"),
     ("regions", "anonymous_region_counts_every_page"),
     ("regions", "unmapped_mapping_and_short_lived_child_keep_their_faults"),
+    // THP faults (Debian's arm64 config: THP always, 4 KiB pages) against the workload's smaps.
+    ("regions", "transparent_huge_pages_take_few_faults_each_one_huge"),
+    // Resident end against the worker's own smaps_rollup, through the classic
+    // `kmem:rss_stat` (the verifier refuses the tp_btf program on arm64).
+    ("resident", "torn_down_by_another_process_keeps_its_owners_end_classic"),
     ("oom", "memcg_oom"),
     ("native_stacks", "omitted_frame_pointers_unwind_to_main"),
     // Debian's arm64 CPython 3.11, laid out as pyenv's (`arm64_python`).
@@ -75,8 +81,11 @@ const ARM64_TESTS: &[(&str, &str)] = &[
 /// flags the tests give `compile_c_with`: the guest has no compiler, so they
 /// are cross-built on the host and the tests pick them up through
 /// `VMTRACE_PREBUILT_FIXTURES`.
-const ARM64_FIXTURES: &[(&str, &[&str])] =
-    &[("oom_grow.c", &["-O0", "-fno-omit-frame-pointer"]), ("nofp.c", &["-O2", "-fomit-frame-pointer"])];
+const ARM64_FIXTURES: &[(&str, &[&str])] = &[
+    ("oom_grow.c", &["-O0", "-fno-omit-frame-pointer"]),
+    ("nofp.c", &["-O2", "-fomit-frame-pointer"]),
+    ("resident_clone_vm.c", &["-O0", "-fno-omit-frame-pointer"]),
+];
 
 /// Cross-builds [`ARM64_FIXTURES`] into `out` (under the workspace, which the
 /// guest sees at its own path).
