@@ -116,7 +116,18 @@ fn a_command_that_leaves_its_children_is_checked_against_each_processs_counters(
     let p = &run.summary["perf"];
     let scope = p["scope"].as_str().unwrap_or_default();
     let total = u(&run.summary["totals"]["total"]);
-    assert!(total > 8192 + 4096, "both children counted: {total}");
+    // Both children counted: the orphan's 32 MiB whole, and the child still
+    // running at the stop some of its paced 64 MiB (how much depends on the
+    // machine: 2,300 pages in a slow arm64 guest; the kernel check below is
+    // what says nothing was lost).
+    let mut by_faults: Vec<u64> =
+        run.summary["processes"].as_array().expect("processes").iter().map(|q| u(&q["faults"]["total"])).collect();
+    by_faults.sort_unstable_by(|a, b| b.cmp(a));
+    assert!(
+        by_faults.len() >= 2 && by_faults[0] >= 8192 && by_faults[1] >= 256,
+        "both children counted: {by_faults:?}"
+    );
+    assert!(total >= by_faults.iter().sum::<u64>(), "{total}");
     if scope.contains("task counters") {
         assert!(scope.contains("did not wait for every process it started"), "{scope}");
     }
