@@ -341,21 +341,51 @@ fn stop(mut c: Child) {
     let _ = c.wait();
 }
 
+/// Starts a system-wide tracer and returns once it traces. vmtrace says so
+/// on stderr (`tracing`, logged once every program is attached and Ctrl-C
+/// is handled): on a busy machine its load takes far longer than a fixed
+/// wait of 3 s (14.6 s at a load average of 18 on 2026-12-07; 2 s after
+/// the fault-start program first ran, the fault-end, `rss_stat` and
+/// page-allocation programs were not attached yet), and the workload would
+/// run half traced. bpftrace compiles its one-liner in the fixed wait.
+fn spawn_tracing(argv: &[String], vmtrace: bool) -> Result<Child> {
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]).stdout(Stdio::null());
+    if !vmtrace {
+        let c = cmd.stderr(Stdio::null()).spawn().with_context(|| format!("starting {}", argv[0]))?;
+        sleep(Duration::from_secs(3));
+        return Ok(c);
+    }
+    let mut c = cmd
+        .env("RUST_LOG", "vmtrace::record=info")
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {}", argv[0]))?;
+    let err = c.stderr.take().context("vmtrace's stderr")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Drained to the end, so that the end's lines never fill the pipe.
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(err).lines().map_while(std::io::Result::ok) {
+            if line.contains("vmtrace::record] tracing") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    if rx.recv_timeout(Duration::from_mins(3)).is_err() {
+        stop(c);
+        bail!("{argv:?} did not start tracing in 3 minutes");
+    }
+    Ok(c)
+}
+
 /// Two copies of the workload at once under a system-wide tracer.
 fn run_system(env: &Env, t: &Tracer, bt: &str, workload: &[String]) -> Result<f64> {
     let tracer = if matches!(t, Tracer::None) {
         None
     } else {
         let argv = env.tracer_argv(t, bt, &[]);
-        let c = Command::new(&argv[0])
-            .args(&argv[1..])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| format!("starting {}", argv[0]))?;
-        // Loading and attaching: bpftrace compiles, vmtrace loads ~30 programs.
-        sleep(Duration::from_secs(3));
-        Some(c)
+        Some(spawn_tracing(&argv, matches!(t, Tracer::Vmtrace(_)))?)
     };
     let argv = env.workload(workload);
     let kids: Vec<Child> = (0..2)
@@ -600,8 +630,7 @@ fn measure_collector(env: &Env, secs: u64, load: &mut dyn FnMut() -> Result<Chil
         "--duration".into(),
         (secs + 30).to_string(),
     ];
-    let vm = Command::new(&rec[0]).args(&rec[1..]).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?;
-    sleep(Duration::from_secs(3));
+    let vm = spawn_tracing(&rec, true)?;
     let pid = vm.id();
     let (cpu0, _) = proc_cpu_rss(pid)?;
     let t0 = Instant::now();
