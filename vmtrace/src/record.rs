@@ -80,6 +80,8 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome, RecordError> {
     let mut usage = None;
     let signalled = wait_for_end(&mut tracer, opts, &mut usage);
     let session = tracer.session();
+    // Those still running are named as they are now (renamed since their fork?).
+    session.rename_live(Duration::ZERO);
     // Exit events of the last processes may still be in flight.
     session.poll(Duration::from_millis(10));
     session.stop_clock();

@@ -78,6 +78,10 @@ struct Shared {
 /// Connections answered at once; more get 503.
 const MAX_CONNECTIONS: usize = 64;
 
+/// How often live processes' names are read again from /proc (renamed since
+/// their fork or exec: a process series' `comm` label follows).
+const RENAME_EVERY: Duration = Duration::from_secs(2);
+
 fn answer(stream: &mut TcpStream, shared: &Shared) {
     let Some((method, target)) = http::read_request(stream) else { return };
     let reply = match http::route(&method, &target) {
@@ -191,6 +195,7 @@ pub fn serve(opts: &ServeOptions) -> Result<i32, ServeError> {
             // Names read from /proc for the processes with series that predate the trace.
             let named: BTreeSet<u32> = snap
                 .processes
+            session.rename_live(RENAME_EVERY);
                 .iter()
                 .filter(|p| p.comm.as_deref().is_none_or(str::is_empty) && !p.exited)
                 .map(|p| p.pid)
