@@ -252,6 +252,8 @@ fn dropped_series_keep_the_process_sums_whole() {
     let (mut vm, addr) =
         serve_with_env(&[("VMTRACE_TEST_SERVE_LINGER_MS", "1000")], &["-p", &pid.to_string(), "--top", "3"]);
     let addr = addr.as_str();
+    // The first refresh (every second) before the first scrape.
+    sleep(Duration::from_millis(1500));
     std::fs::write(&go, "").unwrap();
     let start = std::time::Instant::now();
     let mut last: std::collections::BTreeMap<String, f64> = std::collections::BTreeMap::new();
