@@ -261,7 +261,7 @@ fn dropped_series_keep_the_process_sums_whole() {
     let check = |body: &str, last: &mut std::collections::BTreeMap<String, f64>| {
         let procs = total(body, "vmtrace_page_faults_total{", "");
         let cgroups = total(body, "vmtrace_cgroup_page_faults_total{", "");
-        assert_eq!(procs, cgroups, "process series against cgroup series:\n{body}");
+        assert_eq!(procs as u64, cgroups as u64, "process series against cgroup series:\n{body}");
         for l in body.lines().filter(|l| l.contains("page_faults_total{")) {
             let (series, v) = l.rsplit_once(' ').unwrap();
             let v: f64 = v.parse().unwrap();
