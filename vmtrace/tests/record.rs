@@ -370,6 +370,34 @@ fn renamed_processes_keep_the_name_they_exited_with() {
     assert!(roots.contains("renamed_child") && !roots.contains("helper_thread"), "faults.folded roots: {roots:?}");
 }
 
+/// uc30: a worker renamed after its fork (prctl(PR_SET_NAME), as torch's
+/// "pt_data_worker") and still running when the trace ends (its launcher
+/// exited) kept its fork-time name. It is named as /proc/PID/comm says.
+#[test]
+fn a_renamed_worker_still_running_at_the_end_has_its_new_name() {
+    privileged!();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = compile_c("rename_worker.c", dir.path());
+    let report = dir.path().join("worker");
+    let run = record(&[], &[bin.to_str().unwrap(), report.to_str().unwrap(), "pt_data_worker"]);
+    let line = std::fs::read_to_string(&report).unwrap();
+    let pid: u32 = line.split_whitespace().next().unwrap().parse().unwrap();
+    // Ground truth: the kernel's name of the worker, still running now.
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    // SAFETY: a process this test started (the fixture's worker).
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(comm.trim_end(), "pt_data_worker", "the worker renamed itself: {line}");
+    let w = run.process(pid);
+    assert_eq!(w["exit_code"], serde_json::Value::Null, "still running at the end: {w:#}");
+    assert_eq!(w["comm"], comm.trim_end(), "named as /proc/{pid}/comm: {w:#}");
+    assert!(u(&w["faults"]["total"]) >= 2048, "the worker touched 8 MiB: {w:#}");
+    let folded = std::fs::read_to_string(run.out.path().join("faults.folded")).unwrap();
+    assert!(folded.lines().any(|l| l.starts_with("pt_data_worker")), "faults.folded names it:\n{folded}");
+    let txt = std::fs::read_to_string(run.out.path().join("summary.txt")).unwrap();
+    assert!(txt.contains("pt_data_worker"), "{txt}");
+}
+
 /// A fork DataLoader job (every worker's last thread is its queue feeder):
 /// each worker's count at exit against the /proc/self/stat it wrote just
 /// before exiting, and its name as torch set it.

@@ -40,7 +40,13 @@ fn serve_all(top: &str) -> (std::process::Child, String) {
 
 /// `vmtrace serve` with `args` on a free loopback port, and its address.
 fn serve_with(args: &[&str]) -> (std::process::Child, String) {
+    serve_with_env(&[], args)
+}
+
+/// [`serve_with`] with environment variables set for vmtrace.
+fn serve_with_env(env: &[(&str, &str)], args: &[&str]) -> (std::process::Child, String) {
     let mut vm = vmtrace()
+        .envs(env.iter().copied())
         .args(["serve", "--listen", "127.0.0.1:0"])
         .args(args)
         .stdout(Stdio::null())
@@ -222,4 +228,68 @@ fn exited_children_keep_their_faults_in_the_profile_and_the_metrics() {
     assert_eq!(profile, metrics, "the profile's faults against the metrics'");
     assert!(metrics >= 3 * 8192, "three 32 MiB first touches: {metrics} faults");
     assert!(metrics <= kernel, "no more than the kernel counted: {metrics} > {kernel}");
+}
+
+/// uc30 bug 8: once lingering series were dropped, the process series no
+/// longer added up to the cgroup series (16.78M against 21.06M after
+/// 12 min). A short churn with three process places and series dropped 1 s
+/// after their last process: at every scrape both sums are equal, equal
+/// to the cumulative fault profile at the end, no counter goes back, and
+/// the dropped series' counts are in `comm="[exited]"`.
+#[test]
+fn dropped_series_keep_the_process_sums_whole() {
+    privileged!();
+    let dir = tempfile::tempdir().unwrap();
+    let (go, done) = (dir.path().join("go"), dir.path().join("done"));
+    let script = format!(
+        "while [ ! -e {} ]; do sleep 0.05; done; for i in 1 2 3 4 5; do \
+         {BIN} workload touch --mib 8 --pace-ms 250 > /dev/null; sleep 1.5; done; touch {}; sleep 60",
+        go.display(),
+        done.display()
+    );
+    let mut sh = Command::new("sh").args(["-c", &script]).spawn().unwrap();
+    let pid = sh.id();
+    let (mut vm, addr) =
+        serve_with_env(&[("VMTRACE_TEST_SERVE_LINGER_MS", "1000")], &["-p", &pid.to_string(), "--top", "3"]);
+    let addr = addr.as_str();
+    // The first refresh (every second) before the first scrape.
+    sleep(Duration::from_millis(1500));
+    std::fs::write(&go, "").unwrap();
+    let start = std::time::Instant::now();
+    let mut last: std::collections::BTreeMap<String, f64> = std::collections::BTreeMap::new();
+    let mut scrapes = 0;
+    let check = |body: &str, last: &mut std::collections::BTreeMap<String, f64>| {
+        let procs = total(body, "vmtrace_page_faults_total{", "");
+        let cgroups = total(body, "vmtrace_cgroup_page_faults_total{", "");
+        assert_eq!(procs as u64, cgroups as u64, "process series against cgroup series:\n{body}");
+        for l in body.lines().filter(|l| l.contains("page_faults_total{")) {
+            let (series, v) = l.rsplit_once(' ').unwrap();
+            let v: f64 = v.parse().unwrap();
+            let before = last.insert(series.to_string(), v).unwrap_or(0.0);
+            assert!(v >= before, "{series} went back from {before} to {v}");
+        }
+        procs
+    };
+    while !done.exists() {
+        assert!(start.elapsed() < Duration::from_mins(1), "the shell's children never finished");
+        check(&scrape(addr), &mut last);
+        scrapes += 1;
+        sleep(Duration::from_millis(300));
+    }
+    // The last workload's series lingers 1 s, then goes too.
+    sleep(Duration::from_secs(3));
+    let body = scrape(addr);
+    let sum = check(&body, &mut last) as u64;
+    let profile = profile_faults(addr);
+    let _ = sh.kill();
+    let _ = sh.wait();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(vm.id() as i32, libc::SIGINT) };
+    let _ = vm.wait();
+    eprintln!("{scrapes} scrapes; metrics {sum} faults, profile {profile}");
+    let exited = total(&body, "vmtrace_page_faults_total{pid=\"\",comm=\"[exited]\"", "") as u64;
+    // Each workload (8 MiB over 2 s) has a series from the refresh after its start, until 1 s after its exit.
+    assert!(exited >= 2 * 1024, "the workloads' dropped series are in [exited]: {exited}\n{body}");
+    assert_eq!(sum, profile, "the metrics' faults against the cumulative profile's");
+    assert!(sum >= 5 * 2048, "five 8 MiB first touches: {sum}");
 }

@@ -92,6 +92,80 @@ fn sigint_stops_and_still_writes_every_output() {
     assert!(u(&run.process(pid)["faults"]["total"]) > 0, "sleep's start-up faults were seen");
 }
 
+/// uc30 bug 5: `kill -INT` of vmtrace alone stops the whole traced job,
+/// not only the command's pid: a launcher (`sh -c`), its child with default
+/// signal dispositions, a child that left the process group and the
+/// session (setsid, as detached workers do), and `sleep &` (a shell's
+/// background command ignores SIGINT: SIGTERM 2 s later ends it). All are
+/// gone afterwards, each died of the signal it was sent, and every output
+/// is written.
+#[test]
+fn sigint_to_vmtrace_alone_stops_the_whole_job() {
+    privileged!();
+    let dir = tempfile::tempdir().unwrap();
+    let member = compile_c("job_member.c", dir.path());
+    let list = dir.path().join("members");
+    let script = format!(
+        "m='{m}'; f='{f}'; \"$m\" \"$f\" plain & \"$m\" \"$f\" setsid & sleep 300 & echo \"$! sleep\" >> \"$f\"; wait",
+        m = member.display(),
+        f = list.display()
+    );
+    let out = tempfile::tempdir().unwrap();
+    let vm = spawn_traced(&[
+        OsStr::new("record"),
+        "--out".as_ref(),
+        out.path().as_os_str(),
+        "--".as_ref(),
+        "sh".as_ref(),
+        "-c".as_ref(),
+        script.as_ref(),
+    ]);
+    let members = || -> Vec<(u32, String)> {
+        let text = std::fs::read_to_string(&list).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| {
+                let mut w = l.split_whitespace();
+                Some((w.next()?.parse().ok()?, w.next()?.to_string()))
+            })
+            .collect()
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while members().len() < 3 && std::time::Instant::now() < until {
+        sleep(Duration::from_millis(50));
+    }
+    let members = members();
+    assert_eq!(members.len(), 3, "the job started: {members:?}");
+    let started = std::time::Instant::now();
+    let run = finish(out, vm.interrupt());
+    let took = started.elapsed();
+    assert_eq!(run.code(), Some(130), "{}", run.stderr());
+    for f in ["summary.json", "summary.txt", "report.html", "faults.folded"] {
+        assert!(run.out.path().join(f).exists(), "{f} written");
+    }
+    let gone = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map_or(true, |s| s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')))
+    };
+    let launcher = run.summary["target"]["pid"].as_u64().unwrap() as u32;
+    assert!(gone(launcher), "the launcher is gone");
+    assert_eq!(run.summary["target"]["exit_status"], 130, "the launcher died of SIGINT");
+    for (pid, mode) in &members {
+        // Reparented to init once the launcher died: a zombie only until reaped.
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while !gone(*pid) && std::time::Instant::now() < until {
+            sleep(Duration::from_millis(50));
+        }
+        assert!(gone(*pid), "{mode} member {pid} still runs:\n{}", run.stderr());
+        let want = if mode == "sleep" { 128 + libc::SIGTERM } else { 130 };
+        assert_eq!(run.process(*pid)["exit_code"], want, "{mode} member {pid}: its exit is in the trace");
+        if mode != "sleep" {
+            assert!(u(&run.process(*pid)["faults"]["total"]) >= 1024, "{mode} member's 4 MiB were traced");
+        }
+    }
+    assert!(run.stderr().contains("sending SIGTERM"), "the escalation is said: {}", run.stderr());
+    assert!(took < Duration::from_secs(15), "stopped within the grace periods: {took:?}");
+}
+
 #[test]
 fn duration_stops_a_pid_trace() {
     privileged!();

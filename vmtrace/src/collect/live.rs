@@ -106,6 +106,22 @@ impl<S: AggregateSource> Session<S> {
         }
     }
 
+    /// Names each live process as `/proc/PID/comm` does now
+    /// (`ProcessTable::rename_live`), when `every` has passed since the last
+    /// time: the live views (`serve`, `top`) call it on each refresh, and
+    /// `record` once at the end (`Duration::ZERO`).
+    pub fn rename_live(&mut self, every: std::time::Duration) {
+        if self.last_names.is_some_and(|t| t.elapsed() < every) {
+            return;
+        }
+        self.drain();
+        let n = self.table.rename_live();
+        if n > 0 {
+            log::debug!("{n} live process(es) renamed since their fork or exec");
+        }
+        self.last_names = Some(std::time::Instant::now());
+    }
+
     /// Names the processes of `snap` that `wanted` picks through the process
     /// table, reading /proc for those the trace has not seen start (once: the
     /// table keeps them).

@@ -24,7 +24,7 @@ pub(crate) mod symbols;
 pub(crate) mod timeline;
 pub(crate) mod tracelog;
 
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 
 pub(crate) use crate::loader::AggregateSource;
 
@@ -38,16 +38,33 @@ use crate::{model::Summary, stacks::Stack};
 
 /// Last SIGINT/SIGTERM received (0 = none).
 static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+/// How many SIGINT/SIGTERM were received.
+static STOP_COUNT: AtomicU32 = AtomicU32::new(0);
+/// Whether the first one came from the terminal (Ctrl-C: `si_code` SI_KERNEL,
+/// sent by the tty to its whole foreground process group), not from kill(2).
+static STOP_FROM_TERMINAL: AtomicBool = AtomicBool::new(false);
 
-extern "C" fn on_stop_signal(sig: i32) {
+extern "C" fn on_stop_signal(sig: i32, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: the kernel hands a valid siginfo to an SA_SIGINFO handler.
+    let code = if info.is_null() { libc::SI_USER } else { unsafe { (*info).si_code } };
+    if STOP_COUNT.fetch_add(1, Ordering::SeqCst) == 0 {
+        STOP_FROM_TERMINAL.store(code == libc::SI_KERNEL, Ordering::SeqCst);
+    }
     STOP_SIGNAL.store(sig, Ordering::SeqCst);
 }
 
 /// Ctrl-C and SIGTERM end the trace cleanly, with every output written.
 pub(crate) fn install_stop_handlers() {
     for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe { libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t) };
+        // SAFETY: the handler only stores to atomics, which is async-signal-safe;
+        // the sigaction is fully initialised (zeroed, empty mask).
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_stop_signal as *const () as libc::sighandler_t;
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+            libc::sigemptyset(&raw mut sa.sa_mask);
+            libc::sigaction(sig, &raw const sa, std::ptr::null_mut());
+        }
     }
 }
 
@@ -56,6 +73,17 @@ pub(crate) fn stop_signal() -> Option<i32> {
         0 => None,
         s => Some(s),
     }
+}
+
+/// How many stop signals (SIGINT/SIGTERM) vmtrace has received.
+pub(crate) fn stop_signals_received() -> u32 {
+    STOP_COUNT.load(Ordering::SeqCst)
+}
+
+/// Whether the first stop signal came from the terminal (Ctrl-C), which
+/// sent it to every process of the foreground process group too.
+pub(crate) fn stop_from_terminal() -> bool {
+    STOP_FROM_TERMINAL.load(Ordering::SeqCst)
 }
 
 /// What a finished session hands to the reports.

@@ -612,6 +612,30 @@ impl ProcessTable {
         }
     }
 
+    /// Re-reads each live process's name from `/proc/PID/comm` (its
+    /// leader's, as `ps` shows it): a process renamed after its fork or exec
+    /// by prctl(PR_SET_NAME) (a DataLoader worker's "pt_data_worker") still
+    /// has the name the fork or exec event gave it until its exit (which
+    /// carries the last one). Returns how many were renamed.
+    pub(crate) fn rename_live(&mut self) -> usize {
+        self.rename_live_from(|pid| fs::read_to_string(format!("/proc/{pid}/comm")).ok())
+    }
+
+    /// [`Self::rename_live`] with the names given (tests).
+    fn rename_live_from(&mut self, comm_of: impl Fn(u32) -> Option<String>) -> usize {
+        let mut renamed = 0;
+        for pid in &self.live {
+            let Some(p) = self.procs.get_mut(pid).filter(|p| !p.exited) else { continue };
+            let Some(name) = comm_of(*pid) else { continue };
+            let name = name.trim_end_matches('\n');
+            if !name.is_empty() && name != p.comm {
+                p.comm = name.to_string();
+                renamed += 1;
+            }
+        }
+        renamed
+    }
+
     /// Makes sure `pid` has an entry, filling what /proc still tells.
     pub(crate) fn ensure(&mut self, pid: u32) -> &mut ProcInfo {
         let p = self.procs.entry(pid).or_default();
@@ -1189,6 +1213,24 @@ mod tests {
             ..ev(EventKind::TaskExit, 4545)
         });
         assert_eq!((t.procs[&4545].comm.as_str(), t.procs[&4545].exited), ("work", false));
+    }
+
+    /// uc30: a worker renamed after its fork and still running at the end
+    /// kept its fork-time name; the live ones are named afresh, an exited
+    /// one keeps its name at exit.
+    #[test]
+    fn live_processes_are_renamed_from_proc() {
+        let mut t = ProcessTable::default();
+        t.apply(&ev(EventKind::TaskFork, 4242));
+        t.apply(&ev(EventKind::TaskFork, 4343));
+        t.apply(&ev(EventKind::TaskExit, 4343));
+        let comm_of = |pid| Some(if pid == 4242 { "pt_data_worker\n" } else { "reused\n" }.to_string());
+        assert_eq!(t.rename_live_from(comm_of), 1);
+        assert_eq!((t.procs[&4242].comm.as_str(), t.procs[&4343].comm.as_str()), ("pt_data_worker", "work"));
+        // Gone (unreadable) or unchanged: nothing.
+        assert_eq!(t.rename_live_from(|_| None), 0);
+        assert_eq!(t.rename_live_from(comm_of), 0);
+        assert_eq!(t.procs[&4242].comm, "pt_data_worker");
     }
 
     fn brk(tgid: u32, returned: u64) -> vmtrace_common::MmEvent {

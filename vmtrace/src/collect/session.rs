@@ -221,6 +221,8 @@ pub struct Session<S: AggregateSource> {
     /// The last sealing of live processes' settled keys (`seal_live`), and
     /// the drained stacks it let go.
     last_seal: Instant,
+    /// When live processes' names were last read from /proc (`Session::rename_live`).
+    pub(super) last_names: Option<Instant>,
     sealed_stacks: u64,
     /// The regions of the retired processes, placed.
     placed: crate::regions::Partial,
@@ -482,6 +484,7 @@ impl<S: AggregateSource> Session<S> {
             last_retire: now,
             last_sweep: now,
             last_seal: now,
+            last_names: None,
             sealed_stacks: 0,
             placed,
             starts: attribute::Starts::default(),

@@ -16,7 +16,14 @@
 //! value) and then dropped, which frees its place: a process's place goes
 //! to the live process without one that faulted most in the last refresh
 //! (its series counts from then; what it did before stays in `other`); a
-//! cgroup's to the next cgroup seen.
+//! cgroup's to the next cgroup seen. What a dropped series counted moves
+//! into its set's remainder, `pid="",comm="[exited]"` and
+//! `cgroup="[exited]"` (shown once a series was dropped), so that the sums
+//! stay whole: `sum(vmtrace_page_faults_total)` equals
+//! `sum(vmtrace_cgroup_page_faults_total)` at every scrape, and no counter
+//! goes back. The remainder rises by a dropped series' whole count at
+//! once, when that series stops being exposed: a `rate()` of the sum is
+//! unchanged by the move (Prometheus no longer sees the dropped series grow).
 use crate::hash::{HashMap, HashSet};
 use std::{
     collections::BTreeMap,
@@ -160,6 +167,11 @@ pub struct Aggregator {
     proc_other: Series,
     cgroups: BTreeMap<CgroupKey, Series>,
     cgroup_other: Series,
+    /// What the dropped series counted (`[exited]`), one per set.
+    proc_exited: Series,
+    cgroup_exited: Series,
+    /// How long a series outlives its last process (`LINGER`).
+    linger: Duration,
     /// Processes and cgroups that ever added into `other`.
     folded_procs: u64,
     folded_cgroups: HashSet<u64>,
@@ -178,6 +190,15 @@ impl Aggregator {
             proc_other: Series::default(),
             cgroups: BTreeMap::new(),
             cgroup_other: Series::default(),
+            proc_exited: Series {
+                labels: "pid=\"\",comm=\"[exited]\",cgroup=\"\",pod_uid=\"\",container_id=\"\",rank=\"\"".into(),
+                ..Series::default()
+            },
+            cgroup_exited: Series {
+                labels: "cgroup=\"[exited]\",pod_uid=\"\",container_id=\"\",rank=\"\"".into(),
+                ..Series::default()
+            },
+            linger: LINGER,
             folded_procs: 0,
             folded_cgroups: HashSet::default(),
             oom_kills: 0,
@@ -185,11 +206,18 @@ impl Aggregator {
         }
     }
 
+    /// How long a series outlives its last process (tests: `LINGER` otherwise).
+    #[must_use]
+    pub fn with_linger(mut self, linger: Duration) -> Self {
+        self.linger = linger;
+        self
+    }
+
     /// Adds what every process's counters grew by since the last snapshot
     /// to its series. `snap` covers the whole trace (exited processes too).
     pub fn update(&mut self, snap: &LiveSnapshot) {
         let now_s = snap.t_s;
-        let linger = LINGER.as_secs_f64();
+        let linger = self.linger.as_secs_f64();
         // A series with a live process is alive; the places of those gone
         // quiet for LINGER are taken back.
         for p in snap.processes.iter().filter(|p| !p.exited) {
@@ -200,14 +228,28 @@ impl Aggregator {
                 s.last_alive_s = now_s;
             }
         }
-        self.procs.retain(|_, s| now_s - s.last_alive_s <= linger);
+        let exited = &mut self.proc_exited.counts;
+        self.procs.retain(|_, s| {
+            let keep = now_s - s.last_alive_s <= linger;
+            if !keep {
+                exited.add(&s.counts);
+            }
+            keep
+        });
         for (pid, s) in &mut self.seen {
             if s.own && !self.procs.contains_key(pid) {
                 s.own = false;
                 s.done = true;
             }
         }
-        self.cgroups.retain(|_, s| now_s - s.last_alive_s <= linger);
+        let exited = &mut self.cgroup_exited.counts;
+        self.cgroups.retain(|_, s| {
+            let keep = now_s - s.last_alive_s <= linger;
+            if !keep {
+                exited.add(&s.counts);
+            }
+            keep
+        });
         self.forget_folded_away(snap);
         let growth: Vec<Counts> = snap
             .processes
@@ -304,7 +346,13 @@ impl Aggregator {
         other.folded = true;
     }
 
+    /// A set's `[exited]` remainder, once a series of it was dropped.
+    fn exited(s: &Series) -> Option<&Series> {
+        (s.counts != Counts::default()).then_some(s)
+    }
+
     /// Series now: (processes with their own, cgroups with their own).
+    #[cfg(test)]
     pub fn series_counts(&self) -> (usize, usize) {
         (self.procs.len(), self.cgroups.len())
     }
@@ -312,8 +360,10 @@ impl Aggregator {
     /// The exposition text.
     pub fn render(&self) -> String {
         let mut t = String::new();
-        let procs: Vec<&Series> = self.procs.values().chain(std::iter::once(&self.proc_other)).collect();
-        let cgroups: Vec<&Series> = self.cgroups.values().chain(std::iter::once(&self.cgroup_other)).collect();
+        let procs: Vec<&Series> =
+            self.procs.values().chain([&self.proc_other]).chain(Self::exited(&self.proc_exited)).collect();
+        let cgroups: Vec<&Series> =
+            self.cgroups.values().chain([&self.cgroup_other]).chain(Self::exited(&self.cgroup_exited)).collect();
         let other_labels = "pid=\"\",comm=\"other\",cgroup=\"\",pod_uid=\"\",container_id=\"\",rank=\"\"".to_string();
         let other_cg = CgroupKey::other().labels();
         let plabels = |s: &Series| if s.labels.is_empty() { other_labels.clone() } else { s.labels.clone() };
@@ -384,9 +434,8 @@ impl Aggregator {
         );
         let _ = writeln!(t, "vmtrace_folded_cgroups_total {}", self.folded_cgroups.len());
         let _ = writeln!(t, "# TYPE vmtrace_series gauge\n# HELP vmtrace_series Series sets now, by kind (each is one set of the series above).");
-        let (p, c) = self.series_counts();
-        let _ = writeln!(t, "vmtrace_series{{set=\"process\"}} {}", p + 1);
-        let _ = writeln!(t, "vmtrace_series{{set=\"cgroup\"}} {}", c + 1);
+        let _ = writeln!(t, "vmtrace_series{{set=\"process\"}} {}", procs.len());
+        let _ = writeln!(t, "vmtrace_series{{set=\"cgroup\"}} {}", cgroups.len());
         let _ =
             writeln!(t, "# TYPE vmtrace_oom_kills counter\n# HELP vmtrace_oom_kills OOM kills seen on the machine.");
         let _ = writeln!(t, "vmtrace_oom_kills_total {}", self.oom_kills);
@@ -524,7 +573,8 @@ mod tests {
         snap.t_s = 2.0;
         a.update(&snap);
         assert!(a.render().contains("pid=\"2\""));
-        let other_before = sum(&a.render(), "vmtrace_page_faults_total{pid=\"\"", "minor");
+        let other_before = sum(&a.render(), "vmtrace_page_faults_total{pid=\"\",comm=\"other\"", "minor");
+        assert!(!a.render().contains("[exited]"), "no series dropped yet");
         snap.processes[0] = proc(1, 12, &sys, false);
         snap.t_s = 3.0 + LINGER.as_secs_f64();
         a.update(&snap);
@@ -532,9 +582,70 @@ mod tests {
         assert!(!t.contains("pid=\"2\"") && t.contains("pid=\"1\""), "{t}");
         // pid 1's series counts from its promotion; what it did before stays in other.
         assert_eq!(sum(&t, "vmtrace_page_faults_total{pid=\"1\"", "minor"), 3, "{t}");
-        assert_eq!(sum(&t, "vmtrace_page_faults_total{pid=\"\"", "minor"), other_before, "{t}");
+        assert_eq!(sum(&t, "vmtrace_page_faults_total{pid=\"\",comm=\"other\"", "minor"), other_before, "{t}");
         // The cgroup's counter holds everything, the exited process's too.
         assert_eq!(sum(&t, "vmtrace_cgroup_page_faults_total{cgroup=\"/s\"", "minor"), 19, "{t}");
+        // uc30: the dropped series' 7 faults are in the remainder, so the
+        // process series still add up to the cgroup ones.
+        assert_eq!(sum(&t, "vmtrace_page_faults_total{pid=\"\",comm=\"[exited]\"", "minor"), 7, "{t}");
+        assert_eq!(sum(&t, "vmtrace_page_faults_total{", "kind=\"minor\""), 19, "{t}");
+        assert!(t.contains("vmtrace_series{set=\"process\"} 3\n"), "pid 1, other, [exited]: {t}");
+        openmetrics_parser::openmetrics::parse_openmetrics(&t).unwrap_or_else(|e| panic!("{e:?}\n{t}"));
+        // The cgroup exits too: its series goes after LINGER, into its remainder.
+        snap.processes[0] = LiveProcess { exited: true, ..proc(1, 12, &sys, false) };
+        snap.t_s = 4.0 + LINGER.as_secs_f64();
+        a.update(&snap);
+        snap.t_s = 5.0 + 2.0 * LINGER.as_secs_f64();
+        a.update(&snap);
+        let t = a.render();
+        assert!(!t.contains("cgroup=\"/s\"") && !t.contains("pid=\"1\""), "{t}");
+        assert_eq!(sum(&t, "vmtrace_cgroup_page_faults_total{cgroup=\"[exited]\"", "minor"), 19, "{t}");
+        assert_eq!(sum(&t, "vmtrace_page_faults_total{", "kind=\"minor\""), 19, "{t}");
+        assert_eq!(sum(&t, "vmtrace_page_faults_total{pid=\"\",comm=\"[exited]\"", "minor"), 7 + 3, "{t}");
+    }
+
+    /// Churn under a small `--top`: at every refresh, whatever was dropped,
+    /// the process series add up to the cgroup series and to every process's
+    /// counts, and no series' counter goes back.
+    #[test]
+    fn dropped_series_keep_the_sums_whole_and_counters_monotonic() {
+        let mut a = Aggregator::new(2, 1).with_linger(Duration::from_secs(2));
+        let mut all: BTreeMap<u32, LiveProcess> = BTreeMap::new();
+        let mut last: BTreeMap<String, u64> = BTreeMap::new();
+        for step in 0..40u32 {
+            // A new process every step, each living 3 steps, in a new cgroup
+            // every 10 steps (one place for cgroups).
+            let pid = 100 + step;
+            let ident = id(&format!("/c{}", step / 10), None);
+            all.insert(pid, proc(pid, u64::from(step % 5) + 1, &ident, false));
+            for (p, q) in &mut all {
+                let age = step - (p - 100);
+                if !q.exited {
+                    let grown = q.faults.minor + u64::from(age);
+                    *q = proc(*p, grown, q.identity.as_ref().unwrap(), age >= 3);
+                }
+            }
+            let snap = LiveSnapshot {
+                t_s: f64::from(step),
+                processes: all.values().cloned().collect(),
+                ..LiveSnapshot::default()
+            };
+            a.update(&snap);
+            let t = a.render();
+            let want: u64 = all.values().map(|p| p.faults.minor).sum();
+            assert_eq!(sum(&t, "vmtrace_page_faults_total{", "kind=\"minor\""), want, "step {step}: {t}");
+            assert_eq!(sum(&t, "vmtrace_cgroup_page_faults_total{", "kind=\"minor\""), want, "step {step}: {t}");
+            for l in t.lines().filter(|l| l.contains("page_faults_total{")) {
+                let (series, v) = l.rsplit_once(' ').unwrap();
+                let v: u64 = v.parse().unwrap();
+                let before = last.insert(series.to_string(), v).unwrap_or(0);
+                assert!(v >= before, "step {step}: {series} went back from {before} to {v}");
+            }
+        }
+        let t = a.render();
+        assert!(t.contains("comm=\"[exited]\"") && t.contains("cgroup=\"[exited]\""), "{t}");
+        let (p, c) = a.series_counts();
+        assert!(p <= 2 && c <= 1, "bounded: {p} {c}");
     }
 
     /// uc29: under `-a` the places left by few busy processes went to

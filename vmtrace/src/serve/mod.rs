@@ -78,6 +78,10 @@ struct Shared {
 /// Connections answered at once; more get 503.
 const MAX_CONNECTIONS: usize = 64;
 
+/// How often live processes' names are read again from /proc (renamed since
+/// their fork or exec: a process series' `comm` label follows).
+const RENAME_EVERY: Duration = Duration::from_secs(2);
+
 fn answer(stream: &mut TcpStream, shared: &Shared) {
     let Some((method, target)) = http::read_request(stream) else { return };
     let reply = match http::route(&method, &target) {
@@ -181,12 +185,17 @@ pub fn serve(opts: &ServeOptions) -> Result<i32, ServeError> {
     let profiles = if opts.profiles { format!(", profiles on http://{addr}/debug/pprof/") } else { String::new() };
     eprintln!("vmtrace: serving OpenMetrics on http://{addr}/metrics{profiles}, health on http://{addr}/healthz (Ctrl-C to stop)");
     let mut agg = metrics::Aggregator::new(opts.top, opts.cgroups);
+    // Tests only: series dropped sooner than `metrics::LINGER` after their last process.
+    if let Some(ms) = std::env::var("VMTRACE_TEST_SERVE_LINGER_MS").ok().and_then(|v| v.parse().ok()) {
+        agg = agg.with_linger(Duration::from_millis(ms));
+    }
     let mut next = Instant::now();
     let session = tracer.session();
     let period = u64::from(plan.stacks.period.max(1));
     loop {
         session.poll(Duration::from_millis(100));
         if Instant::now() >= next {
+            session.rename_live(RENAME_EVERY);
             let mut snap = session.live_snapshot(LiveScope::WholeTrace);
             // Names read from /proc for the processes with series that predate the trace.
             let named: BTreeSet<u32> = snap

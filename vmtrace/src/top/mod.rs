@@ -115,6 +115,7 @@ impl Model {
     ) -> Snapshot {
         let dt = self.last.elapsed().as_secs_f64();
         self.last = Instant::now();
+        session.rename_live(Duration::from_secs(2));
         let mut snap = session.live_snapshot(if ended { LiveScope::WholeTrace } else { LiveScope::Running });
         session.name_processes(&mut snap, |_| true);
         let rates = snap.rates(&mut self.procs, dt);
