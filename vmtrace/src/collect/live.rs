@@ -135,7 +135,7 @@ impl<S: AggregateSource> Session<S> {
         let comms: HashMap<u32, String> =
             snaps.iter().filter_map(|(p, _)| Some((*p, table.get(*p)?.comm.clone()))).collect();
         let syms = &mut self.syms;
-        let mut symbolize = |raw| crate::collect::symbols::symbolize_counts(raw, table, source, native, py, syms);
+        let mut symbolize = |raw| crate::collect::symbols::symbolize_owner_counts(raw, table, source, native, py, syms);
         let comm_of = |pid: u32| comms.get(&pid).cloned().unwrap_or_default();
         let refs: Vec<(u32, &crate::collect::resident::Snapshot)> = snaps.iter().map(|(p, s)| (*p, s)).collect();
         crate::collect::resident::profile(&refs, self.leaf_seen, &mut symbolize, &comm_of)
