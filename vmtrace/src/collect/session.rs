@@ -1760,6 +1760,11 @@ impl<S: AggregateSource> Session<S> {
             let t = Instant::now();
             let n = raw.len();
             self.syms.seal(raw, false, table, source, native, py);
+            // The stacks of their pages go with them (as their keys'), not
+            // at the next sweep.
+            if let Some(r) = self.resident.as_ref() {
+                self.released_ids.extend(r.stack_ids(|p| pids.contains(&p)));
+            }
             let keys = self.resident.as_ref().map(|r| r.owners_to_shape(|p| pids.contains(&p), |_| true));
             let owners = self.shape_owners(keys.unwrap_or_default());
             log::trace!(
