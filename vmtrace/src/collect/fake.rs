@@ -229,6 +229,12 @@ impl AggregateSource for FakeSource {
         taken
     }
 
+    fn take_mm_sites(&mut self, keys: Vec<MmStackKey>) -> Vec<(MmStackKey, MmStackCounts)> {
+        let (taken, kept) = std::mem::take(&mut self.mm_stacks).into_iter().partition(|(k, _)| keys.contains(k));
+        self.mm_stacks = kept;
+        taken
+    }
+
     fn stack_ips(&self, id: i32) -> Option<Vec<u64>> {
         self.kernel_stacks.get(&id).cloned()
     }

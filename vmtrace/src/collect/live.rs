@@ -177,6 +177,9 @@ impl<S: AggregateSource> Session<S> {
             raw.extend(self.retired_mm.iter().copied());
             let mut sites =
                 super::symbols::build_mm_sites(raw, &mut self.table, &self.source, native, py, &mut self.syms);
+            // Live processes' settled call sites, out of the kernel's map.
+            let table = &mut self.table;
+            sites.extend(self.syms.sealed_sites(|_| true, &mut |pid| table.ensure(pid).comm.clone()));
             sites.extend(self.folded.sites());
             sites
         } else {

@@ -255,6 +255,10 @@ pub struct Session<S: AggregateSource> {
     syms: symbols::Symbols,
     /// The call-site counts of retired processes, taken out of the kernel's map.
     retired_mm: Vec<(MmStackKey, MmStackCounts)>,
+    /// The call sites of live processes at the last sealing, with their
+    /// counts then: one found unchanged at the next is settled, and sealed
+    /// (`seal_sites`).
+    sites_seen: HashMap<MmStackKey, MmStackCounts>,
     /// Retired processes whose maps, unwound stacks and code objects were let go.
     pub released: u64,
     /// Retired processes whose maps are still held, oldest first.
@@ -504,6 +508,7 @@ impl<S: AggregateSource> Session<S> {
             refold_procs_at: REFOLD_PROCESSES_FIRST,
             syms: symbols::Symbols::default(),
             retired_mm: Vec::new(),
+            sites_seen: HashMap::default(),
             released: 0,
             to_release: std::collections::VecDeque::new(),
             release_slices: 0,
@@ -1221,7 +1226,8 @@ impl<S: AggregateSource> Session<S> {
             let (taken, kept) =
                 std::mem::take(&mut self.retired_mm).into_iter().partition(|(k, _)| ready.contains(&k.tgid));
             self.retired_mm = kept;
-            let sites = symbols::build_mm_sites(taken, table, source, native, py, &mut self.syms);
+            let mut sites = symbols::build_mm_sites(taken, table, source, native, py, &mut self.syms);
+            sites.extend(self.syms.sealed_sites(|p| ready.contains(&p), &mut |pid| table.ensure(pid).comm.clone()));
             self.folded.add_sites(sites);
         }
         for row in rows.values() {
@@ -1570,6 +1576,14 @@ impl<S: AggregateSource> Session<S> {
         let not_in_table =
             drained.iter().filter(|(t, _)| self.table.get(**t).is_none()).map(|(_, v)| v.0).sum::<usize>();
         rows.sort_by_key(|r| std::cmp::Reverse(r.3 + r.4));
+        // The call sites of live processes still in the kernel's map, and
+        // the drained stacks their ids name (held while the site is there).
+        let live: crate::hash::HashSet<u32> = self.table.iter().filter(|(_, p)| !p.exited).map(|(t, _)| *t).collect();
+        let sites: Vec<MmStackKey> =
+            self.source.all_mm_stacks().into_iter().map(|(k, _)| k).filter(|k| live.contains(&k.tgid)).collect();
+        let site_ids: crate::hash::HashSet<u32> =
+            sites.iter().filter_map(|k| u32::try_from(k.user_stack).ok()).collect();
+        let site_stacks = self.source.drained_stacks_of(&crate::hash::HashSet::default(), site_ids);
         let comm = |pid: u32| self.table.get(pid).map_or("?", |p| p.comm.as_str()).to_string();
         let top: Vec<String> = rows
             .iter()
@@ -1590,9 +1604,11 @@ impl<S: AggregateSource> Session<S> {
             .collect();
         log::debug!(
             target: "vmtrace::weights",
-            "live [procs, log entries, log regions, keys, own stacks] {:?}, exited {:?}, keys of processes not in the table {not_in_table}; heaviest: {}",
+            "live [procs, log entries, log regions, keys, own stacks] {:?}, exited {:?}, keys of processes not in the table {not_in_table}; live call sites {} naming {site_stacks} drained stacks, sealed call sites {:?}; heaviest: {}",
             sums[1],
             sums[0],
+            sites.len(),
+            self.syms.sealed_sites_sizes(),
             top.join("; ")
         );
     }
@@ -1657,8 +1673,8 @@ impl<S: AggregateSource> Session<S> {
         // In drains (one a tick): as long as the sealing's period.
         let min_age = ((every.as_millis() / STORM_TICK.as_millis()) as u64).max(SEAL_MIN_AGE);
         let live = self.live_pids();
+        let (sites, mut ids) = self.seal_sites(&live);
         let (table, source, native, py) = (&mut self.table, &mut self.source, &self.native, &self.python.codes);
-        let mut ids = crate::hash::HashSet::default();
         let (mut keys, mut procs) = (0, 0);
         for pid in live {
             if t.elapsed() >= RELEASE_BUDGET {
@@ -1673,7 +1689,7 @@ impl<S: AggregateSource> Session<S> {
             ids.extend(raw.iter().filter_map(|(k, _)| u32::try_from(k.user_stack).ok()));
             self.syms.seal(raw, true, table, source, native, py);
         }
-        if keys == 0 {
+        if keys == 0 && sites == 0 {
             return;
         }
         // The resident pages (and snapshots) owned by those stacks, in any
@@ -1706,12 +1722,54 @@ impl<S: AggregateSource> Session<S> {
         self.gc_owner_shapes();
         log::debug!(
             target: "vmtrace::release",
-            "sealed {keys} settled keys of {procs} live processes in {:?}: {forgot} drained stacks let go; \
-             (processes, shapes) sealed {:?}; {owners} resident owners made shapes, {} held",
+            "sealed {keys} settled keys of {procs} live processes and {sites} settled call sites in {:?}: \
+             {forgot} drained stacks let go; (processes, shapes) sealed {:?}, (processes, call sites) {:?}; \
+             {owners} resident owners made shapes, {} held",
             t.elapsed(),
             self.syms.sealed().sizes(),
+            self.syms.sealed_sites_sizes(),
             self.syms.owner_shapes_held()
         );
+    }
+
+    /// The call sites (`MM_STACKS`) of the live processes `live` whose
+    /// calls and IPIs did not change since the last sealing are taken out
+    /// of the kernel's map and sealed (`symbols::Symbols::seal_sites`):
+    /// else each held its stack id, and so its drained stack, until its
+    /// process exited (a Python program that maps from a new function
+    /// every 25 ms held ~14,000 beside the churn loop; the map holds
+    /// 16,384). A site called again later is a new key, counted from 0.
+    /// Not those of a process a storm or an OOM kill names (the end names
+    /// their culprits by stack id). Returns how many were sealed, and
+    /// their stack ids.
+    fn seal_sites(&mut self, live: &[u32]) -> (usize, crate::hash::HashSet<u32>) {
+        if !self.opts.families.mmap {
+            return (0, crate::hash::HashSet::default());
+        }
+        let live: crate::hash::HashSet<u32> =
+            live.iter().copied().filter(|p| !self.named_by_storm_or_oom(*p)).collect();
+        let now: HashMap<MmStackKey, MmStackCounts> =
+            self.source.all_mm_stacks().into_iter().filter(|(k, _)| live.contains(&k.tgid)).collect();
+        let settled: Vec<MmStackKey> =
+            now.iter().filter(|(k, c)| self.sites_seen.get(k) == Some(c)).map(|(k, _)| *k).collect();
+        self.sites_seen = now;
+        if settled.is_empty() {
+            return (0, crate::hash::HashSet::default());
+        }
+        let raw = self.source.take_mm_sites(settled);
+        for (k, _) in &raw {
+            self.sites_seen.remove(k);
+            // A site called again starts from 0: no baseline for storms.
+            if let Some(m) = self.last_sites.get_mut(&k.tgid) {
+                m.remove(&(k.call, k.user_stack));
+            }
+        }
+        self.sites_seen.shrink_if_sparse();
+        let ids = raw.iter().filter_map(|(k, _)| u32::try_from(k.user_stack).ok()).collect();
+        let n = raw.len();
+        let (table, source, native, py) = (&mut self.table, &self.source, &self.native, &self.python.codes);
+        self.syms.seal_sites(raw, table, source, native, py);
+        (n, ids)
     }
 
     /// Makes the resident owners `keys` (`ResidentTracker::owners_to_shape`;
@@ -1901,7 +1959,10 @@ impl<S: AggregateSource> Session<S> {
             let mut raw = std::mem::take(&mut self.retired_mm);
             raw.extend(std::mem::take(&mut self.mm_waiting).into_values().flatten());
             raw.extend(self.source.all_mm_stacks());
-            symbols::build_mm_sites(raw, &mut self.table, &self.source, native, py, &mut self.syms)
+            let mut sites = symbols::build_mm_sites(raw, &mut self.table, &self.source, native, py, &mut self.syms);
+            let table = &mut self.table;
+            sites.extend(self.syms.sealed_sites(|_| true, &mut |pid| table.ensure(pid).comm.clone()));
+            sites
         } else {
             Vec::new()
         };

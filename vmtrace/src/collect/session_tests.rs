@@ -584,6 +584,85 @@ fn sealed_stacks_of_live_processes_give_the_same_end() {
     assert_eq!(sealed.1.len(), 6, "{:?}", sealed.1);
 }
 
+/// Live processes' call sites whose calls and IPIs did not change between
+/// two sealings are taken out of the kernel's map and sealed; one is called
+/// again afterwards (a new key, from 0), one keeps being called, and one of
+/// the processes exits and is released: the end gives the same mmap and
+/// shootdown call-site lines, calls and IPIs as without sealing.
+#[test]
+fn sealed_call_sites_of_live_processes_give_the_same_sites() {
+    const LATER: u32 = NO_SUCH_PID + 4;
+    let site = |tgid, call: MmCall, user_stack| MmStackKey { tgid, call: call as u32, user_stack, _pad: 0 };
+    // Calls added to a site: to its key while in the kernel's map, else a key afresh.
+    let add = |sites: &mut Vec<(MmStackKey, MmStackCounts)>, k: MmStackKey, calls: u64, ipis: u64| match sites
+        .iter_mut()
+        .find(|(key, _)| *key == k)
+    {
+        Some((_, c)) => (c.calls, c.ipis) = (c.calls + calls, c.ipis + ipis),
+        None => sites.push((k, MmStackCounts { calls, ipis })),
+    };
+    let run = |seal: bool| {
+        let mut src = FakeSource::new(1);
+        src.push(&task(EventKind::TaskFork, CHILD, CHILD, PARENT, "work"));
+        src.push(&task(EventKind::TaskFork, LATER, LATER, PARENT, "later"));
+        src.stats.insert(CHILD, faults(64, 0));
+        src.stats.insert(LATER, faults(32, 0));
+        src.user_stacks.insert(5, vec![0x1000, 0x2000]);
+        src.user_stacks.insert(6, vec![0x1000, 0x3000]);
+        for tgid in [CHILD, LATER] {
+            add(&mut src.mm_stacks, site(tgid, MmCall::Munmap, 5), 3, 2);
+            add(&mut src.mm_stacks, site(tgid, MmCall::Mmap, 6), 7, 0);
+        }
+        let families = Families { regions: true, mmap: true, tlb: true, ..Families::default() };
+        let opts = SessionOptions {
+            retire_exited: true,
+            release_above: 0,
+            stacks: Some((StackMode::User, 1)),
+            stack_seal: (if seal { ms(100) } else { Duration::ZERO }, 0),
+            ..SessionOptions::new(families)
+        };
+        let mut s = session(src, opts);
+        let t0 = s.started;
+        s.step(t0 + ms(10));
+        s.step(t0 + ms(200));
+        // The mmap sites are called on: not settled.
+        for tgid in [CHILD, LATER] {
+            add(&mut s.source_mut().mm_stacks, site(tgid, MmCall::Mmap, 6), 1, 0);
+        }
+        s.step(t0 + ms(400));
+        let munmap = MmCall::Munmap as u32;
+        let left: Vec<u32> = s.source().mm_stacks.iter().map(|(k, _)| k.call).collect();
+        assert_eq!(left.contains(&munmap), !seal, "settled munmap sites taken out when sealed: {left:?}");
+        assert_eq!(left.iter().filter(|c| **c != munmap).count(), 2, "the mmap sites called on stay");
+        // The munmap sites called again.
+        for tgid in [CHILD, LATER] {
+            add(&mut s.source_mut().mm_stacks, site(tgid, MmCall::Munmap, 5), 1, 5);
+        }
+        s.source_mut().push(&exit(LATER, 0, "later"));
+        s.step(t0 + ms(600));
+        s.step(t0 + ms(5000));
+        assert!(s.known(LATER).is_some_and(|p| p.released), "released");
+        let sealed = s.syms.sealed_sites_sizes();
+        let f = finish_at(s, ms(6000));
+        let mut by_site: std::collections::BTreeMap<String, (u64, u64)> = std::collections::BTreeMap::new();
+        for m in &f.mm_sites {
+            let e = by_site.entry(format!("{} {} {:?}", m.pid, m.comm, m.frames)).or_default();
+            e.0 += m.calls;
+            e.1 += m.ipis;
+        }
+        let lines: Vec<String> = by_site.into_iter().map(|(k, (calls, ipis))| format!("{k} {calls} {ipis}")).collect();
+        let calls: Vec<(u32, u64)> = f.summary.processes.iter().map(|p| (p.pid, p.faults.total)).collect();
+        (lines, calls, sealed)
+    };
+    let (sealed, not) = (run(true), run(false));
+    assert_eq!(sealed.0, not.0, "call-site lines");
+    assert_eq!(sealed.1, not.1, "processes");
+    assert_eq!(sealed.0.len(), 4, "{:?}", sealed.0);
+    assert!(sealed.0.iter().all(|l| l.ends_with(" 4 7") || l.ends_with(" 8 0")), "{:?}", sealed.0);
+    assert!(sealed.2 .0 == 2 && sealed.2 .1 >= 2, "(processes, sites) sealed: {:?}", sealed.2);
+    assert_eq!(not.2, (0, 0));
+}
+
 const PAGE: u64 = 4096;
 
 fn page_sample(tgid: u32, addr: u64, stack: i32) -> vmtrace_common::PageSample {

@@ -184,6 +184,9 @@ pub(crate) struct Symbols {
     sealed: Sealed,
     /// The stacks of resident pages whose owners were sealed (`owner_shapes`).
     owners: OwnerShapes,
+    /// The settled call sites of live processes taken out of the kernel's
+    /// map (`seal_sites`): calls and IPIs by process and frames.
+    sealed_sites: HashMap<u32, HashMap<stacks::Frames, (u64, u64)>>,
 }
 
 /// The symbolized stacks (with their leaf) of sampled resident pages whose
@@ -377,6 +380,75 @@ impl Symbols {
         &self.sealed
     }
 
+    /// Symbolizes the settled call sites `raw` of live processes (taken out
+    /// of the kernel's map) with the unwound stacks their ids have now, not
+    /// cached, and adds their calls and IPIs to each process's sealed call
+    /// sites, by frames: the drained stacks they named can go. Shared out
+    /// over a frame-pointer stack's unwound stacks as `build_mm_sites` does.
+    pub(crate) fn seal_sites(
+        &mut self,
+        raw: Vec<(vmtrace_common::MmStackKey, vmtrace_common::MmStackCounts)>,
+        table: &mut ProcessTable,
+        source: &impl AggregateSource,
+        native: &NativeStacks,
+        py: &CodeCache,
+    ) {
+        for (k, c) in raw {
+            let key = (k.tgid, k.call, k.user_stack);
+            let variants = self.site_variants_of(key, table, source, native, py);
+            let m = self.sealed_sites.entry(k.tgid).or_default();
+            each_site_part(variants, c, |frames, calls, ipis| {
+                let e = m.entry(frames).or_default();
+                e.0 += calls;
+                e.1 += ipis;
+            });
+        }
+    }
+
+    /// A call site's interned unwound variants: as kept at its process's
+    /// release, else symbolized now.
+    fn site_variants_of(
+        &mut self,
+        key: (u32, u32, i32),
+        table: &mut ProcessTable,
+        source: &impl AggregateSource,
+        native: &NativeStacks,
+        py: &CodeCache,
+    ) -> Vec<(stacks::Frames, u64)> {
+        match self.sites.get(&key) {
+            Some(v) => v.clone(),
+            None => site_variants(table, source, &mut self.names, key, native, py)
+                .into_iter()
+                .map(|(f, n)| (intern_strings(&self.names, &f), n))
+                .collect(),
+        }
+    }
+
+    /// The sealed call sites of the processes `pids` picks, named by `comm_of`.
+    pub(crate) fn sealed_sites(
+        &self,
+        pids: impl Fn(u32) -> bool,
+        comm_of: &mut dyn FnMut(u32) -> String,
+    ) -> Vec<MmSite> {
+        let mut out = Vec::new();
+        for (pid, m) in self.sealed_sites.iter().filter(|(p, _)| pids(**p)) {
+            let comm = comm_of(*pid);
+            out.extend(m.iter().map(|(frames, (calls, ipis))| MmSite {
+                pid: *pid,
+                comm: comm.clone(),
+                frames: frames.clone(),
+                calls: *calls,
+                ipis: *ipis,
+            }));
+        }
+        out
+    }
+
+    /// (processes, call sites) sealed and held.
+    pub(crate) fn sealed_sites_sizes(&self) -> (usize, usize) {
+        (self.sealed_sites.len(), self.sealed_sites.values().map(HashMap::len).sum())
+    }
+
     /// Forgets the stacks, call sites and sealed shapes of `pids` (folded
     /// away: their counts were symbolized into the other process's).
     /// (Their owner shapes go once no page refers to them:
@@ -384,6 +456,8 @@ impl Symbols {
     pub(crate) fn forget(&mut self, pids: &crate::hash::HashSet<u32>) {
         self.sealed.by_pid.retain(|p, _| !pids.contains(p));
         self.sealed.by_pid.shrink_if_sparse();
+        self.sealed_sites.retain(|p, _| !pids.contains(p));
+        self.sealed_sites.shrink_if_sparse();
         self.stacks.retain(|k, _| !pids.contains(&k.0));
         self.sites.retain(|k, _| !pids.contains(&k.0));
         self.stacks.shrink_if_sparse();
@@ -695,28 +769,37 @@ pub(crate) fn build_mm_sites(
     let mut out = Vec::new();
     for (k, c) in raw {
         let key = (k.tgid, k.call, k.user_stack);
-        let variants: Vec<(stacks::Frames, u64)> = match syms.sites.get(&key) {
-            Some(v) => v.clone(),
-            None => site_variants(table, source, &mut syms.names, key, native, py)
-                .into_iter()
-                .map(|(f, n)| (intern_strings(&syms.names, &f), n))
-                .collect(),
-        };
+        let variants = syms.site_variants_of(key, table, source, native, py);
         let comm = table.ensure(k.tgid).comm.clone();
-        if let [(frames, _)] = variants.as_slice() {
-            out.push(MmSite { pid: k.tgid, comm, frames: frames.clone(), calls: c.calls, ipis: c.ipis });
-            continue;
-        }
-        let weights: Vec<u64> = variants.iter().map(|(_, n)| *n).collect();
-        let (calls, ipis) = (shares(c.calls, &weights), shares(c.ipis, &weights));
-        for (i, (frames, _)) in variants.into_iter().enumerate() {
-            if calls[i] | ipis[i] == 0 {
-                continue;
-            }
-            out.push(MmSite { pid: k.tgid, comm: comm.clone(), frames, calls: calls[i], ipis: ipis[i] });
-        }
+        each_site_part(variants, c, |frames, calls, ipis| {
+            out.push(MmSite { pid: k.tgid, comm: comm.clone(), frames, calls, ipis });
+        });
     }
     out
+}
+
+/// A call site's calls and IPIs `c` on its unwound variants: whole on its
+/// one stack, else shared out by the variants' weights (a part that gets
+/// nothing is left out).
+fn each_site_part(
+    variants: Vec<(stacks::Frames, u64)>,
+    c: vmtrace_common::MmStackCounts,
+    mut f: impl FnMut(stacks::Frames, u64, u64),
+) {
+    if variants.len() == 1 {
+        if let Some((frames, _)) = variants.into_iter().next() {
+            f(frames, c.calls, c.ipis);
+        }
+        return;
+    }
+    let weights: Vec<u64> = variants.iter().map(|(_, n)| *n).collect();
+    let (calls, ipis) = (shares(c.calls, &weights), shares(c.ipis, &weights));
+    for (i, (frames, _)) in variants.into_iter().enumerate() {
+        if calls[i] | ipis[i] == 0 {
+            continue;
+        }
+        f(frames, calls[i], ipis[i]);
+    }
 }
 
 /// A call site's frames as a storm culprit: the syscall, then the first
