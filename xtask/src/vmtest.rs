@@ -55,18 +55,22 @@ const TESTS: &[(&str, &str)] = &[
     ("resident", "torn_down_by_another"),
     // COW copies marked in mm_page_alloc, against the kernel's pagemap frame numbers.
     ("regions", "cow_after_the_child_exited"),
+    // The live view's HTTP endpoint on the guest's loopback (brought up by the init).
+    ("serve", "serve_exposes_rising_fault_counters_with_bounded_labels"),
 ];
 
 /// Tests run in each arm64 guest (TCG emulation of arm64 is slow): the
 /// fault count against getrusage, regions, huge pages, resident memory,
 /// memcg OOM kills, user stacks of code built without frame
-/// pointers, and the perf counters.
+/// pointers, the perf counters, COW faults and the live view.
 const ARM64_TESTS: &[(&str, &str)] = &[
     ("record", "first_touch_total_equals_getrusage"),
     ("regions", "anonymous_region_counts_every_page"),
     ("regions", "unmapped_mapping_and_short_lived_child_keep_their_faults"),
     // THP faults (Debian's arm64 config: THP always, 4 KiB pages) against the workload's smaps.
     ("regions", "transparent_huge_pages_take_few_faults_each_one_huge"),
+    // COW faults from do_wp_page (fentry on 6.12, a kprobe on 6.1), against pagemap.
+    ("regions", "cow_after_the_child_exited"),
     // Resident end against the worker's own smaps_rollup, through the classic
     // `kmem:rss_stat` (the verifier refuses the tp_btf program on arm64).
     ("resident", "torn_down_by_another_process_keeps_its_owners_end_classic"),
@@ -75,6 +79,8 @@ const ARM64_TESTS: &[(&str, &str)] = &[
     // Debian's arm64 CPython 3.11, laid out as pyenv's (`arm64_python`).
     ("python_frames", "python_3_11_faults_are_named_by_line"),
     ("perf", ""),
+    // The live view's HTTP endpoint on the guest's loopback (brought up by the init).
+    ("serve", "serve_exposes_rising_fault_counters_with_bounded_labels"),
 ];
 
 /// The C fixtures (vmtrace/tests/fixtures) the arm64 tests compile, with the
@@ -85,6 +91,7 @@ const ARM64_FIXTURES: &[(&str, &[&str])] = &[
     ("oom_grow.c", &["-O0", "-fno-omit-frame-pointer"]),
     ("nofp.c", &["-O2", "-fomit-frame-pointer"]),
     ("resident_clone_vm.c", &["-O0", "-fno-omit-frame-pointer"]),
+    ("cow_after_exit.c", &["-O0", "-fno-omit-frame-pointer"]),
 ];
 
 /// Cross-builds [`ARM64_FIXTURES`] into `out` (under the workspace, which the
@@ -177,6 +184,8 @@ mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 for m in $(cat /modules/order); do insmod /modules/$m; done
+# Loopback up: `serve` listens on localhost (its test scrapes it there).
+ip link set lo up
 mkdir -p /host
 if ! mount -t 9p -o trans=virtio,version=9p2000.L,ro host /host; then
   echo "vmtest: cannot mount the host"; grep 9p /proc/filesystems; ls /sys/bus/virtio/devices; dmesg | tail -20

@@ -893,6 +893,44 @@ fn try_cow_copy(zeroed: bool) -> Option<()> {
     Some(())
 }
 
+/// `do_wp_page` entered (arm64, `fault_arm64.rs`): the current thread's fault
+/// in flight is a write to a present, write-protected page, the
+/// copy-on-write fault x86's `X86_PF_PROT | X86_PF_WRITE` tells at the
+/// start. Counted once per fault (a retried fault enters it again); the
+/// page-allocation hook then tells a copy from a reuse (`try_cow_copy`).
+/// The fault's stacks were taken at its start, before this: they count it
+/// as a fault, not as a COW one.
+#[cfg(bpf_target_arch = "aarch64")]
+#[inline(always)]
+pub(crate) fn try_wp_fault() -> Option<()> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    // SAFETY: this CPU's slot, or a live entry of this thread, which only this
+    // thread's programs touch.
+    let slot = unsafe { &mut *current_fault(tid)? };
+    if slot.flags & (INFLIGHT_COW | INFLIGHT_UNTRACED | INFLIGHT_ENDED) != 0 {
+        return None;
+    }
+    // The sampled perf-event end (6.1) leaves a fault in the slot after it
+    // ends: get_user_pages() breaking COW for the thread later (no fault
+    // start of its own) must not be taken for it (as in `try_cow_copy`).
+    // SAFETY: no preconditions.
+    if conf(|c| &c.minor_period) > 1 && unsafe { bpf_ktime_get_ns() }.saturating_sub(slot.start_ns) > STALE_COPY_NS {
+        return None;
+    }
+    slot.flags |= INFLIGHT_COW;
+    let page = slot.page;
+    let p = FAULT_STATS.get_ptr_mut(tgid)?;
+    // SAFETY: this CPU's value of a live entry.
+    unsafe { (*p).cow += 1 };
+    if conf(|c| &c.regions) != 0 {
+        if let Some(g) = granule_counts(tgid, page << 12) {
+            g.cow += 1;
+        }
+    }
+    Some(())
+}
+
 /// A PMD-order folio allocated (or added to the page cache) by the current
 /// thread: when it has a fault in flight, that fault is served by a huge page.
 /// Counted once per fault.

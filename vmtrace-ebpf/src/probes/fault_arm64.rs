@@ -11,18 +11,23 @@
 //!        registers, but no access type: write, exec and COW are not known
 //!        there (userspace says so).
 //! COW:   neither start tells a write to a present read-only page (x86's
-//!        `X86_PF_PROT`) from a write to an absent one: not counted.
+//!        `X86_PF_PROT`) from a write to an absent one; `do_wp_page`, which
+//!        `handle_pte_fault` calls for exactly those, does: fentry where
+//!        trampolines exist, else a kprobe (6.1 has no arm64 trampolines).
 //! end:   the same chain as x86 (`fault.rs`).
 use aya_ebpf::{
     bindings::user_pt_regs,
     helpers::bpf_get_current_pid_tgid,
-    macros::{fentry, map, perf_event},
+    macros::{fentry, kprobe, map, perf_event},
     maps::LruHashMap,
-    programs::{FEntryContext, PerfEventContext},
+    programs::{FEntryContext, PerfEventContext, ProbeContext},
 };
 use vmtrace_common::pf;
 
-use crate::{globals::config, probes::fault::try_fault_start};
+use crate::{
+    globals::config,
+    probes::fault::{try_fault_start, try_wp_fault},
+};
 
 /// `enum fault_flag` (include/linux/mm_types.h; the same bits 5.10–6.12).
 const FAULT_FLAG_WRITE: u32 = 1 << 0;
@@ -92,5 +97,19 @@ pub fn perf_event_page_faults(ctx: PerfEventContext) -> u32 {
     if !kernel_mode || address < KERNEL_SPACE_START {
         let _ = try_fault_start(&ctx, address, 0, kernel_mode);
     }
+    0
+}
+
+// vm_fault_t do_wp_page(struct vm_fault *vmf): a write (or GUP's unshare) to
+// a present, write-protected pte, inside `handle_mm_fault`.
+#[fentry(function = "do_wp_page")]
+pub fn fentry_do_wp_page(_ctx: FEntryContext) -> i32 {
+    let _ = try_wp_fault();
+    0
+}
+
+#[kprobe]
+pub fn kprobe_do_wp_page(_ctx: ProbeContext) -> u32 {
+    let _ = try_wp_fault();
     0
 }

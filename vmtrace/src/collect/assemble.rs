@@ -234,7 +234,7 @@ pub(crate) fn assemble(mut i: Inputs) -> Finished {
         files: Vec::new(),
         ..StacksSummary::default()
     });
-    let summary = Summary {
+    let mut summary = Summary {
         version: SUMMARY_VERSION,
         target: i.target,
         duration_s: i.duration_s,
@@ -269,6 +269,7 @@ pub(crate) fn assemble(mut i: Inputs) -> Finished {
         numa: None,
         resident: None,
     };
+    summary.mark_uncounted();
     Finished { summary, stacks: i.stacks, mm_sites: i.mm_sites, trace: None, resident: None }
 }
 

@@ -78,7 +78,8 @@ fn arm64_checks() -> Vec<Check> {
     let mut start = sw_event_check("perf sw PAGE_FAULTS (fault start)", PERF_COUNT_SW_PAGE_FAULTS);
     if start.status == Status::Ok {
         start.detail = "software perf event available: the fault start where fentry on handle_mm_fault is \
-                        refused (no access type there: write, exec and COW faults are not counted)"
+                        refused (no access type there: write and exec faults are not counted; COW faults come from \
+                        do_wp_page, see probe selection)"
             .into();
     }
     vec![

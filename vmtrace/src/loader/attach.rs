@@ -351,11 +351,7 @@ pub(super) fn fault_start_arm64(cx: &mut Context<'_>) -> Result<Attachment, Load
     }
     Ok(Attachment {
         what: hook.what,
-        target: format!(
-            "{} on {} CPUs (no access type: write, exec and COW faults not counted)",
-            perf.target,
-            cpus.len()
-        ),
+        target: format!("{} on {} CPUs (no access type: write and exec faults not counted)", perf.target, cpus.len()),
         outcome: Outcome::Fallback { kind: ProgramKind::PerfEvent, reason: format!("{}{refusal}", fentry.label) },
     })
 }

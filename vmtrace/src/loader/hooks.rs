@@ -229,10 +229,10 @@ pub const X86_FAULT_START: [Hook; 2] = [
 pub const ARM64_FAULT_START: Hook = Hook {
     doc: doc(
         "fault start (arm64)",
-        "arm64 has no `exceptions:page_fault_*`, and `do_page_fault`/`do_mem_abort` cannot be kprobed. fentry sees the fault's flags (write, exec, user/kernel mode) and skips retries; the software event PAGE_FAULTS (raised once per fault in `do_page_fault`, with the address and registers) has no access type: write, exec and COW faults are not counted there. COW is counted by neither",
+        "arm64 has no `exceptions:page_fault_*`, and `do_page_fault`/`do_mem_abort` cannot be kprobed. fentry sees the fault's flags (write, exec, user/kernel mode) and skips retries; the software event PAGE_FAULTS (raised once per fault in `do_page_fault`, with the address and registers) has no access type: write and exec faults are not counted there (WRITE is null in summary.json, and summary.txt says so). COW is the next row's",
     ),
     ..hook(
-        "fault start",
+        crate::model::summary::FAULT_START_ARM64,
         Family::Core,
         &[
             Candidate {
@@ -252,6 +252,44 @@ pub const ARM64_FAULT_START: Hook = Hook {
         ],
     )
 };
+
+/// What `ARM64_COW` says when neither program attaches.
+pub const ARM64_NO_COW: &str = "COW faults are not counted (faults.cow is null)";
+
+/// arm64's copy-on-write faults: neither fault start tells a write to a
+/// present, write-protected page from one to an absent page (x86's
+/// `X86_PF_PROT`); `do_wp_page`, which `handle_pte_fault` calls for those
+/// alone, does.
+pub const ARM64_COW: Hook = Hook {
+    without: Some(ARM64_NO_COW),
+    doc: doc(
+        "COW faults (arm64)",
+        "`handle_pte_fault` calls `do_wp_page` for a write to a present, write-protected pte: the fault in flight is counted COW once (the page-allocation hook then tells a copy from a reuse). fentry needs arm64 trampolines (6.4+: Debian's 6.1 refuses them); the kprobe costs more per COW fault but works on 6.1. A huge page's write-protect fault (`do_huge_pmd_wp_page`) is not counted; the fault's stacks, taken at its start, do not count it as COW",
+    ),
+    ..hook(
+        crate::model::summary::COW_FAULTS_ARM64,
+        Family::Core,
+        &[
+            Candidate {
+                kind: ProgramKind::Fentry,
+                program: "fentry_do_wp_page",
+                target: "do_wp_page",
+                needs: TRAMPOLINES,
+                label: "fentry do_wp_page: ",
+            },
+            Candidate {
+                kind: ProgramKind::Kprobe,
+                program: "kprobe_do_wp_page",
+                target: "do_wp_page",
+                needs: "kprobe PMU",
+                label: "kprobe do_wp_page: ",
+            },
+        ],
+    )
+};
+
+/// arm64's fault start and its COW faults, in attach order.
+pub const ARM64_FAULT_HOOKS: [Hook; 2] = [ARM64_FAULT_START, ARM64_COW];
 
 /// The architectures the hook table knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -628,11 +666,12 @@ pub fn all() -> impl Iterator<Item = &'static Hook> {
 
 /// The hook table of `arch`.
 pub fn all_for(arch: Arch) -> impl Iterator<Item = &'static Hook> {
-    // arm64 counts no COW fault (no protection bit at the fault start): its
-    // allocation hook is there for huge pages only.
+    // arm64 has no protection bit at the fault start: COW faults come from
+    // `do_wp_page` (ARM64_COW). Its allocation hook is gated on huge pages
+    // (copies are told from reuses where THP makes it run).
     let (start, tlb, alloc): (&'static [Hook], &'static [Hook], &'static Hook) = match arch {
         Arch::X86_64 => (&X86_FAULT_START, TLB_HOOKS, &ALLOC_HOOK),
-        Arch::Aarch64 => (std::slice::from_ref(&ARM64_FAULT_START), ARM64_TLB_HOOKS, &HUGE_HOOK),
+        Arch::Aarch64 => (&ARM64_FAULT_HOOKS, ARM64_TLB_HOOKS, &HUGE_HOOK),
     };
     start
         .iter()

@@ -4,7 +4,10 @@ use serde::{Deserialize, Serialize};
 use vmtrace_common::{FaultStats, HIST_BUCKETS, HIST_MIN_SHIFT};
 
 /// The contract's FAULTS object, plus the split by kind of latency.
+/// Written through [`FaultsJson`]: a count this kernel's probes cannot take
+/// ([`Faults::uncounted`]) is null, not a 0 that reads as measured.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(into = "FaultsJson", from = "FaultsJson")]
 pub struct Faults {
     pub total: u64,
     pub minor: u64,
@@ -25,9 +28,7 @@ pub struct Faults {
     pub timed: u64,
     pub latency_hist_ns: Hist,
     /// The split by kind; absent when empty (regions and files have none).
-    #[serde(default, skip_serializing_if = "Hist::is_empty")]
     pub minor_latency_hist_ns: Hist,
-    #[serde(default, skip_serializing_if = "Hist::is_empty")]
     pub major_latency_hist_ns: Hist,
     /// Faults the kernel took for the process through `get_user_pages()`
     /// (`mlock`, `MAP_POPULATE`/`MAP_LOCKED`, `MADV_POPULATE_*`, pinning):
@@ -35,8 +36,92 @@ pub struct Faults {
     /// `min_flt`/`maj_flt`, so `total + populated` is getrusage's count.
     /// Absent where the fault end cannot see them (the perf-event end) and
     /// for regions and files.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub populated: Option<u64>,
+    /// `UNCOUNTED_*` bits: the counts this kernel's probes cannot take
+    /// (arm64's perf-event fault start has no access type; without
+    /// `do_wp_page` no COW fault is seen). Their fields are 0 here and null
+    /// in summary.json; summary.txt prints "-".
+    pub uncounted: u8,
+}
+
+/// `Faults::uncounted`: WRITE not counted.
+pub const UNCOUNTED_WRITE: u8 = 1;
+/// `Faults::uncounted`: exec faults not counted.
+pub const UNCOUNTED_EXEC: u8 = 2;
+/// `Faults::uncounted`: COW faults not counted.
+pub const UNCOUNTED_COW: u8 = 4;
+
+/// summary.json's FAULTS object: [`Faults`] with its uncounted fields null.
+#[derive(Serialize, Deserialize)]
+struct FaultsJson {
+    total: u64,
+    minor: u64,
+    major: u64,
+    write: Option<u64>,
+    exec: Option<u64>,
+    cow: Option<u64>,
+    huge: Option<u64>,
+    time_ns: u64,
+    minor_time_ns: u64,
+    major_time_ns: u64,
+    kernel_mode: u64,
+    timed: u64,
+    latency_hist_ns: Hist,
+    #[serde(default, skip_serializing_if = "Hist::is_empty")]
+    minor_latency_hist_ns: Hist,
+    #[serde(default, skip_serializing_if = "Hist::is_empty")]
+    major_latency_hist_ns: Hist,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    populated: Option<u64>,
+}
+
+impl From<Faults> for FaultsJson {
+    fn from(f: Faults) -> Self {
+        let counted = |bit: u8, v: u64| (f.uncounted & bit == 0).then_some(v);
+        Self {
+            total: f.total,
+            minor: f.minor,
+            major: f.major,
+            write: counted(UNCOUNTED_WRITE, f.write),
+            exec: counted(UNCOUNTED_EXEC, f.exec),
+            cow: counted(UNCOUNTED_COW, f.cow),
+            huge: f.huge,
+            time_ns: f.time_ns,
+            minor_time_ns: f.minor_time_ns,
+            major_time_ns: f.major_time_ns,
+            kernel_mode: f.kernel_mode,
+            timed: f.timed,
+            latency_hist_ns: f.latency_hist_ns,
+            minor_latency_hist_ns: f.minor_latency_hist_ns,
+            major_latency_hist_ns: f.major_latency_hist_ns,
+            populated: f.populated,
+        }
+    }
+}
+
+impl From<FaultsJson> for Faults {
+    fn from(j: FaultsJson) -> Self {
+        let bit = |v: Option<u64>, b: u8| if v.is_none() { b } else { 0 };
+        Self {
+            uncounted: bit(j.write, UNCOUNTED_WRITE) | bit(j.exec, UNCOUNTED_EXEC) | bit(j.cow, UNCOUNTED_COW),
+            total: j.total,
+            minor: j.minor,
+            major: j.major,
+            write: j.write.unwrap_or(0),
+            exec: j.exec.unwrap_or(0),
+            cow: j.cow.unwrap_or(0),
+            huge: j.huge,
+            time_ns: j.time_ns,
+            minor_time_ns: j.minor_time_ns,
+            major_time_ns: j.major_time_ns,
+            kernel_mode: j.kernel_mode,
+            timed: j.timed,
+            latency_hist_ns: j.latency_hist_ns,
+            minor_latency_hist_ns: j.minor_latency_hist_ns,
+            major_latency_hist_ns: j.major_latency_hist_ns,
+            populated: j.populated,
+        }
+    }
 }
 
 /// Log2 latency histogram as `{"le_1024": N, …, "le_inf": N}`, written
@@ -206,6 +291,7 @@ impl Faults {
             minor_latency_hist_ns: minor_hist,
             major_latency_hist_ns: major_hist,
             populated: Some(s.populated),
+            uncounted: 0,
         }
     }
 
@@ -216,6 +302,7 @@ impl Faults {
         self.write += o.write;
         self.exec += o.exec;
         self.cow += o.cow;
+        self.uncounted |= o.uncounted;
         self.huge = match (self.huge, o.huge) {
             (Some(a), Some(b)) => Some(a + b),
             (a, b) => a.or(b),
@@ -256,6 +343,33 @@ mod tests {
         s.major_time_ns = 10 * 60_000;
         s.major_hist[6] = 10;
         s
+    }
+
+    /// A count the probes cannot take is null in summary.json, not 0, and
+    /// reads back as uncounted; counted ones are written as before.
+    #[test]
+    fn uncounted_counts_are_null_in_json_and_read_back() {
+        let mut f = Faults::from_stats(&stats(), 1);
+        let counted = serde_json::to_value(&f).unwrap();
+        assert_eq!((counted["write"].as_u64(), counted["cow"].as_u64()), (Some(600), Some(10)));
+        f.uncounted = UNCOUNTED_WRITE | UNCOUNTED_EXEC;
+        let v = serde_json::to_value(&f).unwrap();
+        assert!(v["write"].is_null() && v["exec"].is_null(), "{v}");
+        assert_eq!(v["cow"].as_u64(), Some(10), "{v}");
+        assert_eq!(v["total"].as_u64(), Some(1000));
+        // The field order of the contract is kept.
+        let text = serde_json::to_string(&f).unwrap();
+        assert!(
+            text.starts_with(r#"{"total":1000,"minor":990,"major":10,"write":null,"exec":null,"cow":10,"huge":null,"#),
+            "{text}"
+        );
+        let back: Faults = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.uncounted, UNCOUNTED_WRITE | UNCOUNTED_EXEC);
+        assert_eq!((back.write, back.exec, back.cow, back.total), (0, 0, 10, 1000));
+        // Summing keeps the mark.
+        let mut t = Faults::default();
+        t.add(&back);
+        assert_eq!(t.uncounted, UNCOUNTED_WRITE | UNCOUNTED_EXEC);
     }
 
     #[test]

@@ -179,6 +179,50 @@ pub struct ProbeInfo {
     pub fallback_reason: Option<String>,
 }
 
+/// arm64's fault start (`probes[].what`): on the software event PAGE_FAULTS
+/// it sees no access type, so neither write nor exec faults are counted.
+pub const FAULT_START_ARM64: &str = "fault start";
+/// arm64's COW hook (`probes[].what`): skipped, no COW fault is counted.
+pub const COW_FAULTS_ARM64: &str = "COW faults";
+
+/// The counts these probes cannot take (`UNCOUNTED_*` bits of
+/// [`crate::model::Faults::uncounted`]).
+pub fn uncounted_of(probes: &[ProbeInfo]) -> u8 {
+    use crate::model::faults::{UNCOUNTED_COW, UNCOUNTED_EXEC, UNCOUNTED_WRITE};
+    let mut bits = 0;
+    for p in probes {
+        if p.what == FAULT_START_ARM64 && p.program_type == "perf_event" {
+            bits |= UNCOUNTED_WRITE | UNCOUNTED_EXEC;
+        }
+        if p.what == COW_FAULTS_ARM64 && p.program_type == "none" {
+            bits |= UNCOUNTED_COW;
+        }
+    }
+    bits
+}
+
+impl Summary {
+    /// Marks the counts the probes could not take on every FAULTS object
+    /// (processes, totals, regions, files): null in summary.json, "-" in
+    /// summary.txt, never a 0 that reads as measured.
+    pub fn mark_uncounted(&mut self) {
+        let bits = uncounted_of(&self.probes);
+        if bits == 0 {
+            return;
+        }
+        self.totals.uncounted |= bits;
+        for p in &mut self.processes {
+            p.faults.uncounted |= bits;
+        }
+        for r in self.regions.iter_mut().flatten() {
+            r.faults.uncounted |= bits;
+        }
+        for f in self.files.iter_mut().flatten() {
+            f.faults.uncounted |= bits;
+        }
+    }
+}
+
 /// How a skipped hook's reason begins when nothing is lost without it.
 pub const NOT_NEEDED: &str = "not needed: ";
 

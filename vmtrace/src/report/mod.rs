@@ -482,6 +482,92 @@ mod tests {
         assert_eq!(common, [("pod_uid", pod), ("rank", "0".into()), ("world_size", "8".into())]);
     }
 
+    /// arm64 6.1: the fault start is the software event PAGE_FAULTS (no
+    /// access type): WRITE is "-" with a line saying why, null in
+    /// summary.json, never a 0 that reads as measured. Where do_wp_page took
+    /// no program, COW too.
+    #[test]
+    fn counts_the_probes_cannot_take_are_said_not_printed_as_zero() {
+        use crate::model::ProbeInfo;
+        let golden =
+            fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/summary.json")).unwrap();
+        let mut s: Summary = serde_json::from_str(&golden).unwrap();
+        s.mark_uncounted();
+        assert_eq!(s.totals.uncounted, 0, "x86 probes count everything");
+        assert!(!text::render(&s).contains("not counted: the fault start"));
+        let probe = |what: &str, program_type: &str, target: &str, reason: Option<&str>| ProbeInfo {
+            what: what.into(),
+            program_type: program_type.into(),
+            target: target.into(),
+            fallback_reason: reason.map(str::to_string),
+        };
+        s.probes = vec![
+            probe(
+                "fault start",
+                "perf_event",
+                "sw PAGE_FAULTS period 1 on 2 CPUs (no access type: write and exec faults not counted)",
+                Some("fentry handle_mm_fault: refused"),
+            ),
+            probe("COW faults", "kprobe", "do_wp_page", Some("fentry do_wp_page: refused")),
+        ];
+        s.mark_uncounted();
+        let txt = text::render(&s);
+        assert!(
+            txt.contains(
+                "fault start: taken through perf events instead (no access type: write and exec faults not counted)"
+            ),
+            "{txt}"
+        );
+        assert!(
+            txt.contains("WRITE (and exec) not counted: the fault start is the software event PAGE_FAULTS"),
+            "{txt}"
+        );
+        assert!(!txt.contains("COW not counted"), "{txt}");
+        let all = txt.lines().find(|l| l.trim_start().starts_with("all ")).unwrap_or_else(|| panic!("{txt}"));
+        let cols: Vec<&str> = all.split_whitespace().collect();
+        // all, N, processes, FAULTS, MINOR, MAJOR, WRITE, COW
+        assert_eq!(cols[6], "-", "{all}");
+        assert_ne!(cols[7], "-", "{all}");
+        let v = serde_json::to_value(&s).unwrap();
+        assert!(v["totals"]["write"].is_null() && v["processes"][0]["faults"]["write"].is_null(), "{}", v["totals"]);
+        assert!(v["totals"]["cow"].is_u64());
+        // No program on do_wp_page: COW is "-" and null too.
+        s.probes[1] = probe(
+            "COW faults",
+            "none",
+            "do_wp_page",
+            Some("fentry do_wp_page: refused; kprobe do_wp_page: refused; COW faults are not counted (faults.cow is null)"),
+        );
+        s.mark_uncounted();
+        let txt = text::render(&s);
+        assert!(txt.contains("COW not counted: neither fentry nor a kprobe on do_wp_page attached"), "{txt}");
+        assert!(txt.contains("COW faults: not recorded on this kernel"), "{txt}");
+        let v = serde_json::to_value(&s).unwrap();
+        assert!(v["totals"]["cow"].is_null() && v["processes"][1]["faults"]["cow"].is_null());
+        let back: Summary = serde_json::from_value(v).unwrap();
+        assert_eq!(text::render(&back), txt, "summary.json reads back to the same summary.txt");
+    }
+
+    /// Every fault meant to be timed: those counted without an end are said.
+    #[test]
+    fn faults_counted_without_an_end_are_said() {
+        let golden =
+            fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/summary.json")).unwrap();
+        let mut s: Summary = serde_json::from_str(&golden).unwrap();
+        s.sampling.minor_latency_period = 1;
+        s.sampling.fast_sample_period = None;
+        s.totals.timed = s.totals.total;
+        assert_eq!(text::unended_line(&s), None);
+        s.totals.total = 761;
+        s.totals.timed = 746;
+        let line = text::unended_line(&s).unwrap();
+        assert!(line.starts_with("not timed: 15 of 761 faults (their end was not seen"), "{line}");
+        assert!(text::render(&s).contains(&line));
+        // Sampled on purpose: nothing to say.
+        s.sampling.fast_sample_period = Some(16);
+        assert_eq!(text::unended_line(&s), None);
+    }
+
     #[test]
     fn a_file_that_fails_is_named_and_the_rest_are_still_written() {
         let dir = tempfile::tempdir().unwrap();

@@ -25,7 +25,13 @@ pub fn probe_lines(s: &Summary) -> Vec<String> {
                 None => format!("{what}: not recorded on this kernel"),
             }
         } else {
-            format!("{what}: taken through {} instead (same data)", program_name(&p.program_type))
+            // A fallback that sees less says what (arm64's PAGE_FAULTS start:
+            // "… (no access type: write and exec faults not counted)").
+            let less = p.target.split_once(" (").map(|(_, r)| r).filter(|r| r.ends_with("not counted)"));
+            match less {
+                Some(r) => format!("{what}: taken through {} instead ({r}", program_name(&p.program_type)),
+                None => format!("{what}: taken through {} instead (same data)", program_name(&p.program_type)),
+            }
         };
         if !items.contains(&item) {
             items.push(item);
