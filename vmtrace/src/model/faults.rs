@@ -44,6 +44,18 @@ pub struct Faults {
     pub uncounted: u8,
 }
 
+impl Faults {
+    /// `v` (one of this object's counts, `bit` its `UNCOUNTED_*` bit) as a
+    /// report shows it: `f(v)`, or "-" where the probes cannot take it.
+    pub fn shown(&self, bit: u8, v: u64, f: impl Fn(u64) -> String) -> String {
+        if self.uncounted & bit == 0 {
+            f(v)
+        } else {
+            "-".into()
+        }
+    }
+}
+
 /// `Faults::uncounted`: WRITE not counted.
 pub const UNCOUNTED_WRITE: u8 = 1;
 /// `Faults::uncounted`: exec faults not counted.

@@ -727,7 +727,7 @@ pub fn regions_table(out: &mut String, s: &Summary, limit: usize) {
             f.total,
             f.minor,
             f.major,
-            f.cow,
+            f.shown(crate::model::faults::UNCOUNTED_COW, f.cow, |v| v.to_string()),
             f.huge.map_or("-".into(), |h| h.to_string()),
             r.pages_touched,
             fmt_ns(f.time_ns),
