@@ -676,6 +676,11 @@ fn locations_section(l: &crate::model::CodeLocations) -> String {
             })
             .collect();
         let _ = write!(b, "<h3>{what}</h3>{}", table(&["l location", "l process", "value", "share"], &rows));
+        if what.starts_with("By resident") {
+            if let Some(note) = l.resident_shared_note() {
+                let _ = write!(b, "<p class='note'>{}</p>", escape(&note));
+            }
+        }
     }
     for object in l.unsymbolized() {
         let _ = write!(b, "<p class='note'>No symbols: {}</p>", escape(&crate::model::locations::symbols_hint(object)));
