@@ -89,3 +89,47 @@ fn findings_txt_is_unchanged() {
     assert!(findings.iter().any(|f| f.kind == "oom_kill"), "{findings:#?}");
     check("findings.txt", &vmtrace::model::findings::render_text(&findings));
 }
+
+/// A process with a rank, pod and container (uc30's k1: `record` of a pod's
+/// rank-2 job) is named with them in summary.txt's and regions.txt's tables
+/// and report.html's, as the folded files, pprof and Perfetto name it; the
+/// columns after the name stay aligned, and a process without stays as it was.
+#[test]
+fn tables_name_a_process_with_its_rank_pod_and_container() {
+    use vmtrace::model::{Identity, Rank};
+    let mut s = load().1;
+    let p = s.processes.iter_mut().find(|p| p.pid == 13787).expect("pid 13787 in the golden recording");
+    p.identity = Identity {
+        cgroup: Some(
+            "/kubepods/pod7a8b9c0d-1111-2222-3333-444455556666/".to_string() + "c0ffee001122" + &"0".repeat(52),
+        ),
+        pod_uid: Some("7a8b9c0d-1111-2222-3333-444455556666".into()),
+        container_id: Some("c0ffee001122".to_string() + &"0".repeat(52)),
+        container_runtime: Some("kubepods".into()),
+        rank: Some(Rank { rank: Some(6), local_rank: Some(6), world_size: Some(8) }),
+    };
+    let who = "vmtrace [rank 6/8 pod 7a8b9c0d ctr c0ffee001122]";
+    let txt = text::render(&s);
+    let regions = text::render_regions(&s);
+    // Each table: its header's FAULTS column ends where each row's count does.
+    for (out, head) in [(&txt, "    PID  COMM "), (&regions, "    PID  COMM ")] {
+        let mut lines = out.lines().skip_while(|l| !l.starts_with(head));
+        let header = lines.next().expect("a process table");
+        let end = header.find("FAULTS").unwrap() + "FAULTS".len();
+        let rows: Vec<&str> = lines.take_while(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit())).collect();
+        assert!(rows.iter().any(|r| r.contains(who)), "{who} in\n{out}");
+        for r in &rows {
+            assert!(r.starts_with("  137"), "{r}");
+            let at: usize = r.char_indices().nth(header[..end].chars().count()).map_or(r.len(), |(i, _)| i);
+            assert!(r[..at].ends_with(|c: char| c.is_ascii_digit()), "misaligned:\n{header}\n{r}");
+            assert!(r[at..].starts_with(' '), "misaligned:\n{header}\n{r}");
+        }
+        // The others keep their bare name.
+        assert!(rows.iter().any(|r| r.contains("  sh  ")), "{out}");
+    }
+    let html = html::render(&s, Path::new("/nonexistent/vmtrace-golden"));
+    // Its rows in the process table and the regions table (4 regions).
+    assert_eq!(html.matches(&format!("<td>13787</td><td class='l'>{who}</td>")).count(), 5, "{who} in report.html");
+    // Without the identity, the golden outputs are as they were.
+    assert_eq!(text::render(&load().1), fs::read_to_string(golden("summary.txt")).unwrap());
+}

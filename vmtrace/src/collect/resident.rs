@@ -1595,7 +1595,7 @@ pub(crate) const STRATUM_SHAPE: u32 = 1 << 8;
 /// The frame standing for resident bytes no sampled page was left to stand for.
 pub(crate) const UNSAMPLED_PAGES: &str = "[no page sampled]";
 /// The leaf of pages a child got from its parent at fork and never wrote.
-pub(crate) const SHARED_LEAF: &str = "[shared with parent]";
+pub(crate) const SHARED_LEAF: &str = crate::model::resident::SHARED_WITH_PARENT;
 
 /// The resident profiles and per-process figures of a recording.
 #[derive(Debug, Default)]
@@ -1803,7 +1803,11 @@ fn top_sites(stacks: &[crate::stacks::Stack], n: usize) -> Vec<crate::model::Res
     // Frames borrowed: strings only for the sites listed (a stack on every
     // fault gives hundreds of thousands of stacks).
     let mut by: BTreeMap<(u32, Vec<&str>), (&str, f64, u64)> = BTreeMap::new();
-    for s in stacks {
+    // Not a fork child's pages shared with its parent: the parent's own
+    // sites hold them, and listing them again under each child put the same
+    // pages in the list once per process (uc30: 301.7 MiB in the main
+    // process and 265.9 MiB more in its workers, the same CDLL pages).
+    for s in stacks.iter().filter(|s| s.leaf.as_deref() != Some(SHARED_LEAF)) {
         let frames: Vec<&str> = s.user.iter().chain(s.kernel.iter()).map(|f| &**f).chain(s.leaf.as_deref()).collect();
         let e = by.entry((s.pid, frames)).or_insert_with(|| (&s.comm, 0.0, 0));
         e.1 += s.estimate.faults;

@@ -109,8 +109,8 @@ pub use placement::{
 };
 
 /// The process as people tell it apart. A child of a traced process that
-/// runs the same program (same name; no exec) is a worker: "worker N of
-/// PPID", N its place among such children by pid.
+/// runs the same program because it did not exec ([`worker_among`]) is a
+/// worker: "worker N of PPID", N its place among such children by pid.
 pub fn process_label(s: &Summary, pid: u32) -> String {
     let Some(p) = s.processes.iter().find(|p| p.pid == pid) else {
         return format!("pid {pid}");
@@ -144,12 +144,21 @@ impl<'a> Who<'a> {
 }
 
 /// `(N, PPID)` when `p` is the N-th worker its parent in `all` forked: a
-/// child that runs the parent's program (same name, or the same command
-/// line), N its place among such children by pid.
+/// child that runs the parent's program because it did not exec, N its
+/// place among such children by pid. Not exec'd reads from the command
+/// lines: the collector gives a forked child its parent's until it execs and
+/// reads the new one at the exec, so a worker's is the parent's (even after
+/// a `prctl` renamed it `pt_data_worker`), while a child that exec'd the same
+/// program with other arguments (`python3 -c …` of a `python3 job.py`, uc30's
+/// k1, where the rank-6 child was "worker 1 of 4418") has its own. Only where
+/// either command line is unknown does the name decide.
 pub fn worker_among(all: &[Who], p: &Who) -> Option<(usize, u32)> {
     let ppid = p.ppid?;
     let parent = all.iter().find(|q| q.pid == ppid)?;
-    let same = |q: &Who| q.comm == parent.comm || (q.cmdline.is_some() && q.cmdline == parent.cmdline);
+    let same = |q: &Who| match (q.cmdline, parent.cmdline) {
+        (Some(c), Some(pc)) => c == pc,
+        _ => q.comm == parent.comm,
+    };
     if !same(p) {
         return None;
     }
@@ -849,8 +858,14 @@ fn resident_sites(s: &Summary, out: &mut Vec<Finding>) {
     let mut by_pid: BTreeMap<u32, Vec<&super::ResidentSite>> = BTreeMap::new();
     // Not the other row (pid 0): its peak is a sum of many processes'
     // peaks, never held at once. Not the bytes no sampled page stood for
-    // (`[no page sampled]`, no sampled pages): they are no call site.
-    for site in r.top_at_peak.iter().filter(|site| site.pid != 0 && site.sampled_pages > 0) {
+    // (`[no page sampled]`, no sampled pages): they are no call site. Not a
+    // fork child's pages shared with its parent: they are the parent's, and
+    // its site's (summaries written before `top_at_peak` left them out).
+    for site in r
+        .top_at_peak
+        .iter()
+        .filter(|site| site.pid != 0 && site.sampled_pages > 0 && !super::resident::shared_with_parent(&site.frames))
+    {
         by_pid.entry(site.pid).or_default().push(site);
     }
     for (pid, mut sites) in by_pid {

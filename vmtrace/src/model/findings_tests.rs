@@ -216,6 +216,36 @@ fn process_tables_name_workers_as_the_findings_do() {
     assert!(html.contains("worker 1 of 100"), "report.html names the worker");
 }
 
+/// uc30's k1: a rank-2 `python3 job.py` forks a worker (no exec: its
+/// command line is the parent's, even renamed by prctl) and spawns a
+/// `python3 -c …` with RANK=6 (fork + exec: a command line of its own).
+/// Only the first is a worker; the exec'd one was "worker 1 of 4418".
+#[test]
+fn an_execd_child_of_the_same_name_is_no_worker() {
+    let job = "python3 job.py --rank 2";
+    let mut parent = process(4418, 1, "python3", 1_000);
+    parent.cmdline = Some(job.into());
+    let mut forked = process(4420, 4418, "pt_data_worker", 500);
+    forked.cmdline = Some(job.into());
+    let mut execd = process(4421, 4418, "python3", 500);
+    execd.cmdline = Some("python3 -c import time; time.sleep(1)".into());
+    let mut forked2 = process(4422, 4418, "python3", 500);
+    forked2.cmdline = Some(job.into());
+    // Command lines unknown (a summary of a process read too late): the name decides.
+    let mut unknown = process(4423, 4418, "python3", 500);
+    unknown.cmdline = None;
+    let s = summary(vec![parent, forked, execd, forked2, unknown]);
+    let label = |pid| super::process_label(&s, pid);
+    assert_eq!(label(4420), "worker 0 of 4418 (pt_data_worker, pid 4420)");
+    assert_eq!(label(4421), "python3 (pid 4421)");
+    assert_eq!(label(4422), "worker 1 of 4418 (python3, pid 4422)");
+    assert_eq!(label(4423), "worker 2 of 4418 (python3, pid 4423)");
+    let text = crate::report::text::render(&s);
+    let row = |pid: &str| text.lines().find(|l| l.trim_start().starts_with(pid)).unwrap_or_default().to_string();
+    assert!(row("4421 ").ends_with("python3 -c import time; time.sleep(1)"), "{text}");
+    assert!(row("4422 ").ends_with("worker 1 of 4418"), "{text}");
+}
+
 #[test]
 fn fork_cow_python_objects_fires_per_process_and_names_workers() {
     let f = diagnose(&python_fork(20_408));

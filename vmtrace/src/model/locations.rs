@@ -164,6 +164,25 @@ pub struct CodeLocations {
     /// By bytes resident at each process's peak (`--events resident`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub by_resident: Vec<CodeLocation>,
+    /// Bytes of fork children's pages shared with their parent at their
+    /// peaks (`[shared with parent]`), summed over the children: left out of
+    /// `by_resident` and its whole, because the parent's rows count those
+    /// pages. 0 (absent): none.
+    #[serde(default, skip_serializing_if = "super::summary::is_zero")]
+    pub resident_shared_bytes: u64,
+}
+
+impl CodeLocations {
+    /// The note under the resident list on what it leaves out; `None` when nothing.
+    pub fn resident_shared_note(&self) -> Option<String> {
+        (self.resident_shared_bytes > 0).then(|| {
+            format!(
+                "{} of fork children's pages shared with their parent (summed over the children) are not in \
+                 this list: each page is counted once, in its parent's row.",
+                super::bytes(self.resident_shared_bytes)
+            )
+        })
+    }
 }
 
 impl CodeLocations {
@@ -195,6 +214,11 @@ impl CodeLocations {
                     l.location,
                     l.comm
                 );
+            }
+            if what.starts_with("by resident") {
+                if let Some(note) = self.resident_shared_note() {
+                    s.push_str(&wrap(&note, 100, "    "));
+                }
             }
         }
         for object in self.unsymbolized() {
@@ -255,6 +279,7 @@ mod tests {
             by_fault_time: vec![row("sort+0x77b8"), row("main")],
             by_faults: vec![row("sort+0x77b8"), row("sort+0x1000")],
             by_resident: Vec::new(),
+            resident_shared_bytes: 0,
         };
         l.name_objects(&["/usr/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/sort"]);
         assert_eq!(l.by_faults[1].no_symbols.as_deref(), Some("/usr/bin/sort"));

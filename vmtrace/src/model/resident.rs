@@ -61,6 +61,16 @@ impl Resident {
     }
 }
 
+/// The leaf of a fork child's pages it got from its parent and never wrote
+/// (the parent's pages, resident once, in both processes' figures).
+pub const SHARED_WITH_PARENT: &str = "[shared with parent]";
+
+/// Whether a resident site or stack's frames end in [`SHARED_WITH_PARENT`]:
+/// pages its parent's rows already count.
+pub fn shared_with_parent(frames: &[impl AsRef<str>]) -> bool {
+    frames.last().is_some_and(|f| f.as_ref() == SHARED_WITH_PARENT)
+}
+
 /// How the resident profiles were made (`resident` in summary.json).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct ResidentSummary {

@@ -79,7 +79,7 @@ fn migration_section(s: &Summary) -> String {
             let why: Vec<String> = m.pages_by_reason.iter().map(|(k, v)| format!("{k} {}", thousands(*v))).collect();
             vec![
                 p.pid.to_string(),
-                escape(&p.comm),
+                escape(&super::process_name(p)),
                 thousands(m.pages),
                 escape(&why.join(", ")),
                 thousands(m.failed),
@@ -272,7 +272,7 @@ fn process_section(s: &Summary) -> String {
             };
             vec![
                 p.pid.to_string(),
-                escape(&p.comm),
+                escape(&super::process_name(p)),
                 thousands(f.total),
                 thousands(f.minor),
                 thousands(f.major),
@@ -356,7 +356,7 @@ fn resident_section(s: &Summary) -> String {
         .map(|(p, r)| {
             vec![
                 p.pid.to_string(),
-                escape(&p.comm),
+                escape(&super::process_name(p)),
                 bytes(r.end_bytes),
                 bytes(r.peak_bytes),
                 bytes(r.anon_bytes),
@@ -478,7 +478,8 @@ fn storms_section(s: &Summary) -> String {
 
 fn regions_section(s: &Summary) -> String {
     let Some(regions) = s.regions.as_ref().filter(|r| !r.is_empty()) else { return String::new() };
-    let comm = |pid: u32| s.processes.iter().find(|p| p.pid == pid).map_or("?", |p| p.comm.as_str());
+    let names = super::process_names(s);
+    let comm = |pid: u32| names.get(&pid).map_or("?", |n| n.as_ref());
     let rows: Vec<Vec<String>> = regions
         .iter()
         .take(15)
@@ -675,6 +676,11 @@ fn locations_section(l: &crate::model::CodeLocations) -> String {
             })
             .collect();
         let _ = write!(b, "<h3>{what}</h3>{}", table(&["l location", "l process", "value", "share"], &rows));
+        if what.starts_with("By resident") {
+            if let Some(note) = l.resident_shared_note() {
+                let _ = write!(b, "<p class='note'>{}</p>", escape(&note));
+            }
+        }
     }
     for object in l.unsymbolized() {
         let _ = write!(b, "<p class='note'>No symbols: {}</p>", escape(&crate::model::locations::symbols_hint(object)));

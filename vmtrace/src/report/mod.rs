@@ -111,6 +111,19 @@ pub const RESIDENT_ROWS: usize = 20;
 /// The processes with resident figures, largest peak first, at most
 /// `RESIDENT_ROWS`, and how many more summary.json holds: the same rows in
 /// summary.txt and report.html.
+/// A process's name as the reports' tables show it: with its rank, pod and
+/// container where known (`python3 [rank 6/8 pod 7a8b9c0d ctr c0ffee001122]`,
+/// `model::identity::named`), as the folded files, pprof, Perfetto and `top`
+/// name it; its comm alone when none is known.
+pub(crate) fn process_name(p: &crate::model::Process) -> std::borrow::Cow<'_, str> {
+    crate::model::identity::named(&p.comm, Some(&p.identity))
+}
+
+/// [`process_name`] of every process by pid, for tables keyed by pid (regions).
+pub(crate) fn process_names(s: &Summary) -> std::collections::HashMap<u32, std::borrow::Cow<'_, str>> {
+    s.processes.iter().map(|p| (p.pid, process_name(p))).collect()
+}
+
 pub(crate) fn resident_rows(s: &Summary) -> (Vec<(&crate::model::Process, &crate::model::Resident)>, usize) {
     let mut procs: Vec<_> = s.processes.iter().filter_map(|p| p.resident.as_ref().map(|r| (p, r))).collect();
     procs.sort_by(|a, b| b.1.peak_bytes.cmp(&a.1.peak_bytes).then(a.0.pid.cmp(&b.0.pid)));

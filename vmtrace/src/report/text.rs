@@ -26,12 +26,12 @@ fn exit_text(code: Option<i32>) -> String {
     }
 }
 
-fn row(out: &mut String, pid: &str, comm: &str, f: &Faults, exit: &str) {
+fn row(out: &mut String, pid: &str, (comm, w): (&str, usize), f: &Faults, exit: &str) {
     use crate::model::faults::{UNCOUNTED_COW, UNCOUNTED_WRITE};
     // A count the probes cannot take is "-", not a 0 that reads as measured.
-    let counted = |bit: u8, v: u64| if f.uncounted & bit == 0 { v.to_string() } else { "-".into() };
+    let counted = |bit: u8, v: u64| f.shown(bit, v, |v| v.to_string());
     let line = format!(
-        "{pid:>7}  {comm:<16} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10} {:>9} {:>9}  {exit}",
+        "{pid:>7}  {comm:<w$} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10} {:>9} {:>9}  {exit}",
         f.total,
         f.minor,
         f.major,
@@ -66,14 +66,22 @@ const MAX_STORMS: usize = 20;
 /// regions.txt lists this many rows at most: a table people read.
 pub const REGIONS_TXT_ROWS: usize = 500;
 
-/// The PID and COMM columns of a process row; the "other" row of folded
-/// processes says how many it sums.
+/// The PID and COMM columns of a process row: its name with its rank, pod
+/// and container where known (`python3 [rank 6/8 pod 7a8b9c0d ctr
+/// c0ffee001122]`, as the folded files and `top` name it); the "other" row
+/// of folded processes says how many it sums.
 fn who(p: &crate::model::Process) -> (String, String) {
     if p.folded > 0 {
         ("other".into(), format!("{} processes", p.folded))
     } else {
-        (p.pid.to_string(), p.comm.clone())
+        (p.pid.to_string(), super::process_name(p).into_owned())
     }
+}
+
+/// A COMM column's width: `min` characters, or the longest name in it
+/// (names with an identity are longer than a comm's 15 characters).
+fn name_width<'a>(names: impl Iterator<Item = &'a str>, min: usize) -> usize {
+    names.map(|n| n.chars().count()).max().unwrap_or(0).max(min)
 }
 
 /// The folded processes' most common names, for the other row.
@@ -166,17 +174,19 @@ fn resident_section(out: &mut String, s: &Summary) {
             }
         }
     }
+    let names: Vec<String> = procs.iter().map(|(p, _)| super::process_name(p).into_owned()).collect();
+    let w = name_width(names.iter().map(String::as_str), 16);
     let _ = writeln!(
         out,
-        "  {:>8} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "  {:>8} {:<w$} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
         "PID", "COMM", "END", "PEAK", "ANON", "FILE", "SHARED", "PRIVATE"
     );
-    for (p, r) in procs {
+    for ((p, r), name) in procs.into_iter().zip(&names) {
         let _ = writeln!(
             out,
-            "  {:>8} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            "  {:>8} {:<w$} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
             p.pid,
-            p.comm,
+            name,
             bytes(r.end_bytes),
             bytes(r.peak_bytes),
             bytes(r.anon_bytes),
@@ -247,9 +257,11 @@ fn process_table(out: &mut String, s: &Summary) {
     // Nine rows that all say `git`: their command lines tell them apart.
     let shared = |comm: &str| s.processes.iter().filter(|p| p.comm == comm).nth(1).is_some();
     let any_shared = procs.iter().take(MAX_ROWS).any(|p| shared(&p.comm));
+    let names: Vec<(String, String)> = procs.iter().take(MAX_ROWS).map(|p| who(p)).collect();
+    let w = name_width(names.iter().map(|(_, n)| n.as_str()), 16);
     let _ = writeln!(
         out,
-        "{:>7}  {:<16} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10} {:>9} {:>9}  {}",
+        "{:>7}  {:<w$} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10} {:>9} {:>9}  {}",
         "PID",
         "COMM",
         "FAULTS",
@@ -262,22 +274,21 @@ fn process_table(out: &mut String, s: &Summary) {
         "p99",
         if any_shared { format!("{:<14}  COMMAND", "EXIT") } else { "EXIT".into() }
     );
-    for p in procs.iter().take(MAX_ROWS) {
+    for (p, (pid, comm)) in procs.iter().take(MAX_ROWS).zip(&names) {
         let apart = if shared(&p.comm) { super::words::told_apart(s, p, 60) } else { None };
         let exit = match apart {
             _ if p.folded > 0 => folded_names(p),
             Some(who) => format!("{:<14}  {who}", exit_text(p.exit_code)),
             None => exit_text(p.exit_code),
         };
-        let (pid, comm) = who(p);
-        row(out, &pid, &comm, &p.faults, &exit);
+        row(out, pid, (comm, w), &p.faults, &exit);
     }
     if procs.len() > MAX_ROWS {
         let _ = writeln!(out, "{:>7}  ({} more processes in summary.json)", "…", procs.len() - MAX_ROWS);
     }
     if procs.len() > 1 {
         let n: u64 = procs.iter().map(|p| p.folded.max(1)).sum();
-        row(out, "all", &format!("{n} processes"), &s.totals, "");
+        row(out, "all", (&format!("{n} processes"), w), &s.totals, "");
     }
     if let Some(f) = s.folding.as_ref().filter(|f| f.while_recording > 0) {
         let _ = writeln!(
@@ -608,13 +619,15 @@ fn tlb_section(out: &mut String, s: &Summary) {
         let why = p.fallback_reason.as_deref().unwrap_or("no hook on this kernel");
         let _ = writeln!(out, "  TLB flushes and shootdown IPIs not recorded: {why}");
     }
-    let _ = writeln!(
-        out,
-        "{:>7}  {:<16} {:>8} {:>8} {:>10} {:>8} {:>9} {:>9} {:>10} {:>10}  SENT DURING",
-        "PID", "COMM", "MMAP", "MUNMAP", "UNMAPPED", "MADVISE", "MPROTECT", "IPIS SENT", "RECEIVED", "LOCAL"
-    );
     let mut procs: Vec<_> = s.processes.iter().collect();
     procs.sort_by_key(|p| std::cmp::Reverse(p.tlb.as_ref().map_or(0, |t| t.ipis_sent)));
+    let w =
+        name_width(procs.iter().take(MAX_ROWS).map(|p| who(p).1).collect::<Vec<_>>().iter().map(String::as_str), 16);
+    let _ = writeln!(
+        out,
+        "{:>7}  {:<w$} {:>8} {:>8} {:>10} {:>8} {:>9} {:>9} {:>10} {:>10}  SENT DURING",
+        "PID", "COMM", "MMAP", "MUNMAP", "UNMAPPED", "MADVISE", "MPROTECT", "IPIS SENT", "RECEIVED", "LOCAL"
+    );
     for p in procs.iter().take(MAX_ROWS) {
         let m = p.mmap.clone().unwrap_or_default();
         let t = p.tlb.clone().unwrap_or_default();
@@ -625,7 +638,7 @@ fn tlb_section(out: &mut String, s: &Summary) {
         let (pid, comm) = who(p);
         let _ = writeln!(
             out,
-            "{:>7}  {:<16} {:>8} {:>8} {:>10} {:>8} {:>9} {:>9} {:>10} {:>10}  {}",
+            "{:>7}  {:<w$} {:>8} {:>8} {:>10} {:>8} {:>9} {:>9} {:>10} {:>10}  {}",
             pid,
             comm,
             m.mmap,
@@ -687,10 +700,12 @@ fn tlb_section(out: &mut String, s: &Summary) {
 /// The region table: all of them in regions.txt, the top ones in summary.txt.
 pub fn regions_table(out: &mut String, s: &Summary, limit: usize) {
     let Some(regions) = &s.regions else { return };
-    let comm = |pid: u32| s.processes.iter().find(|p| p.pid == pid).map_or("?", |p| p.comm.as_str());
+    let names = super::process_names(s);
+    let comm = |pid: u32| names.get(&pid).map_or("?", |n| n.as_ref());
+    let w = name_width(regions.iter().take(limit).map(|r| comm(r.pid)), 14);
     let _ = writeln!(
         out,
-        "{:>7}  {:<14} {:<29} {:>9} {:<5} {:<7} {:>9} {:>8} {:>7} {:>7} {:>6} {:>9} {:>9} {:>9} {:>9}  PATH",
+        "{:>7}  {:<w$} {:<29} {:>9} {:<5} {:<7} {:>9} {:>8} {:>7} {:>7} {:>6} {:>9} {:>9} {:>9} {:>9}  PATH",
         "PID",
         "COMM",
         "RANGE",
@@ -717,7 +732,7 @@ pub fn regions_table(out: &mut String, s: &Summary, limit: usize) {
         };
         let _ = writeln!(
             out,
-            "{:>7}  {:<14} {:<29} {:>9} {:<5} {:<7} {:>9} {:>8} {:>7} {:>7} {:>6} {:>9} {:>9} {:>9} {:>9}  {}",
+            "{:>7}  {:<w$} {:<29} {:>9} {:<5} {:<7} {:>9} {:>8} {:>7} {:>7} {:>6} {:>9} {:>9} {:>9} {:>9}  {}",
             r.pid,
             comm(r.pid),
             range,
