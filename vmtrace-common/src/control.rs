@@ -68,8 +68,11 @@ pub enum DropKind {
     /// loader walks the granule maps once to find the keys again. Nothing
     /// is lost.
     GranuleKeyRingFull = 17,
+    /// `MM_STACKS` was full: a memory-map call was counted for its process
+    /// (`MM_STATS`) but not for its call site (`mmap.folded` falls short).
+    MmStacksFull = 18,
 }
-pub const DROP_KINDS: u32 = 18;
+pub const DROP_KINDS: u32 = 19;
 
 /// Kernel struct field offsets read from BTF at load time, passed as a read-only
 /// global (`KOFFSETS`). `u32::MAX` marks a field this kernel lacks.

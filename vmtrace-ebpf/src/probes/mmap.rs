@@ -55,7 +55,11 @@ pub fn stack_key(tgid: u32, call: u32, user_stack: i32) -> MmStackKey {
 }
 
 pub fn mm_stack_counts(key: &MmStackKey) -> Option<&'static mut MmStackCounts> {
-    get_or_insert(&MM_STACKS, key, &MmStackCounts::default())
+    let c = get_or_insert(&MM_STACKS, key, &MmStackCounts::default());
+    if c.is_none() {
+        count_drop(DropKind::MmStacksFull);
+    }
+    c
 }
 
 /// The memory-management syscall in flight on this CPU (`tid` 0: none): TLB

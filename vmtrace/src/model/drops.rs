@@ -34,6 +34,11 @@ pub struct Drops {
     /// only thins the profiles' sample.
     #[serde(default, skip_serializing_if = "crate::model::summary::is_zero")]
     pub resident: u64,
+    /// Memory-map calls (and the IPIs sent in them) counted for their
+    /// process but under no call site: the call-site map was full, so
+    /// `mmap.folded`/`shootdowns.folded` add up to less than the rows.
+    #[serde(default, skip_serializing_if = "crate::model::summary::is_zero")]
+    pub mm_sites: u64,
 }
 
 /// The kernel's drop counters (indexed by `DropKind`, summed over CPUs) and
@@ -64,6 +69,7 @@ impl DropCounts {
             DropKind::FaultMajorRingFull,
             DropKind::PageSampleRingFull,
             DropKind::GranuleKeyRingFull,
+            DropKind::MmStacksFull,
         ];
         let dropped: u64 = self
             .by_kind
@@ -103,6 +109,7 @@ impl DropCounts {
             (K::RssRingFull, "RssRingFull"),
             (K::PageSampleRingFull, "PageSampleRingFull"),
             (K::GranuleKeyRingFull, "GranuleKeyRingFull"),
+            (K::MmStacksFull, "MmStacksFull"),
         ];
         NAMES.iter().map(|&(k, name)| (name, self.get(k))).filter(|(_, n)| *n > 0).collect()
     }
@@ -126,6 +133,7 @@ impl DropCounts {
             stack_samples: d(DropKind::StackSampleRingFull),
             trace_events: d(DropKind::FaultMajorRingFull),
             resident: d(DropKind::RssMmFull) + d(DropKind::RssRingFull) + d(DropKind::PageSampleRingFull),
+            mm_sites: d(DropKind::MmStacksFull),
         }
     }
 }
@@ -133,6 +141,20 @@ impl DropCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A call counted for its process but not for its call site is not
+    /// lost; it is said in `drops.mm_sites` (absent when none).
+    #[test]
+    fn calls_under_no_call_site_are_said_not_lost() {
+        let mut by_kind = vec![0; vmtrace_common::DROP_KINDS as usize];
+        by_kind[DropKind::MmStacksFull as usize] = 42;
+        let d = DropCounts { by_kind, malformed_events: 0 };
+        assert_eq!((d.lost(), d.summary().mm_sites, d.summary().mm), (0, 42, 0));
+        assert_eq!(d.by_name(), [("MmStacksFull", 42)]);
+        let v = serde_json::to_value(d.summary()).unwrap();
+        assert_eq!(v["mm_sites"], 42);
+        assert!(serde_json::to_value(Drops::default()).unwrap().get("mm_sites").is_none());
+    }
 
     #[test]
     fn lost_leaves_out_what_is_counted_with_less_detail() {

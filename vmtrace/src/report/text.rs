@@ -653,6 +653,13 @@ fn tlb_section(out: &mut String, s: &Summary) {
         );
     }
     let _ = writeln!(out, "  (RECEIVED: flushes other CPUs forced on this process's CPU, not its own doing)");
+    if s.drops.mm_sites > 0 {
+        let _ = writeln!(
+            out,
+            "  {} calls counted above are under no call site (the call-site map was full): mmap.folded and shootdowns.folded add up to less",
+            s.drops.mm_sites
+        );
+    }
     if let Some(storms) = &s.storms {
         if storms.is_empty() {
             let _ = writeln!(out, "Shootdown storms: none");
