@@ -213,6 +213,45 @@ fn top_runs_a_command_and_says_when_it_ended() {
     }
 }
 
+/// `q` while the command runs stops its whole job: a launcher's background
+/// child and a setsid'd one too, not only the command's pid.
+#[test]
+fn quitting_stops_the_whole_job() {
+    privileged!();
+    let dir = tempfile::tempdir().unwrap();
+    let pids = dir.path().join("pids");
+    let script = format!(
+        "sleep 300 & echo $! > {p}; setsid sleep 301 & echo $! >> {p}; exec {BIN} workload touch --mib 8 --pace-ms 60000",
+        p = pids.display()
+    );
+    let tmux = Tmux::start("job", &["top", "--", "sh", "-c", &script]);
+    tmux.wait_for("the table", Duration::from_secs(30), |s| s.contains("PID"));
+    let until = Instant::now() + Duration::from_secs(20);
+    let children: Vec<u32> = loop {
+        let read = std::fs::read_to_string(&pids).unwrap_or_default();
+        let got: Vec<u32> = read.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        if got.len() == 2 || Instant::now() > until {
+            break got;
+        }
+        sleep(Duration::from_millis(100));
+    };
+    assert_eq!(children.len(), 2, "{children:?}");
+    assert!(children.iter().all(|&p| vmtrace::target::pid_alive(p)));
+    tmux.keys("q");
+    // SIGTERM ends the command: sh's shell status 143.
+    assert_eq!(tmux.exit_status(Duration::from_secs(20)), 143);
+    let until = Instant::now() + Duration::from_secs(10);
+    while children.iter().any(|&p| vmtrace::target::pid_alive(p)) && Instant::now() < until {
+        sleep(Duration::from_millis(100));
+    }
+    let left: Vec<u32> = children.iter().copied().filter(|&p| vmtrace::target::pid_alive(p)).collect();
+    for p in &left {
+        // SAFETY: cleaning up the test's own processes.
+        unsafe { libc::kill(*p as i32, libc::SIGKILL) };
+    }
+    assert!(left.is_empty(), "still running after q: {left:?}");
+}
+
 /// Builds small objects, forks a worker that writes a reference count into
 /// each (a COW copy of every arena page in use), and the worker writes its
 /// pid and its own /proc/self/stat fault counts to argv[1] before `_exit`.

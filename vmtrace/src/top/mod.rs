@@ -495,24 +495,44 @@ impl App {
         }
     }
 
-    /// Leaving while the command still runs stops it, as Ctrl-C does under
-    /// `record`; its status is what `top` exits with.
-    fn finish(self) -> i32 {
-        if let (Some(c), None) = (self.tracer.child(), self.exit_status) {
-            // SAFETY: signalling our own child.
-            unsafe { libc::kill(c.pid as i32, libc::SIGTERM) };
+    /// Leaving while the command still runs stops the whole job, as a stop
+    /// signal does under `record`: the command and every traced process
+    /// still running (a launcher's children, setsid'd workers) get SIGTERM,
+    /// those left 2 s later SIGKILL. Its status is what `top` exits with.
+    fn finish(mut self) -> i32 {
+        let Some(command) = self.tracer.child().map(|c| c.pid).filter(|_| self.exit_status.is_none()) else {
+            return self.exit_status.unwrap_or(0);
+        };
+        let me = std::process::id();
+        let mut status = None;
+        for step in [libc::SIGTERM, libc::SIGKILL] {
+            self.tracer.session().poll(Duration::from_millis(1));
+            let mut job: Vec<u32> = self.tracer.session().live_pids();
+            job.retain(|&p| p != me && p != command && pid_alive(p));
+            if status.is_none() {
+                job.push(command);
+            }
+            if job.is_empty() {
+                break;
+            }
+            for pid in &job {
+                // SAFETY: a signal to our own child or a process of its job
+                // (traced and running, just checked).
+                unsafe { libc::kill(*pid as i32, step) };
+            }
             let until = Instant::now() + Duration::from_secs(2);
             while Instant::now() < until {
-                if let Some(st) = wait_exit(c.pid, false) {
-                    return st;
+                if status.is_none() {
+                    status = wait_exit(command, false);
                 }
-                std::thread::sleep(Duration::from_millis(20));
+                self.tracer.session().poll(Duration::from_millis(20));
+                let left = self.tracer.session().live_pids().into_iter().filter(|&p| p != me && p != command);
+                if status.is_some() && left.filter(|&p| pid_alive(p)).count() == 0 {
+                    return status.unwrap_or(0);
+                }
             }
-            // SAFETY: as above; it ignored SIGTERM.
-            unsafe { libc::kill(c.pid as i32, libc::SIGKILL) };
-            return wait_exit(c.pid, true).unwrap_or(137);
         }
-        self.exit_status.unwrap_or(0)
+        status.or_else(|| wait_exit(command, true)).unwrap_or(137)
     }
 }
 
