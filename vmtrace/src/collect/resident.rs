@@ -1803,11 +1803,10 @@ fn top_sites(stacks: &[crate::stacks::Stack], n: usize) -> Vec<crate::model::Res
     // Frames borrowed: strings only for the sites listed (a stack on every
     // fault gives hundreds of thousands of stacks).
     let mut by: BTreeMap<(u32, Vec<&str>), (&str, f64, u64)> = BTreeMap::new();
-    // Not a fork child's pages shared with its parent: the parent's own
-    // sites hold them, and listing them again under each child put the same
-    // pages in the list once per process (uc30: 301.7 MiB in the main
-    // process and 265.9 MiB more in its workers, the same CDLL pages).
-    for s in stacks.iter().filter(|s| s.leaf.as_deref() != Some(SHARED_LEAF)) {
+    // A fork child's pages shared with its parent stay, under their
+    // `[shared with parent]` leaf: each process's own view (summary.json).
+    // The lists people read rank them out (`ResidentSite::shared_with_parent`).
+    for s in stacks {
         let frames: Vec<&str> = s.user.iter().chain(s.kernel.iter()).map(|f| &**f).chain(s.leaf.as_deref()).collect();
         let e = by.entry((s.pid, frames)).or_insert_with(|| (&s.comm, 0.0, 0));
         e.1 += s.estimate.faults;

@@ -860,7 +860,7 @@ fn resident_sites(s: &Summary, out: &mut Vec<Finding>) {
     // peaks, never held at once. Not the bytes no sampled page stood for
     // (`[no page sampled]`, no sampled pages): they are no call site. Not a
     // fork child's pages shared with its parent: they are the parent's, and
-    // its site's (summaries written before `top_at_peak` left them out).
+    // its site's (summary.json keeps them, per process).
     for site in r
         .top_at_peak
         .iter()

@@ -102,6 +102,11 @@ pub struct ResidentSummary {
 }
 
 /// A call site's share of its process's resident memory.
+///
+/// A site whose leaf is [`SHARED_WITH_PARENT`] holds a fork child's pages
+/// still shared with its parent: the parent's own site holds the same pages,
+/// so the lists that rank sites across processes (summary.txt, report.html,
+/// findings) leave them out, and summary.json keeps them per process.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct ResidentSite {
     pub pid: u32,

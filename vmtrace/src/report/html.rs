@@ -340,6 +340,7 @@ fn resident_section(s: &Summary) -> String {
         let rows: Vec<Vec<String>> = r
             .top_at_peak
             .iter()
+            .filter(|site| !crate::model::resident::shared_with_parent(&site.frames))
             .map(|site| {
                 vec![
                     bytes(site.bytes),

@@ -168,7 +168,9 @@ fn resident_section(out: &mut String, s: &Summary) {
     if let Some(r) = &s.resident {
         if !r.top_at_peak.is_empty() {
             let _ = writeln!(out, "  top call sites at the peak (estimated, 1 in {} faults' pages):", r.sample_period);
-            for site in &r.top_at_peak {
+            // Not a fork child's pages shared with its parent: the parent's
+            // own site holds the same pages.
+            for site in r.top_at_peak.iter().filter(|s| !crate::model::resident::shared_with_parent(&s.frames)) {
                 let tail = crate::model::oom::site_tail(&site.frames);
                 let _ = writeln!(out, "    {:>10}  {} [{}]  {tail}", bytes(site.bytes), site.comm, site.pid);
             }
