@@ -420,7 +420,7 @@ fn job_pids(tracer: &mut Tracer, command: Option<u32>) -> Vec<u32> {
 /// one be stopped), and 2 s after that SIGKILL. A second SIGINT/SIGTERM to
 /// vmtrace moves to the next step at once. The trace goes on meanwhile, so
 /// their exits are in it; the command's status is kept when it exits.
-fn stop_job(tracer: &mut Tracer, command: u32, sig: i32, usage: &mut Option<StatFaults>) {
+pub(crate) fn stop_job(tracer: &mut Tracer, command: u32, sig: i32, usage: &mut Option<StatFaults>) {
     // SAFETY: getpgrp cannot fail.
     let own_pgrp = unsafe { libc::getpgrp() };
     let mut reaped = false;

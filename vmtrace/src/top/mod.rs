@@ -503,36 +503,8 @@ impl App {
         let Some(command) = self.tracer.child().map(|c| c.pid).filter(|_| self.exit_status.is_none()) else {
             return self.exit_status.unwrap_or(0);
         };
-        let me = std::process::id();
-        let mut status = None;
-        for step in [libc::SIGTERM, libc::SIGKILL] {
-            self.tracer.session().poll(Duration::from_millis(1));
-            let mut job: Vec<u32> = self.tracer.session().live_pids();
-            job.retain(|&p| p != me && p != command && pid_alive(p));
-            if status.is_none() {
-                job.push(command);
-            }
-            if job.is_empty() {
-                break;
-            }
-            for pid in &job {
-                // SAFETY: a signal to our own child or a process of its job
-                // (traced and running, just checked).
-                unsafe { libc::kill(*pid as i32, step) };
-            }
-            let until = Instant::now() + Duration::from_secs(2);
-            while Instant::now() < until {
-                if status.is_none() {
-                    status = wait_exit(command, false);
-                }
-                self.tracer.session().poll(Duration::from_millis(20));
-                let left = self.tracer.session().live_pids().into_iter().filter(|&p| p != me && p != command);
-                if status.is_some() && left.filter(|&p| pid_alive(p)).count() == 0 {
-                    return status.unwrap_or(0);
-                }
-            }
-        }
-        status.or_else(|| wait_exit(command, true)).unwrap_or(137)
+        crate::record::stop_job(&mut self.tracer, command, libc::SIGTERM, &mut None);
+        self.tracer.info().exit_status.or_else(|| wait_exit(command, true)).unwrap_or(137)
     }
 }
 
