@@ -86,7 +86,7 @@ pub const MIN_SHARE: f64 = 1.0 / 300.0;
 /// (with all the stacks through it) folded into its caller: the stacks
 /// through it end in one `[small stacks folded]` frame there, weights kept, so
 /// the lines still add up to the same total and every frame shown keeps its
-/// weight. What inferno's minimum width does to the picture, done to the
+/// weight. A `[shared with parent]` leaf stays after it ([`super::weight::kept_leaf`]). What inferno's minimum width does to the picture, done to the
 /// text, which keeps the files small (a stack on every fault of a long job
 /// makes hundreds of thousands of distinct lines). The pprof profiles keep
 /// every stack.
@@ -130,7 +130,10 @@ pub fn fold_small(folded: &str, min_share: f64) -> String {
             None => (*stack).to_string(),
             Some(i) => {
                 let kept: Vec<&str> = stack.split(';').take(i).collect();
-                format!("{};{SMALL_STACKS}", kept.join(";"))
+                match stack.rsplit(';').next().and_then(super::weight::kept_leaf) {
+                    Some(leaf) => format!("{};{SMALL_STACKS};{leaf}", kept.join(";")),
+                    None => format!("{};{SMALL_STACKS}", kept.join(";")),
+                }
             }
         };
         *out.entry(line).or_default() += w;
@@ -207,6 +210,19 @@ mod tests {
         assert_eq!(total(&small), total(folded));
         // Nothing to fold: the text is kept as it was.
         assert_eq!(fold_small(folded, 0.0), folded);
+    }
+
+    /// uc32: a DataLoader worker's shared pages, too light stack by stack,
+    /// showed as its own in resident.svg once folded.
+    #[test]
+    fn a_folded_stack_keeps_its_shared_with_parent_leaf() {
+        let folded = "w;a;b 900\nw;a;c;[shared with parent] 30\nw;a;d;[shared with parent] 20\nw;a;e 10\n";
+        let small = fold_small(folded, 0.05);
+        assert_eq!(
+            small,
+            "w;a;[small stacks folded] 10\nw;a;[small stacks folded];[shared with parent] 50\nw;a;b 900\n"
+        );
+        assert_eq!(total(&small), total(folded));
     }
 
     fn stack(user: &[&str], faults: u64, time: u64) -> Stack {

@@ -14,7 +14,7 @@ use crate::hash::HashMap;
 use std::{borrow::Cow, cmp::Ordering, collections::BTreeMap, fmt::Write as _};
 
 use super::{
-    weight::{apportion, Weight, SMALL_STACKS},
+    weight::{apportion, kept_leaf, Weight, SMALL_STACKS},
     Stack,
 };
 
@@ -368,7 +368,9 @@ impl Graph<'_, '_> {
         }
         // A line is kept whole, or cut at its first node past the process's
         // own that is too light, and ends in `SMALL_STACKS` under its caller.
-        let (mut whole, mut cut): (HashMap<u32, u64>, HashMap<u32, u64>) = (HashMap::default(), HashMap::default());
+        // Cut lines by their caller and the leaf they keep.
+        let mut whole: HashMap<u32, u64> = HashMap::default();
+        let mut cut: HashMap<(u32, Option<&str>), u64> = HashMap::default();
         let mut path = Vec::new();
         for l in self.lines.iter().filter(|l| l.weight > 0) {
             path.clear();
@@ -380,7 +382,10 @@ impl Graph<'_, '_> {
             path.reverse();
             match path.iter().skip(1).position(|&n| weights[n as usize] < min) {
                 None => *whole.entry(l.node).or_default() += l.weight,
-                Some(i) => *cut.entry(path[i]).or_default() += l.weight,
+                Some(i) => {
+                    let leaf = path.last().and_then(|&n| kept_leaf(tree.name(tree.nodes[n as usize].frame)));
+                    *cut.entry((path[i], leaf)).or_default() += l.weight;
+                }
             }
         }
         drop(weights);
@@ -388,8 +393,12 @@ impl Graph<'_, '_> {
         for (node, w) in whole {
             *out.entry(tree.line(node)).or_default() += w;
         }
-        for (caller, w) in cut {
-            *out.entry(format!("{};{SMALL_STACKS}", tree.line(caller))).or_default() += w;
+        for ((caller, leaf), w) in cut {
+            let line = match leaf {
+                Some(leaf) => format!("{};{SMALL_STACKS};{leaf}", tree.line(caller)),
+                None => format!("{};{SMALL_STACKS}", tree.line(caller)),
+            };
+            *out.entry(line).or_default() += w;
         }
         let mut text = String::new();
         for (line, w) in out {

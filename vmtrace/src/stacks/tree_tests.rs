@@ -100,8 +100,11 @@ fn random_stacks(rng: &mut Rng, n: usize) -> Vec<Stack> {
                 (0..depth).map(|_| NAMES[rng.next(NAMES.len() as u64) as usize].into()).collect();
             let kernel = (0..rng.next(3)).map(|_| NAMES[rng.next(4) as usize].into()).collect();
             let missing = rng.next(10) == 0;
-            let leaf =
-                (rng.next(4) == 0).then(|| ["[heap]", "[file /x]", "[anon 0x1-0x2]"][rng.next(3) as usize].into());
+            let leaf = (rng.next(4) == 0).then(|| {
+                ["[heap]", "[file /x]", "[anon 0x1-0x2]", crate::model::resident::SHARED_WITH_PARENT]
+                    [rng.next(4) as usize]
+                    .into()
+            });
             // Weights of many sizes, some zero, some fractional.
             let w = |r: &mut Rng| match r.next(5) {
                 0 => 0.0,

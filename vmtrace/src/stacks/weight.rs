@@ -49,6 +49,14 @@ const WEIGHTS: usize = 4;
 /// The frame standing for the stacks folded under it by [`super::flamegraph::fold_small`].
 pub const SMALL_STACKS: &str = "[small stacks folded]";
 
+/// The leaf a folded stack keeps after [`SMALL_STACKS`]: a fork child's
+/// pages shared with its parent stay told apart from its own when their
+/// stacks are too light to show (resident.svg would else show a worker's
+/// shared pages as its own).
+pub fn kept_leaf(last_frame: &str) -> Option<&str> {
+    (last_frame == crate::model::resident::SHARED_WITH_PARENT).then_some(last_frame)
+}
+
 /// `total` shared out in proportion to `shares` in whole parts that add up to it.
 pub fn apportion(total: u64, shares: &[f64]) -> Vec<u64> {
     let sum: f64 = shares.iter().sum();
