@@ -10,7 +10,7 @@ use std::{
 
 pub use crate::trace::Detach;
 use crate::{
-    collect::{stop_from_terminal, stop_signal, stop_signals_received, Finished},
+    collect::{stop_signal, Finished},
     model::{KernelAccounting, Summary},
     report,
     stacks::Stack,
@@ -352,136 +352,13 @@ fn wait_for_end(tracer: &mut Tracer, opts: &RecordOptions, usage: &mut Option<St
         }
         if let Some(sig) = stop_signal() {
             if let Some(pid) = child {
-                stop_job(tracer, pid, sig, usage);
+                tracer.stop_job(pid, sig, usage);
             }
             return Some(sig);
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return None;
         }
-    }
-}
-
-/// How long each step of [`stop_job`] waits for the job to exit.
-const STOP_GRACE: Duration = Duration::from_secs(2);
-
-/// The signals that stop a traced job, one step each: the one vmtrace got,
-/// then SIGTERM, then SIGKILL.
-fn stop_steps(sig: i32) -> Vec<i32> {
-    let mut steps = vec![sig];
-    if sig != libc::SIGTERM {
-        steps.push(libc::SIGTERM);
-    }
-    steps.push(libc::SIGKILL);
-    steps
-}
-
-/// Who gets a step's signal: every process of the job still running (a
-/// pid whose state and process group are no longer readable is gone). Ctrl-C
-/// at the terminal already reached every process of vmtrace's process group
-/// (the terminal's foreground group): its first step goes only to those that
-/// left the group (setsid'd or setpgid'd workers), so that none gets SIGINT
-/// twice (a second KeyboardInterrupt would cut a program's own clean-up
-/// short).
-fn recipients(job: &[u32], skip_own_group: bool, own_pgrp: i32, pgrp_of: impl Fn(u32) -> Option<i32>) -> Vec<u32> {
-    job.iter().copied().filter(|&pid| pgrp_of(pid).is_some_and(|g| !(skip_own_group && g == own_pgrp))).collect()
-}
-
-/// The process group of a running `pid`; `None` when it is gone or a zombie.
-fn running_pgrp(pid: u32) -> Option<i32> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After "(comm)": state, ppid, pgrp.
-    let mut f = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
-    let state = f.next()?;
-    if state == "Z" || state == "X" {
-        return None;
-    }
-    f.nth(1)?.parse().ok()
-}
-
-/// The traced job's processes that still run: the command (until reaped) and
-/// every traced process (its descendants, in whatever process group or
-/// session they are now), after draining the exits already reported.
-fn job_pids(tracer: &mut Tracer, command: Option<u32>) -> Vec<u32> {
-    tracer.session().poll(Duration::from_millis(1));
-    let me = std::process::id();
-    let mut job: Vec<u32> = command.into_iter().chain(tracer.session().live_pids()).filter(|&p| p != me).collect();
-    job.sort_unstable();
-    job.dedup();
-    job.retain(|&p| running_pgrp(p).is_some());
-    job
-}
-
-/// vmtrace got SIGINT or SIGTERM while tracing a command: stops the whole
-/// job, not only the command's pid (a launcher's children, `sh -c`, torchrun,
-/// setsid'd workers would otherwise go on running untraced). Every traced
-/// process still running gets the same signal (see [`recipients`] for
-/// Ctrl-C); those still running 2 s later get SIGTERM (and SIGCONT, should
-/// one be stopped), and 2 s after that SIGKILL. A second SIGINT/SIGTERM to
-/// vmtrace moves to the next step at once. The trace goes on meanwhile, so
-/// their exits are in it; the command's status is kept when it exits.
-pub(crate) fn stop_job(tracer: &mut Tracer, command: u32, sig: i32, usage: &mut Option<StatFaults>) {
-    // SAFETY: getpgrp cannot fail.
-    let own_pgrp = unsafe { libc::getpgrp() };
-    let mut reaped = false;
-    let mut reap = |tracer: &mut Tracer, reaped: &mut bool| {
-        if !*reaped {
-            if let Some((st, u)) = wait_exit_usage(command, false) {
-                tracer.info_mut().exit_status = Some(st);
-                *usage = Some(u);
-                *reaped = true;
-            }
-        }
-    };
-    for (i, step) in stop_steps(sig).into_iter().enumerate() {
-        let job = job_pids(tracer, (!reaped).then_some(command));
-        if job.is_empty() {
-            reap(tracer, &mut reaped);
-            return;
-        }
-        let to = recipients(&job, i == 0 && stop_from_terminal(), own_pgrp, running_pgrp);
-        if i > 0 {
-            eprintln!(
-                "vmtrace: {} process(es) of the traced job still running {} s after {}: sending {} to {}",
-                job.len(),
-                STOP_GRACE.as_secs(),
-                signal_name(if i == 1 { sig } else { libc::SIGTERM }),
-                signal_name(step),
-                job.iter().map(u32::to_string).collect::<Vec<_>>().join(" ")
-            );
-        }
-        for pid in to {
-            // SAFETY: a signal to a process of the traced job (running, just checked).
-            unsafe {
-                libc::kill(pid as i32, step);
-                if step == libc::SIGTERM && i > 0 {
-                    libc::kill(pid as i32, libc::SIGCONT);
-                }
-            }
-        }
-        let asked = stop_signals_received();
-        let until = Instant::now() + STOP_GRACE;
-        while Instant::now() < until && stop_signals_received() == asked {
-            reap(tracer, &mut reaped);
-            if reaped && job_pids(tracer, None).is_empty() {
-                return;
-            }
-            tracer.session().poll(Duration::from_millis(20));
-        }
-    }
-    reap(tracer, &mut reaped);
-    let left = job_pids(tracer, (!reaped).then_some(command));
-    if !left.is_empty() {
-        log::warn!("{} process(es) of the traced job survived SIGKILL (uninterruptible?): {left:?}", left.len());
-    }
-}
-
-fn signal_name(sig: i32) -> &'static str {
-    match sig {
-        libc::SIGINT => "SIGINT",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGKILL => "SIGKILL",
-        _ => "the signal",
     }
 }
 
@@ -564,30 +441,6 @@ mod tests {
         assert!(txt.contains("vmtrace 569 + 8 through get_user_pages() (+0.00%)"), "{txt}");
         s.totals.populated = None;
         assert!(report::text::render(&s).contains("GAP > 1%"));
-    }
-
-    /// Ctrl-C at the terminal reached vmtrace's whole process group: the
-    /// first step signals only the job's processes outside it (a setsid'd
-    /// worker); kill(2) to vmtrace alone, and the later steps, reach all.
-    #[test]
-    fn a_stop_reaches_every_process_of_the_job_once() {
-        assert_eq!(stop_steps(libc::SIGINT), [libc::SIGINT, libc::SIGTERM, libc::SIGKILL]);
-        assert_eq!(stop_steps(libc::SIGTERM), [libc::SIGTERM, libc::SIGKILL]);
-        // 10 the launcher and 11 its child in vmtrace's group 7; 12 setsid'd; 13 gone.
-        let pgrp = |pid| match pid {
-            10 | 11 => Some(7),
-            12 => Some(12),
-            _ => None,
-        };
-        let job = [10, 11, 12, 13];
-        assert_eq!(recipients(&job, true, 7, pgrp), [12]);
-        assert_eq!(recipients(&job, false, 7, pgrp), [10, 11, 12]);
-        // vmtrace in a group of its own (setsid vmtrace …): nothing to skip.
-        assert_eq!(recipients(&job, true, 99, pgrp), [10, 11, 12]);
-        let me = std::process::id();
-        // SAFETY: getpgrp cannot fail.
-        assert_eq!(running_pgrp(me), Some(unsafe { libc::getpgrp() }));
-        assert_eq!(running_pgrp(u32::MAX), None);
     }
 
     #[test]

@@ -216,14 +216,21 @@ pub struct StatFaults {
 
 /// `StatFaults` of `pid`, while it exists (a zombie too).
 pub fn stat_faults(pid: u32) -> Option<StatFaults> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat = proc_stat_after_comm(pid)?;
     // After "(comm)": state, ppid, pgrp, session, tty_nr, tpgid, flags, minflt, cminflt, majflt.
-    let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let f: Vec<&str> = stat.split_whitespace().collect();
     Some(StatFaults {
         minor: f.get(7)?.parse().ok()?,
         children_minor: f.get(8)?.parse().ok()?,
         major: f.get(9)?.parse().ok()?,
     })
+}
+
+/// `/proc/PID/stat` after its `(comm)` field (a comm may hold spaces and
+/// parentheses: the last `)` ends it): state, ppid, pgrp, … .
+pub(crate) fn proc_stat_after_comm(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')').map(|(_, rest)| rest.to_string())
 }
 
 /// True while a (non-child) process exists.

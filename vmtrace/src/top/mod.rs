@@ -503,7 +503,7 @@ impl App {
         let Some(command) = self.tracer.child().map(|c| c.pid).filter(|_| self.exit_status.is_none()) else {
             return self.exit_status.unwrap_or(0);
         };
-        crate::record::stop_job(&mut self.tracer, command, libc::SIGTERM, &mut None);
+        self.tracer.stop_job(command, libc::SIGTERM, &mut None);
         self.tracer.info().exit_status.or_else(|| wait_exit(command, true)).unwrap_or(137)
     }
 }
