@@ -4,8 +4,10 @@
 //! page address, `vmtrace_common::page_sampled`) and every huge-page fault,
 //! with its stack (`PageSample`). Here each such page is owned by its stack
 //! until the memory is given back (munmap, mremap, madvise
-//! DONTNEED/FREE/REMOVE, brk shrink, exec, exit); a later fault on the same
-//! page (a copy-on-write copy) takes it over. The sample being of addresses,
+//! DONTNEED/REMOVE, brk shrink, exec, exit); a later fault on the same
+//! page (a copy-on-write copy) takes it over. Pages given back with
+//! MADV_FREE stay, marked lazily freed (`Owner::lazy`): the kernel counts
+//! them resident until it reclaims them. The sample being of addresses,
 //! a fork child's copy of a sampled page always lands on a page the parent
 //! sampled too. The live set of a process is
 //! snapshotted at its peaks (as the kernel reports them) and at its end,
@@ -41,6 +43,10 @@ pub(crate) struct Owner {
     pub kernel_stack: i32,
     pub exact: bool,
     pub inherited: bool,
+    /// Given back with MADV_FREE and not faulted in again since: the
+    /// kernel still counts it resident until reclaim takes it, which only
+    /// the anon counter's drop tells (`scaled`: these go first).
+    pub lazy: bool,
     /// `address >> LEAF_BLOCK_SHIFT`: the region leaf where asked for.
     pub leaf_block: u64,
     /// Which of the kernel's counters the page is in (`RSS_ANON`,
@@ -105,6 +111,10 @@ pub(crate) struct Snapshot {
     pub size: [u64; 4],
     pub ts_ns: u64,
     pub by_owner: BTreeMap<Owner, (u64, u64)>,
+    /// The address sample's period (1 in N pages): what a sampled page
+    /// stands for, so that lazily freed pages can be counted against the
+    /// rest (`scaled`). 0: unknown.
+    pub period: u32,
 }
 
 impl Snapshot {
@@ -131,6 +141,9 @@ struct Proc {
     /// The last ranges given back, with when the call returned: a page
     /// whose fault began before that cannot still be there.
     given_back: std::collections::VecDeque<(u64, u64, u64)>,
+    /// The same for the last MADV_FREE ranges: a page whose fault began
+    /// before the call is lazily freed, however late its record comes.
+    lazy_freed: std::collections::VecDeque<(u64, u64, u64)>,
     /// Its last children, with when each forked: a page of its own whose
     /// record comes after a child's fork (pages and forks come on separate
     /// rings) but faulted before it is the child's too.
@@ -184,6 +197,9 @@ impl StatusFill {
         }
     }
 }
+
+/// `madvise` advice giving pages back lazily (`MmEvent::prot` of a madvise).
+const MADV_FREE: u64 = 8;
 
 /// Forks remembered per process (`Proc::forked`).
 const FORKS: usize = 16;
@@ -284,6 +300,8 @@ impl ResidentTracker {
             // exited had it all under the writing function, none under the
             // allocating one.)
             page.owner.inherited = false;
+            // Written again: no longer free to reclaim.
+            page.owner.lazy = false;
             self.reused_pages += 1;
             return;
         }
@@ -297,6 +315,7 @@ impl ResidentTracker {
             // (`PAGE_EXACT` is no longer sent; taken as before if it comes.)
             exact: ev.flags & (PAGE_EXACT | PAGE_HUGE) != 0,
             inherited: false,
+            lazy: p.lazy_freed.iter().any(|&(start, end, ts)| (start..end).contains(&addr) && ev.hdr.ts_ns < ts),
             leaf_block: addr >> LEAF_BLOCK_SHIFT,
             kind,
             stack_pid: ev.tgid,
@@ -370,6 +389,21 @@ impl ResidentTracker {
             self.live_pages = add(self.live_pages, n);
         }
         let gone = match ev.call {
+            c if c == MmCall::Madvise as u32 && ev.prot == MADV_FREE => {
+                // The pages stay resident until the kernel reclaims them:
+                // marked, not removed. Pages shared with another process
+                // (a fork child's inherited ones) the kernel leaves as they
+                // are.
+                let end = ev.addr.saturating_add(ev.len);
+                if p.lazy_freed.len() >= GIVEN_BACK {
+                    p.lazy_freed.pop_front();
+                }
+                p.lazy_freed.push_back((ev.addr, end, ev.hdr.ts_ns));
+                for page in p.live.range_mut(ev.addr..end).map(|(_, pg)| pg) {
+                    page.owner.lazy |= !page.owner.inherited;
+                }
+                0
+            }
             c if c == MmCall::Munmap as u32 || c == MmCall::Madvise as u32 => {
                 if p.given_back.len() >= GIVEN_BACK {
                     p.given_back.pop_front();
@@ -461,7 +495,7 @@ impl ResidentTracker {
                 // Its pages as it exits; the kernel's figures follow with
                 // the teardown (`ResidentEnd`), or are read at the end.
                 if p.end.is_none() {
-                    p.end = Some(snapshot(&p.live, [0; 4], ev.hdr.ts_ns));
+                    p.end = Some(snapshot(&p.live, [0; 4], ev.hdr.ts_ns, self.period));
                 }
                 self.live_pages -= p.live.len();
                 p.live = BTreeMap::new();
@@ -474,15 +508,16 @@ impl ResidentTracker {
 
     /// A new peak or the start of a teardown, from the kernel.
     pub(crate) fn rss(&mut self, ev: &RssEvent) {
+        let period = self.period;
         let p = self.procs.entry(ev.tgid).or_default();
         match EventKind::from_u32(ev.hdr.kind) {
             Some(EventKind::ResidentPeak) => {
-                p.peak = Some(snapshot(&p.live, ev.size, ev.hdr.ts_ns));
+                p.peak = Some(snapshot(&p.live, ev.size, ev.hdr.ts_ns, period));
             }
             Some(EventKind::ResidentEnd) => match p.end.as_mut() {
                 // Exit already took the pages: the figures complete it.
                 Some(e) if e.resident() == 0 => e.size = ev.size,
-                _ => p.end = Some(snapshot(&p.live, ev.size, ev.hdr.ts_ns)),
+                _ => p.end = Some(snapshot(&p.live, ev.size, ev.hdr.ts_ns, period)),
             },
             _ => {}
         }
@@ -499,7 +534,7 @@ impl ResidentTracker {
         if self.ooms.len() >= MAX_OOM_SNAPSHOTS {
             return;
         }
-        let mut snap = snapshot(&p.live, [0; RSS_MEMBERS], ev.hdr.ts_ns);
+        let mut snap = snapshot(&p.live, [0; RSS_MEMBERS], ev.hdr.ts_ns, self.period);
         for (kind, kb) in [(RSS_FILE, ev.file_rss_kb), (RSS_ANON, ev.anon_rss_kb), (RSS_SHMEM, ev.shmem_rss_kb)] {
             snap.size[kind] = if self.oom_unknown[kind] { sampled_bytes(&snap, kind, self.period) } else { kb * 1024 };
         }
@@ -667,7 +702,7 @@ impl ResidentTracker {
             .filter(|(_, p)| !p.exited)
             .filter_map(|(pid, p)| {
                 let k = p.kernel.filter(|k| k.flags & RSS_ENDED == 0)?;
-                Some((*pid, snapshot(&p.live, k.size, now_ns)))
+                Some((*pid, snapshot(&p.live, k.size, now_ns, self.period)))
             })
             .collect();
         out.sort_unstable_by_key(|(pid, _)| *pid);
@@ -684,7 +719,8 @@ impl ResidentTracker {
     pub(crate) fn finish(mut self, now_ns: u64) -> (BTreeMap<u32, ProcResident>, ResidentCounts, Vec<(u32, Snapshot)>) {
         let counts = ResidentCounts { sampled_pages: self.sampled_pages, dropped_pages: self.dropped_pages };
         let ooms = std::mem::take(&mut self.ooms);
-        let out = self.procs.drain().map(|(pid, p)| (pid, p.ended(now_ns))).collect();
+        let period = self.period;
+        let out = self.procs.drain().map(|(pid, p)| (pid, p.ended(now_ns, period))).collect();
         (out, counts, ooms)
     }
 
@@ -693,17 +729,17 @@ impl ResidentTracker {
         let p = self.procs.remove(&pid)?;
         self.procs.shrink_if_sparse();
         self.taken.insert(pid);
-        Some(p.ended(now_ns))
+        Some(p.ended(now_ns, self.period))
     }
 }
 
 impl Proc {
     /// Its snapshots, with its end taken now if it has none.
-    fn ended(self, now_ns: u64) -> ProcResident {
+    fn ended(self, now_ns: u64, period: u32) -> ProcResident {
         let mut end = self.end;
         if end.is_none() {
             let size = self.kernel.map_or([0; 4], |k| if k.flags & RSS_ENDED != 0 { k.end } else { k.size });
-            end = Some(snapshot(&self.live, size, now_ns));
+            end = Some(snapshot(&self.live, size, now_ns, period));
         } else if let (Some(e), Some(k)) = (end.as_mut(), self.kernel) {
             if e.resident() == 0 && k.flags & RSS_ENDED != 0 {
                 e.size = k.end;
@@ -788,14 +824,14 @@ fn remove_range(live: &mut BTreeMap<u64, Page>, start: u64, end: u64) -> usize {
     keys.len()
 }
 
-fn snapshot(live: &BTreeMap<u64, Page>, size: [u64; 4], ts_ns: u64) -> Snapshot {
+fn snapshot(live: &BTreeMap<u64, Page>, size: [u64; 4], ts_ns: u64, period: u32) -> Snapshot {
     let mut by_owner: BTreeMap<Owner, (u64, u64)> = BTreeMap::new();
     for pg in live.values() {
         let e = by_owner.entry(pg.owner).or_default();
         e.0 += pg.bytes;
         e.1 += 1;
     }
-    Snapshot { size, ts_ns, by_owner }
+    Snapshot { size, ts_ns, by_owner, period }
 }
 
 /// The bytes of `kind` a snapshot's pages stand for with no kernel total:
@@ -813,20 +849,42 @@ fn sampled_bytes(s: &Snapshot, kind: usize, period: u32) -> u64 {
 /// one, so one kind's sampled pages cannot stand for another's): within a
 /// kind, exact-stratum pages stand for themselves and sampled ones share
 /// what is left (a ratio estimate, as `stacks::weight` does for faults).
+/// Lazily freed pages (MADV_FREE, `Owner::lazy`) are counted as the others
+/// while the total holds them all; when it is below what the pages stand
+/// for (each sampled one `period` pages), reclaim took lazily freed pages
+/// (the kernel drops those first, and vmtrace sees no event for it): they
+/// get what the total leaves above the other pages' estimate, down to 0.
 /// Returns (owner, bytes, pages) and the bytes no sampled page was left to
 /// stand for.
 pub(crate) fn scaled(s: &Snapshot) -> (Vec<(Owner, f64, u64)>, f64) {
-    let mut factors = [(1.0, 0.0); RSS_MEMBERS];
+    // (exact, sampled) factors by kind, of pages kept [0] and lazily freed [1].
+    let mut factors = [[(1.0, 0.0); 2]; RSS_MEMBERS];
     let mut unsampled = 0.0;
+    let period = f64::from(s.period);
     for kind in [RSS_ANON, RSS_FILE, RSS_SHMEM] {
-        let total = s.size[kind] as f64;
+        let mut total = s.size[kind] as f64;
         let of_kind = || s.by_owner.iter().filter(move |(o, _)| usize::from(o.kind) == kind);
-        let exact: f64 = of_kind().filter(|(o, _)| o.exact).map(|(_, v)| v.0 as f64).sum();
-        let sampled: f64 = of_kind().filter(|(o, _)| !o.exact).map(|(_, v)| v.0 as f64).sum();
+        let stand_for = |lazy: bool| -> f64 {
+            let pages = of_kind().filter(|(o, _)| o.lazy == lazy);
+            pages.map(|(o, v)| v.0 as f64 * if o.exact { 1.0 } else { period }).sum()
+        };
+        let (lazy, kept) = (stand_for(true), stand_for(false));
+        let lazy_first = s.period > 0 && lazy > 0.0 && total < kept + lazy;
+        if lazy_first {
+            let f = ((total - kept).max(0.0) / lazy).min(1.0);
+            factors[kind][1] = (f, f * period);
+            total -= lazy * f;
+        }
+        let counted = || of_kind().filter(move |(o, _)| !(lazy_first && o.lazy));
+        let exact: f64 = counted().filter(|(o, _)| o.exact).map(|(_, v)| v.0 as f64).sum();
+        let sampled: f64 = counted().filter(|(o, _)| !o.exact).map(|(_, v)| v.0 as f64).sum();
         // Exact pages beyond the total (counted, then reclaimed) are scaled down.
         let exact_factor = if exact > total && exact > 0.0 { total / exact } else { 1.0 };
         let left = (total - exact * exact_factor).max(0.0);
-        factors[kind] = (exact_factor, if sampled > 0.0 { left / sampled } else { 0.0 });
+        factors[kind][0] = (exact_factor, if sampled > 0.0 { left / sampled } else { 0.0 });
+        if !lazy_first {
+            factors[kind][1] = factors[kind][0];
+        }
         if sampled == 0.0 {
             unsampled += left;
         }
@@ -835,7 +893,7 @@ pub(crate) fn scaled(s: &Snapshot) -> (Vec<(Owner, f64, u64)>, f64) {
         .by_owner
         .iter()
         .map(|(o, v)| {
-            let (exact, sampled) = factors[usize::from(o.kind).min(RSS_MEMBERS - 1)];
+            let (exact, sampled) = factors[usize::from(o.kind).min(RSS_MEMBERS - 1)][usize::from(o.lazy)];
             (*o, v.0 as f64 * if o.exact { exact } else { sampled }, v.1)
         })
         .filter(|(_, b, _)| *b > 0.0)
@@ -1398,6 +1456,7 @@ mod tests {
                     kernel_stack: -1,
                     exact: false,
                     inherited: false,
+                    lazy: false,
                     leaf_block: 0,
                     kind: 1,
                     stack_pid: 5,
@@ -1405,6 +1464,7 @@ mod tests {
                 },
                 (4096, 1),
             )]),
+            period: 0,
         };
         let s = peak_snapshot(None, &end, [100, 300, 0, 0], 1000).unwrap();
         assert_eq!(s.size, [250, 750, 0, 0]);
@@ -1413,6 +1473,72 @@ mod tests {
         let s = peak_snapshot(None, &end, [1, 1, 1, 0], 1000).unwrap();
         assert_eq!(s.resident(), 1000);
         assert!(peak_snapshot(None, &end, [0; 4], 0).is_none());
+    }
+
+    /// MADV_FREE (issue #34): the pages stay under the stack that faulted
+    /// them in, lazily freed (a fault that began before the call too,
+    /// however late its record), scaled with the rest while the anon
+    /// counter holds them all; when it drops (reclaim, which no event
+    /// tells) they go first. A page faulted in again, or written again
+    /// through a reusing copy-on-write fault, is taken back.
+    #[test]
+    fn lazily_freed_pages_stay_until_the_anon_counter_drops_and_go_first() {
+        let page = 4096.0;
+        // 1 in 4 pages: 17 sampled under stack 1 (68 pages), 4 under 2 (16).
+        let run = |anon_pages: u64| {
+            let mut t = ResidentTracker::new(4, 0);
+            for i in 0..16 {
+                t.page_anon(&sample(5, 0x10_0000 + i * 4096, 1));
+            }
+            for i in 0..4 {
+                t.page_anon(&sample(5, 0x90_0000 + i * 4096, 2));
+            }
+            let mut free = mm(5, MmCall::Madvise, 0x10_0000, 17 * 4096);
+            free.prot = MADV_FREE;
+            t.mm_change(&free);
+            // Faulted before the call (ts 1 < 2), seen after it.
+            t.page_anon(&sample(5, 0x10_0000 + 16 * 4096, 1));
+            t.rss(&rss(EventKind::ResidentEnd, 5, anon_pages * 4096));
+            let (procs, _, _) = t.finish(10);
+            let (r, _) = profile_totals(&procs);
+            let of = |stack: &str, lazy: bool| -> f64 {
+                r.end
+                    .iter()
+                    .filter(|s| &*s.user[0] == stack && (s.leaf.as_deref() == Some(LAZY_LEAF)) == lazy)
+                    .map(|s| s.estimate.faults / page)
+                    .sum()
+            };
+            assert_eq!(of("s1", false), 0.0, "{:?}", r.end);
+            assert_eq!(of("s2", true), 0.0, "{:?}", r.end);
+            (of("s1", true), of("s2", false))
+        };
+        // Not reclaimed: the total holds them all (68 + 16 pages).
+        assert_eq!(run(84), (68.0, 16.0));
+        // Under the sample's own estimate by a little (its error): scaled alike.
+        assert_eq!(run(42), (26.0, 16.0), "reclaim takes the lazily freed pages first");
+        assert_eq!(run(10), (0.0, 10.0), "all of them, then the others");
+        // Above the estimate (pages faulted before the trace): proportionally.
+        let (lazy, kept) = run(105);
+        assert!((lazy - 85.0).abs() < 0.5 && (kept - 20.0).abs() < 0.5, "{lazy} {kept}");
+
+        // Faulted in again after reclaim, or written again (reused): taken back.
+        let mut t = ResidentTracker::new(4, 0).with_cow_copies(true);
+        for i in 0..3 {
+            t.page_anon(&sample(5, 0x10_0000 + i * 4096, 1));
+        }
+        let mut free = mm(5, MmCall::Madvise, 0x10_0000, 3 * 4096);
+        free.prot = MADV_FREE;
+        t.mm_change(&free);
+        let mut again = sample(5, 0x10_0000, 3);
+        again.hdr.ts_ns = 5;
+        t.page_anon(&again);
+        let mut reused = PageSample { flags: PAGE_COW, ..sample(5, 0x10_1000, 4) };
+        reused.hdr.ts_ns = 5;
+        t.page_anon(&reused);
+        let (procs, _, _) = t.finish(10);
+        let end = procs[&5].end.as_ref().unwrap();
+        let owners: Vec<(i32, bool)> = end.by_owner.keys().map(|o| (o.user_stack, o.lazy)).collect();
+        assert_eq!(owners, [(1, false), (1, true), (3, false)]);
     }
 
     #[test]
@@ -1440,6 +1566,11 @@ const STRATUM_INHERITED: u32 = 2;
 pub(crate) const UNSAMPLED_PAGES: &str = "[no page sampled]";
 /// The leaf of pages a child got from its parent at fork and never wrote.
 pub(crate) const SHARED_LEAF: &str = crate::model::resident::SHARED_WITH_PARENT;
+/// The leaf of pages given back with MADV_FREE the kernel has not reclaimed.
+pub(crate) const LAZY_LEAF: &str = crate::model::resident::FREED_LAZILY;
+/// `StackKey::stratum` bit of lazily freed pages (`Owner::lazy`; only
+/// between `owner_counts` and `profile`, as `STRATUM_INHERITED`).
+const STRATUM_LAZY: u32 = 4;
 
 /// The resident profiles and per-process figures of a recording.
 #[derive(Debug, Default)]
@@ -1492,7 +1623,7 @@ fn owner_counts(
                 tgid: stack_pid,
                 user_stack,
                 kernel_stack: o.kernel_stack,
-                stratum,
+                stratum: stratum | if o.lazy { STRATUM_LAZY } else { 0 },
                 leaf_block: if leaf { o.leaf_block } else { 0 },
             };
             (key, vmtrace_common::StackCounts { faults: w as u64, major: *pages, ..Default::default() })
@@ -1581,6 +1712,14 @@ pub(crate) fn profile(
             if s.stratum & STRATUM_INHERITED != 0 {
                 s.stratum &= !STRATUM_INHERITED;
                 s.leaf = Some(SHARED_LEAF.to_string());
+            }
+            // Shared with the parent first: each such page is counted once,
+            // in the parent's row, under its own leaf there.
+            if s.stratum & STRATUM_LAZY != 0 {
+                s.stratum &= !STRATUM_LAZY;
+                if s.leaf.as_deref() != Some(SHARED_LEAF) {
+                    s.leaf = Some(LAZY_LEAF.to_string());
+                }
             }
             match index.entry(SameStack::of(&s)) {
                 std::collections::hash_map::Entry::Occupied(e) => {

@@ -65,6 +65,11 @@ impl Resident {
 /// (the parent's pages, resident once, in both processes' figures).
 pub const SHARED_WITH_PARENT: &str = "[shared with parent]";
 
+/// The leaf of resident pages given back with `madvise(MADV_FREE)` that the
+/// kernel has not reclaimed yet: still counted resident (`LazyFree` in
+/// smaps), under the call site that faulted them in.
+pub const FREED_LAZILY: &str = "[freed lazily (MADV_FREE), not yet reclaimed]";
+
 /// Whether a resident site or stack's frames end in [`SHARED_WITH_PARENT`]:
 /// pages its parent's rows already count.
 pub fn shared_with_parent(frames: &[impl AsRef<str>]) -> bool {

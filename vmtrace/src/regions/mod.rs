@@ -39,6 +39,9 @@ pub(crate) struct Acc {
     major_time_ns: f64,
     hist: [f64; GRANULE_HIST],
     pages: u64,
+    /// Of `cow`, the faults at a generation before the exec of a process
+    /// forked while traced: it shared its parent's pages then (`cow_from`).
+    cow_forked: f64,
 }
 
 impl Acc {
@@ -76,6 +79,7 @@ impl Acc {
             *x += y;
         }
         self.pages += o.pages;
+        self.cow_forked += o.cow_forked;
     }
 
     /// Pages faulted in: those that took a fault, a huge page's 511 others too.
@@ -422,7 +426,10 @@ pub fn attribute<'a>(
 /// allocated zeroed (`cow_zero`, `__GFP_ZERO`) copied the zero page, which a
 /// read fault on anonymous memory maps. The rest copied a page shared since
 /// a fork when the process forked or was forked (and did not exec since),
-/// else some other shared page (`other`: KSM, pinned, swap cache). In a
+/// else some other shared page (`other`: KSM, pinned, swap cache); a row
+/// whose COW faults came mostly before the exec of a process forked while
+/// traced (`Acc::cow_forked`: a shell's child writing its stack and libc
+/// data between fork and exec) counts as one that shares since a fork. In a
 /// private file mapping a copy copied a file page. Without `copies_seen`, as
 /// many copies as there were read faults are taken for zero-page copies
 /// (a granule shared with a neighbour can put the reads in one region and
@@ -445,6 +452,7 @@ fn cow_from(r: &Region, a: &Acc, shares_after_fork: bool, copies_seen: bool) -> 
         }
         RegionKind::File => c.file = cow,
         k if k.is_anon_like() => {
+            let shares_after_fork = shares_after_fork || (a.cow_forked > 0.0 && 2.0 * a.cow_forked >= a.cow);
             let reads = round(a.faults - a.write - a.exec);
             let copied = if copies_seen {
                 round(a.cow_copied).min(cow)
@@ -702,6 +710,50 @@ mod tests {
         assert_eq!(a.regions[0].faults.total, 16);
         assert_eq!(a.regions[1].kind, RegionKind::Other, "faults outside every known region are kept, not dropped");
         assert_eq!((a.placement.exact.round() as u64, a.placement.unplaced.round() as u64), (16, 16));
+    }
+
+    /// `/bin/ls` run by a shell (or by `vmtrace record`): the forked child
+    /// writes its stack and libc data before it execs, copies of its
+    /// parent's pages (`cow.folded` `ls;[unmapped code];__GI__Fork`). They
+    /// are fork copies, not `other`, though the process exec'd (it shares
+    /// nothing since a fork at its end); its copies after the exec are not.
+    #[test]
+    fn a_forked_childs_copies_before_its_exec_are_fork_copies() {
+        use history::{Change, Fork};
+        let parents = [region(2 * G, 4 * G, RegionKind::Anon, None)];
+        let mut h = history::History::default();
+        h.forked_from = Some(Fork { parent: 1, gen: 9, at_ns: 0 });
+        h.push(3, 3, Change::Exec);
+        h.push(4, 3, Change::Map { region: region(8 * G, 9 * G, RegionKind::Anon, None), flags: 0x22 });
+        let cow = |pages: u64| GranuleCounts {
+            faults: pages,
+            write: pages,
+            cow: pages,
+            cow_copied: pages as u32,
+            touched: (1 << pages) - 1,
+            ..Default::default()
+        };
+        let keys = [
+            (GranuleKey { tgid: 6, gen: 2, granule: 2 }, cow(5)),
+            (GranuleKey { tgid: 6, gen: 4, granule: 8 }, cow(3)),
+        ];
+        let start: Option<std::sync::Arc<[Region]>> = Some(parents.to_vec().into());
+        let mut p = Partial::new(false).with_cow_copies(true);
+        p.add(&keys, |_| {
+            Some(ProcessInput { history: &h, start: start.clone(), final_maps: &[], shares_after_fork: false })
+        });
+        let a = p.finish(|_| None);
+        let cow_at = |start: u64| {
+            let r = a
+                .regions
+                .iter()
+                .find(|r| r.start == format!("{start:#x}"))
+                .unwrap_or_else(|| panic!("{:?}", a.regions));
+            let c = r.cow_from.clone().unwrap();
+            (c.fork, c.other)
+        };
+        assert_eq!(cow_at(2 * G), (5, 0), "before the exec: copies of the parent's pages");
+        assert_eq!(cow_at(8 * G), (0, 3), "after it: nothing shared since a fork");
     }
 
     /// The regions of a long `-a` recording: processes retire one by one,

@@ -169,14 +169,22 @@ type FileHits = Vec<(GranuleCounts, u64, f64)>;
 struct Rows {
     out: HashMap<RowRef, (Acc, FileHits)>,
     how: Placement,
+    /// The generation of the exec of a process forked while traced: before
+    /// it, it shared its parent's pages, whatever it became (`/bin/ls` run
+    /// by a shell, whose child writes its stack and libc data between the
+    /// fork and the exec): its copies then are `Acc::cow_forked`.
+    exec_after_fork: Option<u32>,
 }
 
 impl Rows {
-    /// One page of granule `g` (`n` pages touched) in `row`.
-    fn add(&mut self, row: RowRef, g: &GranuleCounts, n: u64, file_offset: Option<u64>) {
+    /// One page of granule `g` (`n` pages touched, at generation `gen`) in `row`.
+    fn add(&mut self, row: RowRef, (g, gen): (&GranuleCounts, u32), n: u64, file_offset: Option<u64>) {
         let share = 1.0 / n as f64;
         let e = self.out.entry(row).or_default();
         e.0.add_share(g, share, 1);
+        if self.exec_after_fork.is_some_and(|e| gen < e) {
+            e.0.cow_forked += g.cow as f64 * share;
+        }
         if let Some(off) = file_offset {
             e.1.push((*g, off, share));
         }
@@ -215,7 +223,8 @@ pub(super) fn place(
     let mut order: Vec<usize> = (0..granules.len()).collect();
     order.sort_by_key(|&i| granules[i].0.gen);
     let mut next = 0;
-    let mut rows = Rows::default();
+    let exec_after_fork = input.history.forked_from.and(input.history.first_exec_gen());
+    let mut rows = Rows { exec_after_fork, ..Rows::default() };
     // Pages no mapping held at their generation: (granule, page, gen, epoch).
     let mut pending: Vec<(usize, u64, u32, u32)> = Vec::new();
     for &i in &order {
@@ -234,7 +243,7 @@ pub(super) fn place(
                 continue;
             };
             let file = (replay.rows[row].region.kind == RegionKind::File).then_some(off);
-            rows.add(RowRef::Replay(row), g, n, file);
+            rows.add(RowRef::Replay(row), (g, gen), n, file);
             let late = input.history.truncated_at.is_some_and(|t| gen >= t);
             if unknown_gen || late || races.covers(addr, gen) {
                 rows.how.approximate += share;
@@ -307,12 +316,12 @@ fn place_late(
     match replay.later(addr, gen, epoch).or_else(grown) {
         Some(Placed::Exact(row)) => {
             rows.how.exact += share;
-            rows.add(RowRef::Replay(row), g, n, file_offset(replay, row, addr));
+            rows.add(RowRef::Replay(row), (g, gen), n, file_offset(replay, row, addr));
         }
         Some(Placed::Approximate(row)) => {
             log::debug!("{addr:#x} (generation {gen}) placed late in {:?}", replay.rows[row].region);
             rows.how.approximate += share;
-            rows.add(RowRef::Replay(row), g, n, file_offset(replay, row, addr));
+            rows.add(RowRef::Replay(row), (g, gen), n, file_offset(replay, row, addr));
         }
         None => {
             // Not from the same exec as the last read: its mappings are not this page's.
@@ -329,11 +338,11 @@ fn place_late(
                 }
                 let r = &maps[i];
                 let file = (r.kind == RegionKind::File).then(|| r.offset + (addr - r.start));
-                rows.add(RowRef::Final(i), g, n, file);
+                rows.add(RowRef::Final(i), (g, gen), n, file);
             } else {
                 log::debug!("region of {addr:#x} (generation {gen}, exec {epoch}) unknown");
                 rows.how.unplaced += share;
-                rows.add(RowRef::Unknown(key.granule), g, n, None);
+                rows.add(RowRef::Unknown(key.granule), (g, gen), n, None);
             }
         }
     }
