@@ -14,8 +14,15 @@ pub const CONTROL_STOPPED: u32 = 2;
 /// where it waits to exec, included), not from the moment userspace added
 /// its pid. 0: none.
 pub const CONTROL_LAUNCHER: u32 = 1;
+/// `CONTROL[CONTROL_WOKEN]`: 1 once a program has forced a wakeup of the
+/// collector since userspace last cleared it, which it does just before
+/// each drain of the event ring. Task and file-mapping events force one
+/// only while it is 0: a forced wakeup is an interrupt and the collector's
+/// wakeup, ~10 µs of the program's run on a busy machine (2026-12-07,
+/// cost32), and a second one before the drain wakes nobody.
+pub const CONTROL_WOKEN: u32 = 2;
 /// Entries of `CONTROL`.
-pub const CONTROL_ENTRIES: u32 = 2;
+pub const CONTROL_ENTRIES: u32 = 3;
 
 /// Why something was dropped; index into the per-CPU `DROPS` array.
 /// `FaultStatsFull`, `TracedFull` and `MmStatsFull` are also an entry the

@@ -9,9 +9,9 @@ use aya_ebpf::{
     programs::TracePointContext,
     EbpfContext,
 };
-use vmtrace_common::{DropKind, FaultStats, DROP_KINDS};
+use vmtrace_common::{DropKind, FaultStats, CONTROL_WOKEN, DROP_KINDS};
 
-use crate::globals::{stopped, system_wide_counting};
+use crate::globals::{stopped, system_wide_counting, CONTROL};
 
 /// Field at `offset` of a classic tracepoint's record. A tracepoint program
 /// may load from its context at constant offsets; `read_at` instead calls
@@ -157,11 +157,31 @@ pub fn batched_wakeup() -> u64 {
     }
 }
 
-/// Submit flags for task and OOM events: wake the collector now (a new task
-/// is told from a thread by reading /proc while it lives; an OOM victim's
+/// Submit flags for OOM events: wake the collector now (an OOM victim's
 /// /proc is gone soon). Forced, because after unwoken records the kernel's
 /// default wakes nobody (it wakes only when the reader had caught up).
 pub const WAKE_NOW: u64 = BPF_RB_FORCE_WAKEUP as u64;
+
+/// Submit flags for task and file-mapping events, which the collector wants
+/// soon (a new task is told from a thread by reading /proc while it lives; a
+/// mapped file is named from /proc/PID/fd while the fd is open): `WAKE_NOW`
+/// for the first since userspace last drained the ring, none for the rest,
+/// which that wakeup's drain (or the poll after it, which finds the ring
+/// not empty) takes as well (`CONTROL_WOKEN`). Under `-a` a forced wakeup
+/// per fork, exec, exit and file mapping was most of those programs' cost.
+/// Called just before the submit: userspace clears the flag before it drains.
+#[inline(always)]
+pub fn wake_once() -> u64 {
+    let Some(w) = CONTROL.get_ptr_mut(CONTROL_WOKEN) else { return WAKE_NOW };
+    // SAFETY: a live array value; a race with another CPU forces one more wakeup at worst.
+    unsafe {
+        if core::ptr::read_volatile(w) != 0 {
+            return u64::from(BPF_RB_NO_WAKEUP);
+        }
+        core::ptr::write_volatile(w, 1);
+    }
+    WAKE_NOW
+}
 
 /// A 64-bit finalizer (murmur3's fmix64): stack and Python chain hashes
 /// mix each frame in with it.

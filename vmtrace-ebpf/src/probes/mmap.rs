@@ -20,7 +20,7 @@ use crate::{
     globals::{config, koffsets},
     mapgen::{bump_gen, map_gen, mark_gen},
     probes::task::read_field,
-    shared::{batched_wakeup, count_drop, get_or_insert, is_traced, tp_fixed, EVENTS, WAKE_NOW},
+    shared::{batched_wakeup, count_drop, get_or_insert, is_traced, tp_fixed, wake_once, EVENTS},
     stacks::user_stack_id,
 };
 
@@ -327,8 +327,8 @@ fn try_sys_exit(ctx: &TracePointContext) -> Option<()> {
         start_ns: f.start_ns,
     });
     // A file mapping is named from /proc/PID/fd/FD while the fd is open:
-    // wake the collector now. Other changes can wait for its next poll.
-    slot.submit(if file_backed { WAKE_NOW } else { batched_wakeup() });
+    // wake the collector soon. Other changes can wait for its next poll.
+    slot.submit(if file_backed { wake_once() } else { batched_wakeup() });
     Some(())
 }
 
@@ -390,7 +390,7 @@ fn emit_lock(tgid: u32, tid: u32, f: &MmInflight, ret: i64, ok: bool) {
         _pad: 0,
     });
     // Userspace reads the process's RLIMIT_MEMLOCK while it lives.
-    slot.submit(WAKE_NOW);
+    slot.submit(wake_once());
 }
 
 /// (dev, inode) of the current task's open file `fd`, as `stat` reports

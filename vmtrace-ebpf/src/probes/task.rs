@@ -16,7 +16,7 @@ use crate::{
     globals::{config, koffsets},
     inflight::forget_parked,
     mapgen::{bump_gen, map_gen, release_gen, reset_gen},
-    shared::{add_traced, count_drop, is_traced, tp_loaded, EVENTS, FAULT_STATS, WAKE_NOW},
+    shared::{add_traced, count_drop, is_traced, tp_loaded, wake_once, EVENTS, FAULT_STATS},
 };
 
 /// Reads a `T` at `base + off`, or `None` when the offset is unknown on this kernel.
@@ -33,7 +33,7 @@ fn emit(ev: TaskEvent) {
     match EVENTS.reserve::<TaskEvent>(0) {
         Some(mut slot) => {
             slot.write(ev);
-            slot.submit(WAKE_NOW);
+            slot.submit(wake_once());
         }
         None => count_drop(DropKind::TaskEventRingFull),
     }

@@ -280,6 +280,13 @@ impl AggregateSource for Probes {
     fn drain_events(&mut self, on_event: &mut dyn FnMut(&[u8])) {
         let mut copies = crate::stacks::native::PageCopies::default();
         let maps = &mut self.maps;
+        // Before the drain: an event submitted after this wakes the
+        // collector again (`CONTROL_WOKEN`); one submitted before is drained
+        // now, or found by the next poll, which returns at once on a ring
+        // that is not empty.
+        if let Err(e) = maps.control.set(vmtrace_common::CONTROL_WOKEN, 0, 0) {
+            log::debug!("cannot clear the wakeup flag: {e}");
+        }
         while let Some(item) = maps.events.next() {
             // The granule keys' records stay here, in the loader's index.
             if let Some(ev) = granule_new(&item) {
