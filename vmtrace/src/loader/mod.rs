@@ -303,9 +303,14 @@ impl Probes {
     }
 
     /// Whether copy-on-write faults that copied are told from those that
-    /// reused their page (`GranuleCounts::cow_copied`, `ALLOC_HOOK`).
+    /// reused their page (`GranuleCounts::cow_copied`): the `mm_page_alloc`
+    /// programs count the copies wherever they run, as x86's `ALLOC_HOOK` or
+    /// as arm64's `HUGE_HOOK` (the same programs, attached where THP is
+    /// possible; their COW faults come from `ARM64_COW`).
     pub fn cow_copies_seen(&self) -> bool {
-        self.attached.iter().any(|a| a.what == hooks::ALLOC_HOOK.what && a.kind().is_some())
+        self.attached
+            .iter()
+            .any(|a| (a.what == hooks::ALLOC_HOOK.what || a.what == hooks::HUGE_HOOK.what) && a.kind().is_some())
     }
 
     /// Whether the fault end sees `get_user_pages()` faults
