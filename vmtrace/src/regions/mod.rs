@@ -721,10 +721,10 @@ mod tests {
     fn a_forked_childs_copies_before_its_exec_are_fork_copies() {
         use history::{Change, Fork};
         let parents = [region(2 * G, 4 * G, RegionKind::Anon, None)];
-        let mut h = history::History::default();
-        h.forked_from = Some(Fork { parent: 1, gen: 9, at_ns: 0 });
-        h.push(3, 3, Change::Exec);
-        h.push(4, 3, Change::Map { region: region(8 * G, 9 * G, RegionKind::Anon, None), flags: 0x22 });
+        let mut hist = history::History::default();
+        hist.forked_from = Some(Fork { parent: 1, gen: 9, at_ns: 0 });
+        hist.push(3, 3, Change::Exec);
+        hist.push(4, 3, Change::Map { region: region(8 * G, 9 * G, RegionKind::Anon, None), flags: 0x22 });
         let cow = |pages: u64| GranuleCounts {
             faults: pages,
             write: pages,
@@ -740,7 +740,7 @@ mod tests {
         let start: Option<std::sync::Arc<[Region]>> = Some(parents.to_vec().into());
         let mut p = Partial::new(false).with_cow_copies(true);
         p.add(&keys, |_| {
-            Some(ProcessInput { history: &h, start: start.clone(), final_maps: &[], shares_after_fork: false })
+            Some(ProcessInput { history: &hist, start: start.clone(), final_maps: &[], shares_after_fork: false })
         });
         let a = p.finish(|_| None);
         let cow_at = |start: u64| {
@@ -749,7 +749,7 @@ mod tests {
                 .iter()
                 .find(|r| r.start == format!("{start:#x}"))
                 .unwrap_or_else(|| panic!("{:?}", a.regions));
-            let c = r.cow_from.clone().unwrap();
+            let c = r.cow_from.unwrap();
             (c.fork, c.other)
         };
         assert_eq!(cow_at(2 * G), (5, 0), "before the exec: copies of the parent's pages");
