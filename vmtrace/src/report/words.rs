@@ -37,7 +37,11 @@ pub fn probe_lines(s: &Summary) -> Vec<String> {
             items.push(item);
         }
         // "fexit handle_mm_fault: refused (EPERM): kernel lockdown or …": the last part is why.
-        let cause = reason.split("; ").next().and_then(|c| c.rsplit(": ").next()).unwrap_or_default().to_string();
+        // A verifier's refusal carries its whole log (summary.json keeps it):
+        // the cause is the sentence before it.
+        let head = reason.split("Verifier output").next().and_then(|h| h.lines().next()).unwrap_or_default();
+        let head = head.trim_end().trim_end_matches('.');
+        let cause = head.split("; ").next().and_then(|c| c.rsplit(": ").next()).unwrap_or_default().to_string();
         if !cause.is_empty() && !causes.contains(&cause) {
             causes.push(cause);
         }
@@ -167,6 +171,17 @@ mod tests {
         assert!(probe_lines(&s)[0].starts_with("probes: 3 work differently"), "{:?}", probe_lines(&s));
         s.probes.retain(|p| p.not_needed() || p.fallback_reason.is_none());
         assert!(probe_lines(&s).is_empty(), "only probes not needed: nothing to say");
+        // arm64 6.12's verifier refused tp_btf rss_stat (vm32): its log is
+        // no cause to print.
+        let refused = "the BPF_PROG_LOAD syscall returned Permission denied (os error 13). Verifier output: 0: R1=ctx() R10=fp0\n; intrinsics::volatile_load(src) @ mod.rs:2107\n0: (18) r3 = 0xffff";
+        s.probes.push(probe("resident memory", "tracepoint", Some(refused)));
+        assert_eq!(
+            probe_lines(&s),
+            [
+                "probes: 1 work differently on this kernel (the BPF_PROG_LOAD syscall returned Permission denied (os error 13)); `vmtrace check` says more",
+                "  resident memory: taken through classic tracepoints instead (same data)",
+            ]
+        );
     }
 
     #[test]
