@@ -293,3 +293,29 @@ fn dropped_series_keep_the_process_sums_whole() {
     assert_eq!(sum, profile, "the metrics' faults against the cumulative profile's");
     assert!(sum >= 5 * 2048, "five 8 MiB first touches: {sum}");
 }
+
+/// A port already in use is the error, before any probe is loaded: run by
+/// a user who may not load them, serve names the address, not the missing
+/// privilege (uc32: the error came after the probes loaded, 22 s on a busy
+/// machine).
+#[test]
+fn a_port_in_use_is_said_before_the_probes_load() {
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = held.local_addr().unwrap().to_string();
+    let dir = common::world_reachable_dir();
+    let bin = common::world_runnable_bin(dir.path());
+    let mut c = Command::new(&bin);
+    c.args(["serve", "--listen", &addr]).current_dir(dir.path());
+    if nix_is_root() {
+        common::as_nobody(&mut c);
+    }
+    let out = c.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains(&format!("cannot listen on {addr}")), "{err}");
+}
+
+fn nix_is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}

@@ -150,8 +150,11 @@ pub fn serve(opts: &ServeOptions) -> Result<i32, ServeError> {
         storm_threshold: f64::MAX,
         ..Plan::new(opts.target.clone())
     };
-    let mut tracer = Tracer::start(&plan, Front::Metrics, None)?;
+    // The address first: a port in use is said at once, not after the
+    // probes load (uc32: 22 s on a busy machine). Connections made while
+    // they load wait in the backlog.
     let listener = TcpListener::bind(opts.listen).map_err(|err| ServeError::Listen { addr: opts.listen, err })?;
+    let mut tracer = Tracer::start(&plan, Front::Metrics, None)?;
     let addr = listener.local_addr().map_err(ServeError::LocalAddr)?;
     let (jobs_tx, jobs) = mpsc::channel::<Job>();
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
