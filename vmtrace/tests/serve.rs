@@ -306,7 +306,7 @@ fn a_port_in_use_is_said_before_the_probes_load() {
     let bin = common::world_runnable_bin(dir.path());
     let mut c = Command::new(&bin);
     c.args(["serve", "--listen", &addr]).current_dir(dir.path());
-    if nix_is_root() {
+    if running_as_root() {
         common::as_nobody(&mut c);
     }
     let out = c.output().unwrap();
@@ -315,7 +315,7 @@ fn a_port_in_use_is_said_before_the_probes_load() {
     assert!(err.contains(&format!("cannot listen on {addr}")), "{err}");
 }
 
-fn nix_is_root() -> bool {
+fn running_as_root() -> bool {
     // SAFETY: geteuid cannot fail.
     unsafe { libc::geteuid() == 0 }
 }
