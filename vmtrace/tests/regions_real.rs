@@ -212,10 +212,14 @@ fn numpy_in_threads_places_every_fault_exactly() {
     let unnamed: u64 =
         by_path.iter().filter(|(k, _)| k.starts_with("[fd ") || k.starts_with("[file ")).map(|(_, n)| n).sum();
     assert!(unnamed * 100 <= total, "{unnamed} faults in unnamed files: {by_path:#?}");
-    // No fork: no COW fault is called a copy of a shared page.
+    // No fork after the exec: no COW fault of Python's is called a copy of
+    // a page shared since a fork. Between record's fork and the exec the
+    // child writes a few pages of the collector's own stack and libc data
+    // (copies of its parent's pages, counted as fork copies since 33d6634;
+    // `record -- /bin/ls /` shows 1-2): a handful, not Python's arenas.
     for proc in run.summary["processes"].as_array().unwrap() {
         if let Some(c) = proc.get("cow_from") {
-            assert_eq!(u(&c["fork"]), 0, "{c}");
+            assert!(u(&c["fork"]) <= 8, "only the launcher's pre-exec copies are fork copies: {c}");
         }
     }
 }
