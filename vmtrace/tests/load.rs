@@ -48,6 +48,7 @@ fn system_wide_fault_storm_for_a_minute_is_counted_without_loss() {
         .spawn()
         .unwrap();
     sleep(Duration::from_secs(1));
+    let ipis_before = tlb_ipis_received();
     let load: Vec<_> = [
         vec!["workload", "fault-loop", "--mib", "64", "--seconds", "70"],
         vec!["workload", "fault-loop", "--mib", "64", "--seconds", "70"],
@@ -99,5 +100,10 @@ fn system_wide_fault_storm_for_a_minute_is_counted_without_loss() {
         u(&d["task_events"]) + u(&d["fault_stats_full"]) + u(&d["traced_full"]) + u(&d["mm"])
     );
     assert!(peak_rss_kb < 64 * 1024, "collector RSS {peak_rss_kb} kB");
-    assert!(!s["storms"].as_array().unwrap().is_empty(), "the churner's storm is seen system-wide");
+    // The default storm threshold is 1,000 IPIs/s; on a busy machine the
+    // churner's two threads may take turns on one CPU and send none (a run
+    // beside three builds: no storm): the kernel's TLB row decides.
+    if kernel_saw_a_storm(&run, ipis_before, 1000) {
+        assert!(!s["storms"].as_array().unwrap().is_empty(), "the churner's storm is seen system-wide");
+    }
 }
