@@ -1,10 +1,10 @@
 #!/bin/bash
-# Side by side: the churn load of docs/scripts/churn-live-stacks.sh, and two collectors
-# (`record -a --duration D`), A = BIN_A with env ENV_A, B = BIN_B with env ENV_B, started together;
-# RssAnon/VmHWM of both every 10 s to OUT/rss.
-# usage: docs/scripts/churn-side-by-side.sh OUT D BIN_A "ENV_A" BIN_B "ENV_B"
+# Side by side: the churn load of docs/scripts/churn-live-stacks.sh, and two or more collectors
+# (`record -a --duration D`), a = BIN_A with env ENV_A, b = BIN_B with env ENV_B (c, ... likewise),
+# started together; RssAnon, RssFile, VmHWM and CPU ticks (utime+stime) of each every 10 s to OUT/rss.
+# usage: docs/scripts/churn-side-by-side.sh OUT D BIN_A "ENV_A" BIN_B "ENV_B" [BIN_C "ENV_C" ...]
 # (docs/performance.md, "What the collector's heap holds under churn").
-OUT=$1; D=$2; BA=$3; EA=$4; BB=$5; EB=$6
+OUT=$1; D=$2; shift 2
 rm -rf "$OUT"; mkdir -p "$OUT"
 ( while :; do /bin/true; sh -c 'ls / >/dev/null'; python3 -c 'import json, ssl, sqlite3, decimal'; done ) >/dev/null 2>&1 &
 CHURN=$!
@@ -25,18 +25,25 @@ while True:
 ' &
 LONG=$!
 sleep 1
-env $EA RUST_LOG=vmtrace::weights=debug "$BA" record -a --duration $D -o "$OUT/a" 2>"$OUT/a.log" >"$OUT/a.out" &
-A=$!
-env $EB RUST_LOG=vmtrace::weights=debug "$BB" record -a --duration $D -o "$OUT/b" 2>"$OUT/b.log" >"$OUT/b.out" &
-B=$!
-echo "a $A $BA $EA / b $B $BB $EB" > "$OUT/rss"
+NAMES=(); PIDS=(); i=0
+while [ $# -ge 2 ]; do
+  n=$(printf "\\x$(printf %x $((97 + i)))")
+  env $2 RUST_LOG=vmtrace::weights=debug "$1" record -a --duration $D -o "$OUT/$n" 2>"$OUT/$n.log" >"$OUT/$n.out" &
+  PIDS+=($!); NAMES+=($n)
+  echo "$n $! $1 $2" >> "$OUT/rss"
+  shift 2; i=$((i + 1))
+done
 T0=$(date +%s)
-while kill -0 $A 2>/dev/null || kill -0 $B 2>/dev/null; do
-  t=$(( $(date +%s) - T0 ))
-  ra=$(awk '/RssAnon|VmHWM/{printf "%s %s ", $1, $2}' /proc/$A/status 2>/dev/null)
-  rb=$(awk '/RssAnon|VmHWM/{printf "%s %s ", $1, $2}' /proc/$B/status 2>/dev/null)
-  echo "$t A $ra B $rb load $(cut -d' ' -f1 /proc/loadavg) cpuA $(awk '{print $14+$15}' /proc/$A/stat 2>/dev/null) cpuB $(awk '{print $14+$15}' /proc/$B/stat 2>/dev/null)" >> "$OUT/rss"
+alive() { for p in "${PIDS[@]}"; do kill -0 $p 2>/dev/null && return 0; done; return 1; }
+while alive; do
+  line="$(( $(date +%s) - T0 ))"
+  for k in "${!PIDS[@]}"; do
+    p=${PIDS[$k]}
+    line+=" ${NAMES[$k]} $(awk '/RssAnon|RssFile|VmHWM/{printf "%s %s ", $1, $2}' /proc/$p/status 2>/dev/null)"
+    line+="cpu $(awk '{print $14+$15}' /proc/$p/stat 2>/dev/null)"
+  done
+  echo "$line load $(cut -d' ' -f1 /proc/loadavg)" >> "$OUT/rss"
   sleep 10
 done
-wait $A; echo "rc a $?" >> "$OUT/rss"; wait $B; echo "rc b $?" >> "$OUT/rss"
+for k in "${!PIDS[@]}"; do wait ${PIDS[$k]}; echo "rc ${NAMES[$k]} $?" >> "$OUT/rss"; done
 kill $CHURN $LONG

@@ -39,8 +39,8 @@ const STORM_TICK: Duration = Duration::from_millis(100);
 /// How often the kernel's resident counters are read without the Perfetto
 /// trace (`Session::resident_counters`).
 const RESIDENT_EVERY: Duration = Duration::from_secs(1);
-/// How often the collector drops its mappings of the object files' pages
-/// (`stacks::objects`).
+/// How often the collector checks whether its mappings of the object files'
+/// pages grew enough to drop them (`stacks::objects::ObjectPages`).
 const DROP_OBJECT_PAGES_EVERY: Duration = Duration::from_secs(1);
 /// How often exited processes are retired (each time walks the keys of the
 /// kernel's granule maps, a system call per live entry: every 4 s let 700
@@ -199,6 +199,8 @@ pub struct Session<S: AggregateSource> {
     /// When the kernel's resident counters were last read.
     last_resident: Instant,
     last_object_drop: Instant,
+    /// Whether the object pages grew enough to drop them again.
+    object_pages: crate::stacks::objects::ObjectPages,
     /// IPIs per call site (syscall, user stack) at the last tick, by
     /// process (for storm culprits): an exited process's go at once.
     last_sites: HashMap<u32, HashMap<(u32, i32), u64>>,
@@ -483,6 +485,7 @@ impl<S: AggregateSource> Session<S> {
             last_storm_tick: now,
             last_resident: now,
             last_object_drop: now,
+            object_pages: crate::stacks::objects::ObjectPages::default(),
             last_sites: HashMap::default(),
             stale_sites: crate::hash::HashSet::default(),
             timeline: TimelineRecorder::new(now),
@@ -667,8 +670,9 @@ impl<S: AggregateSource> Session<S> {
         if self.opts.stacks.is_some() && now.saturating_duration_since(self.last_object_drop) >= DROP_OBJECT_PAGES_EVERY
         {
             self.last_object_drop = now;
-            let n = crate::stacks::objects::drop_object_pages();
-            log::trace!(target: "vmtrace::tick", "object pages dropped from {n} mappings");
+            if let Some(n) = self.object_pages.tick() {
+                log::trace!(target: "vmtrace::tick", "object pages dropped from {n} mappings");
+            }
         }
         mark(0);
         if self.opts.stacks.is_some() || self.opts.families.regions {
