@@ -39,8 +39,8 @@ const STORM_TICK: Duration = Duration::from_millis(100);
 /// How often the kernel's resident counters are read without the Perfetto
 /// trace (`Session::resident_counters`).
 const RESIDENT_EVERY: Duration = Duration::from_secs(1);
-/// How often the collector drops its mappings of the object files' pages
-/// (`stacks::objects`).
+/// How often the collector checks whether its mappings of the object files'
+/// pages grew enough to drop them (`stacks::objects::ObjectPages`).
 const DROP_OBJECT_PAGES_EVERY: Duration = Duration::from_secs(1);
 /// How often exited processes are retired (each time walks the keys of the
 /// kernel's granule maps, a system call per live entry: every 4 s let 700
@@ -82,6 +82,13 @@ const RELEASE_BUDGET: Duration = Duration::from_millis(250);
 /// them again costs more than symbolizing a slice, holding them all keeps
 /// every program ever seen mapped.
 const CLOSE_OBJECTS_EVERY: u64 = 16;
+/// Free bytes glibc keeps at the top of the collector's heap: each brk
+/// that grows it takes this much more (`M_TOP_PAD`, set as a session
+/// starts), and the trim once a tick leaves this much. With glibc's 128 KiB
+/// and a trim to 0, the collector's heap top went down and up again 10 times
+/// a second under churn (1,451 brk calls in 150 s, each a mapping call it
+/// traces and logs for itself, and fresh pages faulted in after it).
+const HEAP_TOP_PAD: usize = 1 << 20;
 /// How often the drained stacks nothing refers to are let go
 /// (`sweep_stacks`), and how long one is held first: a ring record or a
 /// fault in flight naming it has long been seen by then.
@@ -192,6 +199,8 @@ pub struct Session<S: AggregateSource> {
     /// When the kernel's resident counters were last read.
     last_resident: Instant,
     last_object_drop: Instant,
+    /// Whether the object pages grew enough to drop them again.
+    object_pages: crate::stacks::objects::ObjectPages,
     /// IPIs per call site (syscall, user stack) at the last tick, by
     /// process (for storm culprits): an exited process's go at once.
     last_sites: HashMap<u32, HashMap<(u32, i32), u64>>,
@@ -447,6 +456,16 @@ impl Batch {
 
 impl<S: AggregateSource> Session<S> {
     pub fn new(source: S, opts: SessionOptions) -> Self {
+        // Setting the pad also fixes glibc's mmap threshold (no longer
+        // raised to the size of each mapped block freed): set it too, so
+        // blocks of 4 MiB and more (the largest tables) are mapped and go
+        // back whole when freed, and smaller ones stay on the heap as they
+        // mostly did.
+        // SAFETY: mallopt only changes glibc's growth step and threshold.
+        unsafe {
+            libc::mallopt(libc::M_TOP_PAD, HEAP_TOP_PAD as i32);
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20);
+        }
         let now = Instant::now();
         let (page_salt, tp_offsets, cow_copies) = (source.page_salt(), source.tp_offsets(), source.cow_copies_seen());
         let placed = crate::regions::Partial::new(attribute::weighted_time(&source)).with_cow_copies(cow_copies);
@@ -466,6 +485,7 @@ impl<S: AggregateSource> Session<S> {
             last_storm_tick: now,
             last_resident: now,
             last_object_drop: now,
+            object_pages: crate::stacks::objects::ObjectPages::default(),
             last_sites: HashMap::default(),
             stale_sites: crate::hash::HashSet::default(),
             timeline: TimelineRecorder::new(now),
@@ -650,8 +670,9 @@ impl<S: AggregateSource> Session<S> {
         if self.opts.stacks.is_some() && now.saturating_duration_since(self.last_object_drop) >= DROP_OBJECT_PAGES_EVERY
         {
             self.last_object_drop = now;
-            let n = crate::stacks::objects::drop_object_pages();
-            log::trace!(target: "vmtrace::tick", "object pages dropped from {n} mappings");
+            if let Some(n) = self.object_pages.tick() {
+                log::trace!(target: "vmtrace::tick", "object pages dropped from {n} mappings");
+            }
         }
         mark(0);
         if self.opts.stacks.is_some() || self.opts.families.regions {
@@ -1527,7 +1548,7 @@ impl<S: AggregateSource> Session<S> {
             // tick, not once a slice: each trim's pages were faulted back in
             // by the next slice (the collector's own faults under churn).
             // SAFETY: malloc_trim only returns free pages to the kernel.
-            unsafe { libc::malloc_trim(0) };
+            unsafe { libc::malloc_trim(HEAP_TOP_PAD) };
         }
     }
 
@@ -1578,9 +1599,12 @@ impl<S: AggregateSource> Session<S> {
             .collect();
         log::debug!(
             target: "vmtrace::weights",
-            "live [procs, log entries, log regions, keys, own stacks] {:?}, exited {:?}, keys of processes not in the table {not_in_table}; heaviest: {}",
+            "live [procs, log entries, log regions, keys, own stacks] {:?}, exited {:?}, keys of processes not in the table {not_in_table}; \
+             unwound (ids, stacks, pinned) {:?}; retired kept (stacks, sites, (user, kernel, other names, stacks)) {:?}; heaviest: {}",
             sums[1],
             sums[0],
+            self.native.sizes(),
+            self.syms.sizes(),
             top.join("; ")
         );
     }

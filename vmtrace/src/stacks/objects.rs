@@ -4,10 +4,60 @@
 //! stays resident in the collector: beside a `cargo build`, 14 MB of
 //! librustc_driver's, libLLVM's and cargo's `.eh_frame` and symbol pages
 //! (docs/performance.md). Those pages are the page cache's, shared with the
-//! programs that run them; once a second the collector drops its own
-//! mappings of them (`MADV_DONTNEED` on a read-only shared file mapping
-//! only unmaps: the next lookup maps the page again from the page cache,
-//! a minor fault, with the same bytes).
+//! programs that run them; when they grew (`ObjectPages`, checked once a
+//! second) the collector drops its own mappings of them (`MADV_DONTNEED`
+//! on a read-only shared file mapping only unmaps: the next lookup maps
+//! the page again from the page cache, a minor fault, with the same bytes).
+
+/// How much the collector's file pages (`RssFile`) may grow after a drop
+/// before the object pages are dropped again. Under churn the lookups of
+/// one second touch 4-7 MB of them (smaps of the `r--s` mappings, sampled
+/// a second after a drop), so 1 MiB dropped every second all the same.
+const GROWN_KB: u64 = 8 << 10;
+
+/// When to drop the object pages: only when the collector's own file-backed
+/// resident pages grew by `GROWN_KB` since the last drop. Dropping once a
+/// second whatever they held was one `MADV_DONTNEED` per object mapping a
+/// second, each a call the collector traces for itself (mem32: 65k of the
+/// two collectors' 73k madvise calls in 150 s of churn), and the pages a
+/// lookup needs again faulted back in; 11,130 such calls against 15,978 in
+/// 150 s side by side (docs/performance.md, "Object pages dropped when they
+/// grew").
+#[derive(Default)]
+pub struct ObjectPages {
+    /// `RssFile` (kB) just after the last drop. Not lowered when it falls:
+    /// the objects closed and mapped again (`CLOSE_OBJECTS_EVERY`) would
+    /// count as growth.
+    after_drop_kb: Option<u64>,
+}
+
+impl ObjectPages {
+    /// Drops the object pages (`drop_object_pages`) if they may have grown
+    /// by `GROWN_KB`: how many mappings, `None` when not due.
+    pub fn tick(&mut self) -> Option<usize> {
+        if !self.due(file_rss_kb()) {
+            return None;
+        }
+        let n = drop_object_pages();
+        self.after_drop_kb = file_rss_kb();
+        Some(n)
+    }
+
+    /// Whether `now_kb` of file pages calls for a drop (always when either
+    /// reading failed).
+    fn due(&mut self, now_kb: Option<u64>) -> bool {
+        let (Some(now), Some(base)) = (now_kb, self.after_drop_kb) else { return true };
+        now >= base + GROWN_KB
+    }
+}
+
+/// This process's resident file-backed pages in kB (`/proc/self/statm`'s
+/// third field, shared: file and shmem pages; the collector maps no shmem).
+fn file_rss_kb() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(2)?.parse().ok()?;
+    Some(pages * crate::kernel::page_size() / 1024)
+}
 
 /// Drops the collector's page mappings of every read-only shared file
 /// mapping it holds (`r--s` with a path: the object files; never the ring
@@ -60,6 +110,24 @@ fn unmap_pages(start: usize, end: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use std::io::Write as _;
+
+    /// Dropped again only once the file pages grew by `GROWN_KB` over the
+    /// level just after the last drop.
+    #[test]
+    fn object_pages_are_dropped_again_only_once_they_grew() {
+        let mut o = super::ObjectPages::default();
+        assert!(o.due(Some(5000)), "the first time");
+        o.after_drop_kb = Some(5000);
+        assert!(!o.due(Some(5000 + super::GROWN_KB - 1)));
+        assert!(!o.due(Some(4000)), "fell");
+        assert!(!o.due(Some(4000 + super::GROWN_KB)), "grew back: from the level after the drop");
+        assert!(o.due(Some(5000 + super::GROWN_KB)));
+        assert!(o.due(None), "unread");
+        // The real one: a first tick drops, and the level after it is kept.
+        let mut o = super::ObjectPages::default();
+        assert!(o.tick().is_some());
+        assert!(o.after_drop_kb.is_some_and(|kb| kb > 0));
+    }
 
     /// A shared read-only map of a file reads the same after its pages
     /// were dropped, and holds none of them in between (smaps' `Rss`).
