@@ -634,3 +634,53 @@ fn memory_freed_lazily_stays_under_its_site_until_reclaimed() {
         assert_close("resident.folded total", weight(&end, |_| true), u(&r["end_bytes"]), 1.0);
     }
 }
+
+/// A process that runs `/bin/true` 20 times by `posix_spawn` (glibc's
+/// clone with CLONE_VM | CLONE_VFORK: each child runs in its parent's
+/// address space until its exec), with a transient 16-19 MiB buffer before
+/// each, as Python's `os.system` does (uc32 bug 8: peak_bytes 2-4 MB over
+/// ru_maxrss). The children's events on the parent's counters are the
+/// parent's, and each child's exec'd address space its own: the parent's
+/// peak is its own ru_maxrss and VmHWM within the counters' error
+/// (`resident.counter_error_bytes`), and no child holds anything near the
+/// parent's 64 MiB. (The excess uc32 saw came from threads, not the vfork:
+/// see docs/design.md, "the kernel's high-water mark".)
+#[test]
+fn a_process_that_spawns_by_vfork_peaks_at_its_own_high_water_mark() {
+    privileged!();
+    let dir = disk_dir();
+    let bin = common::compile_c("resident_vfork.c", dir.path());
+    let run = record(&["--stack-sample", "16"], &[bin.to_str().unwrap(), dir.path().to_str().unwrap(), "20"]);
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let own = std::fs::read_to_string(dir.path().join("status.txt")).expect("the workload's status.txt");
+    let pid = run.summary["target"]["pid"].as_u64().unwrap() as u32;
+    let r = &run.process(pid)["resident"];
+    assert!(r.is_object(), "no resident figures: {:#}", run.process(pid));
+    let error = u(&run.summary["resident"]["counter_error_bytes"]);
+    let peak = u(&r["peak_bytes"]);
+    eprintln!(
+        "peak_bytes {peak}, ru_maxrss {}, VmHWM {}, end_bytes {}, Rss {}, error {error}",
+        kb(&own, "MaxRss"),
+        kb(&own, "VmHWM"),
+        u(&r["end_bytes"]),
+        kb(&own, "Rss")
+    );
+    for key in ["MaxRss", "VmHWM"] {
+        let want = kb(&own, key);
+        assert!(peak.abs_diff(want) <= error, "peak_bytes {peak} against the process's own {key} {want} (±{error})");
+    }
+    assert_close("resident at the end", u(&r["end_bytes"]), kb(&own, "Rss"), 5.0);
+    let children: Vec<&serde_json::Value> = run.summary["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .filter(|p| p["ppid"].as_u64() == Some(u64::from(pid)))
+        .collect();
+    assert_eq!(children.len(), 20, "the 20 spawned children: {:#}", run.summary["processes"]);
+    for c in children {
+        let cr = &c["resident"];
+        if cr.is_object() {
+            assert!(u(&cr["peak_bytes"]) < 16 << 20, "a spawned child's peak is its own exec's: {c:#}");
+        }
+    }
+}

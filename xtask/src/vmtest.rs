@@ -92,6 +92,7 @@ const ARM64_FIXTURES: &[(&str, &[&str])] = &[
     ("nofp.c", &["-O2", "-fomit-frame-pointer"]),
     ("resident_clone_vm.c", &["-O0", "-fno-omit-frame-pointer"]),
     ("cow_after_exit.c", &["-O0", "-fno-omit-frame-pointer"]),
+    ("resident_vfork.c", &["-O0", "-fno-omit-frame-pointer"]),
 ];
 
 /// Cross-builds [`ARM64_FIXTURES`] into `out` (under the workspace, which the

@@ -35,6 +35,8 @@ pub struct FakeSource {
     pub probes: Vec<ProbeInfo>,
     /// `TP_OFFSETS`; `None`: the table's (every field in the records, as on 6.18).
     pub tp_offsets: Option<vmtrace_common::TpOffsets>,
+    /// `AggregateSource::cow_copies_seen`.
+    pub cow_copies: bool,
 }
 
 /// The bytes of a `#[repr(C)]` event, as the ring buffer carries them.
@@ -153,6 +155,10 @@ impl AggregateSource for FakeSource {
 
     fn tp_offsets(&self) -> vmtrace_common::TpOffsets {
         self.tp_offsets.unwrap_or(vmtrace_common::TpOffsets::TABLE)
+    }
+
+    fn cow_copies_seen(&self) -> bool {
+        self.cow_copies
     }
 
     fn probe_info(&self) -> Vec<ProbeInfo> {

@@ -294,6 +294,19 @@ impl ResidentTracker {
         if p.given_back.iter().any(|&(start, end, ts)| (start..end).contains(&addr) && ev.hdr.ts_ns < ts) {
             return;
         }
+        // A fork child faulting again, without a copy, a file or shmem page
+        // it inherited: the fork left that mapping's page tables to be
+        // faulted again (`dup_mmap`), and the page is the page-cache page
+        // its parent maps still (smaps: Shared_Clean in both). It stays
+        // inherited, under its parent's stack. (uc32 bug 5: it became the
+        // child's own, and `private_bytes` was over the child's
+        // Private_Dirty by its refaulted library pages.)
+        if kind != RSS_ANON as u8
+            && ev.flags & (PAGE_COW | PAGE_HUGE) == 0
+            && p.live.get(&addr).is_some_and(|pg| pg.owner.inherited && pg.owner.kind == kind && pg.bytes == bytes)
+        {
+            return;
+        }
         let reused = self.cow_copies_seen && ev.flags & (PAGE_COW | PAGE_COPIED | PAGE_HUGE) == PAGE_COW;
         if let Some(page) = reused.then(|| p.live.get_mut(&addr)).flatten().filter(|page| page.bytes == bytes) {
             // (uc29: a program that wrote its 64 MiB after its fork child
@@ -1084,6 +1097,41 @@ mod tests {
         let own: u64 = end.by_owner.iter().filter(|(o, _)| o.user_stack == 9 && !o.inherited).map(|(_, v)| v.0).sum();
         assert_eq!((inherited, own), (3 * 4096, 4096));
         assert_eq!(end.resident(), 4 * 4096);
+    }
+
+    /// A fork child reading a library page again (the fork copies no page
+    /// tables of a file mapping): the page-cache page its parent maps, still
+    /// shared and its parent's (uc32 bug 5); a write to a private file page
+    /// copies it, the child's own; an anonymous fault replaces as before.
+    #[test]
+    fn a_childs_refault_of_an_inherited_file_page_stays_shared() {
+        let mut t = ResidentTracker::default();
+        let file = RSS_FILE as u8;
+        for i in 0..4 {
+            t.page(&sample(5, 0x40_0000 + i * 4096, 1), file, None);
+        }
+        t.task(&fork(6, 5));
+        // Read again in the child: no copy.
+        t.page(&sample(6, 0x40_0000, 9), file, None);
+        t.page(&sample(6, 0x40_1000, 9), file, None);
+        // Written in the child: a copy.
+        t.page(&PageSample { flags: PAGE_COW | PAGE_COPIED, ..sample(6, 0x40_2000, 9) }, file, None);
+        let mut ev = fork(6, 5);
+        ev.hdr.kind = EventKind::TaskExit as u32;
+        ev.group_dead = 1;
+        t.task(&ev);
+        let (procs, _, _) = t.finish(10);
+        let end = procs[&6].end.as_ref().unwrap();
+        let by = |inherited: bool, stack: i32| -> u64 {
+            end.by_owner
+                .iter()
+                .filter(|(o, _)| o.inherited == inherited && o.user_stack == stack)
+                .map(|(_, v)| v.0)
+                .sum()
+        };
+        assert_eq!(by(true, 1), 3 * 4096, "the pages read again are the parent's still: {:?}", end.by_owner);
+        assert_eq!(by(false, 9), 4096, "the copy is the child's: {:?}", end.by_owner);
+        assert!(end.by_owner.keys().filter(|o| o.inherited).all(|o| o.stack_pid == 5));
     }
 
     /// A write after the fork child exited reuses the page (uc29): it stays

@@ -373,11 +373,19 @@ pub fn run(opts: &TopOptions) -> Result<i32, TopError> {
         log: log.map(|(p, _)| p),
     };
     let r = rt.block_on(app.run(&mut terminal, opts.interval));
+    // The cursor to the last line before the alternate screen is left: a
+    // terminal that has none (or ignores it) keeps the last frame on screen,
+    // and the note below goes under it, not over the row the last draw
+    // ended on (uc32 bug 7: it overwrote the python row of the final table).
+    // A terminal that has one restores its own cursor.
+    if let Ok(size) = terminal.size() {
+        let _ = terminal.set_cursor_position((0, size.height.saturating_sub(1)));
+    }
     ratatui::restore();
     r.map_err(TopError::Terminal)?;
     app.tracer.stop_counting();
     if let Some(p) = &app.log {
-        eprintln!("vmtrace: the command's output is in {}", p.display());
+        eprintln!("\nvmtrace: the command's output is in {}", p.display());
     }
     Ok(app.finish())
 }
