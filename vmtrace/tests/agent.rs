@@ -111,6 +111,8 @@ fn prometheus_and_pprof_read_a_pods_faults_by_pod_container_and_rank() {
     {
         return;
     }
+    let unix_now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    let began = unix_now();
     let dir = tempfile::tempdir().unwrap();
     let hold = compile_c("hold_memory.c", dir.path());
     let cg = PodCgroup::new();
@@ -176,6 +178,13 @@ fn prometheus_and_pprof_read_a_pods_faults_by_pod_container_and_rank() {
         "{m}"
     );
     assert_eq!(m["job"], "vmtrace", "{m}");
+    // uc32 (issue #36): the series says when it started counting
+    // (OpenMetrics `_created`, a series of its own in Prometheus): after this
+    // test began, as serve started in it.
+    let created = query(&prom, &format!("vmtrace_cgroup_page_faults_created{{pod_uid=\"{}\",kind=\"minor\"}}", cg.uid));
+    let created = created.first().map_or(f64::NAN, value_of);
+    eprintln!("pod {}: created {created}, test began {began}", cg.uid);
+    assert!(created >= began - 1.0 && created <= unix_now(), "created {created}, test began {began}");
     // The process's own series, with the same labels and its pid.
     let own =
         query(&prom, &format!("sum(vmtrace_page_faults_total{{pid=\"{pid}\",rank=\"5\",pod_uid=\"{}\"}})", cg.uid));

@@ -230,6 +230,59 @@ fn exited_children_keep_their_faults_in_the_profile_and_the_metrics() {
     assert!(metrics <= kernel, "no more than the kernel counted: {metrics} > {kernel}");
 }
 
+/// The faults of `pid`'s waited-for children (cminflt + cmajflt of its
+/// /proc/PID/stat).
+fn children_faults(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let f: Vec<u64> = stat.rsplit_once(')').unwrap().1.split_whitespace().map(|x| x.parse().unwrap_or(0)).collect();
+    f[8] + f[10]
+}
+
+/// uc32 (issue #36): a job started in serve's first seconds whose launcher
+/// has no rank (a shell without RANK forks, the child execs `env RANK=3`,
+/// which execs the workload) has its faults after that exec under rank 3,
+/// as many as the kernel counted for the child less its few pre-exec ones.
+/// The shell waits on a fifo (no child of its own before the job), so its
+/// children's counts are the job's alone.
+#[test]
+fn a_job_started_as_serve_starts_has_its_faults_under_its_rank() {
+    privileged!();
+    let dir = tempfile::tempdir().unwrap();
+    let (go, done) = (dir.path().join("go"), dir.path().join("done"));
+    let fifo = std::ffi::CString::new(go.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let script = format!(
+        "read x < {}; env RANK=3 {BIN} workload touch --mib 64 > /dev/null; echo > {}; exec sleep 60",
+        go.display(),
+        done.display()
+    );
+    let mut sh = Command::new("sh").args(["-c", &script]).env_remove("RANK").spawn().unwrap();
+    let pid = sh.id();
+    let (mut vm, addr) = serve_with(&["-p", &pid.to_string()]);
+    // At once: the job runs through serve's first refreshes.
+    std::fs::write(&go, "go\n").unwrap();
+    let start = std::time::Instant::now();
+    while !done.exists() {
+        assert!(start.elapsed() < Duration::from_mins(1), "the job never finished");
+        sleep(Duration::from_millis(50));
+    }
+    let kernel = children_faults(pid);
+    // The metrics refresh every second.
+    sleep(Duration::from_millis(2500));
+    let body = scrape(&addr);
+    let _ = sh.kill();
+    let _ = sh.wait();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(vm.id() as i32, libc::SIGINT) };
+    let _ = vm.wait();
+    let ranked = total(&body, "vmtrace_cgroup_page_faults_total{", "rank=\"3\"") as u64;
+    eprintln!("rank 3: {ranked} faults; the kernel counted {kernel} for the job (pre-exec parts included)");
+    assert!(ranked <= kernel, "more under rank 3 than the kernel counted: {ranked} > {kernel}\n{body}");
+    // The fork child's and env's faults before the workload's exec (~150) are the launcher's.
+    assert!(ranked + 400 >= kernel, "rank 3 has {ranked} of the job's {kernel} faults\n{body}");
+}
+
 /// uc30 bug 8: once lingering series were dropped, the process series no
 /// longer added up to the cgroup series (16.78M against 21.06M after
 /// 12 min). A short churn with three process places and series dropped 1 s

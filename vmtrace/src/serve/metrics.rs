@@ -103,6 +103,9 @@ struct Series {
     /// Seconds (of the trace) a process of it was last seen alive.
     last_alive_s: f64,
     labels: String,
+    /// Seconds (of the trace) its counters count from: the refresh before
+    /// the one that made it (`_created`); none for a remainder that jumps.
+    created_s: Option<f64>,
 }
 
 /// The cgroup series' key.
@@ -177,6 +180,11 @@ pub struct Aggregator {
     folded_cgroups: HashSet<u64>,
     oom_kills: usize,
     dropped: u64,
+    /// Unix seconds of the trace's start (`_created` = this + `created_s`).
+    epoch_s: Option<f64>,
+    /// Seconds (of the trace) of the last update: a series made at the
+    /// next counts what grew since.
+    last_t_s: f64,
 }
 
 impl Aggregator {
@@ -187,9 +195,9 @@ impl Aggregator {
             max_cgroups,
             seen: HashMap::default(),
             procs: BTreeMap::new(),
-            proc_other: Series::default(),
+            proc_other: Series { created_s: Some(0.0), ..Series::default() },
             cgroups: BTreeMap::new(),
-            cgroup_other: Series::default(),
+            cgroup_other: Series { created_s: Some(0.0), ..Series::default() },
             proc_exited: Series {
                 labels: "pid=\"\",comm=\"[exited]\",cgroup=\"\",pod_uid=\"\",container_id=\"\",rank=\"\"".into(),
                 ..Series::default()
@@ -203,7 +211,17 @@ impl Aggregator {
             folded_cgroups: HashSet::default(),
             oom_kills: 0,
             dropped: 0,
+            epoch_s: None,
+            last_t_s: 0.0,
         }
+    }
+
+    /// The trace's start in Unix seconds (tests: the clock otherwise, at
+    /// the first update).
+    #[cfg(test)]
+    fn with_epoch(mut self, unix_s: f64) -> Self {
+        self.epoch_s = Some(unix_s);
+        self
     }
 
     /// How long a series outlives its last process (tests: `LINGER` otherwise).
@@ -217,6 +235,12 @@ impl Aggregator {
     /// to its series. `snap` covers the whole trace (exited processes too).
     pub fn update(&mut self, snap: &LiveSnapshot) {
         let now_s = snap.t_s;
+        let since = self.last_t_s;
+        self.last_t_s = now_s;
+        if self.epoch_s.is_none() {
+            let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            self.epoch_s = Some(unix.as_secs_f64() - now_s);
+        }
         let linger = self.linger.as_secs_f64();
         // A series with a live process is alive; the places of those gone
         // quiet for LINGER are taken back.
@@ -273,7 +297,7 @@ impl Aggregator {
             want.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
             for (_, pid) in want.into_iter().take(free) {
                 self.seen.entry(pid).or_default().own = true;
-                self.procs.insert(pid, Series::default());
+                self.procs.insert(pid, Series { created_s: Some(since), ..Series::default() });
             }
         }
         for s in self.procs.values_mut().chain(self.cgroups.values_mut()) {
@@ -287,7 +311,8 @@ impl Aggregator {
             let resident =
                 p.resident.map(|r| Resident { anon: r.anon, file: r.file, shmem: r.shmem, peak: r.peak, known: true });
             let series = if seen.own {
-                let s = self.procs.entry(p.pid).or_default();
+                let s =
+                    self.procs.entry(p.pid).or_insert_with(|| Series { created_s: Some(since), ..Series::default() });
                 s.labels = process_labels(p);
                 s
             } else {
@@ -302,17 +327,7 @@ impl Aggregator {
             if !p.exited {
                 series.last_alive_s = now_s;
             }
-            let key = CgroupKey::of(p.identity.as_deref());
-            let own = self.cgroups.contains_key(&key) || (self.cgroups.len() < self.max_cgroups && !p.exited);
-            let series = if own {
-                let labels = key.labels();
-                self.cgroups.entry(key).or_insert_with(|| Series { labels, ..Series::default() })
-            } else {
-                if g.faults() + g.ipis > 0 {
-                    self.folded_cgroups.insert(key.hash64());
-                }
-                &mut self.cgroup_other
-            };
+            let series = self.cgroup_series(p, g, since);
             series.counts.add(g);
             // A cgroup's peak is no sum of its processes' peaks: not shown.
             add_resident(&mut series.resident, resident, false);
@@ -322,6 +337,29 @@ impl Aggregator {
         }
         self.oom_kills = snap.oom_kills;
         self.dropped = snap.drops.all_counters();
+    }
+
+    /// The cgroup-and-rank series `p`'s growth `g` adds to: its own (made
+    /// now, counting from `since`, if a place is free) or `other`.
+    fn cgroup_series(&mut self, p: &LiveProcess, g: &Counts, since: f64) -> &mut Series {
+        let key = CgroupKey::of(p.identity.as_deref());
+        // A place for a live process, or for one that grew and exited
+        // between two refreshes (a short job: its rank's series, not
+        // `other`); never for pid 0, what no refresh saw of the
+        // processes folded away, which has no identity.
+        let new_place = !p.exited || (g.faults() + g.ipis > 0 && p.pid != crate::model::fold::OTHER_PID);
+        if self.cgroups.contains_key(&key) || (self.cgroups.len() < self.max_cgroups && new_place) {
+            let labels = key.labels();
+            return self.cgroups.entry(key).or_insert_with(|| Series {
+                labels,
+                created_s: Some(since),
+                ..Series::default()
+            });
+        }
+        if g.faults() + g.ipis > 0 {
+            self.folded_cgroups.insert(key.hash64());
+        }
+        &mut self.cgroup_other
     }
 
     /// A process that left the snapshot was folded away into its other
@@ -368,6 +406,17 @@ impl Aggregator {
         let other_cg = CgroupKey::other().labels();
         let plabels = |s: &Series| if s.labels.is_empty() { other_labels.clone() } else { s.labels.clone() };
         let clabels = |s: &Series| if s.labels.is_empty() { other_cg.clone() } else { s.labels.clone() };
+        let epoch = self.epoch_s.unwrap_or_default();
+        // A counter's sample, then (OpenMetrics) when it started counting:
+        // a series that appears mid-trace starts at what its processes did
+        // in its first second, which Prometheus's increase() cannot see grow
+        // without it.
+        let counter = |t: &mut String, name: &str, labels: &str, value: &dyn std::fmt::Display, s: &Series| {
+            let _ = writeln!(t, "{name}_total{{{labels}}} {value}");
+            if let Some(c) = s.created_s {
+                let _ = writeln!(t, "{name}_created{{{labels}}} {:.3}", epoch + c);
+            }
+        };
         for (prefix, set, labels, what) in [
             ("vmtrace_", &procs, &plabels as &dyn Fn(&Series) -> String, "process"),
             ("vmtrace_cgroup_", &cgroups, &clabels as &dyn Fn(&Series) -> String, "cgroup and rank"),
@@ -378,27 +427,27 @@ impl Aggregator {
             );
             for s in set {
                 for (kind, v) in [("minor", s.counts.minor), ("major", s.counts.major)] {
-                    let _ = writeln!(t, "{prefix}page_faults_total{{{},kind=\"{kind}\"}} {v}", labels(s));
+                    counter(&mut t, &format!("{prefix}page_faults"), &format!("{},kind=\"{kind}\"", labels(s)), &v, s);
                 }
             }
             let _ = writeln!(t, "# TYPE {prefix}cow_faults counter\n# HELP {prefix}cow_faults Copy-on-write (write-protect) faults, by {what}.");
             for s in set {
-                let _ = writeln!(t, "{prefix}cow_faults_total{{{}}} {}", labels(s), s.counts.cow);
+                counter(&mut t, &format!("{prefix}cow_faults"), &labels(s), &s.counts.cow, s);
             }
             let _ = writeln!(
                 t,
                 "# TYPE {prefix}fault_seconds counter\n# UNIT {prefix}fault_seconds seconds\n# HELP {prefix}fault_seconds Time in the fault handler, by {what}."
             );
             for s in set {
-                let _ =
-                    writeln!(t, "{prefix}fault_seconds_total{{{}}} {:.9}", labels(s), s.counts.fault_ns as f64 / 1e9);
+                let secs = format!("{:.9}", s.counts.fault_ns as f64 / 1e9);
+                counter(&mut t, &format!("{prefix}fault_seconds"), &labels(s), &secs, s);
             }
             let _ = writeln!(
                 t,
                 "# TYPE {prefix}tlb_shootdown_ipis counter\n# HELP {prefix}tlb_shootdown_ipis TLB-flush IPIs sent to other CPUs, by {what}."
             );
             for s in set {
-                let _ = writeln!(t, "{prefix}tlb_shootdown_ipis_total{{{}}} {}", labels(s), s.counts.ipis);
+                counter(&mut t, &format!("{prefix}tlb_shootdown_ipis"), &labels(s), &s.counts.ipis, s);
             }
             let resident: Vec<&&Series> = set.iter().filter(|s| s.resident.known).collect();
             if !resident.is_empty() {
@@ -699,6 +748,80 @@ mod tests {
         snap.t_s = 4.0;
         a.update(&snap);
         assert_eq!(sum(&a.render(), "vmtrace_page_faults_total{", "kind=\"minor\""), 20);
+    }
+
+    /// srv33 (issue #36): a job that started and exited between two
+    /// refreshes (64 MiB touched in well under a second) had all its faults
+    /// in `cgroup="other"` although places were free: an exited process
+    /// made no cgroup series. Now it does when it grew; pid 0 (the folded
+    /// away, no identity) still adds into other.
+    #[test]
+    fn a_job_that_exits_between_two_refreshes_has_its_ranks_series() {
+        let mut a = Aggregator::new(5, 10);
+        let sh = id("/s", None);
+        let mut snap = LiveSnapshot { t_s: 1.0, processes: vec![proc(1, 5, &sh, false)], ..LiveSnapshot::default() };
+        a.update(&snap);
+        snap.processes.push(proc(2, 16_384, &id("/s", Some(3)), true));
+        let mut other = proc(0, 40, &sh, true);
+        other.identity = None;
+        snap.processes.insert(0, other);
+        snap.t_s = 2.0;
+        a.update(&snap);
+        let t = a.render();
+        assert_eq!(sum(&t, "vmtrace_cgroup_page_faults_total{cgroup=\"/s\"", "rank=\"3\""), 16_384, "{t}");
+        assert_eq!(sum(&t, "vmtrace_cgroup_page_faults_total{cgroup=\"other\"", "minor"), 40, "{t}");
+        assert_eq!(sum(&t, "vmtrace_cgroup_page_faults_total{", "minor"), 16_384 + 40 + 5, "{t}");
+    }
+
+    /// uc32 (issue #36): a short job's series appeared at its full value,
+    /// so Prometheus's increase() over it was 0 (rank 7's 66,452 faults).
+    /// Each counter says when it started counting (`_created`): the trace's
+    /// start for the series of the first refresh and for `other`, the
+    /// refresh before the one that made it for the others; none for the
+    /// `[exited]` remainder, which jumps by whole dropped series.
+    #[test]
+    fn a_series_made_mid_trace_says_when_it_started_counting() {
+        let mut a = Aggregator::new(1, 10).with_epoch(1_000.0).with_linger(Duration::from_secs(1));
+        let mut snap = LiveSnapshot {
+            t_s: 1.0,
+            processes: vec![proc(1, 5, &id("/s", Some(1)), false)],
+            ..LiveSnapshot::default()
+        };
+        a.update(&snap);
+        let t = a.render();
+        openmetrics_parser::openmetrics::parse_openmetrics(&t).unwrap_or_else(|e| panic!("{e:?}\n{t}"));
+        let s1 = "cgroup=\"/s\",pod_uid=\"\",container_id=\"\",rank=\"1\"";
+        assert!(t.contains(&format!("vmtrace_cgroup_page_faults_created{{{s1},kind=\"minor\"}} 1000.000\n")), "{t}");
+        assert!(
+            t.contains(&format!("vmtrace_page_faults_created{{pid=\"1\",comm=\"p1\",{s1},kind=\"major\"}} 1000.000\n")),
+            "{t}"
+        );
+        assert!(t.contains("vmtrace_cgroup_page_faults_created{cgroup=\"other\",pod_uid=\"\",container_id=\"\",rank=\"\",kind=\"minor\"} 1000.000\n"), "{t}");
+        // A job of rank 2 starts between the refreshes at 1 and 3 s: its
+        // series count from 1 s, so its first value is all growth.
+        snap.processes[0] = proc(1, 5, &id("/s", Some(1)), true);
+        snap.processes.push(proc(2, 700, &id("/s", Some(2)), false));
+        snap.t_s = 3.0;
+        a.update(&snap);
+        let t = a.render();
+        openmetrics_parser::openmetrics::parse_openmetrics(&t).unwrap_or_else(|e| panic!("{e:?}\n{t}"));
+        let s2 = "cgroup=\"/s\",pod_uid=\"\",container_id=\"\",rank=\"2\"";
+        assert!(t.contains(&format!("vmtrace_cgroup_page_faults_total{{{s2},kind=\"minor\"}} 700\n")), "{t}");
+        assert!(t.contains(&format!("vmtrace_cgroup_page_faults_created{{{s2},kind=\"minor\"}} 1001.000\n")), "{t}");
+        assert!(t.contains(&format!("vmtrace_cgroup_cow_faults_created{{{s2}}} 1001.000\n")), "{t}");
+        assert!(t.contains(&format!("vmtrace_cgroup_fault_seconds_created{{{s2}}} 1001.000\n")), "{t}");
+        assert!(t.contains(&format!("vmtrace_cgroup_tlb_shootdown_ipis_created{{{s2}}} 1001.000\n")), "{t}");
+        // pid 1's series lingered out (1 s here) and its place went to pid 2.
+        assert!(
+            t.contains(&format!("vmtrace_page_faults_created{{pid=\"2\",comm=\"p2\",{s2},kind=\"minor\"}} 1001.000\n")),
+            "{t}"
+        );
+        assert!(t.contains("vmtrace_page_faults_total{pid=\"\",comm=\"[exited]\""), "{t}");
+        assert!(!t.contains("vmtrace_page_faults_created{pid=\"\",comm=\"[exited]\""), "{t}");
+        // Every counter sample but the remainders' has its _created.
+        let totals = t.lines().filter(|l| l.contains("_total{") && !l.contains("[exited]")).count();
+        assert_eq!(t.lines().filter(|l| l.contains("_created{")).count(), totals, "{t}");
+        openmetrics_parser::openmetrics::parse_openmetrics(&t).unwrap_or_else(|e| panic!("{e:?}\n{t}"));
     }
 
     #[test]
