@@ -6,24 +6,7 @@
 # (docs/performance.md, "What the collector's heap holds under churn").
 OUT=$1; D=$2; shift 2
 rm -rf "$OUT"; mkdir -p "$OUT"
-( while :; do /bin/true; sh -c 'ls / >/dev/null'; python3 -c 'import json, ssl, sqlite3, decimal'; done ) >/dev/null 2>&1 &
-CHURN=$!
-MALLOC_MMAP_THRESHOLD_=65536 python3 -c '
-import collections, time
-keep = collections.deque(maxlen=200)
-k = 0
-while True:
-    name = f"alloc_{k}"
-    ns = {}
-    exec(f"def {name}(n):\n    b = b\"x\" * n\n    return len(b)\n", ns)
-    f = ns[name]
-    keep.append(f)
-    for _ in range(5):
-        f(200_000)
-    k += 1
-    time.sleep(0.02)
-' &
-LONG=$!
+. "$(dirname "$0")/churn-load.sh"
 sleep 1
 NAMES=(); PIDS=(); i=0
 while [ $# -ge 2 ]; do
