@@ -223,3 +223,7 @@ pub const INFLIGHT_COPIED: u32 = 256;
 /// `InflightFault::flags`: its user stack was copied with its page's address
 /// (`StackSampleHead::addr`), streamed as `PAGE_STACK_COPY`.
 pub const INFLIGHT_STACK_COPY: u32 = 512;
+/// `InflightFault::flags`: a write fault (x86's `X86_PF_WRITE`, arm64's
+/// `FAULT_FLAG_WRITE`; never set where the fault start has no access type,
+/// arm64's software event), streamed as `PAGE_WRITE`.
+pub const INFLIGHT_WRITE: u32 = 1024;

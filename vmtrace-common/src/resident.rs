@@ -123,6 +123,13 @@ pub const PAGE_COPIED: u32 = 8;
 /// page's address (`StackSampleHead::addr`): the loader hands that copy
 /// over just before the page, whose owner is then its unwound stack.
 pub const PAGE_STACK_COPY: u32 = 16;
+/// `PageSample::flags`: a write fault. In a writable private file mapping a
+/// read fault maps the file's page-cache page (the kernel counts it in
+/// `MM_FILEPAGES`) and a write one a private copy (`MM_ANONPAGES`): a
+/// checkpoint mapped `rw-p` and only read (`torch.load(mmap=True)`) is file
+/// memory. Never set where the fault start has no access type (arm64's
+/// software event): there every such page is taken for a copy.
+pub const PAGE_WRITE: u32 = 32;
 
 /// A 64-bit mix of a virtual page number (address >> 12) and the
 /// recording's salt: splitmix64's finalizer, a bijection, so with a uniform

@@ -29,9 +29,9 @@ use vmtrace_common::{
     granule_bucket, hist_bucket, pf, DropKind, EventHeader, EventKind, FaultMajorEvent, GranuleCounts, GranuleCur,
     GranuleKey, GranuleNewEvent, InflightFault, Merge, StackCounts, StackCur, StackKey, GEN_UNKNOWN, GRANULE_PAGES,
     INFLIGHT_COPIED, INFLIGHT_COW, INFLIGHT_ENDED, INFLIGHT_EXACT_STACK, INFLIGHT_HUGE, INFLIGHT_PAGE,
-    INFLIGHT_PAGE_STACK, INFLIGHT_SAMPLED, INFLIGHT_STACK_COPY, INFLIGHT_UNTRACED, LEAF_BLOCK_SHIFT, PMD_ORDER,
-    REGION_GRANULE_SHIFT, STACK_CUR_SLOTS, STACK_ID_LOST, STACK_ID_NONE, STACK_KERNEL, STACK_USER, STRATUM_EXACT,
-    STRATUM_SAMPLED,
+    INFLIGHT_PAGE_STACK, INFLIGHT_SAMPLED, INFLIGHT_STACK_COPY, INFLIGHT_UNTRACED, INFLIGHT_WRITE, LEAF_BLOCK_SHIFT,
+    PMD_ORDER, REGION_GRANULE_SHIFT, STACK_CUR_SLOTS, STACK_ID_LOST, STACK_ID_NONE, STACK_KERNEL, STACK_USER,
+    STRATUM_EXACT, STRATUM_SAMPLED,
 };
 
 use crate::{
@@ -294,6 +294,9 @@ pub(crate) fn try_fault_start<C: StackIdContext>(
     slot.tid = tid;
     slot.page = address >> 12;
     slot.flags = sample_time(conf(|c| &c.fast_period), slot);
+    if error_code & pf::WRITE != 0 {
+        slot.flags |= INFLIGHT_WRITE;
+    }
     if error_code & (pf::WRITE | pf::PROT) == pf::WRITE | pf::PROT {
         slot.flags |= INFLIGHT_COW;
     }

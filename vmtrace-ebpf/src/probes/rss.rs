@@ -22,9 +22,9 @@ use aya_ebpf::{
 };
 use vmtrace_common::{
     page_sampled, DropKind, EventHeader, EventKind, InflightFault, KernelOffsets, PageSample, RssEvent, RssMm,
-    INFLIGHT_COPIED, INFLIGHT_COW, INFLIGHT_HUGE, INFLIGHT_PAGE, INFLIGHT_STACK_COPY, PAGE_COPIED, PAGE_COW, PAGE_HUGE,
-    PAGE_STACK_COPY, RSS_ENDED, RSS_MEMBERS, RSS_OWN_FIRST, RSS_PEAK_MIN_STEP, RSS_PEAK_TIME_STEP, RSS_SEEN_ALL,
-    RSS_SEEN_SHIFT, STACK_ID_NONE,
+    INFLIGHT_COPIED, INFLIGHT_COW, INFLIGHT_HUGE, INFLIGHT_PAGE, INFLIGHT_STACK_COPY, INFLIGHT_WRITE, PAGE_COPIED,
+    PAGE_COW, PAGE_HUGE, PAGE_STACK_COPY, PAGE_WRITE, RSS_ENDED, RSS_MEMBERS, RSS_OWN_FIRST, RSS_PEAK_MIN_STEP,
+    RSS_PEAK_TIME_STEP, RSS_SEEN_ALL, RSS_SEEN_SHIFT, STACK_ID_NONE,
 };
 
 use crate::{
@@ -448,6 +448,11 @@ pub fn stream_page(tgid: u32, f: &InflightFault) {
     // Its user stack went to userspace as a copy with this page's address.
     if f.flags & INFLIGHT_STACK_COPY != 0 {
         flags |= PAGE_STACK_COPY;
+    }
+    // A read of a writable private file mapping maps a file page, a write
+    // a copy (`page_kind` in userspace).
+    if f.flags & INFLIGHT_WRITE != 0 {
+        flags |= PAGE_WRITE;
     }
     // A copy-on-write fault, and whether the page-allocation hook saw it
     // copy: the fault ended, so the copy (allocated inside it) was seen.

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 
 use vmtrace_common::{
     page_sampled, EventKind, MmCall, MmEvent, OomEvent, PageSample, RssEvent, RssMm, TaskEvent, LEAF_BLOCK_SHIFT,
-    PAGE_COPIED, PAGE_COW, PAGE_EXACT, PAGE_HUGE, RSS_ANON, RSS_ENDED, RSS_FILE, RSS_MEMBERS, RSS_SHMEM,
+    PAGE_COPIED, PAGE_COW, PAGE_EXACT, PAGE_HUGE, PAGE_WRITE, RSS_ANON, RSS_ENDED, RSS_FILE, RSS_MEMBERS, RSS_SHMEM,
 };
 
 /// Sampled pages followed at once over all processes (~48 bytes each): at
@@ -78,11 +78,15 @@ impl Owner {
 
 /// The counter a page faulted in at `addr` lands in, from the process's
 /// mappings: pages of shared file mappings and read-only private ones are
-/// file pages (a read fault maps up to 16 of them: fault-around); a
-/// writable private file mapping's are copies, anonymous; tmpfs, memfd and
-/// SysV segments mapped shared are shmem; the rest is anonymous, as is an
-/// address no known mapping holds.
-pub(crate) fn page_kind(p: &super::process::ProcInfo, addr: u64) -> u8 {
+/// file pages (a read fault maps up to 16 of them: fault-around); in a
+/// writable private file mapping a read (`read`: the fault was known not to
+/// be a write) maps the file's page too, and a write a copy, anonymous (a
+/// checkpoint `torch.load(mmap=True)` maps `rw-p` and only reads: its pages
+/// are file memory; its 128 MiB were put among the anonymous pages, at one
+/// page each instead of their fault-around window); tmpfs, memfd and SysV
+/// segments mapped shared are shmem (mapped private, shmem when read); the
+/// rest is anonymous, as is an address no known mapping holds.
+pub(crate) fn page_kind(p: &super::process::ProcInfo, addr: u64, read: bool) -> u8 {
     use crate::model::RegionKind;
     // The last maps read first: regions gone since are kept among the
     // announced ones, whose range a later mapping may have taken.
@@ -91,8 +95,8 @@ pub(crate) fn page_kind(p: &super::process::ProcInfo, addr: u64) -> u8 {
     let Some(r) = region else { return RSS_ANON as u8 };
     let perm = |i: usize, c: u8| r.perms.as_bytes().get(i) == Some(&c);
     let kind = match r.kind {
-        RegionKind::Shmem if perm(3, b's') || !perm(1, b'w') => RSS_SHMEM,
-        RegionKind::File if perm(3, b's') || !perm(1, b'w') => RSS_FILE,
+        RegionKind::Shmem if read || perm(3, b's') || !perm(1, b'w') => RSS_SHMEM,
+        RegionKind::File if read || perm(3, b's') || !perm(1, b'w') => RSS_FILE,
         _ => RSS_ANON,
     };
     kind as u8
@@ -232,6 +236,9 @@ pub(crate) struct ResidentTracker {
     pub dropped_pages: u64,
     /// Whether a copy-on-write fault's page sample says if it copied.
     cow_copies_seen: bool,
+    /// Whether a page sample says if its fault wrote (`PAGE_WRITE`): not
+    /// where the fault start has no access type (arm64's software event).
+    writes_seen: bool,
     /// Sampled copy-on-write faults that reused a followed page (its owner kept).
     pub reused_pages: u64,
     /// Each OOM victim's live set at its kill, scaled later to the kernel's
@@ -274,6 +281,18 @@ impl ResidentTracker {
     pub fn with_cow_copies(mut self, seen: bool) -> Self {
         self.cow_copies_seen = seen;
         self
+    }
+
+    /// Page samples say whether their fault wrote (`PAGE_WRITE`).
+    pub fn with_writes_seen(mut self, seen: bool) -> Self {
+        self.writes_seen = seen;
+        self
+    }
+
+    /// Whether a sampled fault is known to have only read its page (for
+    /// `page_kind`): no write flag, no copy-on-write, where writes are seen.
+    pub(crate) fn read_only_fault(&self, flags: u32) -> bool {
+        self.writes_seen && flags & (PAGE_WRITE | PAGE_COW) == 0
     }
 
     /// A sampled fault: its page is the stack's now (a copy-on-write copy
@@ -935,6 +954,51 @@ mod tests {
             kernel_stack: -1,
             cpu: 0,
             _pad: 0,
+        }
+    }
+
+    /// A writable private file mapping (a checkpoint `torch.load(mmap=True)`
+    /// maps `rw-p`): a read maps the file's page, a write or a COW a copy;
+    /// where writes are not seen every fault there is taken for a copy.
+    #[test]
+    fn a_read_of_a_writable_private_file_mapping_is_file_memory() {
+        use crate::{model::RegionKind, procmaps::Region};
+        let region = |start: u64, perms: &str, kind| Region {
+            start,
+            end: start + 0x10000,
+            perms: perms.into(),
+            offset: 0,
+            kind,
+            path: Some("/ck.pt".into()),
+        };
+        let p = super::super::process::ProcInfo {
+            maps: vec![
+                region(0x10000, "rw-p", RegionKind::File),
+                region(0x20000, "r--p", RegionKind::File),
+                region(0x30000, "rw-s", RegionKind::File),
+                region(0x40000, "rw-p", RegionKind::Shmem),
+                region(0x50000, "rw-p", RegionKind::Anon),
+            ],
+            ..Default::default()
+        };
+        let (anon, file, shmem) = (RSS_ANON as u8, RSS_FILE as u8, RSS_SHMEM as u8);
+        let t = ResidentTracker::new(1, 0);
+        assert!(!t.read_only_fault(0), "writes not seen: every fault may have written");
+        let t = t.with_writes_seen(true);
+        for (flags, read) in [(0, true), (PAGE_WRITE, false), (PAGE_COW, false), (PAGE_WRITE | PAGE_COW, false)] {
+            assert_eq!(t.read_only_fault(flags), read, "flags {flags}");
+        }
+        for (addr, read, kind) in [
+            (0x10000, true, file),
+            (0x10000, false, anon),
+            (0x20000, false, file),
+            (0x30000, false, file),
+            (0x40000, true, shmem),
+            (0x40000, false, anon),
+            (0x50000, true, anon),
+            (0x90000, true, anon),
+        ] {
+            assert_eq!(page_kind(&p, addr, read), kind, "{addr:#x} read {read}");
         }
     }
 

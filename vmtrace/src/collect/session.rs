@@ -448,7 +448,8 @@ impl Batch {
             .filter(|p| ev.flags & vmtrace_common::PAGE_STACK_COPY != 0 && p.tgid == ev.tgid && p.addr == ev.addr);
         if let Some(r) = resident {
             let anon = vmtrace_common::RSS_ANON as u8;
-            let kind = table.get(ev.tgid).map_or(anon, |p| super::resident::page_kind(p, ev.addr));
+            let read = r.read_only_fault(ev.flags);
+            let kind = table.get(ev.tgid).map_or(anon, |p| super::resident::page_kind(p, ev.addr, read));
             r.page(&ev, kind, pin.map(|p| p.id));
         }
     }
@@ -468,6 +469,8 @@ impl<S: AggregateSource> Session<S> {
         }
         let now = Instant::now();
         let (page_salt, tp_offsets, cow_copies) = (source.page_salt(), source.tp_offsets(), source.cow_copies_seen());
+        let writes_seen =
+            crate::model::summary::uncounted_of(&source.probe_info()) & crate::model::faults::UNCOUNTED_WRITE == 0;
         let placed = crate::regions::Partial::new(attribute::weighted_time(&source)).with_cow_copies(cow_copies);
         Self {
             minor_period: source.minor_period(),
@@ -496,6 +499,7 @@ impl<S: AggregateSource> Session<S> {
                 ResidentTracker::new(opts.stacks.map_or(1, |(_, period)| period), page_salt)
                     .with_oom_sizes(&tp_offsets)
                     .with_cow_copies(cow_copies)
+                    .with_writes_seen(writes_seen)
             }),
             placement: Some(super::placement::Placement::new(opts.families.mmap, opts.trace_log)),
             retiring: Vec::new(),
