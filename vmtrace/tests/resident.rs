@@ -684,3 +684,76 @@ fn a_process_that_spawns_by_vfork_peaks_at_its_own_high_water_mark() {
         }
     }
 }
+
+const CHECKPOINT: &str = "\
+import mmap, os, re, sys
+
+def save(path, size):
+    # 4 KiB writes: small page-cache folios, read back 16 pages a fault
+    # (large ones are mapped whole by 6.18's fault-around: docs/design.md).
+    with open(path, 'wb') as f:
+        for _ in range(size >> 20):
+            b = os.urandom(1 << 20)
+            for o in range(0, 1 << 20, 4096):
+                f.write(b[o:o + 4096])
+
+def load_checkpoint(path):
+    fd = os.open(path, os.O_RDONLY)
+    m = mmap.mmap(fd, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    return m, sum(m[i] for i in range(0, len(m), 4096))
+
+def patch(m, size):
+    for i in range(0, size, 4096):
+        m[i] = 1
+
+def report(out, path):
+    lines, block = open('/proc/self/smaps').read().splitlines(), None
+    for l in lines:
+        if re.match(r'^[0-9a-f]+-[0-9a-f]+ ', l):
+            if block is not None:
+                break
+            if l.endswith(path):
+                block = []
+        elif block is not None:
+            block.append(l)
+    with open(out, 'w') as f:
+        f.write('\\n'.join(block) + '\\n')
+
+path = sys.argv[2]
+save(path, 64 << 20)
+m, _ = load_checkpoint(path)
+patch(m, 8 << 20)
+report(sys.argv[1], path)
+os._exit(0)
+";
+
+/// A checkpoint mapped private and writable, as `torch.load(mmap=True)`
+/// maps it, and read: the kernel counts the pages read as file memory, the
+/// pages then written as private copies (anonymous). Each stays under the
+/// line that faulted it in, against the mapping's own smaps just before the
+/// end: the reader's bytes are its file pages (Rss − Anonymous), the
+/// writer's its Anonymous. (Before page samples said whether their fault
+/// wrote, every page of such a mapping was taken for a copy: the reader had
+/// a few MiB of anonymous memory.)
+#[test]
+fn a_checkpoint_mapped_private_and_read_is_file_memory_under_its_reader() {
+    privileged!();
+    let Some(python) = common::pyenv_python(12) else { return };
+    let dir = disk_dir();
+    let script = dir.path().join("ckpt.py");
+    std::fs::write(&script, CHECKPOINT).unwrap();
+    let (own, ckpt) = (dir.path().join("smaps.txt"), dir.path().join("model.bin"));
+    let run = record(
+        &["--stack-sample", "2"],
+        &[python.to_str().unwrap(), script.to_str().unwrap(), own.to_str().unwrap(), ckpt.to_str().unwrap()],
+    );
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let own = std::fs::read_to_string(&own).expect("the script's smaps.txt");
+    let (rss, anon) = (kb(&own, "Rss"), kb(&own, "Anonymous"));
+    assert!(anon >= 7 << 20 && rss >= 56 << 20, "the mapping: {own}");
+    let end = std::fs::read_to_string(run.out.path().join("resident.folded")).unwrap();
+    let reader = weight(&end, |l| l.contains("load_checkpoint") && l.contains("ckpt.py:"));
+    let writer = weight(&end, |l| l.contains("patch (ckpt.py:"));
+    assert_close("the reader's file pages", reader, rss - anon, 15.0);
+    assert_close("the writer's copies", writer, anon, 12.0);
+}
