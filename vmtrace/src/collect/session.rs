@@ -9,7 +9,7 @@ use std::{
 
 use vmtrace_common::{
     EventHeader, EventKind, FaultMajorEvent, FaultStats, Merge, MmEvent, MmStackCounts, MmStackKey, MmStats, OomEvent,
-    PyStackEvent, TaskEvent,
+    PyStackEvent, StackCounts, StackKey, TaskEvent,
 };
 
 use super::{
@@ -93,6 +93,19 @@ pub const STACK_SWEEP: Duration = Duration::from_secs(10);
 pub const STACK_SEAL: Duration = Duration::from_secs(5);
 pub const SEAL_ABOVE: usize = 8192;
 const SEAL_MIN_AGE: u64 = 5;
+/// Stack keys (or call sites, or resident owners) a sealing symbolizes at
+/// a time (`Session::seal_slices`): between two slices the kernel's stack
+/// maps are drained if `SEAL_DRAIN_EVERY` has passed since the last drain.
+/// Sealed whole, the 6,931 settled keys of a torch job's main process took
+/// 1.96 s in one tick (`tests/torch_outputs.rs`, `--stack-sample 1`), in
+/// which `FAULT_STACKS` (filled by that job in about a second) lost 164,229
+/// faults.
+const SEAL_SLICE: usize = 256;
+const SEAL_DRAIN_EVERY: Duration = Duration::from_millis(50);
+/// A drain of the stack maps this long after the last is logged
+/// (`RUST_LOG=vmtrace::tick=debug`): the torch job fills `FAULT_STACKS` in
+/// about a second.
+const SLOW_STACK_DRAIN: Duration = Duration::from_millis(400);
 /// Owner shapes held before the first that no page refers to go
 /// (`Session::gc_owner_shapes`).
 const OWNER_SHAPES_GC_FIRST: usize = 4096;
@@ -224,6 +237,8 @@ pub struct Session<S: AggregateSource> {
     /// The last sealing of live processes' settled keys (`seal_live`), and
     /// the drained stacks it let go.
     last_seal: Instant,
+    /// The last drain of the kernel's stack maps (`take_stacks`).
+    last_stacks_drain: Instant,
     /// When live processes' names were last read from /proc (`Session::rename_live`).
     pub(super) last_names: Option<Instant>,
     sealed_stacks: u64,
@@ -496,6 +511,7 @@ impl<S: AggregateSource> Session<S> {
             last_retire: now,
             last_sweep: now,
             last_seal: now,
+            last_stacks_drain: now,
             last_names: None,
             sealed_stacks: 0,
             released_ids: crate::hash::HashSet::default(),
@@ -703,6 +719,12 @@ impl<S: AggregateSource> Session<S> {
     fn take_stacks(&mut self, now: Instant) {
         if self.opts.stacks.is_none() {
             return;
+        }
+        let at = Instant::now();
+        let gap = at.saturating_duration_since(self.last_stacks_drain);
+        self.last_stacks_drain = at;
+        if gap >= SLOW_STACK_DRAIN {
+            log::debug!(target: "vmtrace::tick", "stack maps drained {gap:?} after the last drain");
         }
         let fresh = self.source.drain_stacks();
         if self.wants_python() {
@@ -1033,6 +1055,40 @@ impl<S: AggregateSource> Session<S> {
         let now = Instant::now();
         self.drain_at(now);
         self.take_stacks(now);
+    }
+
+    /// `keep_up` between the slices of a sealing (`seal_slices`), once
+    /// `SEAL_DRAIN_EVERY` has passed since the stack maps' last drain: a
+    /// drain more per slice would age the drained keys (`SEAL_MIN_AGE`
+    /// counts drains) faster than the ticks do.
+    fn keep_up_if_due(&mut self) -> bool {
+        if Instant::now().saturating_duration_since(self.last_stacks_drain) < SEAL_DRAIN_EVERY {
+            return false;
+        }
+        self.keep_up();
+        true
+    }
+
+    /// Seals the counts `raw` (`Symbols::seal`) `SEAL_SLICE` keys at a
+    /// time, draining the kernel's maps between slices when due
+    /// (`keep_up_if_due`), then keeps each process's shapes within
+    /// `MAX_SEALED` once (as one call would have). Returns how many drains
+    /// it made.
+    fn seal_slices(&mut self, raw: Vec<(StackKey, StackCounts)>, live: bool) -> usize {
+        let pids: crate::hash::HashSet<u32> = raw.iter().map(|(k, _)| k.tgid).collect();
+        let mut rest = raw.into_iter();
+        let mut drains = 0;
+        loop {
+            let slice: Vec<(StackKey, StackCounts)> = rest.by_ref().take(SEAL_SLICE).collect();
+            if slice.is_empty() {
+                break;
+            }
+            let (table, source, native, py) = (&mut self.table, &self.source, &self.native, &self.python.codes);
+            self.syms.seal(slice, live, table, source, native, py);
+            drains += usize::from(self.keep_up_if_due());
+        }
+        self.syms.compact_sealed(&pids);
+        drains
     }
 
     /// Fault aggregates of every process: taken at exit, or still in the map.
@@ -1676,22 +1732,26 @@ impl<S: AggregateSource> Session<S> {
         // In drains (one a tick): as long as the sealing's period.
         let min_age = ((every.as_millis() / STORM_TICK.as_millis()) as u64).max(SEAL_MIN_AGE);
         let live = self.live_pids();
-        let (sites, mut ids) = self.seal_sites(&live);
-        let (table, source, native, py) = (&mut self.table, &mut self.source, &self.native, &self.python.codes);
+        // Where the sealing's time went, and the stack maps' drains made
+        // meanwhile (`RUST_LOG=vmtrace::release=debug`).
+        let mut drains = 0;
+        let (sites, mut ids) = self.seal_sites(&live, &mut drains);
+        let sites_in = t.elapsed();
         let (mut keys, mut procs) = (0, 0);
         for pid in live {
             if t.elapsed() >= RELEASE_BUDGET {
                 break;
             }
-            let raw = source.take_settled_counts(pid, min_age);
+            let raw = self.source.take_settled_counts(pid, min_age);
             if raw.is_empty() {
                 continue;
             }
             keys += raw.len();
             procs += 1;
             ids.extend(raw.iter().filter_map(|(k, _)| u32::try_from(k.user_stack).ok()));
-            self.syms.seal(raw, true, table, source, native, py);
+            drains += self.seal_slices(raw, true);
         }
+        let keys_in = t.elapsed();
         if keys == 0 && sites == 0 {
             return;
         }
@@ -1713,7 +1773,9 @@ impl<S: AggregateSource> Session<S> {
             let settled = |id: i32| u32::try_from(id).is_ok_and(|id| ids.contains(&id) || !counted.contains(&id));
             r.owners_to_shape(|p| table.get(p).is_none_or(|i| !i.released), settled)
         });
-        let owners = self.shape_owners(owner_keys.unwrap_or_default());
+        let (owners, d) = self.shape_owners(owner_keys.unwrap_or_default());
+        drains += d;
+        let owners_in = t.elapsed();
         let users = crate::loader::StackUsers {
             gone: crate::hash::HashSet::default(),
             also: ids,
@@ -1725,7 +1787,8 @@ impl<S: AggregateSource> Session<S> {
         self.gc_owner_shapes();
         log::debug!(
             target: "vmtrace::release",
-            "sealed {keys} settled keys of {procs} live processes and {sites} settled call sites in {:?}: \
+            "sealed {keys} settled keys of {procs} live processes and {sites} settled call sites in {:?} \
+             (sites by {sites_in:?}, keys by {keys_in:?}, owners by {owners_in:?}; {drains} stack drains between): \
              {forgot} drained stacks let go; (processes, shapes) sealed {:?}, (processes, call sites) {:?}; \
              {owners} resident owners made shapes, {} held",
             t.elapsed(),
@@ -1745,7 +1808,8 @@ impl<S: AggregateSource> Session<S> {
     /// Not those of a process a storm or an OOM kill names (the end names
     /// their culprits by stack id). Returns how many were sealed, and
     /// their stack ids.
-    fn seal_sites(&mut self, live: &[u32]) -> (usize, crate::hash::HashSet<u32>) {
+    /// `drains`: the stack maps' drains between its slices are added.
+    fn seal_sites(&mut self, live: &[u32], drains: &mut usize) -> (usize, crate::hash::HashSet<u32>) {
         if !self.opts.families.mmap {
             return (0, crate::hash::HashSet::default());
         }
@@ -1759,37 +1823,55 @@ impl<S: AggregateSource> Session<S> {
         if settled.is_empty() {
             return (0, crate::hash::HashSet::default());
         }
-        let raw = self.source.take_mm_sites(settled);
-        for (k, _) in &raw {
-            self.sites_seen.remove(k);
-            // A site called again starts from 0: no baseline for storms.
-            if let Some(m) = self.last_sites.get_mut(&k.tgid) {
-                m.remove(&(k.call, k.user_stack));
+        let mut ids = crate::hash::HashSet::default();
+        let mut n = 0;
+        // A slice at a time, the stack maps drained between when due.
+        for settled in settled.chunks(SEAL_SLICE) {
+            let raw = self.source.take_mm_sites(settled.to_vec());
+            for (k, _) in &raw {
+                self.sites_seen.remove(k);
+                // A site called again starts from 0: no baseline for storms.
+                if let Some(m) = self.last_sites.get_mut(&k.tgid) {
+                    m.remove(&(k.call, k.user_stack));
+                }
             }
+            ids.extend(raw.iter().filter_map(|(k, _)| u32::try_from(k.user_stack).ok()));
+            n += raw.len();
+            let (table, source, native, py) = (&mut self.table, &self.source, &self.native, &self.python.codes);
+            self.syms.seal_sites(raw, table, source, native, py);
+            *drains += usize::from(self.keep_up_if_due());
         }
         self.sites_seen.shrink_if_sparse();
-        let ids = raw.iter().filter_map(|(k, _)| u32::try_from(k.user_stack).ok()).collect();
-        let n = raw.len();
-        let (table, source, native, py) = (&mut self.table, &self.source, &self.native, &self.python.codes);
-        self.syms.seal_sites(raw, table, source, native, py);
         (n, ids)
     }
 
     /// Makes the resident owners `keys` (`ResidentTracker::owners_to_shape`;
     /// their processes' maps still held) owner shapes
     /// (`resident::Owner::shape`): symbolized now, with the unwound stacks
-    /// and maps of now. Returns how many owner keys were.
-    fn shape_owners(&mut self, keys: crate::hash::HashSet<symbols::SymKey>) -> usize {
-        let Some(r) = self.resident.as_mut() else { return 0 };
-        if keys.is_empty() {
-            return 0;
+    /// and maps of now, `SEAL_SLICE` keys at a time, the stack maps
+    /// drained between slices when due (`keep_up_if_due`). Returns how many
+    /// owner keys were, and the drains made.
+    fn shape_owners(&mut self, keys: crate::hash::HashSet<symbols::SymKey>) -> (usize, usize) {
+        if self.resident.is_none() || keys.is_empty() {
+            return (0, 0);
         }
-        let keys: Vec<symbols::SymKey> = keys.into_iter().collect();
-        let n = keys.len();
-        let (table, source, native, py) = (&mut self.table, &self.source, &self.native, &self.python.codes);
-        let shapes = self.syms.owner_shapes(keys, table, source, native, py);
-        r.rekey(&shapes);
-        n
+        // By process: a slice then symbolizes with few processes' maps
+        // (each read and prepared once a slice). In the order of the set,
+        // every slice named most of the processes holding pages: beside the
+        // torch job's 128 workers waiting to be released, 3,805 owners took
+        // 15.5 s in 15 slices.
+        let mut keys: Vec<symbols::SymKey> = keys.into_iter().collect();
+        keys.sort_unstable();
+        let mut drains = 0;
+        for slice in keys.chunks(SEAL_SLICE) {
+            let (table, source, native, py) = (&mut self.table, &self.source, &self.native, &self.python.codes);
+            let shapes = self.syms.owner_shapes(slice.to_vec(), table, source, native, py);
+            if let Some(r) = self.resident.as_mut() {
+                r.rekey(&shapes);
+            }
+            drains += usize::from(self.keep_up_if_due());
+        }
+        (keys.len(), drains)
     }
 
     /// Lets go of the owner shapes no page or snapshot refers to any more,
@@ -1841,19 +1923,18 @@ impl<S: AggregateSource> Session<S> {
             // holds is its distinct shapes (within `MAX_SEALED`), not every
             // key it was counted under (2,137 keys of exited processes at
             // 30 s, 8,157 at 270 s beside the churn loop, before).
-            let (table, source, native, py) = (&mut self.table, &mut self.source, &self.native, &self.python.codes);
-            let raw = source.take_stack_counts(&pids);
+            let raw = self.source.take_stack_counts(&pids);
             self.released_ids.extend(raw.iter().filter_map(|(k, _)| u32::try_from(k.user_stack).ok()));
             let t = Instant::now();
             let n = raw.len();
-            self.syms.seal(raw, false, table, source, native, py);
+            self.seal_slices(raw, false);
             // The stacks of their pages go with them (as their keys'), not
             // at the next sweep.
             if let Some(r) = self.resident.as_ref() {
                 self.released_ids.extend(r.stack_ids(|p| pids.contains(&p)));
             }
             let keys = self.resident.as_ref().map(|r| r.owners_to_shape(|p| pids.contains(&p), |_| true));
-            let owners = self.shape_owners(keys.unwrap_or_default());
+            let (owners, _) = self.shape_owners(keys.unwrap_or_default());
             log::trace!(
                 target: "vmtrace::release",
                 "{n} stack keys and {owners} resident owners of {} processes sealed in {:?}",

@@ -318,7 +318,6 @@ impl Symbols {
     ) {
         let keys: Vec<SymKey> = raw.iter().map(|(k, _)| sym_key(k)).collect();
         let done = symbolize_keys(keys, &mut self.names, table, source, native, py);
-        let mut pids = crate::hash::HashSet::default();
         if live {
             self.sealed.keys += raw.len() as u64;
         } else {
@@ -327,11 +326,15 @@ impl Symbols {
         for (k, c) in raw {
             let Some(sym) = done.get(&sym_key(&k)) else { continue };
             each_part(sym, c, |t, counts| self.sealed.add(k.tgid, t, counts, k.stratum));
-            pids.insert(k.tgid);
         }
+    }
+
+    /// Keeps the sealed shapes of `pids` within `MAX_SEALED`: once after
+    /// all the `seal` calls of one sealing (which seals a slice at a time).
+    pub(crate) fn compact_sealed(&mut self, pids: &crate::hash::HashSet<u32>) {
         for pid in pids {
-            if self.sealed.by_pid.get(&pid).is_some_and(|m| m.len() > MAX_SEALED) {
-                self.sealed.compact(pid, MAX_SEALED * 3 / 4);
+            if self.sealed.by_pid.get(pid).is_some_and(|m| m.len() > MAX_SEALED) {
+                self.sealed.compact(*pid, MAX_SEALED * 3 / 4);
             }
         }
     }
