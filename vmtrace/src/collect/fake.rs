@@ -35,6 +35,8 @@ pub struct FakeSource {
     pub probes: Vec<ProbeInfo>,
     /// `TP_OFFSETS`; `None`: the table's (every field in the records, as on 6.18).
     pub tp_offsets: Option<vmtrace_common::TpOffsets>,
+    /// `RSS_MM`: (mm id, counters).
+    pub rss: Vec<(u32, vmtrace_common::RssMm)>,
 }
 
 /// The bytes of a `#[repr(C)]` event, as the ring buffer carries them.
@@ -227,6 +229,12 @@ impl AggregateSource for FakeSource {
         taken
     }
 
+    fn take_mm_sites(&mut self, keys: Vec<MmStackKey>) -> Vec<(MmStackKey, MmStackCounts)> {
+        let (taken, kept) = std::mem::take(&mut self.mm_stacks).into_iter().partition(|(k, _)| keys.contains(k));
+        self.mm_stacks = kept;
+        taken
+    }
+
     fn stack_ips(&self, id: i32) -> Option<Vec<u64>> {
         self.kernel_stacks.get(&id).cloned()
     }
@@ -305,7 +313,7 @@ impl AggregateSource for FakeSource {
     }
 
     fn all_rss(&self) -> Vec<(u32, vmtrace_common::RssMm)> {
-        Vec::new()
+        self.rss.clone()
     }
 
     fn forget_rss(&mut self, _mm_id: u32) {}
