@@ -37,6 +37,11 @@ pub struct FakeSource {
     pub tp_offsets: Option<vmtrace_common::TpOffsets>,
     /// `RSS_MM`: (mm id, counters).
     pub rss: Vec<(u32, vmtrace_common::RssMm)>,
+    /// User stacks `forget_stacks` (when among its `also`) and
+    /// `sweep_stacks` let go, unless in use: taken out of `user_stacks`,
+    /// as the drained tables let a stack go once nothing counts under it.
+    /// Empty: every stack is kept.
+    pub let_go: crate::hash::HashSet<i32>,
 }
 
 /// The bytes of a `#[repr(C)]` event, as the ring buffer carries them.
@@ -290,6 +295,18 @@ impl AggregateSource for FakeSource {
 
     fn drain_stacks(&mut self) -> Vec<crate::python::PyStack> {
         Vec::new()
+    }
+
+    fn forget_stacks(&mut self, users: &crate::loader::StackUsers, _keep: &dyn Fn(u32) -> bool) -> usize {
+        let go = |id: &i32| u32::try_from(*id).is_ok_and(|u| users.also.contains(&u) && !users.in_use.contains(&u));
+        let ids: Vec<i32> = self.let_go.iter().copied().filter(go).collect();
+        ids.iter().filter(|id| self.user_stacks.remove(id).is_some()).count()
+    }
+
+    fn sweep_stacks(&mut self, in_use: crate::hash::HashSet<u32>, _min_age: u64) -> usize {
+        let go = |id: &i32| u32::try_from(*id).is_ok_and(|u| !in_use.contains(&u));
+        let ids: Vec<i32> = self.let_go.iter().copied().filter(go).collect();
+        ids.iter().filter(|id| self.user_stacks.remove(id).is_some()).count()
     }
 
     fn drained_stacks(&self) -> (u64, usize, usize) {

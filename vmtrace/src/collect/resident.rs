@@ -697,13 +697,15 @@ impl ResidentTracker {
             let kernel_stack = vmtrace_common::STACK_ID_NONE;
             Some(Owner { user_stack: id, kernel_stack, shape: true, stack_pid: 0, pinned: 0, ..*o })
         };
+        // Only the owners re-keyed move (a shape owner is never re-keyed, so
+        // none moves onto another that moves): rebuilt whole, the snapshots
+        // of the processes holding pages in a sealed process's context were
+        // most of a sealing's re-keying (perf, the torch job).
         let rekey_snapshot = |pid: u32, s: &mut Snapshot| {
-            if !s.by_owner.keys().any(|o| to(pid, o).is_some()) {
-                return;
-            }
-            let old = std::mem::take(&mut s.by_owner);
-            for (o, (bytes, pages)) in old {
-                let e = s.by_owner.entry(to(pid, &o).unwrap_or(o)).or_default();
+            let moved: Vec<(Owner, Owner)> = s.by_owner.keys().filter_map(|o| Some((*o, to(pid, o)?))).collect();
+            for (from, into) in moved {
+                let Some((bytes, pages)) = s.by_owner.remove(&from) else { continue };
+                let e = s.by_owner.entry(into).or_default();
                 e.0 += bytes;
                 e.1 += pages;
             }

@@ -245,6 +245,10 @@ pub struct Session<S: AggregateSource> {
     /// The user stack ids of the keys sealed as their processes were
     /// released (`release_retired`): let go with them (`let_go`).
     released_ids: crate::hash::HashSet<u32>,
+    /// (tgid, user stack id) of live processes' keys and call sites sealed
+    /// whose unwound stacks (`NativeStacks`) wait for their drained stack
+    /// to be let go (`forget_unwound`).
+    unwound_sealed: crate::hash::HashSet<(u32, i32)>,
     /// Owner shapes held above which the unreferenced go (`gc_owner_shapes`).
     owner_shapes_gc_at: usize,
     /// The regions of the retired processes, placed.
@@ -515,6 +519,7 @@ impl<S: AggregateSource> Session<S> {
             last_names: None,
             sealed_stacks: 0,
             released_ids: crate::hash::HashSet::default(),
+            unwound_sealed: crate::hash::HashSet::default(),
             owner_shapes_gc_at: OWNER_SHAPES_GC_FIRST,
             placed,
             starts: attribute::Starts::default(),
@@ -1024,6 +1029,10 @@ impl<S: AggregateSource> Session<S> {
         }
         if self.opts.retire_exited && self.opts.families.regions && !self.opts.forget_exited {
             self.retiring.extend(batch.exited.iter().map(|&tgid| (tgid, now)));
+        }
+        if self.opts.forget_exited && !self.unwound_sealed.is_empty() {
+            let gone: crate::hash::HashSet<u32> = batch.exited.iter().copied().collect();
+            self.unwound_sealed.retain(|(t, _)| !gone.contains(t));
         }
         for tgid in batch.exited {
             self.native.forget_space(tgid);
@@ -1684,7 +1693,13 @@ impl<S: AggregateSource> Session<S> {
         // In drains (one a tick).
         let min_age = (self.opts.stack_sweep.as_millis() / STORM_TICK.as_millis()).max(10) as u64;
         let swept = self.source.sweep_stacks(in_use, min_age);
-        log::debug!(target: "vmtrace::release", "swept {swept} drained stacks nothing refers to in {:?}", t.elapsed());
+        let unwound = if swept > 0 { self.forget_unwound() } else { 0 };
+        log::debug!(
+            target: "vmtrace::release",
+            "swept {swept} drained stacks nothing refers to in {:?}; unwound stacks of {unwound} ids let go, {} ids held",
+            t.elapsed(),
+            self.native.ids_held()
+        );
     }
 
     /// The stack ids the session refers to besides the drained counts:
@@ -1749,12 +1764,17 @@ impl<S: AggregateSource> Session<S> {
             keys += raw.len();
             procs += 1;
             ids.extend(raw.iter().filter_map(|(k, _)| u32::try_from(k.user_stack).ok()));
+            self.unwound_sealed
+                .extend(raw.iter().filter(|(k, _)| k.user_stack >= 0).map(|(k, _)| (k.tgid, k.user_stack)));
             drains += self.seal_slices(raw, true);
         }
         let keys_in = t.elapsed();
         if keys == 0 && sites == 0 {
             return;
         }
+        // Between the phases not sliced (the walk of the resident pages,
+        // their re-keying, the letting go), the stack maps drained when due.
+        drains += usize::from(self.keep_up_if_due());
         // The resident pages (and snapshots) owned by those stacks, in any
         // process not released (a fork child's inherited pages name its
         // parent's ids), take their stacks as owner shapes: else they held
@@ -1773,8 +1793,10 @@ impl<S: AggregateSource> Session<S> {
             let settled = |id: i32| u32::try_from(id).is_ok_and(|id| ids.contains(&id) || !counted.contains(&id));
             r.owners_to_shape(|p| table.get(p).is_none_or(|i| !i.released), settled)
         });
+        drains += usize::from(self.keep_up_if_due());
+        let found_in = t.elapsed();
         let (owners, d) = self.shape_owners(owner_keys.unwrap_or_default());
-        drains += d;
+        drains += d + usize::from(self.keep_up_if_due());
         let owners_in = t.elapsed();
         let users = crate::loader::StackUsers {
             gone: crate::hash::HashSet::default(),
@@ -1784,18 +1806,44 @@ impl<S: AggregateSource> Session<S> {
         let table = &self.table;
         let forgot = self.source.forget_stacks(&users, &|t| table.get(t).is_none_or(|p| !p.released));
         self.sealed_stacks += forgot as u64;
+        let unwound = self.forget_unwound();
         self.gc_owner_shapes();
         log::debug!(
             target: "vmtrace::release",
             "sealed {keys} settled keys of {procs} live processes and {sites} settled call sites in {:?} \
-             (sites by {sites_in:?}, keys by {keys_in:?}, owners by {owners_in:?}; {drains} stack drains between): \
-             {forgot} drained stacks let go; (processes, shapes) sealed {:?}, (processes, call sites) {:?}; \
+             (sites by {sites_in:?}, keys by {keys_in:?}, owners found by {found_in:?}, shaped by {owners_in:?}; \
+             {drains} stack drains between): {forgot} drained stacks let go, the unwound stacks of {unwound} ids \
+             ({} ids held); (processes, shapes) sealed {:?}, (processes, call sites) {:?}; \
              {owners} resident owners made shapes, {} held",
             t.elapsed(),
+            self.native.ids_held(),
             self.syms.sealed().sizes(),
             self.syms.sealed_sites_sizes(),
             self.syms.owner_shapes_held()
         );
+    }
+
+    /// Lets go of the unwound stacks (`NativeStacks::forget_ids`) of the
+    /// sealed keys and call sites (`unwound_sealed`) whose drained stack is
+    /// gone (`forget_stacks` or `sweep_stacks` let it go: nothing counts
+    /// under the id, no page or call site names it). Those still held
+    /// (another key counts under the id, a page names it, or it was stored
+    /// again) wait for a later sealing or sweep. Returns how many ids went.
+    fn forget_unwound(&mut self) -> usize {
+        if self.unwound_sealed.is_empty() {
+            return 0;
+        }
+        let source = &self.source;
+        let mut gone = Vec::new();
+        self.unwound_sealed.retain(|&(tgid, id)| {
+            let held = source.user_stack_ips(id).is_some();
+            if !held {
+                gone.push((tgid, id));
+            }
+            held
+        });
+        self.unwound_sealed.shrink_if_sparse();
+        self.native.forget_ids(&gone)
     }
 
     /// The call sites (`MM_STACKS`) of the live processes `live` whose
@@ -1836,6 +1884,8 @@ impl<S: AggregateSource> Session<S> {
                 }
             }
             ids.extend(raw.iter().filter_map(|(k, _)| u32::try_from(k.user_stack).ok()));
+            self.unwound_sealed
+                .extend(raw.iter().filter(|(k, _)| k.user_stack >= 0).map(|(k, _)| (k.tgid, k.user_stack)));
             n += raw.len();
             let (table, source, native, py) = (&mut self.table, &self.source, &self.native, &self.python.codes);
             self.syms.seal_sites(raw, table, source, native, py);
@@ -1863,13 +1913,18 @@ impl<S: AggregateSource> Session<S> {
         let mut keys: Vec<symbols::SymKey> = keys.into_iter().collect();
         keys.sort_unstable();
         let mut drains = 0;
+        // The pages and snapshots are re-keyed once, after the last slice:
+        // a walk of every page of the processes holding some, which re-keyed
+        // after each slice took a third of the sealing's time (perf, the
+        // torch job: 118 walks for 30,042 owners).
+        let mut shapes = crate::hash::HashMap::default();
         for slice in keys.chunks(SEAL_SLICE) {
             let (table, source, native, py) = (&mut self.table, &self.source, &self.native, &self.python.codes);
-            let shapes = self.syms.owner_shapes(slice.to_vec(), table, source, native, py);
-            if let Some(r) = self.resident.as_mut() {
-                r.rekey(&shapes);
-            }
+            shapes.extend(self.syms.owner_shapes(slice.to_vec(), table, source, native, py));
             drains += usize::from(self.keep_up_if_due());
+        }
+        if let Some(r) = self.resident.as_mut() {
+            r.rekey(&shapes);
         }
         (keys.len(), drains)
     }
@@ -1967,6 +2022,7 @@ impl<S: AggregateSource> Session<S> {
         }
         self.table.release(&pids);
         self.native.forget_retired(&pids);
+        self.unwound_sealed.retain(|(t, _)| !pids.contains(t));
         self.python.codes.forget_retired(&pids);
         self.released += pids.len() as u64;
     }

@@ -584,6 +584,54 @@ fn sealed_stacks_of_live_processes_give_the_same_end() {
     assert_eq!(sealed.1.len(), 6, "{:?}", sealed.1);
 }
 
+/// A live process's unwound stacks (`NativeStacks`) go with their id's
+/// drained stack: a sealed key's once the sealing lets its stack go, one
+/// still held (here: not let go by the source) at the sweep that lets it
+/// go; an id no key was sealed under keeps its stacks.
+#[test]
+fn sealed_keys_let_their_unwound_stacks_go_with_their_drained_stack() {
+    use crate::stacks::native::NativeStack;
+    use vmtrace_common::{StackCounts, StackKey};
+    let mut src = FakeSource::new(1);
+    src.push(&task(EventKind::TaskFork, CHILD, CHILD, PARENT, "work"));
+    src.stats.insert(CHILD, faults(24, 0));
+    for id in [5, 6, 7] {
+        src.user_stacks.insert(id, vec![0x1000, 0x2000 + id as u64]);
+    }
+    // The sealing lets 6 go; 5 stays (another key counts under it, say).
+    src.let_go.insert(6);
+    let key = |user_stack| StackKey { tgid: CHILD, user_stack, kernel_stack: -1, ..StackKey::default() };
+    let c = StackCounts { faults: 8, timed: 8, time_ns: 800, ..Default::default() };
+    src.stack_counts.extend([(key(5), c), (key(6), c)]);
+    let opts = SessionOptions {
+        stacks: Some((StackMode::User, 1)),
+        stack_seal: (ms(100), 0),
+        ..SessionOptions::new(Families::default())
+    };
+    let mut s = session(src, opts);
+    for id in [5, 6, 7] {
+        s.native.add_variant(CHILD, id, NativeStack { frames: vec![0x1000, 0x2000 + id as u64, 0x9000], cut: None }, 3);
+    }
+    assert_eq!(s.native.ids_held(), 3);
+    let t0 = s.started;
+    s.step(t0 + ms(10));
+    s.step(t0 + ms(200));
+    assert!(s.source().stack_counts.is_empty(), "both keys sealed");
+    assert!(s.native.variants(CHILD, 6).is_empty(), "6's drained stack went, its unwound stacks too");
+    assert_eq!(s.native.variants(CHILD, 5).len(), 1, "5's drained stack is held: its unwound stacks stay");
+    assert_eq!(s.native.variants(CHILD, 7).len(), 1, "no key sealed under 7");
+    assert_eq!(s.unwound_sealed.iter().copied().collect::<Vec<_>>(), vec![(CHILD, 5)], "5 waits");
+    // A sweep lets 5 go.
+    s.source_mut().let_go.insert(5);
+    s.sweep_stacks(t0 + ms(300));
+    assert!(s.native.variants(CHILD, 5).is_empty(), "swept: 5's unwound stacks went");
+    assert!(s.unwound_sealed.is_empty());
+    assert_eq!(s.native.ids_held(), 1, "7's");
+    // Counted again under 6: unwound afresh from its new samples.
+    s.native.add_variant(CHILD, 6, NativeStack { frames: vec![0x1000, 0x2006], cut: None }, 1);
+    assert_eq!(s.native.variants(CHILD, 6).len(), 1);
+}
+
 /// Live processes' call sites whose calls and IPIs did not change between
 /// two sealings are taken out of the kernel's map and sealed; one is called
 /// again afterwards (a new key, from 0), one keeps being called, and one of

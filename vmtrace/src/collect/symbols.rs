@@ -594,12 +594,20 @@ fn each_part(sym: &Symbolized, c: StackCounts, mut f: impl FnMut(&Template, Stac
     }
 }
 
-/// One key to symbolize: its user and kernel IPs, how the user stack ended
+/// One stack to symbolize: its user and kernel IPs, how the user stack ended
 /// when it was unwound from a copy (`None`: frame pointers only), and the
 /// weight of this unwound stack among its key's.
-type RawVariant = (SymKey, Vec<u64>, Vec<u64>, Option<Option<stacks::native::Cut>>, u64);
+type RawVariant = (StackOf, Vec<u64>, Vec<u64>, Option<Option<stacks::native::Cut>>, u64);
 
-/// The stacks of `keys`, without counts (`Symbolized`).
+/// What a key's stacks depend on besides its leaf block: its process, its
+/// user and kernel stacks.
+type StackOf = (u32, i32, i32);
+
+/// The stacks of `keys`, without counts (`Symbolized`). Keys that differ in
+/// their leaf block alone share their stacks, symbolized once: a resident
+/// owner is keyed by its page's block, and a sealing's owners were mostly
+/// the same stacks over many blocks (the torch job's first sealing made
+/// 30,042 owners shapes in 46 s, each stack symbolized again per block).
 fn symbolize_keys(
     keys: Vec<SymKey>,
     names: &mut Names,
@@ -608,25 +616,35 @@ fn symbolize_keys(
     native: &NativeStacks,
     py: &CodeCache,
 ) -> HashMap<SymKey, Symbolized> {
-    let mut out: HashMap<SymKey, (Vec<(Template, u64)>, bool)> = HashMap::default();
+    // The leaf blocks of each stack, and whether its counts are split.
+    let mut blocks: HashMap<StackOf, (Vec<u64>, bool)> = HashMap::default();
+    let mut stacks_of: HashMap<u32, Vec<StackOf>> = HashMap::default();
     let mut by_pid: HashMap<u32, Vec<RawVariant>> = HashMap::default();
     for key in keys {
-        if out.contains_key(&key) {
+        let (tgid, user_stack, kernel_stack, leaf_block) = key;
+        let of = (tgid, user_stack, kernel_stack);
+        if let Some((b, _)) = blocks.get_mut(&of) {
+            if !b.contains(&leaf_block) {
+                b.push(leaf_block);
+            }
             continue;
         }
-        let (tgid, user_stack, kernel_stack, _) = key;
         let kernel = if kernel_stack >= 0 { source.stack_ips(kernel_stack).unwrap_or_default() } else { vec![] };
         let variants = native.variants(tgid, user_stack);
-        out.insert(key, (Vec::with_capacity(variants.len().max(1)), !variants.is_empty()));
+        blocks.insert(of, (vec![leaf_block], !variants.is_empty()));
+        stacks_of.entry(tgid).or_default().push(of);
         if variants.is_empty() {
             let user = if user_stack >= 0 { source.user_stack_ips(user_stack).unwrap_or_default() } else { vec![] };
-            by_pid.entry(tgid).or_default().push((key, user, kernel, None, 1));
+            by_pid.entry(tgid).or_default().push((of, user, kernel, None, 1));
             continue;
         }
         for (v, n) in variants {
-            by_pid.entry(tgid).or_default().push((key, v.frames.clone(), kernel.clone(), Some(v.cut.clone()), *n));
+            by_pid.entry(tgid).or_default().push((of, v.frames.clone(), kernel.clone(), Some(v.cut.clone()), *n));
         }
     }
+    // Each stack's templates, leaf not set yet.
+    let mut done: HashMap<StackOf, Vec<(Template, u64)>> = HashMap::default();
+    let mut out: HashMap<SymKey, Symbolized> = HashMap::default();
     for (pid, entries) in by_pid {
         ensure_maps(table, pid);
         table.ensure(pid);
@@ -638,8 +656,11 @@ fn symbolize_keys(
         names.prepare_user(&all_user, &maps, table.root_of(pid));
         let all_kernel: Vec<u64> = entries.iter().flat_map(|e| e.2.iter().copied()).collect();
         names.prepare_kernel(&all_kernel);
-        for (key, user, kernel, unwound, weight) in entries {
-            let (_, user_stack, _, leaf_block) = key;
+        // The Python frames of each user stack (a pinned stack's are its
+        // frame-pointer id's): looked up once, not once per unwound stack.
+        let mut py_of: HashMap<i32, Option<PyStack>> = HashMap::default();
+        for (of, user, kernel, unwound, weight) in entries {
+            let (_, user_stack, _) = of;
             let (user, user_cut, unwound) = match &unwound {
                 None => {
                     let (frames, cut) = stacks::user_frames(&user, names, &maps, &info.mapped, jit.as_ref());
@@ -650,15 +671,17 @@ fn symbolize_keys(
                     (frames, why.is_some(), Some(why))
                 }
             };
-            // A pinned stack's Python frames are its frame-pointer id's.
-            let py_stack = source.python_stack(native.original(pid, user_stack));
+            let py_stack = py_of
+                .entry(user_stack)
+                .or_insert_with(|| source.python_stack(native.original(pid, user_stack)))
+                .as_ref();
             let python = py_stack.is_some();
             let python_unnamed = py_stack.as_ref().is_some_and(|ps| py.any_unnamed(pid, ps));
             let user = match py_stack {
                 // Python frames are named per stack: kept once each all the same.
                 Some(ps) => {
                     let native = user.iter().map(ToString::to_string).collect();
-                    with_python(native, py, pid, Some(&ps)).iter().map(|f| names.intern(f)).collect()
+                    with_python(native, py, pid, Some(ps)).iter().map(|f| names.intern(f)).collect()
                 }
                 None => user,
             };
@@ -670,25 +693,45 @@ fn symbolize_keys(
                 python_unnamed,
                 user_missing: user_stack == STACK_ID_LOST,
                 user_cut,
-                leaf: (leaf_block != 0).then(|| {
-                    let a = leaf_block << LEAF_BLOCK_SHIFT;
-                    let end = a + (1 << LEAF_BLOCK_SHIFT) - 1;
-                    // A region may start inside the block: try its last byte too.
-                    let leaf = stacks::region_leaf(&info.maps, &info.mapped, a);
-                    let leaf = if leaf == "[unmapped region]" {
-                        stacks::region_leaf(&info.maps, &info.mapped, end)
-                    } else {
-                        leaf
-                    };
-                    names.intern(&leaf)
-                }),
+                leaf: None,
             };
-            if let Some(sym) = out.get_mut(&key) {
-                sym.0.push((stack, weight));
+            done.entry(of).or_default().push((stack, weight));
+        }
+        // Then each key: its stack's templates with its leaf.
+        let mut leaves: HashMap<u64, stacks::Frame> = HashMap::default();
+        let mut leaf_of = |block: u64| -> Option<stacks::Frame> {
+            if block == 0 {
+                return None;
+            }
+            let leaf = leaves.entry(block).or_insert_with(|| {
+                let a = block << LEAF_BLOCK_SHIFT;
+                let end = a + (1 << LEAF_BLOCK_SHIFT) - 1;
+                // A region may start inside the block: try its last byte too.
+                let leaf = stacks::region_leaf(&info.maps, &info.mapped, a);
+                let leaf =
+                    if leaf == "[unmapped region]" { stacks::region_leaf(&info.maps, &info.mapped, end) } else { leaf };
+                names.intern(&leaf)
+            });
+            Some(leaf.clone())
+        };
+        for of in stacks_of.remove(&pid).unwrap_or_default() {
+            let Some((bs, split)) = blocks.remove(&of) else { continue };
+            let templates = done.remove(&of).unwrap_or_default();
+            for block in bs {
+                let leaf = leaf_of(block);
+                let variants: Box<[(Template, u64)]> =
+                    templates.iter().map(|(t, w)| (Template { leaf: leaf.clone(), ..t.clone() }, *w)).collect();
+                out.insert((of.0, of.1, of.2, block), Symbolized { variants, split });
             }
         }
     }
-    out.into_iter().map(|(k, (v, split))| (k, Symbolized { variants: v.into_boxed_slice(), split })).collect()
+    // A key whose process is not known: no stacks.
+    for (of, (bs, split)) in blocks {
+        for block in bs {
+            out.insert((of.0, of.1, of.2, block), Symbolized { variants: Box::new([]), split });
+        }
+    }
+    out
 }
 
 /// Frames of a call site, outermost first, the syscall as leaf: the unwound
