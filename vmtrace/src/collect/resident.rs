@@ -38,6 +38,7 @@ pub(crate) const MAX_OOM_SNAPSHOTS: usize = 32;
 /// exact stratum (it stands for itself), and whether the page came from the
 /// parent at fork and was never written since (still shared with it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[allow(clippy::struct_excessive_bools, reason = "independent facts about one page's owner, each read on its own")]
 pub(crate) struct Owner {
     pub user_stack: i32,
     pub kernel_stack: i32,

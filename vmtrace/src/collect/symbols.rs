@@ -608,6 +608,7 @@ type StackOf = (u32, i32, i32);
 /// owner is keyed by its page's block, and a sealing's owners were mostly
 /// the same stacks over many blocks (the torch job's first sealing made
 /// 30,042 owners shapes in 46 s, each stack symbolized again per block).
+#[allow(clippy::too_many_lines, reason = "one pass per process: the stacks, then each key's leaf")]
 fn symbolize_keys(
     keys: Vec<SymKey>,
     names: &mut Names,
