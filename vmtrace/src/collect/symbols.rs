@@ -625,9 +625,9 @@ fn symbolize_keys(
         let (tgid, user_stack, kernel_stack, leaf_block) = key;
         let of = (tgid, user_stack, kernel_stack);
         if let Some((b, _)) = blocks.get_mut(&of) {
-            if !b.contains(&leaf_block) {
-                b.push(leaf_block);
-            }
+            // Deduplicated once all are in (sorted): a `contains` here
+            // was quadratic in a stack's leaf blocks.
+            b.push(leaf_block);
             continue;
         }
         let kernel = if kernel_stack >= 0 { source.stack_ips(kernel_stack).unwrap_or_default() } else { vec![] };
@@ -642,6 +642,10 @@ fn symbolize_keys(
         for (v, n) in variants {
             by_pid.entry(tgid).or_default().push((of, v.frames.clone(), kernel.clone(), Some(v.cut.clone()), *n));
         }
+    }
+    for (b, _) in blocks.values_mut() {
+        b.sort_unstable();
+        b.dedup();
     }
     // Each stack's templates, leaf not set yet.
     let mut done: HashMap<StackOf, Vec<(Template, u64)>> = HashMap::default();
@@ -982,6 +986,26 @@ mod tests {
         assert_eq!(syms.sealed().sizes(), (1, 2));
         syms.forget(&[pid].into_iter().collect());
         assert_eq!(syms.sealed().sizes(), (0, 0));
+    }
+
+    /// One stack keyed by many leaf blocks (an owner per 64 KiB block),
+    /// given again and again: one entry per distinct block, each with the
+    /// stack's frames and its own leaf.
+    #[test]
+    fn a_stack_over_many_leaf_blocks_gives_one_entry_per_block() {
+        use crate::collect::fake::{FakeSource, NO_SUCH_PID};
+        let (pid, id) = (NO_SUCH_PID + 7, 5);
+        let (mut table, mut src, py) = (ProcessTable::default(), FakeSource::new(1), CodeCache::default());
+        src.user_stacks.insert(id, vec![0x1000, 0x2000]);
+        let native = NativeStacks::default();
+        let mut names = Names::default();
+        let blocks = 5000u64;
+        let keys: Vec<SymKey> = (0..4 * blocks).map(|i| (pid, id, -1, blocks - i % blocks)).collect();
+        let out = symbolize_keys(keys, &mut names, &mut table, &src, &native, &py);
+        assert_eq!(out.len(), blocks as usize);
+        assert!((1..=blocks).all(|b| out.get(&(pid, id, -1, b)).is_some_and(|s| s.variants.len() == 1 && !s.split)));
+        let frames = |b: u64| out[&(pid, id, -1, b)].variants[0].0.user.clone();
+        assert_eq!(frames(1), frames(blocks));
     }
 
     #[test]
