@@ -37,6 +37,13 @@ pub struct FakeSource {
     pub tp_offsets: Option<vmtrace_common::TpOffsets>,
     /// `AggregateSource::cow_copies_seen`.
     pub cow_copies: bool,
+    /// `RSS_MM`: (mm id, counters).
+    pub rss: Vec<(u32, vmtrace_common::RssMm)>,
+    /// User stacks `forget_stacks` (when among its `also`) and
+    /// `sweep_stacks` let go, unless in use: taken out of `user_stacks`,
+    /// as the drained tables let a stack go once nothing counts under it.
+    /// Empty: every stack is kept.
+    pub let_go: crate::hash::HashSet<i32>,
 }
 
 /// The bytes of a `#[repr(C)]` event, as the ring buffer carries them.
@@ -233,6 +240,12 @@ impl AggregateSource for FakeSource {
         taken
     }
 
+    fn take_mm_sites(&mut self, keys: Vec<MmStackKey>) -> Vec<(MmStackKey, MmStackCounts)> {
+        let (taken, kept) = std::mem::take(&mut self.mm_stacks).into_iter().partition(|(k, _)| keys.contains(k));
+        self.mm_stacks = kept;
+        taken
+    }
+
     fn stack_ips(&self, id: i32) -> Option<Vec<u64>> {
         self.kernel_stacks.get(&id).cloned()
     }
@@ -290,6 +303,18 @@ impl AggregateSource for FakeSource {
         Vec::new()
     }
 
+    fn forget_stacks(&mut self, users: &crate::loader::StackUsers, _keep: &dyn Fn(u32) -> bool) -> usize {
+        let go = |id: &i32| u32::try_from(*id).is_ok_and(|u| users.also.contains(&u) && !users.in_use.contains(&u));
+        let ids: Vec<i32> = self.let_go.iter().copied().filter(go).collect();
+        ids.iter().filter(|id| self.user_stacks.remove(id).is_some()).count()
+    }
+
+    fn sweep_stacks(&mut self, in_use: crate::hash::HashSet<u32>, _min_age: u64) -> usize {
+        let go = |id: &i32| u32::try_from(*id).is_ok_and(|u| !in_use.contains(&u));
+        let ids: Vec<i32> = self.let_go.iter().copied().filter(go).collect();
+        ids.iter().filter(|id| self.user_stacks.remove(id).is_some()).count()
+    }
+
     fn drained_stacks(&self) -> (u64, usize, usize) {
         (0, 0, 0)
     }
@@ -311,7 +336,7 @@ impl AggregateSource for FakeSource {
     }
 
     fn all_rss(&self) -> Vec<(u32, vmtrace_common::RssMm)> {
-        Vec::new()
+        self.rss.clone()
     }
 
     fn forget_rss(&mut self, _mm_id: u32) {}

@@ -155,7 +155,7 @@ impl<S: AggregateSource> Session<S> {
             .map(|p| (p, known_comm(table, p).unwrap_or_else(|| table.ensure(p).comm.clone())))
             .collect();
         let syms = &mut self.syms;
-        let mut symbolize = |raw| crate::collect::symbols::symbolize_counts(raw, table, source, native, py, syms);
+        let mut symbolize = |raw| crate::collect::symbols::symbolize_owner_counts(raw, table, source, native, py, syms);
         let comm_of = |pid: u32| comms.get(&pid).cloned().unwrap_or_default();
         let refs: Vec<(u32, &crate::collect::resident::Snapshot)> = snaps.iter().map(|(p, s)| (*p, s)).collect();
         crate::collect::resident::profile(&refs, self.leaf_seen, &mut symbolize, &comm_of)
@@ -193,6 +193,9 @@ impl<S: AggregateSource> Session<S> {
             raw.extend(self.retired_mm.iter().copied());
             let mut sites =
                 super::symbols::build_mm_sites(raw, &mut self.table, &self.source, native, py, &mut self.syms);
+            // Live processes' settled call sites, out of the kernel's map.
+            let table = &mut self.table;
+            sites.extend(self.syms.sealed_sites(|_| true, &mut |pid| table.ensure(pid).comm.clone()));
             sites.extend(self.folded.sites());
             sites
         } else {

@@ -38,6 +38,7 @@ pub(crate) const MAX_OOM_SNAPSHOTS: usize = 32;
 /// exact stratum (it stands for itself), and whether the page came from the
 /// parent at fork and was never written since (still shared with it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[allow(clippy::struct_excessive_bools, reason = "independent facts about one page's owner, each read on its own")]
 pub(crate) struct Owner {
     pub user_stack: i32,
     pub kernel_stack: i32,
@@ -65,12 +66,21 @@ pub(crate) struct Owner {
     /// leaf (memset): the mix put freed memory, and other sites' pages,
     /// under the sites that kept memory (uc30).
     pub pinned: i32,
+    /// Its stacks were symbolized into an owner shape (its fault's key
+    /// sealed, or its process released): `user_stack` is the shape's id
+    /// (`symbols::Symbols::owner_shapes`), `kernel_stack` `STACK_ID_NONE`,
+    /// and no drained stack is held for it.
+    pub shape: bool,
 }
 
 impl Owner {
     /// The stack key its pages are symbolized under: the pinned stack where
-    /// there is one, in the process whose fault it was.
+    /// there is one, in the process whose fault it was. An owner shape has
+    /// no process's context: its shape id, under the row's process.
     fn stack(&self, row_pid: u32) -> (u32, i32) {
+        if self.shape {
+            return (row_pid, self.user_stack);
+        }
         let pid = if self.stack_pid == 0 { row_pid } else { self.stack_pid };
         (pid, if self.pinned != 0 { self.pinned } else { self.user_stack })
     }
@@ -352,6 +362,7 @@ impl ResidentTracker {
             kind,
             stack_pid: ev.tgid,
             pinned: pinned.unwrap_or(0),
+            shape: false,
         };
         if bytes > 4096 {
             // A huge page replaces the small pages it covers.
@@ -625,7 +636,8 @@ impl ResidentTracker {
     /// The stacks the snapshots of `pids` hold pages under, as
     /// `symbols::SymKey`s (what the profiles will symbolize); and those
     /// other processes hold in the context of one of `pids` (a fork child's
-    /// pages inherited from a parent about to be let go).
+    /// pages inherited from a parent about to be let go). Owner shapes are
+    /// symbolized already.
     pub(crate) fn owner_keys(&self, pids: &crate::hash::HashSet<u32>) -> Vec<super::symbols::SymKey> {
         let mut out = Vec::new();
         let mut key = |pid: u32, o: &Owner| {
@@ -639,7 +651,7 @@ impl ResidentTracker {
         for pid in pids {
             let Some(p) = self.procs.get(pid) else { continue };
             for s in [&p.peak, &p.end].into_iter().flatten() {
-                for o in s.by_owner.keys() {
+                for o in s.by_owner.keys().filter(|o| !o.shape) {
                     key(*pid, o);
                 }
             }
@@ -647,7 +659,7 @@ impl ResidentTracker {
         for (pid, p) in self.procs.iter().filter(|(pid, p)| p.foreign && !pids.contains(pid)) {
             let snaps = [&p.peak, &p.end].into_iter().flatten().flat_map(|s| s.by_owner.keys());
             for o in p.live.values().map(|page| &page.owner).chain(snaps) {
-                if o.stack_pid != *pid && pids.contains(&o.stack_pid) {
+                if !o.shape && o.stack_pid != *pid && pids.contains(&o.stack_pid) {
                     key(*pid, o);
                 }
             }
@@ -657,18 +669,118 @@ impl ResidentTracker {
         out
     }
 
+    /// Each owner, not an owner shape yet, whose user stack `id` picks, of
+    /// a page or snapshot of a process `of` picks or named in the context
+    /// of one (a fork child's inherited pages, under its parent's stacks:
+    /// made shapes while the parent's maps and unwound stacks are there),
+    /// as the `symbols::SymKey` (in the context `Owner::stack` names, with
+    /// its leaf block) its shape is made from (`rekey`). The OOM victims'
+    /// snapshots too.
+    pub(crate) fn owners_to_shape(
+        &self,
+        of: impl Fn(u32) -> bool,
+        id: impl Fn(i32) -> bool,
+    ) -> crate::hash::HashSet<super::symbols::SymKey> {
+        let mut out = crate::hash::HashSet::default();
+        let mut add = |row: u32, o: &Owner| {
+            if o.shape || !id(o.user_stack) {
+                return;
+            }
+            let (pid, stack) = o.stack(row);
+            if of(row) || of(pid) {
+                out.insert((pid, stack, o.kernel_stack, o.leaf_block));
+            }
+        };
+        for (pid, p) in self.procs.iter().filter(|(pid, p)| p.foreign || of(**pid)) {
+            for page in p.live.values() {
+                add(*pid, &page.owner);
+            }
+            for s in [&p.peak, &p.end].into_iter().flatten() {
+                for o in s.by_owner.keys() {
+                    add(*pid, o);
+                }
+            }
+        }
+        for (pid, s) in &self.ooms {
+            for o in s.by_owner.keys() {
+                add(*pid, o);
+            }
+        }
+        out
+    }
+
+    /// Re-keys the owners `shapes` names (by `owners_to_shape`'s keys) to
+    /// their owner shapes: the pages, the snapshots (owners made one add
+    /// up) and the OOM victims' snapshots of their processes and of the
+    /// processes holding pages in their context. A shape owner keeps no
+    /// process context (`stack_pid`, `pinned`: 0), so owners of one shape
+    /// add up.
+    pub(crate) fn rekey(&mut self, shapes: &HashMap<super::symbols::SymKey, u32>) {
+        if shapes.is_empty() {
+            return;
+        }
+        let pids: crate::hash::HashSet<u32> = shapes.keys().map(|k| k.0).collect();
+        let to = |row: u32, o: &Owner| -> Option<Owner> {
+            if o.shape {
+                return None;
+            }
+            let (pid, stack) = o.stack(row);
+            let id = *shapes.get(&(pid, stack, o.kernel_stack, o.leaf_block))?;
+            let id = i32::try_from(id).ok()?;
+            let kernel_stack = vmtrace_common::STACK_ID_NONE;
+            Some(Owner { user_stack: id, kernel_stack, shape: true, stack_pid: 0, pinned: 0, ..*o })
+        };
+        // Only the owners re-keyed move (a shape owner is never re-keyed, so
+        // none moves onto another that moves): rebuilt whole, the snapshots
+        // of the processes holding pages in a sealed process's context were
+        // most of a sealing's re-keying (perf, the torch job).
+        let rekey_snapshot = |pid: u32, s: &mut Snapshot| {
+            let moved: Vec<(Owner, Owner)> = s.by_owner.keys().filter_map(|o| Some((*o, to(pid, o)?))).collect();
+            for (from, into) in moved {
+                let Some((bytes, pages)) = s.by_owner.remove(&from) else { continue };
+                let e = s.by_owner.entry(into).or_default();
+                e.0 += bytes;
+                e.1 += pages;
+            }
+        };
+        for (pid, p) in self.procs.iter_mut().filter(|(pid, p)| p.foreign || pids.contains(pid)) {
+            for page in p.live.values_mut() {
+                if let Some(o) = to(*pid, &page.owner) {
+                    page.owner = o;
+                }
+            }
+            for s in [&mut p.peak, &mut p.end].into_iter().flatten() {
+                rekey_snapshot(*pid, s);
+            }
+        }
+        for (pid, s) in &mut self.ooms {
+            rekey_snapshot(*pid, s);
+        }
+    }
+
+    /// The owner shapes the pages and snapshots refer to.
+    pub(crate) fn shape_ids(&self) -> crate::hash::HashSet<u32> {
+        let snaps = self.procs.values().flat_map(|p| [&p.peak, &p.end].into_iter().flatten());
+        let owners = self.procs.values().flat_map(|p| p.live.values().map(|page| &page.owner));
+        let owners = owners.chain(snaps.chain(self.ooms.iter().map(|o| &o.1)).flat_map(|s| s.by_owner.keys()));
+        owners.filter(|o| o.shape).filter_map(|o| u32::try_from(o.user_stack).ok()).collect()
+    }
+
     /// The user stack ids the pages and snapshots of the processes `of`
-    /// picks are owned by.
+    /// picks are owned by (owner shapes hold none), and those of the OOM
+    /// victims' snapshots.
     pub(crate) fn stack_ids(&self, of: impl Fn(u32) -> bool) -> crate::hash::HashSet<u32> {
         let mut out = crate::hash::HashSet::default();
         for (_, p) in self.procs.iter().filter(|(pid, _)| of(**pid)) {
             let snaps = [&p.peak, &p.end].into_iter().flatten().flat_map(|s| s.by_owner.keys());
-            for o in p.live.values().map(|page| &page.owner).chain(snaps) {
+            for o in p.live.values().map(|page| &page.owner).chain(snaps).filter(|o| !o.shape) {
                 if let Ok(id) = u32::try_from(o.user_stack) {
                     out.insert(id);
                 }
             }
         }
+        let ooms = self.ooms.iter().filter(|(pid, _)| of(*pid)).flat_map(|(_, s)| s.by_owner.keys());
+        out.extend(ooms.filter(|o| !o.shape).filter_map(|o| u32::try_from(o.user_stack).ok()));
         out
     }
 
@@ -1198,6 +1310,48 @@ mod tests {
         assert!(end.by_owner.keys().filter(|o| o.inherited).all(|o| o.stack_pid == 5));
     }
 
+    /// Owners re-keyed to owner shapes: the pages, the peak snapshot (two
+    /// stacks of one shape add up) and a fork child's inherited pages (its
+    /// parent's stack ids) hold no stack id any more; the shapes are what
+    /// the pages and snapshots refer to; the bytes stay the same.
+    #[test]
+    fn owners_made_shapes_hold_no_stack_id_and_keep_their_bytes() {
+        let mut t = ResidentTracker::default();
+        for i in 0..4 {
+            t.page_anon(&sample(5, 0x10_0000 + i * 4096, 1 + (i % 2) as i32));
+        }
+        t.page_anon(&sample(5, 0x20_0000, 3));
+        t.rss(&rss(EventKind::ResidentPeak, 5, 5 * 4096));
+        t.task(&fork(6, 5));
+        let ids = |t: &ResidentTracker, pid: u32| {
+            let mut v: Vec<u32> = t.stack_ids(|p| p == pid).into_iter().collect();
+            v.sort_unstable();
+            v
+        };
+        assert_eq!((ids(&t, 5), ids(&t, 6)), (vec![1, 2, 3], vec![1, 2, 3]));
+        // Stacks 1 and 2 sealed, one shape (the same frames); 3 not.
+        let keys = t.owners_to_shape(|_| true, |id| id == 1 || id == 2);
+        // The fork child's inherited pages are its parent's stacks, in the
+        // parent's context (`Owner::stack`): one key each for both.
+        assert_eq!(keys.len(), 2, "{keys:?}: two stacks, all pages in one leaf block");
+        assert!(keys.iter().all(|k| k.0 == 5), "{keys:?}: in the parent's context");
+        let shapes: crate::hash::HashMap<_, u32> = keys.into_iter().map(|k| (k, 40)).collect();
+        t.rekey(&shapes);
+        assert_eq!((ids(&t, 5), ids(&t, 6)), (vec![3], vec![3]));
+        assert_eq!(t.shape_ids().into_iter().collect::<Vec<_>>(), [40]);
+        assert!(t.owners_to_shape(|_| true, |_| true).iter().all(|k| k.1 == 3), "shapes are not made again");
+        let (procs, _, _) = t.finish(10);
+        let peak = procs[&5].peak.as_ref().unwrap();
+        let shaped: Vec<(&Owner, &(u64, u64))> = peak.by_owner.iter().filter(|(o, _)| o.shape).collect();
+        assert_eq!(shaped.len(), 1, "{peak:?}");
+        assert_eq!((shaped[0].0.user_stack, shaped[0].0.kernel_stack), (40, vmtrace_common::STACK_ID_NONE));
+        assert_eq!(*shaped[0].1, (4 * 4096, 4));
+        assert_eq!(peak.by_owner.values().map(|v| v.0).sum::<u64>(), 5 * 4096);
+        let end = procs[&6].end.as_ref().unwrap();
+        assert!(end.by_owner.keys().filter(|o| o.shape).all(|o| o.inherited), "{end:?}");
+        assert_eq!(end.by_owner.values().map(|v| v.1).sum::<u64>(), 5);
+    }
+
     /// A write after the fork child exited reuses the page (uc29): it stays
     /// under the stack that faulted it in, no longer shared. A copy goes to
     /// the writer; where copies are not told apart, every write does.
@@ -1573,6 +1727,7 @@ mod tests {
                     kind: 1,
                     stack_pid: 5,
                     pinned: 0,
+                    shape: false,
                 },
                 (4096, 1),
             )]),
@@ -1674,6 +1829,10 @@ mod tests {
 /// parent (only between `owner_counts` and `build`).
 const STRATUM_INHERITED: u32 = 2;
 
+/// Stratum bit of an owner's key whose `user_stack` is an owner shape's id
+/// (`Owner::shape`; `symbols::symbolize_owner_counts` takes it off).
+pub(crate) const STRATUM_SHAPE: u32 = 1 << 8;
+
 /// The frame standing for resident bytes no sampled page was left to stand for.
 pub(crate) const UNSAMPLED_PAGES: &str = "[no page sampled]";
 /// The leaf of pages a child got from its parent at fork and never wrote.
@@ -1726,10 +1885,11 @@ fn owner_counts(
         .filter(|(_, w)| *w >= 1.0)
         .map(|((o, _, pages), w)| {
             let stratum = if o.exact { vmtrace_common::STRATUM_EXACT } else { vmtrace_common::STRATUM_SAMPLED }
-                | if o.inherited { STRATUM_INHERITED } else { 0 };
+                | if o.inherited { STRATUM_INHERITED } else { 0 }
+                | if o.shape { STRATUM_SHAPE } else { 0 };
             // In the context of the process whose fault it was (a fork
             // child's inherited pages: its parent's); `profile` puts the
-            // stack back under `pid`.
+            // stack back under `pid`. An owner shape's id under `pid`.
             let (stack_pid, user_stack) = o.stack(pid);
             let key = vmtrace_common::StackKey {
                 tgid: stack_pid,

@@ -9,7 +9,7 @@ use std::{
 
 use vmtrace_common::{
     EventHeader, EventKind, FaultMajorEvent, FaultStats, Merge, MmEvent, MmStackCounts, MmStackKey, MmStats, OomEvent,
-    PyStackEvent, TaskEvent,
+    PyStackEvent, StackCounts, StackKey, TaskEvent,
 };
 
 use super::{
@@ -100,6 +100,22 @@ pub const STACK_SWEEP: Duration = Duration::from_secs(10);
 pub const STACK_SEAL: Duration = Duration::from_secs(5);
 pub const SEAL_ABOVE: usize = 8192;
 const SEAL_MIN_AGE: u64 = 5;
+/// Stack keys (or call sites, or resident owners) a sealing symbolizes at
+/// a time (`Session::seal_slices`): between two slices the kernel's stack
+/// maps are drained if `SEAL_DRAIN_EVERY` has passed since the last drain.
+/// Sealed whole, the 6,931 settled keys of a torch job's main process took
+/// 1.96 s in one tick (`tests/torch_outputs.rs`, `--stack-sample 1`), in
+/// which `FAULT_STACKS` (filled by that job in about a second) lost 164,229
+/// faults.
+const SEAL_SLICE: usize = 256;
+const SEAL_DRAIN_EVERY: Duration = Duration::from_millis(50);
+/// A drain of the stack maps this long after the last is logged
+/// (`RUST_LOG=vmtrace::tick=debug`): the torch job fills `FAULT_STACKS` in
+/// about a second.
+const SLOW_STACK_DRAIN: Duration = Duration::from_millis(400);
+/// Owner shapes held before the first that no page refers to go
+/// (`Session::gc_owner_shapes`).
+const OWNER_SHAPES_GC_FIRST: usize = 4096;
 
 /// The live snapshot: a child module, for the session's private state.
 #[path = "live.rs"]
@@ -230,9 +246,20 @@ pub struct Session<S: AggregateSource> {
     /// The last sealing of live processes' settled keys (`seal_live`), and
     /// the drained stacks it let go.
     last_seal: Instant,
+    /// The last drain of the kernel's stack maps (`take_stacks`).
+    last_stacks_drain: Instant,
     /// When live processes' names were last read from /proc (`Session::rename_live`).
     pub(super) last_names: Option<Instant>,
     sealed_stacks: u64,
+    /// The user stack ids of the keys sealed as their processes were
+    /// released (`release_retired`): let go with them (`let_go`).
+    released_ids: crate::hash::HashSet<u32>,
+    /// (tgid, user stack id) of live processes' keys and call sites sealed
+    /// whose unwound stacks (`NativeStacks`) wait for their drained stack
+    /// to be let go (`forget_unwound`).
+    unwound_sealed: crate::hash::HashSet<(u32, i32)>,
+    /// Owner shapes held above which the unreferenced go (`gc_owner_shapes`).
+    owner_shapes_gc_at: usize,
     /// The regions of the retired processes, placed.
     placed: crate::regions::Partial,
     /// Replayed starts of forked processes, kept between placements.
@@ -258,6 +285,10 @@ pub struct Session<S: AggregateSource> {
     syms: symbols::Symbols,
     /// The call-site counts of retired processes, taken out of the kernel's map.
     retired_mm: Vec<(MmStackKey, MmStackCounts)>,
+    /// The call sites of live processes at the last sealing, with their
+    /// counts then: one found unchanged at the next is settled, and sealed
+    /// (`seal_sites`).
+    sites_seen: HashMap<MmStackKey, MmStackCounts>,
     /// Retired processes whose maps, unwound stacks and code objects were let go.
     pub released: u64,
     /// Retired processes whose maps are still held, oldest first.
@@ -508,8 +539,12 @@ impl<S: AggregateSource> Session<S> {
             last_retire: now,
             last_sweep: now,
             last_seal: now,
+            last_stacks_drain: now,
             last_names: None,
             sealed_stacks: 0,
+            released_ids: crate::hash::HashSet::default(),
+            unwound_sealed: crate::hash::HashSet::default(),
+            owner_shapes_gc_at: OWNER_SHAPES_GC_FIRST,
             placed,
             starts: attribute::Starts::default(),
             retired: 0,
@@ -521,6 +556,7 @@ impl<S: AggregateSource> Session<S> {
             refold_procs_at: REFOLD_PROCESSES_FIRST,
             syms: symbols::Symbols::default(),
             retired_mm: Vec::new(),
+            sites_seen: HashMap::default(),
             released: 0,
             to_release: std::collections::VecDeque::new(),
             release_slices: 0,
@@ -714,6 +750,12 @@ impl<S: AggregateSource> Session<S> {
         if self.opts.stacks.is_none() {
             return;
         }
+        let at = Instant::now();
+        let gap = at.saturating_duration_since(self.last_stacks_drain);
+        self.last_stacks_drain = at;
+        if gap >= SLOW_STACK_DRAIN {
+            log::debug!(target: "vmtrace::tick", "stack maps drained {gap:?} after the last drain");
+        }
         let fresh = self.source.drain_stacks();
         if self.wants_python() {
             self.python.read_drained(now, fresh);
@@ -800,7 +842,7 @@ impl<S: AggregateSource> Session<S> {
         let (table, source, native, py) = (&mut self.table, &self.source, &self.native, &self.python.codes);
         let comms: HashMap<u32, String> = table.iter().map(|(p, i)| (*p, i.comm.clone())).collect();
         let syms = &mut self.syms;
-        let mut symbolize = |raw| symbols::symbolize_counts(raw, table, source, native, py, syms);
+        let mut symbolize = |raw| symbols::symbolize_owner_counts(raw, table, source, native, py, syms);
         let comm_of = |pid: u32| comms.get(&pid).cloned().unwrap_or_default();
         let params = (leaf, period, self.started_mono_ns);
         let mut profiles = super::resident::build((&procs, counts, &ooms), params, &mut symbolize, &comm_of);
@@ -1013,6 +1055,10 @@ impl<S: AggregateSource> Session<S> {
         if self.opts.retire_exited && self.opts.families.regions && !self.opts.forget_exited {
             self.retiring.extend(batch.exited.iter().map(|&tgid| (tgid, now)));
         }
+        if self.opts.forget_exited && !self.unwound_sealed.is_empty() {
+            let gone: crate::hash::HashSet<u32> = batch.exited.iter().copied().collect();
+            self.unwound_sealed.retain(|(t, _)| !gone.contains(t));
+        }
         for tgid in batch.exited {
             self.native.forget_space(tgid);
             let (stats, mm) = (self.source.take_stats(tgid), self.source.take_mm(tgid));
@@ -1043,6 +1089,40 @@ impl<S: AggregateSource> Session<S> {
         let now = Instant::now();
         self.drain_at(now);
         self.take_stacks(now);
+    }
+
+    /// `keep_up` between the slices of a sealing (`seal_slices`), once
+    /// `SEAL_DRAIN_EVERY` has passed since the stack maps' last drain: a
+    /// drain more per slice would age the drained keys (`SEAL_MIN_AGE`
+    /// counts drains) faster than the ticks do.
+    fn keep_up_if_due(&mut self) -> bool {
+        if Instant::now().saturating_duration_since(self.last_stacks_drain) < SEAL_DRAIN_EVERY {
+            return false;
+        }
+        self.keep_up();
+        true
+    }
+
+    /// Seals the counts `raw` (`Symbols::seal`) `SEAL_SLICE` keys at a
+    /// time, draining the kernel's maps between slices when due
+    /// (`keep_up_if_due`), then keeps each process's shapes within
+    /// `MAX_SEALED` once (as one call would have). Returns how many drains
+    /// it made.
+    fn seal_slices(&mut self, raw: Vec<(StackKey, StackCounts)>, live: bool) -> usize {
+        let pids: crate::hash::HashSet<u32> = raw.iter().map(|(k, _)| k.tgid).collect();
+        let mut rest = raw.into_iter();
+        let mut drains = 0;
+        loop {
+            let slice: Vec<(StackKey, StackCounts)> = rest.by_ref().take(SEAL_SLICE).collect();
+            if slice.is_empty() {
+                break;
+            }
+            let (table, source, native, py) = (&mut self.table, &self.source, &self.native, &self.python.codes);
+            self.syms.seal(slice, live, table, source, native, py);
+            drains += usize::from(self.keep_up_if_due());
+        }
+        self.syms.compact_sealed(&pids);
+        drains
     }
 
     /// Fault aggregates of every process: taken at exit, or still in the map.
@@ -1230,7 +1310,7 @@ impl<S: AggregateSource> Session<S> {
             let comms: HashMap<u32, String> =
                 ready.iter().filter_map(|p| Some((*p, table.get(*p)?.comm.clone()))).collect();
             let syms = &mut self.syms;
-            let mut symbolize = |raw| symbols::symbolize_counts(raw, table, source, native, py, syms);
+            let mut symbolize = |raw| symbols::symbolize_owner_counts(raw, table, source, native, py, syms);
             let comm_of = |pid: u32| comms.get(&pid).cloned().unwrap_or_default();
             let period = self.opts.stacks.map_or(0, |(_, n)| n);
             let params = (self.leaf_seen, period, self.started_mono_ns);
@@ -1247,7 +1327,8 @@ impl<S: AggregateSource> Session<S> {
             let (taken, kept) =
                 std::mem::take(&mut self.retired_mm).into_iter().partition(|(k, _)| ready.contains(&k.tgid));
             self.retired_mm = kept;
-            let sites = symbols::build_mm_sites(taken, table, source, native, py, &mut self.syms);
+            let mut sites = symbols::build_mm_sites(taken, table, source, native, py, &mut self.syms);
+            sites.extend(self.syms.sealed_sites(|p| ready.contains(&p), &mut |pid| table.ensure(pid).comm.clone()));
             self.folded.add_sites(sites);
         }
         for row in rows.values() {
@@ -1519,6 +1600,8 @@ impl<S: AggregateSource> Session<S> {
             users.also.extend(
                 self.retired_mm.iter().filter(|(k, _)| gone.contains(&k.tgid)).filter_map(|(k, _)| id(k.user_stack)),
             );
+            // Their keys sealed as they were released.
+            users.also.extend(self.released_ids.drain());
             users.in_use.extend(self.mm_waiting.values().flatten().filter_map(|(k, _)| id(k.user_stack)));
             if let Some(r) = self.resident.as_ref() {
                 users.also.extend(r.stack_ids(|p| gone.contains(&p)));
@@ -1562,6 +1645,9 @@ impl<S: AggregateSource> Session<S> {
             // SAFETY: malloc_trim only returns free pages to the kernel.
             unsafe { libc::malloc_trim(HEAP_TOP_PAD) };
         }
+        if released_now {
+            self.gc_owner_shapes();
+        }
     }
 
     /// Every 10 s with `RUST_LOG=vmtrace::weights=debug`: what the processes
@@ -1591,6 +1677,14 @@ impl<S: AggregateSource> Session<S> {
         let not_in_table =
             drained.iter().filter(|(t, _)| self.table.get(**t).is_none()).map(|(_, v)| v.0).sum::<usize>();
         rows.sort_by_key(|r| std::cmp::Reverse(r.3 + r.4));
+        // The call sites of live processes still in the kernel's map, and
+        // the drained stacks their ids name (held while the site is there).
+        let live: crate::hash::HashSet<u32> = self.table.iter().filter(|(_, p)| !p.exited).map(|(t, _)| *t).collect();
+        let sites: Vec<MmStackKey> =
+            self.source.all_mm_stacks().into_iter().map(|(k, _)| k).filter(|k| live.contains(&k.tgid)).collect();
+        let site_ids: crate::hash::HashSet<u32> =
+            sites.iter().filter_map(|k| u32::try_from(k.user_stack).ok()).collect();
+        let site_stacks = self.source.drained_stacks_of(&crate::hash::HashSet::default(), site_ids);
         let comm = |pid: u32| self.table.get(pid).map_or("?", |p| p.comm.as_str()).to_string();
         let top: Vec<String> = rows
             .iter()
@@ -1612,9 +1706,12 @@ impl<S: AggregateSource> Session<S> {
         log::debug!(
             target: "vmtrace::weights",
             "live [procs, log entries, log regions, keys, own stacks] {:?}, exited {:?}, keys of processes not in the table {not_in_table}; \
+             live call sites {} naming {site_stacks} drained stacks, sealed call sites {:?}; \
              unwound (ids, stacks, pinned) {:?}; retired kept (stacks, sites, (user, kernel, other names, stacks)) {:?}; heaviest: {}",
             sums[1],
             sums[0],
+            sites.len(),
+            self.syms.sealed_sites_sizes(),
             self.native.sizes(),
             self.syms.sizes(),
             top.join("; ")
@@ -1633,7 +1730,13 @@ impl<S: AggregateSource> Session<S> {
         // In drains (one a tick).
         let min_age = (self.opts.stack_sweep.as_millis() / STORM_TICK.as_millis()).max(10) as u64;
         let swept = self.source.sweep_stacks(in_use, min_age);
-        log::debug!(target: "vmtrace::release", "swept {swept} drained stacks nothing refers to in {:?}", t.elapsed());
+        let unwound = if swept > 0 { self.forget_unwound() } else { 0 };
+        log::debug!(
+            target: "vmtrace::release",
+            "swept {swept} drained stacks nothing refers to in {:?}; unwound stacks of {unwound} ids let go, {} ids held",
+            t.elapsed(),
+            self.native.ids_held()
+        );
     }
 
     /// The stack ids the session refers to besides the drained counts:
@@ -1681,25 +1784,57 @@ impl<S: AggregateSource> Session<S> {
         // In drains (one a tick): as long as the sealing's period.
         let min_age = ((every.as_millis() / STORM_TICK.as_millis()) as u64).max(SEAL_MIN_AGE);
         let live = self.live_pids();
-        let (table, source, native, py) = (&mut self.table, &mut self.source, &self.native, &self.python.codes);
-        let mut ids = crate::hash::HashSet::default();
+        // Where the sealing's time went, and the stack maps' drains made
+        // meanwhile (`RUST_LOG=vmtrace::release=debug`).
+        let mut drains = 0;
+        let (sites, mut ids) = self.seal_sites(&live, &mut drains);
+        let sites_in = t.elapsed();
         let (mut keys, mut procs) = (0, 0);
         for pid in live {
             if t.elapsed() >= RELEASE_BUDGET {
                 break;
             }
-            let raw = source.take_settled_counts(pid, min_age);
+            let raw = self.source.take_settled_counts(pid, min_age);
             if raw.is_empty() {
                 continue;
             }
             keys += raw.len();
             procs += 1;
             ids.extend(raw.iter().filter_map(|(k, _)| u32::try_from(k.user_stack).ok()));
-            self.syms.seal(raw, table, source, native, py);
+            self.unwound_sealed
+                .extend(raw.iter().filter(|(k, _)| k.user_stack >= 0).map(|(k, _)| (k.tgid, k.user_stack)));
+            drains += self.seal_slices(raw, true);
         }
-        if keys == 0 {
+        let keys_in = t.elapsed();
+        if keys == 0 && sites == 0 {
             return;
         }
+        // Between the phases not sliced (the walk of the resident pages,
+        // their re-keying, the letting go), the stack maps drained when due.
+        drains += usize::from(self.keep_up_if_due());
+        // The resident pages (and snapshots) owned by those stacks, in any
+        // process not released (a fork child's inherited pages name its
+        // parent's ids), take their stacks as owner shapes: else they held
+        // the stacks (4,117 keys sealed, 13 stacks let go, with the default
+        // events). So do the pages whose stacks no key counts under: a
+        // page of the address sample has its fault's stack walked whether
+        // or not the fault was in the stack sample (beside the churn loop,
+        // 21,098 drained stacks were held for live processes at the end,
+        // their keys ~900).
+        let table = &self.table;
+        let unreleased: crate::hash::HashSet<u32> =
+            table.iter().filter(|(_, i)| !i.released).map(|(p, _)| *p).collect();
+        let counted: crate::hash::HashSet<u32> =
+            self.source.stack_keys_of(&unreleased).iter().filter_map(|k| u32::try_from(k.user_stack).ok()).collect();
+        let owner_keys = self.resident.as_ref().map(|r| {
+            let settled = |id: i32| u32::try_from(id).is_ok_and(|id| ids.contains(&id) || !counted.contains(&id));
+            r.owners_to_shape(|p| table.get(p).is_none_or(|i| !i.released), settled)
+        });
+        drains += usize::from(self.keep_up_if_due());
+        let found_in = t.elapsed();
+        let (owners, d) = self.shape_owners(owner_keys.unwrap_or_default());
+        drains += d + usize::from(self.keep_up_if_due());
+        let owners_in = t.elapsed();
         let users = crate::loader::StackUsers {
             gone: crate::hash::HashSet::default(),
             also: ids,
@@ -1708,13 +1843,144 @@ impl<S: AggregateSource> Session<S> {
         let table = &self.table;
         let forgot = self.source.forget_stacks(&users, &|t| table.get(t).is_none_or(|p| !p.released));
         self.sealed_stacks += forgot as u64;
+        let unwound = self.forget_unwound();
+        self.gc_owner_shapes();
         log::debug!(
             target: "vmtrace::release",
-            "sealed {keys} settled keys of {procs} live processes in {:?}: {forgot} drained stacks let go; \
-             (processes, shapes) sealed {:?}",
+            "sealed {keys} settled keys of {procs} live processes and {sites} settled call sites in {:?} \
+             (sites by {sites_in:?}, keys by {keys_in:?}, owners found by {found_in:?}, shaped by {owners_in:?}; \
+             {drains} stack drains between): {forgot} drained stacks let go, the unwound stacks of {unwound} ids \
+             ({} ids held); (processes, shapes) sealed {:?}, (processes, call sites) {:?}; \
+             {owners} resident owners made shapes, {} held",
             t.elapsed(),
-            self.syms.sealed().sizes()
+            self.native.ids_held(),
+            self.syms.sealed().sizes(),
+            self.syms.sealed_sites_sizes(),
+            self.syms.owner_shapes_held()
         );
+    }
+
+    /// Lets go of the unwound stacks (`NativeStacks::forget_ids`) of the
+    /// sealed keys and call sites (`unwound_sealed`) whose drained stack is
+    /// gone (`forget_stacks` or `sweep_stacks` let it go: nothing counts
+    /// under the id, no page or call site names it). Those still held
+    /// (another key counts under the id, a page names it, or it was stored
+    /// again) wait for a later sealing or sweep. Returns how many ids went.
+    fn forget_unwound(&mut self) -> usize {
+        if self.unwound_sealed.is_empty() {
+            return 0;
+        }
+        let source = &self.source;
+        let mut gone = Vec::new();
+        self.unwound_sealed.retain(|&(tgid, id)| {
+            let held = source.user_stack_ips(id).is_some();
+            if !held {
+                gone.push((tgid, id));
+            }
+            held
+        });
+        self.unwound_sealed.shrink_if_sparse();
+        self.native.forget_ids(&gone)
+    }
+
+    /// The call sites (`MM_STACKS`) of the live processes `live` whose
+    /// calls and IPIs did not change since the last sealing are taken out
+    /// of the kernel's map and sealed (`symbols::Symbols::seal_sites`):
+    /// else each held its stack id, and so its drained stack, until its
+    /// process exited (a Python program that maps from a new function
+    /// every 25 ms held ~14,000 beside the churn loop; the map holds
+    /// 16,384). A site called again later is a new key, counted from 0.
+    /// Not those of a process a storm or an OOM kill names (the end names
+    /// their culprits by stack id). Returns how many were sealed, and
+    /// their stack ids.
+    /// `drains`: the stack maps' drains between its slices are added.
+    fn seal_sites(&mut self, live: &[u32], drains: &mut usize) -> (usize, crate::hash::HashSet<u32>) {
+        if !self.opts.families.mmap {
+            return (0, crate::hash::HashSet::default());
+        }
+        let live: crate::hash::HashSet<u32> =
+            live.iter().copied().filter(|p| !self.named_by_storm_or_oom(*p)).collect();
+        let now: HashMap<MmStackKey, MmStackCounts> =
+            self.source.all_mm_stacks().into_iter().filter(|(k, _)| live.contains(&k.tgid)).collect();
+        let settled: Vec<MmStackKey> =
+            now.iter().filter(|(k, c)| self.sites_seen.get(k) == Some(c)).map(|(k, _)| *k).collect();
+        self.sites_seen = now;
+        if settled.is_empty() {
+            return (0, crate::hash::HashSet::default());
+        }
+        let mut ids = crate::hash::HashSet::default();
+        let mut n = 0;
+        // A slice at a time, the stack maps drained between when due.
+        for settled in settled.chunks(SEAL_SLICE) {
+            let raw = self.source.take_mm_sites(settled.to_vec());
+            for (k, _) in &raw {
+                self.sites_seen.remove(k);
+                // A site called again starts from 0: no baseline for storms.
+                if let Some(m) = self.last_sites.get_mut(&k.tgid) {
+                    m.remove(&(k.call, k.user_stack));
+                }
+            }
+            ids.extend(raw.iter().filter_map(|(k, _)| u32::try_from(k.user_stack).ok()));
+            self.unwound_sealed
+                .extend(raw.iter().filter(|(k, _)| k.user_stack >= 0).map(|(k, _)| (k.tgid, k.user_stack)));
+            n += raw.len();
+            let (table, source, native, py) = (&mut self.table, &self.source, &self.native, &self.python.codes);
+            self.syms.seal_sites(raw, table, source, native, py);
+            *drains += usize::from(self.keep_up_if_due());
+        }
+        self.sites_seen.shrink_if_sparse();
+        (n, ids)
+    }
+
+    /// Makes the resident owners `keys` (`ResidentTracker::owners_to_shape`;
+    /// their processes' maps still held) owner shapes
+    /// (`resident::Owner::shape`): symbolized now, with the unwound stacks
+    /// and maps of now, `SEAL_SLICE` keys at a time, the stack maps
+    /// drained between slices when due (`keep_up_if_due`). Returns how many
+    /// owner keys were, and the drains made.
+    fn shape_owners(&mut self, keys: crate::hash::HashSet<symbols::SymKey>) -> (usize, usize) {
+        if self.resident.is_none() || keys.is_empty() {
+            return (0, 0);
+        }
+        // By process: a slice then symbolizes with few processes' maps
+        // (each read and prepared once a slice). In the order of the set,
+        // every slice named most of the processes holding pages: beside the
+        // torch job's 128 workers waiting to be released, 3,805 owners took
+        // 15.5 s in 15 slices.
+        let mut keys: Vec<symbols::SymKey> = keys.into_iter().collect();
+        keys.sort_unstable();
+        let mut drains = 0;
+        // The pages and snapshots are re-keyed once, after the last slice:
+        // a walk of every page of the processes holding some, which re-keyed
+        // after each slice took a third of the sealing's time (perf, the
+        // torch job: 118 walks for 30,042 owners).
+        let mut shapes = crate::hash::HashMap::default();
+        for slice in keys.chunks(SEAL_SLICE) {
+            let (table, source, native, py) = (&mut self.table, &self.source, &self.native, &self.python.codes);
+            shapes.extend(self.syms.owner_shapes(slice.to_vec(), table, source, native, py));
+            drains += usize::from(self.keep_up_if_due());
+        }
+        if let Some(r) = self.resident.as_mut() {
+            r.rekey(&shapes);
+        }
+        (keys.len(), drains)
+    }
+
+    /// Lets go of the owner shapes no page or snapshot refers to any more,
+    /// once their number has doubled since the last time.
+    fn gc_owner_shapes(&mut self) {
+        let Some(r) = self.resident.as_ref() else { return };
+        if self.syms.owner_shapes_held() < self.owner_shapes_gc_at {
+            return;
+        }
+        let held = self.syms.retain_owner_shapes(&r.shape_ids());
+        self.owner_shapes_gc_at = (2 * held).max(OWNER_SHAPES_GC_FIRST);
+    }
+
+    /// Whether stack keys are sealed (`seal_live`), and released processes'
+    /// keys sealed as they are released (`release_retired`).
+    fn sealing(&self) -> bool {
+        self.opts.stacks.is_some() && self.trace.is_none() && !self.opts.stack_seal.0.is_zero()
     }
 
     /// A storm or an OOM kill names `pid`: its row is never folded, and its
@@ -1741,8 +2007,35 @@ impl<S: AggregateSource> Session<S> {
         if pids.is_empty() {
             return;
         }
+        let sealing = self.sealing();
+        if sealing {
+            // Their counts summed by shape, their resident owners made
+            // shapes: the drained stacks of an exited process kept as a row
+            // (a heavy one, or one waiting to be folded) go now, and what it
+            // holds is its distinct shapes (within `MAX_SEALED`), not every
+            // key it was counted under (2,137 keys of exited processes at
+            // 30 s, 8,157 at 270 s beside the churn loop, before).
+            let raw = self.source.take_stack_counts(&pids);
+            self.released_ids.extend(raw.iter().filter_map(|(k, _)| u32::try_from(k.user_stack).ok()));
+            let t = Instant::now();
+            let n = raw.len();
+            self.seal_slices(raw, false);
+            // The stacks of their pages go with them (as their keys'), not
+            // at the next sweep.
+            if let Some(r) = self.resident.as_ref() {
+                self.released_ids.extend(r.stack_ids(|p| pids.contains(&p)));
+            }
+            let keys = self.resident.as_ref().map(|r| r.owners_to_shape(|p| pids.contains(&p), |_| true));
+            let (owners, _) = self.shape_owners(keys.unwrap_or_default());
+            log::trace!(
+                target: "vmtrace::release",
+                "{n} stack keys and {owners} resident owners of {} processes sealed in {:?}",
+                pids.len(),
+                t.elapsed()
+            );
+        }
         let (table, source, native, py) = (&mut self.table, &self.source, &self.native, &self.python.codes);
-        if self.opts.stacks.is_some() {
+        if self.opts.stacks.is_some() && !sealing {
             let mut keys: Vec<symbols::SymKey> = source.stack_keys_of(&pids).iter().map(symbols::sym_key).collect();
             if let Some(r) = &self.resident {
                 keys.extend(r.owner_keys(&pids));
@@ -1766,6 +2059,7 @@ impl<S: AggregateSource> Session<S> {
         }
         self.table.release(&pids);
         self.native.forget_retired(&pids);
+        self.unwound_sealed.retain(|(t, _)| !pids.contains(t));
         self.python.codes.forget_retired(&pids);
         self.released += pids.len() as u64;
     }
@@ -1842,7 +2136,10 @@ impl<S: AggregateSource> Session<S> {
             let mut raw = std::mem::take(&mut self.retired_mm);
             raw.extend(std::mem::take(&mut self.mm_waiting).into_values().flatten());
             raw.extend(self.source.all_mm_stacks());
-            symbols::build_mm_sites(raw, &mut self.table, &self.source, native, py, &mut self.syms)
+            let mut sites = symbols::build_mm_sites(raw, &mut self.table, &self.source, native, py, &mut self.syms);
+            let table = &mut self.table;
+            sites.extend(self.syms.sealed_sites(|_| true, &mut |pid| table.ensure(pid).comm.clone()));
+            sites
         } else {
             Vec::new()
         };

@@ -612,3 +612,274 @@ fn the_regions_built_again_tell_copies_from_reuses_as_the_first_time() {
         assert_eq!(cow(&mut s), first);
     }
 }
+
+/// A live process's unwound stacks (`NativeStacks`) go with their id's
+/// drained stack: a sealed key's once the sealing lets its stack go, one
+/// still held (here: not let go by the source) at the sweep that lets it
+/// go; an id no key was sealed under keeps its stacks.
+#[test]
+fn sealed_keys_let_their_unwound_stacks_go_with_their_drained_stack() {
+    use crate::stacks::native::NativeStack;
+    use vmtrace_common::{StackCounts, StackKey};
+    let mut src = FakeSource::new(1);
+    src.push(&task(EventKind::TaskFork, CHILD, CHILD, PARENT, "work"));
+    src.stats.insert(CHILD, faults(24, 0));
+    for id in [5, 6, 7] {
+        src.user_stacks.insert(id, vec![0x1000, 0x2000 + id as u64]);
+    }
+    // The sealing lets 6 go; 5 stays (another key counts under it, say).
+    src.let_go.insert(6);
+    let key = |user_stack| StackKey { tgid: CHILD, user_stack, kernel_stack: -1, ..StackKey::default() };
+    let c = StackCounts { faults: 8, timed: 8, time_ns: 800, ..Default::default() };
+    src.stack_counts.extend([(key(5), c), (key(6), c)]);
+    let opts = SessionOptions {
+        stacks: Some((StackMode::User, 1)),
+        stack_seal: (ms(100), 0),
+        ..SessionOptions::new(Families::default())
+    };
+    let mut s = session(src, opts);
+    for id in [5, 6, 7] {
+        s.native.add_variant(CHILD, id, NativeStack { frames: vec![0x1000, 0x2000 + id as u64, 0x9000], cut: None }, 3);
+    }
+    assert_eq!(s.native.ids_held(), 3);
+    let t0 = s.started;
+    s.step(t0 + ms(10));
+    s.step(t0 + ms(200));
+    assert!(s.source().stack_counts.is_empty(), "both keys sealed");
+    assert!(s.native.variants(CHILD, 6).is_empty(), "6's drained stack went, its unwound stacks too");
+    assert_eq!(s.native.variants(CHILD, 5).len(), 1, "5's drained stack is held: its unwound stacks stay");
+    assert_eq!(s.native.variants(CHILD, 7).len(), 1, "no key sealed under 7");
+    assert_eq!(s.unwound_sealed.iter().copied().collect::<Vec<_>>(), vec![(CHILD, 5)], "5 waits");
+    // A sweep lets 5 go.
+    s.source_mut().let_go.insert(5);
+    s.sweep_stacks(t0 + ms(300));
+    assert!(s.native.variants(CHILD, 5).is_empty(), "swept: 5's unwound stacks went");
+    assert!(s.unwound_sealed.is_empty());
+    assert_eq!(s.native.ids_held(), 1, "7's");
+    // Counted again under 6: unwound afresh from its new samples.
+    s.native.add_variant(CHILD, 6, NativeStack { frames: vec![0x1000, 0x2006], cut: None }, 1);
+    assert_eq!(s.native.variants(CHILD, 6).len(), 1);
+}
+
+/// Live processes' call sites whose calls and IPIs did not change between
+/// two sealings are taken out of the kernel's map and sealed; one is called
+/// again afterwards (a new key, from 0), one keeps being called, and one of
+/// the processes exits and is released: the end gives the same mmap and
+/// shootdown call-site lines, calls and IPIs as without sealing.
+#[test]
+fn sealed_call_sites_of_live_processes_give_the_same_sites() {
+    const LATER: u32 = NO_SUCH_PID + 4;
+    let site = |tgid, call: MmCall, user_stack| MmStackKey { tgid, call: call as u32, user_stack, _pad: 0 };
+    // Calls added to a site: to its key while in the kernel's map, else a key afresh.
+    let add = |sites: &mut Vec<(MmStackKey, MmStackCounts)>, k: MmStackKey, calls: u64, ipis: u64| match sites
+        .iter_mut()
+        .find(|(key, _)| *key == k)
+    {
+        Some((_, c)) => (c.calls, c.ipis) = (c.calls + calls, c.ipis + ipis),
+        None => sites.push((k, MmStackCounts { calls, ipis })),
+    };
+    let run = |seal: bool| {
+        let mut src = FakeSource::new(1);
+        src.push(&task(EventKind::TaskFork, CHILD, CHILD, PARENT, "work"));
+        src.push(&task(EventKind::TaskFork, LATER, LATER, PARENT, "later"));
+        src.stats.insert(CHILD, faults(64, 0));
+        src.stats.insert(LATER, faults(32, 0));
+        src.user_stacks.insert(5, vec![0x1000, 0x2000]);
+        src.user_stacks.insert(6, vec![0x1000, 0x3000]);
+        for tgid in [CHILD, LATER] {
+            add(&mut src.mm_stacks, site(tgid, MmCall::Munmap, 5), 3, 2);
+            add(&mut src.mm_stacks, site(tgid, MmCall::Mmap, 6), 7, 0);
+        }
+        let families = Families { regions: true, mmap: true, tlb: true, ..Families::default() };
+        let opts = SessionOptions {
+            retire_exited: true,
+            release_above: 0,
+            stacks: Some((StackMode::User, 1)),
+            stack_seal: (if seal { ms(100) } else { Duration::ZERO }, 0),
+            ..SessionOptions::new(families)
+        };
+        let mut s = session(src, opts);
+        let t0 = s.started;
+        s.step(t0 + ms(10));
+        s.step(t0 + ms(200));
+        // The mmap sites are called on: not settled.
+        for tgid in [CHILD, LATER] {
+            add(&mut s.source_mut().mm_stacks, site(tgid, MmCall::Mmap, 6), 1, 0);
+        }
+        s.step(t0 + ms(400));
+        let munmap = MmCall::Munmap as u32;
+        let left: Vec<u32> = s.source().mm_stacks.iter().map(|(k, _)| k.call).collect();
+        assert_eq!(left.contains(&munmap), !seal, "settled munmap sites taken out when sealed: {left:?}");
+        assert_eq!(left.iter().filter(|c| **c != munmap).count(), 2, "the mmap sites called on stay");
+        // The munmap sites called again.
+        for tgid in [CHILD, LATER] {
+            add(&mut s.source_mut().mm_stacks, site(tgid, MmCall::Munmap, 5), 1, 5);
+        }
+        s.source_mut().push(&exit(LATER, 0, "later"));
+        s.step(t0 + ms(600));
+        s.step(t0 + ms(5000));
+        assert!(s.known(LATER).is_some_and(|p| p.released), "released");
+        let sealed = s.syms.sealed_sites_sizes();
+        let f = finish_at(s, ms(6000));
+        let mut by_site: std::collections::BTreeMap<String, (u64, u64)> = std::collections::BTreeMap::new();
+        for m in &f.mm_sites {
+            let e = by_site.entry(format!("{} {} {:?}", m.pid, m.comm, m.frames)).or_default();
+            e.0 += m.calls;
+            e.1 += m.ipis;
+        }
+        let lines: Vec<String> = by_site.into_iter().map(|(k, (calls, ipis))| format!("{k} {calls} {ipis}")).collect();
+        let calls: Vec<(u32, u64)> = f.summary.processes.iter().map(|p| (p.pid, p.faults.total)).collect();
+        (lines, calls, sealed)
+    };
+    let (sealed, not) = (run(true), run(false));
+    assert_eq!(sealed.0, not.0, "call-site lines");
+    assert_eq!(sealed.1, not.1, "processes");
+    assert_eq!(sealed.0.len(), 4, "{:?}", sealed.0);
+    assert!(sealed.0.iter().all(|l| l.ends_with(" 4 7") || l.ends_with(" 8 0")), "{:?}", sealed.0);
+    assert!(sealed.2 .0 == 2 && sealed.2 .1 >= 2, "(processes, sites) sealed: {:?}", sealed.2);
+    assert_eq!(not.2, (0, 0));
+}
+
+const PAGE: u64 = 4096;
+
+fn page_sample(tgid: u32, addr: u64, stack: i32) -> vmtrace_common::PageSample {
+    vmtrace_common::PageSample {
+        hdr: vmtrace_common::EventHeader { kind: EventKind::PageSample as u32, size: 48, ts_ns: 1 },
+        tgid,
+        flags: 0,
+        addr,
+        user_stack: stack,
+        kernel_stack: -1,
+        cpu: 0,
+        _pad: 0,
+    }
+}
+
+fn rss_event(kind: EventKind, tgid: u32, pages: u64) -> vmtrace_common::RssEvent {
+    let mut size = [0; 4];
+    size[vmtrace_common::RSS_ANON] = pages * PAGE;
+    let hdr = vmtrace_common::EventHeader { kind: kind as u32, size: 56, ts_ns: 3 };
+    vmtrace_common::RssEvent { hdr, tgid, mm_id: 7, size }
+}
+
+fn madvise(tgid: u32, addr: u64, len: u64) -> vmtrace_common::MmEvent {
+    vmtrace_common::MmEvent {
+        hdr: vmtrace_common::EventHeader { kind: EventKind::MmMapChange as u32, size: 0, ts_ns: 2 },
+        tgid,
+        call: MmCall::Madvise as u32,
+        addr,
+        len,
+        prot: 0,
+        flags: 0,
+        fd: u64::MAX,
+        offset: 0,
+        old_addr: 0,
+        old_len: 0,
+        gen_enter: 0,
+        gen_exit: 0,
+        dev: 0,
+        tid: tgid,
+        ino: 0,
+        start_ns: 0,
+    }
+}
+
+/// Folded lines (pid, line, weight) of `stacks` by faults, sorted.
+fn folded_lines(stacks: &[crate::stacks::Stack]) -> Vec<String> {
+    use crate::stacks::{flamegraph, weight::Weight};
+    let mut v: Vec<String> = flamegraph::folded_by_pid(stacks, Weight::Faults)
+        .into_iter()
+        .map(|l| format!("{} {} {}", l.pid, l.line, l.weight))
+        .collect();
+    v.sort();
+    v
+}
+
+/// The resident pages (and the peak and end snapshots) of stacks whose
+/// keys were sealed, in a live process and in one released, are made owner
+/// shapes: no stack id is held for them any more, and the resident end
+/// and peak profiles and each process's figures are the same as without
+/// sealing, as are the fault lines.
+#[test]
+fn sealed_owners_of_resident_pages_give_the_same_resident_profiles() {
+    use vmtrace_common::{RssMm, StackCounts, StackKey, RSS_ANON};
+    const LATER: u32 = NO_SUCH_PID + 4;
+    let run = |seal: bool| {
+        let mut src = FakeSource::new(1);
+        src.push(&task(EventKind::TaskFork, CHILD, CHILD, PARENT, "work"));
+        src.push(&task(EventKind::TaskFork, LATER, LATER, PARENT, "later"));
+        src.stats.insert(CHILD, faults(64, 0));
+        src.stats.insert(LATER, faults(32, 0));
+        src.user_stacks.insert(5, vec![0x1000, 0x2000]);
+        src.user_stacks.insert(6, vec![0x1000, 0x3000]);
+        let key = |tgid, user_stack| StackKey { tgid, user_stack, kernel_stack: -1, ..StackKey::default() };
+        let counts = |n: u64| StackCounts { faults: n, timed: n, time_ns: 100 * n, ..Default::default() };
+        for tgid in [CHILD, LATER] {
+            src.stack_counts.push((key(tgid, 5), counts(8)));
+            // 6 pages of stack 5, 2 of which are given back after the peak.
+            for i in 0..6 {
+                src.push(&page_sample(tgid, 0x10_0000 + i * PAGE, 5));
+            }
+            src.push(&rss_event(EventKind::ResidentPeak, tgid, 60));
+        }
+        let mut size = [0; 4];
+        size[RSS_ANON] = 80 * PAGE;
+        let mut peak_size = [0; 4];
+        peak_size[RSS_ANON] = 90 * PAGE;
+        src.rss.push((1, RssMm { tgid: CHILD, size, peak: 90 * PAGE, peak_size, ..RssMm::default() }));
+        let families = Families { regions: true, resident: true, ..Families::default() };
+        let opts = SessionOptions {
+            retire_exited: true,
+            release_above: 0,
+            stacks: Some((StackMode::User, 1)),
+            stack_seal: (if seal { ms(100) } else { Duration::ZERO }, 0),
+            ..SessionOptions::new(families)
+        };
+        let mut s = session(src, opts);
+        let t0 = s.started;
+        s.step(t0 + ms(10));
+        s.step(t0 + ms(200));
+        let held = s.resident.as_ref().unwrap().stack_ids(|_| true);
+        assert_eq!(held.contains(&5), !seal, "sealed: the pages hold no stack id");
+        // Freed, counted again (the same stack, afresh once sealed, and a
+        // new one) with pages of both.
+        for tgid in [CHILD, LATER] {
+            s.source_mut().push(&madvise(tgid, 0x10_0000, 2 * PAGE));
+            s.source_mut().stack_counts.push((key(tgid, 5), counts(4)));
+            s.source_mut().stack_counts.push((key(tgid, 6), counts(2)));
+            s.source_mut().push(&page_sample(tgid, 0x20_0000, 5));
+            s.source_mut().push(&page_sample(tgid, 0x20_0000 + PAGE, 6));
+        }
+        s.source_mut().push(&exit(LATER, 0, "later"));
+        s.source_mut().push(&rss_event(EventKind::ResidentEnd, LATER, 40));
+        s.step(t0 + ms(400));
+        s.step(t0 + ms(5000));
+        assert!(s.known(LATER).is_some_and(|p| p.released), "released");
+        if seal {
+            assert!(s.resident.as_ref().unwrap().stack_ids(|_| true).is_empty(), "every page is a shape's");
+        }
+        let finished = finish_at(s, ms(6000));
+        let profiles = finished.resident.as_ref().expect("resident profiles");
+        let figures: Vec<(u32, u64, u64)> =
+            profiles.per_process.iter().map(|(p, x)| (*p, x.end_bytes, x.peak_bytes)).collect();
+        (folded_lines(&profiles.end), folded_lines(&profiles.peak), figures, folded_lines(&finished.stacks))
+    };
+    let (sealed, not) = (run(true), run(false));
+    assert_eq!(sealed.0, not.0, "resident end");
+    assert_eq!(sealed.1, not.1, "resident peak");
+    assert_eq!(sealed.2, not.2, "figures");
+    assert_eq!(sealed.3, not.3, "fault lines");
+    // Each process's end has stacks 5 and 6, its peak stack 5 alone.
+    assert_eq!(sealed.0.len(), 4, "{:?}", sealed.0);
+    assert_eq!(sealed.1.len(), 2, "{:?}", sealed.1);
+    let sum = |v: &[String], pid: u32| -> u64 {
+        v.iter()
+            .filter(|l| l.starts_with(&format!("{pid} ")))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum()
+    };
+    for (pid, end, peak) in &sealed.2 {
+        assert_eq!(sum(&sealed.0, *pid), *end, "{pid}'s resident end adds up");
+        assert_eq!(sum(&sealed.1, *pid), *peak, "{pid}'s peak adds up");
+    }
+}

@@ -127,7 +127,7 @@ pub(crate) fn sym_key(k: &StackKey) -> SymKey {
 /// A key's stacks without their counts, and the weights its counts are
 /// shared out by: one stack, or the unwound stacks a frame-pointer stack's
 /// samples gave (`split`: a part that gets nothing is left out).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Symbolized {
     variants: Box<[(Template, u64)]>,
     split: bool,
@@ -182,6 +182,38 @@ pub(crate) struct Symbols {
     sites: HashMap<(u32, u32, i32), Vec<(stacks::Frames, u64)>>,
     /// The settled counts of live processes, symbolized (`seal`).
     sealed: Sealed,
+    /// The stacks of resident pages whose owners were sealed (`owner_shapes`).
+    owners: OwnerShapes,
+    /// The settled call sites of live processes taken out of the kernel's
+    /// map (`seal_sites`): calls and IPIs by process and frames.
+    sealed_sites: HashMap<u32, HashMap<stacks::Frames, (u64, u64)>>,
+}
+
+/// The symbolized stacks (with their leaf) of sampled resident pages whose
+/// owners' stack ids were sealed or released, interned across processes
+/// (no pid in a shape): a page then names its stacks by a shape id
+/// (`resident::Owner::shape`) and no drained stack id, so the drained
+/// stack can go. Shapes no page or snapshot refers to any more are let go
+/// (`retain_owner_shapes`).
+#[derive(Default)]
+struct OwnerShapes {
+    by_id: HashMap<u32, std::sync::Arc<Symbolized>>,
+    index: HashMap<std::sync::Arc<Symbolized>, u32>,
+    next: u32,
+}
+
+impl OwnerShapes {
+    fn intern(&mut self, sym: Symbolized) -> u32 {
+        if let Some(id) = self.index.get(&sym) {
+            return *id;
+        }
+        let id = self.next;
+        self.next += 1;
+        let sym = std::sync::Arc::new(sym);
+        self.by_id.insert(id, sym.clone());
+        self.index.insert(sym, id);
+        id
+    }
 }
 
 /// Sealed shapes one process keeps before its lightest are added into one
@@ -200,8 +232,11 @@ const MAX_SEALED: usize = 2048;
 #[derive(Default)]
 pub(crate) struct Sealed {
     by_pid: HashMap<u32, HashMap<(Template, u32), StackCounts>>,
-    /// Keys whose counts were sealed, and shapes added into a lighter one.
+    /// Keys of live processes whose counts were sealed, keys of released
+    /// processes sealed as they were released, and shapes added into a
+    /// lighter one.
     pub keys: u64,
+    pub released_keys: u64,
     pub lightened: u64,
 }
 
@@ -270,9 +305,12 @@ impl Symbols {
     /// unwound stacks their ids have now, not cached (counts drained later
     /// for the same keys are symbolized afresh), and adds them to the
     /// processes' sealed shapes.
+    /// `live`: the keys of live processes (`Sealed::keys`), else of
+    /// processes released (`Sealed::released_keys`).
     pub(crate) fn seal(
         &mut self,
         raw: Vec<(StackKey, StackCounts)>,
+        live: bool,
         table: &mut ProcessTable,
         source: &impl AggregateSource,
         native: &NativeStacks,
@@ -280,18 +318,55 @@ impl Symbols {
     ) {
         let keys: Vec<SymKey> = raw.iter().map(|(k, _)| sym_key(k)).collect();
         let done = symbolize_keys(keys, &mut self.names, table, source, native, py);
-        let mut pids = crate::hash::HashSet::default();
-        self.sealed.keys += raw.len() as u64;
+        if live {
+            self.sealed.keys += raw.len() as u64;
+        } else {
+            self.sealed.released_keys += raw.len() as u64;
+        }
         for (k, c) in raw {
             let Some(sym) = done.get(&sym_key(&k)) else { continue };
             each_part(sym, c, |t, counts| self.sealed.add(k.tgid, t, counts, k.stratum));
-            pids.insert(k.tgid);
         }
+    }
+
+    /// Keeps the sealed shapes of `pids` within `MAX_SEALED`: once after
+    /// all the `seal` calls of one sealing (which seals a slice at a time).
+    pub(crate) fn compact_sealed(&mut self, pids: &crate::hash::HashSet<u32>) {
         for pid in pids {
-            if self.sealed.by_pid.get(&pid).is_some_and(|m| m.len() > MAX_SEALED) {
-                self.sealed.compact(pid, MAX_SEALED * 3 / 4);
+            if self.sealed.by_pid.get(pid).is_some_and(|m| m.len() > MAX_SEALED) {
+                self.sealed.compact(*pid, MAX_SEALED * 3 / 4);
             }
         }
+    }
+
+    /// Symbolizes the resident owners `keys` (with their leaf blocks) now
+    /// with the unwound stacks their ids have, not cached, and interns them
+    /// as owner shapes: returns each key's shape id (`resident::Owner::shape`).
+    pub(crate) fn owner_shapes(
+        &mut self,
+        keys: Vec<SymKey>,
+        table: &mut ProcessTable,
+        source: &impl AggregateSource,
+        native: &NativeStacks,
+        py: &CodeCache,
+    ) -> crate::hash::HashMap<SymKey, u32> {
+        let done = symbolize_keys(keys, &mut self.names, table, source, native, py);
+        done.into_iter().map(|(k, sym)| (k, self.owners.intern(sym))).collect()
+    }
+
+    /// Lets go of the owner shapes not in `referenced`; returns how many are held.
+    pub(crate) fn retain_owner_shapes(&mut self, referenced: &crate::hash::HashSet<u32>) -> usize {
+        let o = &mut self.owners;
+        o.by_id.retain(|id, _| referenced.contains(id));
+        o.index.retain(|_, id| referenced.contains(id));
+        o.by_id.shrink_if_sparse();
+        o.index.shrink_if_sparse();
+        o.by_id.len()
+    }
+
+    /// Owner shapes held.
+    pub(crate) fn owner_shapes_held(&self) -> usize {
+        self.owners.by_id.len()
     }
 
     /// The sealed stacks of the processes `pids` picks, named by `comm_of`.
@@ -308,11 +383,84 @@ impl Symbols {
         &self.sealed
     }
 
+    /// Symbolizes the settled call sites `raw` of live processes (taken out
+    /// of the kernel's map) with the unwound stacks their ids have now, not
+    /// cached, and adds their calls and IPIs to each process's sealed call
+    /// sites, by frames: the drained stacks they named can go. Shared out
+    /// over a frame-pointer stack's unwound stacks as `build_mm_sites` does.
+    pub(crate) fn seal_sites(
+        &mut self,
+        raw: Vec<(vmtrace_common::MmStackKey, vmtrace_common::MmStackCounts)>,
+        table: &mut ProcessTable,
+        source: &impl AggregateSource,
+        native: &NativeStacks,
+        py: &CodeCache,
+    ) {
+        for (k, c) in raw {
+            let key = (k.tgid, k.call, k.user_stack);
+            let variants = self.site_variants_of(key, table, source, native, py);
+            let m = self.sealed_sites.entry(k.tgid).or_default();
+            each_site_part(variants, c, |frames, calls, ipis| {
+                let e = m.entry(frames).or_default();
+                e.0 += calls;
+                e.1 += ipis;
+            });
+        }
+    }
+
+    /// A call site's interned unwound variants: as kept at its process's
+    /// release, else symbolized now.
+    fn site_variants_of(
+        &mut self,
+        key: (u32, u32, i32),
+        table: &mut ProcessTable,
+        source: &impl AggregateSource,
+        native: &NativeStacks,
+        py: &CodeCache,
+    ) -> Vec<(stacks::Frames, u64)> {
+        match self.sites.get(&key) {
+            Some(v) => v.clone(),
+            None => site_variants(table, source, &mut self.names, key, native, py)
+                .into_iter()
+                .map(|(f, n)| (intern_strings(&self.names, &f), n))
+                .collect(),
+        }
+    }
+
+    /// The sealed call sites of the processes `pids` picks, named by `comm_of`.
+    pub(crate) fn sealed_sites(
+        &self,
+        pids: impl Fn(u32) -> bool,
+        comm_of: &mut dyn FnMut(u32) -> String,
+    ) -> Vec<MmSite> {
+        let mut out = Vec::new();
+        for (pid, m) in self.sealed_sites.iter().filter(|(p, _)| pids(**p)) {
+            let comm = comm_of(*pid);
+            out.extend(m.iter().map(|(frames, (calls, ipis))| MmSite {
+                pid: *pid,
+                comm: comm.clone(),
+                frames: frames.clone(),
+                calls: *calls,
+                ipis: *ipis,
+            }));
+        }
+        out
+    }
+
+    /// (processes, call sites) sealed and held.
+    pub(crate) fn sealed_sites_sizes(&self) -> (usize, usize) {
+        (self.sealed_sites.len(), self.sealed_sites.values().map(HashMap::len).sum())
+    }
+
     /// Forgets the stacks, call sites and sealed shapes of `pids` (folded
     /// away: their counts were symbolized into the other process's).
+    /// (Their owner shapes go once no page refers to them:
+    /// `retain_owner_shapes`.)
     pub(crate) fn forget(&mut self, pids: &crate::hash::HashSet<u32>) {
         self.sealed.by_pid.retain(|p, _| !pids.contains(p));
         self.sealed.by_pid.shrink_if_sparse();
+        self.sealed_sites.retain(|p, _| !pids.contains(p));
+        self.sealed_sites.shrink_if_sparse();
         self.stacks.retain(|k, _| !pids.contains(&k.0));
         self.sites.retain(|k, _| !pids.contains(&k.0));
         self.stacks.shrink_if_sparse();
@@ -396,6 +544,37 @@ pub(crate) fn symbolize_counts(
     out
 }
 
+/// `symbolize_counts` for the resident profiles' owners: a key of the
+/// stratum `resident::STRATUM_SHAPE` names an owner shape
+/// (`Symbols::owner_shapes`) by its `user_stack`, its leaf kept where its
+/// `leaf_block` is set (as a key's leaf is made from it).
+pub(crate) fn symbolize_owner_counts(
+    raw: Vec<(StackKey, StackCounts)>,
+    table: &mut ProcessTable,
+    source: &impl AggregateSource,
+    native: &NativeStacks,
+    py: &CodeCache,
+    syms: &mut Symbols,
+) -> Vec<Stack> {
+    use super::resident::STRATUM_SHAPE;
+    let (shaped, raw): (Vec<_>, Vec<_>) = raw.into_iter().partition(|(k, _)| k.stratum & STRATUM_SHAPE != 0);
+    let mut out = symbolize_counts(raw, table, source, native, py, syms);
+    let mut comms: HashMap<u32, String> = HashMap::default();
+    for (k, c) in shaped {
+        let Some(sym) = u32::try_from(k.user_stack).ok().and_then(|id| syms.owners.by_id.get(&id)) else { continue };
+        let comm = comms.entry(k.tgid).or_insert_with(|| table.ensure(k.tgid).comm.clone());
+        let stratum = k.stratum & !STRATUM_SHAPE;
+        each_part(sym, c, |t, counts| {
+            let mut s = t.stack(k.tgid, comm, counts, stratum);
+            if k.leaf_block == 0 {
+                s.leaf = None;
+            }
+            out.push(s);
+        });
+    }
+    out
+}
+
 /// A key's counts `c` as its stacks show them: whole on each of its
 /// stacks, or shared out over the unwound stacks of a frame-pointer stack
 /// by their weights (a part that gets nothing is left out).
@@ -415,12 +594,21 @@ fn each_part(sym: &Symbolized, c: StackCounts, mut f: impl FnMut(&Template, Stac
     }
 }
 
-/// One key to symbolize: its user and kernel IPs, how the user stack ended
+/// One stack to symbolize: its user and kernel IPs, how the user stack ended
 /// when it was unwound from a copy (`None`: frame pointers only), and the
 /// weight of this unwound stack among its key's.
-type RawVariant = (SymKey, Vec<u64>, Vec<u64>, Option<Option<stacks::native::Cut>>, u64);
+type RawVariant = (StackOf, Vec<u64>, Vec<u64>, Option<Option<stacks::native::Cut>>, u64);
 
-/// The stacks of `keys`, without counts (`Symbolized`).
+/// What a key's stacks depend on besides its leaf block: its process, its
+/// user and kernel stacks.
+type StackOf = (u32, i32, i32);
+
+/// The stacks of `keys`, without counts (`Symbolized`). Keys that differ in
+/// their leaf block alone share their stacks, symbolized once: a resident
+/// owner is keyed by its page's block, and a sealing's owners were mostly
+/// the same stacks over many blocks (the torch job's first sealing made
+/// 30,042 owners shapes in 46 s, each stack symbolized again per block).
+#[allow(clippy::too_many_lines, reason = "one pass per process: the stacks, then each key's leaf")]
 fn symbolize_keys(
     keys: Vec<SymKey>,
     names: &mut Names,
@@ -429,25 +617,39 @@ fn symbolize_keys(
     native: &NativeStacks,
     py: &CodeCache,
 ) -> HashMap<SymKey, Symbolized> {
-    let mut out: HashMap<SymKey, (Vec<(Template, u64)>, bool)> = HashMap::default();
+    // The leaf blocks of each stack, and whether its counts are split.
+    let mut blocks: HashMap<StackOf, (Vec<u64>, bool)> = HashMap::default();
+    let mut stacks_of: HashMap<u32, Vec<StackOf>> = HashMap::default();
     let mut by_pid: HashMap<u32, Vec<RawVariant>> = HashMap::default();
     for key in keys {
-        if out.contains_key(&key) {
+        let (tgid, user_stack, kernel_stack, leaf_block) = key;
+        let of = (tgid, user_stack, kernel_stack);
+        if let Some((b, _)) = blocks.get_mut(&of) {
+            // Deduplicated once all are in (sorted): a `contains` here
+            // was quadratic in a stack's leaf blocks.
+            b.push(leaf_block);
             continue;
         }
-        let (tgid, user_stack, kernel_stack, _) = key;
         let kernel = if kernel_stack >= 0 { source.stack_ips(kernel_stack).unwrap_or_default() } else { vec![] };
         let variants = native.variants(tgid, user_stack);
-        out.insert(key, (Vec::with_capacity(variants.len().max(1)), !variants.is_empty()));
+        blocks.insert(of, (vec![leaf_block], !variants.is_empty()));
+        stacks_of.entry(tgid).or_default().push(of);
         if variants.is_empty() {
             let user = if user_stack >= 0 { source.user_stack_ips(user_stack).unwrap_or_default() } else { vec![] };
-            by_pid.entry(tgid).or_default().push((key, user, kernel, None, 1));
+            by_pid.entry(tgid).or_default().push((of, user, kernel, None, 1));
             continue;
         }
         for (v, n) in variants {
-            by_pid.entry(tgid).or_default().push((key, v.frames.clone(), kernel.clone(), Some(v.cut.clone()), *n));
+            by_pid.entry(tgid).or_default().push((of, v.frames.clone(), kernel.clone(), Some(v.cut.clone()), *n));
         }
     }
+    for (b, _) in blocks.values_mut() {
+        b.sort_unstable();
+        b.dedup();
+    }
+    // Each stack's templates, leaf not set yet.
+    let mut done: HashMap<StackOf, Vec<(Template, u64)>> = HashMap::default();
+    let mut out: HashMap<SymKey, Symbolized> = HashMap::default();
     for (pid, entries) in by_pid {
         ensure_maps(table, pid);
         table.ensure(pid);
@@ -459,8 +661,11 @@ fn symbolize_keys(
         names.prepare_user(&all_user, &maps, table.root_of(pid));
         let all_kernel: Vec<u64> = entries.iter().flat_map(|e| e.2.iter().copied()).collect();
         names.prepare_kernel(&all_kernel);
-        for (key, user, kernel, unwound, weight) in entries {
-            let (_, user_stack, _, leaf_block) = key;
+        // The Python frames of each user stack (a pinned stack's are its
+        // frame-pointer id's): looked up once, not once per unwound stack.
+        let mut py_of: HashMap<i32, Option<PyStack>> = HashMap::default();
+        for (of, user, kernel, unwound, weight) in entries {
+            let (_, user_stack, _) = of;
             let (user, user_cut, unwound) = match &unwound {
                 None => {
                     let (frames, cut) = stacks::user_frames(&user, names, &maps, &info.mapped, jit.as_ref());
@@ -471,15 +676,17 @@ fn symbolize_keys(
                     (frames, why.is_some(), Some(why))
                 }
             };
-            // A pinned stack's Python frames are its frame-pointer id's.
-            let py_stack = source.python_stack(native.original(pid, user_stack));
+            let py_stack = py_of
+                .entry(user_stack)
+                .or_insert_with(|| source.python_stack(native.original(pid, user_stack)))
+                .as_ref();
             let python = py_stack.is_some();
             let python_unnamed = py_stack.as_ref().is_some_and(|ps| py.any_unnamed(pid, ps));
             let user = match py_stack {
                 // Python frames are named per stack: kept once each all the same.
                 Some(ps) => {
                     let native = user.iter().map(ToString::to_string).collect();
-                    with_python(native, py, pid, Some(&ps)).iter().map(|f| names.intern(f)).collect()
+                    with_python(native, py, pid, Some(ps)).iter().map(|f| names.intern(f)).collect()
                 }
                 None => user,
             };
@@ -491,25 +698,45 @@ fn symbolize_keys(
                 python_unnamed,
                 user_missing: user_stack == STACK_ID_LOST,
                 user_cut,
-                leaf: (leaf_block != 0).then(|| {
-                    let a = leaf_block << LEAF_BLOCK_SHIFT;
-                    let end = a + (1 << LEAF_BLOCK_SHIFT) - 1;
-                    // A region may start inside the block: try its last byte too.
-                    let leaf = stacks::region_leaf(&info.maps, &info.mapped, a);
-                    let leaf = if leaf == "[unmapped region]" {
-                        stacks::region_leaf(&info.maps, &info.mapped, end)
-                    } else {
-                        leaf
-                    };
-                    names.intern(&leaf)
-                }),
+                leaf: None,
             };
-            if let Some(sym) = out.get_mut(&key) {
-                sym.0.push((stack, weight));
+            done.entry(of).or_default().push((stack, weight));
+        }
+        // Then each key: its stack's templates with its leaf.
+        let mut leaves: HashMap<u64, stacks::Frame> = HashMap::default();
+        let mut leaf_of = |block: u64| -> Option<stacks::Frame> {
+            if block == 0 {
+                return None;
+            }
+            let leaf = leaves.entry(block).or_insert_with(|| {
+                let a = block << LEAF_BLOCK_SHIFT;
+                let end = a + (1 << LEAF_BLOCK_SHIFT) - 1;
+                // A region may start inside the block: try its last byte too.
+                let leaf = stacks::region_leaf(&info.maps, &info.mapped, a);
+                let leaf =
+                    if leaf == "[unmapped region]" { stacks::region_leaf(&info.maps, &info.mapped, end) } else { leaf };
+                names.intern(&leaf)
+            });
+            Some(leaf.clone())
+        };
+        for of in stacks_of.remove(&pid).unwrap_or_default() {
+            let Some((bs, split)) = blocks.remove(&of) else { continue };
+            let templates = done.remove(&of).unwrap_or_default();
+            for block in bs {
+                let leaf = leaf_of(block);
+                let variants: Box<[(Template, u64)]> =
+                    templates.iter().map(|(t, w)| (Template { leaf: leaf.clone(), ..t.clone() }, *w)).collect();
+                out.insert((of.0, of.1, of.2, block), Symbolized { variants, split });
             }
         }
     }
-    out.into_iter().map(|(k, (v, split))| (k, Symbolized { variants: v.into_boxed_slice(), split })).collect()
+    // A key whose process is not known: no stacks.
+    for (of, (bs, split)) in blocks {
+        for block in bs {
+            out.insert((of.0, of.1, of.2, block), Symbolized { variants: Box::new([]), split });
+        }
+    }
+    out
 }
 
 /// Frames of a call site, outermost first, the syscall as leaf: the unwound
@@ -593,28 +820,37 @@ pub(crate) fn build_mm_sites(
     let mut out = Vec::new();
     for (k, c) in raw {
         let key = (k.tgid, k.call, k.user_stack);
-        let variants: Vec<(stacks::Frames, u64)> = match syms.sites.get(&key) {
-            Some(v) => v.clone(),
-            None => site_variants(table, source, &mut syms.names, key, native, py)
-                .into_iter()
-                .map(|(f, n)| (intern_strings(&syms.names, &f), n))
-                .collect(),
-        };
+        let variants = syms.site_variants_of(key, table, source, native, py);
         let comm = table.ensure(k.tgid).comm.clone();
-        if let [(frames, _)] = variants.as_slice() {
-            out.push(MmSite { pid: k.tgid, comm, frames: frames.clone(), calls: c.calls, ipis: c.ipis });
-            continue;
-        }
-        let weights: Vec<u64> = variants.iter().map(|(_, n)| *n).collect();
-        let (calls, ipis) = (shares(c.calls, &weights), shares(c.ipis, &weights));
-        for (i, (frames, _)) in variants.into_iter().enumerate() {
-            if calls[i] | ipis[i] == 0 {
-                continue;
-            }
-            out.push(MmSite { pid: k.tgid, comm: comm.clone(), frames, calls: calls[i], ipis: ipis[i] });
-        }
+        each_site_part(variants, c, |frames, calls, ipis| {
+            out.push(MmSite { pid: k.tgid, comm: comm.clone(), frames, calls, ipis });
+        });
     }
     out
+}
+
+/// A call site's calls and IPIs `c` on its unwound variants: whole on its
+/// one stack, else shared out by the variants' weights (a part that gets
+/// nothing is left out).
+fn each_site_part(
+    variants: Vec<(stacks::Frames, u64)>,
+    c: vmtrace_common::MmStackCounts,
+    mut f: impl FnMut(stacks::Frames, u64, u64),
+) {
+    if variants.len() == 1 {
+        if let Some((frames, _)) = variants.into_iter().next() {
+            f(frames, c.calls, c.ipis);
+        }
+        return;
+    }
+    let weights: Vec<u64> = variants.iter().map(|(_, n)| *n).collect();
+    let (calls, ipis) = (shares(c.calls, &weights), shares(c.ipis, &weights));
+    for (i, (frames, _)) in variants.into_iter().enumerate() {
+        if calls[i] | ipis[i] == 0 {
+            continue;
+        }
+        f(frames, calls[i], ipis[i]);
+    }
 }
 
 /// A call site's frames as a storm culprit: the syscall, then the first
@@ -724,7 +960,7 @@ mod tests {
         );
         native.add_variant(pid, id, a.clone(), 3);
         let mut syms = Symbols::default();
-        syms.seal(vec![(key, c)], &mut table, &src, &native, &py);
+        syms.seal(vec![(key, c)], true, &mut table, &src, &native, &py);
         // Later samples: b, a third of them.
         native.add_variant(pid, id, b, 1);
         native.add_variant(pid, id, a, 1);
@@ -744,12 +980,32 @@ mod tests {
         assert_eq!(all, 1600);
         assert_eq!((syms.sealed().keys, syms.sealed().sizes()), (1, (1, 1)));
         // Sealed again with today's weights: added to the same shapes by what they show.
-        syms.seal(vec![(key, c)], &mut table, &src, &native, &py);
+        syms.seal(vec![(key, c)], true, &mut table, &src, &native, &py);
         let sealed = syms.sealed_stacks(|_| true, &mut |_| "work".into());
         assert_eq!(sealed.iter().map(|s| s.counts.faults).sum::<u64>(), 16);
         assert_eq!(syms.sealed().sizes(), (1, 2));
         syms.forget(&[pid].into_iter().collect());
         assert_eq!(syms.sealed().sizes(), (0, 0));
+    }
+
+    /// One stack keyed by many leaf blocks (an owner per 64 KiB block),
+    /// given again and again: one entry per distinct block, each with the
+    /// stack's frames and its own leaf.
+    #[test]
+    fn a_stack_over_many_leaf_blocks_gives_one_entry_per_block() {
+        use crate::collect::fake::{FakeSource, NO_SUCH_PID};
+        let (pid, id) = (NO_SUCH_PID + 7, 5);
+        let (mut table, mut src, py) = (ProcessTable::default(), FakeSource::new(1), CodeCache::default());
+        src.user_stacks.insert(id, vec![0x1000, 0x2000]);
+        let native = NativeStacks::default();
+        let mut names = Names::default();
+        let blocks = 5000u64;
+        let keys: Vec<SymKey> = (0..4 * blocks).map(|i| (pid, id, -1, blocks - i % blocks)).collect();
+        let out = symbolize_keys(keys, &mut names, &mut table, &src, &native, &py);
+        assert_eq!(out.len(), blocks as usize);
+        assert!((1..=blocks).all(|b| out.get(&(pid, id, -1, b)).is_some_and(|s| s.variants.len() == 1 && !s.split)));
+        let frames = |b: u64| out[&(pid, id, -1, b)].variants[0].0.user.clone();
+        assert_eq!(frames(1), frames(blocks));
     }
 
     #[test]

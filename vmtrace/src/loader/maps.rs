@@ -462,6 +462,11 @@ impl AggregateSource for Probes {
     fn take_mm_stacks(&mut self, tgids: &crate::hash::HashSet<u32>) -> Vec<(MmStackKey, MmStackCounts)> {
         let b = &self.maps.batch;
         let keys = b.keys(b.mm_stacks.as_ref(), &self.maps.mm_stacks, |k| tgids.contains(&k.tgid));
+        self.take_mm_sites(keys)
+    }
+
+    fn take_mm_sites(&mut self, keys: Vec<MmStackKey>) -> Vec<(MmStackKey, MmStackCounts)> {
+        let b = &self.maps.batch;
         let mut out = Vec::new();
         let mut rest = Vec::new();
         match b.mm_stacks.as_ref().filter(|_| self.maps.granule_fds.is_some()) {

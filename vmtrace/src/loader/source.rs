@@ -99,6 +99,9 @@ pub trait AggregateSource {
     fn all_mm_stacks(&self) -> Vec<(MmStackKey, MmStackCounts)>;
     /// Takes the call-site aggregates of exited processes out of the kernel's map.
     fn take_mm_stacks(&mut self, tgids: &crate::hash::HashSet<u32>) -> Vec<(MmStackKey, MmStackCounts)>;
+    /// Takes the call-site aggregates `keys` out of the kernel's map (a
+    /// live process's settled call sites, sealed by the session).
+    fn take_mm_sites(&mut self, keys: Vec<MmStackKey>) -> Vec<(MmStackKey, MmStackCounts)>;
     /// A kernel stack's instruction pointers, innermost first.
     fn stack_ips(&self, id: i32) -> Option<Vec<u64>>;
     /// A user stack's instruction pointers, innermost first.
