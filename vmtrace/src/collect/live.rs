@@ -185,20 +185,31 @@ impl<S: AggregateSource> Session<S> {
         let table = &self.table;
         let comm_of = |pid: u32| table.get(pid).map_or_else(String::new, |p| p.comm.clone());
         crate::stacks::weight::weigh(&mut stacks, &totals, &comm_of);
-        // Those of the processes folded away, weighed already.
-        stacks.extend(self.folded.fault_stacks());
+        // Those of the processes folded away, weighed already: under a pid
+        // per identity kept (`folded_identity`), so that the profiles keep
+        // their cgroup and rank.
+        let (folded_stacks, folded_sites) = self.folded.by_identity();
+        stacks.extend(folded_stacks);
         let sites = if self.opts.families.mmap {
             // Released processes' call sites left the kernel's map.
             let mut raw = self.source.all_mm_stacks();
             raw.extend(self.retired_mm.iter().copied());
             let mut sites =
                 super::symbols::build_mm_sites(raw, &mut self.table, &self.source, native, py, &mut self.syms);
-            sites.extend(self.folded.sites());
+            sites.extend(folded_sites);
             sites
         } else {
             Vec::new()
         };
         (stacks, sites)
+    }
+}
+
+impl<S: AggregateSource> Session<S> {
+    /// The identity of a pid [`Session::live_stacks`] gave the stacks and
+    /// call sites of folded processes (`collect::folded::FOLDED_IDENTITY_PIDS`).
+    pub fn folded_identity(&self, pid: u32) -> Option<Arc<Identity>> {
+        self.folded.identity_of(pid).cloned()
     }
 }
 
