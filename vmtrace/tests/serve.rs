@@ -283,6 +283,71 @@ fn a_job_started_as_serve_starts_has_its_faults_under_its_rank() {
     assert!(ranked + 400 >= kernel, "rank 3 has {ranked} of the job's {kernel} faults\n{body}");
 }
 
+/// The total of a profile's samples (first value) whose label `key` is
+/// `value`, and of those of them with no `pid` label (processes folded away).
+fn labelled_total(p: &vmtrace_protos::pprof::Profile, key: &str, value: &str) -> (u64, u64) {
+    let s = |i: i64| p.string_table.get(usize::try_from(i).unwrap_or(0)).map_or("", String::as_str);
+    let of = |x: &vmtrace_protos::pprof::Sample| u64::try_from(x.value[0]).unwrap_or(0);
+    let with: Vec<_> =
+        p.sample.iter().filter(|x| x.label.iter().any(|l| s(l.key) == key && s(l.str) == value)).collect();
+    let no_pid = with.iter().filter(|x| !x.label.iter().any(|l| s(l.key) == "pid")).map(|x| of(x)).sum();
+    (with.iter().map(|x| of(x)).sum(), no_pid)
+}
+
+/// uc32 (issue #36): the cumulative profiles labelled the samples of
+/// exited processes with their name only once they were folded away
+/// (docs/agent.md promises cgroup and rank). A shell with RANK=41 runs
+/// three short workloads; once they are released and folded away (their
+/// samples have no pid), the faults profile's rank-41 samples still add
+/// up to the rank-41 metrics, and those without a pid to what the kernel
+/// counted for the shell's children. The shell waits on a fifo: no child
+/// of its own before serve is serving.
+#[test]
+fn exited_processes_keep_their_rank_in_the_cumulative_profile() {
+    privileged!();
+    let dir = tempfile::tempdir().unwrap();
+    let (go, done) = (dir.path().join("go"), dir.path().join("done"));
+    let fifo = std::ffi::CString::new(go.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let script = format!(
+        "read x < {}; for i in 1 2 3; do {BIN} workload touch --mib 16 > /dev/null; done; echo > {}; exec sleep 60",
+        go.display(),
+        done.display()
+    );
+    let mut sh = Command::new("sh").args(["-c", &script]).env("RANK", "41").spawn().unwrap();
+    let pid = sh.id();
+    // System-wide: under `-p` a child whose last stack key stays in a
+    // CPU's slot (nothing else traced faults there) is not folded away.
+    let (mut vm, addr) = serve_with(&["-a"]);
+    std::fs::write(&go, "go\n").unwrap();
+    let start = std::time::Instant::now();
+    while !done.exists() {
+        assert!(start.elapsed() < Duration::from_mins(1), "the shell's children never finished");
+        sleep(Duration::from_millis(100));
+    }
+    let kernel = children_faults(pid);
+    // Released a second after their exit, then folded away.
+    sleep(Duration::from_secs(4));
+    let metrics = total(&scrape(&addr), "vmtrace_cgroup_page_faults_total{", "rank=\"41\"") as u64;
+    let p = profile_at(&addr, "/debug/pprof/faults");
+    let (ranked, folded) = labelled_total(&p, "rank", "41");
+    let _ = sh.kill();
+    let _ = sh.wait();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(vm.id() as i32, libc::SIGINT) };
+    let _ = vm.wait();
+    eprintln!(
+        "rank 41: metrics {metrics} faults, profile {ranked} ({folded} folded, no pid); \
+         the kernel counted {kernel} for the shell's children"
+    );
+    assert!(metrics >= 3 * 4096, "three 16 MiB first touches: {metrics}");
+    assert!(ranked.abs_diff(metrics) <= 2 + metrics / 200, "profile's rank-41 samples {ranked}, metrics {metrics}");
+    // The children, traced from their fork, are all folded away.
+    assert!(folded <= kernel, "more folded under rank 41 than the kernel counted: {folded} > {kernel}");
+    assert!(folded + 100 >= kernel, "folded under rank 41: {folded} of the children's {kernel} faults");
+}
+
 /// uc30 bug 8: once lingering series were dropped, the process series no
 /// longer added up to the cgroup series (16.78M against 21.06M after
 /// 12 min). A short churn with three process places and series dropped 1 s

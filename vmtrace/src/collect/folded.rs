@@ -12,10 +12,10 @@
 //! under process churn stays bounded (issue #31) while every count still
 //! adds up in the summary and each flamegraph keeps its names.
 use crate::hash::HashMap;
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use crate::{
-    model::{fold, MmSite, Process},
+    model::{fold, Identity, MmSite, Process},
     stacks::{
         weight::{Estimate, WEIGHED},
         Frame, Frames, Stack,
@@ -25,6 +25,16 @@ use crate::{
 /// Names of folded processes counted one by one; beyond, they count under
 /// `fold::OTHER_NAMES` (a name per process would grow with the churn).
 const MAX_NAMES: usize = 4096;
+
+/// Identities (cgroup, pod, container, rank) of folded processes kept on
+/// their stacks and call sites (`serve`'s profiles label them); the
+/// processes of later ones fold without (as many as `serve --cgroups`).
+const MAX_IDENTITIES: usize = 200;
+
+/// Pids `Session::live_stacks` gives the folded stacks of each identity
+/// kept (`FOLDED_IDENTITY_PIDS + its index`): above any real pid (the
+/// kernel's limit is 2^22), never a pid label.
+pub const FOLDED_IDENTITY_PIDS: u32 = 1 << 31;
 
 /// What makes two folded stacks one: everything a `Stack` shows but its
 /// process and counts.
@@ -38,6 +48,8 @@ struct Shape {
     stratum: u32,
     unwound: Option<Option<&'static str>>,
     flags: u8,
+    /// The index of its processes' identity (`FoldedAway::identities`).
+    identity: Option<u32>,
 }
 
 /// A frame no map named (`[unknown] 0xADDR`) without its address: the
@@ -60,7 +72,7 @@ fn without_addresses(frames: &Frames) -> Frames {
 }
 
 impl Shape {
-    fn of(s: &Stack) -> Self {
+    fn of(s: &Stack, identity: Option<u32>) -> Self {
         let flags = u8::from(s.user_missing)
             | u8::from(s.user_cut) << 1
             | u8::from(s.python) << 2
@@ -73,6 +85,7 @@ impl Shape {
             stratum: s.stratum | WEIGHED,
             unwound: s.unwound,
             flags,
+            identity,
         }
     }
 
@@ -111,9 +124,9 @@ use crate::stacks::native::LIGHTER;
 struct StackSums(HashMap<Shape, (vmtrace_common::StackCounts, Estimate)>);
 
 impl StackSums {
-    fn add(&mut self, stacks: impl IntoIterator<Item = Stack>) {
+    fn add(&mut self, stacks: impl IntoIterator<Item = Stack>, identity_of: &dyn Fn(u32) -> Option<u32>) {
         for s in stacks {
-            self.add_one(Shape::of(&s), &s.counts, &s.estimate);
+            self.add_one(Shape::of(&s, identity_of(s.pid)), &s.counts, &s.estimate);
         }
         if self.0.len() > 2 * MAX_SHAPES {
             self.compact(MAX_SHAPES);
@@ -141,8 +154,23 @@ impl StackSums {
         }
     }
 
+    /// The stacks, those of one shape and different identities as one
+    /// (merged only when some have an identity: the resident ones never).
     fn stacks(&self) -> impl Iterator<Item = Stack> + '_ {
-        self.0.iter().map(|(k, (c, e))| k.stack(*c, *e))
+        let merged = self.0.keys().any(|k| k.identity.is_some()).then(|| {
+            let mut merged = Self::default();
+            for (k, (c, e)) in &self.0 {
+                merged.add_one(Shape { identity: None, ..k.clone() }, c, e);
+            }
+            merged.0
+        });
+        let direct = merged.is_none().then(|| self.0.iter().map(|(k, (c, e))| k.stack(*c, *e)));
+        merged.into_iter().flatten().map(|(k, (c, e))| k.stack(c, e)).chain(direct.into_iter().flatten())
+    }
+
+    /// The stacks, each with the index of its identity.
+    fn stacks_by_identity(&self) -> impl Iterator<Item = (Stack, Option<u32>)> + '_ {
+        self.0.iter().map(|(k, (c, e))| (k.stack(*c, *e), k.identity))
     }
 }
 
@@ -178,7 +206,9 @@ pub(crate) struct FoldedAway {
     resident_end: StackSums,
     resident_peak: StackSums,
     resident_live_pages: u64,
-    sites: HashMap<(String, Frames), (u64, u64)>,
+    sites: HashMap<(String, Frames, Option<u32>), (u64, u64)>,
+    /// The identities kept (`MAX_IDENTITIES`), by index.
+    identities: Vec<Arc<Identity>>,
     pub fast: FastSums,
     /// Their kernel counters summed, for the live views that cover the
     /// whole trace (`serve`: `Session::live_snapshot`).
@@ -219,23 +249,60 @@ impl FoldedAway {
         }
     }
 
-    /// Adds a process's fault stacks, weighed against its totals already.
-    pub(crate) fn add_stacks(&mut self, stacks: Vec<Stack>) {
-        self.stacks.add(stacks);
+    /// The index of `id` among the identities kept, if it is or can be.
+    fn keep(&mut self, id: Option<&Arc<Identity>>) -> Option<u32> {
+        let id = id?;
+        let at = match self.identities.iter().position(|k| k == id) {
+            Some(at) => at,
+            None if self.identities.len() < MAX_IDENTITIES => {
+                self.identities.push(Arc::clone(id));
+                self.identities.len() - 1
+            }
+            None => return None,
+        };
+        u32::try_from(at).ok()
+    }
+
+    /// The identity indices of `pids`.
+    fn kept(
+        &mut self,
+        pids: impl Iterator<Item = u32>,
+        identity_of: &dyn Fn(u32) -> Option<Arc<Identity>>,
+    ) -> HashMap<u32, u32> {
+        let mut out = HashMap::default();
+        for pid in pids {
+            if out.contains_key(&pid) {
+                continue;
+            }
+            if let Some(at) = self.keep(identity_of(pid).as_ref()) {
+                out.insert(pid, at);
+            }
+        }
+        out
+    }
+
+    /// Adds a process's fault stacks, weighed against its totals already,
+    /// each under its process's identity (`identity_of` its pid).
+    pub(crate) fn add_stacks(&mut self, stacks: Vec<Stack>, identity_of: &dyn Fn(u32) -> Option<Arc<Identity>>) {
+        let kept = self.kept(stacks.iter().map(|s| s.pid), identity_of);
+        self.stacks.add(stacks, &|pid| kept.get(&pid).copied());
     }
 
     /// Adds a process's resident profiles (weighed in bytes) and the
     /// sampled pages it held at its end.
     pub(crate) fn add_resident(&mut self, end: Vec<Stack>, peak: Vec<Stack>, live_pages: u64) {
-        self.resident_end.add(end);
-        self.resident_peak.add(peak);
+        self.resident_end.add(end, &|_| None);
+        self.resident_peak.add(peak, &|_| None);
         self.resident_live_pages += live_pages;
     }
 
-    /// Adds a process's mmap-family call sites.
-    pub(crate) fn add_sites(&mut self, sites: Vec<MmSite>) {
+    /// Adds a process's mmap-family call sites, each under its process's
+    /// identity.
+    pub(crate) fn add_sites(&mut self, sites: Vec<MmSite>, identity_of: &dyn Fn(u32) -> Option<Arc<Identity>>) {
+        let kept = self.kept(sites.iter().map(|s| s.pid), identity_of);
         for s in sites {
-            let e = self.sites.entry((s.comm, without_addresses(&s.frames))).or_default();
+            let id = kept.get(&s.pid).copied();
+            let e = self.sites.entry((s.comm, without_addresses(&s.frames), id)).or_default();
             e.0 += s.calls;
             e.1 += s.ipis;
         }
@@ -261,13 +328,44 @@ impl FoldedAway {
 
     /// The folded mmap-family call sites, under the other process.
     pub(crate) fn sites(&self) -> impl Iterator<Item = MmSite> + '_ {
-        self.sites.iter().map(|((comm, frames), (calls, ipis))| MmSite {
+        let mut merged: HashMap<(&String, &Frames), (u64, u64)> = HashMap::default();
+        for ((comm, frames, _), (calls, ipis)) in &self.sites {
+            let e = merged.entry((comm, frames)).or_default();
+            e.0 += calls;
+            e.1 += ipis;
+        }
+        merged.into_iter().map(|((comm, frames), (calls, ipis))| MmSite {
             pid: fold::OTHER_PID,
             comm: comm.clone(),
             frames: frames.clone(),
-            calls: *calls,
-            ipis: *ipis,
+            calls,
+            ipis,
         })
+    }
+
+    /// The folded fault stacks and call sites for the live profiles: those
+    /// of a kept identity under its pid (`FOLDED_IDENTITY_PIDS + index`),
+    /// the others under the other process.
+    pub(crate) fn by_identity(&self) -> (Vec<Stack>, Vec<MmSite>) {
+        let pid = |id: Option<u32>| id.map_or(fold::OTHER_PID, |i| FOLDED_IDENTITY_PIDS + i);
+        let stacks = self.stacks.stacks_by_identity().map(|(s, id)| Stack { pid: pid(id), ..s }).collect();
+        let sites = self
+            .sites
+            .iter()
+            .map(|((comm, frames, id), (calls, ipis))| MmSite {
+                pid: pid(*id),
+                comm: comm.clone(),
+                frames: frames.clone(),
+                calls: *calls,
+                ipis: *ipis,
+            })
+            .collect();
+        (stacks, sites)
+    }
+
+    /// The identity of a pid `by_identity` gave.
+    pub(crate) fn identity_of(&self, pid: u32) -> Option<&Arc<Identity>> {
+        self.identities.get(usize::try_from(pid.checked_sub(FOLDED_IDENTITY_PIDS)?).ok()?)
     }
 
     /// Distinct stacks and sites held (for the debug log).
@@ -295,8 +393,8 @@ mod tests {
     #[test]
     fn stacks_of_one_name_and_frames_add_up_under_the_other_process() {
         let mut f = FoldedAway::default();
-        f.add_stacks(vec![stack(10, "sh", "a", 2, 20.0), stack(10, "sh", "b", 1, 5.0)]);
-        f.add_stacks(vec![stack(11, "sh", "a", 3, 7.0), stack(12, "true", "a", 1, 1.0)]);
+        f.add_stacks(vec![stack(10, "sh", "a", 2, 20.0), stack(10, "sh", "b", 1, 5.0)], &|_| None);
+        f.add_stacks(vec![stack(11, "sh", "a", 3, 7.0), stack(12, "true", "a", 1, 1.0)], &|_| None);
         let mut out: Vec<(String, String, u64, f64, u32)> = f
             .fault_stacks()
             .map(|s| (s.comm.clone(), s.user[1].to_string(), s.counts.faults, s.estimate.faults, s.pid))
@@ -321,7 +419,7 @@ mod tests {
             let comm = if i % 2 == 0 { "python3" } else { "sh" };
             all.push(stack(100 + i, comm, &format!("line{i}"), u64::from(i) + 1, f64::from(i) + 1.0));
         }
-        sums.add(all);
+        sums.add(all, &|_| None);
         sums.compact(10);
         let out: Vec<Stack> = sums.stacks().collect();
         // The 10 heaviest (estimates 21..=30), and one lighter stack per name.
@@ -336,15 +434,49 @@ mod tests {
         assert!(out.iter().filter(|s| &*s.user[0] != LIGHTER).all(|s| s.estimate.faults > 20.0));
     }
 
+    /// uc32 (issue #36): serve's cumulative profiles labelled the samples
+    /// of exited processes with their name only. The folded keep their
+    /// identity (rank here) apart for the live profiles; the recording's
+    /// end (`fault_stacks`, `sites`) sees one stack and site as before.
+    #[test]
+    fn folded_stacks_keep_their_processes_identity_apart() {
+        let rank = |r: u32| {
+            Arc::new(Identity {
+                cgroup: Some("/job".into()),
+                rank: Some(crate::model::Rank { rank: Some(r), ..Default::default() }),
+                ..Identity::default()
+            })
+        };
+        let (r3, r4) = (rank(3), rank(4));
+        let of = |pid: u32| Some(Arc::clone(if pid == 10 { &r3 } else { &r4 }));
+        let mut f = FoldedAway::default();
+        f.add_stacks(vec![stack(10, "python", "a", 2, 20.0), stack(11, "python", "a", 3, 30.0)], &of);
+        let frames: Frames = vec![Frame::from("python"), Frame::from("[mmap]")].into();
+        let sites =
+            [10, 11].map(|pid| MmSite { pid, comm: "python".into(), frames: frames.clone(), calls: 1, ipis: 0 });
+        f.add_sites(Vec::from(sites), &of);
+        assert_eq!(f.fault_stacks().count(), 1);
+        assert_eq!(f.fault_stacks().map(|s| s.counts.faults).sum::<u64>(), 5);
+        assert_eq!(f.sites().count(), 1);
+        let (stacks, sites) = f.by_identity();
+        let mut got: Vec<(Option<u32>, u64)> =
+            stacks.iter().map(|s| (f.identity_of(s.pid).and_then(|i| i.rank_number()), s.counts.faults)).collect();
+        got.sort_unstable();
+        assert_eq!(got, [(Some(3), 2), (Some(4), 3)]);
+        assert!(stacks.iter().all(|s| s.pid >= FOLDED_IDENTITY_PIDS));
+        assert_eq!(sites.len(), 2);
+        assert!(f.identity_of(fold::OTHER_PID).is_none());
+    }
+
     #[test]
     fn raw_addresses_of_processes_folded_away_merge() {
         let mut f = FoldedAway::default();
         for (pid, addr) in [(10, "[unknown] 0x7f01922589b3"), (11, "[unknown] 0x7f55aa2589b3")] {
             let mut s = stack(pid, "bash", "a", 1, 1.0);
             s.user = vec![Frame::from("main"), Frame::from(addr)].into();
-            f.add_stacks(vec![s]);
+            f.add_stacks(vec![s], &|_| None);
             let frames: Frames = vec![Frame::from("bash"), Frame::from(addr), Frame::from("[mmap]")].into();
-            f.add_sites(vec![MmSite { pid, comm: "bash".into(), frames, calls: 2, ipis: 1 }]);
+            f.add_sites(vec![MmSite { pid, comm: "bash".into(), frames, calls: 2, ipis: 1 }], &|_| None);
         }
         let stacks: Vec<Stack> = f.fault_stacks().collect();
         assert_eq!(stacks.len(), 1);

@@ -185,8 +185,11 @@ impl<S: AggregateSource> Session<S> {
         let table = &self.table;
         let comm_of = |pid: u32| table.get(pid).map_or_else(String::new, |p| p.comm.clone());
         crate::stacks::weight::weigh(&mut stacks, &totals, &comm_of);
-        // Those of the processes folded away, weighed already.
-        stacks.extend(self.folded.fault_stacks());
+        // Those of the processes folded away, weighed already: under a pid
+        // per identity kept (`folded_identity`), so that the profiles keep
+        // their cgroup and rank.
+        let (folded_stacks, folded_sites) = self.folded.by_identity();
+        stacks.extend(folded_stacks);
         let sites = if self.opts.families.mmap {
             // Released processes' call sites left the kernel's map.
             let mut raw = self.source.all_mm_stacks();
@@ -196,12 +199,20 @@ impl<S: AggregateSource> Session<S> {
             // Live processes' settled call sites, out of the kernel's map.
             let table = &mut self.table;
             sites.extend(self.syms.sealed_sites(|_| true, &mut |pid| table.ensure(pid).comm.clone()));
-            sites.extend(self.folded.sites());
+            sites.extend(folded_sites);
             sites
         } else {
             Vec::new()
         };
         (stacks, sites)
+    }
+}
+
+impl<S: AggregateSource> Session<S> {
+    /// The identity of a pid [`Session::live_stacks`] gave the stacks and
+    /// call sites of folded processes (`collect::folded::FOLDED_IDENTITY_PIDS`).
+    pub fn folded_identity(&self, pid: u32) -> Option<Arc<Identity>> {
+        self.folded.identity_of(pid).cloned()
     }
 }
 

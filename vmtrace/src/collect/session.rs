@@ -1282,6 +1282,10 @@ impl<S: AggregateSource> Session<S> {
         let (families, minor_period) = (self.opts.families, self.minor_period);
         let mut rows: BTreeMap<u32, crate::model::Process> = BTreeMap::new();
         let mut totals = BTreeMap::new();
+        // Who each was (cgroup, rank): serve's profiles keep it on their stacks.
+        let identities: HashMap<u32, std::sync::Arc<crate::model::Identity>> =
+            ready.iter().filter_map(|p| Some((*p, self.table.get(*p)?.identity.clone()?))).collect();
+        let identity_of = |pid: u32| identities.get(&pid).cloned();
         for pid in ready {
             let Some(info) = self.table.get(*pid) else { continue };
             let st = info.stats.unwrap_or_default();
@@ -1301,7 +1305,7 @@ impl<S: AggregateSource> Session<S> {
             self.leaf_seen |= stacks.iter().any(|s| s.leaf.is_some());
             let comm_of = |pid: u32| rows.get(&pid).map_or_else(String::new, |r| r.comm.clone());
             crate::stacks::weight::weigh(&mut stacks, &totals, &comm_of);
-            self.folded.add_stacks(stacks);
+            self.folded.add_stacks(stacks, &identity_of);
         }
         if let Some(r) = self.resident.as_mut() {
             let now_ns = monotonic_ns();
@@ -1329,7 +1333,7 @@ impl<S: AggregateSource> Session<S> {
             self.retired_mm = kept;
             let mut sites = symbols::build_mm_sites(taken, table, source, native, py, &mut self.syms);
             sites.extend(self.syms.sealed_sites(|p| ready.contains(&p), &mut |pid| table.ensure(pid).comm.clone()));
-            self.folded.add_sites(sites);
+            self.folded.add_sites(sites, &identity_of);
         }
         for row in rows.values() {
             self.folded.add_row(row);

@@ -224,7 +224,12 @@ pub fn serve(opts: &ServeOptions) -> Result<i32, ServeError> {
             let (stacks, sites) = session.live_stacks();
             let resident =
                 if pending.iter().any(|j| profiles::is_gauge(j.kind)) { session.live_resident() } else { Vec::new() };
-            let inputs = profiles::Inputs { stacks: &stacks, sites: &sites, resident: &resident };
+            let folded: std::collections::BTreeMap<u32, Arc<crate::model::Identity>> = (stacks.iter().map(|s| s.pid))
+                .chain(sites.iter().map(|s| s.pid))
+                .filter(|p| *p >= crate::collect::folded::FOLDED_IDENTITY_PIDS)
+                .filter_map(|p| Some((p, session.folded_identity(p)?)))
+                .collect();
+            let inputs = profiles::Inputs { stacks: &stacks, sites: &sites, resident: &resident, folded: &folded };
             for job in pending {
                 let _ = job.reply.send(profiles::take(job.kind, &inputs, &snap, period));
             }

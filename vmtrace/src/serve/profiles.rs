@@ -66,6 +66,10 @@ pub struct Inputs<'a> {
     /// The running processes' resident memory by call stack (bytes in
     /// `estimate.faults`), when a job asked for it.
     pub resident: &'a [Stack],
+    /// The identities of the pids that stand for folded processes
+    /// (`collect::folded::FOLDED_IDENTITY_PIDS`): their samples are
+    /// labelled with it, and with no pid.
+    pub folded: &'a BTreeMap<u32, Arc<Identity>>,
 }
 
 /// The samples of `kind` now: from the weighted fault stacks, the resident
@@ -75,7 +79,7 @@ pub fn take(kind: Kind, inputs: &Inputs, snap: &LiveSnapshot, period: u64) -> Sn
         let tree = crate::stacks::tree::Tree::new(stacks);
         pprof::graph_samples(kind, &tree.graph(stacks, w))
     };
-    let samples = match kind.stem {
+    let mut samples = match kind.stem {
         "faults" => weight(inputs.stacks, Weight::Faults),
         "fault-time" => weight(inputs.stacks, Weight::TimeNs),
         "major-faults" => weight(inputs.stacks, Weight::Major),
@@ -83,6 +87,14 @@ pub fn take(kind: Kind, inputs: &Inputs, snap: &LiveSnapshot, period: u64) -> Sn
         "resident" => weight(inputs.resident, Weight::Faults),
         _ => pprof::mm_samples(kind, inputs.sites),
     };
+    for s in &mut samples {
+        if let Some(pid) = s.pid.filter(|p| *p >= crate::collect::folded::FOLDED_IDENTITY_PIDS) {
+            s.pid = None;
+            if let Some(id) = inputs.folded.get(&pid) {
+                s.labels.extend(id.labels());
+            }
+        }
+    }
     let period = match kind.stem {
         "faults" | "fault-time" | "major-faults" | "cow" => period,
         "resident" => 4096,
