@@ -252,6 +252,8 @@ pub struct Tracer {
     run_stats: Option<std::os::fd::OwnedFd>,
     /// The nice the collector had before `raise_priority`.
     restore_nice: Option<i32>,
+    /// The collector runs at `SCHED_RR` (`VMTRACE_SCHED=rr`) until `stop`.
+    realtime: bool,
 }
 
 /// What [`Tracer::stop`] read at the moment counting stopped.
@@ -273,8 +275,9 @@ impl Tracer {
         let (info, child, perf) = start_target(&mut session, &plan.target, plan.families.perf, output)?;
         // After the command was forked: it keeps the nice it was given.
         let restore_nice = raise_priority();
+        let realtime = realtime_from_env();
         session.start_clock();
-        Ok(Self { session, info, child, perf, run_stats, restore_nice })
+        Ok(Self { session, info, child, perf, run_stats, restore_nice, realtime })
     }
 
     /// The collecting session (poll it, take snapshots).
@@ -324,6 +327,9 @@ impl Tracer {
         self.stop_counting();
         // Building the reports may take seconds beside a job still running
         // (`-p`, `--duration`): that work is not urgent.
+        if std::mem::take(&mut self.realtime) {
+            let _ = set_policy(libc::SCHED_OTHER, 0);
+        }
         if let Some(nice) = self.restore_nice.take() {
             let _ = set_nice(nice);
         }
@@ -378,6 +384,41 @@ fn raise_priority() -> Option<i32> {
             log::debug!("the collector stays at nice {old} ({e}): a job keeping every CPU busy may delay its drains");
             None
         }
+    }
+}
+
+/// `VMTRACE_SCHED=rr`: the collector thread runs at `SCHED_RR` priority 1
+/// while it traces (threads and processes it starts do not inherit it).
+/// Its nice weighs it only against the threads of its own autogroup (its
+/// session, with `kernel.sched_autogroup_enabled`): beside a build started
+/// in another session, at nice −10, it waited for a CPU 33–48% of the wall
+/// time on 2 CPUs; at `SCHED_RR`, 0–1% (docs/performance.md, "The collector
+/// starved of CPU"). Off by default: a real-time collector takes the CPU
+/// from everything else whenever it has work.
+fn realtime_from_env() -> bool {
+    match std::env::var("VMTRACE_SCHED").as_deref() {
+        Ok("rr") => match set_policy(libc::SCHED_RR | libc::SCHED_RESET_ON_FORK, 1) {
+            Ok(()) => true,
+            Err(e) => {
+                log::warn!("VMTRACE_SCHED=rr: the collector stays at its policy ({e})");
+                false
+            }
+        },
+        Ok(v) if !v.is_empty() && v != "off" => {
+            log::warn!("VMTRACE_SCHED={v:?} is not `rr` or `off`: the collector stays at its policy");
+            false
+        }
+        _ => false,
+    }
+}
+
+fn set_policy(policy: i32, priority: i32) -> std::io::Result<()> {
+    let p = libc::sched_param { sched_priority: priority };
+    // SAFETY: a valid sched_param; pid 0 is the calling thread.
+    if unsafe { libc::sched_setscheduler(0, policy, &raw const p) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
