@@ -354,7 +354,10 @@ impl Tracer {
 /// otherwise starves it: on 2 CPUs beside a torch job's 9 busy processes a
 /// 100 ms tick took 2-20 s of wall time for 0.3 s of CPU, and the stack map
 /// and the rings filled meanwhile (docs/performance.md). The collector uses
-/// what it uses either way; it gets the CPU when it needs it.
+/// what it uses either way; it gets the CPU when it needs it, within its own
+/// session: with autogroups on, a build in another session still takes
+/// turns with it as a group (it waited for a CPU 33-48% of a churn window
+/// beside one, ring34); `VMTRACE_SCHED=rr` runs it at SCHED_RR 1 instead.
 const TRACING_NICE: i32 = -10;
 
 /// Sets the collector's nice to `TRACING_NICE` (or `VMTRACE_NICE`) unless
