@@ -78,8 +78,14 @@ pub enum DropKind {
     /// `MM_STACKS` was full: a memory-map call was counted for its process
     /// (`MM_STATS`) but not for its call site (`mmap.folded` falls short).
     MmStacksFull = 18,
+    /// A fault on a page of the resident sample had no copy of its own user
+    /// stack (one the thinning would have left out): the samples ring had
+    /// the quarter waiting that wakes the collector, or was full. The page
+    /// is named by its frame-pointer id's unwound stacks, like a page whose
+    /// walk was whole; the weighted copies keep the rest of the ring.
+    PageCopySkipped = 19,
 }
-pub const DROP_KINDS: u32 = 19;
+pub const DROP_KINDS: u32 = 20;
 
 /// Kernel struct field offsets read from BTF at load time, passed as a read-only
 /// global (`KOFFSETS`). `u32::MAX` marks a field this kernel lacks.

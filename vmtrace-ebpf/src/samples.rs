@@ -38,6 +38,17 @@ static STACK_TOPS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(16_384, 0
 #[map]
 static COPIES: LruHashMap<u32, u32> = LruHashMap::with_max_entries(16_384, 0);
 
+/// Bytes waiting in `STACK_SAMPLES` from which a copy for its page alone
+/// (weight 0, `send_sample`) is left out: the quarter that wakes the
+/// collector (`send`), so it is behind. Every fault of the resident sample
+/// copies its stack, unthinned: code without frame pointers faulting fast
+/// (a first touch, a Python filling buffers) sends a copy per sampled page,
+/// 4,600 for nofp.c's 16k faults at 1 in 4, and a collector slower than
+/// that (arm64 under TCG: 4,080 of them lost to a full ring, vm32) lost the
+/// weighted copies the fault graphs are unwound from along with them. These
+/// yield first: the weighted ones keep three quarters of the ring.
+const PAGE_COPIES_BELOW: u32 = SAMPLES_BYTES / 4;
+
 /// Copies of an id sent at every event before thinning starts.
 const COPIES_WHOLE: u32 = 64;
 /// Thinning stops at 1 copy in 2^this.
@@ -53,11 +64,13 @@ const THIN_MAX_SHIFT: u32 = 10;
 /// picks the record size: the verifier keeps one branch.
 ///
 /// `page`: the faulting address of a fault on a page of the resident sample
-/// (0 for any other stack): its copy is always sent, carrying the address,
-/// so userspace gives the page the stack of its own fault, not its id's mix
-/// over the run (code without frame pointers: one id for every call site of
-/// its leaf). One the thinning would have left out weighs 0: it names its
-/// page only. Returns whether a copy with `page` was sent.
+/// (0 for any other stack): its copy is sent whatever the thinning, carrying
+/// the address, so userspace gives the page the stack of its own fault, not
+/// its id's mix over the run (code without frame pointers: one id for every
+/// call site of its leaf). One the thinning would have left out weighs 0: it
+/// names its page only, and is sent only while the collector keeps up
+/// (`PAGE_COPIES_BELOW`); else it is counted (`DropKind::PageCopySkipped`)
+/// and its page keeps the id's mix. Returns whether a copy with `page` was sent.
 #[inline(always)]
 pub fn send_sample(id: i32, page: u64) -> bool {
     let key = id as u32;
@@ -70,6 +83,10 @@ pub fn send_sample(id: i32, page: u64) -> bool {
         // SAFETY: no preconditions.
         if unsafe { bpf_get_prandom_u32() } & (weight - 1) != 0 {
             if page == 0 {
+                return false;
+            }
+            if STACK_SAMPLES.query(u64::from(BPF_RB_AVAIL_DATA)) >= u64::from(PAGE_COPIES_BELOW) {
+                count_drop(DropKind::PageCopySkipped);
                 return false;
             }
             weight = 0;
@@ -118,7 +135,8 @@ fn read_part<const N: usize>(dst: *mut u8, n: u64, sp: u64) -> u32 {
 #[inline(always)]
 fn send<const N: usize>(id: i32, weight: u32, page: u64) -> bool {
     let Some(mut e) = STACK_SAMPLES.reserve::<StackSample<N>>(0) else {
-        count_drop(DropKind::StackSampleRingFull);
+        // A copy for its page alone loses only that page's own stack.
+        count_drop(if weight == 0 { DropKind::PageCopySkipped } else { DropKind::StackSampleRingFull });
         return false;
     };
     let crate::arch::UserRegs { ip, sp, fp: bp, lr, .. } = crate::arch::user_regs();

@@ -39,6 +39,12 @@ pub struct Drops {
     /// `mmap.folded`/`shootdowns.folded` add up to less than the rows.
     #[serde(default, skip_serializing_if = "crate::model::summary::is_zero")]
     pub mm_sites: u64,
+    /// Faults on pages of the resident sample whose own stack copy was left
+    /// out (the collector was behind: the copy ring had a quarter waiting,
+    /// or was full): those pages are named by their frame-pointer stack's
+    /// unwound stacks, not their own. Nothing else is lost.
+    #[serde(default, skip_serializing_if = "crate::model::summary::is_zero")]
+    pub page_copies: u64,
 }
 
 /// The kernel's drop counters (indexed by `DropKind`, summed over CPUs) and
@@ -70,6 +76,7 @@ impl DropCounts {
             DropKind::PageSampleRingFull,
             DropKind::GranuleKeyRingFull,
             DropKind::MmStacksFull,
+            DropKind::PageCopySkipped,
         ];
         let dropped: u64 = self
             .by_kind
@@ -110,6 +117,7 @@ impl DropCounts {
             (K::PageSampleRingFull, "PageSampleRingFull"),
             (K::GranuleKeyRingFull, "GranuleKeyRingFull"),
             (K::MmStacksFull, "MmStacksFull"),
+            (K::PageCopySkipped, "PageCopySkipped"),
         ];
         NAMES.iter().map(|&(k, name)| (name, self.get(k))).filter(|(_, n)| *n > 0).collect()
     }
@@ -134,6 +142,7 @@ impl DropCounts {
             trace_events: d(DropKind::FaultMajorRingFull),
             resident: d(DropKind::RssMmFull) + d(DropKind::RssRingFull) + d(DropKind::PageSampleRingFull),
             mm_sites: d(DropKind::MmStacksFull),
+            page_copies: d(DropKind::PageCopySkipped),
         }
     }
 }
@@ -154,6 +163,19 @@ mod tests {
         let v = serde_json::to_value(d.summary()).unwrap();
         assert_eq!(v["mm_sites"], 42);
         assert!(serde_json::to_value(Drops::default()).unwrap().get("mm_sites").is_none());
+    }
+
+    /// A page whose own stack copy was left out keeps its frame-pointer
+    /// stack's: said in `drops.page_copies` (absent when none), not lost.
+    #[test]
+    fn page_copies_left_out_are_said_not_lost() {
+        let mut by_kind = vec![0; vmtrace_common::DROP_KINDS as usize];
+        by_kind[DropKind::PageCopySkipped as usize] = 7;
+        let d = DropCounts { by_kind, malformed_events: 0 };
+        assert_eq!((d.lost(), d.summary().page_copies, d.summary().stack_samples), (0, 7, 0));
+        assert_eq!(d.by_name(), [("PageCopySkipped", 7)]);
+        assert_eq!(serde_json::to_value(d.summary()).unwrap()["page_copies"], 7);
+        assert!(serde_json::to_value(Drops::default()).unwrap().get("page_copies").is_none());
     }
 
     #[test]

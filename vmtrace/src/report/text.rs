@@ -176,6 +176,13 @@ fn resident_section(out: &mut String, s: &Summary) {
             }
         }
     }
+    if s.drops.page_copies > 0 {
+        let _ = writeln!(
+            out,
+            "  {} sampled pages are under their frame-pointer stack's unwound stacks, not their own (the collector was behind: their stack copies were left out)",
+            s.drops.page_copies
+        );
+    }
     let names: Vec<String> = procs.iter().map(|(p, _)| super::process_name(p).into_owned()).collect();
     let w = name_width(names.iter().map(String::as_str), 16);
     let _ = writeln!(
