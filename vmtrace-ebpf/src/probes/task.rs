@@ -47,20 +47,8 @@ fn task_event(kind: EventKind) -> TaskEvent {
             // SAFETY: no preconditions.
             ts_ns: unsafe { bpf_ktime_get_ns() },
         },
-        pid: 0,
-        tgid: 0,
-        ppid: 0,
-        exit_code: 0,
-        group_dead: 0,
-        gen: 0,
-        kernel_min_flt: 0,
-        kernel_maj_flt: 0,
-        exe_ino: 0,
-        start_code: 0,
-        at_base: 0,
-        exe_dev: 0,
-        _pad: 0,
         comm: bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]),
+        ..TaskEvent::EMPTY
     }
 }
 

@@ -70,23 +70,39 @@ pub fn task(kind: EventKind, pid: u32, tgid: u32, ppid: u32, name: &str) -> Task
         pid,
         tgid,
         ppid,
-        exit_code: 0,
-        group_dead: 0,
-        gen: 0,
-        kernel_min_flt: 0,
-        kernel_maj_flt: 0,
-        exe_ino: 0,
-        start_code: 0,
-        at_base: 0,
-        exe_dev: 0,
-        _pad: 0,
         comm: comm(name),
+        ..TaskEvent::EMPTY
     }
 }
 
 /// The last thread of `tgid` exiting with wait(2)'s `status`.
 pub fn exit(tgid: u32, status: u32, name: &str) -> TaskEvent {
     TaskEvent { exit_code: status, group_dead: 1, ..task(EventKind::TaskExit, tgid, tgid, 0, name) }
+}
+
+/// A mapping change (`call`) of `[addr, addr + len)` by `tgid` (its
+/// leader thread) at kernel time 2: anonymous (`fd` -1), no protection,
+/// flags or generations.
+pub fn mm_change(tgid: u32, call: vmtrace_common::MmCall, addr: u64, len: u64) -> vmtrace_common::MmEvent {
+    vmtrace_common::MmEvent {
+        hdr: header(EventKind::MmMapChange, 2, std::mem::size_of::<vmtrace_common::MmEvent>()),
+        tgid,
+        call: call as u32,
+        addr,
+        len,
+        prot: 0,
+        flags: 0,
+        fd: u64::MAX,
+        offset: 0,
+        old_addr: 0,
+        old_len: 0,
+        gen_enter: 0,
+        gen_exit: 0,
+        dev: 0,
+        tid: tgid,
+        ino: 0,
+        start_ns: 0,
+    }
 }
 
 /// An OOM kill of `victim` at kernel time `ts_ns`.

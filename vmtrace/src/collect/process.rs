@@ -951,28 +951,9 @@ impl ProcessTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vmtrace_common::EventHeader;
 
     fn ev(kind: EventKind, tgid: u32) -> TaskEvent {
-        let mut comm = [0u8; 16];
-        comm[..4].copy_from_slice(b"work");
-        TaskEvent {
-            hdr: EventHeader { kind: kind as u32, size: 0, ts_ns: 0 },
-            pid: tgid,
-            tgid,
-            ppid: 1,
-            exit_code: 0,
-            group_dead: 1,
-            gen: 0,
-            kernel_min_flt: 0,
-            kernel_maj_flt: 0,
-            exe_ino: 0,
-            start_code: 0,
-            at_base: 0,
-            exe_dev: 0,
-            _pad: 0,
-            comm,
-        }
+        TaskEvent { group_dead: 1, ..crate::collect::fake::task(kind, tgid, tgid, 1, "work") }
     }
 
     #[test]
@@ -1234,25 +1215,9 @@ mod tests {
     }
 
     fn brk(tgid: u32, returned: u64) -> vmtrace_common::MmEvent {
-        vmtrace_common::MmEvent {
-            hdr: EventHeader { kind: EventKind::MmMapChange as u32, size: 0, ts_ns: 1 },
-            tgid,
-            call: vmtrace_common::MmCall::Brk as u32,
-            addr: returned,
-            len: 0,
-            prot: 0,
-            flags: 0,
-            fd: u64::MAX,
-            offset: 0,
-            old_addr: 0,
-            old_len: 0,
-            gen_enter: 0,
-            gen_exit: 0,
-            dev: 0,
-            tid: tgid,
-            ino: 0,
-            start_ns: 0,
-        }
+        let mut ev = crate::collect::fake::mm_change(tgid, vmtrace_common::MmCall::Brk, returned, 0);
+        ev.hdr.ts_ns = 1;
+        ev
     }
 
     /// Only a break moved down is a trim: glibc's brk(0) query, its grows, a

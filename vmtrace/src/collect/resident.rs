@@ -1115,25 +1115,7 @@ mod tests {
     }
 
     fn mm(tgid: u32, call: MmCall, addr: u64, len: u64) -> MmEvent {
-        MmEvent {
-            hdr: EventHeader { kind: EventKind::MmMapChange as u32, size: 0, ts_ns: 2 },
-            tgid,
-            call: call as u32,
-            addr,
-            len,
-            prot: 4,
-            flags: 0,
-            fd: u64::MAX,
-            offset: 0,
-            old_addr: 0,
-            old_len: 0,
-            gen_enter: 0,
-            gen_exit: 0,
-            dev: 0,
-            tid: tgid,
-            ino: 0,
-            start_ns: 0,
-        }
+        MmEvent { prot: 4, ..crate::collect::fake::mm_change(tgid, call, addr, len) }
     }
 
     fn rss(kind: EventKind, tgid: u32, anon: u64) -> RssEvent {
@@ -1425,23 +1407,9 @@ mod tests {
     }
 
     fn fork(child: u32, parent: u32) -> TaskEvent {
-        TaskEvent {
-            hdr: EventHeader { kind: EventKind::TaskFork as u32, size: 0, ts_ns: 2 },
-            pid: child,
-            tgid: child,
-            ppid: parent,
-            exit_code: 0,
-            group_dead: 0,
-            gen: 0,
-            kernel_min_flt: 0,
-            kernel_maj_flt: 0,
-            exe_ino: 0,
-            start_code: 0,
-            at_base: 0,
-            exe_dev: 0,
-            _pad: 0,
-            comm: [0; 16],
-        }
+        let mut ev = crate::collect::fake::task(EventKind::TaskFork, child, child, parent, "");
+        ev.hdr.ts_ns = 2;
+        ev
     }
 
     /// Owner bytes (scaled) at `pid`'s end: (its own under `stack`, inherited).

@@ -763,25 +763,7 @@ fn rss_event(kind: EventKind, tgid: u32, pages: u64) -> vmtrace_common::RssEvent
 }
 
 fn madvise(tgid: u32, addr: u64, len: u64) -> vmtrace_common::MmEvent {
-    vmtrace_common::MmEvent {
-        hdr: vmtrace_common::EventHeader { kind: EventKind::MmMapChange as u32, size: 0, ts_ns: 2 },
-        tgid,
-        call: MmCall::Madvise as u32,
-        addr,
-        len,
-        prot: 0,
-        flags: 0,
-        fd: u64::MAX,
-        offset: 0,
-        old_addr: 0,
-        old_len: 0,
-        gen_enter: 0,
-        gen_exit: 0,
-        dev: 0,
-        tid: tgid,
-        ino: 0,
-        start_ns: 0,
-    }
+    crate::collect::fake::mm_change(tgid, MmCall::Madvise, addr, len)
 }
 
 /// Folded lines (pid, line, weight) of `stacks` by faults, sorted.
