@@ -82,8 +82,15 @@ fn cold_random_file_reads_are_majors_warm_ones_are_not_and_readahead_shows() {
     assert_close("pages touched: every 4th", u(&f["pages_touched"]), 64 * 256 / 4, 2.0);
     let warm = record(&[], &strs(&workload(&["file-read", p, "--random", "--stride", "4"])));
     let f = file(&warm, p);
-    // ≈ 0: the kernel also calls a fault major when it had to retry (FAULT_FLAG_TRIED).
-    assert!(u(&f["faults"]["major"]) * 20 <= u(&f["pages_touched"]), "warm: {f:#}");
+    // ≈ 0 (the kernel also calls a fault major when it had to retry,
+    // FAULT_FLAG_TRIED), but for the pages the kernel had to read again: on
+    // a busy machine some of the file leaves the page cache between the two
+    // runs (the full suite beside three builds: 149 majors of 1,143 faults,
+    // and 149 pages added to the cache). The kernel's own count of pages it
+    // added to the cache for the file (`mm_filemap_add_to_page_cache`)
+    // decides.
+    let added = u(&f["page_cache_added"]);
+    assert!(u(&f["faults"]["major"]) * 20 <= u(&f["pages_touched"]) + added * 20, "warm: {f:#}");
     let seq = record(&[], &strs(&workload(&["file-read", p, "--cold"])));
     let f = file(&seq, p);
     assert!(u(&f["readahead_pages"]) >= 64 * 256 / 2, "a sequential cold read is mostly readahead: {f:#}");
