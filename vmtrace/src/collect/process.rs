@@ -112,6 +112,9 @@ impl Default for ProcInfo {
     }
 }
 
+/// Parents outside the table whose identity is kept (`outside_parents`).
+const MAX_OUTSIDE_PARENTS: usize = 4096;
+
 #[derive(Default)]
 pub(crate) struct ProcessTable {
     procs: BTreeMap<u32, ProcInfo>,
@@ -121,6 +124,9 @@ pub(crate) struct ProcessTable {
     live: BTreeSet<u32>,
     /// Every distinct identity, kept once: the processes of a container share one.
     identities: HashSet<Arc<Identity>>,
+    /// Identities of parents not in the table, read at a child's fork
+    /// (`parents_identity`); dropped at their exec or exit.
+    outside_parents: HashMap<u32, Arc<Identity>>,
     /// Mapped files' paths, named once for every process mapping them.
     file_names: FileNames,
     /// Programs' and loaders' segments, laid out at exec.
@@ -231,18 +237,82 @@ impl ProcessTable {
     }
 
     /// `pid`'s identity, read from /proc the first time it is asked for
-    /// (a process the trace has not seen start or exec); an exited process
-    /// not read before has none.
+    /// (a process the trace has not seen start or exec). One gone or
+    /// exiting before it was read (its /proc unreadable, or showing the
+    /// root cgroup as it exits) takes its nearest known ancestor's, which
+    /// it inherited at its fork (`ancestors_identity`); with none known, an
+    /// exited one has none and one exiting an empty identity.
     pub(crate) fn identify(&mut self, pid: u32) -> Option<Arc<Identity>> {
         if let Some(id) = self.procs.get(&pid).and_then(|p| p.identity.clone()) {
             return Some(id);
         }
-        if self.procs.get(&pid).is_some_and(|p| p.exited) {
-            return None;
-        }
-        let id = self.intern(crate::identity::read(pid).unwrap_or_default());
+        let exited = self.procs.get(&pid).is_some_and(|p| p.exited);
+        let read = if exited { None } else { crate::identity::read(pid) };
+        let id = match read {
+            Some(id) => self.intern(id),
+            None => match self.ancestors_identity(pid) {
+                Some(id) => {
+                    log::debug!(target: "vmtrace::identity", "{pid} gone or exiting unread: its ancestor's identity");
+                    id
+                }
+                None if exited => return None,
+                // Exiting, its ancestors unknown: looked at again (its
+                // exit, or its fork's event, may come with the next drain).
+                None => return Some(self.intern(Identity::default())),
+            },
+        };
         self.procs.entry(pid).or_default().identity = Some(Arc::clone(&id));
         Some(id)
+    }
+
+    /// The identity a child of `ppid` inherits at its fork: the parent's,
+    /// read now if not yet. A parent not in the table (it started before
+    /// the trace and has not faulted since) is not added to it: what was
+    /// read is kept aside for its next children until it execs or exits.
+    fn parents_identity(&mut self, ppid: u32) -> Option<Arc<Identity>> {
+        match self.procs.get(&ppid) {
+            Some(pp) if pp.identity.is_some() || pp.exited => pp.identity.clone(),
+            Some(_) => self.identify(ppid),
+            None if ppid == 0 => None,
+            None => {
+                if let Some(id) = self.outside_parents.get(&ppid) {
+                    return Some(Arc::clone(id));
+                }
+                let id = self.intern(crate::identity::read(ppid)?);
+                if self.outside_parents.len() >= MAX_OUTSIDE_PARENTS {
+                    self.outside_parents.clear();
+                }
+                self.outside_parents.insert(ppid, Arc::clone(&id));
+                Some(id)
+            }
+        }
+    }
+
+    /// The identity of `pid`'s nearest ancestor in the table that has one,
+    /// reading a live ancestor's from /proc if not read yet (at most
+    /// `MAX_UP` generations up).
+    fn ancestors_identity(&mut self, pid: u32) -> Option<Arc<Identity>> {
+        const MAX_UP: usize = 8;
+        let mut at = pid;
+        for _ in 0..MAX_UP {
+            let ppid = self.procs.get(&at)?.ppid.filter(|pp| *pp != 0 && *pp != at)?;
+            let Some(parent) = self.procs.get(&ppid) else {
+                // Not in the table (started before the trace, quiet since).
+                return self.parents_identity(ppid);
+            };
+            if let Some(id) = parent.identity.clone() {
+                return Some(id);
+            }
+            if !parent.exited {
+                if let Some(id) = crate::identity::read(ppid) {
+                    let id = self.intern(id);
+                    self.procs.entry(ppid).or_default().identity = Some(Arc::clone(&id));
+                    return Some(id);
+                }
+            }
+            at = ppid;
+        }
+        None
     }
 
     /// Gives `pid` the identity `id`, as if read from /proc (tests).
@@ -421,9 +491,13 @@ impl ProcessTable {
                 self.live.insert(ev.tgid);
                 // fork copies the address space, its break included; a child
                 // starts in its parent's cgroup with its environment.
+                // A parent whose identity was not read yet (it started
+                // before the trace and has not faulted since) is read now,
+                // while it lives: its child, a shell's short command, may
+                // be gone before its own exec is applied and its /proc read.
+                let inherited = self.parents_identity(ev.ppid);
                 let parent = self.procs.get(&ev.ppid);
                 let brk = parent.and_then(|p| p.brk);
-                let inherited = parent.and_then(|pp| pp.identity.clone());
                 // And its mount namespace: a child that exits before its
                 // maps are read is named from its parent's root.
                 let root = parent.and_then(|pp| pp.root.clone());
@@ -446,6 +520,7 @@ impl ProcessTable {
                     Some(crate::regions::history::Fork { parent: ev.ppid, gen: ev.gen, at_ns: ev.hdr.ts_ns });
             }
             EventKind::TaskExec => {
+                self.outside_parents.remove(&ev.tgid);
                 self.live.insert(ev.tgid);
                 let before = self.forked_space(ev.tgid);
                 let image = self.exec_image(ev);
@@ -510,6 +585,7 @@ impl ProcessTable {
             | EventKind::ResidentEnd
             | EventKind::PageSample => {}
             EventKind::TaskExit => {
+                self.outside_parents.remove(&ev.tgid);
                 self.live.remove(&ev.tgid);
                 let p = self.procs.entry(ev.tgid).or_default();
                 p.exited = true;
@@ -1156,6 +1232,56 @@ mod tests {
             "no placeholder kept"
         );
         assert!(!p.unnamed_files, "nothing left to name: the replaced placeholder is not looked for again");
+    }
+
+    /// #36: a shell started before the trace (not in the table) forks a
+    /// short command that exits before its exec is applied (its /proc
+    /// gone): the command has the shell's identity, read at the fork, and
+    /// keeps it through its exec and exit. The shell is not added to the
+    /// table for it.
+    #[test]
+    fn a_short_child_of_an_unknown_parent_has_the_parents_identity() {
+        let me = std::process::id();
+        let mine = crate::identity::read(me).expect("the test's own identity");
+        assert!(mine.cgroup.is_some());
+        let child = u32::MAX - 1;
+        let mut t = ProcessTable::default();
+        t.apply(&TaskEvent { ppid: me, ..ev(EventKind::TaskFork, child) });
+        assert!(!t.contains(me), "the parent is not added");
+        t.apply(&TaskEvent { ppid: me, ..ev(EventKind::TaskFork, child - 1) });
+        t.apply(&ev(EventKind::TaskExec, child));
+        t.apply(&ev(EventKind::TaskExit, child));
+        assert_eq!(t.identify(child).as_deref(), Some(&mine));
+        assert_eq!(t.identify(child - 1).as_deref(), Some(&mine), "read once, kept for its next child");
+        t.apply(&ev(EventKind::TaskExit, me));
+        assert!(t.outside_parents.is_empty(), "forgotten at its exit");
+    }
+
+    /// An exited process whose identity was never read (its fork not seen,
+    /// its parent's unknown then) takes its nearest known ancestor's; so
+    /// does one gone before its exit is applied (its /proc unreadable, on
+    /// cgroup v1 the root cgroup as it exits); with no ancestor known, an
+    /// exited one has none.
+    #[test]
+    fn a_process_gone_before_its_identity_was_read_takes_its_ancestors() {
+        let mut t = ProcessTable::default();
+        let rank = |r: u32| Identity {
+            cgroup: Some("/job".into()),
+            rank: Some(crate::model::identity::Rank { rank: Some(r), ..Default::default() }),
+            ..Identity::default()
+        };
+        let (grandparent, parent, child, gone) = (u32::MAX - 10, u32::MAX - 11, u32::MAX - 12, u32::MAX - 13);
+        t.set_identity(grandparent, rank(7));
+        for (pid, ppid) in [(parent, grandparent), (child, parent), (gone, parent)] {
+            let p = t.procs.entry(pid).or_default();
+            p.ppid = Some(ppid);
+            p.exited = pid != gone;
+        }
+        assert_eq!(t.identify(child).as_deref(), Some(&rank(7)));
+        assert_eq!(t.identify(gone).as_deref(), Some(&rank(7)), "unreadable, not exited yet");
+        let orphan = u32::MAX - 14;
+        t.procs.entry(orphan).or_default().exited = true;
+        assert_eq!(t.identify(orphan), None);
     }
 
     #[test]
