@@ -263,14 +263,13 @@ fn stream_json_prints_one_object_per_interval_with_rates() {
 fn duration_with_a_command_stops_tracing_and_leaves_it_running() {
     privileged!();
     let out = tempfile::tempdir().unwrap();
-    let t0 = std::time::Instant::now();
     // Files, not pipes: the command inherits them and would hold a pipe open.
     let logs = tempfile::tempdir().unwrap();
     let (o, e) = (logs.path().join("out"), logs.path().join("err"));
     let status = vmtrace()
         .args(["record", "--duration", "1", "--out"])
         .arg(out.path())
-        .args(["--", "sleep", "20"])
+        .args(["--", "sleep", "3600"])
         .stdout(std::fs::File::create(&o).unwrap())
         .stderr(std::fs::File::create(&e).unwrap())
         .status()
@@ -279,12 +278,14 @@ fn duration_with_a_command_stops_tracing_and_leaves_it_running() {
         std::process::Output { status, stdout: std::fs::read(&o).unwrap(), stderr: std::fs::read(&e).unwrap() };
     let run = finish(out, output);
     assert_eq!(run.code(), Some(0), "{}", run.stderr());
-    assert!(t0.elapsed() < Duration::from_secs(15), "vmtrace returned at the duration, not the command's end");
     assert!(run.stderr().contains("goes on running untraced"), "the user is told: {}", run.stderr());
     let pid = run.summary["target"]["pid"].as_u64().unwrap() as i32;
     assert_eq!(run.summary["target"]["exit_status"], serde_json::Value::Null);
     // SAFETY: probing and then ending the command vmtrace left running.
     unsafe {
+        // vmtrace returned at the duration, not at the command's end: not
+        // timed (a busy machine can take many seconds to load the probes),
+        // the command outlives it.
         assert_eq!(libc::kill(pid, 0), 0, "the command still runs");
         libc::kill(pid, libc::SIGKILL);
     }
