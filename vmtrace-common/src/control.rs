@@ -27,7 +27,8 @@ pub const CONTROL_ENTRIES: u32 = 3;
 /// Why something was dropped; index into the per-CPU `DROPS` array.
 /// `FaultStatsFull`, `TracedFull` and `MmStatsFull` are also an entry the
 /// kernel could not allocate: `FAULT_STATS` and `MM_STATS` are not
-/// preallocated (vmtrace/src/loader/sizes.rs).
+/// preallocated (vmtrace/src/loader/sizes.rs); which it was is counted by
+/// error after the drop kinds (`insert_error_slot`).
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DropKind {
@@ -45,7 +46,9 @@ pub enum DropKind {
     StackLost = 5,
     /// `FAULT_STACKS` was full: a sampled stack was not counted.
     StackCountsFull = 6,
-    /// `MM_STATS` was full: a process's mmap/TLB counts are missing.
+    /// `MM_STATS` refused a process's entry (full, or not allocated: the
+    /// error is counted, `insert_error_slot`) and so did the preallocated
+    /// `MM_SPILL`: its mmap/TLB counts are missing.
     MmStatsFull = 7,
     /// The ring buffer was full when a mapping change was reported.
     MmEventRingFull = 8,
@@ -86,6 +89,45 @@ pub enum DropKind {
     PageCopySkipped = 19,
 }
 pub const DROP_KINDS: u32 = 20;
+
+/// Maps whose failed inserts are also counted by the kernel's error code,
+/// in `DROPS` after the drop kinds (`insert_error_slot`): a drop kind says
+/// what was lost, this says why the kernel refused (a full map is `E2BIG`;
+/// a not-preallocated map whose element or per-CPU value could not be
+/// allocated without sleeping is `ENOMEM`; a bucket lock taken on this CPU
+/// already, `EBUSY` before 6.15, `EDEADLK`/`ETIMEDOUT` after).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InsertMap {
+    MmStats = 0,
+    FaultStats = 1,
+    UserStacks = 2,
+}
+pub const INSERT_MAP_NAMES: [&str; 3] = ["MM_STATS", "FAULT_STATS", "USER_STACKS"];
+/// The error codes told apart (positive errno values); any other is counted
+/// in the last slot.
+pub const INSERT_ERRNOS: [(i32, &str); 5] =
+    [(12, "ENOMEM"), (7, "E2BIG"), (16, "EBUSY"), (35, "EDEADLK"), (110, "ETIMEDOUT")];
+/// Slots per map: the errors above and one for any other.
+pub const INSERT_ERROR_SLOTS: u32 = INSERT_ERRNOS.len() as u32 + 1;
+/// Entries of `DROPS`: the drop kinds, then each map's error slots.
+pub const DROPS_ENTRIES: u32 = DROP_KINDS + INSERT_MAP_NAMES.len() as u32 * INSERT_ERROR_SLOTS;
+
+/// `DROPS` index counting an insert into `map` refused with `ret` (the
+/// helper's negative return).
+#[inline(always)]
+pub fn insert_error_slot(map: InsertMap, ret: i32) -> u32 {
+    let errno = ret.wrapping_neg();
+    let class = match errno {
+        12 => 0,
+        7 => 1,
+        16 => 2,
+        35 => 3,
+        110 => 4,
+        _ => 5,
+    };
+    DROP_KINDS + map as u32 * INSERT_ERROR_SLOTS + class
+}
 
 /// Kernel struct field offsets read from BTF at load time, passed as a read-only
 /// global (`KOFFSETS`). `u32::MAX` marks a field this kernel lacks.

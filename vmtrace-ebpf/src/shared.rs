@@ -9,7 +9,7 @@ use aya_ebpf::{
     programs::TracePointContext,
     EbpfContext,
 };
-use vmtrace_common::{DropKind, FaultStats, CONTROL_WOKEN, DROP_KINDS};
+use vmtrace_common::{insert_error_slot, DropKind, FaultStats, InsertMap, CONTROL_WOKEN, DROPS_ENTRIES};
 
 use crate::globals::{stopped, system_wide_counting, CONTROL};
 
@@ -79,7 +79,16 @@ static ZERO_STATS: PerCpuArray<FaultStats> = PerCpuArray::with_max_entries(1, 0)
 #[inline(always)]
 pub fn add_traced(tgid: u32) -> bool {
     let Some(zero) = ZERO_STATS.get(0) else { return false };
-    FAULT_STATS.insert(tgid, zero, 1).is_ok() || FAULT_STATS.get_ptr(tgid).is_some()
+    match FAULT_STATS.insert(tgid, zero, 1) {
+        Ok(()) => true,
+        Err(e) => {
+            let there = FAULT_STATS.get_ptr(tgid).is_some();
+            if !there {
+                count_insert_error(InsertMap::FaultStats, e);
+            }
+            there
+        }
+    }
 }
 
 #[inline(always)]
@@ -126,13 +135,48 @@ pub fn get_or_insert<K, V>(map: &PerCpuHashMap<K, V>, key: &K, init: &V) -> Opti
     map.get_ptr_mut(key).map(|p| unsafe { &mut *p })
 }
 
+/// `get_or_insert`, counting the kernel's error under `which` when the
+/// entry could not be made (an insert refused because another CPU made it
+/// meanwhile is not an error: the entry is found).
+#[inline(always)]
+pub fn get_or_insert_counted<K, V>(
+    map: &PerCpuHashMap<K, V>,
+    which: InsertMap,
+    key: &K,
+    init: &V,
+) -> Option<&'static mut V> {
+    if let Some(p) = map.get_ptr_mut(key) {
+        // SAFETY: this CPU's value of a live entry; no other writer on this CPU.
+        return Some(unsafe { &mut *p });
+    }
+    let refused = map.insert(key, init, 1).err();
+    if let Some(p) = map.get_ptr_mut(key) {
+        // SAFETY: as above.
+        return Some(unsafe { &mut *p });
+    }
+    if let Some(e) = refused {
+        count_insert_error(which, e);
+    }
+    None
+}
+
 /// Per-CPU drop counters, indexed by `DropKind`.
 #[map]
-pub static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(DROP_KINDS, 0);
+pub static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(DROPS_ENTRIES, 0);
 
 #[inline(always)]
 pub fn count_drop(kind: DropKind) {
     if let Some(p) = DROPS.get_ptr_mut(kind as u32) {
+        // SAFETY: per-CPU value, no concurrent writer on this CPU.
+        unsafe { *p += 1 };
+    }
+}
+
+/// Counts an insert into `map` the kernel refused with `ret` (negative
+/// errno), by error (`vmtrace_common::insert_error_slot`).
+#[inline(always)]
+pub fn count_insert_error(map: InsertMap, ret: i32) {
+    if let Some(p) = DROPS.get_ptr_mut(insert_error_slot(map, ret)) {
         // SAFETY: per-CPU value, no concurrent writer on this CPU.
         unsafe { *p += 1 };
     }

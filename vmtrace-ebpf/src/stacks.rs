@@ -21,14 +21,15 @@ use aya_ebpf::{
     programs::tracing::StackIdContext,
 };
 use vmtrace_common::{
-    EventHeader, EventKind, PyStackEvent, UserStack, OWN_STACK_ID, STACK_ID_LOST, USER_STACK_DEPTH, USER_WALK_WINDOWS,
+    EventHeader, EventKind, InsertMap, PyStackEvent, UserStack, OWN_STACK_ID, STACK_ID_LOST, USER_STACK_DEPTH,
+    USER_WALK_WINDOWS,
 };
 
 use crate::{
     globals::config,
     inflight::{set_walking, FAULT_SLOT},
     samples::send_sample,
-    shared::{mix, EVENTS, WAKE_NOW},
+    shared::{count_insert_error, mix, EVENTS, WAKE_NOW},
 };
 
 /// Call stacks (user and kernel) of sampled faults, by id.
@@ -298,18 +299,25 @@ fn store(s: &UserStack) -> i32 {
             }
             continue;
         }
-        if USER_STACKS.insert(id, s, u64::from(BPF_NOEXIST)).is_ok() {
-            if s.py_nr > 0 {
-                announce_python(id, s.py_tgid);
+        let refused = match USER_STACKS.insert(id, s, u64::from(BPF_NOEXIST)) {
+            Ok(()) => {
+                if s.py_nr > 0 {
+                    announce_python(id, s.py_tgid);
+                }
+                return id as i32;
             }
-            return id as i32;
-        }
-        // Taken meanwhile on another CPU (same stack or not), or the map is full.
+            Err(e) => e,
+        };
+        // Taken meanwhile on another CPU (same stack or not), or the map is
+        // full, or the kernel could not allocate the element.
         // SAFETY: as above.
         match unsafe { USER_STACKS.get(id) } {
             Some(v) if v.hash == s.hash => return id as i32,
             Some(_) => continue,
-            None => return STACK_ID_LOST,
+            None => {
+                count_insert_error(InsertMap::UserStacks, refused);
+                return STACK_ID_LOST;
+            }
         }
     }
     STACK_ID_LOST

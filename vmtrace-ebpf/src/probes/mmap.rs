@@ -12,15 +12,17 @@ use aya_ebpf::{
     EbpfContext as _,
 };
 use vmtrace_common::{
-    DropKind, EventHeader, EventKind, KernelOffsets, MmCall, MmEvent, MmInflight, MmLockEvent, MmStackCounts,
-    MmStackKey, MmStats, Tp, ADVICE_SLOTS, MAP_LOCKED, STACK_ID_NONE, STACK_USER,
+    DropKind, EventHeader, EventKind, InsertMap, KernelOffsets, MmCall, MmEvent, MmInflight, MmLockEvent,
+    MmStackCounts, MmStackKey, MmStats, Tp, ADVICE_SLOTS, MAP_LOCKED, STACK_ID_NONE, STACK_USER,
 };
 
 use crate::{
     globals::{config, koffsets},
     mapgen::{bump_gen, map_gen, mark_gen},
     probes::task::read_field,
-    shared::{batched_wakeup, count_drop, get_or_insert, is_traced, tp_fixed, wake_once, EVENTS},
+    shared::{
+        batched_wakeup, count_drop, get_or_insert, get_or_insert_counted, is_traced, tp_fixed, wake_once, EVENTS,
+    },
     stacks::user_stack_id,
 };
 
@@ -32,14 +34,30 @@ const RLIMIT_MEMLOCK: u32 = 8;
 #[map]
 static MM_STATS: PerCpuHashMap<u32, MmStats> = PerCpuHashMap::with_max_entries(16_384, BPF_F_NO_PREALLOC);
 
+/// Where a process's mmap/TLB counts go when the kernel refused its
+/// `MM_STATS` entry (the error is counted in `DROPS`): preallocated, so an
+/// insert takes an element made at load and never allocates. `MM_STATS`
+/// allocates an element and a per-CPU value without sleeping for each new
+/// process, from per-CPU caches the kernel refills afterwards (for per-CPU
+/// values: 1 to 3 of them), so a new process's first flush can find none.
+/// Userspace adds a process's entry here to its `MM_STATS` one, and takes
+/// both when it exits. Sized by the loader (vmtrace/src/loader/sizes.rs).
+#[map]
+static MM_SPILL: PerCpuHashMap<u32, MmStats> = PerCpuHashMap::with_max_entries(256, 0);
+
 /// All-zero `MmStats` to insert from (too big for the BPF stack).
 #[map]
 static ZERO_MM: PerCpuArray<MmStats> = PerCpuArray::with_max_entries(1, 0);
 
-/// This CPU's aggregate for `tgid`, created on first use.
+/// This CPU's aggregate for `tgid`, created on first use: in `MM_STATS`,
+/// else in `MM_SPILL`; lost (`MmStatsFull`) only when both refuse it.
 #[inline(always)]
 pub fn mm_stats(tgid: u32) -> Option<&'static mut MmStats> {
-    let m = get_or_insert(&MM_STATS, &tgid, ZERO_MM.get(0)?);
+    let zero = ZERO_MM.get(0)?;
+    if let Some(m) = get_or_insert_counted(&MM_STATS, InsertMap::MmStats, &tgid, zero) {
+        return Some(m);
+    }
+    let m = get_or_insert(&MM_SPILL, &tgid, zero);
     if m.is_none() {
         count_drop(DropKind::MmStatsFull);
     }

@@ -175,10 +175,11 @@ pub(crate) fn assemble(mut i: Inputs) -> Finished {
     // summary.json sums some counters (`mm` is the map's and the ring's):
     // the log names each, so that a loss says where it happened.
     let named = drop_counts.by_name();
+    let refused = drop_counts.insert_errors();
     if drop_counts.lost() > 0 {
-        log::warn!("lost {} events; kernel drop counters: {named:?}", drop_counts.lost());
-    } else if !named.is_empty() {
-        log::info!("kernel drop counters (nothing lost): {named:?}");
+        log::warn!("lost {} events; kernel drop counters: {named:?}; inserts refused: {refused:?}", drop_counts.lost());
+    } else if !named.is_empty() || !refused.is_empty() {
+        log::info!("kernel drop counters (nothing lost): {named:?}; inserts refused: {refused:?}");
     }
     let drops = drop_counts.summary();
     let (processes, totals) = processes(&i);

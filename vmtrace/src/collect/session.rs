@@ -1428,15 +1428,13 @@ impl<S: AggregateSource> Session<S> {
             return;
         }
         self.last_retire = now;
-        let table = &self.table;
-        let needed: crate::hash::HashSet<u32> = (self.table.live_pids().iter())
-            .chain(self.retiring.iter().map(|(pid, _)| pid))
-            .filter_map(|pid| table.get(*pid)?.history.forked_from.map(|f| f.parent))
-            .collect();
         let mut in_flight = self.source.granules_in_flight();
         if self.opts.stacks.is_some() {
             in_flight.extend(self.source.stacks_in_flight());
         }
+        let table = &self.table;
+        let parent = |pid: u32| table.get(pid)?.history.forked_from.map(|f| f.parent);
+        let needed = still_needed(table.live_pids().iter().copied(), &self.retiring, now, &in_flight, parent);
         let batch = take_ready(&mut self.retiring, now, |pid| !needed.contains(&pid) && !in_flight.contains(&pid));
         if batch.is_empty() {
             return;
@@ -1719,6 +1717,68 @@ impl<S: AggregateSource> Session<S> {
             self.native.sizes(),
             self.syms.sizes(),
             top.join("; ")
+        );
+    }
+
+    /// With `RUST_LOG=vmtrace::weights=debug`, at the end: the drained
+    /// stacks held for processes not alive, by where those processes are
+    /// (exited a moment ago and not retired yet, retired and kept as their
+    /// own rows, anything else), to tell which one holds them.
+    fn log_held_at_end(&self, live: &crate::hash::HashSet<u32>) {
+        if !log::log_enabled!(target: "vmtrace::weights", log::Level::Debug) {
+            return;
+        }
+        let retiring: crate::hash::HashSet<u32> = self.retiring.iter().map(|r| r.0).collect();
+        let unfolded: crate::hash::HashSet<u32> = self.unfolded.iter().map(|u| u.0).collect();
+        let mut rest = crate::hash::HashSet::default();
+        for (tgid, _, _) in self.source.drained_by_tgid() {
+            if !live.contains(&tgid) && !retiring.contains(&tgid) && !unfolded.contains(&tgid) {
+                rest.insert(tgid);
+            }
+        }
+        let held =
+            |set: &crate::hash::HashSet<u32>| self.source.drained_stacks_of(set, crate::hash::HashSet::default());
+        let now = Instant::now();
+        let young = self.retiring.iter().filter(|r| now.saturating_duration_since(r.1) < RETIRE_AFTER).count();
+        let heaviest: Vec<String> = {
+            let mut v: Vec<(u32, usize)> = self
+                .source
+                .drained_by_tgid()
+                .into_iter()
+                .filter(|(t, _, _)| !live.contains(t))
+                .map(|(t, k, _)| (t, k))
+                .collect();
+            v.sort_by_key(|r| std::cmp::Reverse(r.1));
+            v.iter()
+                .take(8)
+                .map(|&(t, k)| {
+                    let comm = self.table.get(t).map_or("?", |p| p.comm.as_str());
+                    let state = if retiring.contains(&t) {
+                        "retiring"
+                    } else if unfolded.contains(&t) {
+                        "unfolded"
+                    } else if self.table.get(t).is_some_and(|p| p.released) {
+                        "released"
+                    } else {
+                        "retired"
+                    };
+                    format!("{t}({comm}, {state}): {k} keys")
+                })
+                .collect()
+        };
+        log::debug!(
+            target: "vmtrace::weights",
+            "at the end, drained stacks of processes not alive: retiring {} ({} exited under {:?} ago) hold {}, \
+             retired and waiting to be folded {} hold {}, others (retired) {} hold {}; heaviest: {}",
+            retiring.len(),
+            young,
+            RETIRE_AFTER,
+            held(&retiring),
+            unfolded.len(),
+            held(&unfolded),
+            rest.len(),
+            held(&rest),
+            heaviest.join("; ")
         );
     }
 
@@ -2161,6 +2221,7 @@ impl<S: AggregateSource> Session<S> {
         let live: crate::hash::HashSet<u32> = self.table.live_pids().iter().copied().collect();
         let live_ids = self.resident.as_ref().map(|r| r.stack_ids(|p| live.contains(&p))).unwrap_or_default();
         let held_of_live = self.source.drained_stacks_of(&live, live_ids);
+        self.log_held_at_end(&live);
         let resident = self.build_resident(leaf);
         super::log_own_memory("the resident profiles");
         let attributed = families.regions.then(|| self.build_regions());
@@ -2276,6 +2337,40 @@ fn place_slices(
 
 /// The processes of `waiting` (pid, exit time) that exited `RETIRE_AFTER`
 /// ago or more and `free` lets go; they leave `waiting`.
+/// The exited processes that cannot retire yet because a child of theirs
+/// is still to be placed (its first faults are in its parent's mappings):
+/// the parents of live processes, and of exited ones that do not retire
+/// in this pass (too young, a CPU still counting into them, or needed
+/// themselves). A child that retires in the same pass is placed with its
+/// parent's history still held (a batch is placed before any of it is
+/// released), so a chain that exited together (rustc, cc, collect2, ld)
+/// retires in one pass: it took one pass a generation, a second each,
+/// and a compiler that linked in a recording's last seconds held its
+/// stacks at the end (`sizes` `nothing_is_lost_beside_heavy_process_churn`).
+fn still_needed(
+    live: impl Iterator<Item = u32>,
+    retiring: &[(u32, Instant)],
+    now: Instant,
+    in_flight: &crate::hash::HashSet<u32>,
+    parent: impl Fn(u32) -> Option<u32>,
+) -> crate::hash::HashSet<u32> {
+    let mut needed: crate::hash::HashSet<u32> = live.filter_map(&parent).collect();
+    loop {
+        let more: Vec<u32> = retiring
+            .iter()
+            .filter(|(pid, at)| {
+                now.saturating_duration_since(*at) < RETIRE_AFTER || in_flight.contains(pid) || needed.contains(pid)
+            })
+            .filter_map(|(pid, _)| parent(*pid))
+            .filter(|p| !needed.contains(p))
+            .collect();
+        if more.is_empty() {
+            return needed;
+        }
+        needed.extend(more);
+    }
+}
+
 fn take_ready(
     waiting: &mut Vec<(u32, Instant)>,
     now: Instant,

@@ -865,3 +865,21 @@ fn sealed_owners_of_resident_pages_give_the_same_resident_profiles() {
         assert_eq!(sum(&sealed.1, *pid), *peak, "{pid}'s peak adds up");
     }
 }
+
+/// An exited chain (rustc, cc, ld) retires in one pass; a parent of a live
+/// process, or of an exited one that cannot retire yet, waits.
+#[test]
+fn an_exited_chain_retires_in_one_pass_and_parents_of_the_waiting_wait() {
+    let now = std::time::Instant::now();
+    let old = now.checked_sub(Duration::from_secs(2)).unwrap();
+    // 10 -> 11 -> 12 exited together; 20 -> 21 with 21 still alive;
+    // 30 -> 31 with 31 exited a moment ago; 40 -> 41 with 41 in flight.
+    let parents: std::collections::HashMap<u32, u32> =
+        [(11, 10), (12, 11), (21, 20), (31, 30), (41, 40)].into_iter().collect();
+    let retiring = [(10, old), (11, old), (12, old), (20, old), (30, old), (31, now), (40, old), (41, old)];
+    let in_flight: crate::hash::HashSet<u32> = [41].into_iter().collect();
+    let needed = super::still_needed([21].into_iter(), &retiring, now, &in_flight, |p| parents.get(&p).copied());
+    let mut needed: Vec<u32> = needed.into_iter().collect();
+    needed.sort_unstable();
+    assert_eq!(needed, [20, 30, 40]);
+}

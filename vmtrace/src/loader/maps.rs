@@ -38,6 +38,9 @@ pub(super) struct Maps {
     /// User stacks walked by the programs; `None`: they are in `stack_traces`.
     user_stacks: Option<aya::maps::HashMap<MapData, u32, vmtrace_common::UserStack>>,
     mm_stats: PerCpuHashMap<MapData, u32, MmStats>,
+    /// Counts of processes whose `MM_STATS` entry the kernel refused
+    /// (preallocated; added to theirs).
+    mm_spill: PerCpuHashMap<MapData, u32, MmStats>,
     mm_stacks: PerCpuHashMap<MapData, MmStackKey, MmStackCounts>,
     totals: PerCpuArray<MapData, u64>,
     region_stats: PerCpuHashMap<MapData, GranuleKey, GranuleCounts>,
@@ -167,6 +170,7 @@ impl Maps {
             stack_traces: take_map(ebpf, "STACKS")?,
             user_stacks: if own_user_stacks { Some(take_map(ebpf, "USER_STACKS")?) } else { None },
             mm_stats: take_map(ebpf, "MM_STATS")?,
+            mm_spill: take_map(ebpf, "MM_SPILL")?,
             mm_stacks: take_map(ebpf, "MM_STACKS")?,
             totals: take_map(ebpf, "TOTALS")?,
             granule_fds: (|| Some([map_fd(ebpf, "REGION_STATS")?, map_fd(ebpf, "REGION_LATE")?]))(),
@@ -405,9 +409,18 @@ impl AggregateSource for Probes {
 
     /// Reads and deletes an exited process's mmap/TLB aggregate.
     fn take_mm(&mut self, tgid: u32) -> Option<MmStats> {
-        let per_cpu = self.maps.mm_stats.get(&tgid, 0).ok()?;
-        let _ = self.maps.mm_stats.remove(&tgid);
-        Some(sum_cpus(per_cpu.iter()))
+        let mut out: Option<MmStats> = None;
+        for map in [&mut self.maps.mm_stats, &mut self.maps.mm_spill] {
+            if let Ok(per_cpu) = map.get(&tgid, 0) {
+                let _ = map.remove(&tgid);
+                let v = sum_cpus(per_cpu.iter());
+                match out.as_mut() {
+                    Some(o) => o.merge(&v),
+                    None => out = Some(v),
+                }
+            }
+        }
+        out
     }
 
     /// Every mmap/TLB aggregate still in the kernel map.
@@ -415,6 +428,13 @@ impl AggregateSource for Probes {
         let mut out = Vec::new();
         let b = &self.maps.batch;
         b.summed(b.mm_stats.as_ref(), &self.maps.mm_stats, |k, v| out.push((k, v)));
+        for (tgid, per_cpu) in self.maps.mm_spill.iter().filter_map(Result::ok) {
+            let v = sum_cpus(per_cpu.iter());
+            match out.iter_mut().find(|(k, _)| *k == tgid) {
+                Some((_, o)) => o.merge(&v),
+                None => out.push((tgid, v)),
+            }
+        }
         out
     }
 
@@ -427,6 +447,7 @@ impl AggregateSource for Probes {
             per_cpu =
                 self.maps.mm_stats.iter().filter_map(Result::ok).map(|(_, v)| v.iter().copied().collect()).collect();
         }
+        per_cpu.extend(self.maps.mm_spill.iter().filter_map(Result::ok).map(|(_, v)| v.iter().copied().collect()));
         received_by_cpu(per_cpu.iter().map(Vec::as_slice))
     }
 

@@ -51,6 +51,9 @@ pub const PER_CPU_HASHES: &[PerCpuHash] = &[
     // One entry per traced process alive.
     live(map("FAULT_STATS", 32_768, 4, size_of::<FaultStats>(), 256 * MIB, 1024)),
     live(map("MM_STATS", 16_384, 4, size_of::<MmStats>(), 128 * MIB, 1024)),
+    // Preallocated: what `MM_STATS` could not allocate (a process at a
+    // time, until it exits; the kernel's error is counted).
+    map("MM_SPILL", 256, 4, size_of::<MmStats>(), MIB, 16),
     // Drained while recording (exited processes, then every few seconds).
     map("FAULT_STACKS", 65_536, size_of::<StackKey>(), size_of::<StackCounts>(), 64 * MIB, 4096),
     map("MM_STACKS", 16_384, size_of::<MmStackKey>(), size_of::<MmStackCounts>(), 16 * MIB, 1024),

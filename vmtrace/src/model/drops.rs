@@ -45,6 +45,12 @@ pub struct Drops {
     /// unwound stacks, not their own. Nothing else is lost.
     #[serde(default, skip_serializing_if = "crate::model::summary::is_zero")]
     pub page_copies: u64,
+    /// Inserts the kernel refused, by map and error (`"MM_STATS ENOMEM"`):
+    /// why, not what was lost (the fields above say that). A refused
+    /// `MM_STATS` entry's counts go to a preallocated spill map and are
+    /// not lost; `mm` counts them only when that was full too.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub insert_errors: std::collections::BTreeMap<String, u64>,
 }
 
 /// The kernel's drop counters (indexed by `DropKind`, summed over CPUs) and
@@ -79,7 +85,7 @@ impl DropCounts {
             DropKind::PageCopySkipped,
         ];
         let dropped: u64 = self
-            .by_kind
+            .kinds()
             .iter()
             .enumerate()
             .filter(|(i, _)| !not_lost.iter().any(|k| *k as usize == *i))
@@ -91,7 +97,27 @@ impl DropCounts {
     /// Every kernel drop counter summed, the less detailed included: the
     /// OpenMetrics `vmtrace_dropped_total` (docs/summary-json.md).
     pub fn all_counters(&self) -> u64 {
-        self.by_kind.iter().sum()
+        self.kinds().iter().sum()
+    }
+
+    /// The drop kinds' counters (`DROPS` holds the insert errors after them).
+    fn kinds(&self) -> &[u64] {
+        &self.by_kind[..self.by_kind.len().min(vmtrace_common::DROP_KINDS as usize)]
+    }
+
+    /// Refused inserts that happened, by `"MAP ERRNO"` (`other`: an error
+    /// not told apart).
+    pub fn insert_errors(&self) -> Vec<(String, u64)> {
+        use vmtrace_common::{INSERT_ERRNOS, INSERT_ERROR_SLOTS, INSERT_MAP_NAMES};
+        let errors = self.by_kind.get(vmtrace_common::DROP_KINDS as usize..).unwrap_or(&[]);
+        let mut out = Vec::new();
+        for (i, &n) in errors.iter().enumerate().filter(|(_, n)| **n > 0) {
+            let (map, class) = (i / INSERT_ERROR_SLOTS as usize, i % INSERT_ERROR_SLOTS as usize);
+            let Some(map) = INSERT_MAP_NAMES.get(map) else { continue };
+            let errno = INSERT_ERRNOS.get(class).map_or("other", |e| e.1);
+            out.push((format!("{map} {errno}"), n));
+        }
+        out
     }
 
     /// The kernel counters that are not zero, by their `DropKind` name
@@ -143,6 +169,7 @@ impl DropCounts {
             resident: d(DropKind::RssMmFull) + d(DropKind::RssRingFull) + d(DropKind::PageSampleRingFull),
             mm_sites: d(DropKind::MmStacksFull),
             page_copies: d(DropKind::PageCopySkipped),
+            insert_errors: self.insert_errors().into_iter().collect(),
         }
     }
 }
@@ -163,6 +190,30 @@ mod tests {
         let v = serde_json::to_value(d.summary()).unwrap();
         assert_eq!(v["mm_sites"], 42);
         assert!(serde_json::to_value(Drops::default()).unwrap().get("mm_sites").is_none());
+    }
+
+    /// Refused inserts sit after the drop kinds in `DROPS`: named by map
+    /// and error, never counted as lost or in `vmtrace_dropped_total`.
+    #[test]
+    fn refused_inserts_are_named_by_map_and_error_and_not_lost() {
+        use vmtrace_common::{insert_error_slot, InsertMap, DROPS_ENTRIES};
+        let mut by_kind = vec![0; DROPS_ENTRIES as usize];
+        by_kind[insert_error_slot(InsertMap::MmStats, -12) as usize] = 3;
+        by_kind[insert_error_slot(InsertMap::UserStacks, -7) as usize] = 2;
+        by_kind[insert_error_slot(InsertMap::FaultStats, -1) as usize] = 1;
+        let d = DropCounts { by_kind, malformed_events: 0 };
+        assert_eq!((d.lost(), d.all_counters()), (0, 0));
+        assert_eq!(
+            d.insert_errors(),
+            [
+                ("MM_STATS ENOMEM".to_string(), 3),
+                ("FAULT_STATS other".to_string(), 1),
+                ("USER_STACKS E2BIG".to_string(), 2)
+            ]
+        );
+        let v = serde_json::to_value(d.summary()).unwrap();
+        assert_eq!(v["insert_errors"]["MM_STATS ENOMEM"], 3);
+        assert!(serde_json::to_value(Drops::default()).unwrap().get("insert_errors").is_none());
     }
 
     /// A page whose own stack copy was left out keeps its frame-pointer
