@@ -138,13 +138,23 @@ fn numpy_munmap_storm_is_blamed_through_numpys_c_functions() {
     if kernel_saw_a_storm(&run, ipis0, threshold) {
         assert!(!storms.is_empty(), "no storm: {}", run.summary["processes"]);
     }
+    let stack_of = |s: &serde_json::Value| -> Vec<String> {
+        s["top_stack"].as_array().unwrap().iter().filter_map(|f| f.as_str().map(str::to_owned)).collect()
+    };
     for s in storms {
-        let stack: Vec<&str> = s["top_stack"].as_array().unwrap().iter().filter_map(|f| f.as_str()).collect();
+        let stack = stack_of(s);
         assert!(s["top_share"].as_f64().unwrap() > 0.0, "{s:#}");
-        assert!(stack.iter().any(|f| f.contains("array_dealloc")), "culprit names numpy's C code: {stack:?}");
         // The frame under the syscall is a caller, not libc's wrapper of it.
-        let caller = stack.iter().rev().nth(1).copied().unwrap_or("");
+        let caller = stack.iter().rev().nth(1).map_or("", String::as_str);
         assert!(!caller.contains("munmap"), "culprit starts at a syscall wrapper: {stack:?}");
+    }
+    // The work's storm, the largest, is blamed through numpy's C code.
+    // Another may be real and elsewhere: `import numpy` relocating its
+    // libraries (mprotect) while OpenBLAS's threads already run (the full
+    // suite on a quiet machine: a storm under `_dl_relocate_object`).
+    if let Some(s) = storms.iter().max_by_key(|s| s["shootdowns"].as_u64().unwrap_or(0)) {
+        let stack = stack_of(s);
+        assert!(stack.iter().any(|f| f.contains("array_dealloc")), "culprit names numpy's C code: {stack:?}");
     }
     // Every IPI sent has a call site in the shootdown flamegraph.
     let folded = folded(&run, "shootdowns.folded");
