@@ -126,13 +126,7 @@ pub fn current_stats() -> Option<(u32, u32, &'static mut FaultStats)> {
 /// missing (BPF_NOEXIST: another CPU may have created it meanwhile).
 #[inline(always)]
 pub fn get_or_insert<K, V>(map: &PerCpuHashMap<K, V>, key: &K, init: &V) -> Option<&'static mut V> {
-    if let Some(p) = map.get_ptr_mut(key) {
-        // SAFETY: this CPU's value of a live entry; no other writer on this CPU.
-        return Some(unsafe { &mut *p });
-    }
-    let _ = map.insert(key, init, 1);
-    // SAFETY: as above.
-    map.get_ptr_mut(key).map(|p| unsafe { &mut *p })
+    try_get_or_insert(map, key, init).ok()
 }
 
 /// `get_or_insert`, counting the kernel's error under `which` when the
@@ -145,19 +139,26 @@ pub fn get_or_insert_counted<K, V>(
     key: &K,
     init: &V,
 ) -> Option<&'static mut V> {
+    try_get_or_insert(map, key, init)
+        .map_err(|refused| {
+            if let Some(e) = refused {
+                count_insert_error(which, e);
+            }
+        })
+        .ok()
+}
+
+/// `get_or_insert`'s lookup, insert and lookup again; `Err` with the
+/// insert's error (if it was refused) when no entry is there after it.
+#[inline(always)]
+fn try_get_or_insert<K, V>(map: &PerCpuHashMap<K, V>, key: &K, init: &V) -> Result<&'static mut V, Option<i32>> {
     if let Some(p) = map.get_ptr_mut(key) {
         // SAFETY: this CPU's value of a live entry; no other writer on this CPU.
-        return Some(unsafe { &mut *p });
+        return Ok(unsafe { &mut *p });
     }
     let refused = map.insert(key, init, 1).err();
-    if let Some(p) = map.get_ptr_mut(key) {
-        // SAFETY: as above.
-        return Some(unsafe { &mut *p });
-    }
-    if let Some(e) = refused {
-        count_insert_error(which, e);
-    }
-    None
+    // SAFETY: as above.
+    map.get_ptr_mut(key).map(|p| unsafe { &mut *p }).ok_or(refused)
 }
 
 /// Per-CPU drop counters, indexed by `DropKind`.

@@ -214,6 +214,14 @@ mod tests {
         let v = serde_json::to_value(d.summary()).unwrap();
         assert_eq!(v["insert_errors"]["MM_STATS ENOMEM"], 3);
         assert!(serde_json::to_value(Drops::default()).unwrap().get("insert_errors").is_none());
+        // The kernel side's slot for each error told apart is the name's
+        // (`insert_error_slot` matches on the same errno values).
+        for (class, (errno, name)) in vmtrace_common::INSERT_ERRNOS.iter().enumerate() {
+            let mut by_kind = vec![0; DROPS_ENTRIES as usize];
+            by_kind[insert_error_slot(InsertMap::FaultStats, -errno) as usize] = 1;
+            let d = DropCounts { by_kind, malformed_events: 0 };
+            assert_eq!(d.insert_errors(), [(format!("FAULT_STATS {name}"), 1)], "slot {class}");
+        }
     }
 
     /// A page whose own stack copy was left out keeps its frame-pointer
